@@ -1,0 +1,313 @@
+/*
+ * libatap: Any Time Any Place. An embeddable task runtime for C.
+ *
+ * A task is a plain C function and an argument. atap_spawn() puts it in a
+ * lock-free slot table and hands back a handle; a work-stealing pool of
+ * worker threads runs it; atap_join() / atap_take() read its output from any
+ * thread.
+ *
+ * Conventions:
+ *   - Every call that can fail returns int: 0 on success, a negative code
+ *     otherwise. System failures come back as -errno (so -ENOMEM reads as
+ *     itself); runtime conditions have the ATAP_E* codes below, which lie
+ *     outside the errno range. atap_strerror() names them all.
+ *   - "Blocks" says whether a call may wait. "Threads" says where it may be
+ *     called from. "Any" means any thread, including inside a task.
+ *   - A handle is a listener on its task. Every handle from atap_spawn() or
+ *     atap_dup() must be given back with atap_release() exactly once; once
+ *     the last listener is gone every copy of the handle reads ATAP_ENOTASK.
+ */
+#ifndef ATAP_H
+#define ATAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATAP_VERSION_MAJOR 0
+#define ATAP_VERSION_MINOR 1
+#define ATAP_VERSION_PATCH 0
+
+#if defined(_WIN32)
+#define ATAP_EXPORT
+#elif defined(ATAP_BUILDING)
+#define ATAP_EXPORT __attribute__((visibility("default")))
+#else
+#define ATAP_EXPORT
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Error codes                                                             */
+/* ---------------------------------------------------------------------- */
+
+enum {
+    ATAP_ENOTINIT = -10001,  /* no runtime is running */
+    ATAP_EALREADY = -10002,  /* atap_init while running; nothing changed */
+    ATAP_ENOTREADY = -10003, /* not settled yet; or a timed wait ran out */
+    ATAP_ETAKEN = -10004,    /* the output was moved out by a take */
+    ATAP_EFINISHED = -10005, /* a bounded series ran out / no more gives */
+    ATAP_ECANCELLED = -10006,/* the task was cancelled */
+    ATAP_ETIMEDOUT = -10007, /* a run passed its timeout */
+    ATAP_EFAILED = -10008,   /* nothing will produce an output */
+    ATAP_ENOTASK = -10009,   /* the handle names no task */
+    ATAP_EINVAL = -10010,    /* a bad argument or option combination */
+    ATAP_EBUSY = -10011,     /* atap_trim found nothing worth giving back */
+    ATAP_ECLOSED = -10012,   /* a channel or peer closed */
+    ATAP_ETOOLONG = -10013,  /* a delimited read hit its limit */
+};
+
+/* A task function returns this to give its thread back while it waits
+ * (the parking calls arrive in a later version). */
+#define ATAP_PARKED 1
+
+/*
+ * A short English description of a code: an ATAP_E* code, a negated errno,
+ * or 0. Never NULL; unknown codes read "unknown error".
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT const char *atap_strerror(int code);
+
+/* "MAJOR.MINOR.PATCH" of the library actually linked. Threads: any. */
+ATAP_EXPORT const char *atap_version_string(void);
+
+/* ---------------------------------------------------------------------- */
+/* Runtime                                                                 */
+/* ---------------------------------------------------------------------- */
+
+typedef struct atap_config {
+    size_t size;                /* sizeof(atap_config); 0 is taken as current */
+    unsigned workers_per_core;  /* pool target per core; 0: default 4 */
+    unsigned blocking_per_core; /* blocking threads per core; 0: default 8 */
+    size_t worker_stack;        /* bytes; 0: default 8 MiB; else >= 16 KiB */
+} atap_config;
+
+/*
+ * Starts the runtime: the worker pool (one worker per online core) and its
+ * bookkeeping. config may be NULL for the defaults.
+ * Returns 0; ATAP_EALREADY if it is running (nothing changes);
+ * ATAP_EINVAL for a config whose size is larger than this library knows
+ * with unknown bytes set, or a worker_stack below 16 KiB; -errno when a
+ * thread cannot be started (the runtime is then left stopped).
+ * If a shutdown is in progress it is waited out first.
+ * Blocks: briefly. Threads: any thread that is not a worker of this runtime.
+ */
+ATAP_EXPORT int atap_init(const atap_config *config);
+
+/*
+ * Stops the runtime: new spawns fail with ATAP_ENOTINIT, queued work still
+ * runs, running tasks finish, then every thread the runtime started is
+ * joined. Safe to call twice, and concurrently (the second caller waits for
+ * the first). Handles stay valid: their outputs can be read after it, and
+ * after a later atap_init. It never returns while a task never ends.
+ * Returns 0; ATAP_EINVAL when called from inside a task (it would wait for
+ * itself).
+ * Blocks: yes. Threads: any non-worker thread.
+ */
+ATAP_EXPORT int atap_shutdown(void);
+
+/* True while the runtime is running (init done, no shutdown begun).
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT bool atap_initialised(void);
+
+/* Named like stat(): struct atap_status and the call atap_status(). */
+struct atap_status {
+    bool initialised;   /* atap_init has completed and no shutdown begun */
+    bool shutting_down; /* a shutdown is draining the pool */
+    bool manager_alive; /* the manager thread is running (later versions) */
+    bool healthy;       /* initialised, workers alive, no thread lost */
+};
+
+/* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Threads: any. */
+ATAP_EXPORT int atap_status(struct atap_status *status);
+
+struct atap_pool_stats {
+    size_t workers;          /* worker threads alive */
+    size_t busy;             /* workers inside a task */
+    size_t blocking_threads; /* blocking threads alive */
+    size_t blocking_busy;    /* blocking threads inside a task */
+    size_t queued;           /* tasks in the shared queues (approximate) */
+    size_t live;             /* tasks holding a slot */
+    size_t slots;            /* table span now (shrinks when trimmed) */
+    size_t peak_slots;       /* the most slots spanned at once; never falls */
+    size_t peak_workers;     /* the most workers at once; never falls */
+    uint64_t deaths;         /* threads lost to a task calling pthread_exit */
+    uint64_t completed;      /* runs finished since the process started */
+};
+
+/*
+ * A snapshot of the pool and the table (not a lock: fields are read one by
+ * one). Works whether or not the runtime is running.
+ * Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_pool_stats(struct atap_pool_stats *stats);
+
+/*
+ * Gives the pages behind the table's unused top back to the kernel
+ * (madvise), keeping headroom above the live tasks. *released (may be
+ * NULL) receives the bytes given back.
+ * Returns 0; ATAP_EBUSY when nothing is worth giving back or another trim is
+ * running. Blocks: no (it does work proportional to the table's span).
+ * Threads: any.
+ */
+ATAP_EXPORT int atap_trim(size_t *released);
+
+/* ---------------------------------------------------------------------- */
+/* Tasks and handles                                                       */
+/* ---------------------------------------------------------------------- */
+
+/* Slot index + generation. The all-zero handle names no task. */
+typedef struct atap_task {
+    uint64_t id;
+} atap_task;
+
+#define ATAP_NO_TASK ((atap_task){0})
+
+/* The running task's view of itself; valid only during the call. */
+typedef struct atap_ctx atap_ctx;
+
+/*
+ * A task function: writes its output (out_size bytes; out is NULL when
+ * out_size is 0) and returns 0. Any other return value fails the run
+ * (readers get ATAP_EFAILED).
+ */
+typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
+
+typedef enum atap_state {
+    ATAP_PENDING = 1,   /* waiting to be claimed by a worker */
+    ATAP_RUNNING = 2,   /* running now */
+    ATAP_READY = 3,     /* output written and readable */
+    ATAP_TAKEN = 4,     /* output moved out by a take */
+    ATAP_CANCELLED = 5, /* cancelled; no output will be published */
+    ATAP_FAILED = 6,    /* failed, or no task behind the handle */
+    ATAP_TIMED_OUT = 7, /* a run passed its timeout */
+} atap_state;
+
+#define ATAP_PRIORITY_MIN (-128)
+#define ATAP_PRIORITY_MAX 127
+
+typedef struct atap_spawn_opts {
+    size_t out_size;            /* output bytes (0: no output) */
+    void (*out_free)(void *out);/* for an output nobody took, when the task
+                                   is freed; gets a pointer to the output */
+    void (*arg_free)(void *arg);/* called once, when the task is gone */
+    int priority;               /* -128..127, higher starts first; 0 default */
+    bool blocking;              /* run on the blocking threads */
+} atap_spawn_opts;
+
+/*
+ * Spawns fn(ctx, arg, out) on the pool. opts may be NULL (no output, normal
+ * priority). On success *task receives a handle the caller must release.
+ * On failure *task is set to ATAP_NO_TASK and arg_free is NOT called (arg
+ * stays the caller's).
+ * Returns 0; ATAP_EINVAL for NULL task or fn, a priority outside -128..127,
+ * or out_size above 4 GiB - 1; ATAP_ENOTINIT when no runtime runs (before
+ * init, during or after shutdown); -ENOMEM when no slot or output buffer
+ * can be had.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts);
+
+/*
+ * Waits for the task to settle and copies its output (size bytes, which
+ * must equal its out_size) into out; the output stays for other readers.
+ * Inside a task, the worker runs queued work while it waits (helping).
+ * Returns 0; ATAP_EINVAL for a size that is not the task's out_size, or a
+ * NULL out with a nonzero size; ATAP_ENOTASK for a handle with no task;
+ * ATAP_ETAKEN, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED for a task
+ * that settled without a readable output.
+ * Blocks: yes. Threads: any.
+ */
+ATAP_EXPORT int atap_join(atap_task task, void *out, size_t size);
+
+/* atap_join, giving up after timeout_ns with ATAP_ENOTREADY. It returns as
+ * soon as the task settles. A timeout of 0 is atap_try_join. */
+ATAP_EXPORT int atap_join_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
+
+/* atap_join without waiting: ATAP_ENOTREADY if not settled yet. */
+ATAP_EXPORT int atap_try_join(atap_task task, void *out, size_t size);
+
+/*
+ * Waits for the task and moves its output into out: one caller only ever
+ * gets it; every later reader gets ATAP_ETAKEN. out_free is then never
+ * called on it (the output is the taker's). Errors as atap_join.
+ * Blocks: yes. Threads: any.
+ */
+ATAP_EXPORT int atap_take(atap_task task, void *out, size_t size);
+
+/* atap_take with a timeout; giving up (ATAP_ENOTREADY) leaves the output. */
+ATAP_EXPORT int atap_take_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
+
+/* atap_take without waiting: ATAP_ENOTREADY if not settled yet. */
+ATAP_EXPORT int atap_try_take(atap_task task, void *out, size_t size);
+
+/*
+ * Waits until the task settles, without reading it; *state (may be NULL)
+ * receives how it settled. Returns 0 or ATAP_ENOTASK.
+ * Blocks: yes. Threads: any.
+ */
+ATAP_EXPORT int atap_wait(atap_task task, atap_state *state);
+
+/*
+ * Cancels the task: a queued task never runs; a running one's output is
+ * dropped; every listener then reads ATAP_ECANCELLED. A task that already
+ * settled (its output landed, or it failed) is left alone.
+ * Returns 0 (also when there was nothing left to cancel); ATAP_ENOTASK.
+ * The handle stays valid and must still be released.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_cancel(atap_task task);
+
+/* The task's state now; ATAP_FAILED for a handle with no task.
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT atap_state atap_state_of(atap_task task);
+
+/* True when the task has settled and will not run again (also for a handle
+ * with no task). Blocks: no. Threads: any. */
+ATAP_EXPORT bool atap_finished(atap_task task);
+
+/*
+ * Registers another listener: *copy receives a handle to the same task,
+ * which must be released on its own. Returns 0; ATAP_EINVAL for NULL copy;
+ * ATAP_ENOTASK (and *copy = ATAP_NO_TASK). Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_dup(atap_task task, atap_task *copy);
+
+/*
+ * This listener is done. When it was the last, the task's data goes:
+ * out_free on an output nobody took, arg_free once (immediately if the task
+ * has finished, else when the run ends). A running task is not cancelled by
+ * it. A handle with no task is ignored. Blocks: no. Threads: any.
+ */
+ATAP_EXPORT void atap_release(atap_task task);
+
+/*
+ * Runs fn on the calling thread and waits for it: no slot, no pool, no
+ * cancellation. Works with or without a running runtime. Inside a worker,
+ * nothing else is run meanwhile.
+ * Returns 0; ATAP_EFAILED if fn returned nonzero; ATAP_EINVAL for a NULL fn
+ * or a NULL out with a nonzero out_size.
+ * Blocks: for as long as fn runs. Threads: any.
+ */
+ATAP_EXPORT int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size);
+
+/* Inside a task: true once the task has been cancelled, so long loops can
+ * stop early. False for NULL. Blocks: no. */
+ATAP_EXPORT bool atap_cancelled(atap_ctx *ctx);
+
+/* Inside a task: its own handle (not a new listener: do not release it).
+ * ATAP_NO_TASK inside atap_block or for NULL. */
+ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
+
+#define ATAP_US(n) ((uint64_t)(n) * 1000u)
+#define ATAP_MS(n) ((uint64_t)(n) * 1000000u)
+#define ATAP_SEC(n) ((uint64_t)(n) * 1000000000u)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATAP_H */

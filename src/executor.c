@@ -1,0 +1,472 @@
+/*
+ * Tasks: spawn, run, settle, cancel, read, release.
+ *
+ * A task's life is told by its slot's `word` (gen | WAITERS | state) and
+ * `refs` (gen | RUN | listeners); see slot.h. The rules:
+ *
+ *  - Claiming: a worker runs a task only by winning PENDING -> RUNNING.
+ *    Each task sits in exactly one queue place at a time, and that entry
+ *    carries the RUN reference: whoever dequeues it runs it or, if it was
+ *    cancelled meanwhile, drops RUN at once. A task runs at most once.
+ *  - Settling: RUNNING -> READY / FAILED by CAS. A cancel that got there
+ *    first (RUNNING -> CANCELLED) wins, and the run's output is dropped.
+ *    An output that landed is never touched by a cancel.
+ *  - Waking: a listener sets WAITERS before it sleeps on the word; whoever
+ *    moves the state on and sees WAITERS in the old word wakes them all.
+ *    The kernel compares the word before sleeping, so no wake is lost.
+ *  - Freeing: whoever takes refs to (gen, no RUN, 0 listeners) frees. It
+ *    stores (gen, FREE) into word, then waits for `readers` to drain
+ *    (reader/free handshake, seq_cst on both sides: a join either sees FREE
+ *    or is seen in `readers`), destroys the task's data, and gives the slot
+ *    back to the table, which hands it out next with gen + 1.
+ *  - Every handle operation first checks its generation against the word
+ *    (or refs), so a stale handle reads ATAP_ENOTASK.
+ */
+#include "executor.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "pool.h"
+#include "slot.h"
+#include "table.h"
+#include "wait.h"
+
+struct atap_ctx {
+    struct atap_slot *slot;
+    uint32_t index, gen;
+};
+
+#define SLICE_MIN_NS 50000u
+#define SLICE_MAX_NS 10000000u
+
+static struct atap_slot *lookup(atap_task t, uint32_t *gen)
+{
+    uint32_t g = (uint32_t)(t.id >> 32);
+
+    if (g == 0 || g > GEN_MAX)
+        return NULL;
+    *gen = g;
+    return atap__table_slot((uint32_t)t.id);
+}
+
+static bool word_is(uint32_t w, uint32_t gen)
+{
+    return word_gen(w) == gen && word_state(w) != ST_FREE;
+}
+
+static int state_error(uint32_t state)
+{
+    switch (state) {
+    case ST_TAKEN: return ATAP_ETAKEN;
+    case ST_CANCELLED: return ATAP_ECANCELLED;
+    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
+    case ST_FAILED: return ATAP_EFAILED;
+    case ST_READY: return 0;
+    default: return ATAP_ENOTREADY;
+    }
+}
+
+/* ---- freeing ---------------------------------------------------------- */
+
+static void destroy(struct atap_slot *s, uint32_t last_state)
+{
+    if ((s->flags & SF_OUT_FILLED) && last_state != ST_TAKEN && s->out_free)
+        s->out_free(slot_out(s));
+    if (s->flags & SF_OUT_HEAP)
+        free(s->out.heap);
+    if (s->arg_free)
+        s->arg_free(s->arg);
+    s->fn = NULL;
+    s->arg = NULL;
+    s->arg_free = NULL;
+    s->out_free = NULL;
+    s->ext = NULL;
+    s->flags = 0;
+    s->out_size = 0;
+}
+
+static void free_slot(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    /* Reader/free handshake: FREE is visible before readers is read. */
+    uint32_t old = atomic_exchange_explicit(&s->word, make_word(gen, ST_FREE), memory_order_seq_cst);
+
+    if (old & ST_WAITERS)
+        atap__word_wake(&s->word, true); /* stale waiters: they read ENOTASK */
+    while (ld_seqcst(&s->readers) != 0)
+        cpu_relax();
+    destroy(s, word_state(old));
+    st_relaxed(&s->refs, (uint64_t)gen << 32);
+    atap__table_free(index, gen);
+}
+
+/* Drops the RUN reference (idempotent per generation). */
+static void release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    uint64_t r = ld_relaxed(&s->refs);
+
+    do {
+        if (refs_gen(r) != gen || !(r & REFS_RUN))
+            return;
+        /* acq_rel: the run's writes (output, flags) reach whoever frees. */
+    } while (!cas_acqrel(&s->refs, &r, r & ~REFS_RUN));
+    if ((r & REFS_COUNT_MASK) == 0)
+        free_slot(s, index, gen);
+}
+
+void atap_release(atap_task t)
+{
+    uint32_t gen;
+    struct atap_slot *s = lookup(t, &gen);
+    uint64_t r;
+
+    if (!s)
+        return;
+    r = ld_relaxed(&s->refs);
+    do {
+        if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
+            return;
+    } while (!cas_acqrel(&s->refs, &r, r - 1));
+    if (((r - 1) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
+        free_slot(s, (uint32_t)t.id, gen);
+}
+
+int atap_dup(atap_task t, atap_task *copy)
+{
+    uint32_t gen;
+    struct atap_slot *s;
+    uint64_t r;
+
+    if (!copy)
+        return ATAP_EINVAL;
+    *copy = ATAP_NO_TASK;
+    if (!(s = lookup(t, &gen)))
+        return ATAP_ENOTASK;
+    r = ld_relaxed(&s->refs);
+    do {
+        if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
+            return ATAP_ENOTASK;
+        if ((r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
+            return ATAP_EINVAL; /* 2^31 - 1 listeners: refuse, never wrap */
+    } while (!cas_acqrel(&s->refs, &r, r + 1));
+    *copy = t;
+    return 0;
+}
+
+/* ---- spawning --------------------------------------------------------- */
+
+static int check_opts(const atap_spawn_opts *o)
+{
+    if (o->priority < ATAP_PRIORITY_MIN || o->priority > ATAP_PRIORITY_MAX)
+        return ATAP_EINVAL;
+    if (o->out_size > UINT32_MAX)
+        return ATAP_EINVAL;
+    return 0;
+}
+
+/* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
+static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_opts *o)
+{
+    s->flags = o->blocking ? SF_BLOCKING : 0;
+    if (o->out_size > INLINE_OUT) {
+        if (!(s->out.heap = malloc(o->out_size)))
+            return -ENOMEM;
+        s->flags |= SF_OUT_HEAP;
+    }
+    s->out_size = (uint32_t)o->out_size;
+    s->priority = (int8_t)o->priority;
+    s->fn = fn;
+    s->arg = arg;
+    s->arg_free = o->arg_free;
+    s->out_free = o->out_free;
+    s->ext = NULL;
+    return 0;
+}
+
+int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+{
+    static const atap_spawn_opts plain;
+    uint32_t index, gen;
+    struct atap_slot *s;
+    bool outside;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    opts = opts ? opts : &plain;
+    if (!fn || (rc = check_opts(opts)) != 0)
+        return ATAP_EINVAL;
+    if (!atap__spawn_enter(&outside))
+        return ATAP_ENOTINIT;
+    if ((rc = atap__table_alloc(&index, &gen)) == 0) {
+        s = atap__table_slot(index);
+        if ((rc = fill(s, fn, arg, opts)) != 0) {
+            /* Burn this generation: the slot goes back as (gen, FREE). */
+            st_relaxed(&s->word, make_word(gen, ST_FREE));
+            atap__table_free(index, gen);
+        } else {
+            st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
+            /* Release: the fields above are visible to whoever acquires the
+             * word (a reader) or the queue entry (a worker). */
+            st_release(&s->word, make_word(gen, ST_PENDING));
+            *task = make_task(index, gen);
+            atap__pool_submit(index + 1, opts->priority, opts->blocking);
+        }
+    }
+    atap__spawn_exit(outside);
+    return rc;
+}
+
+/* ---- running ---------------------------------------------------------- */
+
+/* RUNNING -> READY or FAILED, unless a cancel got there first. */
+static void settle(struct atap_slot *s, uint32_t gen, bool ok)
+{
+    uint32_t cur = ld_relaxed(&s->word);
+
+    do {
+        if (word_gen(cur) != gen || word_state(cur) != ST_RUNNING)
+            return; /* cancelled mid run: the output is dropped at free */
+        /* Release: the output is written before READY can be read. */
+    } while (!cas_acqrel(&s->word, &cur, make_word(gen, ok ? ST_READY : ST_FAILED)));
+    if (cur & ST_WAITERS)
+        atap__word_wake(&s->word, true);
+}
+
+void atap__exec_run(struct worker *w, uint32_t ref)
+{
+    struct atap_slot *s = atap__table_slot(ref - 1);
+    uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
+    struct atap_ctx ctx = {s, ref - 1, gen};
+    int rc;
+
+    do {
+        if (word_state(cur) != ST_PENDING) { /* cancelled while queued */
+            release_run(s, ref - 1, gen);
+            return;
+        }
+    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+    w->held[w->nheld++] = ref;
+    rc = s->fn(&ctx, s->arg, slot_out(s));
+    w->nheld--;
+    if (rc == 0)
+        s->flags |= SF_OUT_FILLED;
+    settle(s, gen, rc == 0);
+    release_run(s, ref - 1, gen);
+    add_relaxed(&w->completed, 1);
+}
+
+void atap__exec_fail_held(uint32_t ref)
+{
+    struct atap_slot *s = atap__table_slot(ref - 1);
+
+    settle(s, word_gen(ld_relaxed(&s->word)), false);
+    release_run(s, ref - 1, word_gen(ld_relaxed(&s->word)));
+}
+
+/* ---- cancelling ------------------------------------------------------- */
+
+int atap_cancel(atap_task t)
+{
+    uint32_t gen, cur;
+    struct atap_slot *s = lookup(t, &gen);
+
+    if (!s)
+        return ATAP_ENOTASK;
+    cur = ld_acquire(&s->word);
+    do {
+        if (!word_is(cur, gen))
+            return ATAP_ENOTASK;
+        if (word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
+            return 0; /* settled: an output that landed is left alone */
+    } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
+    if (cur & ST_WAITERS)
+        atap__word_wake(&s->word, true);
+    return 0;
+}
+
+bool atap_cancelled(atap_ctx *ctx)
+{
+    uint32_t w;
+
+    if (!ctx || !ctx->slot)
+        return false;
+    w = ld_acquire(&ctx->slot->word);
+    return word_gen(w) == ctx->gen && word_state(w) == ST_CANCELLED;
+}
+
+atap_task atap_self(atap_ctx *ctx)
+{
+    if (!ctx || !ctx->slot)
+        return ATAP_NO_TASK;
+    return make_task(ctx->index, ctx->gen);
+}
+
+/* ---- reading ---------------------------------------------------------- */
+
+/*
+ * Waits until the task settles or the deadline passes. Inside a worker the
+ * thread runs queued work meanwhile (helping) and sleeps in short slices so
+ * it can look for more; elsewhere it sleeps on the word until woken.
+ */
+static int wait_settled(struct atap_slot *s, uint32_t gen, uint64_t deadline, uint32_t *state)
+{
+    struct worker *w = atap__self;
+    uint64_t slice = SLICE_MIN_NS, now, left;
+    uint32_t cur;
+
+    for (;;) {
+        cur = ld_acquire(&s->word);
+        if (!word_is(cur, gen))
+            return ATAP_ENOTASK;
+        if (state_terminal(word_state(cur))) {
+            *state = word_state(cur);
+            return 0;
+        }
+        if (w && !w->blocking && atap__pool_help_once(w)) {
+            slice = SLICE_MIN_NS;
+            continue;
+        }
+        now = atap__now_ns();
+        if (now >= deadline)
+            return ATAP_ENOTREADY;
+        if (!(cur & ST_WAITERS) && !cas_acqrel(&s->word, &cur, cur | ST_WAITERS))
+            continue;
+        left = deadline - now;
+        if (w) {
+            left = left < slice ? left : slice;
+            slice = slice * 2 < SLICE_MAX_NS ? slice * 2 : SLICE_MAX_NS;
+        }
+        atap__word_wait(&s->word, cur | ST_WAITERS, left);
+    }
+}
+
+/* Copies the output out if the task is READY; the reader/free handshake
+ * keeps the slot from being freed mid copy. */
+static int copy_out(struct atap_slot *s, uint32_t gen, void *out)
+{
+    uint32_t cur;
+    int rc = 0;
+
+    add_seqcst(&s->readers, 1);
+    cur = ld_seqcst(&s->word);
+    if (!word_is(cur, gen))
+        rc = ATAP_ENOTASK;
+    else if (word_state(cur) != ST_READY)
+        rc = state_error(word_state(cur));
+    else if (s->out_size)
+        memcpy(out, slot_out(s), s->out_size);
+    atomic_fetch_sub_explicit(&s->readers, 1, memory_order_release);
+    return rc;
+}
+
+/* READY -> TAKEN, then the copy: from then on the output is the caller's. */
+static int move_out(struct atap_slot *s, uint32_t gen, void *out)
+{
+    uint32_t cur = ld_acquire(&s->word);
+
+    do {
+        if (!word_is(cur, gen))
+            return ATAP_ENOTASK;
+        if (word_state(cur) != ST_READY)
+            return state_error(word_state(cur));
+    } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_TAKEN)));
+    if (s->out_size)
+        memcpy(out, slot_out(s), s->out_size);
+    return 0;
+}
+
+static int read_output(atap_task t, void *out, size_t size, uint64_t timeout_ns, bool take)
+{
+    uint32_t gen, state, cur;
+    struct atap_slot *s = lookup(t, &gen);
+    int rc;
+
+    if (!s || !word_is(cur = ld_acquire(&s->word), gen))
+        return ATAP_ENOTASK;
+    if (size != s->out_size || (size && !out))
+        return ATAP_EINVAL;
+    if (timeout_ns == 0) {
+        if (!state_terminal(word_state(cur)))
+            return ATAP_ENOTREADY;
+    } else if ((rc = wait_settled(s, gen, atap__deadline(atap__now_ns(), timeout_ns), &state)) != 0) {
+        return rc;
+    }
+    return take ? move_out(s, gen, out) : copy_out(s, gen, out);
+}
+
+int atap_join(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, ATAP__FOREVER, false);
+}
+
+int atap_join_for(atap_task t, void *out, size_t size, uint64_t timeout_ns)
+{
+    return read_output(t, out, size, timeout_ns, false);
+}
+
+int atap_try_join(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, 0, false);
+}
+
+int atap_take(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, ATAP__FOREVER, true);
+}
+
+int atap_take_for(atap_task t, void *out, size_t size, uint64_t timeout_ns)
+{
+    return read_output(t, out, size, timeout_ns, true);
+}
+
+int atap_try_take(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, 0, true);
+}
+
+int atap_wait(atap_task t, atap_state *state)
+{
+    uint32_t gen, st;
+    struct atap_slot *s = lookup(t, &gen);
+    int rc;
+
+    if (!s)
+        return ATAP_ENOTASK;
+    if ((rc = wait_settled(s, gen, ATAP__FOREVER, &st)) == 0 && state)
+        *state = (atap_state)st;
+    return rc;
+}
+
+atap_state atap_state_of(atap_task t)
+{
+    uint32_t gen, cur;
+    struct atap_slot *s = lookup(t, &gen);
+
+    if (!s || !word_is(cur = ld_acquire(&s->word), gen))
+        return ATAP_FAILED;
+    return (atap_state)word_state(cur);
+}
+
+bool atap_finished(atap_task t)
+{
+    uint32_t gen, cur;
+    struct atap_slot *s = lookup(t, &gen);
+
+    if (!s || !word_is(cur = ld_acquire(&s->word), gen))
+        return true;
+    return state_terminal(word_state(cur));
+}
+
+int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
+{
+    struct atap_ctx ctx = {NULL, 0, 0};
+
+    if (!fn || (out_size && !out))
+        return ATAP_EINVAL;
+    return fn(&ctx, arg, out_size ? out : NULL) == 0 ? 0 : ATAP_EFAILED;
+}

@@ -1,0 +1,26 @@
+/*
+ * What the pool and the runtime need from the executor.
+ */
+#ifndef ATAP_EXECUTOR_H
+#define ATAP_EXECUTOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct worker;
+
+/* Claims and runs the queued task ref (slot index + 1) on this thread; a
+ * task cancelled while queued is only cleaned up. The queue entry carried
+ * the task's RUN reference, which this consumes. */
+void atap__exec_run(struct worker *w, uint32_t ref);
+
+/* The thread running ref is dying: the task settles FAILED and its RUN
+ * reference is dropped. */
+void atap__exec_fail_held(uint32_t ref);
+
+/* runtime.c: admission of spawns, so a shutdown can wait for every spawn
+ * that got past the door. */
+bool atap__spawn_enter(bool *outside);
+void atap__spawn_exit(bool outside);
+
+#endif

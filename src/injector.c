@@ -1,0 +1,157 @@
+/*
+ * The shared queue.
+ *
+ * Each band is two stacks linked through the slots' `link` field:
+ *   incoming  a Treiber stack pushers CAS onto (newest first, no tag: pushes
+ *             only add, and the one consumer takes the whole stack with an
+ *             exchange, so no node is ever popped from it singly);
+ *   ready     oldest first, popped by CAS on a tagged head (tag << 32 |
+ *             ref). Every pop and every refill bumps the tag, so a head that
+ *             left and came back is never mistaken for the one read (ABA),
+ *             and a batch walked from an unchanged head is still intact:
+ *             nobody can unlink a node without changing the head.
+ * When ready runs dry, one popper at a time (`flipping`) takes all of
+ * incoming, reverses it into oldest-first order, keeps a batch for itself
+ * and installs the rest as ready. Only a flipper adds to ready, and only
+ * while it is empty, so FIFO holds inside a band.
+ *
+ * Ordering: pushers publish the slot with a release CAS on incoming; the
+ * flipper's acquire exchange sees it, and its release CAS on ready passes it
+ * on to every popper's acquire load.
+ *
+ * Bands are served highest first; a band with work that has been passed over
+ * INJ_AGE times by one popper is served next by that popper (aging: under a
+ * flood of high-priority work a low band still gets a share).
+ */
+#include "injector.h"
+
+#include "atomics.h"
+#include "table.h"
+
+static inline _Atomic uint32_t *link_of(uint32_t ref)
+{
+    return &atap__table_slot(ref - 1)->link;
+}
+
+void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int band)
+{
+    struct inj_band *b = &q->band[band];
+    uint32_t head;
+
+    if (n == 0)
+        return;
+    /* Newest first: refs[n-1] -> ... -> refs[0] -> old head. */
+    for (unsigned i = n - 1; i > 0; i--)
+        st_relaxed(link_of(refs[i]), refs[i - 1]);
+    head = ld_relaxed(&b->incoming);
+    do
+        st_relaxed(link_of(refs[0]), head);
+    while (!cas_release(&b->incoming, &head, refs[n - 1]));
+    add_relaxed(&q->pushed, n);
+}
+
+/* Pops up to max from ready by one CAS; 0 when ready is empty. */
+static unsigned pop_ready(struct inj_band *b, uint32_t *out, unsigned max)
+{
+    uint64_t head = ld_acquire(&b->ready);
+
+    while ((uint32_t)head != 0) {
+        uint32_t ref = (uint32_t)head;
+        unsigned n = 0;
+
+        while (ref != 0 && n < max) {
+            out[n++] = ref;
+            /* A stale read here is caught by the CAS: the head changed. */
+            ref = ld_relaxed(link_of(ref));
+        }
+        if (cas_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
+            return n;
+    }
+    return 0;
+}
+
+/* Moves incoming into ready, keeping up to max for the caller. */
+static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
+{
+    uint32_t ref, prev = 0, next;
+    uint64_t head;
+    unsigned n = 0;
+
+    if (ld_relaxed(&b->incoming) == 0)
+        return 0;
+    if (atomic_flag_test_and_set_explicit(&b->flipping, memory_order_acquire))
+        return 0; /* someone else is flipping: look elsewhere, don't wait */
+    ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acquire);
+    while (ref != 0) { /* reverse: oldest first */
+        next = ld_relaxed(link_of(ref));
+        st_relaxed(link_of(ref), prev);
+        prev = ref;
+        ref = next;
+    }
+    for (ref = prev; ref != 0 && n < max; ref = ld_relaxed(link_of(ref)))
+        out[n++] = ref;
+    if (ref != 0) {
+        head = ld_relaxed(&b->ready);
+        /* ready is empty (only flippers fill it, and we hold the flag); the
+         * CAS only races pops of nothing, so it succeeds on a retry. */
+        while (!cas_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
+            ;
+    }
+    atomic_flag_clear_explicit(&b->flipping, memory_order_release);
+    return n;
+}
+
+static bool band_has_work(struct inj_band *b)
+{
+    return (uint32_t)ld_relaxed(&b->ready) != 0 || ld_relaxed(&b->incoming) != 0;
+}
+
+static unsigned pop_band(struct injector *q, int band, uint32_t *out, unsigned max)
+{
+    unsigned n = pop_ready(&q->band[band], out, max);
+
+    if (n == 0)
+        n = flip(&q->band[band], out, max);
+    if (n)
+        add_relaxed(&q->popped, n);
+    return n;
+}
+
+unsigned atap__inj_pop(struct injector *q, struct inj_cursor *c, uint32_t *out, unsigned max)
+{
+    int order[INJ_BANDS], k = 0;
+    unsigned n = 0;
+
+    /* A starved band first, lowest first; then highest to lowest. */
+    for (int b = 0; b < INJ_BANDS; b++)
+        if (c->passed[b] >= INJ_AGE)
+            order[k++] = b;
+    for (int b = INJ_BANDS - 1; b >= 0; b--)
+        if (c->passed[b] < INJ_AGE)
+            order[k++] = b;
+    for (int i = 0; i < INJ_BANDS && n == 0; i++) {
+        n = pop_band(q, order[i], out, max);
+        if (n == 0)
+            continue;
+        c->passed[order[i]] = 0;
+        for (int b = 0; b < INJ_BANDS; b++)
+            if (b != order[i] && band_has_work(&q->band[b]))
+                c->passed[b]++;
+    }
+    return n;
+}
+
+bool atap__inj_empty(struct injector *q)
+{
+    for (int b = 0; b < INJ_BANDS; b++)
+        if (band_has_work(&q->band[b]))
+            return false;
+    return true;
+}
+
+size_t atap__inj_len(struct injector *q)
+{
+    size_t pushed = ld_relaxed(&q->pushed), popped = ld_relaxed(&q->popped);
+
+    return pushed > popped ? pushed - popped : 0;
+}

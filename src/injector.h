@@ -1,0 +1,49 @@
+/*
+ * The shared queue: unbounded, allocation-free (linked through the slots'
+ * `link`), four priority bands, FIFO inside a band. See injector.c.
+ * Entries are task references: slot index + 1.
+ */
+#ifndef ATAP_INJECTOR_H
+#define ATAP_INJECTOR_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define INJ_BANDS 4
+#define INJ_AGE 64 /* pops a non-empty band may be passed over before it is served */
+
+struct inj_band {
+    _Atomic uint32_t incoming; /* Treiber stack, newest first */
+    char pad0[60];
+    _Atomic uint64_t ready; /* tag << 32 | first, oldest first */
+    atomic_flag flipping;
+    char pad1[52];
+};
+
+struct injector {
+    struct inj_band band[INJ_BANDS];
+    _Atomic size_t pushed;
+    char pad[56];
+    _Atomic size_t popped;
+};
+
+/* What a popper remembers between pops, so no band starves. */
+struct inj_cursor {
+    unsigned passed[INJ_BANDS];
+};
+
+static inline int atap__inj_band(int priority) { return (priority + 128) >> 6; }
+
+/* Queues refs[0..n) (oldest first) in one band with one CAS. */
+void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int band);
+
+/* Takes up to max of the oldest entries of one band (the highest with work,
+ * or one passed over INJ_AGE times); returns how many, oldest first. */
+unsigned atap__inj_pop(struct injector *q, struct inj_cursor *c, uint32_t *out, unsigned max);
+
+bool atap__inj_empty(struct injector *q);
+size_t atap__inj_len(struct injector *q);
+
+#endif

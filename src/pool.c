@@ -1,0 +1,669 @@
+/*
+ * The pool: workers, their parking, blocking threads, and the recovery of a
+ * thread that dies under a task.
+ *
+ * Finding work (find_work): the LIFO slot (at most LIFO_STREAK times in a
+ * row), the own ring, a batch from the shared queue (the rest of the batch
+ * goes into the ring, where peers can steal it), the LIFO slot again, then
+ * stealing half of a peer's ring, or its LIFO slot.
+ *
+ * Parking, with no lost wake. Counters: nidle (workers on the idle list)
+ * and nsearching (workers woken to look for work and not yet settled).
+ *   queuer: queue the task; seq_cst fence; if nidle > 0 and nobody is
+ *           searching, CAS nsearching 0 -> 1 and wake one idle worker.
+ *   parker: under the lock, join the idle list and nidle++; seq_cst fence;
+ *           look at every queue once more; leave the list if work shows.
+ * The two fences order each side's store before its load, so either the
+ * queuer sees nidle > 0 or the parker's last look sees the task. When the
+ * queuer sees a searcher instead, that searcher either parks (and its last
+ * look, after the queuer's fence, sees the task) or finds work and, being
+ * the last searcher, wakes the next worker if work remains (leave_search).
+ * So at most one searcher is woken per burst of spawns and no task waits
+ * while a worker sleeps. A task put into a worker's LIFO slot wakes nobody:
+ * its spawner runs it next (the manager's tick rebalances, in later
+ * versions).
+ *
+ * A worker's park word: RUNNING, IDLE (on the list, may sleep), NOTIFIED
+ * (taken off the list by a waker, counted as searching) or STOP.
+ *
+ * Thread death: a task that calls pthread_exit unwinds its thread through
+ * the cleanup handler pushed in thread_main. It fails every task the thread
+ * was inside (held[], outermost first, including runs nested by helping),
+ * moves the thread's queued tasks to the shared queue, starts a
+ * replacement, and marks the record DEAD last, so that whoever joins a DEAD
+ * record never waits on a thread that still needs the pool lock.
+ *
+ * Shutdown drains: it waits until every worker is idle, every queue empty
+ * and no blocking task runs, checked under an epoch that every worker bumps
+ * when it leaves the idle list, then stops and joins every thread.
+ */
+#include "pool.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "executor.h"
+#include "slot.h"
+#include "table.h"
+#include "wait.h"
+
+#define W_FREE 0
+#define W_LIVE 1
+#define W_DEAD 2
+
+#define PARK_RUNNING 0u
+#define PARK_IDLE 1u
+#define PARK_NOTIFIED 2u
+#define PARK_STOP 3u
+
+#define INJ_BATCH 16
+#define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
+
+_Thread_local struct worker *atap__self;
+
+static struct worker workers[POOL_MAX_THREADS];
+static struct worker blockers[POOL_MAX_THREADS];
+
+static struct {
+    struct injector inj;  /* for workers */
+    struct injector binj; /* for blocking threads */
+    pthread_mutex_t lock; /* idle list, starting and joining threads */
+    struct worker *idle;
+    _Atomic unsigned nrec, nlive, nidle, nsearching, peak;
+    _Atomic uint64_t epoch; /* bumped when a worker leaves the idle list */
+    _Atomic bool stopping;
+    _Atomic unsigned brec, blive, bidle, bbusy;
+    _Atomic uint32_t bseq; /* blocking threads sleep on this */
+    unsigned bcap;
+    size_t stack;
+    _Atomic uint64_t deaths;
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void *thread_main(void *arg);
+
+/* ---- starting threads (pool lock held) --------------------------------- */
+
+/* A record to start a thread in: a FREE one, or a DEAD one once joined. */
+static struct worker *claim_record(struct worker *recs, _Atomic unsigned *nrec, struct worker *self)
+{
+    unsigned n = ld_relaxed(nrec);
+
+    for (unsigned i = 0; i < n; i++) {
+        int st = ld_acquire(&recs[i].status);
+
+        if (st == W_FREE)
+            return &recs[i];
+        if (st == W_DEAD && &recs[i] != self) {
+            pthread_join(recs[i].thread, NULL);
+            st_relaxed(&recs[i].status, W_FREE);
+            return &recs[i];
+        }
+    }
+    if (n == POOL_MAX_THREADS)
+        return NULL;
+    /* Release: a scanner that sees the new count sees a FREE record. */
+    st_release(nrec, n + 1);
+    return &recs[n];
+}
+
+static int start_thread(bool blocking, struct worker *self)
+{
+    struct worker *w = claim_record(blocking ? blockers : workers,
+                                    blocking ? &pool.brec : &pool.nrec, self);
+    pthread_attr_t attr;
+    int rc;
+
+    if (!w)
+        return -EAGAIN;
+    /* The ring keeps its indices: a thief may still be reading them. */
+    st_relaxed(&w->lifo, 0);
+    st_relaxed(&w->park, PARK_RUNNING);
+    st_relaxed(&w->busy, false);
+    w->blocking = blocking;
+    w->searching = w->in_idle = false;
+    w->lifo_streak = w->depth = w->nheld = 0;
+    w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
+    memset(&w->cursor, 0, sizeof w->cursor);
+    add_relaxed(blocking ? &pool.blive : &pool.nlive, 1);
+    st_release(&w->status, W_LIVE);
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, pool.stack);
+    rc = pthread_create(&w->thread, &attr, thread_main, w);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        sub_relaxed(blocking ? &pool.blive : &pool.nlive, 1);
+        st_release(&w->status, W_FREE);
+        return -rc;
+    }
+    if (!blocking) {
+        unsigned live = ld_relaxed(&pool.nlive), peak = ld_relaxed(&pool.peak);
+        if (live > peak)
+            st_relaxed(&pool.peak, live);
+    }
+    return 0;
+}
+
+/* ---- queues ------------------------------------------------------------ */
+
+static int band_of(uint32_t ref)
+{
+    return atap__inj_band(atap__table_slot(ref - 1)->priority);
+}
+
+/* Queues refs in the shared queue, each in its own band. */
+static void push_shared(struct injector *q, const uint32_t *refs, unsigned n)
+{
+    uint32_t by_band[INJ_BANDS][RING_SIZE / 2 + 1];
+    unsigned count[INJ_BANDS] = {0};
+
+    for (unsigned i = 0; i < n; i++) {
+        int b = band_of(refs[i]);
+
+        by_band[b][count[b]++] = refs[i];
+        if (count[b] == RING_SIZE / 2 + 1) {
+            atap__inj_push(q, by_band[b], count[b], b);
+            count[b] = 0;
+        }
+    }
+    for (int b = 0; b < INJ_BANDS; b++)
+        atap__inj_push(q, by_band[b], count[b], b);
+}
+
+/* Owner: into the ring; a full ring first moves its older half out. */
+static void push_ring(struct worker *w, uint32_t ref)
+{
+    uint32_t half[RING_SIZE / 2], x;
+    unsigned n = 0;
+
+    if (ring_push(&w->ring, ref))
+        return;
+    while (n < RING_SIZE / 2 && (x = ring_steal(&w->ring)) != 0)
+        if (x != UINT32_MAX)
+            half[n++] = x;
+    push_shared(&pool.inj, half, n);
+    if (!ring_push(&w->ring, ref))
+        push_shared(&pool.inj, &ref, 1);
+}
+
+static bool work_visible(void)
+{
+    unsigned n = ld_acquire(&pool.nrec);
+
+    if (!atap__inj_empty(&pool.inj))
+        return true;
+    for (unsigned i = 0; i < n; i++) {
+        struct worker *v = &workers[i];
+
+        if (ld_acquire(&v->status) == W_LIVE && (ring_len(&v->ring) > 0 || ld_relaxed(&v->lifo)))
+            return true;
+    }
+    return false;
+}
+
+/* ---- waking and parking ------------------------------------------------ */
+
+static bool wake_idle(void)
+{
+    struct worker *w;
+
+    pthread_mutex_lock(&pool.lock);
+    if ((w = pool.idle) != NULL) {
+        pool.idle = w->idle_next;
+        w->in_idle = false;
+        sub_relaxed(&pool.nidle, 1);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    if (!w)
+        return false;
+    st_release(&w->park, PARK_NOTIFIED);
+    atap__word_wake(&w->park, false);
+    return true;
+}
+
+/* After queueing work: wake one worker unless one is already looking. */
+static void notify(void)
+{
+    unsigned zero = 0;
+
+    fence_seqcst(); /* parking protocol: the queued task before nidle */
+    if (ld_relaxed(&pool.nidle) == 0 || ld_relaxed(&pool.nsearching) != 0)
+        return;
+    if (!cas_seqcst(&pool.nsearching, &zero, 1))
+        return;
+    if (!wake_idle())
+        sub_seqcst(&pool.nsearching, 1);
+}
+
+static void leave_search(struct worker *w)
+{
+    w->searching = false;
+    /* The last searcher out hands the search on if work remains. */
+    if (sub_seqcst(&pool.nsearching, 1) == 1 && work_visible())
+        notify();
+}
+
+static void unlink_idle(struct worker *w)
+{
+    struct worker **p = &pool.idle;
+
+    while (*p != w)
+        p = &(*p)->idle_next;
+    *p = w->idle_next;
+    w->in_idle = false;
+    sub_relaxed(&pool.nidle, 1);
+}
+
+/* Returns false when the worker should exit. */
+static bool park_worker(struct worker *w)
+{
+    uint32_t word;
+
+    if (w->searching) {
+        w->searching = false;
+        sub_seqcst(&pool.nsearching, 1);
+    }
+    pthread_mutex_lock(&pool.lock);
+    if (ld_acquire(&pool.stopping)) {
+        pthread_mutex_unlock(&pool.lock);
+        return false;
+    }
+    st_relaxed(&w->park, PARK_IDLE);
+    w->in_idle = true;
+    w->idle_next = pool.idle;
+    pool.idle = w;
+    add_seqcst(&pool.nidle, 1);
+    pthread_mutex_unlock(&pool.lock);
+    fence_seqcst(); /* parking protocol: nidle before the last look */
+    if (work_visible()) {
+        pthread_mutex_lock(&pool.lock);
+        if (w->in_idle) {
+            unlink_idle(w);
+            st_relaxed(&w->park, PARK_RUNNING);
+        }
+        pthread_mutex_unlock(&pool.lock);
+    }
+    /* A waker that took us off the list stores NOTIFIED (or STOP) after
+     * unlocking, then wakes: the futex compare covers the gap. */
+    while ((word = ld_acquire(&w->park)) == PARK_IDLE)
+        atap__word_wait(&w->park, PARK_IDLE, ATAP__FOREVER);
+    add_seqcst(&pool.epoch, 1);
+    st_relaxed(&w->park, PARK_RUNNING);
+    if (word == PARK_STOP)
+        return false;
+    w->searching = word == PARK_NOTIFIED;
+    return true;
+}
+
+/* ---- finding work ------------------------------------------------------ */
+
+static uint32_t from_shared(struct worker *w)
+{
+    uint32_t batch[INJ_BATCH];
+    unsigned n = atap__inj_pop(&pool.inj, &w->cursor, batch, INJ_BATCH);
+
+    for (unsigned i = 1; i < n; i++)
+        push_ring(w, batch[i]);
+    if (n > 1)
+        notify(); /* the rest of the batch can be stolen */
+    return n ? batch[0] : 0;
+}
+
+/* Takes half of v's ring (one CAS each, as Chase-Lev allows), keeping the
+ * first and moving the rest into w's ring; else v's LIFO slot. */
+static uint32_t steal_from(struct worker *w, struct worker *v)
+{
+    int64_t want = (ring_len(&v->ring) + 1) / 2;
+    uint32_t first = 0, x;
+    unsigned misses = 0;
+
+    while (want > 0 && misses < 8) {
+        if ((x = ring_steal(&v->ring)) == UINT32_MAX) {
+            misses++;
+            continue;
+        }
+        if (x == 0)
+            break;
+        if (!first)
+            first = x;
+        else
+            push_ring(w, x);
+        want--;
+    }
+    if (!first)
+        first = atomic_exchange_explicit(&v->lifo, 0, memory_order_acq_rel);
+    return first;
+}
+
+static uint32_t steal(struct worker *w)
+{
+    unsigned n = ld_acquire(&pool.nrec), start;
+    uint32_t x;
+
+    if (n < 2)
+        return 0;
+    w->rng ^= w->rng << 13;
+    w->rng ^= w->rng >> 7;
+    w->rng ^= w->rng << 17;
+    start = (unsigned)(w->rng % n);
+    for (unsigned k = 0; k < n; k++) {
+        struct worker *v = &workers[(start + k) % n];
+
+        if (v != w && ld_acquire(&v->status) == W_LIVE && (x = steal_from(w, v)) != 0)
+            return x;
+    }
+    return 0;
+}
+
+static uint32_t find_work(struct worker *w)
+{
+    uint32_t x;
+
+    if (w->lifo_streak < LIFO_STREAK &&
+        (x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0) {
+        w->lifo_streak++;
+        return x;
+    }
+    w->lifo_streak = 0;
+    if ((x = ring_pop(&w->ring)) != 0 || (x = from_shared(w)) != 0)
+        return x;
+    if ((x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
+        return x;
+    return steal(w);
+}
+
+bool atap__pool_help_once(struct worker *w)
+{
+    uint32_t x;
+
+    if (w->depth >= HELP_DEPTH)
+        return false;
+    /* Deep in, take only the LIFO slot: likely the very task awaited. */
+    if (w->depth >= HELP_DEPTH / 2)
+        x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel);
+    else
+        x = find_work(w);
+    if (!x)
+        return false;
+    w->depth++;
+    atap__exec_run(w, x);
+    w->depth--;
+    return true;
+}
+
+/* ---- submitting -------------------------------------------------------- */
+
+static void submit_blocking(uint32_t ref, int priority)
+{
+    atap__inj_push(&pool.binj, &ref, 1, atap__inj_band(priority));
+    /* Blocking threads' lost-wake handshake: the task is queued before bidle
+     * is read; an idling thread counts itself before its last look. */
+    fence_seqcst();
+    if (ld_relaxed(&pool.bidle) > 0) {
+        add_seqcst(&pool.bseq, 1);
+        atap__word_wake(&pool.bseq, false);
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    if (ld_relaxed(&pool.blive) < pool.bcap && !ld_relaxed(&pool.stopping))
+        start_thread(true, NULL);
+    pthread_mutex_unlock(&pool.lock);
+}
+
+void atap__pool_submit(uint32_t ref, int priority, bool blocking)
+{
+    struct worker *w = atap__self;
+    uint32_t old;
+
+    if (blocking) {
+        submit_blocking(ref, priority);
+        return;
+    }
+    if (w && !w->blocking) {
+        /* Release: a thief exchanging the slot sees the task's fields. */
+        old = atomic_exchange_explicit(&w->lifo, ref, memory_order_acq_rel);
+        if (!old)
+            return;
+        push_ring(w, old);
+    } else {
+        atap__inj_push(&pool.inj, &ref, 1, atap__inj_band(priority));
+        if (ld_relaxed(&pool.nlive) == 0) { /* every worker died unreplaced */
+            pthread_mutex_lock(&pool.lock);
+            if (ld_relaxed(&pool.nlive) == 0 && !ld_relaxed(&pool.stopping))
+                start_thread(false, NULL);
+            pthread_mutex_unlock(&pool.lock);
+        }
+    }
+    notify();
+}
+
+/* ---- the threads ------------------------------------------------------- */
+
+static void worker_loop(struct worker *w)
+{
+    uint32_t ref;
+
+    for (;;) {
+        if ((ref = find_work(w)) != 0) {
+            if (w->searching)
+                leave_search(w);
+            st_relaxed(&w->busy, true);
+            atap__exec_run(w, ref);
+            st_relaxed(&w->busy, false);
+            continue;
+        }
+        if (!park_worker(w))
+            return;
+    }
+}
+
+/* Returns false when the blocking thread should stop. */
+static bool blocker_wait(void)
+{
+    uint32_t seq = ld_acquire(&pool.bseq);
+    bool woken;
+
+    add_seqcst(&pool.bidle, 1); /* handshake with submit_blocking */
+    if (!atap__inj_empty(&pool.binj) || ld_acquire(&pool.stopping)) {
+        sub_seqcst(&pool.bidle, 1);
+        return !ld_acquire(&pool.stopping) || !atap__inj_empty(&pool.binj);
+    }
+    woken = atap__word_wait(&pool.bseq, seq, BLOCKING_IDLE_NS);
+    sub_seqcst(&pool.bidle, 1);
+    if (ld_acquire(&pool.stopping))
+        return !atap__inj_empty(&pool.binj);
+    /* A waker that counted us before we left still finds its task taken:
+     * the queue is looked at after bidle went down. */
+    return woken || !atap__inj_empty(&pool.binj);
+}
+
+static void blocker_loop(struct worker *w)
+{
+    uint32_t ref;
+
+    for (;;) {
+        /* Counted busy before the pop, so a drain never sees a task in
+         * neither the queue nor the busy count. */
+        add_seqcst(&pool.bbusy, 1);
+        st_relaxed(&w->busy, true);
+        if (atap__inj_pop(&pool.binj, &w->cursor, &ref, 1)) {
+            atap__exec_run(w, ref);
+            st_relaxed(&w->busy, false);
+            sub_seqcst(&pool.bbusy, 1);
+            continue;
+        }
+        st_relaxed(&w->busy, false);
+        sub_seqcst(&pool.bbusy, 1);
+        if (!blocker_wait())
+            return;
+    }
+}
+
+/* Moves a dying worker's queued tasks to the shared queue. */
+static void evacuate(struct worker *w)
+{
+    uint32_t refs[RING_SIZE + 1], x;
+    unsigned n = 0;
+
+    while ((x = ring_pop(&w->ring)) != 0)
+        refs[n++] = x;
+    if ((x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
+        refs[n++] = x;
+    push_shared(&pool.inj, refs, n);
+}
+
+static void thread_died(void *arg)
+{
+    struct worker *w = arg;
+
+    while (w->nheld > 0)
+        atap__exec_fail_held(w->held[--w->nheld]);
+    add_relaxed(&pool.deaths, 1);
+    if (ld_relaxed(&w->busy) && w->blocking)
+        sub_seqcst(&pool.bbusy, 1);
+    st_relaxed(&w->busy, false);
+    if (w->searching)
+        sub_seqcst(&pool.nsearching, 1);
+    if (!w->blocking)
+        evacuate(w);
+    pthread_mutex_lock(&pool.lock);
+    sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
+    if (!ld_relaxed(&pool.stopping) && (!w->blocking || !atap__inj_empty(&pool.binj)))
+        start_thread(w->blocking, w);
+    pthread_mutex_unlock(&pool.lock);
+    if (!w->blocking)
+        notify();
+    st_release(&w->status, W_DEAD); /* last: joiners may now join us */
+}
+
+static void *thread_main(void *arg)
+{
+    struct worker *w = arg;
+
+    atap__self = w;
+#if defined(__linux__)
+    pthread_setname_np(pthread_self(), w->blocking ? "atap-blocking" : "atap-worker");
+#elif defined(__APPLE__)
+    pthread_setname_np(w->blocking ? "atap-blocking" : "atap-worker");
+#endif
+    pthread_cleanup_push(thread_died, w);
+    if (w->blocking)
+        blocker_loop(w);
+    else
+        worker_loop(w);
+    pthread_cleanup_pop(0);
+    pthread_mutex_lock(&pool.lock);
+    sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
+    pthread_mutex_unlock(&pool.lock);
+    st_release(&w->status, W_DEAD);
+    return NULL;
+}
+
+/* ---- start, drain, stop ------------------------------------------------ */
+
+static unsigned online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+    return n > 0 ? (unsigned)n : 1;
+}
+
+int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size_t stack)
+{
+    unsigned cores = online_cores(), floor = cores < POOL_MAX_THREADS ? cores : POOL_MAX_THREADS;
+    unsigned long bcap = (unsigned long)cores * blocking_per_core;
+    int rc = 0;
+
+    (void)workers_per_core; /* the target: growth past the floor comes with the manager */
+    pool.bcap = bcap < POOL_MAX_THREADS ? (unsigned)bcap : POOL_MAX_THREADS;
+    pool.stack = stack;
+    st_relaxed(&pool.nsearching, 0);
+    st_seqcst(&pool.stopping, false);
+    pthread_mutex_lock(&pool.lock);
+    for (unsigned i = 0; i < floor && rc == 0; i++)
+        rc = start_thread(false, NULL);
+    pthread_mutex_unlock(&pool.lock);
+    if (rc != 0)
+        atap__pool_stop();
+    return rc;
+}
+
+static bool quiescent(void)
+{
+    uint64_t epoch = ld_seqcst(&pool.epoch);
+    bool quiet = ld_seqcst(&pool.nidle) == ld_seqcst(&pool.nlive) && !work_visible() &&
+                 ld_seqcst(&pool.bbusy) == 0 && atap__inj_empty(&pool.binj);
+
+    return quiet && ld_seqcst(&pool.epoch) == epoch;
+}
+
+static void join_all(struct worker *recs, _Atomic unsigned *nrec)
+{
+    unsigned n = ld_relaxed(nrec);
+
+    for (unsigned i = 0; i < n; i++) {
+        if (ld_acquire(&recs[i].status) == W_FREE)
+            continue;
+        pthread_join(recs[i].thread, NULL);
+        st_relaxed(&recs[i].status, W_FREE);
+    }
+}
+
+void atap__pool_stop(void)
+{
+    struct timespec poll = {0, 1000000};
+    struct worker *w;
+
+    while (!quiescent())
+        nanosleep(&poll, NULL);
+    pthread_mutex_lock(&pool.lock);
+    st_seqcst(&pool.stopping, true);
+    while ((w = pool.idle) != NULL) {
+        pool.idle = w->idle_next;
+        w->in_idle = false;
+        sub_relaxed(&pool.nidle, 1);
+        st_release(&w->park, PARK_STOP);
+        atap__word_wake(&w->park, false);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    add_seqcst(&pool.bseq, 1);
+    atap__word_wake(&pool.bseq, true);
+    /* Joining takes no lock a dying or exiting thread still needs. */
+    join_all(workers, &pool.nrec);
+    join_all(blockers, &pool.brec);
+}
+
+/* ---- stats ------------------------------------------------------------- */
+
+unsigned atap__pool_live_workers(void) { return ld_relaxed(&pool.nlive); }
+
+static void count_records(struct worker *recs, unsigned n, size_t *busy, uint64_t *done,
+                          size_t *queued)
+{
+    for (unsigned i = 0; i < n; i++) {
+        *done += ld_relaxed(&recs[i].completed);
+        if (ld_acquire(&recs[i].status) != W_LIVE)
+            continue;
+        *busy += ld_relaxed(&recs[i].busy) ? 1 : 0;
+        *queued += (size_t)ring_len(&recs[i].ring) + (ld_relaxed(&recs[i].lifo) ? 1 : 0);
+    }
+}
+
+void atap__pool_stats(struct atap_pool_stats *st)
+{
+    size_t queued = atap__inj_len(&pool.inj) + atap__inj_len(&pool.binj);
+    uint64_t done = 0;
+
+    st->workers = ld_relaxed(&pool.nlive);
+    st->blocking_threads = ld_relaxed(&pool.blive);
+    st->busy = st->blocking_busy = 0;
+    count_records(workers, ld_acquire(&pool.nrec), &st->busy, &done, &queued);
+    count_records(blockers, ld_acquire(&pool.brec), &st->blocking_busy, &done, &queued);
+    st->queued = queued;
+    st->peak_workers = ld_relaxed(&pool.peak);
+    st->deaths = ld_relaxed(&pool.deaths);
+    st->completed = done;
+}

@@ -1,0 +1,58 @@
+/*
+ * The pool: worker threads that run tasks, and blocking threads that run
+ * tasks spawned with .blocking. See pool.c for the protocols.
+ */
+#ifndef ATAP_POOL_H
+#define ATAP_POOL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "deque.h"
+#include "injector.h"
+
+#define HELP_DEPTH 64
+#define LIFO_STREAK 3
+#define POOL_MAX_THREADS 1024 /* records for workers, and again for blocking threads */
+
+struct worker {
+    struct ring ring;
+    _Atomic uint32_t lifo;     /* a task spawned by the running task, or 0 */
+    _Atomic uint32_t park;     /* futex word, see pool.c */
+    _Atomic int status;        /* W_FREE, W_LIVE, W_DEAD */
+    _Atomic bool busy;         /* inside a task */
+    _Atomic uint64_t completed;
+    pthread_t thread;
+    bool blocking;             /* a blocking thread, not a worker */
+    bool searching;            /* counted in the pool's searcher count */
+    bool in_idle;              /* on the idle list (pool lock) */
+    struct worker *idle_next;  /* idle list link (pool lock) */
+    unsigned lifo_streak;
+    unsigned depth;            /* helping depth: runs nested inside a join */
+    unsigned nheld;            /* tasks this thread is inside, outermost first */
+    uint32_t held[HELP_DEPTH + 2];
+    uint64_t rng;
+    struct inj_cursor cursor;
+};
+
+/* The worker or blocking thread running on this thread, or NULL. */
+extern _Thread_local struct worker *atap__self;
+
+int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size_t stack);
+/* Waits until no work is queued or running, then stops and joins every
+ * thread. The caller has already refused new outside spawns. */
+void atap__pool_stop(void);
+
+/* Queues a task (ref = slot index + 1). */
+void atap__pool_submit(uint32_t ref, int priority, bool blocking);
+
+/* Inside a worker: runs one queued task; false when nothing was run. */
+bool atap__pool_help_once(struct worker *w);
+
+struct atap_pool_stats;
+void atap__pool_stats(struct atap_pool_stats *st);
+unsigned atap__pool_live_workers(void);
+
+#endif

@@ -1,0 +1,190 @@
+/*
+ * The runtime's lifecycle: STOPPED -> STARTING -> RUNNING -> STOPPING ->
+ * STOPPED, one word, every transition a seq_cst CAS or store.
+ *
+ * Admission: a spawn from outside the pool counts itself in `inflight`
+ * (seq_cst) before it reads the lifecycle (seq_cst); a shutdown stores
+ * STOPPING (seq_cst) before it reads `inflight`. So either the spawn sees
+ * STOPPING and backs out, or the shutdown sees it in flight and waits for
+ * it to finish queueing before draining the pool. Spawns from inside a task
+ * are part of the work being drained and are always let in.
+ */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "executor.h"
+#include "pool.h"
+#include "table.h"
+
+#define STOPPED 0
+#define STARTING 1
+#define RUNNING 2
+#define STOPPING 3
+
+#define DEFAULT_WORKERS_PER_CORE 4u
+#define DEFAULT_BLOCKING_PER_CORE 8u
+#define DEFAULT_STACK ((size_t)8 << 20)
+#define MIN_STACK ((size_t)16 << 10)
+
+static _Atomic int lifecycle = STOPPED;
+static _Atomic unsigned inflight;
+
+static void poll_pause(void)
+{
+    struct timespec ms = {0, 1000000};
+
+    nanosleep(&ms, NULL);
+}
+
+bool atap__spawn_enter(bool *outside)
+{
+    *outside = atap__self == NULL;
+    if (!*outside)
+        return true;
+    add_seqcst(&inflight, 1);
+    if (ld_seqcst(&lifecycle) == RUNNING)
+        return true;
+    sub_seqcst(&inflight, 1);
+    return false;
+}
+
+void atap__spawn_exit(bool outside)
+{
+    if (outside)
+        sub_seqcst(&inflight, 1);
+}
+
+/* Reads a config of any size: known fields copied, unknown ones must be 0. */
+static int read_config(const atap_config *in, atap_config *out)
+{
+    size_t size;
+
+    memset(out, 0, sizeof *out);
+    if (!in)
+        return 0;
+    size = in->size ? in->size : sizeof *in;
+    if (size < sizeof(size_t))
+        return ATAP_EINVAL;
+    if (size > sizeof *out) {
+        const unsigned char *extra = (const unsigned char *)in + sizeof *out;
+
+        for (size_t i = 0; i < size - sizeof *out; i++)
+            if (extra[i])
+                return ATAP_EINVAL;
+        size = sizeof *out;
+    }
+    memcpy(out, in, size);
+    if (out->worker_stack && out->worker_stack < MIN_STACK)
+        return ATAP_EINVAL;
+    return 0;
+}
+
+int atap_init(const atap_config *config)
+{
+    atap_config cfg;
+    int expected, rc;
+
+    if ((rc = read_config(config, &cfg)) != 0)
+        return rc;
+    for (;;) {
+        expected = STOPPED;
+        if (atomic_compare_exchange_strong(&lifecycle, &expected, STARTING))
+            break;
+        if (expected == RUNNING)
+            return ATAP_EALREADY;
+        poll_pause(); /* a start or a shutdown is under way: wait it out */
+    }
+    rc = atap__pool_start(cfg.workers_per_core ? cfg.workers_per_core : DEFAULT_WORKERS_PER_CORE,
+                          cfg.blocking_per_core ? cfg.blocking_per_core : DEFAULT_BLOCKING_PER_CORE,
+                          cfg.worker_stack ? cfg.worker_stack : DEFAULT_STACK);
+    st_seqcst(&lifecycle, rc == 0 ? RUNNING : STOPPED);
+    return rc;
+}
+
+int atap_shutdown(void)
+{
+    int expected;
+
+    if (atap__self)
+        return ATAP_EINVAL; /* it would wait for the task calling it */
+    for (;;) {
+        expected = RUNNING;
+        if (atomic_compare_exchange_strong(&lifecycle, &expected, STOPPING))
+            break;
+        if (expected == STOPPED)
+            return 0;
+        poll_pause(); /* another start or shutdown: wait for it to finish */
+    }
+    while (ld_seqcst(&inflight) != 0)
+        poll_pause();
+    atap__pool_stop();
+    st_seqcst(&lifecycle, STOPPED);
+    return 0;
+}
+
+bool atap_initialised(void)
+{
+    return ld_seqcst(&lifecycle) == RUNNING;
+}
+
+int atap_status(struct atap_status *status)
+{
+    struct atap_pool_stats st;
+    int life = ld_seqcst(&lifecycle);
+
+    if (!status)
+        return ATAP_EINVAL;
+    atap__pool_stats(&st);
+    status->initialised = life == RUNNING;
+    status->shutting_down = life == STOPPING;
+    status->manager_alive = false;
+    status->healthy = life == RUNNING && st.workers > 0;
+    return 0;
+}
+
+int atap_pool_stats(struct atap_pool_stats *stats)
+{
+    if (!stats)
+        return ATAP_EINVAL;
+    atap__pool_stats(stats);
+    stats->live = atap__table_live();
+    stats->slots = atap__table_span();
+    stats->peak_slots = atap__table_peak();
+    return 0;
+}
+
+int atap_trim(size_t *released)
+{
+    return atap__table_trim(released);
+}
+
+const char *atap_version_string(void)
+{
+    return "0.1.0";
+}
+
+const char *atap_strerror(int code)
+{
+    switch (code) {
+    case 0: return "success";
+    case ATAP_ENOTINIT: return "no runtime is running";
+    case ATAP_EALREADY: return "the runtime is already running";
+    case ATAP_ENOTREADY: return "the task has not settled yet";
+    case ATAP_ETAKEN: return "the output was taken";
+    case ATAP_EFINISHED: return "the task has finished";
+    case ATAP_ECANCELLED: return "the task was cancelled";
+    case ATAP_ETIMEDOUT: return "a run passed its timeout";
+    case ATAP_EFAILED: return "the task failed";
+    case ATAP_ENOTASK: return "no task behind the handle";
+    case ATAP_EINVAL: return "invalid argument";
+    case ATAP_EBUSY: return "nothing worth giving back";
+    case ATAP_ECLOSED: return "closed";
+    case ATAP_ETOOLONG: return "too long";
+    }
+    if (code < 0 && code > -4096)
+        return strerror(-code);
+    return "unknown error";
+}

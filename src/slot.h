@@ -1,0 +1,106 @@
+/*
+ * One task slot: 128 bytes, two cache lines, never moved once mapped.
+ *
+ * Two atomic words carry every protocol, and both hold the slot's
+ * generation so a stale handle can never act on the task that reuses it:
+ *
+ *   word  (32 bits, the futex word listeners wait on)
+ *         gen << 5 | WAITERS << 4 | state
+ *         Every state change is a CAS that keeps gen. Whoever wins a
+ *         transition owns its consequence (run, wake, drop). WAITERS is set
+ *         by a listener before it sleeps, and whoever settles the task
+ *         wakes only when it was set.
+ *
+ *   refs  (64 bits) gen << 32 | RUN << 31 | listeners
+ *         One per handle, plus RUN while the runtime still owes the task a
+ *         run or a clean-up (the queue or the running thread holds it).
+ *         Whoever takes refs to (gen, no RUN, 0 listeners) frees the slot,
+ *         so release is idempotent per holder and only one path frees.
+ *
+ * `readers` counts joins copying the output. Freeing waits for it to drain,
+ * so even a handle used while its last listener is released cannot read a
+ * reused slot (executor.c, "reader/free handshake").
+ *
+ * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
+ * free list while the slot is free and by the injector while it is queued;
+ * a slot is never both.
+ */
+#ifndef ATAP_SLOT_H
+#define ATAP_SLOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "atap.h"
+#include "atomics.h"
+
+#define SLOT_SIZE 128u
+
+#define ST_FREE 0u
+#define ST_PENDING 1u
+#define ST_RUNNING 2u
+#define ST_READY 3u
+#define ST_TAKEN 4u
+#define ST_CANCELLED 5u
+#define ST_FAILED 6u
+#define ST_TIMED_OUT 7u
+
+#define ST_MASK 0xfu
+#define ST_WAITERS 0x10u
+#define GEN_SHIFT 5
+#define GEN_MAX ((1u << 27) - 1u)
+
+#define REFS_RUN (UINT64_C(1) << 31)
+#define REFS_COUNT_MASK (REFS_RUN - 1)
+
+/* flags */
+#define SF_BLOCKING 0x1u
+#define SF_OUT_HEAP 0x2u
+#define SF_OUT_FILLED 0x4u
+
+struct atap_slot {
+    _Atomic uint32_t word;
+    _Atomic uint32_t link;
+    _Atomic uint64_t refs;
+    _Atomic uint32_t readers;
+    uint32_t out_size;
+    int8_t priority;
+    uint8_t flags;
+    uint16_t spare;
+    uint32_t spare2;
+    atap_fn *fn;
+    void *arg;
+    void (*arg_free)(void *);
+    void (*out_free)(void *);
+    void *ext; /* per-kind extras (timing, values, parks) of later versions */
+    union {
+        unsigned char bytes[SLOT_SIZE - 72];
+        void *heap;
+    } out;
+};
+
+#define INLINE_OUT (SLOT_SIZE - 72)
+
+_Static_assert(sizeof(struct atap_slot) == SLOT_SIZE, "a slot is 128 bytes");
+
+static inline uint32_t word_state(uint32_t w) { return w & ST_MASK; }
+static inline uint32_t word_gen(uint32_t w) { return w >> GEN_SHIFT; }
+static inline uint32_t make_word(uint32_t gen, uint32_t state) { return gen << GEN_SHIFT | state; }
+static inline uint32_t refs_gen(uint64_t r) { return (uint32_t)(r >> 32); }
+
+/* Settled: nothing is running or queued for this run. */
+static inline int state_terminal(uint32_t s) { return s >= ST_READY; }
+
+static inline void *slot_out(struct atap_slot *s)
+{
+    if (s->out_size == 0)
+        return NULL;
+    return (s->flags & SF_OUT_HEAP) ? s->out.heap : (void *)s->out.bytes;
+}
+
+static inline atap_task make_task(uint32_t index, uint32_t gen)
+{
+    return (atap_task){(uint64_t)gen << 32 | index};
+}
+
+#endif

@@ -1,0 +1,270 @@
+/*
+ * The slot table.
+ *
+ * Layout: TABLE_BLOCKS blocks; block b holds 256 << b slots and is mapped
+ * the first time an index in it is handed out. A block is never unmapped or
+ * moved, so a slot's address is fixed for the life of the process and any
+ * index below TABLE_MAX_INDEX whose block is mapped can be read at any time
+ * (stale readers then see a generation that is not theirs). A zeroed slot
+ * is a valid free slot with generation 0; it takes the generation `gen_base`
+ * when first handed out.
+ *
+ * Allocation: pop the free list, else take `next` and grow. The free list is
+ * a Treiber stack whose head is tag << 32 | (index + 1); every pop bumps the
+ * tag, so a head that was popped and pushed back in between cannot be
+ * mistaken for the one read (ABA). The link lives in the slot (`link`).
+ *
+ * Trim (one at a time): drain the free list, find the free run at the top of
+ * [floor, next), give its whole pages back with madvise(DONTNEED) while those
+ * slots are reachable by nobody (off the free list, below `next`), then lower
+ * `next` by CAS. If the table grew meanwhile the CAS fails and the zeroed
+ * slots simply go back on the free list. Generations of the released slots
+ * are folded into gen_base first, so a slot coming back zeroed can never hand
+ * out a generation a stale handle still carries.
+ */
+#include "table.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "atomics.h"
+
+static struct {
+    _Atomic(struct atap_slot *) blocks[TABLE_BLOCKS];
+    _Atomic uint64_t free_head;
+    _Atomic uint32_t next; /* one past the highest index handed out */
+    _Atomic uint32_t peak;
+    _Atomic uint32_t gen_base;
+    _Atomic size_t live;
+    atomic_flag trimming;
+} table = {.gen_base = 1, .trimming = ATOMIC_FLAG_INIT};
+
+static inline unsigned block_of(uint32_t index, uint32_t *offset)
+{
+    uint32_t s = index + (1u << TABLE_FIRST_LOG2);
+    unsigned b = (unsigned)(31 - __builtin_clz(s)) - TABLE_FIRST_LOG2;
+
+    *offset = s - ((1u << TABLE_FIRST_LOG2) << b);
+    return b;
+}
+
+static size_t block_bytes(unsigned b)
+{
+    return ((size_t)1 << (TABLE_FIRST_LOG2 + b)) * SLOT_SIZE;
+}
+
+struct atap_slot *atap__table_slot(uint32_t index)
+{
+    uint32_t off;
+    struct atap_slot *base;
+
+    if (index >= TABLE_MAX_INDEX)
+        return NULL;
+    /* Acquire pairs with the release CAS in map_block: a block seen is a
+     * block fully mapped. */
+    base = ld_acquire(&table.blocks[block_of(index, &off)]);
+    return base ? base + off : NULL;
+}
+
+static int map_block(unsigned b)
+{
+    struct atap_slot *expected = NULL;
+    void *p;
+
+    if (ld_acquire(&table.blocks[b]))
+        return 0;
+    p = mmap(NULL, block_bytes(b), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (p == MAP_FAILED)
+        return -ENOMEM;
+    /* The loser of a mapping race gives its copy back. */
+    if (!atomic_compare_exchange_strong_explicit(&table.blocks[b], &expected, p,
+                                                 memory_order_acq_rel, memory_order_acquire))
+        munmap(p, block_bytes(b));
+    return 0;
+}
+
+static void push_free(uint32_t index)
+{
+    struct atap_slot *s = atap__table_slot(index);
+    uint64_t head = ld_relaxed(&table.free_head);
+
+    do {
+        st_relaxed(&s->link, (uint32_t)head);
+        /* Release: the slot's reset (gen, cleared fields) is visible to the
+         * popper that acquires this head. */
+    } while (!cas_release(&table.free_head, &head, (head & ~(uint64_t)UINT32_MAX) | (index + 1)));
+}
+
+/* Pops the free list; 0 when empty, else index + 1. */
+static uint32_t pop_free(void)
+{
+    uint64_t head = ld_acquire(&table.free_head);
+
+    while ((uint32_t)head != 0) {
+        struct atap_slot *s = atap__table_slot((uint32_t)head - 1);
+        /* May read a link the slot's new owner is rewriting: harmless, the
+         * tag makes the CAS fail. */
+        uint64_t next = ld_relaxed(&s->link);
+        uint64_t want = ((head >> 32) + 1) << 32 | next;
+
+        if (cas_acqrel(&table.free_head, &head, want))
+            return (uint32_t)head;
+    }
+    return 0;
+}
+
+static void note_peak(uint32_t span)
+{
+    uint32_t peak = ld_relaxed(&table.peak);
+
+    while (span > peak && !atomic_compare_exchange_weak_explicit(
+                              &table.peak, &peak, span, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+int atap__table_alloc(uint32_t *index, uint32_t *gen)
+{
+    uint32_t got = pop_free(), off, g;
+
+    if (got) {
+        *index = got - 1;
+    } else {
+        uint32_t i = add_relaxed(&table.next, 1);
+
+        /* A failure leaves index i unused for good: one index, no memory.
+         * Later allocations retry the mapping. */
+        if (i >= TABLE_MAX_INDEX || map_block(block_of(i, &off)) != 0)
+            return -ENOMEM;
+        note_peak(i + 1);
+        *index = i;
+    }
+    g = word_gen(ld_relaxed(&atap__table_slot(*index)->word));
+    *gen = g == 0 ? ld_relaxed(&table.gen_base) : g + 1;
+    add_relaxed(&table.live, 1);
+    return 0;
+}
+
+void atap__table_free(uint32_t index, uint32_t gen)
+{
+    sub_relaxed(&table.live, 1);
+    if (gen >= GEN_MAX)
+        return; /* retired: this slot never hands out another generation */
+    push_free(index);
+}
+
+size_t atap__table_live(void) { return ld_relaxed(&table.live); }
+size_t atap__table_span(void) { return ld_relaxed(&table.next); }
+size_t atap__table_peak(void) { return ld_relaxed(&table.peak); }
+
+/* madvise the whole pages inside slots [lo, hi); returns bytes given back. */
+static size_t release_range(uint32_t lo, uint32_t hi)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    size_t total = 0;
+
+    while (lo < hi) {
+        uint32_t off;
+        unsigned b = block_of(lo, &off);
+        uint32_t first = lo - off, count = (1u << TABLE_FIRST_LOG2) << b;
+        uint32_t end = hi < first + count ? hi : first + count;
+        struct atap_slot *base = ld_acquire(&table.blocks[b]);
+        uintptr_t from = ((uintptr_t)(base + off) + page - 1) & ~(page - 1);
+        uintptr_t to = (uintptr_t)(base + off + (end - lo)) & ~(page - 1);
+
+        if (to > from && madvise((void *)from, to - from, MADV_DONTNEED) == 0)
+            total += to - from;
+        lo = end;
+    }
+    return total;
+}
+
+/* Highest generation among slots [lo, hi), to keep gen_base above them. */
+static uint32_t top_gen(uint32_t lo, uint32_t hi)
+{
+    uint32_t g = 0;
+
+    for (uint32_t i = lo; i < hi; i++) {
+        uint32_t w = word_gen(ld_relaxed(&atap__table_slot(i)->word));
+        g = w > g ? w : g;
+    }
+    return g;
+}
+
+static size_t trim_locked(void)
+{
+    uint32_t high = ld_acquire(&table.next), n = 0, got, low, base, top;
+    size_t live = atap__table_live(), floor, released;
+    uint32_t *ids;
+    unsigned char *top_free;
+
+    floor = live + 4096;
+    floor = floor > (size_t)high / 100 * 80 ? floor : (size_t)high / 100 * 80;
+    floor = floor > 100 ? floor : 100;
+    if (floor >= high)
+        return 0;
+    ids = malloc(sizeof *ids * high);
+    top_free = calloc(high - floor, 1);
+    if (!ids || !top_free) {
+        free(ids);
+        free(top_free);
+        return 0;
+    }
+    while (n < high && (got = pop_free()) != 0) {
+        ids[n++] = got - 1;
+        if (got - 1 >= floor && got - 1 < high)
+            top_free[got - 1 - floor] = 1;
+    }
+    low = high;
+    while (low > floor && top_free[low - 1 - floor])
+        low--;
+    released = 0;
+    if (low < high) {
+        top = top_gen(low, high);
+        base = ld_relaxed(&table.gen_base);
+        while (top + 1 > base && !atomic_compare_exchange_weak_explicit(&table.gen_base, &base, top + 1,
+                                                                     memory_order_relaxed,
+                                                                     memory_order_relaxed))
+            ;
+        released = release_range(low, high);
+        /* Acq_rel: the pages are gone before the span shrinks. */
+        if (!atomic_compare_exchange_strong_explicit(&table.next, &high, low, memory_order_acq_rel,
+                                                     memory_order_relaxed))
+            low = high = UINT32_MAX; /* grew meanwhile: everything goes back */
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] < low || ids[i] >= high)
+            push_free(ids[i]);
+    free(ids);
+    free(top_free);
+    return low == UINT32_MAX ? 0 : released;
+}
+
+int atap__table_trim(size_t *released)
+{
+    size_t bytes;
+
+    if (released)
+        *released = 0;
+    if (atomic_flag_test_and_set_explicit(&table.trimming, memory_order_acquire))
+        return ATAP_EBUSY;
+    bytes = trim_locked();
+    atomic_flag_clear_explicit(&table.trimming, memory_order_release);
+    if (released)
+        *released = bytes;
+    return bytes ? 0 : ATAP_EBUSY;
+}
+
+int atap__test_set_slot_gen(uint32_t index, uint32_t gen)
+{
+    struct atap_slot *s = atap__table_slot(index);
+
+    if (!s || gen == 0 || gen > GEN_MAX || word_state(ld_acquire(&s->word)) != ST_FREE)
+        return ATAP_EINVAL;
+    st_relaxed(&s->refs, (uint64_t)gen << 32);
+    st_release(&s->word, make_word(gen, ST_FREE));
+    return 0;
+}
