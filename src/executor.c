@@ -58,6 +58,20 @@ static bool word_is(uint32_t w, uint32_t gen)
     return word_gen(w) == gen && word_state(w) != ST_FREE;
 }
 
+/* A handle names its task while the generation matches and a listener is
+ * left: once the last handle is released, every copy reads ATAP_ENOTASK even
+ * while the run still holds the slot. */
+static bool handle_live(struct atap_slot *s, uint32_t gen, uint32_t *cur)
+{
+    uint64_t r;
+
+    *cur = ld_acquire(&s->word);
+    if (!word_is(*cur, gen))
+        return false;
+    r = ld_acquire(&s->refs);
+    return refs_gen(r) == gen && (r & REFS_COUNT_MASK) != 0;
+}
+
 static int state_error(uint32_t state)
 {
     switch (state) {
@@ -275,9 +289,8 @@ int atap_cancel(atap_task t)
     uint32_t gen, cur;
     struct atap_slot *s = lookup(t, &gen);
 
-    if (!s)
+    if (!s || !handle_live(s, gen, &cur))
         return ATAP_ENOTASK;
-    cur = ld_acquire(&s->word);
     do {
         if (!word_is(cur, gen))
             return ATAP_ENOTASK;
@@ -313,7 +326,8 @@ atap_task atap_self(atap_ctx *ctx)
  * thread runs queued work meanwhile (helping) and sleeps in short slices so
  * it can look for more; elsewhere it sleeps on the word until woken.
  */
-static int wait_settled(struct atap_slot *s, uint32_t gen, uint64_t deadline, uint32_t *state)
+static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
+                        uint32_t *state)
 {
     struct worker *w = atap__self;
     uint64_t slice = SLICE_MIN_NS, now, left;
@@ -327,7 +341,7 @@ static int wait_settled(struct atap_slot *s, uint32_t gen, uint64_t deadline, ui
             *state = word_state(cur);
             return 0;
         }
-        if (w && !w->blocking && atap__pool_help_once(w)) {
+        if (w && !w->blocking && atap__pool_help_once(w, ref)) {
             slice = SLICE_MIN_NS;
             continue;
         }
@@ -386,14 +400,15 @@ static int read_output(atap_task t, void *out, size_t size, uint64_t timeout_ns,
     struct atap_slot *s = lookup(t, &gen);
     int rc;
 
-    if (!s || !word_is(cur = ld_acquire(&s->word), gen))
+    if (!s || !handle_live(s, gen, &cur))
         return ATAP_ENOTASK;
     if (size != s->out_size || (size && !out))
         return ATAP_EINVAL;
     if (timeout_ns == 0) {
         if (!state_terminal(word_state(cur)))
             return ATAP_ENOTREADY;
-    } else if ((rc = wait_settled(s, gen, atap__deadline(atap__now_ns(), timeout_ns), &state)) != 0) {
+    } else if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen, atap__deadline(atap__now_ns(), timeout_ns),
+                                &state)) != 0) {
         return rc;
     }
     return take ? move_out(s, gen, out) : copy_out(s, gen, out);
@@ -431,13 +446,13 @@ int atap_try_take(atap_task t, void *out, size_t size)
 
 int atap_wait(atap_task t, atap_state *state)
 {
-    uint32_t gen, st;
+    uint32_t gen, st, cur;
     struct atap_slot *s = lookup(t, &gen);
     int rc;
 
-    if (!s)
+    if (!s || !handle_live(s, gen, &cur))
         return ATAP_ENOTASK;
-    if ((rc = wait_settled(s, gen, ATAP__FOREVER, &st)) == 0 && state)
+    if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen, ATAP__FOREVER, &st)) == 0 && state)
         *state = (atap_state)st;
     return rc;
 }
@@ -447,7 +462,7 @@ atap_state atap_state_of(atap_task t)
     uint32_t gen, cur;
     struct atap_slot *s = lookup(t, &gen);
 
-    if (!s || !word_is(cur = ld_acquire(&s->word), gen))
+    if (!s || !handle_live(s, gen, &cur))
         return ATAP_FAILED;
     return (atap_state)word_state(cur);
 }
@@ -457,7 +472,7 @@ bool atap_finished(atap_task t)
     uint32_t gen, cur;
     struct atap_slot *s = lookup(t, &gen);
 
-    if (!s || !word_is(cur = ld_acquire(&s->word), gen))
+    if (!s || !handle_live(s, gen, &cur))
         return true;
     return state_terminal(word_state(cur));
 }

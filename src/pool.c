@@ -76,8 +76,8 @@ static struct {
     _Atomic unsigned nrec, nlive, nidle, nsearching, peak;
     _Atomic uint64_t epoch; /* bumped when a worker leaves the idle list */
     _Atomic bool stopping;
+    struct worker *bidle_list; /* idle blocking threads (pool lock) */
     _Atomic unsigned brec, blive, bidle, bbusy;
-    _Atomic uint32_t bseq; /* blocking threads sleep on this */
     unsigned bcap;
     size_t stack;
     _Atomic uint64_t deaths;
@@ -124,7 +124,7 @@ static int start_thread(bool blocking, struct worker *self)
     st_relaxed(&w->park, PARK_RUNNING);
     st_relaxed(&w->busy, false);
     w->blocking = blocking;
-    w->searching = w->in_idle = false;
+    w->searching = w->in_idle = w->uncounted = false;
     w->lifo_streak = w->depth = w->nheld = 0;
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
     memset(&w->cursor, 0, sizeof w->cursor);
@@ -206,16 +206,25 @@ static bool work_visible(void)
 
 /* ---- waking and parking ------------------------------------------------ */
 
+/* Takes an idle thread off a list (pool lock held). */
+static struct worker *pop_idle(struct worker **list, _Atomic unsigned *count)
+{
+    struct worker *w = *list;
+
+    if (w) {
+        *list = w->idle_next;
+        w->in_idle = false;
+        sub_relaxed(count, 1);
+    }
+    return w;
+}
+
 static bool wake_idle(void)
 {
     struct worker *w;
 
     pthread_mutex_lock(&pool.lock);
-    if ((w = pool.idle) != NULL) {
-        pool.idle = w->idle_next;
-        w->in_idle = false;
-        sub_relaxed(&pool.nidle, 1);
-    }
+    w = pop_idle(&pool.idle, &pool.nidle);
     pthread_mutex_unlock(&pool.lock);
     if (!w)
         return false;
@@ -246,15 +255,13 @@ static void leave_search(struct worker *w)
         notify();
 }
 
-static void unlink_idle(struct worker *w)
+static void unlink_from(struct worker **list, _Atomic unsigned *count, struct worker *w)
 {
-    struct worker **p = &pool.idle;
-
-    while (*p != w)
-        p = &(*p)->idle_next;
-    *p = w->idle_next;
+    while (*list != w)
+        list = &(*list)->idle_next;
+    *list = w->idle_next;
     w->in_idle = false;
-    sub_relaxed(&pool.nidle, 1);
+    sub_relaxed(count, 1);
 }
 
 /* Returns false when the worker should exit. */
@@ -281,7 +288,7 @@ static bool park_worker(struct worker *w)
     if (work_visible()) {
         pthread_mutex_lock(&pool.lock);
         if (w->in_idle) {
-            unlink_idle(w);
+            unlink_from(&pool.idle, &pool.nidle, w);
             st_relaxed(&w->park, PARK_RUNNING);
         }
         pthread_mutex_unlock(&pool.lock);
@@ -375,16 +382,34 @@ static uint32_t find_work(struct worker *w)
     return steal(w);
 }
 
-bool atap__pool_help_once(struct worker *w)
+/* The awaited task, if it sits in w's LIFO slot or at the bottom of w's
+ * ring: where a task that spawned it and now joins it left it. */
+static uint32_t take_awaited(struct worker *w, uint32_t awaited)
+{
+    uint32_t x;
+
+    if (ld_relaxed(&w->lifo) == awaited &&
+        atomic_compare_exchange_strong_explicit(&w->lifo, &awaited, 0, memory_order_acq_rel,
+                                                memory_order_relaxed))
+        return awaited;
+    if (ring_len(&w->ring) == 0 || (x = ring_pop(&w->ring)) == 0)
+        return 0;
+    if (x == awaited)
+        return x;
+    push_ring(w, x); /* not it: back where it was */
+    return 0;
+}
+
+bool atap__pool_help_once(struct worker *w, uint32_t awaited)
 {
     uint32_t x;
 
     if (w->depth >= HELP_DEPTH)
         return false;
-    /* Deep in, take only the LIFO slot: likely the very task awaited. */
-    if (w->depth >= HELP_DEPTH / 2)
-        x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel);
-    else
+    /* Past half the depth only the awaited task itself is run, so the
+     * stack grows down one branch at a time. */
+    x = take_awaited(w, awaited);
+    if (!x && w->depth < HELP_DEPTH / 2)
         x = find_work(w);
     if (!x)
         return false;
@@ -398,19 +423,23 @@ bool atap__pool_help_once(struct worker *w)
 
 static void submit_blocking(uint32_t ref, int priority)
 {
+    struct worker *w = NULL;
+
     atap__inj_push(&pool.binj, &ref, 1, atap__inj_band(priority));
-    /* Blocking threads' lost-wake handshake: the task is queued before bidle
-     * is read; an idling thread counts itself before its last look. */
+    /* Same lost-wake handshake as the workers': the task is queued before
+     * bidle is read; an idling thread counts itself before its last look. */
     fence_seqcst();
-    if (ld_relaxed(&pool.bidle) > 0) {
-        add_seqcst(&pool.bseq, 1);
-        atap__word_wake(&pool.bseq, false);
-        return;
-    }
+    if (ld_relaxed(&pool.bidle) == 0 && ld_relaxed(&pool.blive) >= pool.bcap)
+        return; /* every thread busy: the first one free takes it */
     pthread_mutex_lock(&pool.lock);
-    if (ld_relaxed(&pool.blive) < pool.bcap && !ld_relaxed(&pool.stopping))
+    if (!(w = pop_idle(&pool.bidle_list, &pool.bidle)) && ld_relaxed(&pool.blive) < pool.bcap &&
+        !ld_relaxed(&pool.stopping))
         start_thread(true, NULL);
     pthread_mutex_unlock(&pool.lock);
+    if (w) {
+        st_release(&w->park, PARK_NOTIFIED);
+        atap__word_wake(&w->park, false);
+    }
 }
 
 void atap__pool_submit(uint32_t ref, int priority, bool blocking)
@@ -460,24 +489,52 @@ static void worker_loop(struct worker *w)
     }
 }
 
-/* Returns false when the blocking thread should stop. */
-static bool blocker_wait(void)
+/*
+ * Idles a blocking thread until a submitter wakes it or BLOCKING_IDLE_NS
+ * pass. Returns false when the thread should stop: idle too long, or the
+ * pool is stopping. A thread that stops for idleness leaves the live count
+ * before its last look at the queue, so a submitter either sees room to
+ * start a thread or its task is seen here.
+ */
+static bool blocker_wait(struct worker *w)
 {
-    uint32_t seq = ld_acquire(&pool.bseq);
-    bool woken;
+    uint32_t word;
+    bool listed;
 
-    add_seqcst(&pool.bidle, 1); /* handshake with submit_blocking */
-    if (!atap__inj_empty(&pool.binj) || ld_acquire(&pool.stopping)) {
-        sub_seqcst(&pool.bidle, 1);
-        return !ld_acquire(&pool.stopping) || !atap__inj_empty(&pool.binj);
+    pthread_mutex_lock(&pool.lock);
+    if (ld_relaxed(&pool.stopping)) {
+        pthread_mutex_unlock(&pool.lock);
+        return false;
     }
-    woken = atap__word_wait(&pool.bseq, seq, BLOCKING_IDLE_NS);
-    sub_seqcst(&pool.bidle, 1);
-    if (ld_acquire(&pool.stopping))
-        return !atap__inj_empty(&pool.binj);
-    /* A waker that counted us before we left still finds its task taken:
-     * the queue is looked at after bidle went down. */
-    return woken || !atap__inj_empty(&pool.binj);
+    st_relaxed(&w->park, PARK_IDLE);
+    w->in_idle = true;
+    w->idle_next = pool.bidle_list;
+    pool.bidle_list = w;
+    add_seqcst(&pool.bidle, 1);
+    pthread_mutex_unlock(&pool.lock);
+    fence_seqcst(); /* lost-wake handshake with submit_blocking */
+    if (atap__inj_empty(&pool.binj))
+        atap__word_wait(&w->park, PARK_IDLE, BLOCKING_IDLE_NS);
+    pthread_mutex_lock(&pool.lock);
+    if ((listed = w->in_idle)) { /* nobody woke us */
+        unlink_from(&pool.bidle_list, &pool.bidle, w);
+        sub_relaxed(&pool.blive, 1);
+        w->uncounted = true;
+    }
+    pthread_mutex_unlock(&pool.lock);
+    if (listed) {
+        fence_seqcst();
+        if (atap__inj_empty(&pool.binj) || ld_acquire(&pool.stopping))
+            return false;
+        add_relaxed(&pool.blive, 1); /* work came in after all */
+        w->uncounted = false;
+        return true;
+    }
+    /* Taken off the list by a waker, whose store comes right after. */
+    while ((word = ld_acquire(&w->park)) == PARK_IDLE)
+        atap__word_wait(&w->park, PARK_IDLE, ATAP__FOREVER);
+    st_relaxed(&w->park, PARK_RUNNING);
+    return word != PARK_STOP;
 }
 
 static void blocker_loop(struct worker *w)
@@ -497,7 +554,7 @@ static void blocker_loop(struct worker *w)
         }
         st_relaxed(&w->busy, false);
         sub_seqcst(&pool.bbusy, 1);
-        if (!blocker_wait())
+        if (!blocker_wait(w))
             return;
     }
 }
@@ -556,7 +613,8 @@ static void *thread_main(void *arg)
         worker_loop(w);
     pthread_cleanup_pop(0);
     pthread_mutex_lock(&pool.lock);
-    sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
+    if (!w->uncounted)
+        sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
     pthread_mutex_unlock(&pool.lock);
     st_release(&w->status, W_DEAD);
     return NULL;
@@ -621,16 +679,15 @@ void atap__pool_stop(void)
         nanosleep(&poll, NULL);
     pthread_mutex_lock(&pool.lock);
     st_seqcst(&pool.stopping, true);
-    while ((w = pool.idle) != NULL) {
-        pool.idle = w->idle_next;
-        w->in_idle = false;
-        sub_relaxed(&pool.nidle, 1);
+    while ((w = pop_idle(&pool.idle, &pool.nidle)) != NULL) {
+        st_release(&w->park, PARK_STOP);
+        atap__word_wake(&w->park, false);
+    }
+    while ((w = pop_idle(&pool.bidle_list, &pool.bidle)) != NULL) {
         st_release(&w->park, PARK_STOP);
         atap__word_wake(&w->park, false);
     }
     pthread_mutex_unlock(&pool.lock);
-    add_seqcst(&pool.bseq, 1);
-    atap__word_wake(&pool.bseq, true);
     /* Joining takes no lock a dying or exiting thread still needs. */
     join_all(workers, &pool.nrec);
     join_all(blockers, &pool.brec);

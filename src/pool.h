@@ -28,6 +28,7 @@ struct worker {
     bool blocking;             /* a blocking thread, not a worker */
     bool searching;            /* counted in the pool's searcher count */
     bool in_idle;              /* on the idle list (pool lock) */
+    bool uncounted;            /* already left the live count (idle stop) */
     struct worker *idle_next;  /* idle list link (pool lock) */
     unsigned lifo_streak;
     unsigned depth;            /* helping depth: runs nested inside a join */
@@ -48,8 +49,10 @@ void atap__pool_stop(void);
 /* Queues a task (ref = slot index + 1). */
 void atap__pool_submit(uint32_t ref, int priority, bool blocking);
 
-/* Inside a worker: runs one queued task; false when nothing was run. */
-bool atap__pool_help_once(struct worker *w);
+/* Inside a worker joining the task `awaited` (a ref): runs the awaited task
+ * if it is still in this worker's queue, else, while not too deep, one other
+ * queued task. False when nothing was run. */
+bool atap__pool_help_once(struct worker *w, uint32_t awaited);
 
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "atomics.h"
+#include "testing.h"
 
 static struct {
     _Atomic(struct atap_slot *) blocks[TABLE_BLOCKS];
