@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The whole test suite in one command:   bash tests/run_suite.sh
+#
+# Installs what the tests need when something is missing (cmake, make, gcc,
+# pkg-config, clang and its sanitizer runtimes, libcmocka-dev), then builds
+# and runs CTest in one build tree per stage under build/ (or $ATAP_BUILD_ROOT):
+#   plain  gcc, RelWithDebInfo (-O2 -g); also runs examples/tour as a smoke check
+#   asan   clang, ASan + UBSan
+#   tsan   clang, TSan. clang on purpose: TSan does not model atomic_thread_fence
+#          and gcc 12's TSan reports false races on correct fence code; clang 14's does not.
+# Every stage builds with -Werror. ATAP_SUITE="plain asan tsan" picks the stages,
+# ATAP_JOBS (default 2) the parallelism. Exits nonzero if any stage fails; the
+# last line is "N passed, N failed", CTest's counts summed over the stages (a
+# stage that fails to configure or build, or whose tour fails, adds one failure).
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_root=${ATAP_BUILD_ROOT:-$root/build}
+stages=${ATAP_SUITE:-plain asan tsan}
+jobs=${ATAP_JOBS:-2}
+
+# A sanitizer report must fail the run.
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+have() { command -v "$1" >/dev/null 2>&1; }
+needs_clang() { [[ " $stages " == *" asan "* || " $stages " == *" tsan "* ]]; }
+
+# Can clang build and link both sanitizer flavours? (Debian 12 ships the
+# runtimes apart from clang, in libclang-rt-14-dev.)
+sanitizers_ok() {
+    local tmp rc
+    tmp=$(mktemp -d) || return 1
+    echo 'int main(void) { return 0; }' >"$tmp/t.c"
+    clang -fsanitize=address,undefined "$tmp/t.c" -o "$tmp/a" 2>/dev/null &&
+        clang -fsanitize=thread "$tmp/t.c" -o "$tmp/t" 2>/dev/null
+    rc=$?
+    rm -rf "$tmp"
+    return $rc
+}
+
+install_deps() {
+    local missing=() rt_ok=yes sudo=""
+    have cmake || missing+=(cmake)
+    have make || missing+=(make)
+    have gcc || missing+=(gcc)
+    have pkg-config || missing+=(pkg-config)
+    [ -f /usr/include/cmocka.h ] || pkg-config --exists cmocka 2>/dev/null || missing+=(libcmocka-dev)
+    if needs_clang; then
+        have clang || missing+=(clang)
+        have clang && sanitizers_ok || rt_ok=no
+    fi
+    [ ${#missing[@]} -eq 0 ] && [ $rt_ok = yes ] && return 0
+
+    have apt-get || { echo "run_suite: please install: ${missing[*]} (and clang's sanitizer runtimes)" >&2; return 1; }
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    echo "run_suite: installing ${missing[*]}"
+    $sudo apt-get update -q || return 1
+    if [ $rt_ok = no ] && apt-cache show libclang-rt-dev >/dev/null 2>&1; then
+        missing+=(libclang-rt-dev)
+    fi
+    $sudo env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null || return 1
+    if needs_clang && ! sanitizers_ok; then
+        echo "run_suite: clang cannot link -fsanitize=address/thread programs" >&2
+        return 1
+    fi
+}
+
+passed=0
+failed=0
+
+# run_stage NAME CC SANITIZER: returns nonzero if anything in the stage failed.
+run_stage() {
+    local name=$1 cc=$2 san=$3 dir=$build_root/$1 ok=0 counts nfail ntotal
+    echo "=== $name: $cc, ATAP_SANITIZER=$san, build in $dir ==="
+    if ! cmake -S "$root" -B "$dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DATAP_SANITIZER="$san" -DATAP_WERROR=ON -DATAP_BUILD_TESTS=ON \
+        -DATAP_BUILD_EXAMPLES=ON -DATAP_BUILD_BENCH=OFF ||
+        ! cmake --build "$dir" -j "$jobs"; then
+        echo "=== $name: configure or build FAILED ==="
+        failed=$((failed + 1))
+        return 1
+    fi
+    if [ "$name" = plain ]; then
+        "$dir/examples/tour" || { echo "=== $name: examples/tour FAILED ==="; failed=$((failed + 1)); ok=1; }
+    fi
+    ctest --test-dir "$dir" --output-on-failure -j "$jobs" --no-tests=error 2>&1 | tee "$dir/ctest.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
+    # "83% tests passed, 1 tests failed out of 6"
+    counts=$(sed -nE 's/.*tests passed, ([0-9]+) tests? failed out of ([0-9]+).*/\1 \2/p' "$dir/ctest.log" | tail -n 1)
+    if [ -n "$counts" ]; then
+        read -r nfail ntotal <<<"$counts"
+        failed=$((failed + nfail))
+        passed=$((passed + ntotal - nfail))
+    else
+        echo "=== $name: no CTest summary ==="
+        failed=$((failed + 1))
+        ok=1
+    fi
+    return $ok
+}
+
+bad_stages=()
+install_deps || { echo "run_suite: could not install the test dependencies" >&2; echo "0 passed, 1 failed"; exit 1; }
+for stage in $stages; do
+    start=$SECONDS
+    case $stage in
+        plain) run_stage plain gcc none ;;
+        asan) run_stage asan clang address ;;
+        tsan) run_stage tsan clang thread ;;
+        *) echo "run_suite: unknown stage '$stage' (plain, asan, tsan)" >&2; failed=$((failed + 1)); false ;;
+    esac || bad_stages+=("$stage")
+    echo "=== $stage: done in $((SECONDS - start)) s ==="
+done
+
+if [ ${#bad_stages[@]} -gt 0 ]; then
+    echo "run_suite: FAILED stages: ${bad_stages[*]}"
+else
+    echo "run_suite: all stages passed ($stages)"
+fi
+echo "$passed passed, $failed failed"
+[ ${#bad_stages[@]} -eq 0 ] && [ "$failed" -eq 0 ]
