@@ -81,6 +81,13 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
         return 0;
     if (atomic_flag_test_and_set_explicit(&b->flipping, memory_order_acquire))
         return 0; /* someone else is flipping: look elsewhere, don't wait */
+    /* A flip that finished since our look may have refilled ready. Only a
+     * flag holder adds to ready, so once seen empty here it stays empty
+     * (pops of an empty stack write nothing) until we install the rest. */
+    if ((uint32_t)ld_acquire(&b->ready) != 0) {
+        atomic_flag_clear_explicit(&b->flipping, memory_order_release);
+        return pop_ready(b, out, max);
+    }
     ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acquire);
     while (ref != 0) { /* reverse: oldest first */
         next = ld_relaxed(link_of(ref));
@@ -92,8 +99,8 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
         out[n++] = ref;
     if (ref != 0) {
         head = ld_relaxed(&b->ready);
-        /* ready is empty (only flippers fill it, and we hold the flag); the
-         * CAS only races pops of nothing, so it succeeds on a retry. */
+        /* ready is empty (checked above, under the flag): the CAS can only
+         * fail spuriously. */
         while (!cas_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
             ;
     }
