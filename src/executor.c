@@ -15,10 +15,11 @@
  *    moves the state on and sees WAITERS in the old word wakes them all.
  *    The kernel compares the word before sleeping, so no wake is lost.
  *  - Freeing: whoever takes refs to (gen, no RUN, 0 listeners) frees. It
- *    stores (gen, FREE) into word, then waits for `readers` to drain
- *    (reader/free handshake, seq_cst on both sides: a join either sees FREE
- *    or is seen in `readers`), destroys the task's data, and gives the slot
- *    back to the table, which hands it out next with gen + 1.
+ *    stores (gen, FREE) into word, destroys the task's data and gives the
+ *    slot back to the table, which hands it out next with gen + 1. Nobody
+ *    else can be reading the slot then: every reader holds a listener.
+ *    (Using a handle on one thread while releasing that same handle on
+ *    another is the caller's race, as with free().)
  *  - Every handle operation first checks its generation against the word
  *    (or refs), so a stale handle reads ATAP_ENOTASK.
  */
@@ -103,18 +104,17 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
     s->out_size = 0;
 }
 
-static void free_slot(struct atap_slot *s, uint32_t index, uint32_t gen)
+static void free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    /* Reader/free handshake: FREE is visible before readers is read. */
-    uint32_t old = atomic_exchange_explicit(&s->word, make_word(gen, ST_FREE), memory_order_seq_cst);
+    /* Release: a stale reader that sees FREE sees nothing of what follows;
+     * the destroy below happens after every listener let go (acq_rel on
+     * refs brought their writes here). */
+    uint32_t state = word_state(ld_relaxed(&s->word));
 
-    if (old & ST_WAITERS)
-        atap__word_wake(&s->word, true); /* stale waiters: they read ENOTASK */
-    while (ld_seqcst(&s->readers) != 0)
-        cpu_relax();
-    destroy(s, word_state(old));
+    st_release(&s->word, make_word(gen, ST_FREE));
+    destroy(s, state);
     st_relaxed(&s->refs, (uint64_t)gen << 32);
-    atap__table_free(index, gen);
+    atap__table_free(w ? &w->cache : NULL, index, gen);
 }
 
 /* Drops the RUN reference (idempotent per generation). */
@@ -128,7 +128,7 @@ static void release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
         /* acq_rel: the run's writes (output, flags) reach whoever frees. */
     } while (!cas_acqrel(&s->refs, &r, r & ~REFS_RUN));
     if ((r & REFS_COUNT_MASK) == 0)
-        free_slot(s, index, gen);
+        free_slot(atap__self, s, index, gen);
 }
 
 void atap_release(atap_task t)
@@ -145,7 +145,7 @@ void atap_release(atap_task t)
             return;
     } while (!cas_acqrel(&s->refs, &r, r - 1));
     if (((r - 1) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
-        free_slot(s, (uint32_t)t.id, gen);
+        free_slot(atap__self, s, (uint32_t)t.id, gen);
 }
 
 int atap_dup(atap_task t, atap_task *copy)
@@ -216,12 +216,12 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
         return ATAP_EINVAL;
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
-    if ((rc = atap__table_alloc(&index, &gen)) == 0) {
+    if ((rc = atap__table_alloc(atap__self ? &atap__self->cache : NULL, &index, &gen)) == 0) {
         s = atap__table_slot(index);
         if ((rc = fill(s, fn, arg, opts)) != 0) {
             /* Burn this generation: the slot goes back as (gen, FREE). */
             st_relaxed(&s->word, make_word(gen, ST_FREE));
-            atap__table_free(index, gen);
+            atap__table_free(atap__self ? &atap__self->cache : NULL, index, gen);
         } else {
             st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
             /* Release: the fields above are visible to whoever acquires the
@@ -271,7 +271,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         s->flags |= SF_OUT_FILLED;
     settle(s, gen, rc == 0);
     release_run(s, ref - 1, gen);
-    add_relaxed(&w->completed, 1);
+    st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
 }
 
 void atap__exec_fail_held(uint32_t ref)
@@ -345,7 +345,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
             slice = SLICE_MIN_NS;
             continue;
         }
-        now = atap__now_ns();
+        now = deadline == ATAP__FOREVER ? 0 : atap__now_ns();
         if (now >= deadline)
             return ATAP_ENOTREADY;
         if (!(cur & ST_WAITERS) && !cas_acqrel(&s->word, &cur, cur | ST_WAITERS))
@@ -359,23 +359,18 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
     }
 }
 
-/* Copies the output out if the task is READY; the reader/free handshake
- * keeps the slot from being freed mid copy. */
+/* Copies the output out if the task is READY. */
 static int copy_out(struct atap_slot *s, uint32_t gen, void *out)
 {
-    uint32_t cur;
-    int rc = 0;
+    uint32_t cur = ld_acquire(&s->word);
 
-    add_seqcst(&s->readers, 1);
-    cur = ld_seqcst(&s->word);
     if (!word_is(cur, gen))
-        rc = ATAP_ENOTASK;
-    else if (word_state(cur) != ST_READY)
-        rc = state_error(word_state(cur));
-    else if (s->out_size)
+        return ATAP_ENOTASK;
+    if (word_state(cur) != ST_READY)
+        return state_error(word_state(cur));
+    if (s->out_size)
         memcpy(out, slot_out(s), s->out_size);
-    atomic_fetch_sub_explicit(&s->readers, 1, memory_order_release);
-    return rc;
+    return 0;
 }
 
 /* READY -> TAKEN, then the copy: from then on the output is the caller's. */
@@ -407,8 +402,11 @@ static int read_output(atap_task t, void *out, size_t size, uint64_t timeout_ns,
     if (timeout_ns == 0) {
         if (!state_terminal(word_state(cur)))
             return ATAP_ENOTREADY;
-    } else if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen, atap__deadline(atap__now_ns(), timeout_ns),
-                                &state)) != 0) {
+    } else if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen,
+                                  timeout_ns == ATAP__FOREVER
+                                      ? ATAP__FOREVER
+                                      : atap__deadline(atap__now_ns(), timeout_ns),
+                                  &state)) != 0) {
         return rc;
     }
     return take ? move_out(s, gen, out) : copy_out(s, gen, out);

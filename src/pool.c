@@ -61,6 +61,7 @@
 #define PARK_STOP 3u
 
 #define INJ_BATCH 16
+#define SPIN_ROUNDS 200 /* about 20-50 us of looking before a worker parks */
 #define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
 
 _Thread_local struct worker *atap__self;
@@ -128,6 +129,7 @@ static int start_thread(bool blocking, struct worker *self)
     w->lifo_streak = w->depth = w->nheld = 0;
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
     memset(&w->cursor, 0, sizeof w->cursor);
+    atap__table_register_cache(&w->cache);
     add_relaxed(blocking ? &pool.blive : &pool.nlive, 1);
     st_release(&w->status, W_LIVE);
     pthread_attr_init(&attr);
@@ -471,6 +473,31 @@ void atap__pool_submit(uint32_t ref, int priority, bool blocking)
 
 /* ---- the threads ------------------------------------------------------- */
 
+/*
+ * Before parking, a worker spins a short while as a searcher: a spawner
+ * seeing a searcher wakes nobody, so a stream of spawns slower than the
+ * workers costs no futex wake per task. At most half the workers spin.
+ */
+static bool spin_for_work(struct worker *w)
+{
+    unsigned searching = ld_relaxed(&pool.nsearching);
+
+    if (!w->searching) {
+        if (2 * searching >= ld_relaxed(&pool.nlive) ||
+            !atomic_compare_exchange_strong_explicit(&pool.nsearching, &searching, searching + 1,
+                                                     memory_order_seq_cst, memory_order_relaxed))
+            return false;
+        w->searching = true;
+    }
+    for (unsigned i = 0; i < SPIN_ROUNDS; i++) {
+        for (unsigned k = 0; k < 32; k++)
+            cpu_relax();
+        if (work_visible())
+            return true;
+    }
+    return false;
+}
+
 static void worker_loop(struct worker *w)
 {
     uint32_t ref;
@@ -484,6 +511,8 @@ static void worker_loop(struct worker *w)
             st_relaxed(&w->busy, false);
             continue;
         }
+        if (spin_for_work(w))
+            continue;
         if (!park_worker(w))
             return;
     }

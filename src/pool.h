@@ -12,6 +12,7 @@
 
 #include "deque.h"
 #include "injector.h"
+#include "table.h"
 
 #define HELP_DEPTH 64
 #define LIFO_STREAK 3
@@ -36,6 +37,7 @@ struct worker {
     uint32_t held[HELP_DEPTH + 2];
     uint64_t rng;
     struct inj_cursor cursor;
+    struct slot_cache cache;
 };
 
 /* The worker or blocking thread running on this thread, or NULL. */

@@ -17,10 +17,6 @@
  *         Whoever takes refs to (gen, no RUN, 0 listeners) frees the slot,
  *         so release is idempotent per holder and only one path frees.
  *
- * `readers` counts joins copying the output. Freeing waits for it to drain,
- * so even a handle used while its last listener is released cannot read a
- * reused slot (executor.c, "reader/free handshake").
- *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
  * free list while the slot is free and by the injector while it is queued;
  * a slot is never both.
@@ -62,7 +58,7 @@ struct atap_slot {
     _Atomic uint32_t word;
     _Atomic uint32_t link;
     _Atomic uint64_t refs;
-    _Atomic uint32_t readers;
+    uint32_t spare0;
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;

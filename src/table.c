@@ -39,8 +39,10 @@ static struct {
     _Atomic uint32_t next; /* one past the highest index handed out */
     _Atomic uint32_t peak;
     _Atomic uint32_t gen_base;
-    _Atomic size_t live;
+    _Atomic size_t live; /* through no stash */
     atomic_flag trimming;
+    _Atomic unsigned ncaches;
+    _Atomic(struct slot_cache *) caches[2048];
 } table = {.gen_base = 1, .trimming = ATOMIC_FLAG_INIT};
 
 static inline unsigned block_of(uint32_t index, uint32_t *offset)
@@ -81,6 +83,11 @@ static int map_block(unsigned b)
              -1, 0);
     if (p == MAP_FAILED)
         return -ENOMEM;
+#ifdef MADV_HUGEPAGE
+    /* Big blocks fill up front to back: fault them in 2 MiB at a time. */
+    if (block_bytes(b) >= ((size_t)2 << 20))
+        madvise(p, block_bytes(b), MADV_HUGEPAGE);
+#endif
     /* The loser of a mapping race gives its copy back. */
     if (!atomic_compare_exchange_strong_explicit(&table.blocks[b], &expected, p,
                                                  memory_order_acq_rel, memory_order_acquire))
@@ -88,16 +95,18 @@ static int map_block(unsigned b)
     return 0;
 }
 
-static void push_free(uint32_t index)
+/* Pushes idx[0..n) on the free list with one CAS (idx[0] on top). */
+static void push_free(const uint32_t *idx, unsigned n)
 {
-    struct atap_slot *s = atap__table_slot(index);
+    struct atap_slot *last = atap__table_slot(idx[n - 1]);
     uint64_t head = ld_relaxed(&table.free_head);
 
+    for (unsigned i = 0; i + 1 < n; i++)
+        st_relaxed(&atap__table_slot(idx[i])->link, idx[i + 1] + 1);
     do {
-        st_relaxed(&s->link, (uint32_t)head);
-        /* Release: the slot's reset (gen, cleared fields) is visible to the
-         * popper that acquires this head. */
-    } while (!cas_release(&table.free_head, &head, (head & ~(uint64_t)UINT32_MAX) | (index + 1)));
+        st_relaxed(&last->link, (uint32_t)head);
+        /* Release: the slots' resets are visible to whoever pops them. */
+    } while (!cas_release(&table.free_head, &head, (head & ~(uint64_t)UINT32_MAX) | (idx[0] + 1)));
 }
 
 /* Pops the free list; 0 when empty, else index + 1. */
@@ -127,13 +136,35 @@ static void note_peak(uint32_t span)
         ;
 }
 
-int atap__table_alloc(uint32_t *index, uint32_t *gen)
+void atap__table_register_cache(struct slot_cache *c)
 {
-    uint32_t got = pop_free(), off, g;
+    unsigned n;
 
-    if (got) {
-        *index = got - 1;
-    } else {
+    if (c->registered)
+        return;
+    c->registered = true;
+    n = add_relaxed(&table.ncaches, 1);
+    if (n < sizeof table.caches / sizeof table.caches[0])
+        st_release(&table.caches[n], c);
+}
+
+static void count(struct slot_cache *c, int delta)
+{
+    if (c) /* one writer: a plain read-modify-write, no lock prefix */
+        st_relaxed(&c->live, ld_relaxed(&c->live) + delta);
+    else if (delta > 0)
+        add_relaxed(&table.live, 1);
+    else
+        sub_relaxed(&table.live, 1);
+}
+
+int atap__table_alloc(struct slot_cache *c, uint32_t *index, uint32_t *gen)
+{
+    uint32_t got, off, g;
+
+    if (c && c->n > 0) {
+        got = c->idx[--c->n] + 1;
+    } else if ((got = pop_free()) == 0) {
         uint32_t i = add_relaxed(&table.next, 1);
 
         /* A failure leaves index i unused for good: one index, no memory.
@@ -142,22 +173,48 @@ int atap__table_alloc(uint32_t *index, uint32_t *gen)
             return -ENOMEM;
         note_peak(i + 1);
         *index = i;
+        /* Above the span every slot is new or was trimmed (zeroed, or on a
+         * page edge with a generation below gen_base): no need to read it,
+         * which would fault the page in twice (zero page, then copy). */
+        *gen = ld_relaxed(&table.gen_base);
+        count(c, 1);
+        return 0;
     }
+    *index = got - 1;
     g = word_gen(ld_relaxed(&atap__table_slot(*index)->word));
     *gen = g == 0 ? ld_relaxed(&table.gen_base) : g + 1;
-    add_relaxed(&table.live, 1);
+    count(c, 1);
     return 0;
 }
 
-void atap__table_free(uint32_t index, uint32_t gen)
+void atap__table_free(struct slot_cache *c, uint32_t index, uint32_t gen)
 {
-    sub_relaxed(&table.live, 1);
+    count(c, -1);
     if (gen >= GEN_MAX)
         return; /* retired: this slot never hands out another generation */
-    push_free(index);
+    if (!c) {
+        push_free(&index, 1);
+        return;
+    }
+    if (c->n == SLOT_CACHE) { /* full: the older half goes back to everyone */
+        push_free(c->idx, SLOT_CACHE / 2);
+        memmove(c->idx, c->idx + SLOT_CACHE / 2, sizeof c->idx / 2);
+        c->n -= SLOT_CACHE / 2;
+    }
+    c->idx[c->n++] = index;
 }
 
-size_t atap__table_live(void) { return ld_relaxed(&table.live); }
+size_t atap__table_live(void)
+{
+    int64_t live = (int64_t)ld_relaxed(&table.live);
+    unsigned n = ld_acquire(&table.ncaches);
+    struct slot_cache *c;
+
+    for (unsigned i = 0; i < n && i < sizeof table.caches / sizeof table.caches[0]; i++)
+        if ((c = ld_acquire(&table.caches[i])) != NULL)
+            live += ld_relaxed(&c->live);
+    return live > 0 ? (size_t)live : 0;
+}
 size_t atap__table_span(void) { return ld_relaxed(&table.next); }
 size_t atap__table_peak(void) { return ld_relaxed(&table.peak); }
 
@@ -238,7 +295,7 @@ static size_t trim_locked(void)
     }
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] < low || ids[i] >= high)
-            push_free(ids[i]);
+            push_free(&ids[i], 1);
     free(ids);
     free(top_free);
     return low == UINT32_MAX ? 0 : released;

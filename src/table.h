@@ -5,6 +5,7 @@
 #ifndef ATAP_TABLE_H
 #define ATAP_TABLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,14 +15,33 @@
 #define TABLE_BLOCKS 23u
 #define TABLE_MAX_INDEX ((UINT32_C(256) << TABLE_BLOCKS) - 256u) /* exclusive */
 
+/*
+ * A thread's own stash of free slots, so a worker that frees and spawns
+ * touches no shared line: one writer (the owning thread), read by stats.
+ * Slots in a stash are free but off the shared list; a full stash gives half
+ * back in one CAS.
+ */
+#define SLOT_CACHE 64
+
+struct slot_cache {
+    _Atomic int64_t live; /* allocations less frees through this stash */
+    bool registered;
+    uint32_t n;
+    uint32_t idx[SLOT_CACHE];
+};
+
+/* Makes a stash count in atap__table_live (once per stash, never undone). */
+void atap__table_register_cache(struct slot_cache *c);
+
 /* The slot at index, or NULL when no memory is behind it (never issued). */
 struct atap_slot *atap__table_slot(uint32_t index);
 
-/* A free slot's index, with *gen the generation to give it; -ENOMEM. */
-int atap__table_alloc(uint32_t *index, uint32_t *gen);
+/* A free slot's index, with *gen the generation to give it; -ENOMEM.
+ * cache: the calling thread's stash, or NULL. */
+int atap__table_alloc(struct slot_cache *cache, uint32_t *index, uint32_t *gen);
 
 /* Gives a slot whose task is gone back (or retires it at GEN_MAX). */
-void atap__table_free(uint32_t index, uint32_t gen);
+void atap__table_free(struct slot_cache *cache, uint32_t index, uint32_t gen);
 
 size_t atap__table_live(void);
 size_t atap__table_span(void);
