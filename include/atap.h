@@ -15,7 +15,10 @@
  *     called from. "Any" means any thread, including inside a task.
  *   - A handle is a listener on its task. Every handle from atap_spawn() or
  *     atap_dup() must be given back with atap_release() exactly once; once
- *     the last listener is gone every copy of the handle reads ATAP_ENOTASK.
+ *     the last listener is gone every copy of the handle reads ATAP_ENOTASK,
+ *     even if the slot has been reused since. Releasing a handle while
+ *     another thread is still inside a call on that same handle is the
+ *     caller's race, as with free(); give each thread its own atap_dup().
  */
 #ifndef ATAP_H
 #define ATAP_H
@@ -60,8 +63,9 @@ enum {
     ATAP_ETOOLONG = -10013,  /* a delimited read hit its limit */
 };
 
-/* A task function returns this to give its thread back while it waits
- * (the parking calls arrive in a later version). */
+/* A task function returns this to give its thread back while it waits.
+ * The parking calls arrive in a later version; until then a run that
+ * returns it fails like any other nonzero return. */
 #define ATAP_PARKED 1
 
 /*

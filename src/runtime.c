@@ -161,9 +161,12 @@ int atap_trim(size_t *released)
     return atap__table_trim(released);
 }
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 const char *atap_version_string(void)
 {
-    return "0.1.0";
+    return STR(ATAP_VERSION_MAJOR) "." STR(ATAP_VERSION_MINOR) "." STR(ATAP_VERSION_PATCH);
 }
 
 const char *atap_strerror(int code)

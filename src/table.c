@@ -326,3 +326,19 @@ int atap__test_set_slot_gen(uint32_t index, uint32_t gen)
     st_release(&s->word, make_word(gen, ST_FREE));
     return 0;
 }
+
+int atap__test_flush_caches(void)
+{
+    unsigned n = ld_acquire(&table.ncaches);
+    struct slot_cache *c;
+
+    if (atap_initialised())
+        return ATAP_EBUSY;
+    for (unsigned i = 0; i < n && i < sizeof table.caches / sizeof table.caches[0]; i++) {
+        if ((c = ld_acquire(&table.caches[i])) != NULL && c->n > 0) {
+            push_free(c->idx, c->n);
+            c->n = 0;
+        }
+    }
+    return 0;
+}

@@ -23,4 +23,9 @@ static inline uint32_t atap__task_gen(atap_task t) { return (uint32_t)(t.id >> 3
  * of range. Single-threaded tests only. */
 int atap__test_set_slot_gen(uint32_t index, uint32_t gen);
 
+/* Moves every thread's stash of free slots back to the shared free list,
+ * so the next spawns from any thread can reuse them. Only while no runtime
+ * runs (every thread that owns a stash is gone): ATAP_EBUSY otherwise. */
+int atap__test_flush_caches(void);
+
 #endif
