@@ -40,6 +40,7 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,7 +192,10 @@ static void push_ring(struct worker *w, uint32_t ref)
         push_shared(&pool.inj, &ref, 1);
 }
 
-static bool work_visible(void)
+/* Work in the shared queue or a ring; with_lifo: in a LIFO slot too. The
+ * parking protocol needs only the first (a LIFO slot wakes nobody); the
+ * drain needs all. */
+static bool work_visible(bool with_lifo)
 {
     unsigned n = ld_acquire(&pool.nrec);
 
@@ -200,7 +204,9 @@ static bool work_visible(void)
     for (unsigned i = 0; i < n; i++) {
         struct worker *v = &workers[i];
 
-        if (ld_acquire(&v->status) == W_LIVE && (ring_len(&v->ring) > 0 || ld_relaxed(&v->lifo)))
+        if (ld_acquire(&v->status) != W_LIVE)
+            continue;
+        if (ring_len(&v->ring) > 0 || (with_lifo && ld_relaxed(&v->lifo)))
             return true;
     }
     return false;
@@ -253,7 +259,7 @@ static void leave_search(struct worker *w)
 {
     w->searching = false;
     /* The last searcher out hands the search on if work remains. */
-    if (sub_seqcst(&pool.nsearching, 1) == 1 && work_visible())
+    if (sub_seqcst(&pool.nsearching, 1) == 1 && work_visible(false))
         notify();
 }
 
@@ -287,7 +293,7 @@ static bool park_worker(struct worker *w)
     add_seqcst(&pool.nidle, 1);
     pthread_mutex_unlock(&pool.lock);
     fence_seqcst(); /* parking protocol: nidle before the last look */
-    if (work_visible()) {
+    if (work_visible(false)) {
         pthread_mutex_lock(&pool.lock);
         if (w->in_idle) {
             unlink_from(&pool.idle, &pool.nidle, w);
@@ -490,9 +496,12 @@ static bool spin_for_work(struct worker *w)
         w->searching = true;
     }
     for (unsigned i = 0; i < SPIN_ROUNDS; i++) {
-        for (unsigned k = 0; k < 32; k++)
-            cpu_relax();
-        if (work_visible())
+        if (i % 8 == 7)
+            sched_yield(); /* more threads than cores: let the spawner run */
+        else
+            for (unsigned k = 0; k < 32; k++)
+                cpu_relax();
+        if (work_visible(false))
             return true;
     }
     return false;
@@ -681,7 +690,7 @@ int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size
 static bool quiescent(void)
 {
     uint64_t epoch = ld_seqcst(&pool.epoch);
-    bool quiet = ld_seqcst(&pool.nidle) == ld_seqcst(&pool.nlive) && !work_visible() &&
+    bool quiet = ld_seqcst(&pool.nidle) == ld_seqcst(&pool.nlive) && !work_visible(true) &&
                  ld_seqcst(&pool.bbusy) == 0 && atap__inj_empty(&pool.binj);
 
     return quiet && ld_seqcst(&pool.epoch) == epoch;

@@ -18,14 +18,17 @@
 #define LIFO_STREAK 3
 #define POOL_MAX_THREADS 1024 /* records for workers, and again for blocking threads */
 
+/* Lines written by the owner on every task are kept apart from the lines
+ * other threads scan (status, ring indices), so an idle thread looking for
+ * work does not slow down a busy one. */
 struct worker {
     struct ring ring;
-    _Atomic uint32_t lifo;     /* a task spawned by the running task, or 0 */
-    _Atomic uint32_t park;     /* futex word, see pool.c */
-    _Atomic int status;        /* W_FREE, W_LIVE, W_DEAD */
-    _Atomic bool busy;         /* inside a task */
-    _Atomic uint64_t completed;
+    _Alignas(64) _Atomic uint32_t lifo; /* a task spawned by the running task, or 0 */
+    _Alignas(64) _Atomic int status;    /* W_FREE, W_LIVE, W_DEAD */
+    _Atomic uint32_t park;              /* futex word, see pool.c */
     pthread_t thread;
+    _Alignas(64) _Atomic bool busy; /* inside a task (owner-written, read by stats) */
+    _Atomic uint64_t completed;
     bool blocking;             /* a blocking thread, not a worker */
     bool searching;            /* counted in the pool's searcher count */
     bool in_idle;              /* on the idle list (pool lock) */
