@@ -1,0 +1,205 @@
+/* libatap on the comparison workloads of ../shared/bench-peers, written the
+ * way the peer programs there are, and printing their one-line format
+ * (common.h) with peer=atap.
+ *
+ * Usage: atap_bench <workload> [n]
+ *   spawn_many   the main thread spawns n tasks (one relaxed atomic increment
+ *                each), keeping the handles, then joins and releases them in
+ *                order (as the tokio peer awaits its Vec<JoinHandle>)
+ *   spawn_local  one task spawns n children, then joins and releases them
+ *                (joining inside a task helps: the worker runs its children)
+ *   fib          fib(n): each call with n >= 2 spawns fib(n-1) as a task,
+ *                computes fib(n-2) inline, joins; no cutoff
+ *   chain        task i spawns task i+1 (handle released at once); task n
+ *                signals the main thread
+ *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
+ *                held by their handles; resident bytes per task
+ *   ping_pong, timers, idle_memory: not yet implemented (prints an na= line)
+ *
+ * Timing runs from the first spawn to "all done" seen by the main thread;
+ * atap_init and a warm-up task are outside it. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* clock_gettime, sysconf, setenv in common.h and here */
+#endif
+#include "common.h"
+
+#include <atap.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+static atomic_long counter;
+static long N;
+
+/* Any failing libatap call ends the benchmark with a message. */
+static void must(int rc, const char *what) {
+    if (rc != 0) {
+        fprintf(stderr, "%s: %s (%d)\n", what, atap_strerror(rc), rc);
+        exit(1);
+    }
+}
+
+static atap_task spawn(atap_fn *fn, void *arg, size_t out_size) {
+    atap_spawn_opts opts = {.out_size = out_size};
+    atap_task t;
+    must(atap_spawn(&t, fn, arg, &opts), "atap_spawn");
+    return t;
+}
+
+static void join_release(atap_task t, void *out, size_t size) {
+    must(atap_join(t, out, size), "atap_join");
+    atap_release(t);
+}
+
+/* Handles kept by spawn_many, spawn_local and live_memory: allocated and
+ * touched before the timing starts. */
+static atap_task *handles_alloc(long n) {
+    atap_task *h = malloc((size_t)n * sizeof *h);
+    check(h != NULL, "malloc handles");
+    /* Not 0: gcc turns malloc + memset(0) into calloc, which touches nothing. */
+    memset(h, 0xff, (size_t)n * sizeof *h);
+    return h;
+}
+
+/* ---------------- tasks ---------------- */
+
+static int noop(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)arg, (void)out;
+    return 0;
+}
+
+static int inc(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)arg, (void)out;
+    atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
+    return 0;
+}
+
+/* spawn_local: the parent spawns N children into arg, then joins them. */
+static int parent(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)out;
+    atap_task *h = arg;
+    for (long i = 0; i < N; i++) h[i] = spawn(inc, NULL, 0);
+    for (long i = 0; i < N; i++) join_release(h[i], NULL, 0);
+    return 0;
+}
+
+static int fib_task(atap_ctx *ctx, void *arg, void *out);
+
+static long fib(long n) {
+    if (n < 2) return n;
+    atap_task h = spawn(fib_task, (void *)(intptr_t)(n - 1), sizeof(long));
+    long b = fib(n - 2);
+    long a;
+    join_release(h, &a, sizeof a);
+    return a + b;
+}
+
+static int fib_task(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx;
+    long r = fib((long)(intptr_t)arg);
+    memcpy(out, &r, sizeof r);
+    return 0;
+}
+
+/* chain: the last hop signals the main thread through a condvar. */
+static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
+static int done;
+
+static int hop(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)out;
+    long i = (long)(intptr_t)arg;
+    if (i < N) {
+        atap_release(spawn(hop, (void *)(intptr_t)(i + 1), 0));
+    } else {
+        pthread_mutex_lock(&done_mu);
+        done = 1;
+        pthread_cond_signal(&done_cv);
+        pthread_mutex_unlock(&done_mu);
+    }
+    return 0;
+}
+
+static void wait_done(void) {
+    pthread_mutex_lock(&done_mu);
+    while (!done) pthread_cond_wait(&done_cv, &done_mu);
+    pthread_mutex_unlock(&done_mu);
+}
+
+/* live_memory: an 8-byte output (the task's index). */
+static int put8(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx;
+    uint64_t v = (uint64_t)(uintptr_t)arg;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *w = argc > 1 ? argv[1] : "spawn_many";
+    N = argc > 2 ? atol(argv[2]) : default_n(w);
+    const char *peer = "atap";
+
+    if (!strcmp(w, "ping_pong") || !strcmp(w, "timers") || !strcmp(w, "idle_memory"))
+        report_na(peer, w, N, "not_yet_implemented");
+    check(N > 0, "n > 0");
+
+    must(atap_init(NULL), "atap_init");
+    atap_task warm = spawn(noop, NULL, 0); /* warm-up: workers running */
+    join_release(warm, NULL, 0);
+
+    atap_task *h = NULL;
+    if (!strcmp(w, "spawn_many") || !strcmp(w, "spawn_local") || !strcmp(w, "live_memory"))
+        h = handles_alloc(N);
+    long rss0 = cur_rss_kb(); /* after the handle array: not counted per task */
+
+    uint64_t t0 = now_ns();
+    double ops = (double)N;
+    char extra[160] = "";
+    if (!strcmp(w, "spawn_many")) {
+        for (long i = 0; i < N; i++) h[i] = spawn(inc, NULL, 0);
+        for (long i = 0; i < N; i++) join_release(h[i], NULL, 0);
+        check(atomic_load(&counter) == N, "count");
+    } else if (!strcmp(w, "spawn_local")) {
+        join_release(spawn(parent, h, 0), NULL, 0);
+        check(atomic_load(&counter) == N, "count");
+    } else if (!strcmp(w, "fib")) {
+        long r;
+        join_release(spawn(fib_task, (void *)(intptr_t)N, sizeof r), &r, sizeof r);
+        if (N == 30) check(r == 832040, "fib(30) == 832040");
+        ops = (double)fib_spawned_tasks((int)N);
+        snprintf(extra, sizeof extra, " result=%ld tasks=%.0f", r, ops);
+    } else if (!strcmp(w, "chain")) {
+        atap_release(spawn(hop, (void *)(intptr_t)0, 0));
+        wait_done();
+    } else if (!strcmp(w, "live_memory")) {
+        for (long i = 0; i < N; i++) h[i] = spawn(put8, (void *)(uintptr_t)i, sizeof(uint64_t));
+        for (long i = 0; i < N; i++) {
+            uint64_t v;
+            must(atap_join(h[i], &v, sizeof v), "atap_join");
+            check(v == (uint64_t)i, "live_memory output");
+        }
+        long rss1 = cur_rss_kb(); /* all n settled, all n handles held */
+        snprintf(extra, sizeof extra, " bytes_per_task=%.0f rss_before_kb=%ld",
+                 (rss1 - rss0) * 1024.0 / N, rss0);
+    } else {
+        fprintf(stderr, "unknown workload %s\n", w);
+        return 2;
+    }
+    uint64_t ns = now_ns() - t0;
+
+    /* threads= reports the workers that actually ran (libatap has no knob
+     * for BENCH_THREADS: it starts one worker per online core). */
+    struct atap_pool_stats st;
+    must(atap_pool_stats(&st), "atap_pool_stats");
+    if ((int)st.peak_workers != bench_threads()) {
+        char t[32];
+        snprintf(t, sizeof t, "%zu", st.peak_workers);
+        setenv("BENCH_THREADS", t, 1);
+    }
+    report(peer, w, N, ns, ns / ops, extra);
+
+    if (h && !strcmp(w, "live_memory"))
+        for (long i = 0; i < N; i++) atap_release(h[i]);
+    free(h);
+    must(atap_shutdown(), "atap_shutdown");
+    return 0;
+}

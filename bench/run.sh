@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Usage: bench/run.sh [workload...]
+# Builds libatap's atap_bench (Release) and the peer programs of
+# ../shared/bench-peers, runs the peers (their run.sh) and atap_bench on each
+# workload with the same n, REPS times each, prints every result line, and
+# ends with a Markdown table of medians and atap's ratio to each peer
+# (bench/ratio.py).
+#   workloads: spawn_many spawn_local fib chain ping_pong timers idle_memory
+#              live_memory (the default is all; live_memory is atap only)
+#   REPS=3                          repetitions
+#   PEERS="tbb omp uv tokio naive"  which peers ("" for atap alone)
+#   N_<workload>=<size>             e.g. N_fib=25 N_spawn_many=100000
+#   TIMEOUT=300                     seconds per run
+#   ATAP_BENCH_BUILD=build/bench    libatap's build folder
+#   PEERS_BUILD=build/bench-peers   the peers' build folder
+#   ATAP_BENCH_PEERS_DIR=../shared/bench-peers   the peer harness
+# The raw lines are also kept in $ATAP_BENCH_BUILD/results.txt.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+peers_dir=${ATAP_BENCH_PEERS_DIR:-$root/../shared/bench-peers}
+B=${ATAP_BENCH_BUILD:-$root/build/bench}
+export PEERS_BUILD=${PEERS_BUILD:-$root/build/bench-peers}
+export REPS=${REPS:-3}
+export PEERS=${PEERS-"tbb omp uv tokio naive"}
+export TIMEOUT=${TIMEOUT:-300}
+all="spawn_many spawn_local fib chain ping_pong timers idle_memory live_memory"
+[ $# -gt 0 ] && workloads="$*" || workloads=$all
+
+for w in $workloads; do
+    case " $all " in *" $w "*) ;; *) echo "run.sh: unknown workload $w" >&2; exit 2 ;; esac
+done
+[ -x "$peers_dir/run.sh" ] || { echo "run.sh: no peer harness at $peers_dir" >&2; exit 1; }
+
+default_n() {
+    case $1 in
+        fib) echo 30 ;;
+        chain|ping_pong|timers) echo 100000 ;;
+        *) echo 1000000 ;;
+    esac
+}
+
+# The machine, first.
+cpu=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+grep -qw hypervisor /proc/cpuinfo && cpu="$cpu (VM)"
+mem=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+echo "machine: nproc=$(nproc), CPU \"$cpu\", $mem, $(uname -sr), $(gcc --version | head -1)"
+echo "libatap: $(git -C "$root" describe --always --dirty 2>/dev/null || echo "no commit yet")," \
+     "REPS=$REPS, PEERS=\"$PEERS\", $(date -u '+%Y-%m-%d %H:%M UTC')"
+
+# Build libatap's bench and the peers (build output goes to logs / stderr).
+mkdir -p "$B"
+echo "run.sh: building atap_bench in $B (log: $B/build.log)" >&2
+if ! { cmake -S "$root" -B "$B" -DCMAKE_BUILD_TYPE=Release -DATAP_BUILD_BENCH=ON \
+         -DATAP_BUILD_TESTS=OFF -DATAP_BUILD_EXAMPLES=OFF \
+         -DATAP_BENCH_PEERS_DIR="$peers_dir" &&
+       cmake --build "$B" --target atap_bench -j "$(nproc)"; } >"$B/build.log" 2>&1; then
+    tail -n 30 "$B/build.log" >&2
+    echo "run.sh: building atap_bench failed" >&2
+    exit 1
+fi
+exe="$B/bench/atap_bench"
+[ -x "$exe" ] || { echo "run.sh: atap_bench was not built (see $B/build.log)" >&2; exit 1; }
+if [ -n "$PEERS" ]; then
+    "$peers_dir/build.sh" >&2 || echo "run.sh: no peer could be built" >&2
+fi
+
+results="$B/results.txt"
+: >"$results"
+err="$B/atap_bench.err"
+for w in $workloads; do
+    var="N_$w"
+    n=${!var:-$(default_n "$w")}
+    if [ "$w" != live_memory ] && [ -n "$PEERS" ]; then
+        env "N_$w=$n" "$peers_dir/run.sh" "$w" | tee -a "$results"
+    fi
+    for ((r = 1; r <= REPS; r++)); do
+        out=$(timeout "$TIMEOUT" "$exe" "$w" "$n" 2>"$err")
+        rc=$?
+        if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then
+            out="peer=atap workload=$w n=$n status=FAILED rc=$rc err=\"$(head -c 200 "$err" | tr '\n' ' ')\""
+        fi
+        echo "$out" | tee -a "$results"
+        [ $rc -eq 0 ] || break # not applicable or failed: not repeated
+    done
+done
+rm -f "$err"
+
+echo
+python3 "$here/ratio.py" "$results"
