@@ -217,7 +217,7 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
     if ((rc = atap__table_alloc(atap__self ? &atap__self->cache : NULL, &index, &gen)) == 0) {
-        s = atap__table_slot(index);
+        s = atap__table_at(index);
         if ((rc = fill(s, fn, arg, opts)) != 0) {
             /* Burn this generation: the slot goes back as (gen, FREE). */
             st_relaxed(&s->word, make_word(gen, ST_FREE));
@@ -253,7 +253,7 @@ static void settle(struct atap_slot *s, uint32_t gen, bool ok)
 
 void atap__exec_run(struct worker *w, uint32_t ref)
 {
-    struct atap_slot *s = atap__table_slot(ref - 1);
+    struct atap_slot *s = atap__table_at(ref - 1);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
     struct atap_ctx ctx = {s, ref - 1, gen};
     int rc;
@@ -276,7 +276,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
 
 void atap__exec_fail_held(uint32_t ref)
 {
-    struct atap_slot *s = atap__table_slot(ref - 1);
+    struct atap_slot *s = atap__table_at(ref - 1);
 
     settle(s, word_gen(ld_relaxed(&s->word)), false);
     release_run(s, ref - 1, word_gen(ld_relaxed(&s->word)));

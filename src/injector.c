@@ -30,7 +30,7 @@
 
 static inline _Atomic uint32_t *link_of(uint32_t ref)
 {
-    return &atap__table_slot(ref - 1)->link;
+    return &atap__table_at(ref - 1)->link;
 }
 
 void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int band)

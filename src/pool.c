@@ -154,7 +154,7 @@ static int start_thread(bool blocking, struct worker *self)
 
 static int band_of(uint32_t ref)
 {
-    return atap__inj_band(atap__table_slot(ref - 1)->priority);
+    return atap__inj_band(atap__table_at(ref - 1)->priority);
 }
 
 /* Queues refs in the shared queue, each in its own band. */

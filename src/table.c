@@ -14,6 +14,10 @@
  * tag, so a head that was popped and pushed back in between cannot be
  * mistaken for the one read (ABA). The link lives in the slot (`link`).
  *
+ * Threads keep small stashes of free slots (struct slot_cache), only ever
+ * from the lower three quarters of the span, so they never hide a slot of
+ * the free top from a trim.
+ *
  * Trim (one at a time): drain the free list, find the free run at the top of
  * [floor, next), give its whole pages back with madvise(DONTNEED) while those
  * slots are reachable by nobody (off the free list, below `next`), then lower
@@ -33,8 +37,9 @@
 #include "atomics.h"
 #include "testing.h"
 
+_Atomic(struct atap_slot *) atap__table_blocks[TABLE_BLOCKS];
+
 static struct {
-    _Atomic(struct atap_slot *) blocks[TABLE_BLOCKS];
     _Atomic uint64_t free_head;
     _Atomic uint32_t next; /* one past the highest index handed out */
     _Atomic uint32_t peak;
@@ -45,31 +50,9 @@ static struct {
     _Atomic(struct slot_cache *) caches[2048];
 } table = {.gen_base = 1, .trimming = ATOMIC_FLAG_INIT};
 
-static inline unsigned block_of(uint32_t index, uint32_t *offset)
-{
-    uint32_t s = index + (1u << TABLE_FIRST_LOG2);
-    unsigned b = (unsigned)(31 - __builtin_clz(s)) - TABLE_FIRST_LOG2;
-
-    *offset = s - ((1u << TABLE_FIRST_LOG2) << b);
-    return b;
-}
-
 static size_t block_bytes(unsigned b)
 {
     return ((size_t)1 << (TABLE_FIRST_LOG2 + b)) * SLOT_SIZE;
-}
-
-struct atap_slot *atap__table_slot(uint32_t index)
-{
-    uint32_t off;
-    struct atap_slot *base;
-
-    if (index >= TABLE_MAX_INDEX)
-        return NULL;
-    /* Acquire pairs with the release CAS in map_block: a block seen is a
-     * block fully mapped. */
-    base = ld_acquire(&table.blocks[block_of(index, &off)]);
-    return base ? base + off : NULL;
 }
 
 static int map_block(unsigned b)
@@ -77,7 +60,7 @@ static int map_block(unsigned b)
     struct atap_slot *expected = NULL;
     void *p;
 
-    if (ld_acquire(&table.blocks[b]))
+    if (ld_acquire(&atap__table_blocks[b]))
         return 0;
     p = mmap(NULL, block_bytes(b), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
              -1, 0);
@@ -89,7 +72,7 @@ static int map_block(unsigned b)
         madvise(p, block_bytes(b), MADV_HUGEPAGE);
 #endif
     /* The loser of a mapping race gives its copy back. */
-    if (!atomic_compare_exchange_strong_explicit(&table.blocks[b], &expected, p,
+    if (!atomic_compare_exchange_strong_explicit(&atap__table_blocks[b], &expected, p,
                                                  memory_order_acq_rel, memory_order_acquire))
         munmap(p, block_bytes(b));
     return 0;
@@ -98,11 +81,11 @@ static int map_block(unsigned b)
 /* Pushes idx[0..n) on the free list with one CAS (idx[0] on top). */
 static void push_free(const uint32_t *idx, unsigned n)
 {
-    struct atap_slot *last = atap__table_slot(idx[n - 1]);
+    struct atap_slot *last = atap__table_at(idx[n - 1]);
     uint64_t head = ld_relaxed(&table.free_head);
 
     for (unsigned i = 0; i + 1 < n; i++)
-        st_relaxed(&atap__table_slot(idx[i])->link, idx[i + 1] + 1);
+        st_relaxed(&atap__table_at(idx[i])->link, idx[i + 1] + 1);
     do {
         st_relaxed(&last->link, (uint32_t)head);
         /* Release: the slots' resets are visible to whoever pops them. */
@@ -115,7 +98,7 @@ static uint32_t pop_free(void)
     uint64_t head = ld_acquire(&table.free_head);
 
     while ((uint32_t)head != 0) {
-        struct atap_slot *s = atap__table_slot((uint32_t)head - 1);
+        struct atap_slot *s = atap__table_at((uint32_t)head - 1);
         /* May read a link the slot's new owner is rewriting: harmless, the
          * tag makes the CAS fail. */
         uint64_t next = ld_relaxed(&s->link);
@@ -169,7 +152,7 @@ int atap__table_alloc(struct slot_cache *c, uint32_t *index, uint32_t *gen)
 
         /* A failure leaves index i unused for good: one index, no memory.
          * Later allocations retry the mapping. */
-        if (i >= TABLE_MAX_INDEX || map_block(block_of(i, &off)) != 0)
+        if (i >= TABLE_MAX_INDEX || map_block(atap__table_block_of(i, &off)) != 0)
             return -ENOMEM;
         note_peak(i + 1);
         *index = i;
@@ -181,7 +164,7 @@ int atap__table_alloc(struct slot_cache *c, uint32_t *index, uint32_t *gen)
         return 0;
     }
     *index = got - 1;
-    g = word_gen(ld_relaxed(&atap__table_slot(*index)->word));
+    g = word_gen(ld_relaxed(&atap__table_at(*index)->word));
     *gen = g == 0 ? ld_relaxed(&table.gen_base) : g + 1;
     count(c, 1);
     return 0;
@@ -192,7 +175,10 @@ void atap__table_free(struct slot_cache *c, uint32_t index, uint32_t gen)
     count(c, -1);
     if (gen >= GEN_MAX)
         return; /* retired: this slot never hands out another generation */
-    if (!c) {
+    /* Stashes keep only slots from the lower three quarters of the span:
+     * a trim never lowers the span below 80 %, so no stashed slot can sit
+     * in the free top it wants to give back. */
+    if (!c || index >= ld_relaxed(&table.next) / 4 * 3) {
         push_free(&index, 1);
         return;
     }
@@ -226,10 +212,10 @@ static size_t release_range(uint32_t lo, uint32_t hi)
 
     while (lo < hi) {
         uint32_t off;
-        unsigned b = block_of(lo, &off);
+        unsigned b = atap__table_block_of(lo, &off);
         uint32_t first = lo - off, count = (1u << TABLE_FIRST_LOG2) << b;
         uint32_t end = hi < first + count ? hi : first + count;
-        struct atap_slot *base = ld_acquire(&table.blocks[b]);
+        struct atap_slot *base = ld_acquire(&atap__table_blocks[b]);
         uintptr_t from = ((uintptr_t)(base + off) + page - 1) & ~(page - 1);
         uintptr_t to = (uintptr_t)(base + off + (end - lo)) & ~(page - 1);
 
@@ -246,7 +232,7 @@ static uint32_t top_gen(uint32_t lo, uint32_t hi)
     uint32_t g = 0;
 
     for (uint32_t i = lo; i < hi; i++) {
-        uint32_t w = word_gen(ld_relaxed(&atap__table_slot(i)->word));
+        uint32_t w = word_gen(ld_relaxed(&atap__table_at(i)->word));
         g = w > g ? w : g;
     }
     return g;

@@ -5,6 +5,7 @@
 #ifndef ATAP_TABLE_H
 #define ATAP_TABLE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -33,8 +34,43 @@ struct slot_cache {
 /* Makes a stash count in atap__table_live (once per stash, never undone). */
 void atap__table_register_cache(struct slot_cache *c);
 
-/* The slot at index, or NULL when no memory is behind it (never issued). */
-struct atap_slot *atap__table_slot(uint32_t index);
+/* The blocks, for the inline lookup below; table.c owns them. */
+extern _Atomic(struct atap_slot *) atap__table_blocks[TABLE_BLOCKS];
+
+/* Block b holds indices [256 * (2^b - 1), 256 * (2^(b+1) - 1)). */
+static inline unsigned atap__table_block_of(uint32_t index, uint32_t *offset)
+{
+    uint32_t s = index + (1u << TABLE_FIRST_LOG2);
+    unsigned b = (unsigned)(31 - __builtin_clz(s)) - TABLE_FIRST_LOG2;
+
+    *offset = s - ((1u << TABLE_FIRST_LOG2) << b);
+    return b;
+}
+
+/* The slot at index, or NULL when no memory is behind it (never issued).
+ * Acquire pairs with the release CAS that installs a block: a block seen is
+ * a block fully mapped. */
+static inline struct atap_slot *atap__table_slot(uint32_t index)
+{
+    uint32_t off;
+    struct atap_slot *base;
+
+    if (index >= TABLE_MAX_INDEX)
+        return NULL;
+    base = atomic_load_explicit(&atap__table_blocks[atap__table_block_of(index, &off)],
+                                memory_order_acquire);
+    return base ? base + off : NULL;
+}
+
+/* The slot of an index known to be issued (queued, allocated or freed):
+ * its block is mapped, so no check. */
+static inline struct atap_slot *atap__table_at(uint32_t index)
+{
+    uint32_t off;
+    unsigned b = atap__table_block_of(index, &off);
+
+    return atomic_load_explicit(&atap__table_blocks[b], memory_order_acquire) + off;
+}
 
 /* A free slot's index, with *gen the generation to give it; -ENOMEM.
  * cache: the calling thread's stash, or NULL. */
