@@ -429,11 +429,11 @@ bool atap__pool_help_once(struct worker *w, uint32_t awaited)
 
 /* ---- submitting -------------------------------------------------------- */
 
-static void submit_blocking(uint32_t ref, int priority)
+/* Wakes an idle blocking thread, or starts one, for work in the queue. */
+static void wake_blocker(void)
 {
     struct worker *w = NULL;
 
-    atap__inj_push(&pool.binj, &ref, 1, atap__inj_band(priority));
     /* Same lost-wake handshake as the workers': the task is queued before
      * bidle is read; an idling thread counts itself before its last look. */
     fence_seqcst();
@@ -448,6 +448,12 @@ static void submit_blocking(uint32_t ref, int priority)
         st_release(&w->park, PARK_NOTIFIED);
         atap__word_wake(&w->park, false);
     }
+}
+
+static void submit_blocking(uint32_t ref, int priority)
+{
+    atap__inj_push(&pool.binj, &ref, 1, atap__inj_band(priority));
+    wake_blocker();
 }
 
 void atap__pool_submit(uint32_t ref, int priority, bool blocking)
@@ -585,6 +591,11 @@ static void blocker_loop(struct worker *w)
         add_seqcst(&pool.bbusy, 1);
         st_relaxed(&w->busy, true);
         if (atap__inj_pop(&pool.binj, &w->cursor, &ref, 1)) {
+            /* The pop may have flipped a band, hiding its other tasks from
+             * idle threads for a moment: more work left means one more
+             * thread, since this one is about to be busy. */
+            if (!atap__inj_empty(&pool.binj))
+                wake_blocker();
             atap__exec_run(w, ref);
             st_relaxed(&w->busy, false);
             sub_seqcst(&pool.bbusy, 1);

@@ -1,0 +1,518 @@
+/*
+ * Runtime lifecycle: init, shutdown, re-init, status. Each test starts and
+ * stops the runtime itself; the teardown only makes sure it is stopped.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+
+#include "test_util.h"
+
+static int ensure_stopped(void **state)
+{
+    (void)state;
+    atomic_store(&g_release_all, 1);
+    int rc = atap_shutdown();
+    atomic_store(&g_release_all, 0);
+    g_live_base = pool_stats().live;
+    return rc == 0 ? 0 : -1;
+}
+
+/* Runs first: nothing in this process has called atap_init yet. */
+static void test_lifecycle_spawn_before_init(void **state)
+{
+    (void)state;
+    assert_false(atap_initialised());
+    atap_task t = {.id = 0x1234};
+    assert_int_equal(atap_spawn(&t, task_value, NULL, &(atap_spawn_opts){.out_size = 8}),
+                     ATAP_ENOTINIT);
+    assert_true(t.id == ATAP_NO_TASK.id);
+
+    /* also with NULL opts */
+    t.id = 99;
+    assert_int_equal(atap_spawn(&t, task_value, NULL, NULL), ATAP_ENOTINIT);
+    assert_true(t.id == 0);
+}
+
+static void test_lifecycle_shutdown_before_init_is_safe(void **state)
+{
+    (void)state;
+    assert_false(atap_initialised());
+    assert_int_equal(atap_shutdown(), 0);
+    assert_false(atap_initialised());
+}
+
+static void test_lifecycle_init_twice(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    assert_true(atap_initialised());
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (pool_stats().workers < (size_t)(cores < 1 ? 1 : cores) && now_ns() < end)
+        sleep_us(500);
+    struct atap_pool_stats before = pool_stats();
+
+    atap_config cfg = {.size = sizeof cfg,
+                       .workers_per_core = 1,
+                       .blocking_per_core = 1,
+                       .worker_stack = 1u << 20};
+    assert_int_equal(atap_init(&cfg), ATAP_EALREADY);
+    assert_int_equal(atap_init(NULL), ATAP_EALREADY);
+    /* even a bad config is not looked at: nothing changes */
+    atap_config bad = {.size = sizeof bad, .worker_stack = 1};
+    int rc = atap_init(&bad);
+    assert_true(rc == ATAP_EALREADY || rc == ATAP_EINVAL);
+
+    assert_true(atap_initialised());
+    struct atap_pool_stats after = pool_stats();
+    assert_true(after.workers >= before.workers);
+    assert_true(after.peak_workers == before.peak_workers);
+
+    /* the runtime still works */
+    atap_task t = spawn8(task_value, (void *)(uintptr_t)77);
+    assert_true(join8(t) == 77);
+    atap_release(t);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_false(atap_initialised());
+}
+
+static void test_lifecycle_init_small_stack_einval(void **state)
+{
+    (void)state;
+    static const size_t bad[] = {1, 4096, 16 * 1024 - 1};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        atap_config cfg = {.size = sizeof cfg, .worker_stack = bad[i]};
+        assert_int_equal(atap_init(&cfg), ATAP_EINVAL);
+        assert_false(atap_initialised());
+        atap_task t;
+        assert_int_equal(atap_spawn(&t, task_value, NULL, NULL), ATAP_ENOTINIT);
+    }
+    /* a sane explicit config works */
+    atap_config ok = {.size = sizeof ok, .workers_per_core = 1, .worker_stack = 1u << 20};
+    assert_int_equal(atap_init(&ok), 0);
+    assert_true(atap_initialised());
+    atap_task t = spawn8(task_value, (void *)(uintptr_t)5);
+    assert_true(join8(t) == 5);
+    atap_release(t);
+    assert_int_equal(atap_shutdown(), 0);
+}
+
+/* A config from a "newer" caller: larger than atap_config. Unknown bytes
+ * set → EINVAL; unknown bytes all zero → accepted. size 0 → current. */
+static void test_lifecycle_init_config_size(void **state)
+{
+    (void)state;
+    struct {
+        atap_config cfg;
+        unsigned char extra[32];
+    } big;
+    memset(&big, 0, sizeof big);
+    big.cfg.size = sizeof big;
+    big.extra[7] = 1;
+    assert_int_equal(atap_init(&big.cfg), ATAP_EINVAL);
+    assert_false(atap_initialised());
+
+    big.extra[7] = 0;
+    assert_int_equal(atap_init(&big.cfg), 0);
+    assert_true(atap_initialised());
+    assert_int_equal(atap_shutdown(), 0);
+
+    atap_config zero;
+    memset(&zero, 0, sizeof zero);
+    assert_int_equal(atap_init(&zero), 0);
+    assert_true(atap_initialised());
+    assert_int_equal(atap_shutdown(), 0);
+}
+
+static void test_lifecycle_workers_started_and_stopped(void **state)
+{
+    (void)state;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1)
+        cores = 1;
+    assert_int_equal(atap_init(NULL), 0);
+    /* the floor: one worker per online core (threads may still be starting) */
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (pool_stats().workers < (size_t)cores && now_ns() < end)
+        sleep_us(500);
+    struct atap_pool_stats s = pool_stats();
+    assert_true(s.workers >= (size_t)cores);
+    assert_true(s.peak_workers >= s.workers);
+    assert_int_equal(atap_shutdown(), 0);
+    s = pool_stats();
+    assert_int_equal(s.workers, 0);
+    assert_int_equal(s.busy, 0);
+    assert_int_equal(s.blocking_threads, 0);
+    assert_true(s.peak_workers >= (size_t)cores);
+}
+
+static int slow_count(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    (void)out;
+    /* a little work so the queue is still full when shutdown starts */
+    volatile unsigned x = 0;
+    for (unsigned i = 0; i < 200; i++)
+        x += i;
+    (void)x;
+    atomic_fetch_add_explicit((atomic_int *)arg, 1, memory_order_acq_rel);
+    return 0;
+}
+
+static void test_lifecycle_shutdown_drains(void **state)
+{
+    (void)state;
+    enum { N = 10000 };
+    static atap_task ts[N];
+    atomic_int counter;
+    atomic_init(&counter, 0);
+    uint64_t completed0 = pool_stats().completed;
+    for (int round = 0; round < 5; round++) {
+        atomic_store(&counter, 0);
+        assert_int_equal(atap_init(NULL), 0);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(atap_spawn(&ts[i], slow_count, &counter, NULL), 0);
+        assert_int_equal(atap_shutdown(), 0);
+        int ran = atomic_load(&counter);
+        if (ran != N)
+            fail_msg("round %d: atap_shutdown returned 0 with %d of %d queued tasks run", round,
+                     ran, N);
+        if (round < 4)
+            for (int i = 0; i < N; i++)
+                atap_release(ts[i]);
+    }
+    assert_false(atap_initialised());
+    /* every thread is joined, so every run has been counted, and the count
+     * outlives the threads that made it */
+    assert_true(pool_stats().completed >= completed0 + 5 * N);
+    /* every handle reads a settled, successful task after shutdown */
+    for (int i = 0; i < N; i++) {
+        assert_true(atap_finished(ts[i]));
+        assert_int_equal(atap_state_of(ts[i]), ATAP_READY);
+        assert_int_equal(atap_try_join(ts[i], NULL, 0), 0);
+        atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+static void test_lifecycle_shutdown_twice(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_false(atap_initialised());
+}
+
+static void test_lifecycle_spawn_after_shutdown(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    assert_int_equal(atap_shutdown(), 0);
+    atap_task t = {.id = 42};
+    assert_int_equal(atap_spawn(&t, task_value, NULL, &(atap_spawn_opts){.out_size = 8}),
+                     ATAP_ENOTINIT);
+    assert_true(t.id == 0);
+}
+
+static void test_lifecycle_reinit_old_handles_read(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    atap_task ts[N];
+    assert_int_equal(atap_init(NULL), 0);
+    for (int i = 0; i < N; i++)
+        ts[i] = spawn8(task_value, (void *)(uintptr_t)(1000 + i));
+    assert_int_equal(atap_shutdown(), 0);
+
+    /* readable while stopped */
+    for (int i = 0; i < N / 2; i++) {
+        uint64_t v = 0;
+        assert_int_equal(atap_join(ts[i], &v, sizeof v), 0);
+        assert_true(v == (uint64_t)(1000 + i));
+    }
+
+    assert_int_equal(atap_init(NULL), 0);
+    assert_true(atap_initialised());
+    /* new work runs and old handles still read their own outputs */
+    atap_task u = spawn8(task_value, (void *)(uintptr_t)5555);
+    for (int i = 0; i < N; i++) {
+        uint64_t v = 0;
+        assert_int_equal(atap_join(ts[i], &v, sizeof v), 0);
+        assert_true(v == (uint64_t)(1000 + i));
+        assert_int_equal(atap_state_of(ts[i]), ATAP_READY);
+    }
+    assert_true(join8(u) == 5555);
+    for (int i = 0; i < N; i++) {
+        uint64_t v = 0;
+        assert_int_equal(atap_take(ts[i], &v, sizeof v), 0);
+        assert_true(v == (uint64_t)(1000 + i));
+        atap_release(ts[i]);
+    }
+    atap_release(u);
+    assert_int_equal(atap_shutdown(), 0);
+}
+
+static int task_calls_shutdown(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    (void)arg;
+    int rc = atap_shutdown();
+    memcpy(out, &rc, sizeof rc);
+    return 0;
+}
+
+static void test_lifecycle_shutdown_inside_task_einval(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    for (int blocking = 0; blocking < 2; blocking++) {
+        atap_task t;
+        assert_int_equal(
+            atap_spawn(&t, task_calls_shutdown, NULL,
+                       &(atap_spawn_opts){.out_size = sizeof(int), .blocking = blocking != 0}),
+            0);
+        int rc = 1;
+        assert_int_equal(atap_join(t, &rc, sizeof rc), 0);
+        assert_int_equal(rc, ATAP_EINVAL);
+        atap_release(t);
+        assert_true(atap_initialised());
+    }
+    /* the runtime still works */
+    atap_task u = spawn8(task_value, (void *)(uintptr_t)9);
+    assert_true(join8(u) == 9);
+    atap_release(u);
+    assert_int_equal(atap_shutdown(), 0);
+}
+
+static void test_lifecycle_initialised_reflects_state(void **state)
+{
+    (void)state;
+    assert_false(atap_initialised());
+    assert_int_equal(atap_init(NULL), 0);
+    assert_true(atap_initialised());
+    assert_int_equal(atap_shutdown(), 0);
+    assert_false(atap_initialised());
+    assert_int_equal(atap_init(NULL), 0);
+    assert_true(atap_initialised());
+    assert_int_equal(atap_shutdown(), 0);
+    assert_false(atap_initialised());
+}
+
+static void test_lifecycle_status(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_status(NULL), ATAP_EINVAL);
+    assert_int_equal(atap_pool_stats(NULL), ATAP_EINVAL);
+
+    struct atap_status st;
+    memset(&st, 0xff, sizeof st);
+    assert_int_equal(atap_status(&st), 0);
+    assert_false(st.initialised);
+    assert_false(st.shutting_down);
+    assert_false(st.healthy);
+
+    assert_int_equal(atap_init(NULL), 0);
+    memset(&st, 0, sizeof st);
+    assert_int_equal(atap_status(&st), 0);
+    assert_true(st.initialised);
+    assert_false(st.shutting_down);
+    /* give the workers a moment to come up before asking for health */
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (!st.healthy && now_ns() < end) {
+        sleep_us(500);
+        assert_int_equal(atap_status(&st), 0);
+    }
+    assert_true(st.healthy);
+
+    assert_int_equal(atap_shutdown(), 0);
+    memset(&st, 0xff, sizeof st);
+    assert_int_equal(atap_status(&st), 0);
+    assert_false(st.initialised);
+    assert_false(st.shutting_down);
+    assert_false(st.healthy);
+}
+
+static void test_lifecycle_strerror_and_version(void **state)
+{
+    (void)state;
+    static const int codes[] = {0,
+                                ATAP_ENOTINIT,
+                                ATAP_EALREADY,
+                                ATAP_ENOTREADY,
+                                ATAP_ETAKEN,
+                                ATAP_EFINISHED,
+                                ATAP_ECANCELLED,
+                                ATAP_ETIMEDOUT,
+                                ATAP_EFAILED,
+                                ATAP_ENOTASK,
+                                ATAP_EINVAL,
+                                ATAP_EBUSY,
+                                ATAP_ECLOSED,
+                                ATAP_ETOOLONG};
+    const char *unknown = atap_strerror(-99999);
+    assert_non_null(unknown);
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
+        const char *s = atap_strerror(codes[i]);
+        assert_non_null(s);
+        assert_true(s[0] != '\0');
+        if (codes[i] != 0)
+            assert_string_not_equal(s, unknown);
+        for (size_t j = 0; j < i; j++)
+            assert_string_not_equal(s, atap_strerror(codes[j]));
+    }
+    assert_non_null(atap_strerror(-ENOMEM));
+    assert_string_not_equal(atap_strerror(-ENOMEM), unknown);
+    assert_non_null(atap_strerror(12345));
+    assert_non_null(atap_strerror(-2147483647 - 1));
+
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", ATAP_VERSION_MAJOR, ATAP_VERSION_MINOR,
+             ATAP_VERSION_PATCH);
+    assert_string_equal(atap_version_string(), want);
+}
+
+typedef struct shutdown_race {
+    test_barrier *barrier;
+    atomic_int *counter;
+    int rc;
+    int counter_after;
+    bool initialised_after;
+} shutdown_race;
+
+static void *shutdown_thread(void *p)
+{
+    shutdown_race *r = p;
+    barrier_wait(r->barrier);
+    r->rc = atap_shutdown();
+    r->counter_after = atomic_load_explicit(r->counter, memory_order_acquire);
+    r->initialised_after = atap_initialised();
+    return NULL;
+}
+
+static void test_lifecycle_concurrent_shutdown(void **state)
+{
+    (void)state;
+    enum { N = 4000 };
+    static atap_task ts[N];
+    for (int round = 0; round < 5; round++) {
+        atomic_int counter;
+        atomic_init(&counter, 0);
+        test_barrier barrier;
+        barrier_init(&barrier, 2);
+        assert_int_equal(atap_init(NULL), 0);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(atap_spawn(&ts[i], slow_count, &counter, NULL), 0);
+
+        shutdown_race r[2];
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++) {
+            r[i] = (shutdown_race){.barrier = &barrier, .counter = &counter};
+            assert_int_equal(pthread_create(&th[i], NULL, shutdown_thread, &r[i]), 0);
+        }
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(r[i].rc, 0);
+            /* neither returns before the drain is done */
+            if (r[i].counter_after != N)
+                fail_msg("round %d: a concurrent atap_shutdown returned 0 with %d of %d "
+                         "queued tasks run (the other caller saw %d; %d by now)",
+                         round, r[i].counter_after, N, r[1 - i].counter_after,
+                         atomic_load(&counter));
+            assert_false(r[i].initialised_after);
+        }
+        for (int i = 0; i < N; i++)
+            atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* init racing init: exactly one wins, the other reads EALREADY (a second
+ * caller during the start waits it out, then finds the runtime running). */
+typedef struct init_race {
+    test_barrier *barrier;
+    int rc;
+} init_race;
+
+static void *init_thread(void *p)
+{
+    init_race *r = p;
+    barrier_wait(r->barrier);
+    r->rc = atap_init(NULL);
+    return NULL;
+}
+
+static void test_lifecycle_concurrent_init(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 10; round++) {
+        test_barrier barrier;
+        barrier_init(&barrier, 2);
+        init_race r[2] = {{.barrier = &barrier}, {.barrier = &barrier}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(pthread_create(&th[i], NULL, init_thread, &r[i]), 0);
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+        int ok = (r[0].rc == 0) + (r[1].rc == 0);
+        int already = (r[0].rc == ATAP_EALREADY) + (r[1].rc == ATAP_EALREADY);
+        assert_int_equal(ok, 1);
+        assert_int_equal(already, 1);
+        assert_true(atap_initialised());
+        atap_task t = spawn8(task_value, (void *)(uintptr_t)round);
+        assert_true(join8(t) == (uint64_t)round);
+        atap_release(t);
+        assert_int_equal(atap_shutdown(), 0);
+    }
+}
+
+static void test_lifecycle_many_restarts(void **state)
+{
+    (void)state;
+    size_t rounds = scaled(20, 3);
+    for (size_t r = 0; r < rounds; r++) {
+        assert_int_equal(atap_init(NULL), 0);
+        atomic_int counter;
+        atomic_init(&counter, 0);
+        atap_task ts[100];
+        for (int i = 0; i < 100; i++)
+            assert_int_equal(atap_spawn(&ts[i], task_count, &counter, NULL), 0);
+        assert_int_equal(atap_shutdown(), 0);
+        assert_int_equal(atomic_load(&counter), 100);
+        for (int i = 0; i < 100; i++)
+            atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        /* must stay first: it needs a process that never ran atap_init */
+        cmocka_unit_test_teardown(test_lifecycle_spawn_before_init, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_shutdown_before_init_is_safe, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_init_twice, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_init_small_stack_einval, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_init_config_size, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_workers_started_and_stopped, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_shutdown_drains, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_shutdown_twice, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_spawn_after_shutdown, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_reinit_old_handles_read, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_shutdown_inside_task_einval, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_initialised_reflects_state, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_status, ensure_stopped),
+        cmocka_unit_test(test_lifecycle_strerror_and_version),
+        cmocka_unit_test_teardown(test_lifecycle_concurrent_shutdown, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_concurrent_init, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_many_restarts, ensure_stopped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1006 @@
+/*
+ * One-shot tasks: join / take and their timed and non-blocking forms, bad
+ * input, failure, cancel, dup, self, block, blocking tasks, priorities,
+ * helping (fib) and thread death.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <limits.h>
+
+#include "test_util.h"
+
+#define SENTINEL 0xdeadbeefcafef00dull
+
+/* ---- join and take ------------------------------------------------------ */
+
+static void test_tasks_join_returns_output(void **state)
+{
+    (void)state;
+    enum { N = 256 };
+    atap_task ts[N];
+    for (int i = 0; i < N; i++)
+        ts[i] = spawn8(task_value, (void *)(uintptr_t)(i * 1000003u + 17));
+    for (int i = N - 1; i >= 0; i--) {
+        assert_true(join8(ts[i]) == (uint64_t)(i * 1000003u + 17));
+        /* joins copy: the output stays for the next reader */
+        assert_true(join8(ts[i]) == (uint64_t)(i * 1000003u + 17));
+        assert_int_equal(atap_state_of(ts[i]), ATAP_READY);
+        assert_true(atap_finished(ts[i]));
+        atap_release(ts[i]);
+    }
+}
+
+static void test_tasks_join_for_deadline(void **state)
+{
+    (void)state;
+    gate *g = gate_new(31);
+    atap_task t = spawn8(task_gated, g);
+    uint64_t v = SENTINEL;
+    static const uint64_t waits[] = {ATAP_MS(1), ATAP_MS(20), ATAP_MS(60)};
+    for (size_t i = 0; i < 3; i++) {
+        uint64_t t0 = now_ns();
+        assert_int_equal(atap_join_for(t, &v, sizeof v, waits[i]), ATAP_ENOTREADY);
+        uint64_t el = now_ns() - t0;
+        assert_true(el + ATAP_MS(1) >= waits[i]); /* it did wait */
+        assert_true(el < ATAP_SEC(5));
+        t0 = now_ns();
+        assert_int_equal(atap_take_for(t, &v, sizeof v, waits[i]), ATAP_ENOTREADY);
+        el = now_ns() - t0;
+        assert_true(el + ATAP_MS(1) >= waits[i]);
+        assert_true(el < ATAP_SEC(5));
+    }
+    /* a zero timeout is a try */
+    uint64_t t0 = now_ns();
+    assert_int_equal(atap_join_for(t, &v, sizeof v, 0), ATAP_ENOTREADY);
+    assert_int_equal(atap_take_for(t, &v, sizeof v, 0), ATAP_ENOTREADY);
+    assert_true(now_ns() - t0 < ATAP_SEC(1));
+    assert_true(v == SENTINEL);
+    assert_false(atap_finished(t));
+
+    /* giving up left the output: a take still gets it */
+    atomic_store(&g->open, 1);
+    assert_int_equal(atap_take(t, &v, sizeof v), 0);
+    assert_true(v == 31);
+    atap_release(t);
+}
+
+static int task_slow_value(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    sleep_ms(50);
+    uint64_t v = (uint64_t)(uintptr_t)arg;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void test_tasks_join_for_returns_on_settle(void **state)
+{
+    (void)state;
+    for (int take = 0; take < 2; take++) {
+        atap_task t = spawn8(task_slow_value, (void *)(uintptr_t)(900 + take));
+        uint64_t v = 0;
+        uint64_t t0 = now_ns();
+        if (take)
+            assert_int_equal(atap_take_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+        else
+            assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+        uint64_t el = now_ns() - t0;
+        assert_true(v == (uint64_t)(900 + take));
+        assert_true(el < ATAP_SEC(5));
+        atap_release(t);
+    }
+    /* a huge timeout must not overflow into "already past" */
+    atap_task t = spawn8(task_slow_value, (void *)(uintptr_t)7);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, UINT64_MAX), 0);
+    assert_true(v == 7);
+    atap_release(t);
+}
+
+static void test_tasks_try_join_running(void **state)
+{
+    (void)state;
+    gate *g = gate_new(55);
+    atap_task t = spawn8(task_gated, g);
+    uint64_t v = SENTINEL;
+    assert_int_equal(atap_try_join(t, &v, sizeof v), ATAP_ENOTREADY);
+    assert_int_equal(atap_try_take(t, &v, sizeof v), ATAP_ENOTREADY);
+    assert_true(wait_atomic_at_least(&g->started, 1, ATAP_SEC(20)));
+    assert_int_equal(atap_state_of(t), ATAP_RUNNING);
+    assert_false(atap_finished(t));
+    assert_int_equal(atap_try_join(t, &v, sizeof v), ATAP_ENOTREADY);
+    assert_int_equal(atap_try_take(t, &v, sizeof v), ATAP_ENOTREADY);
+    assert_true(v == SENTINEL);
+    atomic_store(&g->open, 1);
+    assert_true(join8(t) == 55);
+    assert_int_equal(atap_try_join(t, &v, sizeof v), 0);
+    assert_true(v == 55);
+    v = 0;
+    assert_int_equal(atap_try_take(t, &v, sizeof v), 0);
+    assert_true(v == 55);
+    assert_int_equal(atap_try_take(t, &v, sizeof v), ATAP_ETAKEN);
+    atap_release(t);
+}
+
+static void test_tasks_take_moves_once(void **state)
+{
+    (void)state;
+    for (int how = 0; how < 3; how++) {
+        atap_task t = spawn8(task_value, (void *)(uintptr_t)(4321 + how));
+        uint64_t v = 0;
+        if (how == 0) {
+            assert_int_equal(atap_take(t, &v, sizeof v), 0);
+        } else if (how == 1) {
+            assert_int_equal(atap_take_for(t, &v, sizeof v, ATAP_SEC(20)), 0);
+        } else {
+            assert_int_equal(atap_wait(t, NULL), 0);
+            assert_int_equal(atap_try_take(t, &v, sizeof v), 0);
+        }
+        assert_true(v == (uint64_t)(4321 + how));
+        v = SENTINEL;
+        assert_int_equal(atap_take(t, &v, sizeof v), ATAP_ETAKEN);
+        assert_int_equal(atap_take_for(t, &v, sizeof v, ATAP_MS(5)), ATAP_ETAKEN);
+        assert_int_equal(atap_try_take(t, &v, sizeof v), ATAP_ETAKEN);
+        assert_int_equal(atap_join(t, &v, sizeof v), ATAP_ETAKEN);
+        assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_MS(5)), ATAP_ETAKEN);
+        assert_int_equal(atap_try_join(t, &v, sizeof v), ATAP_ETAKEN);
+        assert_true(v == SENTINEL);
+        assert_int_equal(atap_state_of(t), ATAP_TAKEN);
+        assert_true(atap_finished(t));
+        atap_state st = ATAP_PENDING;
+        assert_int_equal(atap_wait(t, &st), 0);
+        assert_true(st == ATAP_TAKEN || st == ATAP_READY);
+        /* a dup sees the same: taken */
+        atap_task d;
+        assert_int_equal(atap_dup(t, &d), 0);
+        assert_int_equal(atap_join(d, &v, sizeof v), ATAP_ETAKEN);
+        atap_release(d);
+        /* cancel after a take changes nothing */
+        assert_int_equal(atap_cancel(t), 0);
+        assert_int_equal(atap_state_of(t), ATAP_TAKEN);
+        atap_release(t);
+    }
+}
+
+/* every reader with a size that is not out_size: EINVAL, buffer untouched,
+ * output not consumed */
+static void check_wrong_sizes(atap_task t)
+{
+    uint64_t buf[4] = {SENTINEL, SENTINEL, SENTINEL, SENTINEL};
+    static const size_t bad[] = {1, 4, 7, 9, 16, 32};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t sz = bad[i];
+        assert_int_equal(atap_join(t, buf, sz), ATAP_EINVAL);
+        assert_int_equal(atap_join_for(t, buf, sz, ATAP_MS(1)), ATAP_EINVAL);
+        assert_int_equal(atap_try_join(t, buf, sz), ATAP_EINVAL);
+        assert_int_equal(atap_take(t, buf, sz), ATAP_EINVAL);
+        assert_int_equal(atap_take_for(t, buf, sz, ATAP_MS(1)), ATAP_EINVAL);
+        assert_int_equal(atap_try_take(t, buf, sz), ATAP_EINVAL);
+    }
+    assert_int_equal(atap_join(t, NULL, 0), ATAP_EINVAL);
+    assert_int_equal(atap_take(t, buf, 0), ATAP_EINVAL);
+    /* NULL out with the right, nonzero size */
+    assert_int_equal(atap_join(t, NULL, 8), ATAP_EINVAL);
+    assert_int_equal(atap_join_for(t, NULL, 8, ATAP_MS(1)), ATAP_EINVAL);
+    assert_int_equal(atap_try_join(t, NULL, 8), ATAP_EINVAL);
+    assert_int_equal(atap_take(t, NULL, 8), ATAP_EINVAL);
+    assert_int_equal(atap_take_for(t, NULL, 8, ATAP_MS(1)), ATAP_EINVAL);
+    assert_int_equal(atap_try_take(t, NULL, 8), ATAP_EINVAL);
+    for (int i = 0; i < 4; i++)
+        assert_true(buf[i] == SENTINEL);
+}
+
+static void test_tasks_wrong_size_einval(void **state)
+{
+    (void)state;
+    /* settled */
+    atap_task t = spawn8(task_value, (void *)(uintptr_t)99);
+    assert_true(join8(t) == 99);
+    check_wrong_sizes(t);
+    uint64_t v = 0;
+    assert_int_equal(atap_take(t, &v, sizeof v), 0); /* not consumed */
+    assert_true(v == 99);
+    atap_release(t);
+
+    /* still pending: the size is known at spawn, so no waiting first */
+    gate *g = gate_new(98);
+    atap_task p = spawn8(task_gated, g);
+    uint64_t t0 = now_ns();
+    uint64_t buf[2] = {SENTINEL, SENTINEL};
+    assert_int_equal(atap_join_for(p, buf, 16, ATAP_SEC(10)), ATAP_EINVAL);
+    assert_int_equal(atap_take_for(p, buf, 4, ATAP_SEC(10)), ATAP_EINVAL);
+    assert_int_equal(atap_join_for(p, NULL, 8, ATAP_SEC(10)), ATAP_EINVAL);
+    assert_true(now_ns() - t0 < ATAP_SEC(5));
+    assert_true(buf[0] == SENTINEL && buf[1] == SENTINEL);
+    atomic_store(&g->open, 1);
+    assert_true(join8(p) == 98);
+    atap_release(p);
+}
+
+static void test_tasks_spawn_bad_args(void **state)
+{
+    (void)state;
+    atap_spawn_opts o = {.out_size = 8};
+    assert_int_equal(atap_spawn(NULL, task_value, NULL, &o), ATAP_EINVAL);
+    assert_int_equal(atap_spawn(NULL, task_value, NULL, NULL), ATAP_EINVAL);
+    atap_task t = {.id = 1234};
+    assert_int_equal(atap_spawn(&t, NULL, NULL, &o), ATAP_EINVAL);
+    assert_true(t.id == 0);
+    t.id = 1234;
+    assert_int_equal(atap_spawn(&t, NULL, NULL, NULL), ATAP_EINVAL);
+    assert_true(t.id == 0);
+
+    static const int bad_prio[] = {128, -129, 1000, -1000, INT_MAX, INT_MIN};
+    for (size_t i = 0; i < sizeof bad_prio / sizeof bad_prio[0]; i++) {
+        t.id = 1234;
+        o.priority = bad_prio[i];
+        assert_int_equal(atap_spawn(&t, task_value, NULL, &o), ATAP_EINVAL);
+        assert_true(t.id == 0);
+    }
+    static const int good_prio[] = {ATAP_PRIORITY_MIN, -65, -64, -1, 0, 1, 63, 64,
+                                    ATAP_PRIORITY_MAX};
+    for (size_t i = 0; i < sizeof good_prio / sizeof good_prio[0]; i++) {
+        o.priority = good_prio[i];
+        assert_int_equal(atap_spawn(&t, task_value, (void *)(uintptr_t)i, &o), 0);
+        assert_true(join8(t) == i);
+        atap_release(t);
+    }
+    /* nothing leaked into the table */
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+static void test_tasks_spawn_huge_out_size(void **state)
+{
+    (void)state;
+    static const size_t huge[] = {SIZE_MAX, SIZE_MAX / 2, (size_t)1 << 33, (size_t)1 << 32,
+                                  ((size_t)1 << 32) + 1};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        atap_task t = {.id = 1234};
+        int rc = atap_spawn(&t, task_value, NULL, &(atap_spawn_opts){.out_size = huge[i]});
+        assert_int_equal(rc, ATAP_EINVAL);
+        assert_true(t.id == 0);
+    }
+    /* the runtime is fine after */
+    atap_task t = spawn8(task_value, (void *)(uintptr_t)3);
+    assert_true(join8(t) == 3);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+/* ---- failure and wait -------------------------------------------------- */
+
+static int task_fail_with(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    uint64_t v = 1;
+    memcpy(out, &v, sizeof v); /* written, but never published */
+    return (int)(intptr_t)arg;
+}
+
+static void test_tasks_nonzero_return_fails(void **state)
+{
+    (void)state;
+    static const int rets[] = {-1, 2, 42, -10008, INT_MIN, INT_MAX};
+    for (size_t i = 0; i < sizeof rets / sizeof rets[0]; i++) {
+        atap_task t = spawn8(task_fail_with, (void *)(intptr_t)rets[i]);
+        uint64_t v = SENTINEL;
+        assert_int_equal(atap_join(t, &v, sizeof v), ATAP_EFAILED);
+        assert_int_equal(atap_try_join(t, &v, sizeof v), ATAP_EFAILED);
+        assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_MS(1)), ATAP_EFAILED);
+        assert_int_equal(atap_take(t, &v, sizeof v), ATAP_EFAILED);
+        assert_int_equal(atap_try_take(t, &v, sizeof v), ATAP_EFAILED);
+        assert_true(v == SENTINEL);
+        assert_int_equal(atap_state_of(t), ATAP_FAILED);
+        assert_true(atap_finished(t));
+        atap_state st = ATAP_READY;
+        assert_int_equal(atap_wait(t, &st), 0);
+        assert_int_equal(st, ATAP_FAILED);
+        /* cancel after failure leaves it failed */
+        assert_int_equal(atap_cancel(t), 0);
+        assert_int_equal(atap_state_of(t), ATAP_FAILED);
+        assert_int_equal(atap_join(t, &v, sizeof v), ATAP_EFAILED);
+        atap_release(t);
+    }
+    /* NULL opts: no output */
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, task_fail, NULL, NULL), 0);
+    assert_int_equal(atap_join(t, NULL, 0), ATAP_EFAILED);
+    atap_release(t);
+}
+
+static void test_tasks_wait_gives_state(void **state)
+{
+    (void)state;
+    atap_task ok = spawn8(task_slow_value, (void *)(uintptr_t)1);
+    atap_state st = ATAP_FAILED;
+    assert_int_equal(atap_wait(ok, &st), 0);
+    assert_int_equal(st, ATAP_READY);
+    assert_true(atap_finished(ok));
+    assert_int_equal(atap_wait(ok, NULL), 0);
+    assert_true(join8(ok) == 1); /* wait did not read it */
+
+    atap_task bad = spawn8(task_fail_with, (void *)(intptr_t)-3);
+    assert_int_equal(atap_wait(bad, &st), 0);
+    assert_int_equal(st, ATAP_FAILED);
+
+    gate *g = gate_new(0);
+    atap_task c = spawn8(task_gated, g);
+    assert_int_equal(atap_cancel(c), 0);
+    atomic_store(&g->open, 1);
+    assert_int_equal(atap_wait(c, &st), 0);
+    assert_int_equal(st, ATAP_CANCELLED);
+
+    atap_release(ok);
+    atap_release(bad);
+    atap_release(c);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+/* ---- cancel ------------------------------------------------------------- */
+
+static atomic_int g_target_ran;
+
+static int task_target(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    (void)arg;
+    atomic_fetch_add(&g_target_ran, 1);
+    uint64_t v = 1;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void test_tasks_cancel_queued_never_runs(void **state)
+{
+    (void)state;
+    atomic_store(&g_target_ran, 0);
+    blockers *bl = blockers_start();
+    enum { N = 16 };
+    atap_task ts[N];
+    for (int i = 0; i < N; i++) {
+        ts[i] = spawn8(task_target, NULL);
+        assert_int_equal(atap_cancel(ts[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        /* listeners read CANCELLED at once, while the pool is still busy */
+        uint64_t v = SENTINEL;
+        assert_int_equal(atap_state_of(ts[i]), ATAP_CANCELLED);
+        assert_true(atap_finished(ts[i]));
+        assert_int_equal(atap_join(ts[i], &v, sizeof v), ATAP_ECANCELLED);
+        assert_int_equal(atap_try_join(ts[i], &v, sizeof v), ATAP_ECANCELLED);
+        assert_int_equal(atap_take(ts[i], &v, sizeof v), ATAP_ECANCELLED);
+        assert_true(v == SENTINEL);
+        atap_state st = ATAP_READY;
+        assert_int_equal(atap_wait(ts[i], &st), 0);
+        assert_int_equal(st, ATAP_CANCELLED);
+        assert_int_equal(atap_cancel(ts[i]), 0); /* again: nothing left to do */
+    }
+    blockers_stop(bl);
+    /* the pool runs past where they were queued */
+    atap_task after = spawn8(task_value, (void *)(uintptr_t)6);
+    assert_true(join8(after) == 6);
+    atap_release(after);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atap_state_of(ts[i]), ATAP_CANCELLED);
+        atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    assert_int_equal(atomic_load(&g_target_ran), 0);
+}
+
+typedef struct spin_cancel {
+    atomic_int started;
+    atomic_int saw_cancel;
+    atomic_int ended;
+} spin_cancel;
+
+static int task_spin_until_cancelled(atap_ctx *ctx, void *arg, void *out)
+{
+    spin_cancel *s = arg;
+    atomic_store(&s->started, 1);
+    while (!atap_cancelled(ctx) && !released_all())
+        sleep_us(100);
+    if (atap_cancelled(ctx))
+        atomic_store(&s->saw_cancel, 1);
+    uint64_t v = 777;
+    memcpy(out, &v, sizeof v);
+    atomic_store(&s->ended, 1);
+    return 0;
+}
+
+static void test_tasks_cancel_running_drops_output(void **state)
+{
+    (void)state;
+    static spin_cancel s; /* static: the task may outlive a failed test */
+    atomic_store(&s.started, 0);
+    atomic_store(&s.saw_cancel, 0);
+    atomic_store(&s.ended, 0);
+    atap_task t = spawn8(task_spin_until_cancelled, &s);
+    atap_task d;
+    assert_int_equal(atap_dup(t, &d), 0);
+    assert_true(wait_atomic_at_least(&s.started, 1, ATAP_SEC(20)));
+    assert_int_equal(atap_state_of(t), ATAP_RUNNING);
+    assert_int_equal(atap_cancel(t), 0);
+    uint64_t v = SENTINEL;
+    assert_int_equal(atap_join(t, &v, sizeof v), ATAP_ECANCELLED);
+    assert_true(wait_atomic_at_least(&s.ended, 1, ATAP_SEC(20)));
+    assert_int_equal(atomic_load(&s.saw_cancel), 1);
+    /* the run returned 0 with an output, but it was dropped */
+    assert_int_equal(atap_join(t, &v, sizeof v), ATAP_ECANCELLED);
+    assert_int_equal(atap_take(t, &v, sizeof v), ATAP_ECANCELLED);
+    assert_int_equal(atap_join(d, &v, sizeof v), ATAP_ECANCELLED);
+    assert_true(v == SENTINEL);
+    assert_int_equal(atap_state_of(t), ATAP_CANCELLED);
+    assert_int_equal(atap_state_of(d), ATAP_CANCELLED);
+    atap_state st = ATAP_READY;
+    assert_int_equal(atap_wait(d, &st), 0);
+    assert_int_equal(st, ATAP_CANCELLED);
+    atap_release(t);
+    atap_release(d);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+static void test_tasks_cancel_after_ready_keeps_output(void **state)
+{
+    (void)state;
+    atap_task t = spawn8(task_value, (void *)(uintptr_t)1357);
+    assert_true(join8(t) == 1357);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_state_of(t), ATAP_READY);
+    assert_true(join8(t) == 1357);
+    atap_state st = ATAP_PENDING;
+    assert_int_equal(atap_wait(t, &st), 0);
+    assert_int_equal(st, ATAP_READY);
+    uint64_t v = 0;
+    assert_int_equal(atap_take(t, &v, sizeof v), 0);
+    assert_true(v == 1357);
+    atap_release(t);
+}
+
+static int task_check_cancelled_false(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    uint64_t v = atap_cancelled(ctx) ? 1 : 0;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void test_tasks_cancelled_flag(void **state)
+{
+    (void)state;
+    assert_false(atap_cancelled(NULL));
+    atap_task t = spawn8(task_check_cancelled_false, NULL);
+    assert_true(join8(t) == 0);
+    atap_release(t);
+}
+
+/* ---- handles ------------------------------------------------------------ */
+
+static void test_tasks_dup_listener(void **state)
+{
+    (void)state;
+    gate *g = gate_new(2468);
+    atap_task t = spawn8(task_gated, g);
+    atap_task d1, d2;
+    assert_int_equal(atap_dup(t, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_dup(t, &d1), 0);
+    assert_int_equal(atap_dup(d1, &d2), 0);
+    /* all name the same task */
+    assert_true(d1.id == t.id);
+    assert_true(d2.id == t.id);
+    atap_release(t);
+    atomic_store(&g->open, 1);
+    assert_true(join8(d1) == 2468);
+    atap_release(d1);
+    assert_true(join8(d2) == 2468);
+    uint64_t v = 0;
+    assert_int_equal(atap_take(d2, &v, sizeof v), 0);
+    assert_true(v == 2468);
+    atap_release(d2);
+    assert_int_equal(atap_join(d2, &v, sizeof v), ATAP_ENOTASK);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+static int task_self(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    uint64_t id = atap_self(ctx).id;
+    memcpy(out, &id, sizeof id);
+    return 0;
+}
+
+static void test_tasks_self_is_handle(void **state)
+{
+    (void)state;
+    assert_true(atap_self(NULL).id == ATAP_NO_TASK.id);
+    for (int i = 0; i < 32; i++) {
+        atap_task t = spawn8(task_self, NULL);
+        assert_true(join8(t) == t.id);
+        atap_release(t);
+    }
+    atap_task b;
+    assert_int_equal(
+        atap_spawn(&b, task_self, NULL, &(atap_spawn_opts){.out_size = 8, .blocking = true}), 0);
+    assert_true(join8(b) == b.id);
+    atap_release(b);
+}
+
+/* ---- block ------------------------------------------------------------- */
+
+typedef struct block_out {
+    pthread_t thread;
+    uint64_t self;
+    int cancelled;
+} block_out;
+
+static int task_where(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    block_out o = {
+        .thread = pthread_self(), .self = atap_self(ctx).id, .cancelled = atap_cancelled(ctx)};
+    memcpy(out, &o, sizeof o);
+    return 0;
+}
+
+static void check_block_here(void)
+{
+    block_out o;
+    memset(&o, 0, sizeof o);
+    o.self = SENTINEL;
+    assert_int_equal(atap_block(task_where, NULL, &o, sizeof o), 0);
+    assert_true(pthread_equal(o.thread, pthread_self()));
+    assert_true(o.self == ATAP_NO_TASK.id);
+    assert_int_equal(o.cancelled, 0);
+
+    assert_int_equal(atap_block(task_fail, NULL, NULL, 0), ATAP_EFAILED);
+    assert_int_equal(atap_block(task_fail_with, (void *)(intptr_t)5, &o, 8), ATAP_EFAILED);
+    assert_int_equal(atap_block(NULL, NULL, NULL, 0), ATAP_EINVAL);
+    assert_int_equal(atap_block(task_where, NULL, NULL, sizeof o), ATAP_EINVAL);
+    atomic_int c;
+    atomic_init(&c, 0);
+    assert_int_equal(atap_block(task_count, &c, NULL, 0), 0);
+    assert_int_equal(atomic_load(&c), 1);
+}
+
+static void test_tasks_block_without_runtime(void **state)
+{
+    (void)state;
+    assert_false(atap_initialised());
+    check_block_here();
+    assert_false(atap_initialised());
+}
+
+static void test_tasks_block_with_runtime(void **state)
+{
+    (void)state;
+    check_block_here();
+}
+
+static int task_blocks_inside(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    (void)arg;
+    block_out o;
+    memset(&o, 0, sizeof o);
+    int rc = atap_block(task_where, NULL, &o, sizeof o);
+    uint64_t r = (rc == 0 && pthread_equal(o.thread, pthread_self()) && o.self == 0) ? 1 : 0;
+    memcpy(out, &r, sizeof r);
+    return 0;
+}
+
+static void test_tasks_block_inside_task(void **state)
+{
+    (void)state;
+    atap_task t = spawn8(task_blocks_inside, NULL);
+    assert_true(join8(t) == 1);
+    atap_release(t);
+}
+
+/* ---- blocking tasks ---------------------------------------------------- */
+
+static int task_blocking_where(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    gate *g = arg;
+    if (g != NULL) {
+        atomic_fetch_add(&g->started, 1);
+        while (!atomic_load(&g->open) && !released_all())
+            sleep_us(100);
+    }
+    pthread_t th = pthread_self();
+    memcpy(out, &th, sizeof th);
+    return 0;
+}
+
+static void test_tasks_blocking_not_on_worker(void **state)
+{
+    (void)state;
+    blockers *bl = blockers_start(); /* every worker spins: only a blocking thread can run it */
+    atap_task t;
+    assert_int_equal(
+        atap_spawn(&t, task_blocking_where, NULL,
+                   &(atap_spawn_opts){.out_size = sizeof(pthread_t), .blocking = true}),
+        0);
+    pthread_t th;
+    assert_int_equal(atap_join_for(t, &th, sizeof th, ATAP_SEC(30)), 0);
+    atap_release(t);
+    assert_false(blockers_has_thread(bl, th));
+    assert_false(pthread_equal(th, pthread_self()));
+
+    /* several at once, all parked in their run at the same time: each on a
+     * thread of its own, none of them a worker */
+    enum { K = 4 };
+    gate *g = gate_new(0);
+    atap_task ts[K];
+    for (int i = 0; i < K; i++)
+        assert_int_equal(
+            atap_spawn(&ts[i], task_blocking_where, g,
+                       &(atap_spawn_opts){.out_size = sizeof(pthread_t), .blocking = true}),
+            0);
+    assert_true(wait_atomic_at_least(&g->started, K, ATAP_SEC(30)));
+    struct atap_pool_stats s = pool_stats();
+    assert_true(s.blocking_threads >= K);
+    assert_true(s.blocking_busy >= K);
+    atomic_store(&g->open, 1);
+    pthread_t ths[K];
+    for (int i = 0; i < K; i++) {
+        assert_int_equal(atap_join_for(ts[i], &ths[i], sizeof ths[i], ATAP_SEC(30)), 0);
+        assert_false(blockers_has_thread(bl, ths[i]));
+        for (int j = 0; j < i; j++)
+            assert_false(pthread_equal(ths[i], ths[j]));
+        atap_release(ts[i]);
+    }
+    blockers_stop(bl);
+}
+
+/* Blocking tasks that wait for one another each need a thread of their own:
+ * k of them waiting at once must all start, however many blocking threads
+ * were idle when they were spawned (up to cores x blocking_per_core). */
+static void test_tasks_blocking_run_concurrently(void **state)
+{
+    (void)state;
+    size_t rounds = scaled(24, 6);
+    for (size_t r = 0; r < rounds; r++) {
+        int k = 2 + (int)(r % 6);
+        gate *g = gate_new(r);
+        atap_task ts[8];
+        for (int i = 0; i < k; i++)
+            assert_int_equal(
+                atap_spawn(&ts[i], task_blocking_where, g,
+                           &(atap_spawn_opts){.out_size = sizeof(pthread_t), .blocking = true}),
+                0);
+        if (!wait_atomic_at_least(&g->started, k, ATAP_SEC(10))) {
+            struct atap_pool_stats st = pool_stats();
+            fail_msg("round %zu: only %d of %d blocking tasks started in 10 s "
+                     "(blocking_threads %zu, blocking_busy %zu, queued %zu)",
+                     r, atomic_load(&g->started), k, st.blocking_threads, st.blocking_busy,
+                     st.queued);
+        }
+        atomic_store(&g->open, 1);
+        for (int i = 0; i < k; i++) {
+            pthread_t th;
+            assert_int_equal(atap_join_for(ts[i], &th, sizeof th, ATAP_SEC(30)), 0);
+            atap_release(ts[i]);
+        }
+    }
+}
+
+/* ---- priorities ----------------------------------------------------------- */
+
+typedef struct prio_log {
+    atomic_int next;
+    atomic_int first_prio;
+    atomic_int rank[3]; /* sum of start ranks per band */
+} prio_log;
+
+typedef struct prio_arg {
+    prio_log *log;
+    int band; /* 0: -100, 1: 0, 2: 100 */
+} prio_arg;
+
+static int task_prio(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    (void)out;
+    prio_arg *a = arg;
+    int r = atomic_fetch_add(&a->log->next, 1);
+    if (r == 0)
+        atomic_store(&a->log->first_prio, a->band);
+    atomic_fetch_add(&a->log->rank[a->band], r);
+    return 0;
+}
+
+static void test_tasks_priorities(void **state)
+{
+    (void)state;
+    enum { K = 6 };
+    static const int prios[3] = {-100, 0, 100};
+    static prio_log log; /* static: the tasks may outlive a failed test */
+    static prio_arg args[3];
+    atomic_store(&log.next, 0);
+    atomic_store(&log.first_prio, -1);
+    for (int i = 0; i < 3; i++)
+        atomic_store(&log.rank[i], 0);
+    for (int i = 0; i < 3; i++)
+        args[i] = (prio_arg){.log = &log, .band = i};
+
+    blockers *bl = blockers_start();
+    atap_task ts[3 * K];
+    int n = 0;
+    /* lowest first, so FIFO order alone would get it wrong */
+    for (int band = 0; band < 3; band++)
+        for (int k = 0; k < K; k++)
+            assert_int_equal(atap_spawn(&ts[n++], task_prio, &args[band],
+                                        &(atap_spawn_opts){.priority = prios[band]}),
+                             0);
+    /* One worker comes free first and picks from the shared queue alone:
+     * the highest band must come out first. (With several freed at once,
+     * one may skip a band another is busy reordering, so that order is
+     * only checked on average below.) */
+    blockers_release_one(bl);
+    assert_true(wait_atomic_at_least(&log.next, 1, ATAP_SEC(20)));
+    blockers_stop(bl);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(atap_join(ts[i], NULL, 0), 0);
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atomic_load(&log.next), 3 * K);
+    assert_int_equal(atomic_load(&log.first_prio), 2);
+    /* on average the high band started before the low band */
+    assert_true(atomic_load(&log.rank[2]) < atomic_load(&log.rank[0]));
+}
+
+/* ---- helping: fib with a task per call ------------------------------- */
+
+static int task_fib(atap_ctx *ctx, void *arg, void *out)
+{
+    uint64_t n = (uint64_t)(uintptr_t)arg;
+    if (n < 2) {
+        memcpy(out, &n, sizeof n);
+        return 0;
+    }
+    atap_task t;
+    int rc = atap_spawn(&t, task_fib, (void *)(uintptr_t)(n - 1),
+                        &(atap_spawn_opts){.out_size = sizeof(uint64_t)});
+    if (rc != 0) {
+        CHECK(rc == 0);
+        return -1;
+    }
+    uint64_t b = 0, a = 0;
+    rc = task_fib(ctx, (void *)(uintptr_t)(n - 2), &b);
+    int jrc = atap_join(t, &a, sizeof a);
+    atap_release(t);
+    if (rc != 0 || jrc != 0) {
+        CHECK(jrc == 0);
+        return -1;
+    }
+    uint64_t r = a + b;
+    memcpy(out, &r, sizeof r);
+    return 0;
+}
+
+static void test_tasks_fib_helping(void **state)
+{
+    (void)state;
+    size_t n = env_size("ATAP_TEST_FIB", 30);
+    uint64_t want = 0, next = 1;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t s = want + next;
+        want = next;
+        next = s;
+    }
+    uint64_t t0 = now_ns();
+    atap_task t = spawn8(task_fib, (void *)(uintptr_t)n);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(240)), 0);
+    print_message("fib(%zu) = %llu in %.3f s\n", n, (unsigned long long)v,
+                  (double)(now_ns() - t0) / 1e9);
+    assert_true(v == want);
+    if (n == 30)
+        assert_true(v == 832040);
+    atap_release(t);
+    assert_no_failures();
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+/* ---- thread death ---------------------------------------------------------- */
+
+static int task_exits_thread(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    (void)arg;
+    (void)out;
+    pthread_exit(NULL);
+    return 0;
+}
+
+static void test_tasks_pthread_exit(void **state)
+{
+    (void)state;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    struct atap_pool_stats s0 = pool_stats();
+    enum { N = 1000 };
+    atap_task dying = spawn8(task_exits_thread, NULL);
+    static atap_task ts[N];
+    for (int i = 0; i < N; i++)
+        ts[i] = spawn8(task_value, (void *)(uintptr_t)(i + 1));
+    uint64_t v = SENTINEL;
+    assert_int_equal(atap_join_for(dying, &v, sizeof v, ATAP_SEC(30)), ATAP_EFAILED);
+    assert_true(v == SENTINEL);
+    assert_int_equal(atap_state_of(dying), ATAP_FAILED);
+    for (int i = 0; i < N; i++) {
+        uint64_t x = 0;
+        assert_int_equal(atap_join_for(ts[i], &x, sizeof x, ATAP_SEC(30)), 0);
+        assert_true(x == (uint64_t)(i + 1));
+        atap_release(ts[i]);
+    }
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (pool_stats().deaths < s0.deaths + 1 && now_ns() < end)
+        sleep_us(500);
+    assert_true(pool_stats().deaths == s0.deaths + 1);
+    /* the worker was replaced: the floor is back */
+    end = now_ns() + ATAP_SEC(10);
+    while (pool_stats().workers < (size_t)cores && now_ns() < end)
+        sleep_us(500);
+    assert_true(pool_stats().workers >= (size_t)cores);
+    atap_release(dying);
+
+    /* a few deaths in a row, with work queued behind each */
+    for (int round = 0; round < 3; round++) {
+        atap_task d = spawn8(task_exits_thread, NULL);
+        for (int i = 0; i < 100; i++)
+            ts[i] = spawn8(task_value, (void *)(uintptr_t)(i * 2));
+        assert_int_equal(atap_join_for(d, &v, sizeof v, ATAP_SEC(30)), ATAP_EFAILED);
+        for (int i = 0; i < 100; i++) {
+            uint64_t x = 0;
+            assert_int_equal(atap_join_for(ts[i], &x, sizeof x, ATAP_SEC(30)), 0);
+            assert_true(x == (uint64_t)(i * 2));
+            atap_release(ts[i]);
+        }
+        atap_release(d);
+    }
+    end = now_ns() + ATAP_SEC(10);
+    while (pool_stats().deaths < s0.deaths + 4 && now_ns() < end)
+        sleep_us(500);
+    assert_true(pool_stats().deaths == s0.deaths + 4);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+static void test_tasks_pthread_exit_blocking(void **state)
+{
+    (void)state;
+    struct atap_pool_stats s0 = pool_stats();
+    atap_task d;
+    assert_int_equal(atap_spawn(&d, task_exits_thread, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .blocking = true}),
+                     0);
+    uint64_t v = SENTINEL;
+    assert_int_equal(atap_join_for(d, &v, sizeof v, ATAP_SEC(30)), ATAP_EFAILED);
+    atap_release(d);
+    /* blocking work still runs afterwards */
+    for (int i = 0; i < 8; i++) {
+        atap_task t;
+        assert_int_equal(atap_spawn(&t, task_value, (void *)(uintptr_t)i,
+                                    &(atap_spawn_opts){.out_size = 8, .blocking = true}),
+                         0);
+        uint64_t x = SENTINEL;
+        assert_int_equal(atap_join_for(t, &x, sizeof x, ATAP_SEC(30)), 0);
+        assert_true(x == (uint64_t)i);
+        atap_release(t);
+    }
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (pool_stats().deaths < s0.deaths + 1 && now_ns() < end)
+        sleep_us(500);
+    assert_true(pool_stats().deaths == s0.deaths + 1);
+}
+
+/* ---- a task runs exactly once --------------------------------------------- */
+
+static void test_tasks_run_exactly_once(void **state)
+{
+    (void)state;
+    size_t n = scaled(10000, 500);
+    atomic_int *counts = calloc(n, sizeof *counts);
+    atap_task *ts = calloc(n, sizeof *ts);
+    assert_non_null(counts);
+    assert_non_null(ts);
+    for (size_t i = 0; i < n; i++) {
+        atomic_init(&counts[i], 0);
+        assert_int_equal(atap_spawn(&ts[i], task_count, &counts[i], NULL), 0);
+    }
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(atap_join(ts[i], NULL, 0), 0);
+        atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(atomic_load(&counts[i]), 1);
+    free(counts);
+    free(ts);
+}
+
+/* Spawned from inside tasks: children land on the worker's own queue and
+ * still all run once, and joins from tasks on tasks work. */
+static int task_spawn_children(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    atomic_int *counts = arg;
+    enum { C = 300 };
+    atap_task kids[C];
+    int ok = 1;
+    for (int i = 0; i < C; i++)
+        if (atap_spawn(&kids[i], task_count, &counts[i], NULL) != 0) {
+            ok = 0;
+            kids[i] = ATAP_NO_TASK;
+        }
+    for (int i = 0; i < C; i++) {
+        if (atap_join(kids[i], NULL, 0) != 0)
+            ok = 0;
+        atap_release(kids[i]);
+    }
+    uint64_t v = (uint64_t)ok;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void test_tasks_spawn_from_task(void **state)
+{
+    (void)state;
+    enum { P = 8, C = 300 };
+    static atomic_int counts[P][C];
+    for (int p = 0; p < P; p++)
+        for (int c = 0; c < C; c++)
+            atomic_init(&counts[p][c], 0);
+    atap_task ts[P];
+    for (int p = 0; p < P; p++)
+        ts[p] = spawn8(task_spawn_children, counts[p]);
+    for (int p = 0; p < P; p++) {
+        assert_true(join8(ts[p]) == 1);
+        atap_release(ts[p]);
+    }
+    for (int p = 0; p < P; p++)
+        for (int c = 0; c < C; c++)
+            assert_int_equal(atomic_load(&counts[p][c]), 1);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tasks_block_without_runtime),
+        T(test_tasks_join_returns_output),
+        T(test_tasks_join_for_deadline),
+        T(test_tasks_join_for_returns_on_settle),
+        T(test_tasks_try_join_running),
+        T(test_tasks_take_moves_once),
+        T(test_tasks_wrong_size_einval),
+        T(test_tasks_spawn_bad_args),
+        T(test_tasks_spawn_huge_out_size),
+        T(test_tasks_nonzero_return_fails),
+        T(test_tasks_wait_gives_state),
+        T(test_tasks_cancel_queued_never_runs),
+        T(test_tasks_cancel_running_drops_output),
+        T(test_tasks_cancel_after_ready_keeps_output),
+        T(test_tasks_cancelled_flag),
+        T(test_tasks_dup_listener),
+        T(test_tasks_self_is_handle),
+        T(test_tasks_block_with_runtime),
+        T(test_tasks_block_inside_task),
+        T(test_tasks_blocking_not_on_worker),
+        T(test_tasks_blocking_run_concurrently),
+        T(test_tasks_priorities),
+        T(test_tasks_fib_helping),
+        T(test_tasks_pthread_exit),
+        T(test_tasks_pthread_exit_blocking),
+        T(test_tasks_run_exactly_once),
+        T(test_tasks_spawn_from_task),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
