@@ -15,8 +15,8 @@
  * mistaken for the one read (ABA). The link lives in the slot (`link`).
  *
  * Threads keep small stashes of free slots (struct slot_cache), only ever
- * from the lower three quarters of the span, so they never hide a slot of
- * the free top from a trim.
+ * of slots a trim keeps (below TRIM_KEEP or in the lower three quarters of
+ * the span), so they never hide a slot of the free top from a trim.
  *
  * Trim (one at a time): drain the free list, find the free run at the top of
  * [floor, next), give its whole pages back with madvise(DONTNEED) while those
@@ -36,6 +36,10 @@
 
 #include "atomics.h"
 #include "testing.h"
+
+/* A trim never lowers the span below this (1 MiB of slots), nor below 80 %
+ * of it, nor closer than 4096 slots to the live count. */
+#define TRIM_KEEP 8192u
 
 _Atomic(struct atap_slot *) atap__table_blocks[TABLE_BLOCKS];
 
@@ -175,10 +179,10 @@ void atap__table_free(struct slot_cache *c, uint32_t index, uint32_t gen)
     count(c, -1);
     if (gen >= GEN_MAX)
         return; /* retired: this slot never hands out another generation */
-    /* Stashes keep only slots from the lower three quarters of the span:
-     * a trim never lowers the span below 80 %, so no stashed slot can sit
-     * in the free top it wants to give back. */
-    if (!c || index >= ld_relaxed(&table.next) / 4 * 3) {
+    /* Stashes keep only slots a trim never gives back: below TRIM_KEEP, or
+     * in the lower three quarters of the span (a trim never lowers it below
+     * 80 %). So no stashed slot can sit in the free top a trim wants. */
+    if (!c || (index >= TRIM_KEEP && index >= ld_relaxed(&table.next) / 4 * 3)) {
         push_free(&index, 1);
         return;
     }
@@ -247,7 +251,7 @@ static size_t trim_locked(void)
 
     floor = live + 4096;
     floor = floor > (size_t)high / 100 * 80 ? floor : (size_t)high / 100 * 80;
-    floor = floor > 100 ? floor : 100;
+    floor = floor > TRIM_KEEP ? floor : TRIM_KEEP;
     if (floor >= high)
         return 0;
     ids = malloc(sizeof *ids * high);
