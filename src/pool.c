@@ -377,7 +377,7 @@ static uint32_t find_work(struct worker *w)
 {
     uint32_t x;
 
-    if (w->lifo_streak < LIFO_STREAK &&
+    if (w->lifo_streak < LIFO_STREAK && ld_relaxed(&w->lifo) != 0 &&
         (x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0) {
         w->lifo_streak++;
         return x;
@@ -466,7 +466,13 @@ void atap__pool_submit(uint32_t ref, int priority, bool blocking)
         return;
     }
     if (w && !w->blocking) {
-        /* Release: a thief exchanging the slot sees the task's fields. */
+        /* An empty LIFO slot stays empty until its owner fills it (thieves
+         * only take), so the common case needs no locked instruction. The
+         * release store lets a thief's exchange see the task's fields. */
+        if ((old = ld_relaxed(&w->lifo)) == 0) {
+            st_release(&w->lifo, ref);
+            return;
+        }
         old = atomic_exchange_explicit(&w->lifo, ref, memory_order_acq_rel);
         if (!old)
             return;

@@ -71,7 +71,9 @@ static int map_block(unsigned b)
     if (p == MAP_FAILED)
         return -ENOMEM;
 #ifdef MADV_HUGEPAGE
-    /* Big blocks fill up front to back: fault them in 2 MiB at a time. */
+    /* Big blocks fill front to back: fault them in 2 MiB at a time. One
+     * partly used huge page at the front is the price (2 bytes a task at a
+     * million tasks). */
     if (block_bytes(b) >= ((size_t)2 << 20))
         madvise(p, block_bytes(b), MADV_HUGEPAGE);
 #endif
