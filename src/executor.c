@@ -114,7 +114,7 @@ static void free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uin
     st_release(&s->word, make_word(gen, ST_FREE));
     destroy(s, state);
     st_relaxed(&s->refs, (uint64_t)gen << 32);
-    atap__table_free(w ? &w->cache : NULL, index, gen);
+    atap__table_free(w ? &w->cache : atap__table_outside_cache(), index, gen);
 }
 
 /* Drops the RUN reference (idempotent per generation). */
@@ -203,6 +203,7 @@ static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_op
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts plain;
+    struct slot_cache *cache;
     uint32_t index, gen;
     struct atap_slot *s;
     bool outside;
@@ -216,12 +217,13 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
         return ATAP_EINVAL;
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
-    if ((rc = atap__table_alloc(atap__self ? &atap__self->cache : NULL, &index, &gen)) == 0) {
+    cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
+    if ((rc = atap__table_alloc(cache, &index, &gen)) == 0) {
         s = atap__table_at(index);
         if ((rc = fill(s, fn, arg, opts)) != 0) {
             /* Burn this generation: the slot goes back as (gen, FREE). */
             st_relaxed(&s->word, make_word(gen, ST_FREE));
-            atap__table_free(atap__self ? &atap__self->cache : NULL, index, gen);
+            atap__table_free(cache, index, gen);
         } else {
             st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
             /* Release: the fields above are visible to whoever acquires the

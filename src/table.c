@@ -29,6 +29,7 @@
 #include "table.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -48,10 +49,10 @@ static struct {
     _Atomic uint32_t next; /* one past the highest index handed out */
     _Atomic uint32_t peak;
     _Atomic uint32_t gen_base;
-    _Atomic size_t live; /* through no stash */
+    _Atomic int64_t live; /* through no stash, and left by exited threads */
     atomic_flag trimming;
     _Atomic unsigned ncaches;
-    _Atomic(struct slot_cache *) caches[2048];
+    _Atomic(struct slot_cache *) caches[4096];
 } table = {.gen_base = 1, .trimming = ATOMIC_FLAG_INIT};
 
 static size_t block_bytes(unsigned b)
@@ -196,9 +197,66 @@ void atap__table_free(struct slot_cache *c, uint32_t index, uint32_t gen)
     c->idx[c->n++] = index;
 }
 
+/*
+ * Stashes for threads outside the pool (the program's own threads), handed
+ * out once per thread and taken back by a thread-exit destructor, which
+ * returns the stashed slots and folds the stash's count into table.live.
+ */
+#define OUTSIDE_STASHES 1024
+
+static struct slot_cache outside[OUTSIDE_STASHES];
+static _Atomic bool outside_used[OUTSIDE_STASHES];
+static pthread_key_t outside_key;
+static pthread_once_t outside_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct slot_cache *outside_mine;
+static _Thread_local bool outside_none; /* every stash was taken */
+
+static void outside_exit(void *arg)
+{
+    struct slot_cache *c = arg;
+
+    if (c->n > 0)
+        push_free(c->idx, c->n);
+    c->n = 0;
+    add_relaxed(&table.live, ld_relaxed(&c->live));
+    st_relaxed(&c->live, 0);
+    st_release(&outside_used[c - outside], false); /* the next thread may take it */
+}
+
+static void outside_init(void)
+{
+    if (pthread_key_create(&outside_key, outside_exit) != 0)
+        outside_none = true;
+}
+
+struct slot_cache *atap__table_outside_cache(void)
+{
+    bool expected = false;
+
+    if (outside_mine || outside_none)
+        return outside_mine;
+    pthread_once(&outside_once, outside_init);
+    for (unsigned i = 0; i < OUTSIDE_STASHES && !outside_none; i++) {
+        if (ld_relaxed(&outside_used[i]) ||
+            !atomic_compare_exchange_strong_explicit(&outside_used[i], &expected, true,
+                                                     memory_order_acquire, memory_order_relaxed)) {
+            expected = false;
+            continue;
+        }
+        if (pthread_setspecific(outside_key, &outside[i]) != 0) {
+            st_release(&outside_used[i], false);
+            break;
+        }
+        atap__table_register_cache(&outside[i]);
+        return outside_mine = &outside[i];
+    }
+    outside_none = true;
+    return NULL;
+}
+
 size_t atap__table_live(void)
 {
-    int64_t live = (int64_t)ld_relaxed(&table.live);
+    int64_t live = ld_relaxed(&table.live);
     unsigned n = ld_acquire(&table.ncaches);
     struct slot_cache *c;
 

@@ -31,6 +31,10 @@ struct slot_cache {
     uint32_t idx[SLOT_CACHE];
 };
 
+/* The calling thread's stash when it is not one of the pool's threads, or
+ * NULL when every outside stash is taken. */
+struct slot_cache *atap__table_outside_cache(void);
+
 /* Makes a stash count in atap__table_live (once per stash, never undone). */
 void atap__table_register_cache(struct slot_cache *c);
 
