@@ -4,9 +4,8 @@
  *
  * Usage: atap_bench <workload> [n]
  *   spawn_many   the main thread spawns n tasks (one relaxed atomic increment
- *                each), releasing each handle at once (fire and forget, as the
- *                tbb, omp and naive peers keep no per-task handle); the task
- *                that brings the count to n signals the main thread
+ *                each), keeping the handles, then joins and releases them in
+ *                order (as the tokio peer awaits its Vec<JoinHandle>)
  *   spawn_local  one task spawns n children, then joins and releases them
  *                (joining inside a task helps: the worker runs its children)
  *   fib          fib(n): each call with n >= 2 spawns fib(n-1) as a task,
@@ -74,15 +73,6 @@ static int inc(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-static void signal_done(void);
-
-/* spawn_many: like inc, and the n-th increment tells the main thread. */
-static int inc_last(atap_ctx *ctx, void *arg, void *out) {
-    (void)ctx, (void)arg, (void)out;
-    if (atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed) + 1 == N) signal_done();
-    return 0;
-}
-
 /* spawn_local: the parent spawns N children into arg, then joins them. */
 static int parent(atap_ctx *ctx, void *arg, void *out) {
     (void)ctx, (void)out;
@@ -110,7 +100,7 @@ static int fib_task(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-/* chain and spawn_many: the last task signals the main thread. */
+/* chain: the last hop signals the main thread through a condvar. */
 static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
 static int done;
@@ -121,16 +111,12 @@ static int hop(atap_ctx *ctx, void *arg, void *out) {
     if (i < N) {
         atap_release(spawn(hop, (void *)(intptr_t)(i + 1), 0));
     } else {
-        signal_done();
+        pthread_mutex_lock(&done_mu);
+        done = 1;
+        pthread_cond_signal(&done_cv);
+        pthread_mutex_unlock(&done_mu);
     }
     return 0;
-}
-
-static void signal_done(void) {
-    pthread_mutex_lock(&done_mu);
-    done = 1;
-    pthread_cond_signal(&done_cv);
-    pthread_mutex_unlock(&done_mu);
 }
 
 static void wait_done(void) {
@@ -161,7 +147,7 @@ int main(int argc, char **argv) {
     join_release(warm, NULL, 0);
 
     atap_task *h = NULL;
-    if (!strcmp(w, "spawn_local") || !strcmp(w, "live_memory"))
+    if (!strcmp(w, "spawn_many") || !strcmp(w, "spawn_local") || !strcmp(w, "live_memory"))
         h = handles_alloc(N);
     long rss0 = cur_rss_kb(); /* after the handle array: not counted per task */
 
@@ -169,8 +155,8 @@ int main(int argc, char **argv) {
     double ops = (double)N;
     char extra[160] = "";
     if (!strcmp(w, "spawn_many")) {
-        for (long i = 0; i < N; i++) atap_release(spawn(inc_last, NULL, 0));
-        wait_done();
+        for (long i = 0; i < N; i++) h[i] = spawn(inc, NULL, 0);
+        for (long i = 0; i < N; i++) join_release(h[i], NULL, 0);
         check(atomic_load(&counter) == N, "count");
     } else if (!strcmp(w, "spawn_local")) {
         join_release(spawn(parent, h, 0), NULL, 0);
