@@ -1,0 +1,408 @@
+/*
+ * The pool's internal queues, driven directly: the Chase-Lev ring, the
+ * banded shared queue (FIFO per band, aging, exactly-once under many
+ * producers and consumers), the slot table's free list under contention,
+ * and two pool behaviours seen from outside (ring overflow, idle blocking
+ * threads stopping).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "deque.h"
+#include "injector.h"
+#include "table.h"
+#include "test_util.h"
+
+#define REFS 4096
+
+/* Slot references (index + 1) the queues can link through. */
+static uint32_t refs[REFS];
+
+static int take_refs(void **state)
+{
+    (void)state;
+    for (unsigned i = 0; i < REFS; i++) {
+        uint32_t index, gen;
+        if (atap__table_alloc(NULL, &index, &gen) != 0)
+            return -1;
+        refs[i] = index + 1;
+        atap__table_at(index)->priority = 0;
+    }
+    return 0;
+}
+
+static int give_refs(void **state)
+{
+    (void)state;
+    for (unsigned i = 0; i < REFS; i++)
+        atap__table_free(NULL, refs[i] - 1, 1);
+    return 0;
+}
+
+/* ---- the ring --------------------------------------------------------- */
+
+struct ring_run {
+    struct ring ring;
+    atomic_int seen[REFS];
+    atomic_int taken; /* entries that left the ring this round */
+    atomic_bool done;
+};
+
+static void took(struct ring_run *r, uint32_t x)
+{
+    atomic_fetch_add(&r->seen[x - 1], 1);
+    atomic_fetch_add(&r->taken, 1);
+}
+
+static void *thief(void *arg)
+{
+    struct ring_run *r = arg;
+
+    while (!atomic_load(&r->done)) {
+        uint32_t x = ring_steal(&r->ring);
+        if (x != 0 && x != UINT32_MAX)
+            took(r, x);
+        else if (x == 0)
+            sched_yield();
+    }
+    return NULL;
+}
+
+/* The owner pushes and pops while two thieves steal: every entry leaves
+ * the ring exactly once. */
+static void test_queues_ring_exactly_once(void **state)
+{
+    (void)state;
+    struct ring_run *r = calloc(1, sizeof *r);
+    pthread_t t[2];
+    unsigned rounds = scaled(300, 60);
+
+    assert_non_null(r);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, thief, r), 0);
+    for (unsigned round = 0; round < rounds; round++) {
+        int pushed = 0;
+        uint32_t x;
+
+        atomic_store(&r->taken, 0);
+        for (unsigned i = 0; i < RING_SIZE; i++) {
+            assert_true(ring_push(&r->ring, i + 1));
+            pushed++;
+            if (i % 3 == 2 && (x = ring_pop(&r->ring)) != 0)
+                took(r, x);
+        }
+        while ((x = ring_pop(&r->ring)) != 0)
+            took(r, x);
+        while (atomic_load(&r->taken) < pushed) /* a thief may be mid-count */
+            sched_yield();
+        for (unsigned i = 0; i < RING_SIZE; i++) {
+            int seen = atomic_exchange(&r->seen[i], 0);
+            if (seen != 1)
+                fail_msg("round %u: entry %u taken %d times", round, i + 1, seen);
+        }
+        assert_int_equal(atomic_load(&r->taken), pushed);
+    }
+    atomic_store(&r->done, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    free(r);
+}
+
+/* A full ring refuses the push rather than overwriting. */
+static void test_queues_ring_full(void **state)
+{
+    (void)state;
+    struct ring *r = calloc(1, sizeof *r);
+
+    assert_non_null(r);
+    for (unsigned i = 0; i < RING_SIZE; i++)
+        assert_true(ring_push(r, i + 1));
+    assert_false(ring_push(r, 999));
+    assert_int_equal(ring_steal(r), 1); /* oldest from the top */
+    assert_true(ring_push(r, 999));
+    assert_int_equal(ring_pop(r), 999); /* newest from the bottom */
+    free(r);
+}
+
+/* ---- the shared queue ------------------------------------------------- */
+
+static struct injector *new_queue(void)
+{
+    struct injector *q = calloc(1, sizeof *q);
+    assert_non_null(q);
+    return q;
+}
+
+/* One band is FIFO, across pushes of single entries and of batches. */
+static void test_queues_injector_fifo(void **state)
+{
+    (void)state;
+    struct injector *q = new_queue();
+    struct inj_cursor c = {{0}};
+    uint32_t out[16];
+    unsigned next = 0, n;
+
+    for (unsigned i = 0; i < 100; i++)
+        atap__inj_push(q, &refs[i], 1, 2);
+    atap__inj_push(q, &refs[100], 50, 2); /* a batch, oldest first */
+    for (unsigned i = 150; i < 300; i++)
+        atap__inj_push(q, &refs[i], 1, 2);
+    assert_int_equal(atap__inj_len(q), 300);
+    while ((n = atap__inj_pop(q, &c, out, 7)) > 0)
+        for (unsigned i = 0; i < n; i++)
+            assert_int_equal(out[i], refs[next++]);
+    assert_int_equal(next, 300);
+    assert_true(atap__inj_empty(q));
+    free(q);
+}
+
+/* Higher bands first; a low band still served under a flood of high. */
+static void test_queues_injector_bands_and_aging(void **state)
+{
+    (void)state;
+    struct injector *q = new_queue();
+    struct inj_cursor c = {{0}};
+    uint32_t out;
+    unsigned pops = 0, low_at = 0;
+
+    atap__inj_push(q, &refs[0], 1, 0); /* one low-priority task */
+    atap__inj_push(q, &refs[1], 1, 1);
+    atap__inj_push(q, &refs[2], 1, 3);
+    assert_int_equal(atap__inj_pop(q, &c, &out, 1), 1);
+    assert_int_equal(out, refs[2]); /* band 3 first */
+    assert_int_equal(atap__inj_pop(q, &c, &out, 1), 1);
+    assert_int_equal(out, refs[1]);
+    /* Now a flood of band 3, refilled as fast as it drains. */
+    for (unsigned i = 0; i < 64; i++)
+        atap__inj_push(q, &refs[10 + i], 1, 3);
+    while (low_at == 0 && pops < 10 * INJ_AGE) {
+        assert_int_equal(atap__inj_pop(q, &c, &out, 1), 1);
+        pops++;
+        if (out == refs[0])
+            low_at = pops;
+        else
+            atap__inj_push(q, &out, 1, 3); /* the flood never ends */
+    }
+    if (low_at == 0 || low_at > INJ_AGE + 1)
+        fail_msg("the low band was served after %u pops (limit %u)", low_at, INJ_AGE + 1);
+    free(q);
+}
+
+struct inj_run {
+    struct injector *q;
+    atomic_int seen[REFS];
+    atomic_int produced;
+    unsigned per_producer;
+    int producer;
+};
+
+static void *producer(void *arg)
+{
+    struct inj_run *r = ((struct inj_run **)arg)[0];
+    int id = (int)(intptr_t)((void **)arg)[1];
+    unsigned base = (unsigned)id * r->per_producer;
+
+    for (unsigned i = 0; i < r->per_producer; i++) {
+        atap__inj_push(r->q, &refs[base + i], 1, (int)(i % INJ_BANDS));
+        atomic_fetch_add(&r->produced, 1);
+    }
+    return NULL;
+}
+
+static void *consumer(void *arg)
+{
+    struct inj_run *r = arg;
+    struct inj_cursor c = {{0}};
+    uint32_t out[16];
+    int total = (int)(4 * r->per_producer);
+
+    for (;;) {
+        unsigned n = atap__inj_pop(r->q, &c, out, 16);
+        for (unsigned i = 0; i < n; i++)
+            atomic_fetch_add(&r->seen[out[i] - 1], 1);
+        if (n == 0) {
+            if (atomic_load(&r->produced) == total && atap__inj_empty(r->q))
+                return NULL;
+            sched_yield();
+        }
+    }
+}
+
+/* 4 producers, 3 consumers, every band: each entry comes out exactly once. */
+static void test_queues_injector_exactly_once(void **state)
+{
+    (void)state;
+    unsigned rounds = scaled(20, 5);
+
+    for (unsigned round = 0; round < rounds; round++) {
+        struct inj_run *r = calloc(1, sizeof *r);
+        pthread_t p[4], c[3];
+        void *args[4][2];
+
+        assert_non_null(r);
+        r->q = new_queue();
+        r->per_producer = REFS / 4;
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(pthread_create(&c[i], NULL, consumer, r), 0);
+        for (int i = 0; i < 4; i++) {
+            args[i][0] = r;
+            args[i][1] = (void *)(intptr_t)i;
+            assert_int_equal(pthread_create(&p[i], NULL, producer, args[i]), 0);
+        }
+        for (int i = 0; i < 4; i++)
+            pthread_join(p[i], NULL);
+        for (int i = 0; i < 3; i++)
+            pthread_join(c[i], NULL);
+        for (unsigned i = 0; i < REFS; i++)
+            if (atomic_load(&r->seen[i]) != 1)
+                fail_msg("round %u: entry %u came out %d times", round, i,
+                         atomic_load(&r->seen[i]));
+        free(r->q);
+        free(r);
+    }
+}
+
+/* ---- the free list ------------------------------------------------------ */
+
+struct alloc_run {
+    atomic_int bad;
+    unsigned iterations;
+};
+
+/* Allocates, marks, frees, over and over: no slot is ever handed to two
+ * threads at once (the ABA-safe pop). */
+static void *allocator(void *arg)
+{
+    struct alloc_run *r = arg;
+    uint32_t held[8], gen[8];
+
+    for (unsigned i = 0; i < r->iterations; i++) {
+        for (int k = 0; k < 8; k++) {
+            if (atap__table_alloc(NULL, &held[k], &gen[k]) != 0) {
+                atomic_fetch_add(&r->bad, 1);
+                return NULL;
+            }
+            /* Claim it: a slot handed to two threads at once shows up as a
+             * state that is not FREE, or a lost CAS. */
+            _Atomic uint32_t *word = &atap__table_at(held[k])->word;
+            uint32_t w = atomic_load(word);
+            if ((w & 0xfu) != 0 || !atomic_compare_exchange_strong(word, &w, w | 1u))
+                atomic_fetch_add(&r->bad, 1);
+        }
+        for (int k = 0; k < 8; k++) {
+            _Atomic uint32_t *word = &atap__table_at(held[k])->word;
+            uint32_t w = atomic_load(word);
+            if ((w & 0xfu) != 1u || !atomic_compare_exchange_strong(word, &w, w & ~0xfu))
+                atomic_fetch_add(&r->bad, 1);
+            atap__table_free(NULL, held[k], gen[k]);
+        }
+    }
+    return NULL;
+}
+
+static void test_queues_free_list_under_contention(void **state)
+{
+    (void)state;
+    struct alloc_run r = {.iterations = scaled(20000, 2000)};
+    pthread_t t[4];
+    size_t live0 = atap__table_live();
+
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, allocator, &r), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(atomic_load(&r.bad), 0);
+    assert_int_equal(atap__table_live(), live0);
+}
+
+/* ---- the pool, from outside ---------------------------------------------- */
+
+static atomic_long g_children;
+
+static int child(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_fetch_add(&g_children, 1);
+    return 0;
+}
+
+/* A task that spawns far more than a ring holds (256): the overflow moves to
+ * the shared queue and every child runs. */
+static int spawner(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    long n = (long)(intptr_t)arg;
+    for (long i = 0; i < n; i++) {
+        atap_task t;
+        CHECK(atap_spawn(&t, child, NULL, NULL) == 0);
+        atap_release(t);
+    }
+    return 0;
+}
+
+static void test_queues_ring_overflow_runs_everything(void **state)
+{
+    (void)state;
+    long n = (long)scaled(20000, 5000);
+    atap_task t;
+
+    atomic_store(&g_children, 0);
+    assert_int_equal(atap_init(NULL), 0);
+    assert_int_equal(atap_spawn(&t, spawner, (void *)(intptr_t)n, NULL), 0);
+    assert_int_equal(atap_join(t, NULL, 0), 0);
+    atap_release(t);
+    assert_int_equal(atap_shutdown(), 0); /* drains */
+    assert_int_equal(atomic_load(&g_children), n);
+    assert_no_failures();
+}
+
+static int sleepy(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    usleep(20000);
+    return 0;
+}
+
+/* Blocking threads start on demand and stop after idling a while. */
+static void test_queues_blocking_threads_stop_when_idle(void **state)
+{
+    (void)state;
+    atap_task t[4];
+    struct atap_pool_stats st;
+
+    assert_int_equal(atap_init(NULL), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(atap_spawn(&t[i], sleepy, NULL, &(atap_spawn_opts){.blocking = true}), 0);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(atap_join(t[i], NULL, 0), 0);
+        atap_release(t[i]);
+    }
+    assert_int_equal(atap_pool_stats(&st), 0);
+    assert_true(st.blocking_threads >= 1);
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    do {
+        usleep(50000);
+        assert_int_equal(atap_pool_stats(&st), 0);
+    } while (st.blocking_threads > 0 && now_ns() < end);
+    assert_int_equal(st.blocking_threads, 0);
+    assert_true(st.workers >= 1); /* workers have a floor, blocking threads none */
+    assert_int_equal(atap_shutdown(), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_queues_ring_exactly_once),
+        cmocka_unit_test(test_queues_ring_full),
+        cmocka_unit_test(test_queues_injector_fifo),
+        cmocka_unit_test(test_queues_injector_bands_and_aging),
+        cmocka_unit_test(test_queues_injector_exactly_once),
+        cmocka_unit_test(test_queues_free_list_under_contention),
+        cmocka_unit_test(test_queues_ring_overflow_runs_everything),
+        cmocka_unit_test(test_queues_blocking_threads_stop_when_idle),
+    };
+    return cmocka_run_group_tests(tests, take_refs, give_refs);
+}
