@@ -219,8 +219,10 @@ ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_s
  * Waits for the task to settle and copies its output (size bytes, which
  * must equal its out_size) into out; the output stays for other readers.
  * Inside a task, the worker runs queued work while it waits (helping).
- * Returns 0; ATAP_EINVAL for a size that is not the task's out_size, or a
- * NULL out with a nonzero size; ATAP_ENOTASK for a handle with no task;
+ * Returns 0; ATAP_EINVAL for a size that is not the task's out_size, a
+ * NULL out with a nonzero size, or a task that is waiting for itself (a
+ * task joining its own handle, which could never settle); ATAP_ENOTASK for
+ * a handle with no task;
  * ATAP_ETAKEN, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED for a task
  * that settled without a readable output.
  * Blocks: yes. Threads: any.
@@ -250,7 +252,8 @@ ATAP_EXPORT int atap_try_take(atap_task task, void *out, size_t size);
 
 /*
  * Waits until the task settles, without reading it; *state (may be NULL)
- * receives how it settled. Returns 0 or ATAP_ENOTASK.
+ * receives how it settled. Returns 0, ATAP_ENOTASK, or ATAP_EINVAL for a
+ * task waiting for itself.
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_wait(atap_task task, atap_state *state);

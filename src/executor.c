@@ -335,6 +335,11 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
     uint64_t slice = SLICE_MIN_NS, now, left;
     uint32_t cur;
 
+    /* A task this thread is inside (itself, or one further up the helping
+     * stack) can only settle once this wait returns: refuse, don't hang. */
+    for (unsigned i = 0; w && i < w->nheld; i++)
+        if (w->held[i] == ref && !state_terminal(word_state(ld_acquire(&s->word))))
+            return ATAP_EINVAL;
     for (;;) {
         cur = ld_acquire(&s->word);
         if (!word_is(cur, gen))

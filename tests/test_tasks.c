@@ -530,6 +530,37 @@ static void test_tasks_self_is_handle(void **state)
     atap_release(b);
 }
 
+/* Joins, waits on and takes its own handle: each must refuse, not hang. */
+static int task_join_self(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    uint64_t v = 0;
+    atap_state st;
+    int rc = atap_join(atap_self(ctx), &v, sizeof v);
+    CHECK(rc == ATAP_EINVAL);
+    CHECK(atap_join_for(atap_self(ctx), &v, sizeof v, ATAP_MS(10)) == ATAP_EINVAL);
+    CHECK(atap_take(atap_self(ctx), &v, sizeof v) == ATAP_EINVAL);
+    CHECK(atap_wait(atap_self(ctx), &st) == ATAP_EINVAL);
+    v = 7;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void test_tasks_join_self_einval(void **state)
+{
+    (void)state;
+    atap_task t = spawn8(task_join_self, NULL);
+    assert_true(join8(t) == 7);
+    atap_release(t);
+    atap_task b;
+    assert_int_equal(atap_spawn(&b, task_join_self, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .blocking = true}),
+                     0);
+    assert_true(join8(b) == 7);
+    atap_release(b);
+    assert_no_failures();
+}
+
 /* ---- block ------------------------------------------------------------- */
 
 typedef struct block_out {
@@ -990,6 +1021,7 @@ int main(void)
         T(test_tasks_cancelled_flag),
         T(test_tasks_dup_listener),
         T(test_tasks_self_is_handle),
+        T(test_tasks_join_self_einval),
         T(test_tasks_block_with_runtime),
         T(test_tasks_block_inside_task),
         T(test_tasks_blocking_not_on_worker),
