@@ -323,6 +323,13 @@ atap_task atap_self(atap_ctx *ctx)
 
 /* ---- reading ---------------------------------------------------------- */
 
+static int unblocked(struct worker *w, int rc)
+{
+    if (w && w->blocked)
+        atap__pool_blocked(w, false);
+    return rc;
+}
+
 /*
  * Waits until the task settles or the deadline passes. Inside a worker the
  * thread runs queued work meanwhile (helping) and sleeps in short slices so
@@ -343,18 +350,23 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
     for (;;) {
         cur = ld_acquire(&s->word);
         if (!word_is(cur, gen))
-            return ATAP_ENOTASK;
+            return unblocked(w, ATAP_ENOTASK);
         if (state_terminal(word_state(cur))) {
             *state = word_state(cur);
-            return 0;
+            return unblocked(w, 0);
         }
         if (w && !w->blocking && atap__pool_help_once(w, ref)) {
+            unblocked(w, 0);
             slice = SLICE_MIN_NS;
             continue;
         }
+        /* Too deep to help any more: count as blocked, so that the pool
+         * starts a worker if nobody is left to run what this waits for. */
+        if (w && !w->blocking && w->depth >= HELP_DEPTH / 2)
+            atap__pool_blocked(w, true);
         now = deadline == ATAP__FOREVER ? 0 : atap__now_ns();
         if (now >= deadline)
-            return ATAP_ENOTREADY;
+            return unblocked(w, ATAP_ENOTREADY);
         if (!(cur & ST_WAITERS) && !cas_acqrel(&s->word, &cur, cur | ST_WAITERS))
             continue;
         left = deadline - now;

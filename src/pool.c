@@ -42,6 +42,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -75,7 +76,8 @@ static struct {
     struct injector binj; /* for blocking threads */
     pthread_mutex_t lock; /* idle list, starting and joining threads */
     struct worker *idle;
-    _Atomic unsigned nrec, nlive, nidle, nsearching, peak;
+    _Atomic unsigned nrec, nlive, nidle, nsearching, peak, nblocked;
+    unsigned floor, ceiling; /* fewest and most workers */
     _Atomic uint64_t epoch; /* bumped when a worker leaves the idle list */
     _Atomic bool stopping;
     struct worker *bidle_list; /* idle blocking threads (pool lock) */
@@ -126,7 +128,7 @@ static int start_thread(bool blocking, struct worker *self)
     st_relaxed(&w->park, PARK_RUNNING);
     st_relaxed(&w->busy, false);
     w->blocking = blocking;
-    w->searching = w->in_idle = w->uncounted = false;
+    w->searching = w->in_idle = w->uncounted = w->blocked = false;
     w->lifo_streak = w->depth = w->nheld = 0;
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
     memset(&w->cursor, 0, sizeof w->cursor);
@@ -288,6 +290,7 @@ static bool park_worker(struct worker *w)
     }
     st_relaxed(&w->park, PARK_IDLE);
     w->in_idle = true;
+    w->idle_since = atap__now_ns();
     w->idle_next = pool.idle;
     pool.idle = w;
     add_seqcst(&pool.nidle, 1);
@@ -425,6 +428,39 @@ bool atap__pool_help_once(struct worker *w, uint32_t awaited)
     atap__exec_run(w, x);
     w->depth--;
     return true;
+}
+
+/* Starts one more worker, up to the ceiling. */
+static void add_worker(void)
+{
+    pthread_mutex_lock(&pool.lock);
+    if (!ld_relaxed(&pool.stopping) && ld_relaxed(&pool.nlive) < pool.ceiling)
+        start_thread(false, NULL);
+    pthread_mutex_unlock(&pool.lock);
+}
+
+void atap__pool_blocked(struct worker *w, bool blocked)
+{
+    if (blocked && !w->blocked) {
+        w->blocked = true;
+        add_seqcst(&pool.nblocked, 1);
+    } else if (!blocked && w->blocked) {
+        w->blocked = false;
+        sub_seqcst(&pool.nblocked, 1);
+        return;
+    }
+    if (!blocked)
+        return;
+    /* Looked at on every slice of a blocked wait. What this worker waits
+     * for may sit in its own queues, out of its reach now: an idle worker
+     * can steal it (a LIFO slot woke nobody when it was filled); with none
+     * idle and every worker blocked, one more worker is started. */
+    if (ld_relaxed(&pool.nidle) > 0) {
+        if (work_visible(true) && wake_idle())
+            add_seqcst(&pool.nsearching, 1);
+    } else if (ld_seqcst(&pool.nblocked) >= ld_seqcst(&pool.nlive) && work_visible(true)) {
+        add_worker();
+    }
 }
 
 /* ---- submitting -------------------------------------------------------- */
@@ -677,6 +713,20 @@ static void *thread_main(void *arg)
 
 /* ---- start, drain, stop ------------------------------------------------ */
 
+/* The most workers: what the process may still start, less a reserve for
+ * the program's own threads, never below the floor nor above the records. */
+static unsigned thread_ceiling(unsigned floor)
+{
+    struct rlimit rl;
+    unsigned long limit = POOL_MAX_THREADS;
+
+    if (getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        limit = rl.rlim_cur > 256 ? (unsigned long)(rl.rlim_cur - 256) : 0;
+    if (limit > POOL_MAX_THREADS)
+        limit = POOL_MAX_THREADS;
+    return limit < floor ? floor : (unsigned)limit;
+}
+
 static unsigned online_cores(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -692,6 +742,8 @@ int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size
 
     (void)workers_per_core; /* the target: growth past the floor comes with the manager */
     pool.bcap = bcap < POOL_MAX_THREADS ? (unsigned)bcap : POOL_MAX_THREADS;
+    pool.floor = floor;
+    pool.ceiling = thread_ceiling(floor);
     pool.stack = stack;
     st_relaxed(&pool.nsearching, 0);
     st_seqcst(&pool.stopping, false);

@@ -34,6 +34,8 @@ struct worker {
     bool in_idle;              /* on the idle list (pool lock) */
     bool uncounted;            /* already left the live count (idle stop) */
     struct worker *idle_next;  /* idle list link (pool lock) */
+    uint64_t idle_since;       /* when it joined the idle list (pool lock) */
+    bool blocked;              /* counted in the pool's blocked count */
     unsigned lifo_streak;
     unsigned depth;            /* helping depth: runs nested inside a join */
     unsigned nheld;            /* tasks this thread is inside, outermost first */
@@ -50,6 +52,11 @@ int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size
 /* Waits until no work is queued or running, then stops and joins every
  * thread. The caller has already refused new outside spawns. */
 void atap__pool_stop(void);
+
+/* A worker waiting inside a task that can no longer help (too deep) counts
+ * as blocked; when every worker is blocked and work waits, the pool starts
+ * one more, so deep recursion never deadlocks the pool. */
+void atap__pool_blocked(struct worker *w, bool blocked);
 
 /* Queues a task (ref = slot index + 1). */
 void atap__pool_submit(uint32_t ref, int priority, bool blocking);

@@ -561,6 +561,41 @@ static void test_tasks_join_self_einval(void **state)
     assert_no_failures();
 }
 
+/* Each level spawns the next and joins it: past the help depth a worker
+ * can only wait, so the pool must bring in more workers rather than stall. */
+static int task_deep(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    uint64_t n = (uint64_t)(uintptr_t)arg, below = 0;
+    if (n > 0) {
+        atap_task t;
+        if (atap_spawn(&t, task_deep, (void *)(uintptr_t)(n - 1),
+                       &(atap_spawn_opts){.out_size = sizeof below}) != 0)
+            return -1;
+        int rc = atap_join(t, &below, sizeof below);
+        atap_release(t);
+        if (rc != 0)
+            return -1;
+    }
+    below++;
+    memcpy(out, &below, sizeof below);
+    return 0;
+}
+
+static void test_tasks_deep_recursion_adds_workers(void **state)
+{
+    (void)state;
+    uint64_t levels = 1000, v = 0;
+    atap_task t = spawn8(task_deep, (void *)(uintptr_t)levels);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(60)), 0);
+    assert_true(v == levels + 1);
+    atap_release(t);
+    struct atap_pool_stats st = pool_stats();
+    /* At the deepest point all 1001 levels are live frames, and a worker
+     * holds at most 65 (its own task and 64 helped ones): 16 workers. */
+    assert_true(st.peak_workers >= 16);
+}
+
 /* ---- block ------------------------------------------------------------- */
 
 typedef struct block_out {
@@ -1028,6 +1063,7 @@ int main(void)
         T(test_tasks_blocking_run_concurrently),
         T(test_tasks_priorities),
         T(test_tasks_fib_helping),
+        T(test_tasks_deep_recursion_adds_workers),
         T(test_tasks_pthread_exit),
         T(test_tasks_pthread_exit_blocking),
         T(test_tasks_run_exactly_once),
