@@ -203,6 +203,11 @@ typedef struct atap_spawn_opts {
 } atap_spawn_opts;
 
 /*
+ * A task that ends its thread (pthread_exit) reads ATAP_EFAILED, and so
+ * does every task that thread was running further up its stack; the pool
+ * replaces the thread. Whatever those frames owned, handles included, is
+ * not released (C unwinds no destructors).
+ *
  * Spawns fn(ctx, arg, out) on the pool. opts may be NULL (no output, normal
  * priority). On success *task receives a handle the caller must release.
  * On failure *task is set to ATAP_NO_TASK and arg_free is NOT called (arg
@@ -308,6 +313,24 @@ ATAP_EXPORT bool atap_cancelled(atap_ctx *ctx);
 /* Inside a task: its own handle (not a new listener: do not release it).
  * ATAP_NO_TASK inside atap_block or for NULL. */
 ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
+
+#ifdef ATAP_FAULT_INJECTION
+/*
+ * Fault injection, for libatap's own tests: present only in a build with
+ * -DATAP_FAULT_INJECTION=ON (the test build). Each check costs the runtime
+ * one relaxed load while nothing is owed.
+ *   atap_inject_thread_deaths: the next `workers` workers and `blocking`
+ *     blocking threads to pass a check die, idle, holding a task, or part way
+ *     through helping, as if the task had called pthread_exit.
+ *   atap_inject_spawn_refusals: the next n thread starts fail as if the
+ *     kernel refused them (0 clears what is still owed).
+ *   atap_inject_help_depth: joins inside tasks help at most this deep
+ *     (0 turns helping off); the default is 64.
+ */
+ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);
+ATAP_EXPORT void atap_inject_spawn_refusals(unsigned n);
+ATAP_EXPORT void atap_inject_help_depth(unsigned depth);
+#endif
 
 #define ATAP_US(n) ((uint64_t)(n) * 1000u)
 #define ATAP_MS(n) ((uint64_t)(n) * 1000000u)

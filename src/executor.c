@@ -26,6 +26,7 @@
 #include "executor.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -267,6 +268,8 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         }
     } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
     w->held[w->nheld++] = ref;
+    if (FAULT_WORKER_DIES(w->blocking))
+        pthread_exit(NULL); /* an injected death, holding this task */
     rc = s->fn(&ctx, s->arg, slot_out(s));
     w->nheld--;
     if (rc == 0)
@@ -362,7 +365,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
         }
         /* Too deep to help any more: count as blocked, so that the pool
          * starts a worker if nobody is left to run what this waits for. */
-        if (w && !w->blocking && w->depth >= HELP_DEPTH / 2)
+        if (w && !w->blocking && w->depth >= HELP_LIMIT() / 2)
             atap__pool_blocked(w, true);
         now = deadline == ATAP__FOREVER ? 0 : atap__now_ns();
         if (now >= deadline)

@@ -121,7 +121,7 @@ static int start_thread(bool blocking, struct worker *self)
     pthread_attr_t attr;
     int rc;
 
-    if (!w)
+    if (!w || FAULT_SPAWN_REFUSED())
         return -EAGAIN;
     /* The ring keeps its indices: a thief may still be reading them. */
     st_relaxed(&w->lifo, 0);
@@ -288,6 +288,10 @@ static bool park_worker(struct worker *w)
         pthread_mutex_unlock(&pool.lock);
         return false;
     }
+    if (FAULT_DEATH_OWED(false)) { /* go round and take it */
+        pthread_mutex_unlock(&pool.lock);
+        return true;
+    }
     st_relaxed(&w->park, PARK_IDLE);
     w->in_idle = true;
     w->idle_since = atap__now_ns();
@@ -415,12 +419,14 @@ bool atap__pool_help_once(struct worker *w, uint32_t awaited)
 {
     uint32_t x;
 
-    if (w->depth >= HELP_DEPTH)
+    unsigned limit = HELP_LIMIT();
+
+    if (w->depth >= limit)
         return false;
     /* Past half the depth only the awaited task itself is run, so the
      * stack grows down one branch at a time. */
     x = take_awaited(w, awaited);
-    if (!x && w->depth < HELP_DEPTH / 2)
+    if (!x && w->depth < limit / 2)
         x = find_work(w);
     if (!x)
         return false;
@@ -560,6 +566,8 @@ static void worker_loop(struct worker *w)
     uint32_t ref;
 
     for (;;) {
+        if (FAULT_WORKER_DIES(false))
+            pthread_exit(NULL); /* an injected death, idle */
         if ((ref = find_work(w)) != 0) {
             if (w->searching)
                 leave_search(w);
@@ -591,6 +599,10 @@ static bool blocker_wait(struct worker *w)
     if (ld_relaxed(&pool.stopping)) {
         pthread_mutex_unlock(&pool.lock);
         return false;
+    }
+    if (FAULT_DEATH_OWED(true)) { /* go round and take it */
+        pthread_mutex_unlock(&pool.lock);
+        return true;
     }
     st_relaxed(&w->park, PARK_IDLE);
     w->in_idle = true;
@@ -628,6 +640,8 @@ static void blocker_loop(struct worker *w)
     uint32_t ref;
 
     for (;;) {
+        if (FAULT_WORKER_DIES(true))
+            pthread_exit(NULL); /* an injected death, idle */
         /* Counted busy before the pop, so a drain never sees a task in
          * neither the queue nor the busy count. */
         add_seqcst(&pool.bbusy, 1);
@@ -711,6 +725,23 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
+void atap__pool_wake_all(void)
+{
+    struct worker *w;
+
+    pthread_mutex_lock(&pool.lock);
+    while ((w = pop_idle(&pool.idle, &pool.nidle)) != NULL) {
+        add_seqcst(&pool.nsearching, 1); /* each leaves as a searcher */
+        st_release(&w->park, PARK_NOTIFIED);
+        atap__word_wake(&w->park, false);
+    }
+    while ((w = pop_idle(&pool.bidle_list, &pool.bidle)) != NULL) {
+        st_release(&w->park, PARK_NOTIFIED);
+        atap__word_wake(&w->park, false);
+    }
+    pthread_mutex_unlock(&pool.lock);
+}
+
 /* ---- start, drain, stop ------------------------------------------------ */
 
 /* The most workers: what the process may still start, less a reserve for
@@ -744,6 +775,7 @@ int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size
     pool.bcap = bcap < POOL_MAX_THREADS ? (unsigned)bcap : POOL_MAX_THREADS;
     pool.floor = floor;
     pool.ceiling = thread_ceiling(floor);
+    st_relaxed(&pool.peak, 0); /* peaks are per run of the runtime */
     pool.stack = stack;
     st_relaxed(&pool.nsearching, 0);
     st_seqcst(&pool.stopping, false);

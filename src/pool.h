@@ -11,10 +11,10 @@
 #include <stdint.h>
 
 #include "deque.h"
+#include "faults.h"
 #include "injector.h"
 #include "table.h"
 
-#define HELP_DEPTH 64
 #define LIFO_STREAK 3
 #define POOL_MAX_THREADS 1024 /* records for workers, and again for blocking threads */
 
@@ -69,5 +69,8 @@ bool atap__pool_help_once(struct worker *w, uint32_t awaited);
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);
 unsigned atap__pool_live_workers(void);
+
+/* Wakes every idle worker and blocking thread (fault injection). */
+void atap__pool_wake_all(void);
 
 #endif

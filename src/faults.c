@@ -1,0 +1,34 @@
+/*
+ * The atap_inject_* calls: they only set counters that the pool's checks
+ * (faults.h) consume. A thread that takes an owed death leaves through
+ * pthread_exit, the same path as a task that kills its thread, so the
+ * recovery tested is the real one.
+ */
+#include "faults.h"
+
+#include "atap.h"
+#include "pool.h"
+
+#ifdef ATAP_FAULT_INJECTION
+_Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
+_Atomic unsigned atap__owed_spawn_refusals, atap__help_limit = HELP_DEPTH;
+
+void atap_inject_thread_deaths(unsigned workers, unsigned blocking)
+{
+    add_relaxed(&atap__owed_worker_deaths, workers);
+    add_relaxed(&atap__owed_blocking_deaths, blocking);
+    atap__pool_wake_all(); /* idle threads die too */
+}
+
+void atap_inject_spawn_refusals(unsigned n)
+{
+    st_relaxed(&atap__owed_spawn_refusals, n);
+}
+
+void atap_inject_help_depth(unsigned depth)
+{
+    st_relaxed(&atap__help_limit, depth < HELP_DEPTH ? depth : HELP_DEPTH);
+}
+#else
+typedef int atap_faults_off; /* an empty file is not ISO C */
+#endif

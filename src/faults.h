@@ -1,0 +1,46 @@
+/*
+ * Fault injection (ATAP_FAULT_INJECTION builds only): owed faults are
+ * counters; a check costs one relaxed load while nothing is owed. Without
+ * the option every check is a constant false and compiles away.
+ */
+#ifndef ATAP_FAULTS_H
+#define ATAP_FAULTS_H
+
+#include <stdbool.h>
+
+#include "atomics.h"
+
+#define HELP_DEPTH 64
+
+#ifdef ATAP_FAULT_INJECTION
+extern _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
+extern _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit;
+
+/* Takes one owed fault, if any. */
+static inline bool atap__fault_take(_Atomic unsigned *owed)
+{
+    unsigned n = ld_relaxed(owed);
+
+    while (n > 0)
+        if (atomic_compare_exchange_weak_explicit(owed, &n, n - 1, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return true;
+    return false;
+}
+
+#define FAULT_WORKER_DIES(blocking)                                                                \
+    atap__fault_take((blocking) ? &atap__owed_blocking_deaths : &atap__owed_worker_deaths)
+#define FAULT_SPAWN_REFUSED() atap__fault_take(&atap__owed_spawn_refusals)
+/* Read under the pool lock before an idle thread sleeps: the injecting call
+ * adds, then takes the lock to wake the idle, so one of the two sees it. */
+#define FAULT_DEATH_OWED(blocking)                                                                 \
+    (ld_relaxed((blocking) ? &atap__owed_blocking_deaths : &atap__owed_worker_deaths) > 0)
+#define HELP_LIMIT() ld_relaxed(&atap__help_limit)
+#else
+#define FAULT_WORKER_DIES(blocking) ((void)(blocking), false)
+#define FAULT_SPAWN_REFUSED() false
+#define FAULT_DEATH_OWED(blocking) ((void)(blocking), false)
+#define HELP_LIMIT() HELP_DEPTH
+#endif
+
+#endif
