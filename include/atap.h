@@ -121,8 +121,8 @@ ATAP_EXPORT bool atap_initialised(void);
 struct atap_status {
     bool initialised;   /* atap_init has completed and no shutdown begun */
     bool shutting_down; /* a shutdown is draining the pool */
-    bool manager_alive; /* the manager thread is running (later versions) */
-    bool healthy;       /* initialised, workers alive, no thread lost */
+    bool manager_alive; /* the manager thread (time, pool policy) is running */
+    bool healthy;       /* initialised, manager alive, workers alive */
 };
 
 /* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Threads: any. */
@@ -193,14 +193,47 @@ typedef enum atap_state {
 #define ATAP_PRIORITY_MIN (-128)
 #define ATAP_PRIORITY_MAX 127
 
+typedef enum atap_kind {
+    ATAP_ONCE = 0,    /* one run */
+    ATAP_REPEAT = 1,  /* runs back to back (or every_ns apart), never overlapping */
+    ATAP_AT_RATE = 2, /* a fresh run every every_ns, start to start (next version) */
+} atap_kind;
+
+/*
+ * How a task runs. Every field's zero is its default, so naming only
+ * out_size gives a plain one-shot. Times are nanoseconds; until_ns is an
+ * absolute CLOCK_MONOTONIC time (see atap_now()).
+ *
+ * Combinations that make no sense are ATAP_EINVAL: every_ns, runs, for_ns
+ * or until_ns on ATAP_ONCE; for_ns and until_ns together; a kind that is
+ * not one of atap_kind; every_ns of 0 on ATAP_AT_RATE.
+ */
 typedef struct atap_spawn_opts {
     size_t out_size;            /* output bytes (0: no output) */
-    void (*out_free)(void *out);/* for an output nobody took, when the task
-                                   is freed; gets a pointer to the output */
+    void (*out_free)(void *out);/* for an output nobody took: when the task is
+                                   freed, or replaced by a repeat's next one */
     void (*arg_free)(void *arg);/* called once, when the task is gone */
     int priority;               /* -128..127, higher starts first; 0 default */
     bool blocking;              /* run on the blocking threads */
+    uint64_t after_ns;          /* delays the first run only; runs late,
+                                   never early */
+    uint64_t timeout_ns;        /* each run's limit (0: none). The first run
+                                   past it ends the task, and its series, as
+                                   ATAP_TIMED_OUT; its output is dropped.
+                                   Waiting to start does not count. */
+    atap_kind kind;             /* ATAP_ONCE, ATAP_REPEAT, ATAP_AT_RATE */
+    uint64_t every_ns;          /* REPEAT: the gap from one run's end to the
+                                   next start; AT_RATE: the period */
+    uint32_t runs;              /* REPEAT / AT_RATE: at most this many runs
+                                   (0: no limit) */
+    uint64_t for_ns;            /* REPEAT / AT_RATE: no run starts later than
+                                   this long after the first one started */
+    uint64_t until_ns;          /* REPEAT / AT_RATE: no run starts after this
+                                   moment (one or the other deadline) */
 } atap_spawn_opts;
+
+/* CLOCK_MONOTONIC now, in nanoseconds: the clock of until_ns. Threads: any. */
+ATAP_EXPORT uint64_t atap_now(void);
 
 /*
  * A task that ends its thread (pthread_exit) reads ATAP_EFAILED, and so
@@ -212,10 +245,18 @@ typedef struct atap_spawn_opts {
  * priority). On success *task receives a handle the caller must release.
  * On failure *task is set to ATAP_NO_TASK and arg_free is NOT called (arg
  * stays the caller's).
+ * A repeat has one handle for the whole series: atap_join reads the latest
+ * output (waiting while a run is under way), atap_take moves one out for the
+ * next run to replace, atap_cancel ends the series, and atap_finished turns
+ * true once the series is over (runs used up or deadline passed; the last
+ * output stays readable). A delay or gap still pending at shutdown, or when
+ * the manager is gone for good, ends the task as ATAP_FAILED.
+ *
  * Returns 0; ATAP_EINVAL for NULL task or fn, a priority outside -128..127,
- * or out_size above 4 GiB - 1; ATAP_ENOTINIT when no runtime runs (before
- * init, during or after shutdown); -ENOMEM when no slot or output buffer
- * can be had.
+ * out_size above 4 GiB - 1, or an option combination listed above;
+ * -ENOTSUP for ATAP_AT_RATE in this version; ATAP_ENOTINIT when no runtime
+ * runs (before init, during or after shutdown); -ENOMEM when no slot or
+ * output buffer can be had.
  * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts);
@@ -319,6 +360,10 @@ ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
  * Fault injection, for libatap's own tests: present only in a build with
  * -DATAP_FAULT_INJECTION=ON (the test build). Each check costs the runtime
  * one relaxed load while nothing is owed.
+ *   atap_inject_manager_faults: the manager falls apart the next n times
+ *     round its loop. Up to 5 in a row it is restarted (after 10 ms x the
+ *     count); past that its supervisor gives up, atap_status says so, and
+ *     the pool carries on without it.
  *   atap_inject_thread_deaths: the next `workers` workers and `blocking`
  *     blocking threads to pass a check die, idle, holding a task, or part way
  *     through helping, as if the task had called pthread_exit.
@@ -327,6 +372,7 @@ ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
  *   atap_inject_help_depth: joins inside tasks help at most this deep
  *     (0 turns helping off); the default is 64.
  */
+ATAP_EXPORT void atap_inject_manager_faults(unsigned n);
 ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);
 ATAP_EXPORT void atap_inject_spawn_refusals(unsigned n);
 ATAP_EXPORT void atap_inject_help_depth(unsigned depth);

@@ -33,6 +33,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "pool.h"
+#include "schedule.h"
 #include "slot.h"
 #include "table.h"
 #include "wait.h"
@@ -74,10 +75,11 @@ static bool handle_live(struct atap_slot *s, uint32_t gen, uint32_t *cur)
     return refs_gen(r) == gen && (r & REFS_COUNT_MASK) != 0;
 }
 
-static int state_error(uint32_t state)
+static int state_error_of(struct atap_slot *s, uint32_t state)
 {
     switch (state) {
-    case ST_TAKEN: return ATAP_ETAKEN;
+    case ST_TAKEN: /* a series that ran out has nothing more coming */
+        return s->ext && atap__sched_finished(s, state) ? ATAP_EFINISHED : ATAP_ETAKEN;
     case ST_CANCELLED: return ATAP_ECANCELLED;
     case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
     case ST_FAILED: return ATAP_EFAILED;
@@ -96,6 +98,8 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
         free(s->out.heap);
     if (s->arg_free)
         s->arg_free(s->arg);
+    if (s->ext)
+        atap__sched_destroy(s);
     s->fn = NULL;
     s->arg = NULL;
     s->arg_free = NULL;
@@ -119,7 +123,7 @@ static void free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uin
 }
 
 /* Drops the RUN reference (idempotent per generation). */
-static void release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
+void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     uint64_t r = ld_relaxed(&s->refs);
 
@@ -179,7 +183,7 @@ static int check_opts(const atap_spawn_opts *o)
         return ATAP_EINVAL;
     if (o->out_size > UINT32_MAX)
         return ATAP_EINVAL;
-    return 0;
+    return atap__sched_check(o);
 }
 
 /* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
@@ -201,6 +205,21 @@ static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_op
     return 0;
 }
 
+/* fill, and the schedule if the options use time; on -ENOMEM nothing is
+ * left allocated. */
+static int prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg,
+                   const atap_spawn_opts *o)
+{
+    int rc = fill(s, fn, arg, o);
+
+    if (rc == 0 && atap__sched_wanted(o) && (rc = atap__sched_attach(s, index, o)) != 0 &&
+        (s->flags & SF_OUT_HEAP))
+        free(s->out.heap);
+    if (rc != 0)
+        s->flags = 0;
+    return rc;
+}
+
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts plain;
@@ -214,14 +233,16 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
     opts = opts ? opts : &plain;
-    if (!fn || (rc = check_opts(opts)) != 0)
+    if (!fn)
         return ATAP_EINVAL;
+    if ((rc = check_opts(opts)) != 0)
+        return rc;
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
     cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
     if ((rc = atap__table_alloc(cache, &index, &gen)) == 0) {
         s = atap__table_at(index);
-        if ((rc = fill(s, fn, arg, opts)) != 0) {
+        if ((rc = prepare(s, index, fn, arg, opts)) != 0) {
             /* Burn this generation: the slot goes back as (gen, FREE). */
             st_relaxed(&s->word, make_word(gen, ST_FREE));
             atap__table_free(cache, index, gen);
@@ -231,7 +252,10 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
              * word (a reader) or the queue entry (a worker). */
             st_release(&s->word, make_word(gen, ST_PENDING));
             *task = make_task(index, gen);
-            atap__pool_submit(index + 1, opts->priority, opts->blocking);
+            if (s->ext)
+                atap__sched_start(s, index, gen, opts->blocking);
+            else
+                atap__pool_submit(index + 1, opts->priority, opts->blocking);
         }
     }
     atap__spawn_exit(outside);
@@ -240,18 +264,42 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
 
 /* ---- running ---------------------------------------------------------- */
 
-/* RUNNING -> READY or FAILED, unless a cancel got there first. */
-static void settle(struct atap_slot *s, uint32_t gen, bool ok)
+bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t to)
 {
     uint32_t cur = ld_relaxed(&s->word);
 
     do {
-        if (word_gen(cur) != gen || word_state(cur) != ST_RUNNING)
-            return; /* cancelled mid run: the output is dropped at free */
-        /* Release: the output is written before READY can be read. */
-    } while (!cas_acqrel(&s->word, &cur, make_word(gen, ok ? ST_READY : ST_FAILED)));
+        if (word_gen(cur) != gen || word_state(cur) != from)
+            return false;
+        /* Release: an output is written before READY can be read. */
+    } while (!cas_acqrel(&s->word, &cur, make_word(gen, to)));
     if (cur & ST_WAITERS)
         atap__word_wake(&s->word, true);
+    return true;
+}
+
+/* RUNNING -> READY or FAILED, unless a cancel got there first. */
+static void settle(struct atap_slot *s, uint32_t gen, bool ok)
+{
+    atap__exec_stop(s, gen, ST_RUNNING, ok ? ST_READY : ST_FAILED);
+}
+
+void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t to)
+{
+    uint32_t cur = ld_relaxed(&s->word);
+
+    do {
+        if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
+            word_state(cur) == ST_CANCELLED || word_state(cur) == ST_TIMED_OUT ||
+            word_state(cur) == ST_FAILED)
+            break; /* already ended otherwise */
+        if (cas_acqrel(&s->word, &cur, make_word(gen, to))) {
+            if (cur & ST_WAITERS)
+                atap__word_wake(&s->word, true);
+            break;
+        }
+    } while (1);
+    atap__exec_release_run(s, index, gen);
 }
 
 void atap__exec_run(struct worker *w, uint32_t ref)
@@ -261,30 +309,42 @@ void atap__exec_run(struct worker *w, uint32_t ref)
     struct atap_ctx ctx = {s, ref - 1, gen};
     int rc;
 
-    do {
-        if (word_state(cur) != ST_PENDING) { /* cancelled while queued */
-            release_run(s, ref - 1, gen);
+    if (s->ext) {
+        if (!atap__sched_claim(s, &gen))
             return;
-        }
-    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+        ctx.gen = gen;
+    } else {
+        do {
+            if (word_state(cur) != ST_PENDING) { /* cancelled while queued */
+                atap__exec_release_run(s, ref - 1, gen);
+                return;
+            }
+        } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+    }
     w->held[w->nheld++] = ref;
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
-    rc = s->fn(&ctx, s->arg, slot_out(s));
+    rc = s->fn(&ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
     w->nheld--;
+    if (s->ext) {
+        atap__sched_done(s, gen, rc);
+        st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1);
+        return;
+    }
     if (rc == 0)
         s->flags |= SF_OUT_FILLED;
     settle(s, gen, rc == 0);
-    release_run(s, ref - 1, gen);
+    atap__exec_release_run(s, ref - 1, gen);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
 }
 
 void atap__exec_fail_held(uint32_t ref)
 {
     struct atap_slot *s = atap__table_at(ref - 1);
+    uint32_t gen = word_gen(ld_relaxed(&s->word));
 
-    settle(s, word_gen(ld_relaxed(&s->word)), false);
-    release_run(s, ref - 1, word_gen(ld_relaxed(&s->word)));
+    settle(s, gen, false); /* a series ends with its run */
+    atap__exec_release_run(s, ref - 1, gen);
 }
 
 /* ---- cancelling ------------------------------------------------------- */
@@ -299,11 +359,14 @@ int atap_cancel(atap_task t)
     do {
         if (!word_is(cur, gen))
             return ATAP_ENOTASK;
-        if (word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
+        if (s->ext ? !atap__sched_cancellable(s, word_state(cur))
+                   : word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
             return 0; /* settled: an output that landed is left alone */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
     if (cur & ST_WAITERS)
         atap__word_wake(&s->word, true);
+    if (s->ext)
+        atap__sched_cancelled(s, (uint32_t)t.id, gen);
     return 0;
 }
 
@@ -314,7 +377,8 @@ bool atap_cancelled(atap_ctx *ctx)
     if (!ctx || !ctx->slot)
         return false;
     w = ld_acquire(&ctx->slot->word);
-    return word_gen(w) == ctx->gen && word_state(w) == ST_CANCELLED;
+    return word_gen(w) == ctx->gen &&
+           (word_state(w) == ST_CANCELLED || word_state(w) == ST_TIMED_OUT);
 }
 
 atap_task atap_self(atap_ctx *ctx)
@@ -384,54 +448,74 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
 /* Copies the output out if the task is READY. */
 static int copy_out(struct atap_slot *s, uint32_t gen, void *out)
 {
-    uint32_t cur = ld_acquire(&s->word);
+    uint32_t cur;
+    int rc = 0;
 
+    if (s->ext)
+        atap__sched_read_lock(s); /* a repeat's next run can't publish meanwhile */
+    cur = ld_acquire(&s->word);
     if (!word_is(cur, gen))
-        return ATAP_ENOTASK;
-    if (word_state(cur) != ST_READY)
-        return state_error(word_state(cur));
-    if (s->out_size)
+        rc = ATAP_ENOTASK;
+    else if (word_state(cur) != ST_READY)
+        rc = state_error_of(s, word_state(cur));
+    else if (s->out_size)
         memcpy(out, slot_out(s), s->out_size);
-    return 0;
+    if (s->ext)
+        atap__sched_read_unlock(s);
+    return rc;
 }
 
 /* READY -> TAKEN, then the copy: from then on the output is the caller's. */
 static int move_out(struct atap_slot *s, uint32_t gen, void *out)
 {
-    uint32_t cur = ld_acquire(&s->word);
+    uint32_t cur;
+    int rc = 0;
 
+    if (s->ext)
+        atap__sched_read_lock(s); /* what is moved out is what gets copied */
+    cur = ld_acquire(&s->word);
     do {
-        if (!word_is(cur, gen))
-            return ATAP_ENOTASK;
-        if (word_state(cur) != ST_READY)
-            return state_error(word_state(cur));
+        if (!word_is(cur, gen)) {
+            rc = ATAP_ENOTASK;
+            break;
+        }
+        if (word_state(cur) != ST_READY) {
+            rc = state_error_of(s, word_state(cur));
+            break;
+        }
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_TAKEN)));
-    if (s->out_size)
+    if (rc == 0 && s->out_size)
         memcpy(out, slot_out(s), s->out_size);
-    return 0;
+    if (s->ext)
+        atap__sched_read_unlock(s);
+    return rc;
 }
 
 static int read_output(atap_task t, void *out, size_t size, uint64_t timeout_ns, bool take)
 {
     uint32_t gen, state, cur;
     struct atap_slot *s = lookup(t, &gen);
+    uint64_t deadline;
     int rc;
 
     if (!s || !handle_live(s, gen, &cur))
         return ATAP_ENOTASK;
     if (size != s->out_size || (size && !out))
         return ATAP_EINVAL;
-    if (timeout_ns == 0) {
-        if (!state_terminal(word_state(cur)))
-            return ATAP_ENOTREADY;
-    } else if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen,
-                                  timeout_ns == ATAP__FOREVER
-                                      ? ATAP__FOREVER
-                                      : atap__deadline(atap__now_ns(), timeout_ns),
-                                  &state)) != 0) {
-        return rc;
-    }
-    return take ? move_out(s, gen, out) : copy_out(s, gen, out);
+    if (timeout_ns == 0) /* no wait: a run under way is simply not ready */
+        return state_terminal(word_state(cur))
+                   ? (take ? move_out(s, gen, out) : copy_out(s, gen, out))
+                   : ATAP_ENOTREADY;
+    deadline = timeout_ns == ATAP__FOREVER ? ATAP__FOREVER
+                                           : atap__deadline(atap__now_ns(), timeout_ns);
+    do {
+        if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen, deadline, &state)) != 0)
+            return rc;
+        rc = take ? move_out(s, gen, out) : copy_out(s, gen, out);
+        /* ENOTREADY here: a repeat's next run started between the wait and
+         * the read. Wait for that one (the wait still keeps the deadline). */
+    } while (rc == ATAP_ENOTREADY);
+    return rc;
 }
 
 int atap_join(atap_task t, void *out, size_t size)
@@ -494,6 +578,8 @@ bool atap_finished(atap_task t)
 
     if (!s || !handle_live(s, gen, &cur))
         return true;
+    if (s->ext)
+        return atap__sched_finished(s, word_state(cur));
     return state_terminal(word_state(cur));
 }
 
@@ -504,4 +590,9 @@ int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
     if (!fn || (out_size && !out))
         return ATAP_EINVAL;
     return fn(&ctx, arg, out_size ? out : NULL) == 0 ? 0 : ATAP_EFAILED;
+}
+
+uint64_t atap_now(void)
+{
+    return atap__now_ns();
 }

@@ -18,6 +18,16 @@ void atap__exec_run(struct worker *w, uint32_t ref);
  * reference is dropped. */
 void atap__exec_fail_held(uint32_t ref);
 
+struct atap_slot;
+
+/* from -> to by CAS (same generation), waking listeners; false if the state
+ * was not `from`. */
+bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t to);
+/* Ends a task that has not ended yet as `to`, then drops its RUN reference. */
+void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t to);
+/* Drops the RUN reference (idempotent per generation); may free the slot. */
+void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen);
+
 /* runtime.c: admission of spawns, so a shutdown can wait for every spawn
  * that got past the door. */
 bool atap__spawn_enter(bool *outside);

@@ -77,7 +77,9 @@ static struct {
     pthread_mutex_t lock; /* idle list, starting and joining threads */
     struct worker *idle;
     _Atomic unsigned nrec, nlive, nidle, nsearching, peak, nblocked;
-    unsigned floor, ceiling; /* fewest and most workers */
+    unsigned floor, target, ceiling; /* fewest, usual most, and most workers */
+    uint64_t last_done[POOL_MAX_THREADS]; /* manager: completed at the last tick */
+    unsigned ticks;                       /* manager: ticks since start */
     _Atomic uint64_t epoch; /* bumped when a worker leaves the idle list */
     _Atomic bool stopping;
     struct worker *bidle_list; /* idle blocking threads (pool lock) */
@@ -725,6 +727,69 @@ static void *thread_main(void *arg)
     return NULL;
 }
 
+#define REAP_IDLE_NS 500000000u     /* an idle worker above the floor goes */
+#define REAP_IDLE_OVER_NS 50000000u  /* ... sooner above the target */
+#define OVERLOAD_RATIO 64            /* queued per worker that counts as overload */
+#define TRIM_EVERY_TICKS 500         /* about 5 s */
+
+/* Workers inside a task that finished nothing since the last tick. */
+static unsigned count_stuck(unsigned *live)
+{
+    unsigned n = ld_acquire(&pool.nrec), stuck = 0;
+
+    *live = 0;
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t done = ld_relaxed(&workers[i].completed);
+
+        if (ld_acquire(&workers[i].status) != W_LIVE)
+            continue;
+        (*live)++;
+        if (ld_relaxed(&workers[i].busy) && done == pool.last_done[i])
+            stuck++;
+        pool.last_done[i] = done;
+    }
+    return stuck;
+}
+
+/* Stops the idle worker that has idled longest, if past the limit. */
+static void reap(uint64_t now, unsigned live)
+{
+    uint64_t limit = live > pool.target ? REAP_IDLE_OVER_NS : REAP_IDLE_NS;
+    struct worker *w, *oldest = NULL;
+
+    if (live <= pool.floor)
+        return;
+    pthread_mutex_lock(&pool.lock);
+    for (w = pool.idle; w; w = w->idle_next)
+        if (!oldest || w->idle_since < oldest->idle_since)
+            oldest = w;
+    if (oldest && now - oldest->idle_since >= limit && !ld_relaxed(&pool.stopping)) {
+        unlink_from(&pool.idle, &pool.nidle, oldest);
+        st_release(&oldest->park, PARK_STOP);
+        atap__word_wake(&oldest->park, false);
+    }
+    pthread_mutex_unlock(&pool.lock);
+}
+
+void atap__pool_tick(uint64_t now)
+{
+    unsigned live, stuck = count_stuck(&live);
+    size_t queued = atap__inj_len(&pool.inj);
+
+    /* Work in a LIFO slot or a ring woke nobody: hand it to an idle peer. */
+    if (ld_relaxed(&pool.nidle) > 0 && ld_relaxed(&pool.nsearching) == 0 && work_visible(true))
+        notify();
+    /* Every worker stuck and work waiting: one more, up to the target; past
+     * it only under overload. */
+    if (live > 0 && stuck == live && work_visible(true) &&
+        (live < pool.target || queued >= (size_t)live * OVERLOAD_RATIO))
+        add_worker();
+    reap(now, live);
+    if (++pool.ticks % TRIM_EVERY_TICKS == 0 && ld_relaxed(&pool.nidle) == live &&
+        !work_visible(true))
+        atap__table_trim(NULL);
+}
+
 void atap__pool_wake_all(void)
 {
     struct worker *w;
@@ -771,10 +836,13 @@ int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size
     unsigned long bcap = (unsigned long)cores * blocking_per_core;
     int rc = 0;
 
-    (void)workers_per_core; /* the target: growth past the floor comes with the manager */
     pool.bcap = bcap < POOL_MAX_THREADS ? (unsigned)bcap : POOL_MAX_THREADS;
     pool.floor = floor;
     pool.ceiling = thread_ceiling(floor);
+    pool.target = (unsigned long)cores * workers_per_core < pool.ceiling
+                      ? (unsigned)(cores * workers_per_core)
+                      : pool.ceiling;
+    pool.ticks = 0;
     st_relaxed(&pool.peak, 0); /* peaks are per run of the runtime */
     pool.stack = stack;
     st_relaxed(&pool.nsearching, 0);

@@ -49,6 +49,7 @@ struct worker {
 extern _Thread_local struct worker *atap__self;
 
 int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size_t stack);
+struct atap_pool_stats;
 /* Waits until no work is queued or running, then stops and joins every
  * thread. The caller has already refused new outside spawns. */
 void atap__pool_stop(void);
@@ -69,6 +70,11 @@ bool atap__pool_help_once(struct worker *w, uint32_t awaited);
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);
 unsigned atap__pool_live_workers(void);
+
+/* The manager's pool policy, every tick: wakes idle workers for work that
+ * waits, grows the pool when every worker is stuck, reaps idle workers
+ * above the floor, trims the table now and then when idle. */
+void atap__pool_tick(uint64_t now);
 
 /* Wakes every idle worker and blocking thread (fault injection). */
 void atap__pool_wake_all(void);

@@ -16,6 +16,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
+#include "manager.h"
 #include "pool.h"
 #include "table.h"
 
@@ -100,6 +101,8 @@ int atap_init(const atap_config *config)
     rc = atap__pool_start(cfg.workers_per_core ? cfg.workers_per_core : DEFAULT_WORKERS_PER_CORE,
                           cfg.blocking_per_core ? cfg.blocking_per_core : DEFAULT_BLOCKING_PER_CORE,
                           cfg.worker_stack ? cfg.worker_stack : DEFAULT_STACK);
+    if (rc == 0 && (rc = atap__manager_start()) != 0)
+        atap__pool_stop();
     st_seqcst(&lifecycle, rc == 0 ? RUNNING : STOPPED);
     return rc;
 }
@@ -120,6 +123,9 @@ int atap_shutdown(void)
     }
     while (ld_seqcst(&inflight) != 0)
         poll_pause();
+    /* The manager first: what it would still start (a later version's
+     * delays and repeats) is written off; the pool then drains. */
+    atap__manager_stop();
     atap__pool_stop();
     st_seqcst(&lifecycle, STOPPED);
     return 0;
@@ -140,8 +146,8 @@ int atap_status(struct atap_status *status)
     atap__pool_stats(&st);
     status->initialised = life == RUNNING;
     status->shutting_down = life == STOPPING;
-    status->manager_alive = false;
-    status->healthy = life == RUNNING && st.workers > 0;
+    status->manager_alive = life == RUNNING && atap__manager_alive();
+    status->healthy = status->manager_alive && st.workers > 0;
     return 0;
 }
 

@@ -41,9 +41,11 @@ static bool wait_deaths(uint64_t want, uint64_t timeout_ns)
 static int spin_a_little(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx;
-    volatile unsigned x = 0;
+    static _Atomic unsigned sink;
+    unsigned x = 0;
     for (unsigned i = 0; i < 2000; i++)
-        x += i;
+        x += i * i;
+    atomic_fetch_add_explicit(&sink, x, memory_order_relaxed); /* keeps the loop */
     uint64_t v = (uint64_t)(uintptr_t)arg;
     memcpy(out, &v, sizeof v);
     return 0;

@@ -1,0 +1,331 @@
+/*
+ * timer_bench: the manager's timer structure (src/timer.c) on its own.
+ *
+ *   cost      TIMER_BENCH_N timers (default 1,000,000) at random deadlines
+ *             1 s .. 10 min ahead, TIMER_BENCH_ROUNDS rounds (default 5),
+ *             medians in ns per timer:
+ *               arm_ns            arming (the inbox grows to N)
+ *               absorb_ns         the manager's share of an arm: drain + file
+ *               arm_pending_ns    re-arming each, N pending on the wheel
+ *               reabsorb_ns       the manager's share of that: unlink + file
+ *               disarm_ns         disarming each, N pending, in arming order
+ *               disarm_random_ns  the same in random order (cache misses)
+ *               drop_ns           the manager meeting the disarmed records
+ *   lateness  TIMER_BENCH_LATE_N timers (default 100,000) due 1..100 ms
+ *             after a start point (the peers' LCG), all armed before it, fired
+ *             by a manager thread that sleeps with clock_nanosleep until the
+ *             deadline run() returns: lateness (fire time - deadline) p50,
+ *             p99, max, min (never negative), wall time from the start
+ *             point to the last fire, runs of the manager.
+ *   idle      TIMER_BENCH_LATE_N timers 5..10 min away, the manager looping
+ *             for TIMER_BENCH_IDLE_MS (default 2000): its CPU use in %.
+ *
+ * Output: one key=value line per figure.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "timer.h"
+
+#define MS UINT64_C(1000000)
+#define SEC (1000 * MS)
+
+static uint64_t clock_ns(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+static size_t env_size(const char *name, size_t dflt)
+{
+    const char *s = getenv(name);
+    char *end;
+    unsigned long long v;
+
+    if (s == NULL || *s == '\0')
+        return dflt;
+    v = strtoull(s, &end, 10);
+    return end == s || v == 0 ? dflt : (size_t)v;
+}
+
+static uint64_t rng(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 17;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- cost ------------------------------------------------------------------ */
+
+static void no_fire(struct atap_timer *t) { (void)t; }
+
+enum { ARM, ABSORB, ARM_PENDING, REABSORB, DISARM_RANDOM, DISARM, DROP, NFIG };
+static const char *const fig_name[NFIG] = {"arm_ns",           "absorb_ns", "arm_pending_ns",
+                                           "reabsorb_ns",      "disarm_random_ns",
+                                           "disarm_ns",        "drop_ns"};
+
+struct cost {
+    struct atap_timers *ts;
+    struct atap_timer *t;
+    uint64_t *deadline;
+    uint32_t *perm;
+    size_t n;
+};
+
+static double per(uint64_t start, size_t n) { return (double)(now_ns() - start) / (double)n; }
+
+static void arm_all(struct cost *c, double *fig)
+{
+    uint64_t t0 = now_ns();
+    for (size_t i = 0; i < c->n; i++)
+        (void)atap__timer_arm(c->ts, &c->t[i], c->deadline[i]);
+    if (fig)
+        *fig = per(t0, c->n);
+}
+
+static void run_timed(struct cost *c, uint64_t at, double *fig)
+{
+    uint64_t t0 = now_ns();
+    (void)atap__timers_run(c->ts, at);
+    if (fig)
+        *fig = per(t0, c->n);
+}
+
+static void disarm_all(struct cost *c, const uint32_t *order, double *fig)
+{
+    uint64_t t0 = now_ns();
+    size_t missed = 0;
+    for (size_t i = 0; i < c->n; i++)
+        missed += !atap__timer_disarm(c->ts, &c->t[order ? order[i] : i]);
+    *fig = per(t0, c->n);
+    if (missed)
+        fprintf(stderr, "timer_bench: %zu disarms found nothing armed\n", missed);
+}
+
+static void cost_round(struct cost *c, uint64_t *seed, double *fig)
+{
+    uint64_t start = now_ns();
+
+    atap__timers_init(c->ts, start);
+    for (size_t i = 0; i < c->n; i++) {
+        uint32_t j = (uint32_t)(rng(seed) % (i + 1)); /* Fisher-Yates, inside out */
+        c->deadline[i] = start + SEC + rng(seed) % (599 * SEC);
+        c->perm[i] = c->perm[j];
+        c->perm[j] = (uint32_t)i;
+    }
+    arm_all(c, &fig[ARM]);
+    run_timed(c, start, &fig[ABSORB]);
+    arm_all(c, &fig[ARM_PENDING]);
+    run_timed(c, start, &fig[REABSORB]);
+    disarm_all(c, c->perm, &fig[DISARM_RANDOM]);
+    arm_all(c, NULL);
+    run_timed(c, start, NULL);
+    disarm_all(c, NULL, &fig[DISARM]);
+    run_timed(c, start + 11 * 60 * SEC, &fig[DROP]);
+    if (atap__timers_pending(c->ts) != 0)
+        fprintf(stderr, "timer_bench: %zu left pending\n", atap__timers_pending(c->ts));
+    atap__timers_destroy(c->ts);
+}
+
+static int bench_cost(size_t n, size_t rounds)
+{
+    struct cost c = {malloc(sizeof *c.ts), calloc(n, sizeof *c.t), malloc(n * sizeof *c.deadline),
+                     malloc(n * sizeof *c.perm), n};
+    double *fig = calloc(rounds * NFIG, sizeof *fig), *col = calloc(rounds, sizeof *col);
+    uint64_t seed = 12345;
+
+    if (!c.ts || !c.t || !c.deadline || !c.perm || !fig || !col) {
+        fprintf(stderr, "timer_bench: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        atap__timer_init(&c.t[i], no_fire);
+    for (size_t r = 0; r < rounds; r++)
+        cost_round(&c, &seed, fig + r * NFIG);
+    for (int f = 0; f < NFIG; f++) {
+        for (size_t r = 0; r < rounds; r++)
+            col[r] = fig[r * NFIG + (size_t)f];
+        printf("%s=%.1f\n", fig_name[f], median(col, rounds));
+    }
+    free(col);
+    free(fig);
+    free(c.perm);
+    free(c.deadline);
+    free(c.t);
+    free(c.ts);
+    return 0;
+}
+
+/* ---- lateness and idle ------------------------------------------------------- */
+
+struct late_timer {
+    struct atap_timer t;
+    uint64_t deadline;
+    int64_t *lateness;
+};
+
+struct manager {
+    struct atap_timers ts;
+    size_t target;  /* stop once this many fired... */
+    uint64_t until; /* ...or at this time */
+    size_t fired, runs;
+    uint64_t cpu_ns; /* the manager thread's CPU time */
+};
+
+static struct manager g_mgr; /* the fire callback runs on its thread */
+
+static void late_fire(struct atap_timer *t)
+{
+    struct late_timer *x = (struct late_timer *)((char *)t - offsetof(struct late_timer, t));
+    *x->lateness = (int64_t)(now_ns() - x->deadline);
+    g_mgr.fired++;
+}
+
+static void sleep_until(uint64_t when)
+{
+    struct timespec ts = {.tv_sec = (time_t)(when / SEC), .tv_nsec = (long)(when % SEC)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* The manager loop: run, sleep until the deadline it returns. (The real one
+ * sleeps in the poller, which an arm that returns true wakes; here
+ * everything is armed before the loop starts, so nothing needs to.) */
+static void *manager_main(void *arg)
+{
+    struct manager *m = arg;
+
+    while (m->fired < m->target) {
+        uint64_t next = atap__timers_run(&m->ts, now_ns());
+        m->runs++;
+        if (next > m->until)
+            next = m->until;
+        if (now_ns() >= m->until)
+            break;
+        sleep_until(next);
+    }
+    m->cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    return NULL;
+}
+
+static int manager_run(void)
+{
+    pthread_t th;
+
+    if (pthread_create(&th, NULL, manager_main, &g_mgr) != 0)
+        return -1;
+    return pthread_join(th, NULL);
+}
+
+static void report_lateness(int64_t *late, size_t n, uint64_t wall)
+{
+    qsort(late, n, sizeof *late, cmp_i64);
+    printf("lateness_n=%zu\n", n);
+    printf("lateness_p50_us=%.1f\n", (double)late[n / 2] / 1e3);
+    printf("lateness_p99_us=%.1f\n", (double)late[n * 99 / 100] / 1e3);
+    printf("lateness_max_us=%.1f\n", (double)late[n - 1] / 1e3);
+    printf("lateness_min_us=%.1f\n", (double)late[0] / 1e3);
+    printf("lateness_never_early=%s\n", late[0] >= 0 ? "yes" : "NO");
+    printf("lateness_wall_ms=%.1f\n", (double)wall / 1e6);
+    printf("lateness_runs=%zu\n", g_mgr.runs);
+}
+
+static int bench_lateness(size_t n)
+{
+    struct late_timer *x = calloc(n, sizeof *x);
+    int64_t *late = calloc(n, sizeof *late);
+    uint64_t seed = 12345, start;
+
+    if (!x || !late)
+        return 1;
+    start = now_ns();
+    atap__timers_init(&g_mgr.ts, start);
+    start += 20 * MS; /* arming 100,000 takes a few ms: start after it */
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        x[i].deadline = start + (1 + (seed >> 33) % 100) * MS; /* as the peers' LCG */
+        x[i].lateness = &late[i];
+        atap__timer_init(&x[i].t, late_fire);
+        (void)atap__timer_arm(&g_mgr.ts, &x[i].t, x[i].deadline);
+    }
+    g_mgr.target = n;
+    g_mgr.until = UINT64_MAX;
+    if (now_ns() > start)
+        fprintf(stderr, "timer_bench: arming took past the start point\n");
+    if (manager_run() != 0 || g_mgr.fired != n)
+        fprintf(stderr, "timer_bench: %zu of %zu fired\n", g_mgr.fired, n);
+    report_lateness(late, n, now_ns() - start);
+    atap__timers_destroy(&g_mgr.ts);
+    free(late);
+    free(x);
+    return 0;
+}
+
+static int bench_idle(size_t n, uint64_t ms)
+{
+    struct late_timer *x = calloc(n, sizeof *x);
+    int64_t sink;
+    uint64_t seed = 777, start;
+
+    if (!x)
+        return 1;
+    start = now_ns();
+    memset(&g_mgr, 0, sizeof g_mgr);
+    atap__timers_init(&g_mgr.ts, start);
+    for (size_t i = 0; i < n; i++) {
+        x[i].deadline = start + 300 * SEC + rng(&seed) % (300 * SEC);
+        x[i].lateness = &sink;
+        atap__timer_init(&x[i].t, late_fire);
+        (void)atap__timer_arm(&g_mgr.ts, &x[i].t, x[i].deadline);
+    }
+    g_mgr.target = n;
+    g_mgr.until = now_ns() + ms * MS;
+    if (manager_run() != 0)
+        return 1;
+    printf("idle_pending=%zu\n", atap__timers_pending(&g_mgr.ts));
+    printf("idle_runs=%zu\n", g_mgr.runs);
+    printf("idle_cpu_pct=%.3f\n", 100.0 * (double)g_mgr.cpu_ns / (double)(ms * MS));
+    atap__timers_destroy(&g_mgr.ts);
+    free(x);
+    return 0;
+}
+
+int main(void)
+{
+    size_t n = env_size("TIMER_BENCH_N", 1000000);
+    size_t rounds = env_size("TIMER_BENCH_ROUNDS", 5);
+    size_t late_n = env_size("TIMER_BENCH_LATE_N", 100000);
+    size_t idle_ms = env_size("TIMER_BENCH_IDLE_MS", 2000);
+
+    printf("n=%zu\nrounds=%zu\n", n, rounds);
+    if (bench_cost(n, rounds) != 0)
+        return 1;
+    if (bench_lateness(late_n) != 0)
+        return 1;
+    return bench_idle(late_n, idle_ms);
+}

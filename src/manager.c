@@ -1,0 +1,225 @@
+/*
+ * The manager: the one thread that owns time. It sleeps in the event backend
+ * until the earliest timer or a wake, fires the timers that are due, and
+ * every MANAGER_TICK applies the pool policy (atap__pool_tick). It never
+ * runs a task. The pool finds its own work whether a manager runs or not:
+ * without one the runtime stops adapting, it does not stop working.
+ *
+ * A supervisor thread runs the manager and restarts it when it dies: after
+ * RESTART_BACKOFF x consecutive failures; the count starts over once a
+ * manager has lived RESTART_WINDOW; past RESTART_LIMIT failures within that
+ * window the supervisor gives up. The timer structure and the poller belong
+ * to the runtime, not to one manager's life, so a restart loses no armed
+ * timer and fires none twice: only the manager of the moment touches the
+ * structure, and the next one carries on from where the last one stopped.
+ *
+ * Lifecycle: mgr.state is RUNNING while a manager lives, RESTARTING between
+ * lives, GONE once the supervisor gave up, STOPPED after a shutdown. `stop`
+ * is set once by atap__manager_stop, which then wakes the poller and the
+ * supervisor's backoff sleep, and joins the supervisor (which joined the
+ * manager): nothing of the manager runs after it returns. The poller is
+ * opened once and kept for the process's life, so a wake from any thread at
+ * any moment (even racing a shutdown) pokes a live object.
+ */
+#include "manager.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+#include "atomics.h"
+#include "faults.h"
+#include "poller.h"
+#include "pool.h"
+#include "schedule.h"
+#include "timer.h"
+#include "wait.h"
+
+#define MANAGER_TICK_NS 10000000u       /* 10 ms */
+#define RESTART_BACKOFF_NS 10000000u    /* x consecutive failures */
+#define RESTART_WINDOW_NS 5000000000ull /* a life this long resets the count */
+#define RESTART_LIMIT 5
+
+#define M_STOPPED 0
+#define M_RUNNING 1
+#define M_RESTARTING 2
+#define M_GONE 3
+
+static struct {
+    _Atomic(struct atap_poller *) poller;
+    struct atap_timers timers;
+    pthread_t supervisor;
+    _Atomic int state;
+    _Atomic uint32_t stop; /* futex word: the supervisor's backoff sleeps on it */
+    _Atomic bool closed;   /* takes no more timers (stopping, or gone) */
+    _Atomic unsigned restarts;
+} mgr;
+
+#ifdef ATAP_FAULT_INJECTION
+static _Atomic unsigned owed_faults;
+
+void atap_inject_manager_faults(unsigned n)
+{
+    add_relaxed(&owed_faults, n);
+    atap__manager_wake();
+}
+#define MANAGER_FALLS_APART() atap__fault_take(&owed_faults)
+#define FORGET_FAULTS() st_relaxed(&owed_faults, 0)
+#else
+#define FORGET_FAULTS() ((void)0)
+#define MANAGER_FALLS_APART() false
+#endif
+
+/* One life of the manager. Returns true if it died, false if stopped. */
+static bool manager_life(void)
+{
+    struct atap_poller_event events[16];
+    uint64_t now = atap__now_ns(), next_tick = now + MANAGER_TICK_NS, wake_at;
+
+    while (!ld_acquire(&mgr.stop)) {
+        if (MANAGER_FALLS_APART())
+            return true;
+        now = atap__now_ns();
+        wake_at = atap__timers_run(&mgr.timers, now);
+        if (now >= next_tick) {
+            atap__pool_tick(now);
+            next_tick = now + MANAGER_TICK_NS;
+        }
+        wake_at = wake_at < next_tick ? wake_at : next_tick;
+        if (atap__poller_wait(ld_relaxed(&mgr.poller), events, 16,
+                              wake_at > now ? wake_at - now : 0) < 0)
+            return true; /* the backend failed under us: die and be restarted */
+    }
+    return false;
+}
+
+static void *manager_main(void *arg)
+{
+    (void)arg;
+#if defined(__linux__)
+    pthread_setname_np(pthread_self(), "atap-manager");
+#elif defined(__APPLE__)
+    pthread_setname_np("atap-manager");
+#endif
+    return manager_life() ? (void *)1 : NULL;
+}
+
+/* Sleeps ns unless a stop comes first. */
+static void backoff(uint64_t ns)
+{
+    uint64_t end = atap__deadline(atap__now_ns(), ns), now;
+
+    while (!ld_acquire(&mgr.stop) && (now = atap__now_ns()) < end)
+        atap__word_wait(&mgr.stop, 0, end - now);
+}
+
+/* No manager will run again: every task a timer would have started again is
+ * written off. An arm racing this sees `closed` after its arm and disarms
+ * (schedule.c); take_all and that disarm decide who writes the task off. */
+static void close_timers(void)
+{
+    st_seqcst(&mgr.closed, true);
+    atap__timers_take_all(&mgr.timers, atap__sched_write_off, NULL);
+}
+
+static void *supervisor_main(void *arg)
+{
+    unsigned failures = 0;
+    pthread_t manager;
+    void *died;
+
+    (void)arg;
+    while (!ld_acquire(&mgr.stop)) {
+        uint64_t born = atap__now_ns();
+
+        st_release(&mgr.state, M_RUNNING);
+        if (pthread_create(&manager, NULL, manager_main, NULL) != 0)
+            died = (void *)1;
+        else
+            pthread_join(manager, &died);
+        if (!died)
+            break; /* stopped */
+        st_release(&mgr.state, M_RESTARTING);
+        add_relaxed(&mgr.restarts, 1);
+        failures = atap__now_ns() - born >= RESTART_WINDOW_NS ? 1 : failures + 1;
+        if (failures > RESTART_LIMIT) {
+            FORGET_FAULTS(); /* what was owed died with the supervisor */
+            close_timers();
+            st_release(&mgr.state, M_GONE);
+            return NULL;
+        }
+        backoff((uint64_t)RESTART_BACKOFF_NS * failures);
+    }
+    st_release(&mgr.state, M_STOPPED);
+    return NULL;
+}
+
+int atap__manager_start(void)
+{
+    struct atap_poller *p = ld_acquire(&mgr.poller);
+    int rc;
+
+    if (!p) { /* once: starts are serialised by the runtime's lifecycle */
+        if ((rc = atap__poller_open(&p)) != 0)
+            return rc;
+        st_release(&mgr.poller, p);
+    }
+    atap__timers_init(&mgr.timers, atap__now_ns());
+    st_relaxed(&mgr.stop, 0);
+    st_relaxed(&mgr.restarts, 0);
+    st_seqcst(&mgr.closed, false);
+    st_release(&mgr.state, M_RUNNING);
+    if ((rc = pthread_create(&mgr.supervisor, NULL, supervisor_main, NULL)) != 0) {
+        st_release(&mgr.state, M_STOPPED);
+        return -rc;
+    }
+    return 0;
+}
+
+void atap__manager_stop(void)
+{
+    if (ld_acquire(&mgr.state) == M_STOPPED)
+        return;
+    st_release(&mgr.stop, 1);
+    atap__word_wake(&mgr.stop, true);
+    atap__poller_wake(ld_acquire(&mgr.poller));
+    pthread_join(mgr.supervisor, NULL);
+    /* No manager runs now: the structure is ours. What is still armed will
+     * never fire: written off (a delay pending at shutdown reads FAILED). */
+    if (ld_acquire(&mgr.state) != M_GONE)
+        close_timers();
+    atap__timers_destroy(&mgr.timers);
+    st_release(&mgr.state, M_STOPPED);
+}
+
+void atap__manager_wake(void)
+{
+    struct atap_poller *p = ld_acquire(&mgr.poller);
+
+    if (p)
+        atap__poller_wake(p);
+}
+
+bool atap__manager_alive(void)
+{
+    return ld_acquire(&mgr.state) == M_RUNNING;
+}
+
+bool atap__manager_accepting(void)
+{
+    return !ld_seqcst(&mgr.closed);
+}
+
+bool atap__manager_gone(void)
+{
+    return ld_acquire(&mgr.state) == M_GONE;
+}
+
+unsigned atap__manager_restarts(void)
+{
+    return ld_relaxed(&mgr.restarts);
+}
+
+struct atap_timers *atap__manager_timers(void)
+{
+    return &mgr.timers;
+}

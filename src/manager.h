@@ -1,0 +1,28 @@
+/*
+ * The manager thread and its supervisor (manager.c).
+ */
+#ifndef ATAP_MANAGER_H
+#define ATAP_MANAGER_H
+
+#include <stdbool.h>
+
+struct atap_timers;
+
+/* Starts the supervisor, which starts the manager. 0 or -errno. */
+int atap__manager_start(void);
+/* Stops and joins both; every timer still armed is let go of, unfired. */
+void atap__manager_stop(void);
+/* Makes the manager look at its timers now (any thread). */
+void atap__manager_wake(void);
+
+bool atap__manager_alive(void); /* a manager is running */
+bool atap__manager_gone(void);  /* the supervisor gave up */
+/* Whether an armed timer will be fired: false once a shutdown or the
+ * supervisor giving up closed the structure (seq_cst, see schedule.c). */
+bool atap__manager_accepting(void);
+unsigned atap__manager_restarts(void);
+
+/* The runtime's timer structure (the manager drives it). */
+struct atap_timers *atap__manager_timers(void);
+
+#endif

@@ -1,0 +1,261 @@
+/*
+ * poller.h on macOS and FreeBSD: kqueue, and an EVFILT_USER event for wakes.
+ *
+ * A watch is one EV_ONESHOT knote per direction (EVFILT_READ, EVFILT_WRITE)
+ * carrying the caller's udata. The kernel deletes a one-shot knote as it
+ * reports it, so a hung-up fd (EV_EOF) is reported once per arming. watch()
+ * sends both filters in one kevent() call: EV_ADD for each direction asked,
+ * EV_DELETE for the other, so a re-watch replaces the interest (EV_ADD on a
+ * knote that exists updates its udata). Every change carries EV_RECEIPT, so
+ * each gets its own result in the event list and none is cut short by
+ * another's error; a delete that finds nothing (ENOENT: never armed, or
+ * already fired) is no error. Results are matched by filter, since FreeBSD
+ * overwrites a receipt's flags with EV_ERROR alone. As poller.h says, with
+ * READ|WRITE the direction that did not fire stays armed.
+ *
+ * Wakes: one EVFILT_USER knote (ident 0, EV_CLEAR) added at open. wake()
+ * triggers it (NOTE_TRIGGER); retrieving it resets it (EV_CLEAR), which is
+ * the drain before the waiter takes the wake flag (poller.h). User-event
+ * idents are a namespace of their own, so ident 0 collides with no fd.
+ *
+ * Timeouts: kevent takes a timespec, so nanoseconds pass through unrounded;
+ * the kernel rounds up to its own clock (FreeBSD's sbintime, XNU's
+ * absolute-time deadline plus leeway), never down. Timers are the manager's
+ * (timer.c): no EVFILT_TIMER here, so no NOTE_NSECONDS either.
+ *
+ * Close-on-exec: kqueuex(KQUEUE_CLOEXEC) on FreeBSD 14+, kqueue1(O_CLOEXEC)
+ * on NetBSD, else kqueue() then FD_CLOEXEC. The gap before the fcntl leaks
+ * nothing into a child's exec: a kqueue is not inherited across fork().
+ */
+#include "poller.h"
+
+#include <sys/types.h>
+#include <sys/event.h>
+#include <sys/time.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "atomics.h"
+
+#define WAKE_IDENT 0
+
+struct atap_poller {
+    int kq;
+    _Atomic uint32_t pending;              /* a wake is pending (poller.h) */
+    struct kevent buf[ATAP__POLLER_BATCH]; /* the waiter's */
+};
+
+static const struct timespec zero_ts = {0, 0};
+
+static int open_kq(void)
+{
+    int kq;
+
+#if defined(KQUEUE_CLOEXEC)
+    kq = kqueuex(KQUEUE_CLOEXEC);
+#elif defined(__NetBSD__)
+    kq = kqueue1(O_CLOEXEC);
+#else
+    kq = kqueue();
+    if (kq >= 0 && fcntl(kq, F_SETFD, FD_CLOEXEC) < 0) {
+        int err = errno;
+
+        close(kq);
+        errno = err;
+        return -1;
+    }
+#endif
+    return kq;
+}
+
+/* kevent() with a changelist and no wait; EINTR retried (the man page: all
+ * changes were applied, and applying them again changes nothing). */
+static int apply(struct atap_poller *p, const struct kevent *ch, int nch, struct kevent *res,
+                 int nres)
+{
+    int n;
+
+    do {
+        n = kevent(p->kq, ch, nch, res, nres, &zero_ts);
+    } while (n < 0 && errno == EINTR);
+    return n < 0 ? -errno : n;
+}
+
+/* Arms the filters for `events` and deletes the others. 0 or -errno. */
+static int arm(struct atap_poller *p, int fd, unsigned events, void *udata)
+{
+    const unsigned short add = EV_ADD | EV_ONESHOT | EV_RECEIPT, del = EV_DELETE | EV_RECEIPT;
+    struct kevent ch[2], res[2];
+    int n, rc = 0;
+
+    EV_SET(&ch[0], (uintptr_t)fd, EVFILT_READ, (events & ATAP__POLL_READ) ? add : del, 0, 0, udata);
+    EV_SET(&ch[1], (uintptr_t)fd, EVFILT_WRITE, (events & ATAP__POLL_WRITE) ? add : del, 0, 0,
+           udata);
+    n = apply(p, ch, 2, res, 2);
+    if (n < 0)
+        return n;
+    for (int i = 0; i < n; i++) {
+        unsigned dir = res[i].filter == EVFILT_READ ? ATAP__POLL_READ : ATAP__POLL_WRITE;
+
+        if (!(res[i].flags & EV_ERROR) || res[i].data == 0)
+            continue;
+        if (!(events & dir) && res[i].data == ENOENT)
+            continue; /* nothing to delete */
+        if (rc == 0)
+            rc = -(int)res[i].data;
+    }
+    return rc;
+}
+
+static unsigned from_kevent(const struct kevent *e)
+{
+    unsigned r;
+
+    if (e->flags & EV_ERROR)
+        return ATAP__POLL_ERR;
+    r = e->filter == EVFILT_WRITE ? ATAP__POLL_WRITE : ATAP__POLL_READ;
+    if (e->flags & EV_EOF) {
+        r |= ATAP__POLL_HUP;
+        if (e->fflags != 0) /* sockets: the pending error */
+            r |= ATAP__POLL_ERR;
+    }
+    return r;
+}
+
+static int once(struct atap_poller *p, struct atap_poller_event *events, int max, uint64_t ns,
+                bool *woke)
+{
+    struct timespec ts, *tsp = NULL;
+    int n, out = 0;
+
+    if (ns != ATAP__FOREVER) {
+        ts.tv_sec = (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        tsp = &ts;
+    }
+    n = kevent(p->kq, NULL, 0, p->buf, max, tsp);
+    if (n < 0)
+        return -errno;
+    for (int i = 0; i < n; i++) {
+        const struct kevent *e = &p->buf[i];
+
+        if (e->filter == EVFILT_USER) {
+            *woke = atap__poller_wake_take(&p->pending);
+            continue;
+        }
+        events[out++] = (struct atap_poller_event){
+            .udata = (void *)e->udata, .events = from_kevent(e), .kind = ATAP__WATCH_FD};
+    }
+    return out;
+}
+
+int atap__poller_open(struct atap_poller **out)
+{
+    struct atap_poller *p;
+    struct kevent ev;
+    int rc;
+
+    if (out == NULL)
+        return -EINVAL;
+    *out = NULL;
+    p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return -ENOMEM;
+    atomic_init(&p->pending, 0u);
+    p->kq = open_kq();
+    if (p->kq < 0) {
+        rc = -errno;
+        free(p);
+        return rc;
+    }
+    EV_SET(&ev, WAKE_IDENT, EVFILT_USER, EV_ADD | EV_CLEAR, NOTE_FFNOP, 0, NULL);
+    rc = apply(p, &ev, 1, NULL, 0);
+    if (rc < 0) {
+        atap__poller_close(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void atap__poller_close(struct atap_poller *p)
+{
+    if (p == NULL)
+        return;
+    if (p->kq >= 0)
+        close(p->kq);
+    free(p);
+}
+
+static int check_fd(const struct atap_poller *p, int fd)
+{
+    if (p == NULL)
+        return -EINVAL;
+    if (fd < 0)
+        return -EBADF;
+    if (fd == p->kq)
+        return -EINVAL;
+    return 0;
+}
+
+int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *udata)
+{
+    int rc = check_fd(p, fd);
+
+    if (rc < 0)
+        return rc;
+    if (events == 0 || (events & ~(ATAP__POLL_READ | ATAP__POLL_WRITE)))
+        return -EINVAL;
+    rc = arm(p, fd, events, udata);
+    if (rc < 0)
+        (void)arm(p, fd, 0, NULL); /* no half watch: one filter may have been added */
+    return rc;
+}
+
+int atap__poller_unwatch(struct atap_poller *p, int fd)
+{
+    int rc = check_fd(p, fd);
+
+    return rc < 0 ? rc : arm(p, fd, 0, NULL);
+}
+
+int atap__poller_wait(struct atap_poller *p, struct atap_poller_event *events, int max,
+                      uint64_t timeout_ns)
+{
+    return atap__poller_loop(p, events, max, timeout_ns, once);
+}
+
+int atap__poller_wake(struct atap_poller *p)
+{
+    struct kevent ev;
+    int saved = errno, rc;
+
+    if (p == NULL)
+        return -EINVAL;
+    if (!atap__poller_wake_claim(&p->pending))
+        return 0;
+    EV_SET(&ev, WAKE_IDENT, EVFILT_USER, 0, NOTE_TRIGGER, 0, NULL);
+    rc = apply(p, &ev, 1, NULL, 0);
+    if (rc < 0)
+        st_release(&p->pending, 0u);
+    else
+        rc = 0;
+    errno = saved;
+    return rc;
+}
+
+const char *atap__poller_name(void) { return "kqueue"; }
+
+int atap__poller_fds(struct atap_poller *p, int *fds, int max)
+{
+    if (p == NULL || fds == NULL || max < 0)
+        return -EINVAL;
+    if (max == 0)
+        return 0;
+    fds[0] = p->kq;
+    return 1;
+}

@@ -1,0 +1,393 @@
+/*
+ * Tasks that use time: a start delay (after_ns), a limit on each run
+ * (timeout_ns), and repeats (ATAP_REPEAT: back to back, or every_ns from one
+ * run's end to the next start, bounded by runs, for_ns or until_ns).
+ *
+ * A scheduled task has a `struct sched` in slot->ext with two timer records
+ * on the manager's structure: `start` (a delay or a gap; its fire queues the
+ * next run) and `limit` (the run timeout; its fire ends the task TIMED_OUT).
+ *
+ * Who holds the RUN reference (slot.h): exactly one of the queue entry, the
+ * armed `start` timer, or the thread running the task. It passes along that
+ * chain and is dropped by whoever ends the series: the runner (runs used up,
+ * deadline passed, failure, cancel or timeout seen at the end of a run),
+ * the popper of a cancelled queued entry (executor), the canceller that
+ * disarms a pending `start` (atap__sched_cancelled: exactly one of fire and
+ * disarm wins), or the write-off of a timer the manager lets go of.
+ *
+ * States of a repeat: PENDING until the first run, RUNNING during a run,
+ * READY or TAKEN between runs (the last output readable), and one of
+ * CANCELLED, TIMED_OUT, FAILED at an end that is not the series running
+ * out. Claiming a run is a CAS from PENDING, READY or TAKEN to RUNNING, and
+ * only a scheduled task's queue entry ever does it from READY or TAKEN.
+ * `finished` is set before the RUN reference is dropped and never cleared.
+ *
+ * A repeat's run writes into `scratch`; publishing copies it to the slot's
+ * output under `out_lock` (a spin reader-writer word: readers count up, the
+ * publisher holds WRITER), so a join or take never reads a half-written
+ * output, and a take that moved an output out is never overwritten by the
+ * copy it saw (it checks READY and moves to TAKEN under the read lock).
+ *
+ * When the manager stops taking timers (shutdown, or its supervisor gave
+ * up), an arm that lands afterwards is disarmed again by its caller, and
+ * whoever wins that disarm writes the task off: no task waits on a timer
+ * nobody will fire.
+ */
+#include "schedule.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "atomics.h"
+#include "executor.h"
+#include "faults.h"
+#include "manager.h"
+#include "pool.h"
+#include "table.h"
+#include "timer.h"
+#include "wait.h"
+
+#define OUT_WRITER 0x80000000u
+
+struct sched {
+    struct atap_timer start; /* delay or gap: queues the next run */
+    struct atap_timer limit; /* the running run's timeout */
+    uint32_t index;          /* the slot (its generation is read from it) */
+    uint8_t kind;
+    bool blocking;
+    _Atomic bool finished;        /* the series ran out: no run follows */
+    _Atomic uint32_t out_lock;    /* readers | OUT_WRITER */
+    _Atomic uint32_t running_gen; /* the generation the limit timer is for */
+    bool out_live;                /* an output is in the slot, not taken (runner) */
+    bool limit_armed;             /* the runner armed `limit` for this run */
+    uint64_t after, every, timeout, for_ns, deadline; /* deadline: UINT64_MAX none */
+    uint32_t runs, done;
+    void *scratch; /* a repeat's run writes here (out_size bytes) */
+};
+
+static struct sched *sched_of(struct atap_slot *s)
+{
+    return s->ext;
+}
+
+static struct sched *start_owner(struct atap_timer *t)
+{
+    return (struct sched *)((char *)t - offsetof(struct sched, start));
+}
+
+static struct sched *limit_owner(struct atap_timer *t)
+{
+    return (struct sched *)((char *)t - offsetof(struct sched, limit));
+}
+
+/* ---- checking and attaching -------------------------------------------- */
+
+int atap__sched_check(const atap_spawn_opts *o)
+{
+    bool repeats = o->kind == ATAP_REPEAT || o->kind == ATAP_AT_RATE;
+
+    if (o->kind != ATAP_ONCE && !repeats)
+        return ATAP_EINVAL;
+    if (!repeats && (o->every_ns || o->runs || o->for_ns || o->until_ns))
+        return ATAP_EINVAL;
+    if (o->for_ns && o->until_ns)
+        return ATAP_EINVAL;
+    if (o->kind == ATAP_AT_RATE)
+        return o->every_ns == 0 ? ATAP_EINVAL : -ENOTSUP;
+    return 0;
+}
+
+bool atap__sched_wanted(const atap_spawn_opts *o)
+{
+    return o->after_ns || o->timeout_ns || o->kind != ATAP_ONCE;
+}
+
+static void fire_start(struct atap_timer *t);
+static void fire_limit(struct atap_timer *t);
+
+int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o)
+{
+    struct sched *c = calloc(1, sizeof *c);
+
+    if (!c)
+        return -ENOMEM;
+    if (o->kind == ATAP_REPEAT && o->out_size && !(c->scratch = malloc(o->out_size))) {
+        free(c);
+        return -ENOMEM;
+    }
+    atap__timer_init(&c->start, fire_start);
+    atap__timer_init(&c->limit, fire_limit);
+    c->index = index;
+    c->kind = (uint8_t)o->kind;
+    c->blocking = o->blocking;
+    c->after = o->after_ns;
+    c->every = o->every_ns;
+    c->timeout = o->timeout_ns;
+    c->for_ns = o->for_ns;
+    c->deadline = o->until_ns ? o->until_ns : UINT64_MAX;
+    c->runs = o->runs;
+    s->ext = c;
+    return 0;
+}
+
+void atap__sched_destroy(struct atap_slot *s)
+{
+    struct sched *c = sched_of(s);
+
+    free(c->scratch);
+    free(c);
+    s->ext = NULL;
+}
+
+/* ---- timers ------------------------------------------------------------- */
+
+/* Ends a task whose next run will never come: FAILED unless it already
+ * ended otherwise, then its RUN reference goes. */
+static void write_off(struct sched *c)
+{
+    struct atap_slot *s = atap__table_at(c->index);
+    uint32_t gen = word_gen(ld_acquire(&s->word));
+
+    atap__exec_end(s, c->index, gen, ST_FAILED);
+}
+
+/* Arms t; if the manager no longer takes timers and the disarm wins, the
+ * caller's RUN reference is written off instead (start) or simply unneeded
+ * (limit). Returns whether t stays armed. */
+static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
+{
+    struct atap_timers *ts = atap__manager_timers();
+
+    if (atap__timer_arm(ts, t, deadline))
+        atap__manager_wake();
+    /* seq_cst handshake with the manager's close: it marks itself closed,
+     * then takes every record; we armed, then look. One of us sees the
+     * other, and take_all and disarm decide between them who owns it. */
+    fence_seqcst();
+    if (atap__manager_accepting() || !atap__timer_disarm(ts, t))
+        return true;
+    if (t == &c->start)
+        write_off(c);
+    return false;
+}
+
+static void fire_start(struct atap_timer *t)
+{
+    struct sched *c = start_owner(t);
+
+    atap__pool_submit(c->index + 1, atap__table_at(c->index)->priority, c->blocking);
+}
+
+static void fire_limit(struct atap_timer *t)
+{
+    struct sched *c = limit_owner(t);
+    struct atap_slot *s = atap__table_at(c->index);
+
+    /* Only the run it was armed for, and only if still running: RUNNING ->
+     * TIMED_OUT, and readers see it at once. The run ends unseen. */
+    atap__exec_stop(s, ld_acquire(&c->running_gen), ST_RUNNING, ST_TIMED_OUT);
+}
+
+void atap__sched_write_off(struct atap_timer *t, void *arg)
+{
+    (void)arg;
+    if (t->fire == fire_start)
+        write_off(start_owner(t));
+    /* A limit timer's run is under way: its runner ends it. */
+}
+
+void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking)
+{
+    struct sched *c = sched_of(s);
+
+    (void)gen;
+    if (c->after)
+        arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
+    else
+        atap__pool_submit(index + 1, s->priority, blocking);
+}
+
+/* ---- a run -------------------------------------------------------------- */
+
+static bool may_claim(struct sched *c, uint32_t state)
+{
+    if (state == ST_PENDING)
+        return true;
+    return c->kind == ATAP_REPEAT && (state == ST_READY || state == ST_TAKEN) &&
+           !ld_acquire(&c->finished);
+}
+
+/* Ends the series with its last output standing: no run follows. */
+static void finish(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    st_release(&c->finished, true);
+    atap__exec_release_run(s, c->index, gen);
+}
+
+bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
+{
+    struct sched *c = sched_of(s);
+    uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
+    uint64_t now = atap__now_ns();
+
+    /* A repeat's next run that would start past its deadline never starts. */
+    if (c->done > 0 && now > c->deadline && may_claim(c, word_state(cur))) {
+        finish(s, c, gen);
+        return false;
+    }
+    do {
+        if (!may_claim(c, word_state(cur))) { /* ended while queued */
+            atap__exec_release_run(s, c->index, gen);
+            return false;
+        }
+    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+    c->out_live = word_state(cur) == ST_READY;
+    if (c->done == 0 && c->for_ns)
+        c->deadline = atap__deadline(now, c->for_ns);
+    c->limit_armed = false;
+    if (c->timeout) {
+        st_release(&c->running_gen, gen);
+        c->limit_armed = arm(c, &c->limit, atap__deadline(now, c->timeout));
+    }
+    *gen_out = gen;
+    return true;
+}
+
+void *atap__sched_output(struct atap_slot *s)
+{
+    struct sched *c = sched_of(s);
+
+    return c->kind == ATAP_REPEAT ? c->scratch : slot_out(s);
+}
+
+/* A repeat's new output replaces the one standing, under the write lock,
+ * and only while the run still counts (RUNNING): then READY. */
+static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    uint32_t unlocked = 0, cur;
+    bool ok;
+
+    while (!atomic_compare_exchange_weak_explicit(&c->out_lock, &unlocked, OUT_WRITER,
+                                                  memory_order_acquire, memory_order_relaxed)) {
+        unlocked = 0;
+        cpu_relax();
+    }
+    cur = ld_acquire(&s->word);
+    if ((ok = word_gen(cur) == gen && word_state(cur) == ST_RUNNING) && s->out_size) {
+        if (c->out_live && s->out_free)
+            s->out_free(slot_out(s)); /* replaced before anyone took it */
+        memcpy(slot_out(s), c->scratch, s->out_size);
+        s->flags |= SF_OUT_FILLED;
+    }
+    if (ok)
+        ok = atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
+    st_release(&c->out_lock, 0);
+    return ok;
+}
+
+/* After a repeat's run published: the next run, or the end of the series. */
+static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    uint64_t now = atap__now_ns();
+
+    c->done++;
+    if (!atap__manager_accepting()) { /* shutting down, or no manager left */
+        atap__exec_end(s, c->index, gen, ST_FAILED);
+        return;
+    }
+    if ((c->runs && c->done >= c->runs) || now > c->deadline) {
+        finish(s, c, gen);
+        return;
+    }
+    if (c->every == 0) {
+        atap__pool_submit(c->index + 1, s->priority, c->blocking);
+        return;
+    }
+    if (atap__deadline(now, c->every) > c->deadline) {
+        finish(s, c, gen);
+        return;
+    }
+    arm(c, &c->start, atap__deadline(now, c->every));
+}
+
+void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
+{
+    struct sched *c = sched_of(s);
+
+    /* A limit that could not be disarmed fired, or is firing, for this run:
+     * the run is over time whatever it returned. */
+    if (c->limit_armed && !atap__timer_disarm(atap__manager_timers(), &c->limit))
+        atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT);
+    if (rc != 0) {
+        atap__exec_end(s, c->index, gen, ST_FAILED);
+        return;
+    }
+    if (c->kind != ATAP_REPEAT) {
+        s->flags |= SF_OUT_FILLED;
+        atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
+        finish(s, c, gen);
+        return;
+    }
+    if (!publish(s, c, gen)) { /* cancelled or timed out during the run */
+        finish(s, c, gen);
+        return;
+    }
+    next_run(s, c, gen);
+}
+
+/* ---- cancelling, reading ------------------------------------------------- */
+
+bool atap__sched_cancellable(struct atap_slot *s, uint32_t state)
+{
+    struct sched *c = sched_of(s);
+
+    if (state == ST_PENDING || state == ST_RUNNING)
+        return true;
+    return c->kind == ATAP_REPEAT && (state == ST_READY || state == ST_TAKEN) &&
+           !ld_acquire(&c->finished);
+}
+
+void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    struct sched *c = sched_of(s);
+
+    /* A pending delay or gap: whoever wins fire-or-disarm owns RUN. */
+    if (atap__timer_disarm(atap__manager_timers(), &c->start))
+        atap__exec_release_run(s, index, gen);
+}
+
+bool atap__sched_finished(struct atap_slot *s, uint32_t state)
+{
+    struct sched *c = sched_of(s);
+
+    if (state == ST_CANCELLED || state == ST_TIMED_OUT || state == ST_FAILED)
+        return true;
+    return state_terminal(state) && (c->kind != ATAP_REPEAT || ld_acquire(&c->finished));
+}
+
+void atap__sched_read_lock(struct atap_slot *s)
+{
+    struct sched *c = sched_of(s);
+    uint32_t cur = ld_relaxed(&c->out_lock);
+
+    if (c->kind != ATAP_REPEAT)
+        return;
+    for (;;) {
+        if (!(cur & OUT_WRITER) &&
+            atomic_compare_exchange_weak_explicit(&c->out_lock, &cur, cur + 1,
+                                                  memory_order_acquire, memory_order_relaxed))
+            return;
+        cpu_relax();
+        cur = ld_relaxed(&c->out_lock);
+    }
+}
+
+void atap__sched_read_unlock(struct atap_slot *s)
+{
+    struct sched *c = sched_of(s);
+
+    if (c->kind == ATAP_REPEAT)
+        atomic_fetch_sub_explicit(&c->out_lock, 1, memory_order_release);
+}

@@ -1,0 +1,56 @@
+/*
+ * Tasks that use time: start delays, run timeouts and repeats (schedule.c).
+ * A plain one-shot has no schedule (slot->ext is NULL) and never comes here.
+ */
+#ifndef ATAP_SCHEDULE_H
+#define ATAP_SCHEDULE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "atap.h"
+#include "slot.h"
+
+struct atap_timer;
+struct worker;
+
+/* 0, ATAP_EINVAL for a combination that makes no sense, -ENOTSUP. */
+int atap__sched_check(const atap_spawn_opts *o);
+/* Whether the options need a schedule at all. */
+bool atap__sched_wanted(const atap_spawn_opts *o);
+/* Gives a freshly filled slot its schedule (s->ext). 0 or -ENOMEM. */
+int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o);
+/* The slot is published PENDING with its RUN reference: queue it, or arm
+ * its start delay. */
+void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking);
+
+/* exec_run's half for a scheduled task. claim: takes a run (false: there is
+ * nothing to run and the RUN reference has been dealt with); output: where
+ * the run writes; done: publishes and queues or arms the next run, or ends
+ * the series. */
+bool atap__sched_claim(struct atap_slot *s, uint32_t *gen);
+void *atap__sched_output(struct atap_slot *s);
+void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc);
+
+/* A cancel that won: stops a pending delay or gap. */
+void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);
+/* atap_cancel's rule for a scheduled task: whether state may still be
+ * cancelled (a repeat between runs, not finished, may). */
+bool atap__sched_cancellable(struct atap_slot *s, uint32_t state);
+/* Whether the task will not run again. */
+bool atap__sched_finished(struct atap_slot *s, uint32_t state);
+
+/* Reading a repeat's output: the output is rewritten by every run, so a
+ * reader holds it against the publisher. */
+void atap__sched_read_lock(struct atap_slot *s);
+void atap__sched_read_unlock(struct atap_slot *s);
+
+/* Frees the schedule when the slot goes. */
+void atap__sched_destroy(struct atap_slot *s);
+
+/* The manager's timers are being let go of (shutdown, or the manager gone
+ * for good): each task they would have started again ends FAILED. For
+ * atap__timers_take_all. */
+void atap__sched_write_off(struct atap_timer *t, void *arg);
+
+#endif

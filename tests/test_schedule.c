@@ -1,0 +1,384 @@
+/*
+ * Tasks that use time: start delays, run timeouts, repeats with a gap, run
+ * counts and deadlines, and what happens to them at shutdown and when the
+ * manager is gone.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+
+#include "test_util.h"
+
+#define MAX_RUNS 256
+
+/* What a task saw: when each run started and ended. */
+typedef struct log {
+    atomic_int runs;
+    atomic_uint_fast64_t start[MAX_RUNS], end[MAX_RUNS];
+    atomic_int out_frees;
+    uint64_t hold_ns; /* each run takes this long */
+} log;
+
+static log *log_new(uint64_t hold_ns)
+{
+    log *l = calloc(1, sizeof *l);
+    assert_non_null(l);
+    l->hold_ns = hold_ns;
+    return l;
+}
+
+/* Records the run, holds for hold_ns (or until cancelled or timed out),
+ * outputs the run's number (1, 2, ...). */
+static int logged(atap_ctx *ctx, void *arg, void *out)
+{
+    log *l = arg;
+    int i = atomic_fetch_add(&l->runs, 1);
+    uint64_t t0 = now_ns();
+
+    if (i < MAX_RUNS)
+        atomic_store(&l->start[i], t0);
+    while (now_ns() - t0 < l->hold_ns && !atap_cancelled(ctx))
+        sleep_us(200);
+    if (i < MAX_RUNS)
+        atomic_store(&l->end[i], now_ns());
+    uint64_t v = (uint64_t)i + 1;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static atap_task spawn_logged(log *l, atap_spawn_opts o)
+{
+    atap_task t;
+    o.out_size = 8;
+    assert_int_equal(atap_spawn(&t, logged, l, &o), 0);
+    return t;
+}
+
+/* ---- after -------------------------------------------------------------- */
+
+static void test_schedule_after_never_early(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    uint64_t t0 = now_ns();
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(50)});
+    assert_true(atap_state_of(t) == ATAP_PENDING);
+    assert_true(join8(t) == 1);
+    assert_true(atomic_load(&l->start[0]) >= t0 + ATAP_MS(50));
+    assert_true(atap_finished(t));
+    atap_release(t);
+    free(l);
+}
+
+static void test_schedule_after_cancelled_before_start(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(200)});
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join(t, &(uint64_t){0}, 8), ATAP_ECANCELLED);
+    atap_release(t);
+    /* the slot goes at once, not when the delay would have ended */
+    assert_true(wait_live_back(ATAP_MS(100)));
+    sleep_us(250000);
+    assert_int_equal(atomic_load(&l->runs), 0);
+    free(l);
+}
+
+/* ---- timeout ------------------------------------------------------------ */
+
+static atomic_int g_out_frees;
+static void count_free(void *out)
+{
+    (void)out;
+    atomic_fetch_add(&g_out_frees, 1);
+}
+
+static void test_schedule_timeout_ends_the_run(void **state)
+{
+    (void)state;
+    log *l = log_new(ATAP_SEC(5));
+    uint64_t t0 = now_ns();
+    atomic_store(&g_out_frees, 0);
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.timeout_ns = ATAP_MS(50),
+                                                    .out_free = count_free});
+    uint64_t v = 0;
+    assert_int_equal(atap_join(t, &v, 8), ATAP_ETIMEDOUT);
+    uint64_t took = now_ns() - t0;
+    assert_true(took >= ATAP_MS(50));
+    assert_true(took < ATAP_SEC(4)); /* not the whole 5 s run */
+    assert_true(atap_state_of(t) == ATAP_TIMED_OUT);
+    assert_true(atap_finished(t));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&g_out_frees), 1); /* the dropped output */
+    free(l);
+}
+
+/* Time spent waiting to start does not count. */
+static void test_schedule_timeout_excludes_the_wait(void **state)
+{
+    (void)state;
+    log *l = log_new(ATAP_MS(5));
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(80),
+                                                    .timeout_ns = ATAP_MS(60)});
+    assert_true(join8(t) == 1);
+    atap_release(t);
+    free(l);
+}
+
+/* 48 runs with timeouts of 40 + i ms, the manager falling apart 3 times
+ * around 38 ms: every one still times out. */
+static void test_schedule_timeout_survives_manager_restart(void **state)
+{
+    (void)state;
+    enum { N = 48 };
+    log *l = log_new(ATAP_SEC(3));
+    atap_task t[N];
+    for (int i = 0; i < N; i++)
+        t[i] = spawn_logged(l, (atap_spawn_opts){.timeout_ns = ATAP_MS(40 + i), .blocking = true});
+    sleep_us(38000);
+    atap_inject_manager_faults(3);
+    for (int i = 0; i < N; i++) {
+        uint64_t v;
+        int rc = atap_join_for(t[i], &v, 8, ATAP_SEC(30));
+        if (rc != ATAP_ETIMEDOUT)
+            fail_msg("task %d: %s", i, atap_strerror(rc));
+        atap_release(t[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    free(l);
+}
+
+/* ---- repeats ------------------------------------------------------------ */
+
+static void test_schedule_repeat_runs(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 5});
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (!atap_finished(t) && now_ns() < end)
+        sleep_us(500);
+    assert_true(atap_finished(t));
+    assert_int_equal(atomic_load(&l->runs), 5);
+    assert_true(join8(t) == 5); /* the last output stays */
+    uint64_t v = 0;
+    assert_int_equal(atap_take(t, &v, 8), 0);
+    assert_true(v == 5);
+    assert_int_equal(atap_join(t, &v, 8), ATAP_EFINISHED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    free(l);
+}
+
+/* Runs never overlap, and the gap runs from one end to the next start. */
+static void test_schedule_repeat_gap(void **state)
+{
+    (void)state;
+    log *l = log_new(ATAP_MS(5));
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 4,
+                                                    .every_ns = ATAP_MS(20)});
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (!atap_finished(t) && now_ns() < end)
+        sleep_us(500);
+    assert_int_equal(atomic_load(&l->runs), 4);
+    for (int i = 1; i < 4; i++)
+        assert_true(atomic_load(&l->start[i]) >= atomic_load(&l->end[i - 1]) + ATAP_MS(20));
+    atap_release(t);
+    free(l);
+}
+
+/* A 75 ms gap bounded to 100 ms runs at 0 and 75 ms, then stops. */
+static void test_schedule_deadline_stops_the_series(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        log *l = log_new(0);
+        atap_spawn_opts o = {.kind = ATAP_REPEAT, .every_ns = ATAP_MS(75)};
+        if (k == 0)
+            o.for_ns = ATAP_MS(100);
+        else
+            o.until_ns = atap_now() + ATAP_MS(100);
+        atap_task t = spawn_logged(l, o);
+        uint64_t end = now_ns() + ATAP_SEC(10);
+        while (!atap_finished(t) && now_ns() < end)
+            sleep_us(1000);
+        assert_true(atap_finished(t));
+        assert_int_equal(atomic_load(&l->runs), 2);
+        assert_true(join8(t) == 2);
+        atap_release(t);
+        free(l);
+    }
+}
+
+/* Count and deadline: whichever comes first ends it. */
+static void test_schedule_count_or_deadline(void **state)
+{
+    (void)state;
+    log *a = log_new(0), *b = log_new(0);
+    atap_task ta = spawn_logged(a, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 3,
+                                                     .every_ns = ATAP_MS(5), .for_ns = ATAP_SEC(5)});
+    atap_task tb = spawn_logged(b, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 100,
+                                                     .every_ns = ATAP_MS(20), .for_ns = ATAP_MS(50)});
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while ((!atap_finished(ta) || !atap_finished(tb)) && now_ns() < end)
+        sleep_us(1000);
+    assert_int_equal(atomic_load(&a->runs), 3);
+    assert_true(atomic_load(&b->runs) >= 2 && atomic_load(&b->runs) <= 4);
+    atap_release(ta);
+    atap_release(tb);
+    free(a);
+    free(b);
+}
+
+/* Cancel ends a back-to-back series: no run after it, readers see it. */
+static void test_schedule_repeat_cancel(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT});
+    assert_true(wait_atomic_at_least(&l->runs, 100, ATAP_SEC(10)));
+    assert_false(atap_finished(t));
+    assert_int_equal(atap_cancel(t), 0);
+    uint64_t v;
+    assert_int_equal(atap_join(t, &v, 8), ATAP_ECANCELLED);
+    assert_true(atap_finished(t));
+    sleep_us(20000);
+    int runs = atomic_load(&l->runs);
+    sleep_us(50000);
+    assert_int_equal(atomic_load(&l->runs), runs);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    free(l);
+}
+
+/* Joins during a series read increasing run numbers; a take is replaced by
+ * the next run. */
+static void test_schedule_repeat_reads_latest(void **state)
+{
+    (void)state;
+    log *l = log_new(ATAP_MS(1));
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 30,
+                                                    .every_ns = ATAP_MS(1)});
+    uint64_t last = 0, v;
+    while (!atap_finished(t)) {
+        int rc = atap_join(t, &v, 8);
+        if (rc == 0) {
+            assert_true(v >= last);
+            last = v;
+        } else {
+            assert_int_equal(rc, ATAP_ETAKEN);
+        }
+        if (v % 7 == 0)
+            atap_try_take(t, &v, 8);
+    }
+    assert_true(last <= 30);
+    atap_release(t);
+    free(l);
+}
+
+/* ---- option checks -------------------------------------------------------- */
+
+static int noop(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    return 0;
+}
+
+static void test_schedule_bad_combinations(void **state)
+{
+    (void)state;
+    atap_task t;
+    const atap_spawn_opts bad[] = {
+        {.every_ns = 5},                                      /* a gap without a repeat */
+        {.runs = 3},                                          /* runs on a one-shot */
+        {.for_ns = 5},                                        /* a deadline on a one-shot */
+        {.until_ns = 5},
+        {.kind = ATAP_REPEAT, .for_ns = 5, .until_ns = 5},   /* two deadlines */
+        {.kind = ATAP_AT_RATE},                               /* a rate of nothing */
+        {.kind = (atap_kind)7},                               /* no such kind */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(atap_spawn(&t, noop, NULL, &bad[i]), ATAP_EINVAL);
+        assert_true(t.id == ATAP_NO_TASK.id);
+    }
+    assert_int_equal(atap_spawn(&t, noop, NULL,
+                                &(atap_spawn_opts){.kind = ATAP_AT_RATE, .every_ns = ATAP_MS(5)}),
+                     -ENOTSUP);
+}
+
+/* ---- endings -------------------------------------------------------------- */
+
+/* A delay still pending at shutdown reads FAILED, and its handle still
+ * reads after the shutdown. */
+static void test_schedule_shutdown_writes_off_delays(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_SEC(60)});
+    atap_task r = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_SEC(60)});
+    assert_true(wait_atomic_at_least(&l->runs, 1, ATAP_SEC(10))); /* r ran once */
+    assert_int_equal(atap_shutdown(), 0);
+    uint64_t v;
+    assert_int_equal(atap_join(t, &v, 8), ATAP_EFAILED);
+    assert_int_equal(atap_join(r, &v, 8), ATAP_EFAILED);
+    atap_release(t);
+    atap_release(r);
+    assert_int_equal(atap_init(NULL), 0);
+    free(l);
+}
+
+/* The manager gone for good: repeats between runs settle FAILED, and the
+ * pool still runs plain tasks. */
+static void test_schedule_manager_gone_fails_repeats(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    atap_task r = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_MS(30)});
+    assert_true(wait_atomic_at_least(&l->runs, 2, ATAP_SEC(10)));
+    atap_inject_manager_faults(16);
+    uint64_t v;
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (atap_state_of(r) != ATAP_FAILED && now_ns() < end)
+        sleep_us(1000);
+    assert_true(atap_state_of(r) == ATAP_FAILED);
+    assert_true(atap_finished(r));
+    atap_release(r);
+    /* a delayed spawn now fails at once rather than waiting forever */
+    atap_task d = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(10)});
+    assert_int_equal(atap_join_for(d, &v, 8, ATAP_SEC(5)), ATAP_EFAILED);
+    atap_release(d);
+    atap_task p;
+    assert_int_equal(atap_spawn(&p, noop, NULL, NULL), 0);
+    assert_int_equal(atap_join(p, NULL, 0), 0);
+    atap_release(p);
+    free(l);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
+    const struct CMUnitTest tests[] = {
+        T(test_schedule_after_never_early),
+        T(test_schedule_after_cancelled_before_start),
+        T(test_schedule_timeout_ends_the_run),
+        T(test_schedule_timeout_excludes_the_wait),
+        T(test_schedule_timeout_survives_manager_restart),
+        T(test_schedule_repeat_runs),
+        T(test_schedule_repeat_gap),
+        T(test_schedule_deadline_stops_the_series),
+        T(test_schedule_count_or_deadline),
+        T(test_schedule_repeat_cancel),
+        T(test_schedule_repeat_reads_latest),
+        T(test_schedule_bad_combinations),
+        T(test_schedule_shutdown_writes_off_delays),
+        T(test_schedule_manager_gone_fails_repeats),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
