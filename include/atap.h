@@ -196,7 +196,7 @@ typedef enum atap_state {
 typedef enum atap_kind {
     ATAP_ONCE = 0,    /* one run */
     ATAP_REPEAT = 1,  /* runs back to back (or every_ns apart), never overlapping */
-    ATAP_AT_RATE = 2, /* a fresh run every every_ns, start to start (next version) */
+    ATAP_AT_RATE = 2, /* a fresh run every every_ns, start to start, overlapping */
 } atap_kind;
 
 /*
@@ -245,6 +245,10 @@ ATAP_EXPORT uint64_t atap_now(void);
  * priority). On success *task receives a handle the caller must release.
  * On failure *task is set to ATAP_NO_TASK and arg_free is NOT called (arg
  * stays the caller's).
+ * ATAP_AT_RATE starts a fresh run of fn(arg) every every_ns, start to start,
+ * whether or not the last one has finished (runs overlap); runs finishing
+ * together publish one output between them; periods missed (a manager
+ * restart) are skipped, not made up.
  * A repeat has one handle for the whole series: atap_join reads the latest
  * output (waiting while a run is under way), atap_take moves one out for the
  * next run to replace, atap_cancel ends the series, and atap_finished turns
@@ -254,7 +258,7 @@ ATAP_EXPORT uint64_t atap_now(void);
  *
  * Returns 0; ATAP_EINVAL for NULL task or fn, a priority outside -128..127,
  * out_size above 4 GiB - 1, or an option combination listed above;
- * -ENOTSUP for ATAP_AT_RATE in this version; ATAP_ENOTINIT when no runtime
+ * ATAP_ENOTINIT when no runtime
  * runs (before init, during or after shutdown); -ENOMEM when no slot or
  * output buffer can be had.
  * Blocks: no. Threads: any.

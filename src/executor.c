@@ -140,17 +140,28 @@ void atap_release(atap_task t)
 {
     uint32_t gen;
     struct atap_slot *s = lookup(t, &gen);
-    uint64_t r;
 
-    if (!s)
-        return;
-    r = ld_relaxed(&s->refs);
+    if (s)
+        atap__exec_release_listener(s, (uint32_t)t.id, gen);
+}
+
+void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    uint64_t r = ld_relaxed(&s->refs);
+
     do {
         if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
             return;
     } while (!cas_acqrel(&s->refs, &r, r - 1));
     if (((r - 1) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
-        free_slot(atap__self, s, (uint32_t)t.id, gen);
+        free_slot(atap__self, s, index, gen);
+}
+
+/* One more listener on a live task (it cannot be going: the caller holds a
+ * reference). */
+static void hold_listener(struct atap_slot *s)
+{
+    add_relaxed(&s->refs, 1);
 }
 
 int atap_dup(atap_task t, atap_task *copy)
@@ -590,6 +601,38 @@ int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
     if (!fn || (out_size && !out))
         return ATAP_EINVAL;
     return fn(&ctx, arg, out_size ? out : NULL) == 0 ? 0 : ATAP_EFAILED;
+}
+
+int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
+{
+    atap_spawn_opts o = {.out_size = p->out_size,
+                         .out_free = p->out_free,
+                         .priority = p->priority,
+                         .blocking = (p->flags & SF_BLOCKING) != 0,
+                         .timeout_ns = atap__sched_timeout(p)};
+    struct slot_cache *cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
+    uint32_t index, gen;
+    struct atap_slot *s;
+    int rc;
+
+    if ((rc = atap__table_alloc(cache, &index, &gen)) != 0)
+        return rc;
+    s = atap__table_at(index);
+    if ((rc = fill(s, p->fn, p->arg, &o)) != 0 || (rc = atap__sched_attach(s, index, &o)) != 0) {
+        if (rc != 0 && (s->flags & SF_OUT_HEAP))
+            free(s->out.heap);
+        s->flags = 0;
+        st_relaxed(&s->word, make_word(gen, ST_FREE));
+        atap__table_free(cache, index, gen);
+        return rc;
+    }
+    s->arg_free = NULL; /* the series owns arg */
+    atap__sched_set_parent(s, pindex, pgen);
+    hold_listener(p); /* the series stays until this run has published */
+    st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN); /* no handle */
+    st_release(&s->word, make_word(gen, ST_PENDING));
+    atap__sched_start(s, index, gen, o.blocking);
+    return 0;
 }
 
 uint64_t atap_now(void)

@@ -80,6 +80,7 @@ static bool manager_life(void)
             return true;
         now = atap__now_ns();
         wake_at = atap__timers_run(&mgr.timers, now);
+        atap__sched_reap(false);
         if (now >= next_tick) {
             atap__pool_tick(now);
             next_tick = now + MANAGER_TICK_NS;
@@ -145,6 +146,7 @@ static void *supervisor_main(void *arg)
             FORGET_FAULTS(); /* what was owed died with the supervisor */
             close_timers();
             st_release(&mgr.state, M_GONE);
+            atap__sched_reap(true); /* emptied: nothing holds a record */
             return NULL;
         }
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);
@@ -188,6 +190,7 @@ void atap__manager_stop(void)
     if (ld_acquire(&mgr.state) != M_GONE)
         close_timers();
     atap__timers_destroy(&mgr.timers);
+    atap__sched_reap(true); /* the structure holds nothing now */
     st_release(&mgr.state, M_STOPPED);
 }
 

@@ -19,10 +19,10 @@
  * Watches are one-shot: an event disarms what it reports, and nothing more is
  * reported for that fd until it is watched again. So a parked task is resumed
  * once, and a hung-up or failed fd (HUP/ERR are reported whatever was asked,
- * and stay true forever) is reported once per arming: it can never spin the
- * loop. With READ|WRITE on one fd, epoll and poll disarm the fd as a whole
- * when either fires; kqueue arms two independent filters, so the direction
- * that did not fire stays armed. The re-watch rule above covers both.
+ * and persist) is reported once per arming: it can never spin the loop.
+ * With READ|WRITE on one fd, epoll and poll disarm the fd as a whole when
+ * either fires; kqueue arms two independent filters, so the direction that
+ * did not fire stays armed. The re-watch rule above covers both.
  *
  * The reported bits are what the kernel said: READ/WRITE for the directions
  * that are ready, HUP for a hang-up (EOF, peer gone), ERR for an error
@@ -62,12 +62,13 @@
  *
  * Errors are -errno: -EINVAL for a NULL poller or buffer, a bad count, bad
  * event bits, or one of the poller's own fds; -EBADF for a negative or
- * closed fd; whatever the kernel says otherwise (epoll refuses regular files
- * with -EPERM, macOS's kqueue refuses WRITE on them with -EINVAL, otherwise
- * they are ready at once; file I/O belongs to the blocking threads anyway). FreeBSD's kqueue refuses a WRITE watch on a
- * pipe whose reader is already gone with -EPIPE: the hang-up then comes back
- * from watch instead of wait. Unwatch before close(): epoll and kqueue drop
- * a closed fd's watch silently, poll reports it once as ERR.
+ * closed fd; whatever the kernel says otherwise. Regular files: epoll
+ * refuses them (-EPERM), macOS's kqueue refuses WRITE on them (-EINVAL),
+ * otherwise they are ready at once; file I/O belongs to the blocking threads
+ * anyway. FreeBSD's kqueue refuses a WRITE watch on a pipe whose reader is
+ * already gone (-EPIPE): that hang-up comes back from watch, not from wait.
+ * Unwatch before close(): epoll and kqueue drop a closed fd's watch
+ * silently, poll reports it once as ERR.
  *
  * Room for later (the parking issue): signals, path changes and child exits
  * become watch kinds of their own (ATAP__WATCH_SIGNAL, _PATH, _PROC; epoll

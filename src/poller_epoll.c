@@ -44,8 +44,8 @@
 
 struct atap_poller {
     int epfd;
-    int efd;                  /* eventfd: wakes */
-    _Atomic uint32_t pending; /* a wake is pending (poller.h) */
+    int efd;                                    /* eventfd: wakes */
+    _Atomic uint32_t pending;                   /* a wake is pending (poller.h) */
     struct epoll_event buf[ATAP__POLLER_BATCH]; /* the waiter's */
 };
 

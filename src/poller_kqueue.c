@@ -29,7 +29,8 @@
  */
 #include "poller.h"
 
-#include <sys/types.h>
+#include <sys/types.h> /* before sys/event.h, for older BSDs */
+
 #include <sys/event.h>
 #include <sys/time.h>
 

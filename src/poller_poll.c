@@ -45,12 +45,12 @@ struct entry {
 
 struct atap_poller {
     pthread_mutex_t lock;
-    struct entry *ents; /* armed watches (lock) */
-    size_t n, cap;      /* (lock) */
-    uint64_t seq;       /* the last sequence number handed out (lock) */
-    bool polling;       /* the waiter is in poll() (lock) */
-    bool nudged;        /* a byte is on its way to that poll (lock) */
-    int rfd, wfd;       /* the self-pipe, both ends non-blocking */
+    struct entry *ents;       /* armed watches (lock) */
+    size_t n, cap;            /* (lock) */
+    uint64_t seq;             /* the last sequence number handed out (lock) */
+    bool polling;             /* the waiter is in poll() (lock) */
+    bool nudged;              /* a byte is on its way to that poll (lock) */
+    int rfd, wfd;             /* the self-pipe, both ends non-blocking */
     _Atomic uint32_t pending; /* a wake is pending (poller.h) */
     struct pollfd *pfds;      /* the waiter's copy; [0] is the pipe */
     uint64_t *seqs;           /* the sequence number each pfds[i] was copied with */
@@ -103,10 +103,7 @@ static long find_seq(const struct atap_poller *p, uint64_t seq)
     return -1;
 }
 
-static void remove_at(struct atap_poller *p, size_t i)
-{
-    p->ents[i] = p->ents[--p->n];
-}
+static void remove_at(struct atap_poller *p, size_t i) { p->ents[i] = p->ents[--p->n]; }
 
 /* Room for one more entry. */
 static int grow_locked(struct atap_poller *p)

@@ -65,6 +65,9 @@ struct sched {
     uint64_t after, every, timeout, for_ns, deadline; /* deadline: UINT64_MAX none */
     uint32_t runs, done;
     void *scratch; /* a repeat's run writes here (out_size bytes) */
+    uint64_t next_start;        /* at-rate: the period the next fire is for */
+    struct sched *grave_next;   /* on the graveyard, once its slot is gone */
+    uint32_t parent, parent_gen; /* an at-rate run: its series (index + 1), or 0 */
 };
 
 static struct sched *sched_of(struct atap_slot *s)
@@ -95,7 +98,7 @@ int atap__sched_check(const atap_spawn_opts *o)
     if (o->for_ns && o->until_ns)
         return ATAP_EINVAL;
     if (o->kind == ATAP_AT_RATE)
-        return o->every_ns == 0 ? ATAP_EINVAL : -ENOTSUP;
+        return o->every_ns == 0 ? ATAP_EINVAL : 0;
     return 0;
 }
 
@@ -132,13 +135,61 @@ int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opt
     return 0;
 }
 
+/*
+ * Freeing. A disarmed timer record may still be linked in the manager's
+ * structure until the manager meets it, so a schedule whose slot is gone
+ * goes to the graveyard (a Treiber stack), and the manager frees it once
+ * the structure no longer holds either record (atap__sched_reap). When no
+ * manager will run again (the structure was emptied by take_all), one that
+ * nothing holds is freed at once.
+ */
+static _Atomic(struct sched *) graveyard;
+static struct sched *mourning; /* manager only: still held at the last look */
+
+static void sched_free(struct sched *c)
+{
+    free(c->scratch);
+    free(c);
+}
+
 void atap__sched_destroy(struct atap_slot *s)
 {
     struct sched *c = sched_of(s);
+    struct sched *head = ld_relaxed(&graveyard);
 
-    free(c->scratch);
-    free(c);
     s->ext = NULL;
+    /* No manager will run again: the structure was emptied when it gave up
+     * (the supervisor published that with GONE), and only an arm that came
+     * after can still sit in its inbox, until shutdown lets go of it. */
+    if (atap__manager_gone() && !atap__timer_held(&c->start) && !atap__timer_held(&c->limit)) {
+        sched_free(c);
+        return;
+    }
+    do
+        c->grave_next = head;
+    while (!atomic_compare_exchange_weak_explicit(&graveyard, &head, c, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
+void atap__sched_reap(bool all)
+{
+    struct sched *c = atomic_exchange_explicit(&graveyard, NULL, memory_order_acquire), *next;
+
+    while (mourning) { /* last look's leftovers first */
+        next = mourning->grave_next;
+        mourning->grave_next = c;
+        c = mourning;
+        mourning = next;
+    }
+    for (; c; c = next) {
+        next = c->grave_next;
+        if (!all && (atap__timer_held(&c->start) || atap__timer_held(&c->limit))) {
+            c->grave_next = mourning;
+            mourning = c;
+        } else {
+            sched_free(c);
+        }
+    }
 }
 
 /* ---- timers ------------------------------------------------------------- */
@@ -173,11 +224,17 @@ static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
     return false;
 }
 
+static void rate_tick(struct sched *c);
+static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc);
+
 static void fire_start(struct atap_timer *t)
 {
     struct sched *c = start_owner(t);
 
-    atap__pool_submit(c->index + 1, atap__table_at(c->index)->priority, c->blocking);
+    if (c->kind == ATAP_AT_RATE)
+        rate_tick(c);
+    else
+        atap__pool_submit(c->index + 1, atap__table_at(c->index)->priority, c->blocking);
 }
 
 static void fire_limit(struct atap_timer *t)
@@ -203,10 +260,15 @@ void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool b
     struct sched *c = sched_of(s);
 
     (void)gen;
-    if (c->after)
+    if (c->kind == ATAP_AT_RATE) { /* the series itself never runs: its timer
+                                      starts a fresh run every period */
+        c->next_start = atap__deadline(atap__now_ns(), c->after);
+        arm(c, &c->start, c->next_start);
+    } else if (c->after) {
         arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
-    else
+    } else {
         atap__pool_submit(index + 1, s->priority, blocking);
+    }
 }
 
 /* ---- a run -------------------------------------------------------------- */
@@ -320,6 +382,10 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
      * the run is over time whatever it returned. */
     if (c->limit_armed && !atap__timer_disarm(atap__manager_timers(), &c->limit))
         atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT);
+    if (c->parent) {
+        rate_run_done(s, c, gen, rc);
+        return;
+    }
     if (rc != 0) {
         atap__exec_end(s, c->index, gen, ST_FAILED);
         return;
@@ -337,7 +403,137 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
     next_run(s, c, gen);
 }
 
+/* ---- at a rate ------------------------------------------------------------ */
+
+/* The series is still going: not ended, not finished. */
+static bool rate_live(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    uint32_t cur = ld_acquire(&s->word), st = word_state(cur);
+
+    return word_gen(cur) == gen && (st == ST_PENDING || st == ST_READY || st == ST_TAKEN) &&
+           !ld_acquire(&c->finished);
+}
+
+/* The manager's fire for an at-rate series (it holds the series' RUN):
+ * start one run, then arm the next period, skipping periods already gone
+ * (missed while the manager was down, say) rather than making them up. */
+static void rate_tick(struct sched *c)
+{
+    struct atap_slot *s = atap__table_at(c->index);
+    uint32_t gen = word_gen(ld_acquire(&s->word));
+    uint64_t now = atap__now_ns(), next;
+
+    if (!rate_live(s, c, gen)) { /* cancelled or ended by a run */
+        atap__exec_release_run(s, c->index, gen);
+        return;
+    }
+    if (c->done == 0 && c->for_ns)
+        c->deadline = atap__deadline(now, c->for_ns);
+    if (c->done > 0 && now > c->deadline) {
+        finish(s, c, gen);
+        return;
+    }
+    c->done++;
+    if (atap__exec_spawn_run(s, c->index, gen) != 0) {
+        atap__exec_end(s, c->index, gen, ST_FAILED);
+        return;
+    }
+    if (c->runs && c->done >= c->runs) {
+        finish(s, c, gen);
+        return;
+    }
+    next = c->next_start + c->every;
+    if (next <= now)
+        next += ((now - next) / c->every + 1) * c->every;
+    c->next_start = next;
+    if (next > c->deadline)
+        finish(s, c, gen);
+    else
+        arm(c, &c->start, next);
+}
+
+void atap__sched_set_parent(struct atap_slot *s, uint32_t parent_index, uint32_t parent_gen)
+{
+    struct sched *c = sched_of(s);
+
+    c->parent = parent_index + 1;
+    c->parent_gen = parent_gen;
+}
+
+/* Ends the series from one of its runs (a failure or a timeout): the
+ * pending period is disarmed, and whoever wins that owns the series' RUN. */
+static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint32_t to)
+{
+    uint32_t cur = ld_acquire(&p->word), st;
+
+    do {
+        st = word_state(cur);
+        if (word_gen(cur) != pgen || (st != ST_PENDING && st != ST_READY && st != ST_TAKEN))
+            return;
+    } while (!cas_acqrel(&p->word, &cur, make_word(pgen, to)));
+    if (cur & ST_WAITERS)
+        atap__word_wake(&p->word, true);
+    if (atap__timer_disarm(atap__manager_timers(), &pc->start))
+        atap__exec_release_run(p, pc->index, pgen);
+}
+
+/* A run's output becomes the series' output, unless the series ended. */
+static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, void *out)
+{
+    uint32_t unlocked = 0, cur, st;
+    bool ok;
+
+    while (!atomic_compare_exchange_weak_explicit(&pc->out_lock, &unlocked, OUT_WRITER,
+                                                  memory_order_acquire, memory_order_relaxed)) {
+        unlocked = 0;
+        cpu_relax();
+    }
+    cur = ld_acquire(&p->word);
+    st = word_state(cur);
+    ok = word_gen(cur) == pgen && (st == ST_PENDING || st == ST_READY || st == ST_TAKEN);
+    if (ok && p->out_size) {
+        if (st == ST_READY && (p->flags & SF_OUT_FILLED) && p->out_free)
+            p->out_free(slot_out(p)); /* replaced before anyone took it */
+        memcpy(slot_out(p), out, p->out_size);
+        p->flags |= SF_OUT_FILLED;
+    }
+    if (ok)
+        ok = atap__exec_stop(p, pgen, st, ST_READY);
+    st_release(&pc->out_lock, 0);
+    return ok;
+}
+
+static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc)
+{
+    struct atap_slot *p = atap__table_at(c->parent - 1);
+    struct sched *pc = sched_of(p);
+    uint32_t cur = ld_acquire(&s->word), pindex, pgen;
+
+    if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
+        if (rc == 0)
+            s->flags |= SF_OUT_FILLED; /* dropped at free */
+        rate_end(p, pc, c->parent_gen, ST_TIMED_OUT);
+    } else if (rc != 0) {
+        atap__exec_stop(s, gen, ST_RUNNING, ST_FAILED);
+        rate_end(p, pc, c->parent_gen, ST_FAILED);
+    } else if (rate_publish(p, pc, c->parent_gen, slot_out(s))) {
+        atap__exec_stop(s, gen, ST_RUNNING, ST_TAKEN); /* the series has it now */
+    } else {
+        s->flags |= SF_OUT_FILLED; /* nobody will read it: dropped at free */
+        atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
+    }
+    pindex = c->parent - 1;
+    pgen = c->parent_gen;
+    atap__exec_release_run(s, c->index, gen); /* no handle: this frees s and c */
+    atap__exec_release_listener(p, pindex, pgen);
+}
+
 /* ---- cancelling, reading ------------------------------------------------- */
+
+uint64_t atap__sched_timeout(struct atap_slot *s)
+{
+    return sched_of(s)->timeout;
+}
 
 bool atap__sched_cancellable(struct atap_slot *s, uint32_t state)
 {
@@ -345,7 +541,7 @@ bool atap__sched_cancellable(struct atap_slot *s, uint32_t state)
 
     if (state == ST_PENDING || state == ST_RUNNING)
         return true;
-    return c->kind == ATAP_REPEAT && (state == ST_READY || state == ST_TAKEN) &&
+    return c->kind != ATAP_ONCE && (state == ST_READY || state == ST_TAKEN) &&
            !ld_acquire(&c->finished);
 }
 
@@ -364,7 +560,7 @@ bool atap__sched_finished(struct atap_slot *s, uint32_t state)
 
     if (state == ST_CANCELLED || state == ST_TIMED_OUT || state == ST_FAILED)
         return true;
-    return state_terminal(state) && (c->kind != ATAP_REPEAT || ld_acquire(&c->finished));
+    return state_terminal(state) && (c->kind == ATAP_ONCE || ld_acquire(&c->finished));
 }
 
 void atap__sched_read_lock(struct atap_slot *s)
@@ -372,7 +568,7 @@ void atap__sched_read_lock(struct atap_slot *s)
     struct sched *c = sched_of(s);
     uint32_t cur = ld_relaxed(&c->out_lock);
 
-    if (c->kind != ATAP_REPEAT)
+    if (c->kind == ATAP_ONCE)
         return;
     for (;;) {
         if (!(cur & OUT_WRITER) &&
@@ -388,6 +584,6 @@ void atap__sched_read_unlock(struct atap_slot *s)
 {
     struct sched *c = sched_of(s);
 
-    if (c->kind == ATAP_REPEAT)
+    if (c->kind != ATAP_ONCE)
         atomic_fetch_sub_explicit(&c->out_lock, 1, memory_order_release);
 }

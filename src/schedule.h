@@ -32,6 +32,12 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen);
 void *atap__sched_output(struct atap_slot *s);
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc);
 
+/* An at-rate run (spawned by atap__exec_spawn_run) belongs to its series. */
+void atap__sched_set_parent(struct atap_slot *s, uint32_t parent_index, uint32_t parent_gen);
+
+/* The run timeout of a scheduled task. */
+uint64_t atap__sched_timeout(struct atap_slot *s);
+
 /* A cancel that won: stops a pending delay or gap. */
 void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* atap_cancel's rule for a scheduled task: whether state may still be
@@ -45,8 +51,12 @@ bool atap__sched_finished(struct atap_slot *s, uint32_t state);
 void atap__sched_read_lock(struct atap_slot *s);
 void atap__sched_read_unlock(struct atap_slot *s);
 
-/* Frees the schedule when the slot goes. */
+/* Lets go of the schedule when the slot goes (freed by the manager, once
+ * its timer structure no longer holds the records). */
 void atap__sched_destroy(struct atap_slot *s);
+/* Manager only (or with no manager running and the structure emptied, with
+ * all): frees the schedules let go of that nothing holds any more. */
+void atap__sched_reap(bool all);
 
 /* The manager's timers are being let go of (shutdown, or the manager gone
  * for good): each task they would have started again ends FAILED. For

@@ -138,14 +138,15 @@ void atap__table_register_cache(struct slot_cache *c)
         st_release(&table.caches[n], c);
 }
 
+/* Release, and acquire in atap__table_live: whoever sees a task counted out
+ * also sees everything its run did before it was freed (a caller may wait
+ * for the live count to fall, then free what the tasks used). */
 static void count(struct slot_cache *c, int delta)
 {
     if (c) /* one writer: a plain read-modify-write, no lock prefix */
-        st_relaxed(&c->live, ld_relaxed(&c->live) + delta);
-    else if (delta > 0)
-        add_relaxed(&table.live, 1);
+        st_release(&c->live, ld_relaxed(&c->live) + delta);
     else
-        sub_relaxed(&table.live, 1);
+        atomic_fetch_add_explicit(&table.live, delta, memory_order_release);
 }
 
 int atap__table_alloc(struct slot_cache *c, uint32_t *index, uint32_t *gen)
@@ -256,13 +257,13 @@ struct slot_cache *atap__table_outside_cache(void)
 
 size_t atap__table_live(void)
 {
-    int64_t live = ld_relaxed(&table.live);
+    int64_t live = ld_acquire(&table.live);
     unsigned n = ld_acquire(&table.ncaches);
     struct slot_cache *c;
 
     for (unsigned i = 0; i < n && i < sizeof table.caches / sizeof table.caches[0]; i++)
         if ((c = ld_acquire(&table.caches[i])) != NULL)
-            live += ld_relaxed(&c->live);
+            live += ld_acquire(&c->live);
     return live > 0 ? (size_t)live : 0;
 }
 size_t atap__table_span(void) { return ld_relaxed(&table.next); }

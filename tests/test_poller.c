@@ -46,10 +46,7 @@ static int teardown_poller(void **state)
     return 0;
 }
 
-static void make_pipe(int fds[2])
-{
-    assert_int_equal(pipe(fds), 0);
-}
+static void make_pipe(int fds[2]) { assert_int_equal(pipe(fds), 0); }
 
 static void put_byte(int fd)
 {
@@ -256,8 +253,8 @@ static void test_poller_timeout_never_early(void **state)
     struct atap_poller *p = *state;
     struct atap_poller_event ev[EVMAX];
     /* whole, fractional and sub-millisecond timeouts: rounding must go up */
-    static const uint64_t waits[] = {ATAP_MS(20), 1, ATAP_US(999),   ATAP_US(1001),
-                                     ATAP_US(1500), ATAP_US(2300), ATAP_MS(3) + 1};
+    static const uint64_t waits[] = {
+        ATAP_MS(20), 1, ATAP_US(999), ATAP_US(1001), ATAP_US(1500), ATAP_US(2300), ATAP_MS(3) + 1};
     uint64_t t0, took;
 
     for (size_t i = 0; i < sizeof waits / sizeof waits[0]; i++) {

@@ -307,9 +307,85 @@ static void test_schedule_bad_combinations(void **state)
         assert_int_equal(atap_spawn(&t, noop, NULL, &bad[i]), ATAP_EINVAL);
         assert_true(t.id == ATAP_NO_TASK.id);
     }
-    assert_int_equal(atap_spawn(&t, noop, NULL,
-                                &(atap_spawn_opts){.kind = ATAP_AT_RATE, .every_ns = ATAP_MS(5)}),
-                     -ENOTSUP);
+}
+
+/* ---- at a rate -------------------------------------------------------------- */
+
+typedef struct flight {
+    atomic_int started, in_flight, most;
+    uint64_t hold_ns;
+} flight;
+
+static int flown(atap_ctx *ctx, void *arg, void *out)
+{
+    flight *f = arg;
+    int n = atomic_fetch_add(&f->started, 1) + 1;
+    int now = atomic_fetch_add(&f->in_flight, 1) + 1, most = atomic_load(&f->most);
+    while (now > most && !atomic_compare_exchange_weak(&f->most, &most, now))
+        ;
+    uint64_t t0 = now_ns();
+    while (now_ns() - t0 < f->hold_ns && !atap_cancelled(ctx))
+        sleep_us(500);
+    atomic_fetch_sub(&f->in_flight, 1);
+    uint64_t v = (uint64_t)n;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+/* A 200 ms run on a 50 ms period: runs overlap (four in flight at once
+ * where there are threads for them), start to start. */
+static void test_schedule_at_rate_overlaps(void **state)
+{
+    (void)state;
+    flight f = {.hold_ns = ATAP_MS(200)};
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, flown, &f,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(50), .runs = 8,
+                                                   .blocking = true}),
+                     0);
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (!(atap_finished(t) && atomic_load(&f.in_flight) == 0) && now_ns() < end)
+        sleep_us(1000);
+    assert_true(atap_finished(t));
+    assert_int_equal(atomic_load(&f.started), 8);
+    assert_true(atomic_load(&f.most) >= 3);
+    uint64_t v = 0;
+    assert_int_equal(atap_join(t, &v, 8), 0);
+    assert_true(v >= 1 && v <= 8);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* Cancel stops new runs; a run past its timeout ends the series. */
+static void test_schedule_at_rate_cancel_and_timeout(void **state)
+{
+    (void)state;
+    flight f = {.hold_ns = 0};
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, flown, &f,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(5)}),
+                     0);
+    assert_true(wait_atomic_at_least(&f.started, 3, ATAP_SEC(10)));
+    assert_int_equal(atap_cancel(t), 0);
+    sleep_us(30000);
+    int n = atomic_load(&f.started);
+    sleep_us(50000);
+    assert_int_equal(atomic_load(&f.started), n);
+    assert_int_equal(atap_join(t, &(uint64_t){0}, 8), ATAP_ECANCELLED);
+    atap_release(t);
+
+    flight g = {.hold_ns = ATAP_SEC(5)};
+    assert_int_equal(atap_spawn(&t, flown, &g,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(100),
+                                                   .timeout_ns = ATAP_MS(30), .blocking = true}),
+                     0);
+    assert_int_equal(atap_join_for(t, &(uint64_t){0}, 8, ATAP_SEC(10)), ATAP_ETIMEDOUT);
+    assert_true(atap_finished(t));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
 /* ---- endings -------------------------------------------------------------- */
@@ -376,6 +452,8 @@ int main(void)
         T(test_schedule_repeat_cancel),
         T(test_schedule_repeat_reads_latest),
         T(test_schedule_bad_combinations),
+        T(test_schedule_at_rate_overlaps),
+        T(test_schedule_at_rate_cancel_and_timeout),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),
     };
