@@ -14,7 +14,10 @@
  *                signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
  *                held by their handles; resident bytes per task
- *   ping_pong, timers, idle_memory: not yet implemented (prints an na= line)
+ *   timers       n tasks started with after_ns = 1..100 ms (the harness's LCG);
+ *                lateness = when the run starts - (when it was asked for +
+ *                its delay); the last run signals the main thread
+ *   ping_pong, idle_memory: not yet implemented (prints an na= line)
  *
  * Timing runs from the first spawn to "all done" seen by the main thread;
  * atap_init and a warm-up task are outside it. */
@@ -100,10 +103,17 @@ static int fib_task(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-/* chain: the last hop signals the main thread through a condvar. */
+/* chain and timers: the last task signals the main thread through a condvar. */
 static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
 static int done;
+
+static void signal_done(void) {
+    pthread_mutex_lock(&done_mu);
+    done = 1;
+    pthread_cond_signal(&done_cv);
+    pthread_mutex_unlock(&done_mu);
+}
 
 static int hop(atap_ctx *ctx, void *arg, void *out) {
     (void)ctx, (void)out;
@@ -111,10 +121,7 @@ static int hop(atap_ctx *ctx, void *arg, void *out) {
     if (i < N) {
         atap_release(spawn(hop, (void *)(intptr_t)(i + 1), 0));
     } else {
-        pthread_mutex_lock(&done_mu);
-        done = 1;
-        pthread_cond_signal(&done_cv);
-        pthread_mutex_unlock(&done_mu);
+        signal_done();
     }
     return 0;
 }
@@ -123,6 +130,19 @@ static void wait_done(void) {
     pthread_mutex_lock(&done_mu);
     while (!done) pthread_cond_wait(&done_cv, &done_mu);
     pthread_mutex_unlock(&done_mu);
+}
+
+/* timers: each task knows when it was asked for and for how long. */
+static uint64_t *t_asked, *t_delay;
+static int64_t *t_late;
+static atomic_long t_woke;
+
+static int woke(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)out;
+    long i = (long)(intptr_t)arg;
+    t_late[i] = (int64_t)(now_ns() - (t_asked[i] + t_delay[i]));
+    if (atomic_fetch_add_explicit(&t_woke, 1, memory_order_acq_rel) + 1 == N) signal_done();
+    return 0;
 }
 
 /* live_memory: an 8-byte output (the task's index). */
@@ -138,7 +158,7 @@ int main(int argc, char **argv) {
     N = argc > 2 ? atol(argv[2]) : default_n(w);
     const char *peer = "atap";
 
-    if (!strcmp(w, "ping_pong") || !strcmp(w, "timers") || !strcmp(w, "idle_memory"))
+    if (!strcmp(w, "ping_pong") || !strcmp(w, "idle_memory"))
         report_na(peer, w, N, "not_yet_implemented");
     check(N > 0, "n > 0");
 
@@ -167,6 +187,25 @@ int main(int argc, char **argv) {
         if (N == 30) check(r == 832040, "fib(30) == 832040");
         ops = (double)fib_spawned_tasks((int)N);
         snprintf(extra, sizeof extra, " result=%ld tasks=%.0f", r, ops);
+    } else if (!strcmp(w, "timers")) {
+        uint64_t seed = BENCH_LCG_SEED, created;
+        t_asked = calloc((size_t)N, sizeof *t_asked);
+        t_delay = calloc((size_t)N, sizeof *t_delay);
+        t_late = calloc((size_t)N, sizeof *t_late);
+        check(t_asked && t_delay && t_late, "timer arrays");
+        for (long i = 0; i < N; i++) {
+            atap_task t;
+            t_delay[i] = (uint64_t)lcg_delay_ms(&seed) * 1000000u;
+            t_asked[i] = now_ns();
+            must(atap_spawn(&t, woke, (void *)(intptr_t)i, &(atap_spawn_opts){.after_ns = t_delay[i]}),
+                 "atap_spawn");
+            atap_release(t);
+        }
+        created = now_ns();
+        wait_done();
+        lateness_fields(t_late, N, extra, sizeof extra);
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " create_s=%.3f",
+                 (created - t0) / 1e9);
     } else if (!strcmp(w, "chain")) {
         atap_release(spawn(hop, (void *)(intptr_t)0, 0));
         wait_done();
