@@ -80,6 +80,7 @@ static bool manager_life(void)
             return true;
         now = atap__now_ns();
         wake_at = atap__timers_run(&mgr.timers, now);
+        atap__sched_flush();
         atap__sched_reap(false);
         if (now >= next_tick) {
             atap__pool_tick(now);

@@ -500,6 +500,14 @@ static void submit_blocking(uint32_t ref, int priority)
     wake_blocker();
 }
 
+void atap__pool_submit_batch(const uint32_t *refs, unsigned n)
+{
+    if (n == 0)
+        return;
+    push_shared(&pool.inj, refs, n); /* one CAS a band, then one wake check */
+    notify();
+}
+
 void atap__pool_submit(uint32_t ref, int priority, bool blocking)
 {
     struct worker *w = atap__self;

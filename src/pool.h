@@ -59,6 +59,10 @@ void atap__pool_stop(void);
  * one more, so deep recursion never deadlocks the pool. */
 void atap__pool_blocked(struct worker *w, bool blocked);
 
+/* Queues worker tasks (not blocking ones) from outside the pool, each in
+ * its priority band, with one wake check for them all. */
+void atap__pool_submit_batch(const uint32_t *refs, unsigned n);
+
 /* Queues a task (ref = slot index + 1). */
 void atap__pool_submit(uint32_t ref, int priority, bool blocking);
 

@@ -227,14 +227,32 @@ static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 static void rate_tick(struct sched *c);
 static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc);
 
+/* Runs the manager's fires queue up here and go to the pool in one batch
+ * after the pass (atap__sched_flush): one CAS and one wake check for a
+ * burst of due timers instead of one each. Manager thread only. */
+#define FIRED_BATCH 256
+static uint32_t fired[FIRED_BATCH];
+static unsigned nfired;
+
+void atap__sched_flush(void)
+{
+    atap__pool_submit_batch(fired, nfired);
+    nfired = 0;
+}
+
 static void fire_start(struct atap_timer *t)
 {
     struct sched *c = start_owner(t);
 
-    if (c->kind == ATAP_AT_RATE)
+    if (c->kind == ATAP_AT_RATE) {
         rate_tick(c);
-    else
-        atap__pool_submit(c->index + 1, atap__table_at(c->index)->priority, c->blocking);
+    } else if (c->blocking) {
+        atap__pool_submit(c->index + 1, atap__table_at(c->index)->priority, true);
+    } else {
+        if (nfired == FIRED_BATCH)
+            atap__sched_flush();
+        fired[nfired++] = c->index + 1;
+    }
 }
 
 static void fire_limit(struct atap_timer *t)
@@ -292,7 +310,8 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
 {
     struct sched *c = sched_of(s);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
-    uint64_t now = atap__now_ns();
+    /* The clock only for what needs it: a deadline, a limit. */
+    uint64_t now = c->done > 0 || c->for_ns || c->timeout ? atap__now_ns() : 0;
 
     /* A repeat's next run that would start past its deadline never starts. */
     if (c->done > 0 && now > c->deadline && may_claim(c, word_state(cur))) {

@@ -51,6 +51,9 @@ bool atap__sched_finished(struct atap_slot *s, uint32_t state);
 void atap__sched_read_lock(struct atap_slot *s);
 void atap__sched_read_unlock(struct atap_slot *s);
 
+/* Manager only, after each pass over the timers: queues the runs it fired. */
+void atap__sched_flush(void);
+
 /* Lets go of the schedule when the slot goes (freed by the manager, once
  * its timer structure no longer holds the records). */
 void atap__sched_destroy(struct atap_slot *s);
