@@ -401,6 +401,14 @@ atap_task atap_self(atap_ctx *ctx)
 
 /* ---- reading ---------------------------------------------------------- */
 
+static bool held_here(struct worker *w, uint32_t ref)
+{
+    for (unsigned i = 0; i < w->nheld; i++)
+        if (w->held[i] == ref)
+            return true;
+    return false;
+}
+
 static int unblocked(struct worker *w, int rc)
 {
     if (w && w->blocked)
@@ -420,11 +428,6 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
     uint64_t slice = SLICE_MIN_NS, now, left;
     uint32_t cur;
 
-    /* A task this thread is inside (itself, or one further up the helping
-     * stack) can only settle once this wait returns: refuse, don't hang. */
-    for (unsigned i = 0; w && i < w->nheld; i++)
-        if (w->held[i] == ref && !state_terminal(word_state(ld_acquire(&s->word))))
-            return ATAP_EINVAL;
     for (;;) {
         cur = ld_acquire(&s->word);
         if (!word_is(cur, gen))
@@ -438,6 +441,12 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
             slice = SLICE_MIN_NS;
             continue;
         }
+        /* About to sleep. A task this thread is inside (itself, or one
+         * further up the helping stack) could only settle once this wait
+         * returns: refuse rather than hang. Looked at here, off the fast
+         * path, since a join that finds its task done never gets here. */
+        if (w && held_here(w, ref))
+            return unblocked(w, ATAP_EINVAL);
         /* Too deep to help any more: count as blocked, so that the pool
          * starts a worker if nobody is left to run what this waits for. */
         if (w && !w->blocking && w->depth >= HELP_LIMIT() / 2)
