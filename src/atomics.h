@@ -38,6 +38,9 @@
     atomic_compare_exchange_strong_explicit((p), (e), (v), memory_order_seq_cst,                   \
                                             memory_order_seq_cst)
 
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
 #elif defined(__aarch64__)

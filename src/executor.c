@@ -98,7 +98,7 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
         free(s->out.heap);
     if (s->arg_free)
         s->arg_free(s->arg);
-    if (s->ext)
+    if (unlikely(s->ext != NULL))
         atap__sched_destroy(s);
     s->fn = NULL;
     s->arg = NULL;
@@ -136,16 +136,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
         free_slot(atap__self, s, index, gen);
 }
 
-void atap_release(atap_task t)
-{
-    uint32_t gen;
-    struct atap_slot *s = lookup(t, &gen);
-
-    if (s)
-        atap__exec_release_listener(s, (uint32_t)t.id, gen);
-}
-
-void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
+static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     uint64_t r = ld_relaxed(&s->refs);
 
@@ -155,6 +146,20 @@ void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t g
     } while (!cas_acqrel(&s->refs, &r, r - 1));
     if (((r - 1) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
         free_slot(atap__self, s, index, gen);
+}
+
+void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    release_listener(s, index, gen);
+}
+
+void atap_release(atap_task t)
+{
+    uint32_t gen;
+    struct atap_slot *s = lookup(t, &gen);
+
+    if (s)
+        release_listener(s, (uint32_t)t.id, gen);
 }
 
 /* One more listener on a live task (it cannot be going: the caller holds a
@@ -194,7 +199,21 @@ static int check_opts(const atap_spawn_opts *o)
         return ATAP_EINVAL;
     if (o->out_size > UINT32_MAX)
         return ATAP_EINVAL;
+    if (!o->after_ns && !o->timeout_ns && !o->kind && !o->every_ns && !o->runs && !o->for_ns &&
+        !o->until_ns)
+        return 0; /* a plain task: nothing to check */
     return atap__sched_check(o);
+}
+
+/* Outputs are often a word or two: those copy without a call. */
+static inline void copy_bytes(void *dst, const void *src, size_t n)
+{
+    switch (n) {
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    case 16: memcpy(dst, src, 16); break;
+    default: memcpy(dst, src, n); break;
+    }
 }
 
 /* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
@@ -263,7 +282,7 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
              * word (a reader) or the queue entry (a worker). */
             st_release(&s->word, make_word(gen, ST_PENDING));
             *task = make_task(index, gen);
-            if (s->ext)
+            if (unlikely(s->ext != NULL))
                 atap__sched_start(s, index, gen, opts->blocking);
             else
                 atap__pool_submit(index + 1, opts->priority, opts->blocking);
@@ -320,7 +339,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
     struct atap_ctx ctx = {s, ref - 1, gen};
     int rc;
 
-    if (s->ext) {
+    if (unlikely(s->ext != NULL)) {
         if (!atap__sched_claim(s, &gen))
             return;
         ctx.gen = gen;
@@ -337,7 +356,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         pthread_exit(NULL); /* an injected death, holding this task */
     rc = s->fn(&ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
     w->nheld--;
-    if (s->ext) {
+    if (unlikely(s->ext != NULL)) {
         atap__sched_done(s, gen, rc);
         st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1);
         return;
@@ -376,7 +395,7 @@ int atap_cancel(atap_task t)
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
     if (cur & ST_WAITERS)
         atap__word_wake(&s->word, true);
-    if (s->ext)
+    if (unlikely(s->ext != NULL))
         atap__sched_cancelled(s, (uint32_t)t.id, gen);
     return 0;
 }
@@ -471,7 +490,7 @@ static int copy_out(struct atap_slot *s, uint32_t gen, void *out)
     uint32_t cur;
     int rc = 0;
 
-    if (s->ext)
+    if (unlikely(s->ext != NULL))
         atap__sched_read_lock(s); /* a repeat's next run can't publish meanwhile */
     cur = ld_acquire(&s->word);
     if (!word_is(cur, gen))
@@ -479,8 +498,8 @@ static int copy_out(struct atap_slot *s, uint32_t gen, void *out)
     else if (word_state(cur) != ST_READY)
         rc = state_error_of(s, word_state(cur));
     else if (s->out_size)
-        memcpy(out, slot_out(s), s->out_size);
-    if (s->ext)
+        copy_bytes(out, slot_out(s), s->out_size);
+    if (unlikely(s->ext != NULL))
         atap__sched_read_unlock(s);
     return rc;
 }
@@ -491,7 +510,7 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
     uint32_t cur;
     int rc = 0;
 
-    if (s->ext)
+    if (unlikely(s->ext != NULL))
         atap__sched_read_lock(s); /* what is moved out is what gets copied */
     cur = ld_acquire(&s->word);
     do {
@@ -505,8 +524,8 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
         }
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_TAKEN)));
     if (rc == 0 && s->out_size)
-        memcpy(out, slot_out(s), s->out_size);
-    if (s->ext)
+        copy_bytes(out, slot_out(s), s->out_size);
+    if (unlikely(s->ext != NULL))
         atap__sched_read_unlock(s);
     return rc;
 }
@@ -526,6 +545,9 @@ static int read_output(atap_task t, void *out, size_t size, uint64_t timeout_ns,
         return state_terminal(word_state(cur))
                    ? (take ? move_out(s, gen, out) : copy_out(s, gen, out))
                    : ATAP_ENOTREADY;
+    if (state_terminal(word_state(cur)) &&
+        (rc = take ? move_out(s, gen, out) : copy_out(s, gen, out)) != ATAP_ENOTREADY)
+        return rc; /* settled already: no wait, no clock */
     deadline = timeout_ns == ATAP__FOREVER ? ATAP__FOREVER
                                            : atap__deadline(atap__now_ns(), timeout_ns);
     do {
@@ -598,7 +620,7 @@ bool atap_finished(atap_task t)
 
     if (!s || !handle_live(s, gen, &cur))
         return true;
-    if (s->ext)
+    if (unlikely(s->ext != NULL))
         return atap__sched_finished(s, word_state(cur));
     return state_terminal(word_state(cur));
 }
