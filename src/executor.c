@@ -332,13 +332,43 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
     atap__exec_release_run(s, index, gen);
 }
 
+/*
+ * A task whose every handle is gone (spawned, then released at once) can be
+ * neither cancelled, read, waited on nor given a new handle: dup needs a
+ * listener, and a count never comes back from 0. Its runner is the only
+ * party left, so it runs with no claim, no settle and no reference CAS, and
+ * its slot goes straight back. (A thread dying in it goes through
+ * fail_held, whose CASes still hold.)
+ */
+static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
+{
+    struct atap_ctx ctx = {s, ref - 1, gen};
+
+    w->held[w->nheld++] = ref;
+    if (FAULT_WORKER_DIES(w->blocking))
+        pthread_exit(NULL); /* an injected death, holding this task */
+    if (s->fn(&ctx, s->arg, slot_out(s)) == 0)
+        s->flags |= SF_OUT_FILLED; /* nobody can take it: out_free at free */
+    w->nheld--;
+    free_slot(w, s, ref - 1, gen);
+    st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
+}
+
 void atap__exec_run(struct worker *w, uint32_t ref)
 {
     struct atap_slot *s = atap__table_at(ref - 1);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
     struct atap_ctx ctx = {s, ref - 1, gen};
+    uint64_t r;
     int rc;
 
+    /* Acquire: a last release seen here happened before the run. */
+    r = ld_acquire(&s->refs);
+    if (likely(s->ext == NULL) && word_state(cur) == ST_PENDING &&
+        (r & (REFS_RUN | REFS_COUNT_MASK)) == REFS_RUN && refs_gen(r) == gen) {
+        run_unobserved(w, s, ref, gen);
+        return;
+    }
     if (unlikely(s->ext != NULL)) {
         if (!atap__sched_claim(s, &gen))
             return;

@@ -42,18 +42,20 @@
  * of it, nor closer than 4096 slots to the live count. */
 #define TRIM_KEEP 8192u
 
-_Atomic(struct atap_slot *) atap__table_blocks[TABLE_BLOCKS];
+/* Read on every slot lookup, written once a block: lines of its own, so
+ * the counters below (written on every shared allocation) never evict it. */
+_Alignas(64) _Atomic(struct atap_slot *) atap__table_blocks[TABLE_BLOCKS];
 
 static struct {
-    _Atomic uint64_t free_head;
+    _Alignas(64) _Atomic uint64_t free_head;
     _Atomic uint32_t next; /* one past the highest index handed out */
     _Atomic uint32_t peak;
     _Atomic uint32_t gen_base;
-    _Atomic int64_t live; /* through no stash, and left by exited threads */
+    _Alignas(64) _Atomic int64_t live; /* through no stash, and left by exited threads */
     atomic_flag trimming;
     _Atomic unsigned ncaches;
     _Atomic(struct slot_cache *) caches[4096];
-} table = {.gen_base = 1, .trimming = ATOMIC_FLAG_INIT};
+} table __attribute__((aligned(64))) = {.gen_base = 1, .trimming = ATOMIC_FLAG_INIT};
 
 static size_t block_bytes(unsigned b)
 {

@@ -39,7 +39,7 @@ struct slot_cache *atap__table_outside_cache(void);
 void atap__table_register_cache(struct slot_cache *c);
 
 /* The blocks, for the inline lookup below; table.c owns them. */
-extern _Atomic(struct atap_slot *) atap__table_blocks[TABLE_BLOCKS];
+extern _Alignas(64) _Atomic(struct atap_slot *) atap__table_blocks[TABLE_BLOCKS];
 
 /* Block b holds indices [256 * (2^b - 1), 256 * (2^(b+1) - 1)). */
 static inline unsigned atap__table_block_of(uint32_t index, uint32_t *offset)

@@ -67,11 +67,51 @@
 #define QUEUED 2u
 #define SEQ_ONE 4u
 #define SEQ_MASK (~3u)
-#define LEVEL_MASK (TIMER_SLOTS - 1u)
 #define SETTLE_ROUNDS 8 /* absorbs after publishing before run gives up */
+#define PRELOAD_TICKS 16 /* ~1 ms: how soon a level-0 slot is moved to near early */
 
-_Static_assert(TIMER_LEVELS * TIMER_LEVEL_BITS + TIMER_TICK_SHIFT >= 64,
+_Static_assert(TIMER_TICK_SHIFT + TIMER_L0_BITS + (TIMER_LEVELS - 1) * TIMER_LN_BITS >= 64,
                "the levels cover every uint64_t deadline");
+_Static_assert(TIMER_NSLOTS % 64 == 0, "every level fills whole bitmap words");
+
+/* Level l covers tick bits [shift, shift + bits); its slots start at base
+ * in ts->slot and in the bitmap. */
+static inline unsigned lv_shift(unsigned l) { return l ? TIMER_L0_BITS + TIMER_LN_BITS * (l - 1) : 0; }
+static inline unsigned lv_bits(unsigned l) { return l ? TIMER_LN_BITS : TIMER_L0_BITS; }
+static inline unsigned lv_base(unsigned l)
+{
+    return l ? TIMER_L0_SLOTS + (l - 1) * (1u << TIMER_LN_BITS) : 0;
+}
+
+/* The level of a tick whose highest bit differing from cur is bit h. */
+static inline unsigned lv_of(unsigned h)
+{
+    return h < TIMER_L0_BITS ? 0 : 1 + (h - TIMER_L0_BITS) / TIMER_LN_BITS;
+}
+
+static inline void bit_set(struct atap_timers *ts, unsigned i)
+{
+    ts->occupied[i / 64] |= UINT64_C(1) << (i % 64);
+}
+
+static inline void bit_clear(struct atap_timers *ts, unsigned i)
+{
+    ts->occupied[i / 64] &= ~(UINT64_C(1) << (i % 64));
+}
+
+/* The first set bit in [from, to), or to. */
+static unsigned bit_next(const uint64_t *w, unsigned from, unsigned to)
+{
+    while (from < to) {
+        uint64_t bits = w[from / 64] & (~UINT64_C(0) << (from % 64));
+        if (bits) {
+            unsigned i = from / 64 * 64 + (unsigned)__builtin_ctzll(bits);
+            return i < to ? i : to;
+        }
+        from = from / 64 * 64 + 64;
+    }
+    return to;
+}
 
 static inline struct atap_timer *rec_of(struct atap_tlink *l)
 {
@@ -111,7 +151,7 @@ struct batch {
 static void file_rec(struct atap_timers *ts, struct atap_timer *t, struct batch *b)
 {
     uint64_t tick = t->when >> TIMER_TICK_SHIFT;
-    unsigned level, j;
+    unsigned level, i;
 
     ts->held++;
     if (tick <= ts->cur) {
@@ -121,12 +161,12 @@ static void file_rec(struct atap_timers *ts, struct atap_timer *t, struct batch 
         b->n++;
         return;
     }
-    level = (unsigned)(63 - __builtin_clzll(tick ^ ts->cur)) / TIMER_LEVEL_BITS;
-    j = (unsigned)(tick >> (level * TIMER_LEVEL_BITS)) & LEVEL_MASK;
-    if (level == 0 && (list_empty(&ts->slot[0][j]) || t->when < ts->min0[j]))
-        ts->min0[j] = t->when;
-    list_insert_before(&ts->slot[level][j], &t->link);
-    ts->occupied[level] |= UINT64_C(1) << j;
+    level = lv_of(63u - (unsigned)__builtin_clzll(tick ^ ts->cur));
+    i = lv_base(level) + ((unsigned)(tick >> lv_shift(level)) & ((1u << lv_bits(level)) - 1));
+    if (level == 0 && (list_empty(&ts->slot[i]) || t->when < ts->min0[i]))
+        ts->min0[i] = t->when;
+    list_insert_before(&ts->slot[i], &t->link);
+    bit_set(ts, i);
 }
 
 static struct atap_tlink *merge_runs(struct atap_tlink *a, struct atap_tlink *b)
@@ -229,23 +269,23 @@ static void absorb(struct atap_timers *ts)
 /* ---- the wheel -------------------------------------------------------------- */
 
 /* The next slot to cascade: the lowest occupied slot above cur's digit in the
- * lowest level that has one. Clears bits of slots found empty. */
+ * lowest level that has one; *tick is when cur reaches it. Clears the bits
+ * of slots found empty. */
 static bool next_event(struct atap_timers *ts, unsigned *level, unsigned *slot, uint64_t *tick)
 {
     for (unsigned l = 0; l < TIMER_LEVELS; l++) {
-        unsigned shift = l * TIMER_LEVEL_BITS;
-        unsigned digit = (unsigned)(ts->cur >> shift) & LEVEL_MASK;
-        uint64_t above = digit == LEVEL_MASK ? 0 : ~UINT64_C(0) << (digit + 1);
+        unsigned shift = lv_shift(l), top = shift + lv_bits(l);
+        unsigned base = lv_base(l), end = base + (1u << lv_bits(l));
+        unsigned i = base + ((unsigned)(ts->cur >> shift) & ((1u << lv_bits(l)) - 1));
 
-        for (uint64_t bits = ts->occupied[l] & above; bits; bits &= bits - 1) {
-            unsigned j = (unsigned)__builtin_ctzll(bits);
-            if (list_empty(&ts->slot[l][j])) {
-                ts->occupied[l] &= ~(UINT64_C(1) << j);
+        for (i = bit_next(ts->occupied, i + 1, end); i < end; i = bit_next(ts->occupied, i + 1, end)) {
+            if (list_empty(&ts->slot[i])) {
+                bit_clear(ts, i);
                 continue;
             }
             *level = l;
-            *slot = j;
-            *tick = (ts->cur >> shift >> TIMER_LEVEL_BITS << TIMER_LEVEL_BITS | j) << shift;
+            *slot = i;
+            *tick = ts->cur >> top << top | (uint64_t)(i - base) << shift;
             return true;
         }
     }
@@ -260,13 +300,13 @@ static inline bool entry_live(struct atap_timer *t)
 }
 
 /* Re-files every record of one slot relative to cur (which has reached it). */
-static void cascade(struct atap_timers *ts, unsigned level, unsigned j, struct batch *b)
+static void cascade(struct atap_timers *ts, unsigned i, struct batch *b)
 {
-    struct atap_tlink *h = &ts->slot[level][j], *l = h->next, *next;
+    struct atap_tlink *h = &ts->slot[i], *l = h->next, *next;
 
     h->prev->next = NULL;
     list_init(h);
-    ts->occupied[level] &= ~(UINT64_C(1) << j);
+    bit_clear(ts, i);
     for (; l; l = next) {
         struct atap_timer *t = rec_of(l);
         next = l->next;
@@ -284,13 +324,28 @@ static void advance(struct atap_timers *ts, uint64_t now_tick)
     unsigned level, j;
     uint64_t tick;
 
+    (void)level;
     while (next_event(ts, &level, &j, &tick) && tick <= now_tick) {
         ts->cur = tick;
-        cascade(ts, level, j, &b);
+        cascade(ts, j, &b);
     }
     if (now_tick > ts->cur)
         ts->cur = now_tick;
     merge_batch(ts, &b);
+}
+
+/* Moves the next level-0 slot into near early when it is due within
+ * PRELOAD_TICKS: its cascade and sort happen now, while the manager would
+ * sleep, and the run at its deadline only fires. This takes cur past now's
+ * tick (by at most PRELOAD_TICKS), which changes nothing else: near holds
+ * what is due by cur's tick, the levels what comes after. */
+static void preload(struct atap_timers *ts, uint64_t now_tick)
+{
+    unsigned level, j;
+    uint64_t tick;
+
+    if (next_event(ts, &level, &j, &tick) && level == 0 && tick <= now_tick + PRELOAD_TICKS)
+        advance(ts, tick);
 }
 
 static void fire_due(struct atap_timers *ts, uint64_t now)
@@ -365,13 +420,12 @@ void atap__timers_init(struct atap_timers *ts, uint64_t now_ns)
     ts->cur = now_ns >> TIMER_TICK_SHIFT;
     ts->held = 0;
     list_init(&ts->near);
-    for (unsigned l = 0; l < TIMER_LEVELS; l++) {
-        ts->occupied[l] = 0;
-        for (unsigned j = 0; j < TIMER_SLOTS; j++)
-            list_init(&ts->slot[l][j]);
-    }
-    for (unsigned j = 0; j < TIMER_SLOTS; j++)
-        ts->min0[j] = UINT64_MAX;
+    for (unsigned i = 0; i < TIMER_NSLOTS; i++)
+        list_init(&ts->slot[i]);
+    for (unsigned w = 0; w < TIMER_NSLOTS / 64; w++)
+        ts->occupied[w] = 0;
+    for (unsigned i = 0; i < TIMER_L0_SLOTS; i++)
+        ts->min0[i] = UINT64_MAX;
 }
 
 bool atap__timer_arm(struct atap_timers *ts, struct atap_timer *t, uint64_t deadline_ns)
@@ -423,6 +477,7 @@ uint64_t atap__timers_run(struct atap_timers *ts, uint64_t now_ns)
     absorb(ts);
     advance(ts, now_ns >> TIMER_TICK_SHIFT);
     fire_due(ts, now_ns);
+    preload(ts, now_ns >> TIMER_TICK_SHIFT);
     return settle(ts);
 }
 
@@ -451,11 +506,10 @@ static struct atap_tlink *collect(struct atap_timers *ts)
     struct atap_tlink *chain = NULL;
 
     splice_chain(&ts->near, &chain);
-    for (unsigned l = 0; l < TIMER_LEVELS; l++) {
-        for (unsigned j = 0; j < TIMER_SLOTS; j++)
-            splice_chain(&ts->slot[l][j], &chain);
-        ts->occupied[l] = 0;
-    }
+    for (unsigned i = 0; i < TIMER_NSLOTS; i++)
+        splice_chain(&ts->slot[i], &chain);
+    for (unsigned w = 0; w < TIMER_NSLOTS / 64; w++)
+        ts->occupied[w] = 0;
     ts->held = 0;
     return chain;
 }

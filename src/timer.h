@@ -6,7 +6,7 @@
  *
  * A timer is an intrusive record (struct atap_timer) that its owner embeds;
  * the structure allocates nothing, so a million timers cost a million
- * records (56 bytes each) and one fixed wheel (about 9 KiB).
+ * records (56 bytes each) and one fixed wheel (57 KiB).
  *
  * Who calls what:
  *   any thread    atap__timer_arm, atap__timer_disarm
@@ -34,10 +34,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TIMER_TICK_SHIFT 16 /* a wheel tick is 2^16 ns, 65.5 us */
-#define TIMER_LEVEL_BITS 6
-#define TIMER_SLOTS 64   /* per level: one uint64_t of occupancy */
-#define TIMER_LEVELS 8   /* 8 x 6 bits of ticks: every uint64_t deadline */
+/* The wheel: a tick is 2^16 ns (65.5 us). Level 0 has a slot per tick for
+ * 2048 ticks (134 ms), so short timers never cascade; levels 1..7 have 64
+ * slots each, every slot 64 times the span of one below: 8.6 s, 9.2 min,
+ * 9.8 h, 26 days, 4.6 years, and the rest of uint64_t. */
+#define TIMER_TICK_SHIFT 16
+#define TIMER_L0_BITS 11
+#define TIMER_LN_BITS 6
+#define TIMER_LEVELS 8
+#define TIMER_L0_SLOTS (1u << TIMER_L0_BITS)
+#define TIMER_NSLOTS (TIMER_L0_SLOTS + (TIMER_LEVELS - 1) * (1u << TIMER_LN_BITS))
 
 /* Manager-owned doubly linked list node; next == NULL: on no list. */
 struct atap_tlink {
@@ -62,10 +68,10 @@ struct atap_timers {
     /* Manager only. */
     uint64_t cur;               /* the tick the wheel has reached */
     size_t held;                /* records on the wheel and the near list */
-    uint64_t occupied[TIMER_LEVELS]; /* a set bit may name an emptied slot */
+    uint64_t occupied[TIMER_NSLOTS / 64]; /* a set bit may name an emptied slot */
     struct atap_tlink near;     /* due within the current tick, by deadline */
-    uint64_t min0[TIMER_SLOTS]; /* lower bound of a level-0 slot's deadlines */
-    struct atap_tlink slot[TIMER_LEVELS][TIMER_SLOTS];
+    uint64_t min0[TIMER_L0_SLOTS]; /* lower bound of a level-0 slot's deadlines */
+    struct atap_tlink slot[TIMER_NSLOTS]; /* level 0, then 64 for each level above */
 };
 
 /* Makes t an idle record that calls fire(t) on the manager when it fires.
