@@ -20,8 +20,16 @@
  * the last searcher, wakes the next worker if work remains (leave_search).
  * So at most one searcher is woken per burst of spawns and no task waits
  * while a worker sleeps. A task put into a worker's LIFO slot wakes nobody:
- * its spawner runs it next (the manager's tick rebalances, in later
- * versions).
+ * its spawner runs it next. If the spawner then waits for something other
+ * than a join, the manager's tick hands the slot to an idle peer, and a
+ * worker blocked in a join too deep to help wakes one itself.
+ *
+ * Growth and reaping (the manager's tick, atap__pool_tick): one more worker
+ * when every worker is stuck (inside a task, nothing finished for a tick)
+ * and work waits, up to the target, past it only under overload, never past
+ * the ceiling; the idle worker that idled longest goes after 500 ms (50 ms
+ * above the target), never below the floor. Blocking threads stop on their
+ * own after 500 ms idle, with no floor.
  *
  * A worker's park word: RUNNING, IDLE (on the list, may sleep), NOTIFIED
  * (taken off the list by a waker, counted as searching) or STOP.

@@ -123,8 +123,9 @@ int atap_shutdown(void)
     }
     while (ld_seqcst(&inflight) != 0)
         poll_pause();
-    /* The manager first: what it would still start (a later version's
-     * delays and repeats) is written off; the pool then drains. */
+    /* The manager first: what it would still start (delays, gaps, periods)
+     * is written off as FAILED, and a repeat ends at its next turn; then the
+     * pool drains what is queued or running. */
     atap__manager_stop();
     atap__pool_stop();
     st_seqcst(&lifecycle, STOPPED);

@@ -69,7 +69,7 @@ struct atap_slot {
     void *arg;
     void (*arg_free)(void *);
     void (*out_free)(void *);
-    void *ext; /* per-kind extras (timing, values, parks) of later versions */
+    void *ext; /* a task that uses time: its schedule (schedule.c); else NULL */
     union {
         unsigned char bytes[SLOT_SIZE - 72];
         void *heap;
