@@ -1,6 +1,6 @@
 /*
- * The manager's timers: an MPSC inbox in front of a hierarchical timing
- * wheel that only the manager thread touches.
+ * The manager's timers: an MPSC inbox in front of a timing wheel that only
+ * the manager thread touches.
  *
  * The record's state word: seq << 2 | QUEUED | ARMED.
  *   ARMED   the latest arming is owed exactly one outcome. Cleared by CAS,
@@ -23,31 +23,35 @@
  *
  * Arm: clear ARMED if set, store the deadline, CAS in seq + 1 | QUEUED |
  * ARMED, push unless QUEUED was already set (then the record is in the inbox
- * and the manager will read the new deadline when it drains it). Disarm:
- * one CAS clearing ARMED; the manager drops the stale entry when it meets
- * it (lazy: nothing else to do on the disarming thread).
+ * and the manager reads the new deadline when it drains it). Disarm: one CAS
+ * clearing ARMED; the manager drops the stale entry when it meets it.
  *
- * The wheel (manager only). A tick is 2^16 ns; `cur` is the tick it has
- * reached (never past the last now given to run). A record lives in at most
- * one place, `link.next == NULL` meaning none:
- *   level L, slot j  its tick > cur, first differs from cur in 6-bit group
- *                    L, and has digit j there (so j > cur's digit);
- *   near             its tick <= cur; sorted by deadline;
- *   a batch          transient, on the way to near within one call.
- * So every event at level L (a slot above cur's digit) comes before every
- * event at level L + 1, and the next event is the lowest occupied slot of
- * the lowest level. Reaching it, the slot cascades: each record is re-filed
- * relative to the new cur, one level down or into near. A record fires only
- * from near, only when its deadline <= now, and only through the CAS: never
- * early. Every record with deadline <= now has tick <= now's tick, and run
- * reaches every event up to now's tick before it fires, so a record absorbed
- * before a run fires in that run if it is due.
+ * The wheel (manager only), in ticks of 2^16 ns. A record is in at most one
+ * place (`link.next == NULL`: none), filed by its deadline's tick:
+ *   near     tick <= cur, sorted by deadline (and, rarely, records a time
+ *            jump brought back from the levels; near only needs sorting);
+ *   ring     cur < tick < cur + RING, slot tick % RING (one tick a slot);
+ *   levels   tick > lead, at the level of the highest 6-bit group in which
+ *            it differs from lead, in the slot of its digit there (above
+ *            lead's digit), so every event at level l comes before every
+ *            event at level l + 1;
+ *   pending  a level slot that lead has reached, being re-filed.
+ * `cur` follows now (and runs at most PRELOAD_TICKS ahead of it); `lead`
+ * is kept up to TIMER_LEAD ticks ahead of cur by cascading the levels a
+ * budget of records per run (re-filing a record moves it to the ring, or a
+ * lower level). Before a run fires, every event up to now's tick has been
+ * taken in (the ring's and the levels', however far behind), so a record
+ * with deadline <= now is in near. A record fires only from near's head,
+ * only when its deadline <= now, and only through the CAS: never early,
+ * and in deadline order, at the first run after it was absorbed with
+ * now >= its deadline.
  *
- * The sleep: run returns the exact earliest deadline (the head of near, or a
- * lower bound `min0` of the next level-0 slot that is exact unless a record
- * left it), or the start of a higher slot that must cascade. It publishes
- * that in next_wake, and arm lowers next_wake by CAS when its deadline is
- * earlier, returning true so its caller wakes the manager.
+ * The sleep: run returns the exact earliest deadline (near's head, or the
+ * next ring slot's `ring_min`, exact unless a record left it, then early),
+ * or when the next level slot comes within TIMER_LEAD of cur, or a time
+ * already past while cascading work remains. It publishes that in
+ * next_wake; arm lowers next_wake by CAS when its deadline is earlier and
+ * then returns true, so its caller wakes the manager.
  *
  * Lost wakes (the one protocol here that needs seq_cst): arm pushes (seq_cst)
  * and then reads next_wake (seq_cst); run publishes next_wake (seq_cst) and
@@ -67,37 +71,61 @@
 #define QUEUED 2u
 #define SEQ_ONE 4u
 #define SEQ_MASK (~3u)
-#define SETTLE_ROUNDS 8 /* absorbs after publishing before run gives up */
-#define PRELOAD_TICKS 16 /* ~1 ms: how soon a level-0 slot is moved to near early */
+#define RING_MASK (TIMER_RING - 1u)
+#define LEVEL_SLOTS (1u << TIMER_LEVEL_BITS)
+#define SETTLE_ROUNDS 8   /* absorbs after publishing before run gives up */
+#define PRELOAD_TICKS 16  /* ~1 ms: how soon a ring slot is moved to near early */
+#define LEAD_BUDGET 1024  /* records a run re-files from the levels, ~0.1 ms */
 
-_Static_assert(TIMER_TICK_SHIFT + TIMER_L0_BITS + (TIMER_LEVELS - 1) * TIMER_LN_BITS >= 64,
+_Static_assert(TIMER_LEVELS * TIMER_LEVEL_BITS + TIMER_TICK_SHIFT >= 64,
                "the levels cover every uint64_t deadline");
-_Static_assert(TIMER_NSLOTS % 64 == 0, "every level fills whole bitmap words");
+_Static_assert(TIMER_RING % 64 == 0 && TIMER_LEAD + PRELOAD_TICKS < TIMER_RING,
+               "the ring holds whole bitmap words and reaches past lead");
 
-/* Level l covers tick bits [shift, shift + bits); its slots start at base
- * in ts->slot and in the bitmap. */
-static inline unsigned lv_shift(unsigned l) { return l ? TIMER_L0_BITS + TIMER_LN_BITS * (l - 1) : 0; }
-static inline unsigned lv_bits(unsigned l) { return l ? TIMER_LN_BITS : TIMER_L0_BITS; }
-static inline unsigned lv_base(unsigned l)
+static inline struct atap_timer *rec_of(struct atap_tlink *l)
 {
-    return l ? TIMER_L0_SLOTS + (l - 1) * (1u << TIMER_LN_BITS) : 0;
+    return (struct atap_timer *)((char *)l - offsetof(struct atap_timer, link));
 }
 
-/* The level of a tick whose highest bit differing from cur is bit h. */
-static inline unsigned lv_of(unsigned h)
+static inline uint64_t tick_of(uint64_t ns) { return ns >> TIMER_TICK_SHIFT; }
+
+/* ---- lists and bitmaps (manager only) ------------------------------------ */
+
+static inline void list_init(struct atap_tlink *h) { h->next = h->prev = h; }
+
+static inline bool list_empty(const struct atap_tlink *h) { return h->next == h; }
+
+static inline void list_insert_before(struct atap_tlink *pos, struct atap_tlink *l)
 {
-    return h < TIMER_L0_BITS ? 0 : 1 + (h - TIMER_L0_BITS) / TIMER_LN_BITS;
+    l->next = pos;
+    l->prev = pos->prev;
+    pos->prev->next = l;
+    pos->prev = l;
 }
 
-static inline void bit_set(struct atap_timers *ts, unsigned i)
+/* Moves every link of list `from` to the end of list `to`. */
+static void list_splice(struct atap_tlink *to, struct atap_tlink *from)
 {
-    ts->occupied[i / 64] |= UINT64_C(1) << (i % 64);
+    if (list_empty(from))
+        return;
+    from->next->prev = to->prev;
+    to->prev->next = from->next;
+    from->prev->next = to;
+    to->prev = from->prev;
+    list_init(from);
 }
 
-static inline void bit_clear(struct atap_timers *ts, unsigned i)
+static void unlink_rec(struct atap_timers *ts, struct atap_timer *t)
 {
-    ts->occupied[i / 64] &= ~(UINT64_C(1) << (i % 64));
+    t->link.prev->next = t->link.next;
+    t->link.next->prev = t->link.prev;
+    t->link.next = t->link.prev = NULL;
+    ts->held--;
 }
+
+static inline void bit_set(uint64_t *w, unsigned i) { w[i / 64] |= UINT64_C(1) << (i % 64); }
+
+static inline void bit_clear(uint64_t *w, unsigned i) { w[i / 64] &= ~(UINT64_C(1) << (i % 64)); }
 
 /* The first set bit in [from, to), or to. */
 static unsigned bit_next(const uint64_t *w, unsigned from, unsigned to)
@@ -113,60 +141,52 @@ static unsigned bit_next(const uint64_t *w, unsigned from, unsigned to)
     return to;
 }
 
-static inline struct atap_timer *rec_of(struct atap_tlink *l)
+/* Whether the entry still stands for the record's latest arming. A stale
+ * answer costs only a later look: the fire CAS decides. */
+static inline bool entry_live(struct atap_timer *t)
 {
-    return (struct atap_timer *)((char *)l - offsetof(struct atap_timer, link));
-}
-
-/* ---- lists (manager only) ------------------------------------------------ */
-
-static inline void list_init(struct atap_tlink *h) { h->next = h->prev = h; }
-
-static inline bool list_empty(const struct atap_tlink *h) { return h->next == h; }
-
-static inline void list_insert_before(struct atap_tlink *pos, struct atap_tlink *l)
-{
-    l->next = pos;
-    l->prev = pos->prev;
-    pos->prev->next = l;
-    pos->prev = l;
-}
-
-static void unlink_rec(struct atap_timers *ts, struct atap_timer *t)
-{
-    t->link.prev->next = t->link.next;
-    t->link.next->prev = t->link.prev;
-    t->link.next = t->link.prev = NULL;
-    ts->held--;
+    return ld_relaxed(&t->state) == (t->eseq | ARMED);
 }
 
 /* ---- filing (manager only) ----------------------------------------------- */
 
-/* A batch: records bound for near, chained through link.next (NULL ends). */
+/* A batch: records bound for near, chained through link.next (NULL ends);
+ * it lives within one call, and is merged into near before the call ends. */
 struct batch {
     struct atap_tlink *head;
     size_t n;
 };
 
+static void batch_add(struct batch *b, struct atap_timer *t)
+{
+    t->link.next = b->head;
+    t->link.prev = NULL;
+    b->head = &t->link;
+    b->n++;
+}
+
 static void file_rec(struct atap_timers *ts, struct atap_timer *t, struct batch *b)
 {
-    uint64_t tick = t->when >> TIMER_TICK_SHIFT;
-    unsigned level, i;
+    uint64_t tick = tick_of(t->when);
+    unsigned l, j;
 
     ts->held++;
     if (tick <= ts->cur) {
-        t->link.next = b->head;
-        t->link.prev = NULL;
-        b->head = &t->link;
-        b->n++;
-        return;
+        batch_add(b, t);
+    } else if (tick - ts->cur < TIMER_RING) {
+        j = (unsigned)tick & RING_MASK;
+        if (list_empty(&ts->ring[j]) || t->when < ts->ring_min[j])
+            ts->ring_min[j] = t->when;
+        list_insert_before(&ts->ring[j], &t->link);
+        bit_set(ts->ring_bits, j);
+    } else if (tick > ts->lead) { /* always: lead < cur + RING */
+        l = (unsigned)(63 - __builtin_clzll(tick ^ ts->lead)) / TIMER_LEVEL_BITS;
+        j = (unsigned)(tick >> (l * TIMER_LEVEL_BITS)) & (LEVEL_SLOTS - 1);
+        list_insert_before(&ts->level[l][j], &t->link);
+        ts->level_bits[l] |= UINT64_C(1) << j;
+    } else {
+        batch_add(b, t); /* near takes anything; it only costs */
     }
-    level = lv_of(63u - (unsigned)__builtin_clzll(tick ^ ts->cur));
-    i = lv_base(level) + ((unsigned)(tick >> lv_shift(level)) & ((1u << lv_bits(level)) - 1));
-    if (level == 0 && (list_empty(&ts->slot[i]) || t->when < ts->min0[i]))
-        ts->min0[i] = t->when;
-    list_insert_before(&ts->slot[i], &t->link);
-    bit_set(ts, i);
 }
 
 static struct atap_tlink *merge_runs(struct atap_tlink *a, struct atap_tlink *b)
@@ -199,7 +219,7 @@ static struct atap_tlink *sort_run(struct atap_tlink **l, size_t n)
 }
 
 /* Sorts the batch and merges it into near, which stays sorted. Near holds
- * at most about one tick of records, so the walk is short. */
+ * about one tick of records, so the walk is short. */
 static void merge_batch(struct atap_timers *ts, struct batch *b)
 {
     struct atap_tlink *l, *next, *pos = ts->near.next;
@@ -250,7 +270,7 @@ static void absorb_rec(struct atap_timers *ts, struct atap_timer *t, struct batc
     file_rec(ts, t, b);
 }
 
-/* Drains the inbox into the wheel and near. */
+/* Drains the inbox into the wheel. */
 static void absorb(struct atap_timers *ts)
 {
     struct batch b = {NULL, 0};
@@ -266,97 +286,177 @@ static void absorb(struct atap_timers *ts)
     merge_batch(ts, &b);
 }
 
-/* ---- the wheel -------------------------------------------------------------- */
+/* ---- the ring ------------------------------------------------------------------ */
 
-/* The next slot to cascade: the lowest occupied slot above cur's digit in the
- * lowest level that has one; *tick is when cur reaches it. Clears the bits
- * of slots found empty. */
-static bool next_event(struct atap_timers *ts, unsigned *level, unsigned *slot, uint64_t *tick)
+/* The first occupied ring slot after cur's, and its tick. Clears the bits of
+ * slots found empty. */
+static bool ring_next(struct atap_timers *ts, unsigned *slot, uint64_t *tick)
 {
-    for (unsigned l = 0; l < TIMER_LEVELS; l++) {
-        unsigned shift = lv_shift(l), top = shift + lv_bits(l);
-        unsigned base = lv_base(l), end = base + (1u << lv_bits(l));
-        unsigned i = base + ((unsigned)(ts->cur >> shift) & ((1u << lv_bits(l)) - 1));
+    unsigned here = (unsigned)ts->cur & RING_MASK;
 
-        for (i = bit_next(ts->occupied, i + 1, end); i < end; i = bit_next(ts->occupied, i + 1, end)) {
-            if (list_empty(&ts->slot[i])) {
-                bit_clear(ts, i);
+    for (int pass = 0; pass < 2; pass++) {
+        unsigned to = pass ? here : TIMER_RING;
+        unsigned i = bit_next(ts->ring_bits, pass ? 0 : here + 1, to);
+
+        for (; i < to; i = bit_next(ts->ring_bits, i + 1, to)) {
+            if (list_empty(&ts->ring[i])) {
+                bit_clear(ts->ring_bits, i);
                 continue;
             }
-            *level = l;
             *slot = i;
-            *tick = ts->cur >> top << top | (uint64_t)(i - base) << shift;
+            *tick = ts->cur + ((i - here) & RING_MASK);
             return true;
         }
     }
     return false;
 }
 
-/* Whether the entry still stands for the record's latest arming. A stale
- * answer costs only a later look: the fire CAS decides. */
-static inline bool entry_live(struct atap_timer *t)
-{
-    return ld_relaxed(&t->state) == (t->eseq | ARMED);
-}
-
-/* Re-files every record of one slot relative to cur (which has reached it). */
-static void cascade(struct atap_timers *ts, unsigned i, struct batch *b)
-{
-    struct atap_tlink *h = &ts->slot[i], *l = h->next, *next;
-
-    h->prev->next = NULL;
-    list_init(h);
-    bit_clear(ts, i);
-    for (; l; l = next) {
-        struct atap_timer *t = rec_of(l);
-        next = l->next;
-        t->link.next = t->link.prev = NULL;
-        ts->held--;
-        if (entry_live(t))
-            file_rec(ts, t, b);
-    }
-}
-
-/* Moves cur to now's tick, cascading every slot reached on the way. */
-static void advance(struct atap_timers *ts, uint64_t now_tick)
+/* Moves cur to `to`, taking every ring slot passed on the way into near. */
+static void ring_advance(struct atap_timers *ts, uint64_t to)
 {
     struct batch b = {NULL, 0};
-    unsigned level, j;
+    unsigned j;
     uint64_t tick;
 
-    (void)level;
-    while (next_event(ts, &level, &j, &tick) && tick <= now_tick) {
-        ts->cur = tick;
-        cascade(ts, j, &b);
+    while (ring_next(ts, &j, &tick) && tick <= to) {
+        struct atap_tlink *h = &ts->ring[j], *l = h->next, *next;
+
+        h->prev->next = NULL;
+        list_init(h);
+        bit_clear(ts->ring_bits, j);
+        for (; l; l = next) {
+            next = l->next;
+            if (next)
+                __builtin_prefetch(rec_of(next), 1);
+            if (entry_live(rec_of(l))) {
+                batch_add(&b, rec_of(l));
+            } else {
+                l->next = l->prev = NULL;
+                ts->held--;
+            }
+        }
     }
-    if (now_tick > ts->cur)
-        ts->cur = now_tick;
+    if (to > ts->cur)
+        ts->cur = to;
     merge_batch(ts, &b);
 }
 
-/* Moves the next level-0 slot into near early when it is due within
- * PRELOAD_TICKS: its cascade and sort happen now, while the manager would
- * sleep, and the run at its deadline only fires. This takes cur past now's
- * tick (by at most PRELOAD_TICKS), which changes nothing else: near holds
- * what is due by cur's tick, the levels what comes after. */
-static void preload(struct atap_timers *ts, uint64_t now_tick)
-{
-    unsigned level, j;
-    uint64_t tick;
+/* ---- the levels ------------------------------------------------------------------ */
 
-    if (next_event(ts, &level, &j, &tick) && level == 0 && tick <= now_tick + PRELOAD_TICKS)
-        advance(ts, tick);
+/* The next level slot lead will reach: the lowest occupied slot above lead's
+ * digit in the lowest level that has one, and the tick it starts at. */
+static bool level_next(struct atap_timers *ts, unsigned *level, unsigned *slot, uint64_t *tick)
+{
+    for (unsigned l = 0; l < TIMER_LEVELS; l++) {
+        unsigned shift = l * TIMER_LEVEL_BITS, top = shift + TIMER_LEVEL_BITS;
+        unsigned digit = (unsigned)(ts->lead >> shift) & (LEVEL_SLOTS - 1);
+        uint64_t bits = ts->level_bits[l] & (~UINT64_C(1) << digit);
+
+        for (; bits; bits &= bits - 1) {
+            unsigned j = (unsigned)__builtin_ctzll(bits);
+            if (list_empty(&ts->level[l][j])) {
+                ts->level_bits[l] &= ~(UINT64_C(1) << j);
+                continue;
+            }
+            *level = l;
+            *slot = j;
+            *tick = ts->lead >> top << top | (uint64_t)j << shift;
+            return true;
+        }
+    }
+    return false;
 }
 
+/* Re-files up to `budget` records of pending; returns what is left of it. */
+static size_t refile_pending(struct atap_timers *ts, size_t budget, struct batch *b)
+{
+    while (budget > 0 && !list_empty(&ts->pending)) {
+        struct atap_timer *t = rec_of(ts->pending.next);
+
+        unlink_rec(ts, t);
+        if (entry_live(t))
+            file_rec(ts, t, b);
+        budget--;
+    }
+    return budget;
+}
+
+/* Cascades the levels until everything up to `target` is in the ring or
+ * near, re-filing at most `budget` records. True when that is done. Pending
+ * records all come at or after lead, so they wait while lead > target. */
+static bool lead_to(struct atap_timers *ts, uint64_t target, size_t budget)
+{
+    struct batch b = {NULL, 0};
+    unsigned l, j;
+    uint64_t tick;
+    bool done = true;
+
+    for (;;) {
+        if (!list_empty(&ts->pending)) {
+            if (ts->lead > target)
+                break;
+            budget = refile_pending(ts, budget, &b);
+            if (!list_empty(&ts->pending)) {
+                done = false; /* out of budget */
+                break;
+            }
+        }
+        if (!level_next(ts, &l, &j, &tick) || tick > target) {
+            if (target > ts->lead)
+                ts->lead = target; /* no slot in between: nothing to re-file */
+            break;
+        }
+        ts->lead = tick;
+        list_splice(&ts->pending, &ts->level[l][j]);
+        ts->level_bits[l] &= ~(UINT64_C(1) << j);
+    }
+    merge_batch(ts, &b);
+    return done;
+}
+
+/* ---- firing --------------------------------------------------------------------- */
+
+/* Brings cur (and lead, whatever that costs) to `tick`: after it, every
+ * record with a tick <= `tick` is in near. */
+static void catch_up(struct atap_timers *ts, uint64_t tick)
+{
+    ring_advance(ts, tick);
+    (void)lead_to(ts, ts->cur, SIZE_MAX);
+}
+
+/* Moves the next ring slot into near early when it is due within
+ * PRELOAD_TICKS: its sort happens now, while the manager would sleep, and
+ * the run at its deadline only fires. */
+static void preload(struct atap_timers *ts, uint64_t now_tick)
+{
+    unsigned j;
+    uint64_t tick;
+
+    if (ring_next(ts, &j, &tick) && tick <= now_tick + PRELOAD_TICKS)
+        catch_up(ts, tick);
+}
+
+/* Fires near's due prefix. It is cut off whole first, so firing one record
+ * writes to no other (the callbacks only reach the inbox and state words). */
 static void fire_due(struct atap_timers *ts, uint64_t now)
 {
-    while (!list_empty(&ts->near)) {
-        struct atap_timer *t = rec_of(ts->near.next);
+    struct atap_tlink *first = ts->near.next, *l = first, *next;
+
+    while (l != &ts->near && rec_of(l)->when <= now) {
+        l = l->next;
+        ts->held--;
+    }
+    if (l == first)
+        return;
+    l->prev->next = NULL;
+    ts->near.next = l;
+    l->prev = &ts->near;
+    for (l = first; l; l = next) {
+        struct atap_timer *t = rec_of(l);
         uint32_t armed = t->eseq | ARMED;
 
-        if (t->when > now)
-            return;
-        unlink_rec(ts, t);
+        next = l->next;
+        l->next = l->prev = NULL;
         /* Strong: a spurious failure would lose the fire. acq_rel: acquire
          * sees what the armer wrote before arming; release lets a losing
          * disarm (acquire) see everything before the fire. */
@@ -366,26 +466,30 @@ static void fire_due(struct atap_timers *ts, uint64_t now)
     }
 }
 
-static uint64_t next_deadline(struct atap_timers *ts)
+static uint64_t next_deadline(struct atap_timers *ts, uint64_t now, bool lead_done)
 {
     uint64_t next = list_empty(&ts->near) ? UINT64_MAX : rec_of(ts->near.next)->when;
-    unsigned level, j;
-    uint64_t tick, at;
+    unsigned l, j;
+    uint64_t tick;
 
-    if (next_event(ts, &level, &j, &tick)) {
-        at = level == 0 ? ts->min0[j] : tick << TIMER_TICK_SHIFT;
-        if (at < next)
-            next = at;
+    if (ring_next(ts, &j, &tick) && ts->ring_min[j] < next)
+        next = ts->ring_min[j];
+    if (!lead_done)
+        return next < now ? next : now; /* cascading is not done: at once */
+    if (level_next(ts, &l, &j, &tick)) {
+        tick = (tick - TIMER_LEAD) << TIMER_TICK_SHIFT; /* tick > cur + LEAD */
+        if (tick < next)
+            next = tick;
     }
     return next;
 }
 
 /* Publishes the next deadline, then absorbs whatever was armed meanwhile
  * (the lost-wake handshake, top of file). */
-static uint64_t settle(struct atap_timers *ts)
+static uint64_t settle(struct atap_timers *ts, uint64_t now, bool lead_done)
 {
     for (int round = 0;; round++) {
-        uint64_t next = next_deadline(ts);
+        uint64_t next = next_deadline(ts, now, lead_done);
 
         st_seqcst(&ts->next_wake, next);
         if (ld_seqcst(&ts->inbox) == NULL)
@@ -417,15 +521,21 @@ void atap__timers_init(struct atap_timers *ts, uint64_t now_ns)
 {
     atomic_init(&ts->inbox, NULL);
     atomic_init(&ts->next_wake, UINT64_MAX);
-    ts->cur = now_ns >> TIMER_TICK_SHIFT;
+    ts->cur = ts->lead = tick_of(now_ns);
     ts->held = 0;
     list_init(&ts->near);
-    for (unsigned i = 0; i < TIMER_NSLOTS; i++)
-        list_init(&ts->slot[i]);
-    for (unsigned w = 0; w < TIMER_NSLOTS / 64; w++)
-        ts->occupied[w] = 0;
-    for (unsigned i = 0; i < TIMER_L0_SLOTS; i++)
-        ts->min0[i] = UINT64_MAX;
+    list_init(&ts->pending);
+    for (unsigned i = 0; i < TIMER_RING; i++) {
+        list_init(&ts->ring[i]);
+        ts->ring_min[i] = UINT64_MAX;
+    }
+    for (unsigned i = 0; i < TIMER_RING / 64; i++)
+        ts->ring_bits[i] = 0;
+    for (unsigned l = 0; l < TIMER_LEVELS; l++) {
+        for (unsigned j = 0; j < LEVEL_SLOTS; j++)
+            list_init(&ts->level[l][j]);
+        ts->level_bits[l] = 0;
+    }
 }
 
 bool atap__timer_arm(struct atap_timers *ts, struct atap_timer *t, uint64_t deadline_ns)
@@ -472,13 +582,17 @@ bool atap__timer_disarm(struct atap_timers *ts, struct atap_timer *t)
 
 uint64_t atap__timers_run(struct atap_timers *ts, uint64_t now_ns)
 {
+    uint64_t now_tick = tick_of(now_ns);
+    bool lead_done;
+
     /* Awake: arms from now on need not wake us; settle() looks again. */
     st_seqcst(&ts->next_wake, 0);
     absorb(ts);
-    advance(ts, now_ns >> TIMER_TICK_SHIFT);
+    catch_up(ts, now_tick);
     fire_due(ts, now_ns);
-    preload(ts, now_ns >> TIMER_TICK_SHIFT);
-    return settle(ts);
+    lead_done = lead_to(ts, ts->cur + TIMER_LEAD, LEAD_BUDGET);
+    preload(ts, now_tick);
+    return settle(ts, now_ns, lead_done);
 }
 
 size_t atap__timers_pending(struct atap_timers *ts) { return ts->held; }
@@ -506,10 +620,16 @@ static struct atap_tlink *collect(struct atap_timers *ts)
     struct atap_tlink *chain = NULL;
 
     splice_chain(&ts->near, &chain);
-    for (unsigned i = 0; i < TIMER_NSLOTS; i++)
-        splice_chain(&ts->slot[i], &chain);
-    for (unsigned w = 0; w < TIMER_NSLOTS / 64; w++)
-        ts->occupied[w] = 0;
+    splice_chain(&ts->pending, &chain);
+    for (unsigned i = 0; i < TIMER_RING; i++)
+        splice_chain(&ts->ring[i], &chain);
+    for (unsigned i = 0; i < TIMER_RING / 64; i++)
+        ts->ring_bits[i] = 0;
+    for (unsigned l = 0; l < TIMER_LEVELS; l++) {
+        for (unsigned j = 0; j < LEVEL_SLOTS; j++)
+            splice_chain(&ts->level[l][j], &chain);
+        ts->level_bits[l] = 0;
+    }
     ts->held = 0;
     return chain;
 }

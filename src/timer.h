@@ -34,16 +34,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The wheel: a tick is 2^16 ns (65.5 us). Level 0 has a slot per tick for
- * 2048 ticks (134 ms), so short timers never cascade; levels 1..7 have 64
- * slots each, every slot 64 times the span of one below: 8.6 s, 9.2 min,
- * 9.8 h, 26 days, 4.6 years, and the rest of uint64_t. */
+/* The wheel. A tick is 2^16 ns (65.5 us). The ring has a slot per tick for
+ * the next 2048 ticks (134 ms): a timer due that soon is filed there once
+ * and never cascades. Anything later waits in 8 levels of 64 slots (level l
+ * slots span 64^l ticks: 65 us, 4 ms, 268 ms, 17 s, 18 min, 19 h, 51 days,
+ * 9 years), which are cascaded TIMER_LEAD ticks (67 ms) before they are
+ * due, a bounded chunk per run, so no cascade ever holds up a fire. */
 #define TIMER_TICK_SHIFT 16
-#define TIMER_L0_BITS 11
-#define TIMER_LN_BITS 6
+#define TIMER_RING_BITS 11
+#define TIMER_RING (1u << TIMER_RING_BITS)
+#define TIMER_LEAD (TIMER_RING / 2)
+#define TIMER_LEVEL_BITS 6
 #define TIMER_LEVELS 8
-#define TIMER_L0_SLOTS (1u << TIMER_L0_BITS)
-#define TIMER_NSLOTS (TIMER_L0_SLOTS + (TIMER_LEVELS - 1) * (1u << TIMER_LN_BITS))
 
 /* Manager-owned doubly linked list node; next == NULL: on no list. */
 struct atap_tlink {
@@ -66,12 +68,16 @@ struct atap_timers {
     _Atomic uint64_t next_wake; /* what the manager sleeps until; 0: awake */
     char pad0[48];
     /* Manager only. */
-    uint64_t cur;               /* the tick the wheel has reached */
-    size_t held;                /* records on the wheel and the near list */
-    uint64_t occupied[TIMER_NSLOTS / 64]; /* a set bit may name an emptied slot */
-    struct atap_tlink near;     /* due within the current tick, by deadline */
-    uint64_t min0[TIMER_L0_SLOTS]; /* lower bound of a level-0 slot's deadlines */
-    struct atap_tlink slot[TIMER_NSLOTS]; /* level 0, then 64 for each level above */
+    uint64_t cur;               /* tick: near holds ticks <= cur, the ring (cur, cur + RING) */
+    uint64_t lead;              /* tick: the levels hold ticks > lead, filed against it */
+    size_t held;                /* records on near, the ring, the levels, pending */
+    struct atap_tlink near;     /* sorted by deadline */
+    struct atap_tlink pending;  /* a level slot being cascaded, a chunk a run */
+    uint64_t ring_bits[TIMER_RING / 64]; /* a set bit may name an emptied slot */
+    uint64_t level_bits[TIMER_LEVELS];
+    uint64_t ring_min[TIMER_RING]; /* lower bound of a ring slot's deadlines */
+    struct atap_tlink ring[TIMER_RING];
+    struct atap_tlink level[TIMER_LEVELS][1u << TIMER_LEVEL_BITS];
 };
 
 /* Makes t an idle record that calls fire(t) on the manager when it fires.

@@ -74,6 +74,21 @@ static void test_schedule_after_never_early(void **state)
     free(l);
 }
 
+/* A delay spanning manager restarts runs late, never early, and runs. */
+static void test_schedule_after_survives_manager_restart(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    uint64_t t0 = now_ns();
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(80)});
+    sleep_us(10000);
+    atap_inject_manager_faults(2);
+    assert_int_equal(atap_join_for(t, &(uint64_t){0}, 8, ATAP_SEC(10)), 0);
+    assert_true(atomic_load(&l->start[0]) >= t0 + ATAP_MS(80));
+    atap_release(t);
+    free(l);
+}
+
 static void test_schedule_after_cancelled_before_start(void **state)
 {
     (void)state;
@@ -441,6 +456,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
     const struct CMUnitTest tests[] = {
         T(test_schedule_after_never_early),
+        T(test_schedule_after_survives_manager_restart),
         T(test_schedule_after_cancelled_before_start),
         T(test_schedule_timeout_ends_the_run),
         T(test_schedule_timeout_excludes_the_wait),
