@@ -284,6 +284,33 @@ static void unlink_from(struct worker **list, _Atomic unsigned *count, struct wo
     sub_relaxed(count, 1);
 }
 
+/*
+ * Puts an idle thread on its idle list, counted (seq_cst: the lost-wake
+ * handshake's store, before the caller's last look). Returns PARK_IDLE when
+ * listed; PARK_STOP when the pool is stopping; PARK_RUNNING when an injected
+ * death is owed, for the caller to go round and take it.
+ */
+static uint32_t join_idle(struct worker *w, struct worker **list, _Atomic unsigned *count)
+{
+    uint32_t rc = PARK_IDLE;
+
+    pthread_mutex_lock(&pool.lock);
+    if (ld_acquire(&pool.stopping)) {
+        rc = PARK_STOP;
+    } else if (FAULT_DEATH_OWED(w->blocking)) {
+        rc = PARK_RUNNING;
+    } else {
+        st_relaxed(&w->park, PARK_IDLE);
+        w->in_idle = true;
+        w->idle_since = atap__now_ns();
+        w->idle_next = *list;
+        *list = w;
+        add_seqcst(count, 1);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    return rc;
+}
+
 /* Returns false when the worker should exit. */
 static bool park_worker(struct worker *w)
 {
@@ -293,22 +320,8 @@ static bool park_worker(struct worker *w)
         w->searching = false;
         sub_seqcst(&pool.nsearching, 1);
     }
-    pthread_mutex_lock(&pool.lock);
-    if (ld_acquire(&pool.stopping)) {
-        pthread_mutex_unlock(&pool.lock);
-        return false;
-    }
-    if (FAULT_DEATH_OWED(false)) { /* go round and take it */
-        pthread_mutex_unlock(&pool.lock);
-        return true;
-    }
-    st_relaxed(&w->park, PARK_IDLE);
-    w->in_idle = true;
-    w->idle_since = atap__now_ns();
-    w->idle_next = pool.idle;
-    pool.idle = w;
-    add_seqcst(&pool.nidle, 1);
-    pthread_mutex_unlock(&pool.lock);
+    if ((word = join_idle(w, &pool.idle, &pool.nidle)) != PARK_IDLE)
+        return word == PARK_RUNNING;
     fence_seqcst(); /* parking protocol: nidle before the last look */
     if (work_visible(false)) {
         pthread_mutex_lock(&pool.lock);
@@ -613,21 +626,8 @@ static bool blocker_wait(struct worker *w)
     uint32_t word;
     bool listed;
 
-    pthread_mutex_lock(&pool.lock);
-    if (ld_relaxed(&pool.stopping)) {
-        pthread_mutex_unlock(&pool.lock);
-        return false;
-    }
-    if (FAULT_DEATH_OWED(true)) { /* go round and take it */
-        pthread_mutex_unlock(&pool.lock);
-        return true;
-    }
-    st_relaxed(&w->park, PARK_IDLE);
-    w->in_idle = true;
-    w->idle_next = pool.bidle_list;
-    pool.bidle_list = w;
-    add_seqcst(&pool.bidle, 1);
-    pthread_mutex_unlock(&pool.lock);
+    if ((word = join_idle(w, &pool.bidle_list, &pool.bidle)) != PARK_IDLE)
+        return word == PARK_RUNNING;
     fence_seqcst(); /* lost-wake handshake with submit_blocking */
     if (atap__inj_empty(&pool.binj))
         atap__word_wait(&w->park, PARK_IDLE, BLOCKING_IDLE_NS);
