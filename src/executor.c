@@ -193,15 +193,21 @@ int atap_dup(atap_task t, atap_task *copy)
 
 /* ---- spawning --------------------------------------------------------- */
 
+/* No field about time is set: the task needs no schedule. */
+static inline bool plain(const atap_spawn_opts *o)
+{
+    return !o->after_ns && !o->timeout_ns && !o->kind && !o->every_ns && !o->runs && !o->for_ns &&
+           !o->until_ns;
+}
+
 static int check_opts(const atap_spawn_opts *o)
 {
     if (o->priority < ATAP_PRIORITY_MIN || o->priority > ATAP_PRIORITY_MAX)
         return ATAP_EINVAL;
     if (o->out_size > UINT32_MAX)
         return ATAP_EINVAL;
-    if (!o->after_ns && !o->timeout_ns && !o->kind && !o->every_ns && !o->runs && !o->for_ns &&
-        !o->until_ns)
-        return 0; /* a plain task: nothing to check */
+    if (plain(o))
+        return 0; /* nothing about time to check */
     return atap__sched_check(o);
 }
 
@@ -242,7 +248,7 @@ static int prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg,
 {
     int rc = fill(s, fn, arg, o);
 
-    if (rc == 0 && atap__sched_wanted(o) && (rc = atap__sched_attach(s, index, o)) != 0 &&
+    if (rc == 0 && !plain(o) && (rc = atap__sched_attach(s, index, o)) != 0 &&
         (s->flags & SF_OUT_HEAP))
         free(s->out.heap);
     if (rc != 0)

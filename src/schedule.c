@@ -102,11 +102,6 @@ int atap__sched_check(const atap_spawn_opts *o)
     return 0;
 }
 
-bool atap__sched_wanted(const atap_spawn_opts *o)
-{
-    return o->after_ns || o->timeout_ns || o->kind != ATAP_ONCE;
-}
-
 static void fire_start(struct atap_timer *t);
 static void fire_limit(struct atap_timer *t);
 

@@ -16,8 +16,6 @@ struct worker;
 
 /* 0, ATAP_EINVAL for a combination that makes no sense, -ENOTSUP. */
 int atap__sched_check(const atap_spawn_opts *o);
-/* Whether the options need a schedule at all. */
-bool atap__sched_wanted(const atap_spawn_opts *o);
 /* Gives a freshly filled slot its schedule (s->ext). 0 or -ENOMEM. */
 int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o);
 /* The slot is published PENDING with its RUN reference: queue it, or arm
