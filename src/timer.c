@@ -28,18 +28,20 @@
  *
  * The wheel (manager only), in ticks of 2^16 ns. A record is in at most one
  * place (`link.next == NULL`: none), filed by its deadline's tick:
- *   near     tick <= cur, sorted by deadline (and, rarely, records a time
- *            jump brought back from the levels; near only needs sorting);
+ *   near     tick <= cur, sorted by deadline;
  *   ring     cur < tick < cur + RING, slot tick % RING (one tick a slot);
  *   levels   tick > lead, at the level of the highest 6-bit group in which
  *            it differs from lead, in the slot of its digit there (above
  *            lead's digit), so every event at level l comes before every
  *            event at level l + 1;
  *   pending  a level slot that lead has reached, being re-filed.
- * `cur` follows now (and runs at most PRELOAD_TICKS ahead of it); `lead`
- * is kept up to TIMER_LEAD ticks ahead of cur by cascading the levels a
- * budget of records per run (re-filing a record moves it to the ring, or a
- * lower level). Before a run fires, every event up to now's tick has been
+ * `cur` follows now (and runs at most PRELOAD_TICKS ahead of it, when the
+ * next ring slot is sorted into near early); cur <= lead < cur + RING, and
+ * each run moves lead up to TIMER_LEAD ticks ahead of cur, cascading the
+ * levels a budget of records at a time (re-filing a record moves it to the
+ * ring or a lower level), so no cascade holds up a fire. A disarmed record
+ * is dropped where the manager meets it: the inbox, its ring slot, a
+ * cascade, near. Before a run fires, every event up to now's tick has been
  * taken in (the ring's and the levels', however far behind), so a record
  * with deadline <= now is in near. A record fires only from near's head,
  * only when its deadline <= now, and only through the CAS: never early,
@@ -48,8 +50,9 @@
  *
  * The sleep: run returns the exact earliest deadline (near's head, or the
  * next ring slot's `ring_min`, exact unless a record left it, then early),
- * or when the next level slot comes within TIMER_LEAD of cur, or a time
- * already past while cascading work remains. It publishes that in
+ * or half a preload before a big ring slot (to sort it into near before it
+ * is due), or when the next level slot comes within TIMER_LEAD of cur, or a
+ * time already past while cascading work remains. It publishes that in
  * next_wake; arm lowers next_wake by CAS when its deadline is earlier and
  * then returns true, so its caller wakes the manager.
  *
@@ -73,11 +76,13 @@
 #define SEQ_MASK (~3u)
 #define RING_MASK (TIMER_RING - 1u)
 #define LEVEL_SLOTS (1u << TIMER_LEVEL_BITS)
-#define SETTLE_ROUNDS 8   /* absorbs after publishing before run gives up */
-#define PRELOAD_TICKS 16  /* ~1 ms: how soon a ring slot is moved to near early */
-#define LEAD_BUDGET 1024  /* records a run re-files from the levels, ~0.1 ms */
+#define SETTLE_ROUNDS 8     /* absorbs after publishing before run gives up */
+#define PRELOAD_TICKS 16    /* ~1 ms: how soon a ring slot is moved to near early */
+#define LEAD_BUDGET 1024    /* records a run re-files from the levels, ~0.1 ms */
+#define FIRE_CHUNK 32       /* due records cut off near at a time */
+#define PRELOAD_WAKE_MIN 64 /* records in a ring slot worth a wake to preload it */
 
-_Static_assert(TIMER_LEVELS * TIMER_LEVEL_BITS + TIMER_TICK_SHIFT >= 64,
+_Static_assert(TIMER_TICK_SHIFT + TIMER_LEVEL_BITS * TIMER_LEVELS >= 64,
                "the levels cover every uint64_t deadline");
 _Static_assert(TIMER_RING % 64 == 0 && TIMER_LEAD + PRELOAD_TICKS < TIMER_RING,
                "the ring holds whole bitmap words and reaches past lead");
@@ -155,7 +160,10 @@ static inline bool entry_live(struct atap_timer *t)
 struct batch {
     struct atap_tlink *head;
     size_t n;
+    uint64_t lo, hi; /* the least and the greatest deadline in it */
 };
+
+static inline struct batch batch_new(void) { return (struct batch){NULL, 0, UINT64_MAX, 0}; }
 
 static void batch_add(struct batch *b, struct atap_timer *t)
 {
@@ -163,6 +171,8 @@ static void batch_add(struct batch *b, struct atap_timer *t)
     t->link.prev = NULL;
     b->head = &t->link;
     b->n++;
+    b->lo = t->when < b->lo ? t->when : b->lo;
+    b->hi = t->when > b->hi ? t->when : b->hi;
 }
 
 static void file_rec(struct atap_timers *ts, struct atap_timer *t, struct batch *b)
@@ -175,8 +185,12 @@ static void file_rec(struct atap_timers *ts, struct atap_timer *t, struct batch 
         batch_add(b, t);
     } else if (tick - ts->cur < TIMER_RING) {
         j = (unsigned)tick & RING_MASK;
-        if (list_empty(&ts->ring[j]) || t->when < ts->ring_min[j])
+        if (list_empty(&ts->ring[j])) {
             ts->ring_min[j] = t->when;
+            ts->ring_n[j] = 0;
+        }
+        ts->ring_min[j] = t->when < ts->ring_min[j] ? t->when : ts->ring_min[j];
+        ts->ring_n[j]++;
         list_insert_before(&ts->ring[j], &t->link);
         bit_set(ts->ring_bits, j);
     } else if (tick > ts->lead) { /* always: lead < cur + RING */
@@ -185,7 +199,7 @@ static void file_rec(struct atap_timers *ts, struct atap_timer *t, struct batch 
         list_insert_before(&ts->level[l][j], &t->link);
         ts->level_bits[l] |= UINT64_C(1) << j;
     } else {
-        batch_add(b, t); /* near takes anything; it only costs */
+        batch_add(b, t); /* unreachable; near would take it (it only costs) */
     }
 }
 
@@ -218,6 +232,43 @@ static struct atap_tlink *sort_run(struct atap_tlink **l, size_t n)
     return merge_runs(a, sort_run(l, n - n / 2));
 }
 
+/* One stable pass of a radix sort: by the 8 bits of the deadline at shift. */
+static struct atap_tlink *radix_pass(struct atap_tlink *l, unsigned shift)
+{
+    struct atap_tlink *head[256], **tail[256], *out = NULL, **end = &out;
+
+    for (unsigned d = 0; d < 256; d++)
+        tail[d] = &head[d];
+    for (; l; l = l->next) {
+        unsigned d = (unsigned)(rec_of(l)->when >> shift) & 255;
+        *tail[d] = l;
+        tail[d] = &l->next;
+    }
+    for (unsigned d = 0; d < 256; d++) {
+        if (tail[d] != &head[d]) {
+            *end = head[d];
+            end = tail[d];
+        }
+    }
+    *end = NULL;
+    return out;
+}
+
+/* Sorts a batch by deadline. A big one by radix over only the bits in which
+ * its deadlines differ: 16, two passes, for a ring slot's (one tick). */
+static struct atap_tlink *sort_batch(struct batch *b)
+{
+    struct atap_tlink *l = b->head;
+    unsigned bits;
+
+    if (b->n < 64)
+        return sort_run(&l, b->n);
+    bits = b->lo == b->hi ? 0 : 64u - (unsigned)__builtin_clzll(b->lo ^ b->hi);
+    for (unsigned shift = 0; shift < bits; shift += 8)
+        l = radix_pass(l, shift);
+    return l;
+}
+
 /* Sorts the batch and merges it into near, which stays sorted. Near holds
  * about one tick of records, so the walk is short. */
 static void merge_batch(struct atap_timers *ts, struct batch *b)
@@ -226,14 +277,13 @@ static void merge_batch(struct atap_timers *ts, struct batch *b)
 
     if (b->n == 0)
         return;
-    for (l = sort_run(&b->head, b->n); l; l = next) {
+    for (l = sort_batch(b); l; l = next) {
         next = l->next;
         while (pos != &ts->near && rec_of(pos)->when <= rec_of(l)->when)
             pos = pos->next;
         list_insert_before(pos, l);
     }
-    b->head = NULL;
-    b->n = 0;
+    *b = batch_new();
 }
 
 /* ---- the inbox ------------------------------------------------------------ */
@@ -273,7 +323,7 @@ static void absorb_rec(struct atap_timers *ts, struct atap_timer *t, struct batc
 /* Drains the inbox into the wheel. */
 static void absorb(struct atap_timers *ts)
 {
-    struct batch b = {NULL, 0};
+    struct batch b = batch_new();
     /* acquire: pairs with the pushers' CAS, so each record's qnext, state and
      * deadline are visible. */
     struct atap_timer *t = atomic_exchange_explicit(&ts->inbox, NULL, memory_order_acquire);
@@ -314,7 +364,7 @@ static bool ring_next(struct atap_timers *ts, unsigned *slot, uint64_t *tick)
 /* Moves cur to `to`, taking every ring slot passed on the way into near. */
 static void ring_advance(struct atap_timers *ts, uint64_t to)
 {
-    struct batch b = {NULL, 0};
+    struct batch b = batch_new();
     unsigned j;
     uint64_t tick;
 
@@ -386,7 +436,7 @@ static size_t refile_pending(struct atap_timers *ts, size_t budget, struct batch
  * records all come at or after lead, so they wait while lead > target. */
 static bool lead_to(struct atap_timers *ts, uint64_t target, size_t budget)
 {
-    struct batch b = {NULL, 0};
+    struct batch b = batch_new();
     unsigned l, j;
     uint64_t tick;
     bool done = true;
@@ -424,45 +474,58 @@ static void catch_up(struct atap_timers *ts, uint64_t tick)
     (void)lead_to(ts, ts->cur, SIZE_MAX);
 }
 
-/* Moves the next ring slot into near early when it is due within
- * PRELOAD_TICKS: its sort happens now, while the manager would sleep, and
- * the run at its deadline only fires. */
+/* Moves the ring slots due within PRELOAD_TICKS into near early: their
+ * walk and sort happen now, while the manager would sleep, and the run at
+ * their deadline only fires. */
 static void preload(struct atap_timers *ts, uint64_t now_tick)
 {
     unsigned j;
     uint64_t tick;
 
-    if (ring_next(ts, &j, &tick) && tick <= now_tick + PRELOAD_TICKS)
+    while (ring_next(ts, &j, &tick) && tick <= now_tick + PRELOAD_TICKS)
         catch_up(ts, tick);
 }
 
-/* Fires near's due prefix. It is cut off whole first, so firing one record
- * writes to no other (the callbacks only reach the inbox and state words). */
-static void fire_due(struct atap_timers *ts, uint64_t now)
+/* Cuts off up to FIRE_CHUNK due records from near's head; returns them
+ * chained through link.next (NULL: none due). */
+static struct atap_tlink *take_due(struct atap_timers *ts, uint64_t now)
 {
-    struct atap_tlink *first = ts->near.next, *l = first, *next;
+    struct atap_tlink *first = ts->near.next, *l = first;
 
-    while (l != &ts->near && rec_of(l)->when <= now) {
+    for (int n = 0; n < FIRE_CHUNK && l != &ts->near && rec_of(l)->when <= now; n++) {
         l = l->next;
         ts->held--;
     }
     if (l == first)
-        return;
+        return NULL;
     l->prev->next = NULL;
     ts->near.next = l;
     l->prev = &ts->near;
-    for (l = first; l; l = next) {
-        struct atap_timer *t = rec_of(l);
-        uint32_t armed = t->eseq | ARMED;
+    return first;
+}
 
-        next = l->next;
-        l->next = l->prev = NULL;
-        /* Strong: a spurious failure would lose the fire. acq_rel: acquire
-         * sees what the armer wrote before arming; release lets a losing
-         * disarm (acquire) see everything before the fire. */
-        if (atomic_compare_exchange_strong_explicit(&t->state, &armed, t->eseq,
-                                                    memory_order_acq_rel, memory_order_relaxed))
-            t->fire(t);
+/* Fires near's due records, a chunk at a time: a chunk is cut off whole
+ * first, so firing one record writes to no other (the callbacks only reach
+ * the inbox and state words), and the first fires do not wait for the walk
+ * over all the others. */
+static void fire_due(struct atap_timers *ts, uint64_t now)
+{
+    struct atap_tlink *l, *next;
+
+    while ((l = take_due(ts, now)) != NULL) {
+        for (; l; l = next) {
+            struct atap_timer *t = rec_of(l);
+            uint32_t armed = t->eseq | ARMED;
+
+            next = l->next;
+            l->next = l->prev = NULL;
+            /* Strong: a spurious failure would lose the fire. acq_rel:
+             * acquire sees what the armer wrote before arming; release lets
+             * a losing disarm (acquire) see everything before the fire. */
+            if (atomic_compare_exchange_strong_explicit(&t->state, &armed, t->eseq,
+                                                        memory_order_acq_rel, memory_order_relaxed))
+                t->fire(t);
+        }
     }
 }
 
@@ -472,12 +535,19 @@ static uint64_t next_deadline(struct atap_timers *ts, uint64_t now, bool lead_do
     unsigned l, j;
     uint64_t tick;
 
-    if (ring_next(ts, &j, &tick) && ts->ring_min[j] < next)
-        next = ts->ring_min[j];
+    if (ring_next(ts, &j, &tick)) {
+        uint64_t at = ts->ring_min[j];
+        /* A big slot (its count is an upper bound) is preloaded on a wake of
+         * its own half a preload ahead: later, its walk would delay its fires. */
+        if (ts->ring_n[j] >= PRELOAD_WAKE_MIN)
+            at = (tick - PRELOAD_TICKS / 2) << TIMER_TICK_SHIFT;
+        next = at < next ? at : next;
+    }
     if (!lead_done)
         return next < now ? next : now; /* cascading is not done: at once */
     if (level_next(ts, &l, &j, &tick)) {
-        tick = (tick - TIMER_LEAD) << TIMER_TICK_SHIFT; /* tick > cur + LEAD */
+        /* tick > LEAD: lead_to left no slot up to cur + LEAD */
+        tick = (tick - TIMER_LEAD) << TIMER_TICK_SHIFT;
         if (tick < next)
             next = tick;
     }

@@ -6,7 +6,7 @@
  *
  * A timer is an intrusive record (struct atap_timer) that its owner embeds;
  * the structure allocates nothing, so a million timers cost a million
- * records (56 bytes each) and one fixed wheel (57 KiB).
+ * records (56 bytes each) and one fixed wheel (65 KiB).
  *
  * Who calls what:
  *   any thread    atap__timer_arm, atap__timer_disarm
@@ -53,29 +53,30 @@ struct atap_tlink {
 };
 
 struct atap_timer {
-    _Atomic uint32_t state;     /* seq << 2 | QUEUED | ARMED (timer.c) */
-    uint32_t eseq;              /* manager: the arming its entry stands for */
-    _Atomic uint64_t deadline;  /* written by arm only, while not armed */
-    uint64_t when;              /* manager: the deadline its entry is filed by */
-    struct atap_timer *qnext;   /* inbox link, owned by the inbox while QUEUED */
-    struct atap_tlink link;     /* manager: wheel slot or near list */
+    _Atomic uint32_t state;             /* seq << 2 | QUEUED | ARMED (timer.c) */
+    uint32_t eseq;                      /* manager: the arming its entry stands for */
+    _Atomic uint64_t deadline;          /* written by arm only, while not armed */
+    uint64_t when;                      /* manager: the deadline its entry is filed by */
+    struct atap_timer *qnext;           /* inbox link, owned by the inbox while QUEUED */
+    struct atap_tlink link;             /* manager: wheel slot or near list */
     void (*fire)(struct atap_timer *t); /* set by init; runs on the manager */
 };
 
 struct atap_timers {
     /* Shared: every arm pushes on inbox and reads next_wake. */
     _Atomic(struct atap_timer *) inbox; /* Treiber stack, newest first */
-    _Atomic uint64_t next_wake; /* what the manager sleeps until; 0: awake */
+    _Atomic uint64_t next_wake;         /* what the manager sleeps until; 0: awake */
     char pad0[48];
     /* Manager only. */
-    uint64_t cur;               /* tick: near holds ticks <= cur, the ring (cur, cur + RING) */
-    uint64_t lead;              /* tick: the levels hold ticks > lead, filed against it */
-    size_t held;                /* records on near, the ring, the levels, pending */
-    struct atap_tlink near;     /* sorted by deadline */
-    struct atap_tlink pending;  /* a level slot being cascaded, a chunk a run */
+    uint64_t cur;              /* tick: near holds ticks <= cur, the ring (cur, cur + RING) */
+    uint64_t lead;             /* tick: the levels hold ticks > lead, filed against it */
+    size_t held;               /* records on near, the ring, the levels, pending */
+    struct atap_tlink near;    /* sorted by deadline */
+    struct atap_tlink pending; /* a level slot being cascaded, a chunk a run */
     uint64_t ring_bits[TIMER_RING / 64]; /* a set bit may name an emptied slot */
     uint64_t level_bits[TIMER_LEVELS];
     uint64_t ring_min[TIMER_RING]; /* lower bound of a ring slot's deadlines */
+    uint32_t ring_n[TIMER_RING];   /* records filed there since it was empty */
     struct atap_tlink ring[TIMER_RING];
     struct atap_tlink level[TIMER_LEVELS][1u << TIMER_LEVEL_BITS];
 };
