@@ -329,12 +329,15 @@ static void test_schedule_bad_combinations(void **state)
 typedef struct flight {
     atomic_int started, in_flight, most;
     uint64_t hold_ns;
+    atomic_uint_fast64_t at[64]; /* when run i started */
 } flight;
 
 static int flown(atap_ctx *ctx, void *arg, void *out)
 {
     flight *f = arg;
     int n = atomic_fetch_add(&f->started, 1) + 1;
+    if (n <= 64)
+        atomic_store(&f->at[n - 1], now_ns());
     int now = atomic_fetch_add(&f->in_flight, 1) + 1, most = atomic_load(&f->most);
     while (now > most && !atomic_compare_exchange_weak(&f->most, &most, now))
         ;
@@ -368,6 +371,40 @@ static void test_schedule_at_rate_overlaps(void **state)
     uint64_t v = 0;
     assert_int_equal(atap_join(t, &v, 8), 0);
     assert_true(v >= 1 && v <= 8);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* Periods missed while the manager restarts are skipped, not made up: no
+ * more runs start than periods have passed. */
+static void test_schedule_at_rate_skips_missed_periods(void **state)
+{
+    (void)state;
+    flight f = {.hold_ns = 0};
+    atap_task t;
+    uint64_t t0 = now_ns();
+    assert_int_equal(atap_spawn(&t, flown, &f,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(20)}),
+                     0);
+    sleep_us(50000);
+    atap_inject_manager_faults(3); /* down for 10 + 20 + 30 ms of backoff at least */
+    sleep_us(250000);
+    assert_int_equal(atap_cancel(t), 0);
+    uint64_t periods = (now_ns() - t0) / ATAP_MS(20) + 1;
+    int started = atomic_load(&f.started);
+    if ((uint64_t)started > periods)
+        fail_msg("%d runs started in %llu periods", started, (unsigned long long)periods);
+    assert_true(started >= 2);
+    /* Made-up periods would start back to back once the manager is back
+     * (3 or more at once). Skipped ones leave at most two close together:
+     * the overdue period, fired late, and the next one on the grid. */
+    for (int i = 2; i < started && i < 64; i++) {
+        uint64_t span = atomic_load(&f.at[i]) - atomic_load(&f.at[i - 2]);
+        if (span < ATAP_MS(5))
+            fail_msg("runs %d to %d started within %llu us", i - 1, i + 1,
+                     (unsigned long long)(span / 1000));
+    }
     atap_release(t);
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
@@ -469,6 +506,7 @@ int main(void)
         T(test_schedule_repeat_reads_latest),
         T(test_schedule_bad_combinations),
         T(test_schedule_at_rate_overlaps),
+        T(test_schedule_at_rate_skips_missed_periods),
         T(test_schedule_at_rate_cancel_and_timeout),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),
