@@ -92,7 +92,7 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
 
 static void destroy(struct atap_slot *s, uint32_t last_state)
 {
-    if ((s->flags & SF_OUT_FILLED) && last_state != ST_TAKEN && s->out_free)
+    if (s->filled && last_state != ST_TAKEN && s->out_free)
         s->out_free(slot_out(s));
     if (s->flags & SF_OUT_HEAP)
         free(s->out.heap);
@@ -106,6 +106,7 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
     s->out_free = NULL;
     s->ext = NULL;
     s->flags = 0;
+    s->filled = 0;
     s->out_size = 0;
 }
 
@@ -226,6 +227,7 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
 static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_opts *o)
 {
     s->flags = o->blocking ? SF_BLOCKING : 0;
+    s->filled = 0;
     if (o->out_size > INLINE_OUT) {
         if (!(s->out.heap = malloc(o->out_size)))
             return -ENOMEM;
@@ -354,7 +356,7 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
     if (s->fn(&ctx, s->arg, slot_out(s)) == 0)
-        s->flags |= SF_OUT_FILLED; /* nobody can take it: out_free at free */
+        s->filled = 1; /* nobody can take it: out_free at free */
     w->nheld--;
     free_slot(w, s, ref - 1, gen);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
@@ -398,7 +400,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         return;
     }
     if (rc == 0)
-        s->flags |= SF_OUT_FILLED;
+        s->filled = 1;
     settle(s, gen, rc == 0);
     atap__exec_release_run(s, ref - 1, gen);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */

@@ -355,7 +355,7 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
         if (c->out_live && s->out_free)
             s->out_free(slot_out(s)); /* replaced before anyone took it */
         memcpy(slot_out(s), c->scratch, s->out_size);
-        s->flags |= SF_OUT_FILLED;
+        s->filled = 1;
     }
     if (ok)
         ok = atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
@@ -405,7 +405,7 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
         return;
     }
     if (c->kind != ATAP_REPEAT) {
-        s->flags |= SF_OUT_FILLED;
+        s->filled = 1;
         atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
         finish(s, c, gen);
         return;
@@ -506,10 +506,10 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
     st = word_state(cur);
     ok = word_gen(cur) == pgen && (st == ST_PENDING || st == ST_READY || st == ST_TAKEN);
     if (ok && p->out_size) {
-        if (st == ST_READY && (p->flags & SF_OUT_FILLED) && p->out_free)
+        if (st == ST_READY && p->filled && p->out_free)
             p->out_free(slot_out(p)); /* replaced before anyone took it */
         memcpy(slot_out(p), out, p->out_size);
-        p->flags |= SF_OUT_FILLED;
+        p->filled = 1;
     }
     if (ok)
         ok = atap__exec_stop(p, pgen, st, ST_READY);
@@ -525,7 +525,7 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
 
     if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
         if (rc == 0)
-            s->flags |= SF_OUT_FILLED; /* dropped at free */
+            s->filled = 1; /* dropped at free */
         rate_end(p, pc, c->parent_gen, ST_TIMED_OUT);
     } else if (rc != 0) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_FAILED);
@@ -533,7 +533,7 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
     } else if (rate_publish(p, pc, c->parent_gen, slot_out(s))) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_TAKEN); /* the series has it now */
     } else {
-        s->flags |= SF_OUT_FILLED; /* nobody will read it: dropped at free */
+        s->filled = 1; /* nobody will read it: dropped at free */
         atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
     }
     pindex = c->parent - 1;

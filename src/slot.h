@@ -50,10 +50,9 @@
 #define REFS_RUN (UINT64_C(1) << 31)
 #define REFS_COUNT_MASK (REFS_RUN - 1)
 
-/* flags */
+/* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
 #define SF_OUT_HEAP 0x2u
-#define SF_OUT_FILLED 0x4u
 
 struct atap_slot {
     _Atomic uint32_t word;
@@ -63,7 +62,9 @@ struct atap_slot {
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;
-    uint16_t spare;
+    uint8_t filled; /* an output was written (by runs only: kept apart from
+                       flags, which others read while a run writes this) */
+    uint8_t spare;
     uint32_t spare2;
     atap_fn *fn;
     void *arg;
