@@ -139,8 +139,8 @@ static void test_schedule_timeout_excludes_the_wait(void **state)
 {
     (void)state;
     log *l = log_new(ATAP_MS(5));
-    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(80),
-                                                    .timeout_ns = ATAP_MS(60)});
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(300),
+                                                    .timeout_ns = ATAP_MS(200)});
     assert_true(join8(t) == 1);
     atap_release(t);
     free(l);
@@ -208,17 +208,20 @@ static void test_schedule_repeat_gap(void **state)
     free(l);
 }
 
-/* A 75 ms gap bounded to 100 ms runs at 0 and 75 ms, then stops. */
+/* A 150 ms gap bounded to 200 ms runs at 0 and 150 ms, then stops (the
+ * original's 750 ms in 1 s, with room for a loaded machine); no run ever
+ * starts past the deadline. */
 static void test_schedule_deadline_stops_the_series(void **state)
 {
     (void)state;
     for (int k = 0; k < 2; k++) {
         log *l = log_new(0);
-        atap_spawn_opts o = {.kind = ATAP_REPEAT, .every_ns = ATAP_MS(75)};
+        atap_spawn_opts o = {.kind = ATAP_REPEAT, .every_ns = ATAP_MS(150)};
+        uint64_t t0 = now_ns();
         if (k == 0)
-            o.for_ns = ATAP_MS(100);
+            o.for_ns = ATAP_MS(200);
         else
-            o.until_ns = atap_now() + ATAP_MS(100);
+            o.until_ns = atap_now() + ATAP_MS(200);
         atap_task t = spawn_logged(l, o);
         uint64_t end = now_ns() + ATAP_SEC(10);
         while (!atap_finished(t) && now_ns() < end)
@@ -226,6 +229,9 @@ static void test_schedule_deadline_stops_the_series(void **state)
         assert_true(atap_finished(t));
         assert_int_equal(atomic_load(&l->runs), 2);
         assert_true(join8(t) == 2);
+        for (int i = 0; i < 2; i++) /* until: from t0; for: from the first start */
+            assert_true(atomic_load(&l->start[i]) <=
+                        (k == 0 ? atomic_load(&l->start[0]) : t0) + ATAP_MS(200));
         atap_release(t);
         free(l);
     }
