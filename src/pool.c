@@ -226,6 +226,14 @@ static bool work_visible(bool with_lifo)
 
 /* ---- waking and parking ------------------------------------------------ */
 
+/* Hands a thread taken off an idle list its word (NOTIFIED or STOP) and
+ * wakes it. Release: what the waker did before is visible to the woken. */
+static void unpark(struct worker *w, uint32_t word)
+{
+    st_release(&w->park, word);
+    atap__word_wake(&w->park, false);
+}
+
 /* Takes an idle thread off a list (pool lock held). */
 static struct worker *pop_idle(struct worker **list, _Atomic unsigned *count)
 {
@@ -239,6 +247,21 @@ static struct worker *pop_idle(struct worker **list, _Atomic unsigned *count)
     return w;
 }
 
+/* Empties both idle lists (pool lock held). A worker woken NOTIFIED leaves
+ * as a searcher, so it is counted as one. */
+static void unpark_all(uint32_t word)
+{
+    struct worker *w;
+
+    while ((w = pop_idle(&pool.idle, &pool.nidle)) != NULL) {
+        if (word == PARK_NOTIFIED)
+            add_seqcst(&pool.nsearching, 1);
+        unpark(w, word);
+    }
+    while ((w = pop_idle(&pool.bidle_list, &pool.bidle)) != NULL)
+        unpark(w, word);
+}
+
 static bool wake_idle(void)
 {
     struct worker *w;
@@ -248,8 +271,7 @@ static bool wake_idle(void)
     pthread_mutex_unlock(&pool.lock);
     if (!w)
         return false;
-    st_release(&w->park, PARK_NOTIFIED);
-    atap__word_wake(&w->park, false);
+    unpark(w, PARK_NOTIFIED);
     return true;
 }
 
@@ -510,8 +532,7 @@ static void wake_blocker(void)
         start_thread(true, NULL);
     pthread_mutex_unlock(&pool.lock);
     if (w) {
-        st_release(&w->park, PARK_NOTIFIED);
-        atap__word_wake(&w->park, false);
+        unpark(w, PARK_NOTIFIED);
     }
 }
 
@@ -781,8 +802,7 @@ static void reap(uint64_t now, unsigned live)
             oldest = w;
     if (oldest && now - oldest->idle_since >= limit && !ld_relaxed(&pool.stopping)) {
         unlink_from(&pool.idle, &pool.nidle, oldest);
-        st_release(&oldest->park, PARK_STOP);
-        atap__word_wake(&oldest->park, false);
+        unpark(oldest, PARK_STOP);
     }
     pthread_mutex_unlock(&pool.lock);
 }
@@ -808,18 +828,8 @@ void atap__pool_tick(uint64_t now)
 
 void atap__pool_wake_all(void)
 {
-    struct worker *w;
-
     pthread_mutex_lock(&pool.lock);
-    while ((w = pop_idle(&pool.idle, &pool.nidle)) != NULL) {
-        add_seqcst(&pool.nsearching, 1); /* each leaves as a searcher */
-        st_release(&w->park, PARK_NOTIFIED);
-        atap__word_wake(&w->park, false);
-    }
-    while ((w = pop_idle(&pool.bidle_list, &pool.bidle)) != NULL) {
-        st_release(&w->park, PARK_NOTIFIED);
-        atap__word_wake(&w->park, false);
-    }
+    unpark_all(PARK_NOTIFIED);
     pthread_mutex_unlock(&pool.lock);
 }
 
@@ -896,20 +906,12 @@ static void join_all(struct worker *recs, _Atomic unsigned *nrec)
 void atap__pool_stop(void)
 {
     struct timespec poll = {0, 1000000};
-    struct worker *w;
 
     while (!quiescent())
         nanosleep(&poll, NULL);
     pthread_mutex_lock(&pool.lock);
     st_seqcst(&pool.stopping, true);
-    while ((w = pop_idle(&pool.idle, &pool.nidle)) != NULL) {
-        st_release(&w->park, PARK_STOP);
-        atap__word_wake(&w->park, false);
-    }
-    while ((w = pop_idle(&pool.bidle_list, &pool.bidle)) != NULL) {
-        st_release(&w->park, PARK_STOP);
-        atap__word_wake(&w->park, false);
-    }
+    unpark_all(PARK_STOP);
     pthread_mutex_unlock(&pool.lock);
     /* Joining takes no lock a dying or exiting thread still needs. */
     join_all(workers, &pool.nrec);

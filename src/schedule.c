@@ -338,18 +338,33 @@ void *atap__sched_output(struct atap_slot *s)
     return c->kind == ATAP_REPEAT ? c->scratch : slot_out(s);
 }
 
-/* A repeat's new output replaces the one standing, under the write lock,
- * and only while the run still counts (RUNNING): then READY. */
-static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
+/* The publisher's side of out_lock: waits out the readers, keeps new ones
+ * off. Acquire: the last reader's copy is done before we overwrite. */
+static void out_write_lock(struct sched *c)
 {
-    uint32_t unlocked = 0, cur;
-    bool ok;
+    uint32_t unlocked = 0;
 
     while (!atomic_compare_exchange_weak_explicit(&c->out_lock, &unlocked, OUT_WRITER,
                                                   memory_order_acquire, memory_order_relaxed)) {
         unlocked = 0;
         cpu_relax();
     }
+}
+
+/* Release: the new output is whole before a reader can get in. */
+static void out_write_unlock(struct sched *c)
+{
+    st_release(&c->out_lock, 0);
+}
+
+/* A repeat's new output replaces the one standing, under the write lock,
+ * and only while the run still counts (RUNNING): then READY. */
+static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    uint32_t cur;
+    bool ok;
+
+    out_write_lock(c);
     cur = ld_acquire(&s->word);
     if ((ok = word_gen(cur) == gen && word_state(cur) == ST_RUNNING) && s->out_size) {
         if (c->out_live && s->out_free)
@@ -359,7 +374,7 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
     }
     if (ok)
         ok = atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
-    st_release(&c->out_lock, 0);
+    out_write_unlock(c);
     return ok;
 }
 
@@ -494,14 +509,10 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
 /* A run's output becomes the series' output, unless the series ended. */
 static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, void *out)
 {
-    uint32_t unlocked = 0, cur, st;
+    uint32_t cur, st;
     bool ok;
 
-    while (!atomic_compare_exchange_weak_explicit(&pc->out_lock, &unlocked, OUT_WRITER,
-                                                  memory_order_acquire, memory_order_relaxed)) {
-        unlocked = 0;
-        cpu_relax();
-    }
+    out_write_lock(pc);
     cur = ld_acquire(&p->word);
     st = word_state(cur);
     ok = word_gen(cur) == pgen && (st == ST_PENDING || st == ST_READY || st == ST_TAKEN);
@@ -513,7 +524,7 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
     }
     if (ok)
         ok = atap__exec_stop(p, pgen, st, ST_READY);
-    st_release(&pc->out_lock, 0);
+    out_write_unlock(pc);
     return ok;
 }
 
