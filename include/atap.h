@@ -138,7 +138,8 @@ struct atap_pool_stats {
     size_t slots;            /* table span now (shrinks when trimmed) */
     size_t peak_slots;       /* the most slots spanned at once; never falls */
     size_t peak_workers;     /* the most workers at once; never falls */
-    uint64_t deaths;         /* threads lost to a task calling pthread_exit */
+    uint64_t deaths;         /* threads lost to a task calling pthread_exit;
+                                counted once the replacement, if any, is live */
     uint64_t completed;      /* runs finished since the process started */
 };
 

@@ -722,7 +722,6 @@ static void thread_died(void *arg)
 
     while (w->nheld > 0)
         atap__exec_fail_held(w->held[--w->nheld]);
-    add_relaxed(&pool.deaths, 1);
     if (ld_relaxed(&w->busy) && w->blocking)
         sub_seqcst(&pool.bbusy, 1);
     st_relaxed(&w->busy, false);
@@ -734,6 +733,9 @@ static void thread_died(void *arg)
     sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
     if (!ld_relaxed(&pool.stopping) && (!w->blocking || !atap__inj_empty(&pool.binj)))
         start_thread(w->blocking, w);
+    /* Counted after the replacement: release, so whoever reads the new
+     * count (acquire, in the stats) also sees the replacement counted live. */
+    atomic_fetch_add_explicit(&pool.deaths, 1, memory_order_release);
     pthread_mutex_unlock(&pool.lock);
     if (!w->blocking)
         notify();
@@ -946,6 +948,6 @@ void atap__pool_stats(struct atap_pool_stats *st)
     count_records(blockers, ld_acquire(&pool.brec), &st->blocking_busy, &done, &queued);
     st->queued = queued;
     st->peak_workers = ld_relaxed(&pool.peak);
-    st->deaths = ld_relaxed(&pool.deaths);
+    st->deaths = ld_acquire(&pool.deaths);
     st->completed = done;
 }
