@@ -231,6 +231,12 @@ typedef struct atap_spawn_opts {
                                    this long after the first one started */
     uint64_t until_ns;          /* REPEAT / AT_RATE: no run starts after this
                                    moment (one or the other deadline) */
+    uint32_t gives;             /* atap_spawn_waiting: how many gives may start
+                                   something (0: no limit) */
+    void (*in_free)(void *in);  /* atap_spawn_waiting: called exactly once for
+                                   each value passed to atap_give, when the
+                                   task no longer needs it (or at once, if
+                                   the give was refused) */
 } atap_spawn_opts;
 
 /* CLOCK_MONOTONIC now, in nanoseconds: the clock of until_ns. Threads: any. */
@@ -360,6 +366,126 @@ ATAP_EXPORT bool atap_cancelled(atap_ctx *ctx);
  * ATAP_NO_TASK inside atap_block or for NULL. */
 ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
 
+/* ---------------------------------------------------------------------- */
+/* Values between tasks                                                    */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * Spawns a task that runs only when given a value of in_size bytes (which
+ * may be 0): each run reads the newest value with atap_input(). Nothing runs
+ * at spawn. What a give starts depends on opts->kind:
+ *   ATAP_ONCE: one run. A give while a run is under way owes one more run
+ *     (with the newest value); gives don't queue, so the newest value wins.
+ *   ATAP_REPEAT / ATAP_AT_RATE: a whole series (runs, for_ns and until_ns
+ *     count afresh from each series). A give during a series only changes
+ *     the value the rest of the series is handed.
+ * opts->after_ns is waited out after each give that starts something.
+ * opts->gives (0: no limit) counts the gives that start something; once
+ * they are used up and the last run is over the task is finished, and a
+ * give reads ATAP_EFINISHED. A waiting task is let go when no handle that
+ * could give to it is left (every handle released and no atap_forward into
+ * it); one never given anything then reads ATAP_EFAILED.
+ * Returns as atap_spawn, and ATAP_EINVAL for in_size above 4 GiB - 1.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size_t in_size,
+                                   const atap_spawn_opts *opts);
+
+/*
+ * Gives a waiting task a value (size bytes, which must equal its in_size):
+ * the bytes are copied in, and the task's in_free will be called on that
+ * copy exactly once. Returns 0 when the value was taken (it starts a run or
+ * a series, is owed one, or replaces what the rest of a series is handed);
+ * ATAP_EFINISHED once the task takes no more gives, ATAP_ECANCELLED,
+ * ATAP_ETIMEDOUT or ATAP_EFAILED once it ended so; ATAP_EINVAL for a wrong
+ * size, NULL value with a nonzero size, a task that does not wait for gives
+ * or one fed by atap_receive_all / atap_receive_any; ATAP_ENOTASK; -ENOMEM.
+ * A refused value is still passed to in_free.
+ * Blocks: no (a short lock per task). Threads: any.
+ */
+ATAP_EXPORT int atap_give(atap_task task, const void *value, size_t size);
+
+/*
+ * Inside a run of a waiting task: the value this run was handed, and its
+ * size in *size (may be NULL). Valid until the run returns. NULL (size 0)
+ * for a task that waits for nothing, and outside a task.
+ * Blocks: no.
+ */
+ATAP_EXPORT const void *atap_input(atap_ctx *ctx, size_t *size);
+
+/*
+ * Spawns fn as a task that runs once every task in from[0..n) has published
+ * an output, handed (atap_input) the n outputs laid end to end in set order.
+ * An output already there when this is called counts. The next run waits
+ * for all n again. Once a member can publish nothing more without having
+ * filled its place (it ended, or its series ran out), the task finishes
+ * after the run under way, if any. opts as atap_spawn_waiting (kind, gives,
+ * after_ns, timeout_ns ...), except in_free, which must be NULL: the bytes
+ * are copies of the members' outputs, still owned by the members' out_free.
+ * The returned handle cannot give. The members' handles stay the caller's.
+ * Sets nest: a member may itself be a receiver.
+ * Returns as atap_spawn_waiting; ATAP_EINVAL for n = 0, a NULL from, or
+ * in_free set; ATAP_ENOTASK (nothing spawned) if a member names no task.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_receive_all(atap_task *task, atap_fn *fn, void *arg, const atap_task *from,
+                                 size_t n, const atap_spawn_opts *opts);
+
+/*
+ * As atap_receive_all, but every output of any member starts a run (or is
+ * owed one) on its own: the members' out_size must all be the same, and it
+ * is the task's in_size. Outputs don't queue: the newest wins. The task
+ * finishes when no member can publish again.
+ */
+ATAP_EXPORT int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *from,
+                                 size_t n, const atap_spawn_opts *opts);
+
+/*
+ * Gives every output of `from` (each run of a repeat's) to the waiting task
+ * `to`, as atap_give would; an output readable now is handed over at once.
+ * Many may forward into one task, and chains work. The forward counts as a
+ * giver of `to` until `from` can publish no more, and keeps both tasks'
+ * slots (not their handles) until then. Bytes are copied; in_free is not
+ * called on them.
+ * Returns 0; ATAP_ENOTASK; ATAP_EINVAL when `to` does not wait for gives,
+ * is a receiver, or its in_size is not from's out_size; ATAP_EFINISHED,
+ * ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED when `to` takes no more
+ * gives; -ENOMEM.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_forward(atap_task from, atap_task to);
+
+typedef enum atap_join_policy {
+    ATAP_PASS_BACK = 0, /* the losers stay the caller's, in their places */
+    ATAP_CANCEL = 1,    /* each loser is cancelled, and its handle released */
+    ATAP_RELEASE = 2,   /* each loser's handle is released (not cancelled) */
+} atap_join_policy;
+
+/*
+ * Waits for the first of tasks[0..n) to settle (ready, taken, cancelled,
+ * timed out or failed; a handle with no task counts as settled at once) and
+ * stores its index in *winner. The winner's handle stays the caller's; the
+ * losers are dealt with by policy. A task that settles while the wait is
+ * being set up is still found; among several settled at once the lowest
+ * index wins.
+ * Returns 0; ATAP_ENOTREADY if timeout_ns passed first (then no handle is
+ * touched; ATAP_FOREVER waits without limit); ATAP_EINVAL for n = 0, NULL
+ * tasks or winner, or an unknown policy.
+ * Blocks: yes. Threads: any.
+ */
+ATAP_EXPORT int atap_join_first(const atap_task *tasks, size_t n, atap_join_policy policy,
+                                uint64_t timeout_ns, size_t *winner);
+
+/*
+ * atap_join on each of tasks[0..n): output i goes to out + i * size (every
+ * task's out_size must be size), and rcs[i] (rcs may be NULL) receives what
+ * atap_join returned for it. Returns 0 when every join did, else the first
+ * failure's code; ATAP_EINVAL for NULL tasks, or NULL out with a nonzero
+ * size. Handles stay the caller's.
+ * Blocks: yes. Threads: any.
+ */
+ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_t size, int *rcs);
+
 #ifdef ATAP_FAULT_INJECTION
 /*
  * Fault injection, for libatap's own tests: present only in a build with
@@ -386,6 +512,7 @@ ATAP_EXPORT void atap_inject_help_depth(unsigned depth);
 #define ATAP_US(n) ((uint64_t)(n) * 1000u)
 #define ATAP_MS(n) ((uint64_t)(n) * 1000000u)
 #define ATAP_SEC(n) ((uint64_t)(n) * 1000000000u)
+#define ATAP_FOREVER UINT64_MAX /* a timeout that never runs out */
 
 #ifdef __cplusplus
 }

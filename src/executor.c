@@ -32,6 +32,7 @@
 
 #include "atap.h"
 #include "atomics.h"
+#include "dataflow.h"
 #include "pool.h"
 #include "schedule.h"
 #include "slot.h"
@@ -100,6 +101,8 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
         s->arg_free(s->arg);
     if (unlikely(s->ext != NULL))
         atap__sched_destroy(s);
+    if (unlikely(ld_relaxed(&s->rx) != NULL))
+        atap__flow_destroy(s);
     s->fn = NULL;
     s->arg = NULL;
     s->arg_free = NULL;
@@ -123,24 +126,54 @@ static void free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uin
     atap__table_free(w ? &w->cache : atap__table_outside_cache(), index, gen);
 }
 
+static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen);
+
 /* Drops the RUN reference (idempotent per generation). */
 void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    uint64_t r = ld_relaxed(&s->refs);
+    uint64_t r = ld_relaxed(&s->refs), next;
 
+    /* The caller owns RUN, so the slot is this task's: a waiting task
+     * takes no more gives from here (its gate would hand RUN out again). */
+    if (unlikely(s->ext != NULL) && refs_gen(r) == gen && (r & REFS_RUN))
+        atap__sched_ending(s);
     do {
         if (refs_gen(r) != gen || !(r & REFS_RUN))
             return;
-        /* acq_rel: the run's writes (output, flags) reach whoever frees. */
-    } while (!cas_acqrel(&s->refs, &r, r & ~REFS_RUN));
-    if ((r & REFS_COUNT_MASK) == 0)
+        /* With forwards (RX), a listener of our own keeps the slot while
+         * they close: their own listeners may all go meanwhile. */
+        next = (r & ~REFS_RUN) + ((r & REFS_RX) ? 1 : 0);
+        /* acq_rel: the run's writes (output, flags) reach whoever frees;
+         * a registrar's rx reaches us with its RX. */
+    } while (!cas_acqrel(&s->refs, &r, next));
+    if (unlikely(r & REFS_RX)) {
+        atap__flow_close(s);
+        release_listener(s, index, gen);
+    } else if ((r & REFS_COUNT_MASK) == 0) {
         free_slot(atap__self, s, index, gen);
+    }
+}
+
+/* The last listener of a task that waits for gives is going while the
+ * task still holds RUN: nothing can give to it after this. Read with an
+ * RMW, so the count is the latest: only a holder adds listeners, and the
+ * caller is the only holder when it reads 1. */
+static void maybe_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    uint64_t r = atomic_fetch_add_explicit(&s->refs, 0, memory_order_acq_rel);
+
+    if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | 1) &&
+        atap__sched_gate(s))
+        atap__gate_orphan(s, index, gen);
 }
 
 static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     uint64_t r = ld_relaxed(&s->refs);
 
+    if (unlikely((r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | 1)) && s->ext &&
+        refs_gen(r) == gen)
+        maybe_orphan(s, index, gen);
     do {
         if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
             return;
@@ -170,6 +203,20 @@ static void hold_listener(struct atap_slot *s)
     add_relaxed(&s->refs, 1);
 }
 
+void atap__exec_hold(struct atap_slot *s)
+{
+    hold_listener(s);
+}
+
+struct atap_slot *atap__exec_live(atap_task t, uint32_t *index, uint32_t *gen)
+{
+    uint32_t cur;
+    struct atap_slot *s = lookup(t, gen);
+
+    *index = (uint32_t)t.id;
+    return s && handle_live(s, *gen, &cur) ? s : NULL;
+}
+
 int atap_dup(atap_task t, atap_task *copy)
 {
     uint32_t gen;
@@ -186,7 +233,7 @@ int atap_dup(atap_task t, atap_task *copy)
         if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
             return ATAP_ENOTASK;
         if ((r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
-            return ATAP_EINVAL; /* 2^31 - 1 listeners: refuse, never wrap */
+            return ATAP_EINVAL; /* 2^30 - 1 listeners: refuse, never wrap */
     } while (!cas_acqrel(&s->refs, &r, r + 1));
     *copy = t;
     return 0;
@@ -201,10 +248,12 @@ static inline bool plain(const atap_spawn_opts *o)
            !o->until_ns;
 }
 
-static int check_opts(const atap_spawn_opts *o)
+int atap__exec_check(const atap_spawn_opts *o, bool waiting)
 {
     if (o->priority < ATAP_PRIORITY_MIN || o->priority > ATAP_PRIORITY_MAX)
         return ATAP_EINVAL;
+    if (!waiting && (o->gives || o->in_free))
+        return ATAP_EINVAL; /* they belong to tasks that wait for gives */
     if (o->out_size > UINT32_MAX)
         return ATAP_EINVAL;
     if (plain(o))
@@ -243,14 +292,14 @@ static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_op
     return 0;
 }
 
-/* fill, and the schedule if the options use time; on -ENOMEM nothing is
- * left allocated. */
+/* fill, and the schedule if the options use time or the task waits for
+ * gives; on -ENOMEM nothing is left allocated (the gate is the caller's). */
 static int prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg,
-                   const atap_spawn_opts *o)
+                   const atap_spawn_opts *o, struct gate *gate)
 {
     int rc = fill(s, fn, arg, o);
 
-    if (rc == 0 && !plain(o) && (rc = atap__sched_attach(s, index, o)) != 0 &&
+    if (rc == 0 && (!plain(o) || gate) && (rc = atap__sched_attach(s, index, o, gate)) != 0 &&
         (s->flags & SF_OUT_HEAP))
         free(s->out.heap);
     if (rc != 0)
@@ -261,10 +310,6 @@ static int prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg,
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts plain;
-    struct slot_cache *cache;
-    uint32_t index, gen;
-    struct atap_slot *s;
-    bool outside;
     int rc;
 
     if (!task)
@@ -273,14 +318,26 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
     opts = opts ? opts : &plain;
     if (!fn)
         return ATAP_EINVAL;
-    if ((rc = check_opts(opts)) != 0)
+    if ((rc = atap__exec_check(opts, false)) != 0)
         return rc;
+    return atap__exec_spawn(task, fn, arg, opts, NULL);
+}
+
+int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts,
+                     struct gate *gate)
+{
+    struct slot_cache *cache;
+    uint32_t index, gen;
+    struct atap_slot *s;
+    bool outside;
+    int rc;
+
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
     cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
     if ((rc = atap__table_alloc(cache, &index, &gen)) == 0) {
         s = atap__table_at(index);
-        if ((rc = prepare(s, index, fn, arg, opts)) != 0) {
+        if ((rc = prepare(s, index, fn, arg, opts, gate)) != 0) {
             /* Burn this generation: the slot goes back as (gen, FREE). */
             st_relaxed(&s->word, make_word(gen, ST_FREE));
             atap__table_free(cache, index, gen);
@@ -302,6 +359,12 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
 
 /* ---- running ---------------------------------------------------------- */
 
+void atap__exec_wake(struct atap_slot *s)
+{
+    atap__word_wake(&s->word, true);
+    atap__flow_settled();
+}
+
 bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t to)
 {
     uint32_t cur = ld_relaxed(&s->word);
@@ -312,7 +375,7 @@ bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t 
         /* Release: an output is written before READY can be read. */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, to)));
     if (cur & ST_WAITERS)
-        atap__word_wake(&s->word, true);
+        atap__exec_wake(s);
     return true;
 }
 
@@ -333,7 +396,7 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
             break; /* already ended otherwise */
         if (cas_acqrel(&s->word, &cur, make_word(gen, to))) {
             if (cur & ST_WAITERS)
-                atap__word_wake(&s->word, true);
+                atap__exec_wake(s);
             break;
         }
     } while (1);
@@ -373,7 +436,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
     /* Acquire: a last release seen here happened before the run. */
     r = ld_acquire(&s->refs);
     if (likely(s->ext == NULL) && word_state(cur) == ST_PENDING &&
-        (r & (REFS_RUN | REFS_COUNT_MASK)) == REFS_RUN && refs_gen(r) == gen) {
+        (r & (REFS_RUN | REFS_RX | REFS_COUNT_MASK)) == REFS_RUN && refs_gen(r) == gen) {
         run_unobserved(w, s, ref, gen);
         return;
     }
@@ -432,7 +495,7 @@ int atap_cancel(atap_task t)
             return 0; /* settled: an output that landed is left alone */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
     if (cur & ST_WAITERS)
-        atap__word_wake(&s->word, true);
+        atap__exec_wake(s);
     if (unlikely(s->ext != NULL))
         atap__sched_cancelled(s, (uint32_t)t.id, gen);
     return 0;
@@ -447,6 +510,11 @@ bool atap_cancelled(atap_ctx *ctx)
     w = ld_acquire(&ctx->slot->word);
     return word_gen(w) == ctx->gen &&
            (word_state(w) == ST_CANCELLED || word_state(w) == ST_TIMED_OUT);
+}
+
+struct atap_slot *atap__exec_ctx_slot(atap_ctx *ctx)
+{
+    return ctx ? ctx->slot : NULL;
 }
 
 atap_task atap_self(atap_ctx *ctx)
@@ -687,8 +755,12 @@ int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
     if ((rc = atap__table_alloc(cache, &index, &gen)) != 0)
         return rc;
     s = atap__table_at(index);
-    if ((rc = fill(s, p->fn, p->arg, &o)) != 0 || (rc = atap__sched_attach(s, index, &o)) != 0) {
-        if (rc != 0 && (s->flags & SF_OUT_HEAP))
+    if ((rc = fill(s, p->fn, p->arg, &o)) != 0 ||
+        (rc = atap__sched_attach(s, index, &o, NULL)) != 0 ||
+        (rc = atap__sched_set_parent(s, p, pindex, pgen)) != 0) {
+        if (s->ext)
+            atap__sched_destroy(s);
+        if (s->flags & SF_OUT_HEAP)
             free(s->out.heap);
         s->flags = 0;
         st_relaxed(&s->word, make_word(gen, ST_FREE));
@@ -696,7 +768,6 @@ int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
         return rc;
     }
     s->arg_free = NULL; /* the series owns arg */
-    atap__sched_set_parent(s, pindex, pgen);
     hold_listener(p); /* the series stays until this run has published */
     st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN); /* no handle */
     st_release(&s->word, make_word(gen, ST_PENDING));

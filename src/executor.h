@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "atap.h"
+
 struct worker;
 
 /* Claims and runs the queued task ref (slot index + 1) on this thread; a
@@ -33,6 +35,26 @@ void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t g
 /* Starts one run of the at-rate series p: a slot of its own with no handle,
  * publishing into p. 0 or -ENOMEM. */
 int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen);
+
+struct atap_ctx;
+struct gate;
+
+/* Wakes the task's listeners (its state moved on with WAITERS set). */
+void atap__exec_wake(struct atap_slot *s);
+/* The options' checks shared by every spawn: 0 or ATAP_EINVAL. waiting:
+ * the fields of a task that waits for gives are allowed. */
+int atap__exec_check(const struct atap_spawn_opts *o, bool waiting);
+/* Spawns the task; gate (for a task that waits for gives) is owned by the
+ * task from a 0 return on. */
+int atap__exec_spawn(struct atap_task *task, atap_fn *fn, void *arg,
+                     const struct atap_spawn_opts *o, struct gate *gate);
+/* The slot behind a handle with a listener left, with its index and
+ * generation; NULL if the handle names no task. */
+struct atap_slot *atap__exec_live(struct atap_task t, uint32_t *index, uint32_t *gen);
+/* One more listener on a task the caller holds one on. */
+void atap__exec_hold(struct atap_slot *s);
+/* The running task's slot (NULL inside atap_block or for NULL). */
+struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);
 
 /* runtime.c: admission of spawns, so a shutdown can wait for every spawn
  * that got past the door. */

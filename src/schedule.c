@@ -32,6 +32,13 @@
  * up), an arm that lands afterwards is disarmed again by its caller, and
  * whoever wins that disarm writes the task off: no task waits on a timer
  * nobody will fire.
+ *
+ * A task that waits for gives (dataflow.c) always has a schedule, with its
+ * gate in `gate`. Its output is rewritten by each run like a repeat's, so it
+ * publishes the same way. Between runs or series its gate holds the RUN
+ * reference; a give that starts something hands it to atap__sched_kick, and
+ * where a repeat would end its series (finish) the gate decides whether the
+ * task waits again, starts again, or ends.
  */
 #include "schedule.h"
 
@@ -41,6 +48,7 @@
 #include <string.h>
 
 #include "atomics.h"
+#include "dataflow.h"
 #include "executor.h"
 #include "faults.h"
 #include "manager.h"
@@ -68,7 +76,17 @@ struct sched {
     uint64_t next_start;        /* at-rate: the period the next fire is for */
     struct sched *grave_next;   /* on the graveyard, once its slot is gone */
     uint32_t parent, parent_gen; /* an at-rate run: its series (index + 1), or 0 */
+    struct gate *gate;           /* a task that waits for gives; else NULL */
+    uint64_t pubs;               /* outputs published (under out_lock) */
+    void *input;                 /* an at-rate run of a waiting series: its value */
+    size_t input_size;
 };
+
+/* Each run rewrites the output, so runs write to scratch and publish. */
+static bool rewrites(const struct sched *c)
+{
+    return c->kind == ATAP_REPEAT || c->gate != NULL;
+}
 
 static struct sched *sched_of(struct atap_slot *s)
 {
@@ -105,13 +123,16 @@ int atap__sched_check(const atap_spawn_opts *o)
 static void fire_start(struct atap_timer *t);
 static void fire_limit(struct atap_timer *t);
 
-int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o)
+int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o,
+                       struct gate *gate)
 {
     struct sched *c = calloc(1, sizeof *c);
 
     if (!c)
         return -ENOMEM;
-    if (o->kind == ATAP_REPEAT && o->out_size && !(c->scratch = malloc(o->out_size))) {
+    c->gate = gate;
+    c->kind = (uint8_t)o->kind;
+    if (rewrites(c) && o->out_size && !(c->scratch = malloc(o->out_size))) {
         free(c);
         return -ENOMEM;
     }
@@ -144,6 +165,7 @@ static struct sched *mourning; /* manager only: still held at the last look */
 static void sched_free(struct sched *c)
 {
     free(c->scratch);
+    free(c->input);
     free(c);
 }
 
@@ -153,6 +175,10 @@ void atap__sched_destroy(struct atap_slot *s)
     struct sched *head = ld_relaxed(&graveyard);
 
     s->ext = NULL;
+    if (c->gate) { /* nothing but the slot reaches the gate */
+        atap__gate_destroy(c->gate);
+        c->gate = NULL;
+    }
     /* No manager will run again: the structure was emptied when it gave up
      * (the supervisor published that with GONE), and only an arm that came
      * after can still sit in its inbox, until shutdown lets go of it. */
@@ -273,6 +299,8 @@ void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool b
     struct sched *c = sched_of(s);
 
     (void)gen;
+    if (c->gate)
+        return; /* its first give starts it (atap__sched_kick) */
     if (c->kind == ATAP_AT_RATE) { /* the series itself never runs: its timer
                                       starts a fresh run every period */
         c->next_start = atap__deadline(atap__now_ns(), c->after);
@@ -284,19 +312,40 @@ void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool b
     }
 }
 
+void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    struct sched *c = sched_of(s);
+
+    (void)gen;
+    /* The gate was idle: nothing else touches the series' counters now
+     * (its lock ordered the last run's writes before ours). */
+    c->done = 0;
+    c->deadline = c->for_ns ? UINT64_MAX : c->deadline;
+    if (c->kind == ATAP_AT_RATE) {
+        c->next_start = atap__deadline(atap__now_ns(), c->after);
+        arm(c, &c->start, c->next_start);
+    } else if (c->after) {
+        arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
+    } else {
+        atap__pool_submit(index + 1, s->priority, c->blocking);
+    }
+}
+
 /* ---- a run -------------------------------------------------------------- */
 
 static bool may_claim(struct sched *c, uint32_t state)
 {
     if (state == ST_PENDING)
         return true;
-    return c->kind == ATAP_REPEAT && (state == ST_READY || state == ST_TAKEN) &&
-           !ld_acquire(&c->finished);
+    return rewrites(c) && (state == ST_READY || state == ST_TAKEN) && !ld_acquire(&c->finished);
 }
 
-/* Ends the series with its last output standing: no run follows. */
+/* Ends the series with its last output standing: no run follows. A task
+ * that waits for gives asks its gate first: it may wait, or start again. */
 static void finish(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
+    if (c->gate && atap__gate_after(s, c->index, gen))
+        return;
     st_release(&c->finished, true);
     atap__exec_release_run(s, c->index, gen);
 }
@@ -320,6 +369,8 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
         }
     } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
     c->out_live = word_state(cur) == ST_READY;
+    if (c->gate)
+        atap__gate_claim(c->gate); /* the newest value becomes this run's */
     if (c->done == 0 && c->for_ns)
         c->deadline = atap__deadline(now, c->for_ns);
     c->limit_armed = false;
@@ -335,7 +386,43 @@ void *atap__sched_output(struct atap_slot *s)
 {
     struct sched *c = sched_of(s);
 
-    return c->kind == ATAP_REPEAT ? c->scratch : slot_out(s);
+    return rewrites(c) ? c->scratch : slot_out(s);
+}
+
+const void *atap__sched_input(struct atap_slot *s, size_t *size)
+{
+    struct sched *c = sched_of(s);
+
+    if (c->parent) {
+        *size = c->input_size;
+        return c->input;
+    }
+    return c->gate ? atap__gate_current(c->gate, size) : NULL;
+}
+
+struct gate *atap__sched_gate(struct atap_slot *s)
+{
+    return s->ext ? sched_of(s)->gate : NULL;
+}
+
+uint64_t atap__sched_pubs(struct atap_slot *s)
+{
+    struct sched *c = sched_of(s);
+
+    return rewrites(c) || c->kind == ATAP_AT_RATE ? c->pubs : 1;
+}
+
+void atap__sched_mark_finished(struct atap_slot *s)
+{
+    st_release(&sched_of(s)->finished, true);
+}
+
+void atap__sched_ending(struct atap_slot *s)
+{
+    struct sched *c = sched_of(s);
+
+    if (c->gate)
+        atap__gate_end(c->gate);
 }
 
 /* The publisher's side of out_lock: waits out the readers, keeps new ones
@@ -373,7 +460,9 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
         s->filled = 1;
     }
     if (ok)
-        ok = atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
+        c->pubs++; /* counted before readable: see atap__flow_publish */
+    if (ok && (ok = atap__exec_stop(s, gen, ST_RUNNING, ST_READY)))
+        atap__flow_publish(s, c->pubs); /* still under the lock: this output */
     out_write_unlock(c);
     return ok;
 }
@@ -384,6 +473,10 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
     uint64_t now = atap__now_ns();
 
     c->done++;
+    if (c->kind == ATAP_ONCE) { /* a waiting task's run: its gate decides */
+        finish(s, c, gen);
+        return;
+    }
     if (!atap__manager_accepting()) { /* shutting down, or no manager left */
         atap__exec_end(s, c->index, gen, ST_FAILED);
         return;
@@ -419,7 +512,7 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
         atap__exec_end(s, c->index, gen, ST_FAILED);
         return;
     }
-    if (c->kind != ATAP_REPEAT) {
+    if (!rewrites(c)) {
         s->filled = 1;
         atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
         finish(s, c, gen);
@@ -481,12 +574,18 @@ static void rate_tick(struct sched *c)
         arm(c, &c->start, next);
 }
 
-void atap__sched_set_parent(struct atap_slot *s, uint32_t parent_index, uint32_t parent_gen)
+int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
+                           uint32_t parent_gen)
 {
-    struct sched *c = sched_of(s);
+    struct sched *c = sched_of(s), *pc = sched_of(p);
 
+    /* A waiting series: this run keeps a copy of the newest value, since
+     * the runs overlap and a give may replace it meanwhile. */
+    if (pc->gate && (c->input = atap__gate_snapshot(pc->gate, &c->input_size)) == NULL)
+        return -ENOMEM;
     c->parent = parent_index + 1;
     c->parent_gen = parent_gen;
+    return 0;
 }
 
 /* Ends the series from one of its runs (a failure or a timeout): the
@@ -501,7 +600,7 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
             return;
     } while (!cas_acqrel(&p->word, &cur, make_word(pgen, to)));
     if (cur & ST_WAITERS)
-        atap__word_wake(&p->word, true);
+        atap__exec_wake(p);
     if (atap__timer_disarm(atap__manager_timers(), &pc->start))
         atap__exec_release_run(p, pc->index, pgen);
 }
@@ -523,7 +622,9 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
         p->filled = 1;
     }
     if (ok)
-        ok = atap__exec_stop(p, pgen, st, ST_READY);
+        pc->pubs++;
+    if (ok && (ok = atap__exec_stop(p, pgen, st, ST_READY)))
+        atap__flow_publish(p, pc->pubs);
     out_write_unlock(pc);
     return ok;
 }
@@ -566,7 +667,7 @@ bool atap__sched_cancellable(struct atap_slot *s, uint32_t state)
 
     if (state == ST_PENDING || state == ST_RUNNING)
         return true;
-    return c->kind != ATAP_ONCE && (state == ST_READY || state == ST_TAKEN) &&
+    return (c->kind != ATAP_ONCE || c->gate) && (state == ST_READY || state == ST_TAKEN) &&
            !ld_acquire(&c->finished);
 }
 
@@ -577,6 +678,8 @@ void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
     /* A pending delay or gap: whoever wins fire-or-disarm owns RUN. */
     if (atap__timer_disarm(atap__manager_timers(), &c->start))
         atap__exec_release_run(s, index, gen);
+    else if (c->gate) /* waiting for a give: its gate holds RUN */
+        atap__gate_cancelled(s, index, gen);
 }
 
 bool atap__sched_finished(struct atap_slot *s, uint32_t state)
@@ -585,7 +688,8 @@ bool atap__sched_finished(struct atap_slot *s, uint32_t state)
 
     if (state == ST_CANCELLED || state == ST_TIMED_OUT || state == ST_FAILED)
         return true;
-    return state_terminal(state) && (c->kind == ATAP_ONCE || ld_acquire(&c->finished));
+    return state_terminal(state) &&
+           ((c->kind == ATAP_ONCE && !c->gate) || ld_acquire(&c->finished));
 }
 
 void atap__sched_read_lock(struct atap_slot *s)
@@ -593,7 +697,7 @@ void atap__sched_read_lock(struct atap_slot *s)
     struct sched *c = sched_of(s);
     uint32_t cur = ld_relaxed(&c->out_lock);
 
-    if (c->kind == ATAP_ONCE)
+    if (c->kind == ATAP_ONCE && !c->gate)
         return;
     for (;;) {
         if (!(cur & OUT_WRITER) &&
@@ -609,6 +713,6 @@ void atap__sched_read_unlock(struct atap_slot *s)
 {
     struct sched *c = sched_of(s);
 
-    if (c->kind != ATAP_ONCE)
+    if (c->kind != ATAP_ONCE || c->gate)
         atomic_fetch_sub_explicit(&c->out_lock, 1, memory_order_release);
 }

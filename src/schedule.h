@@ -16,8 +16,27 @@ struct worker;
 
 /* 0, ATAP_EINVAL for a combination that makes no sense, -ENOTSUP. */
 int atap__sched_check(const atap_spawn_opts *o);
-/* Gives a freshly filled slot its schedule (s->ext). 0 or -ENOMEM. */
-int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o);
+struct gate;
+
+/* Gives a freshly filled slot its schedule (s->ext); gate: a task that
+ * waits for gives (the schedule owns the gate from here). 0 or -ENOMEM
+ * (the gate is then still the caller's). */
+int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o,
+                       struct gate *gate);
+/* A give started something (dataflow.c; the gate was idle and hands over
+ * the RUN reference): a run, or a series, after the start delay if any. */
+void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen);
+/* The gate of a task that waits for gives, or NULL (also for no schedule). */
+struct gate *atap__sched_gate(struct atap_slot *s);
+/* Inside a run: the value it was handed (NULL if it waits for nothing). */
+const void *atap__sched_input(struct atap_slot *s, size_t *size);
+/* The number of the output readable now (read under the read lock). */
+uint64_t atap__sched_pubs(struct atap_slot *s);
+/* No run follows (a waiting task let go): atap_finished turns true. */
+void atap__sched_mark_finished(struct atap_slot *s);
+/* The task's RUN reference is about to go for good: its gate takes no
+ * more gives. */
+void atap__sched_ending(struct atap_slot *s);
 /* The slot is published PENDING with its RUN reference: queue it, or arm
  * its start delay. */
 void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking);
@@ -30,8 +49,10 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen);
 void *atap__sched_output(struct atap_slot *s);
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc);
 
-/* An at-rate run (spawned by atap__exec_spawn_run) belongs to its series. */
-void atap__sched_set_parent(struct atap_slot *s, uint32_t parent_index, uint32_t parent_gen);
+/* An at-rate run (spawned by atap__exec_spawn_run) belongs to its series
+ * p. 0 or -ENOMEM (a waiting series' run copies its value). */
+int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
+                           uint32_t parent_gen);
 
 /* The run timeout of a scheduled task. */
 uint64_t atap__sched_timeout(struct atap_slot *s);

@@ -12,11 +12,14 @@
  *         by a listener before it sleeps, and whoever settles the task
  *         wakes only when it was set.
  *
- *   refs  (64 bits) gen << 32 | RUN << 31 | listeners
+ *   refs  (64 bits) gen << 32 | RUN << 31 | RX << 30 | listeners
  *         One per handle, plus RUN while the runtime still owes the task a
  *         run or a clean-up (the queue or the running thread holds it).
  *         Whoever takes refs to (gen, no RUN, 0 listeners) frees the slot,
  *         so release is idempotent per holder and only one path frees.
+ *         RX: outputs are forwarded (`rx`, dataflow.c); set by a CAS that
+ *         finds RUN held, so whoever drops RUN learns from that same CAS
+ *         that it must close the forwards (never cleared until freed).
  *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
  * free list while the slot is free and by the injector while it is queued;
@@ -30,6 +33,8 @@
 
 #include "atap.h"
 #include "atomics.h"
+
+struct rx;
 
 #define SLOT_SIZE 120u
 
@@ -48,7 +53,8 @@
 #define GEN_MAX ((1u << 27) - 1u)
 
 #define REFS_RUN (UINT64_C(1) << 31)
-#define REFS_COUNT_MASK (REFS_RUN - 1)
+#define REFS_RX (UINT64_C(1) << 30)
+#define REFS_COUNT_MASK (REFS_RX - 1)
 
 /* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
@@ -58,14 +64,13 @@ struct atap_slot {
     _Atomic uint32_t word;
     _Atomic uint32_t link;
     _Atomic uint64_t refs;
-    uint32_t spare0;
+    struct rx *_Atomic rx; /* forwards of this task's outputs (dataflow.c) */
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;
     uint8_t filled; /* an output was written (by runs only: kept apart from
                        flags, which others read while a run writes this) */
     uint8_t spare;
-    uint32_t spare2;
     atap_fn *fn;
     void *arg;
     void (*arg_free)(void *);

@@ -1,0 +1,902 @@
+/*
+ * Values between tasks: tasks that wait for gives, the forwards that feed
+ * them from other tasks' outputs (atap_forward, atap_receive_all / _any),
+ * and atap_join_first.
+ *
+ * The gate. A task that waits for gives has a `struct gate` (through its
+ * schedule) holding its values and what a give may start, all under the
+ * gate's mutex, a leaf lock: nothing else is taken while it is held.
+ *   IDLE  nothing under way; the gate holds the task's RUN reference.
+ *   BUSY  a run or a series is queued, armed or running; RUN is with it.
+ *   OWED  BUSY, and a give came for one more run (ATAP_ONCE only).
+ *   DONE  no more gives; RUN has gone or is going.
+ * A give that finds IDLE moves it to BUSY and hands RUN to
+ * atap__sched_kick, after the lock: the gate no longer owns it, and no one
+ * else can take it, since only IDLE carries it. Where a run or a series
+ * ends as it should, atap__gate_after decides under the lock: OWED starts
+ * again, a task that can get no more gives is DONE, any other waits. Every
+ * other end of the task (cancel, failure, timeout, shutdown) drops RUN
+ * through atap__exec_release_run, which sets DONE first.
+ * Values: `pending` is the newest value not yet handed to a run, `current`
+ * the one runs read. A claim moves pending to current (only the runner does
+ * that, and runs of one task never overlap, so a run reads current without
+ * the lock); at-rate runs, which overlap, get copies. in_free is called
+ * outside the lock, once per value passed to atap_give.
+ *
+ * Forwards. A task whose outputs go elsewhere has an `rx` list in its slot
+ * of `reg`s, each naming the task it feeds (and, for receive_all, the place
+ * it fills). A reg holds a listener on the task it feeds, so that slot
+ * stays while the reg is listed. The source's slot needs none: it stays
+ * while RUN is held, and the list closes when RUN goes. Registering sets
+ * REFS_RX in refs by a CAS that finds RUN held: whoever later drops RUN
+ * sees RX in that same CAS, keeps the slot with a listener of its own and
+ * closes the list (atap__flow_close). A source's handles are not givers of
+ * anything, so they alone decide when a waiting source is let go.
+ * Otherwise the task is over and the registrar hands over the last output
+ * and closes the reg itself. Each output has a number (1 for a one-shot,
+ * the publish count for a task whose runs rewrite it), and a reg records
+ * the last number it had: the publisher (under the output's write lock) and
+ * a registrar or closer (under its read lock) each hand an output over only
+ * when the reg has not had it, under the list's mutex. So every reg gets
+ * every output published after it registered, plus the one readable when
+ * it did, exactly once. Lock order: output lock, then list mutex, then a
+ * target's gate; a target started by a delivery is kicked after the
+ * delivery, with no gate lock held.
+ *
+ * join_first. Each member's word gets WAITERS by an RMW after the caller is
+ * counted in atap__first_waiters; whoever moves a state on with WAITERS set
+ * bumps `settle_seq` and wakes it, and the caller sleeps on settle_seq from a
+ * value read before it looked at the members. No settle is missed.
+ */
+#include "dataflow.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "atap.h"
+#include "executor.h"
+#include "pool.h"
+#include "schedule.h"
+#include "slot.h"
+#include "table.h"
+#include "wait.h"
+
+enum { G_IDLE, G_BUSY, G_OWED, G_DONE };
+enum { ROLE_GIVE, ROLE_ALL, ROLE_ANY };
+
+struct gate {
+    pthread_mutex_t lock;
+    uint8_t state, role;
+    bool series;           /* kind REPEAT or AT_RATE: a give starts a series */
+    bool last;             /* the start under way is the last one */
+    bool orphan;           /* no handle or forward can give any more */
+    bool has_pending, pending_owned, current_owned;
+    uint32_t left;         /* starts left; UINT32_MAX: no limit */
+    uint32_t open;         /* receive_any: members that may still publish */
+    size_t in_size;
+    void (*in_free)(void *);
+    unsigned char *pending, *current, *spare;
+    /* receive_all: the round being gathered */
+    size_t n, nfilled, nclosed;
+    uint64_t *filled;      /* n bits */
+    unsigned char *gathering;
+};
+
+struct reg {
+    struct reg *next;
+    uint32_t to, to_gen; /* the task fed (index, generation) */
+    uint32_t place;      /* receive_all: the member's place */
+    size_t offset;       /* receive_all: where its bytes go */
+    uint64_t seen;       /* the last output number handed over */
+};
+
+struct rx {
+    pthread_mutex_t lock;
+    bool closed;
+    struct reg *head;
+};
+
+/* Targets a delivery started, kicked once the locks are let go. */
+struct kicks {
+    unsigned n, cap;
+    uint64_t *more;
+    uint64_t some[8];
+};
+
+static void kicks_add(struct kicks *k, uint32_t index, uint32_t gen)
+{
+    uint64_t v = (uint64_t)gen << 32 | index;
+
+    if (k->n < 8) {
+        k->some[k->n++] = v;
+        return;
+    }
+    if (k->n - 8 == k->cap) {
+        unsigned cap = k->cap ? k->cap * 2 : 32;
+        uint64_t *m = realloc(k->more, cap * sizeof *m);
+        if (!m)
+            abort(); /* a started target must be kicked: no way back */
+        k->more = m;
+        k->cap = cap;
+    }
+    k->more[k->n++ - 8] = v;
+}
+
+static void kicks_run(struct kicks *k)
+{
+    for (unsigned i = 0; i < k->n; i++) {
+        uint64_t v = i < 8 ? k->some[i] : k->more[i - 8];
+        uint32_t index = (uint32_t)v;
+
+        atap__sched_kick(atap__table_at(index), index, (uint32_t)(v >> 32));
+    }
+    free(k->more);
+}
+
+/* ---- the gate ------------------------------------------------------------ */
+
+static struct gate *gate_new(int role, const atap_spawn_opts *o, size_t in_size, size_t n)
+{
+    struct gate *g = calloc(1, sizeof *g);
+    size_t buf = in_size ? in_size : 1;
+
+    if (!g)
+        return NULL;
+    pthread_mutex_init(&g->lock, NULL);
+    g->role = (uint8_t)role;
+    g->series = o->kind != ATAP_ONCE;
+    g->left = o->gives ? o->gives : UINT32_MAX;
+    g->in_size = in_size;
+    g->in_free = o->in_free;
+    g->n = n;
+    g->open = (uint32_t)n;
+    g->pending = malloc(buf);
+    g->current = malloc(buf);
+    if (role == ROLE_ALL) {
+        g->filled = calloc((n + 63) / 64, sizeof *g->filled);
+        g->gathering = malloc(buf);
+    }
+    if (!g->pending || !g->current || (role == ROLE_ALL && (!g->filled || !g->gathering))) {
+        atap__gate_destroy(g);
+        return NULL;
+    }
+    return g;
+}
+
+void atap__gate_destroy(struct gate *g)
+{
+    if (g->in_free && g->has_pending && g->pending_owned)
+        g->in_free(g->pending);
+    if (g->in_free && g->current_owned)
+        g->in_free(g->current);
+    free(g->pending);
+    free(g->current);
+    free(g->spare);
+    free(g->filled);
+    free(g->gathering);
+    pthread_mutex_destroy(&g->lock);
+    free(g);
+}
+
+/* A buffer for a value (the spare, else a fresh one); NULL on -ENOMEM. */
+static unsigned char *take_buffer(struct gate *g)
+{
+    unsigned char *b;
+
+    pthread_mutex_lock(&g->lock);
+    b = g->spare;
+    g->spare = NULL;
+    pthread_mutex_unlock(&g->lock);
+    return b ? b : malloc(g->in_size ? g->in_size : 1);
+}
+
+/* A value nobody will read again: in_free if it was given, then its buffer
+ * is kept as the spare. Called with no lock held. */
+static void drop_value(struct gate *g, unsigned char *b, bool owned)
+{
+    if (!b)
+        return;
+    if (owned && g->in_free)
+        g->in_free(b);
+    pthread_mutex_lock(&g->lock);
+    if (!g->spare) {
+        g->spare = b;
+        b = NULL;
+    }
+    pthread_mutex_unlock(&g->lock);
+    free(b);
+}
+
+void atap__gate_claim(struct gate *g)
+{
+    unsigned char *old = NULL;
+    bool owned = false;
+
+    pthread_mutex_lock(&g->lock);
+    if (g->has_pending) {
+        old = g->current;
+        owned = g->current_owned;
+        g->current = g->pending;
+        g->current_owned = g->pending_owned;
+        g->pending = NULL;
+        g->has_pending = g->pending_owned = false;
+    }
+    pthread_mutex_unlock(&g->lock);
+    drop_value(g, old, owned);
+}
+
+const void *atap__gate_current(struct gate *g, size_t *size)
+{
+    *size = g->in_size;
+    return g->current;
+}
+
+void *atap__gate_snapshot(struct gate *g, size_t *size)
+{
+    void *copy = malloc(g->in_size ? g->in_size : 1);
+
+    if (!copy)
+        return NULL;
+    atap__gate_claim(g);
+    pthread_mutex_lock(&g->lock); /* a claim by another tick cannot race: manager only */
+    memcpy(copy, g->current, g->in_size);
+    pthread_mutex_unlock(&g->lock);
+    *size = g->in_size;
+    return copy;
+}
+
+/* Lets go of a task whose gate went DONE while it held RUN: never given
+ * anything, it reads FAILED; otherwise its last output stays. */
+static void let_go(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    atap__exec_stop(s, gen, ST_PENDING, ST_FAILED);
+    atap__sched_mark_finished(s);
+    atap__exec_release_run(s, index, gen);
+}
+
+/* Under the lock: nothing could start the task again. */
+static bool spent(const struct gate *g)
+{
+    return g->left == 0 || g->last || g->orphan || (g->role == ROLE_ANY && g->open == 0);
+}
+
+bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    struct gate *g = atap__sched_gate(s);
+    int next;
+
+    pthread_mutex_lock(&g->lock);
+    if (g->state == G_OWED)
+        next = g->state = G_BUSY;
+    else if (g->state == G_DONE || spent(g))
+        next = g->state = G_DONE;
+    else
+        next = g->state = G_IDLE;
+    pthread_mutex_unlock(&g->lock);
+    if (next == G_BUSY)
+        atap__sched_kick(s, index, gen);
+    return next != G_DONE;
+}
+
+void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    struct gate *g = atap__sched_gate(s);
+    bool idle;
+
+    pthread_mutex_lock(&g->lock);
+    if ((idle = g->state == G_IDLE))
+        g->state = G_DONE;
+    pthread_mutex_unlock(&g->lock);
+    if (idle)
+        atap__exec_release_run(s, index, gen);
+}
+
+void atap__gate_end(struct gate *g)
+{
+    pthread_mutex_lock(&g->lock);
+    g->state = G_DONE;
+    pthread_mutex_unlock(&g->lock);
+}
+
+void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    struct gate *g = atap__sched_gate(s);
+    bool idle;
+
+    if (g->role != ROLE_GIVE)
+        return; /* fed by its members alone: they end it */
+    pthread_mutex_lock(&g->lock);
+    g->orphan = true;
+    if ((idle = g->state == G_IDLE))
+        g->state = G_DONE;
+    pthread_mutex_unlock(&g->lock);
+    if (idle)
+        let_go(s, index, gen);
+}
+
+/* Under the lock, for a gate not DONE: whether a give now would be taken
+ * (it starts something, is owed, or replaces what a series is handed). */
+static bool accepts(const struct gate *g)
+{
+    bool starts = g->state == G_IDLE || (g->state == G_BUSY && !g->series);
+
+    return !starts || (g->left != 0 && !g->last);
+}
+
+/* Why a gate in this state takes no more gives. */
+static int closed_error(struct atap_slot *s)
+{
+    switch (word_state(ld_acquire(&s->word))) {
+    case ST_CANCELLED: return ATAP_ECANCELLED;
+    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
+    case ST_FAILED: return ATAP_EFAILED;
+    default: return ATAP_EFINISHED;
+    }
+}
+
+/*
+ * Under the lock: value b (a buffer of in_size bytes) arrives. Returns 0
+ * with *kick set when it starts the task, 0 when it is owed or replaces
+ * what a series is handed, or the error refusing it. *old receives a value
+ * it displaced (to drop after the lock), or b itself when refused.
+ */
+static int offer_locked(struct atap_slot *s, struct gate *g, unsigned char *b, bool owned,
+                        bool *kick, unsigned char **old, bool *old_owned)
+{
+    uint32_t st = word_state(ld_acquire(&s->word));
+
+    *old = NULL;
+    *old_owned = false;
+    if (g->state == G_DONE || st == ST_CANCELLED || st == ST_TIMED_OUT || st == ST_FAILED) {
+        *old = b, *old_owned = owned;
+        return closed_error(s);
+    }
+    if (g->state == G_IDLE || (g->state == G_BUSY && !g->series)) {
+        if (!accepts(g)) {
+            *old = b, *old_owned = owned;
+            return ATAP_EFINISHED;
+        }
+        if (g->left != UINT32_MAX)
+            g->left--;
+        *kick = g->state == G_IDLE;
+        g->state = g->state == G_IDLE ? G_BUSY : G_OWED;
+    }
+    if (g->has_pending) { /* gives don't queue: the newest wins */
+        *old = g->pending;
+        *old_owned = g->pending_owned;
+    } else {
+        *old = g->pending; /* an empty buffer: becomes the spare */
+    }
+    g->pending = b;
+    g->has_pending = true;
+    g->pending_owned = owned;
+    return 0;
+}
+
+/* Gives value (in_size bytes) to the task at index: copies it in, starts
+ * what it starts (now, or through kicks when given). */
+static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *value,
+                 bool owned, struct kicks *kicks)
+{
+    struct gate *g = atap__sched_gate(s);
+    unsigned char *b = take_buffer(g), *old;
+    bool kick = false, old_owned;
+    int rc;
+
+    if (!b)
+        return -ENOMEM;
+    if (g->in_size)
+        memcpy(b, value, g->in_size);
+    pthread_mutex_lock(&g->lock);
+    rc = offer_locked(s, g, b, owned, &kick, &old, &old_owned);
+    pthread_mutex_unlock(&g->lock);
+    drop_value(g, old, old_owned);
+    if (kick) {
+        if (kicks)
+            kicks_add(kicks, index, gen);
+        else
+            atap__sched_kick(s, index, gen);
+    }
+    return rc;
+}
+
+/* receive_all: member `place` published bytes for this round. */
+static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const struct reg *r,
+                   const void *bytes, size_t size, struct kicks *kicks)
+{
+    struct gate *g = atap__sched_gate(s);
+    unsigned char *full = NULL, *old = NULL;
+    bool kick = false, old_owned = false;
+
+    pthread_mutex_lock(&g->lock);
+    if (g->state != G_DONE && !g->last) {
+        memcpy(g->gathering + r->offset, bytes, size);
+        if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64)))) {
+            g->filled[r->place / 64] |= UINT64_C(1) << (r->place % 64);
+            g->nfilled++;
+        }
+        if (g->nfilled == g->n) {
+            full = g->spare ? g->spare : malloc(g->in_size ? g->in_size : 1);
+            g->spare = NULL; /* no memory: the next delivery tries again */
+        }
+        if (full) {
+            /* The round is whole: it becomes the value, and a new round
+             * starts empty. A member already closed can't fill the next. */
+            unsigned char *round = g->gathering;
+            g->gathering = full;
+            memset(g->filled, 0, (g->n + 63) / 64 * sizeof *g->filled);
+            g->nfilled = 0;
+            if (offer_locked(s, g, round, false, &kick, &old, &old_owned) == 0 && g->nclosed)
+                g->last = true;
+        }
+    }
+    pthread_mutex_unlock(&g->lock);
+    drop_value(g, old, old_owned);
+    if (kick)
+        kicks_add(kicks, index, gen);
+}
+
+/* A member of receive_all / receive_any (or a forward) can publish no
+ * more: the fed task may be done. */
+static void member_closed(const struct reg *r)
+{
+    struct atap_slot *s = atap__table_at(r->to);
+    struct gate *g = atap__sched_gate(s);
+    bool idle = false;
+
+    pthread_mutex_lock(&g->lock);
+    if (g->role == ROLE_ALL) {
+        if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64))))
+            g->last = true; /* its place can never fill */
+        else
+            g->nclosed++;
+    } else if (g->role == ROLE_ANY) {
+        g->open--;
+    }
+    if (g->state == G_IDLE && spent(g)) {
+        g->state = G_DONE;
+        idle = true;
+    }
+    pthread_mutex_unlock(&g->lock);
+    if (idle)
+        let_go(s, r->to, r->to_gen);
+}
+
+/* ---- forwards ------------------------------------------------------------ */
+
+/* Hands output number pub (bytes at out) to r unless it had it. */
+static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
+                    struct kicks *kicks)
+{
+    struct atap_slot *t = atap__table_at(r->to);
+    struct gate *g = atap__sched_gate(t);
+
+    if (r->seen >= pub)
+        return;
+    r->seen = pub;
+    if (g->role == ROLE_ALL)
+        gather(t, r->to, r->to_gen, r, out, size, kicks);
+    else
+        offer(t, r->to, r->to_gen, out, false, kicks);
+}
+
+/* Under the read lock (or for a one-shot, whose output never changes):
+ * the readable output's number, or 0 when none is readable. */
+static uint64_t readable(struct atap_slot *s)
+{
+    if (word_state(ld_acquire(&s->word)) != ST_READY)
+        return 0;
+    return s->ext ? atap__sched_pubs(s) : 1;
+}
+
+void atap__flow_publish(struct atap_slot *s, uint64_t pub)
+{
+    struct kicks kicks = {0};
+    struct rx *rx;
+
+    /* Acquire: a registrar's RX (and the rx it installed before) is seen,
+     * since its read section ended before our write lock began. */
+    if (!(ld_acquire(&s->refs) & REFS_RX))
+        return;
+    rx = ld_acquire(&s->rx);
+    pthread_mutex_lock(&rx->lock);
+    for (struct reg *r = rx->head; r; r = r->next)
+        deliver(r, pub, slot_out(s), s->out_size, &kicks);
+    pthread_mutex_unlock(&rx->lock);
+    kicks_run(&kicks);
+}
+
+/* A reg that will get nothing more: its target hears, and its listener
+ * on the target goes. */
+static void reg_close(struct reg *r)
+{
+    struct atap_slot *t = atap__table_at(r->to);
+
+    member_closed(r);
+    atap__exec_release_listener(t, r->to, r->to_gen);
+    free(r);
+}
+
+static void read_lock(struct atap_slot *s)
+{
+    if (s->ext)
+        atap__sched_read_lock(s);
+}
+
+static void read_unlock(struct atap_slot *s)
+{
+    if (s->ext)
+        atap__sched_read_unlock(s);
+}
+
+void atap__flow_close(struct atap_slot *s)
+{
+    struct rx *rx = ld_acquire(&s->rx);
+    struct kicks kicks = {0};
+    struct reg *list, *next;
+    uint64_t pub;
+
+    read_lock(s);
+    pthread_mutex_lock(&rx->lock);
+    rx->closed = true;
+    list = rx->head;
+    rx->head = NULL;
+    if ((pub = readable(s)) != 0)
+        for (struct reg *r = list; r; r = r->next)
+            deliver(r, pub, slot_out(s), s->out_size, &kicks);
+    pthread_mutex_unlock(&rx->lock);
+    read_unlock(s);
+    kicks_run(&kicks);
+    for (; list; list = next) {
+        next = list->next;
+        reg_close(list);
+    }
+}
+
+void atap__flow_destroy(struct atap_slot *s)
+{
+    struct rx *rx = ld_relaxed(&s->rx);
+
+    if (rx) {
+        pthread_mutex_destroy(&rx->lock);
+        free(rx);
+        st_relaxed(&s->rx, NULL);
+    }
+}
+
+/* The slot's forward list, made on first use. The caller holds a listener. */
+static struct rx *rx_of(struct atap_slot *s)
+{
+    struct rx *rx = ld_acquire(&s->rx), *fresh;
+
+    if (rx)
+        return rx;
+    if (!(fresh = calloc(1, sizeof *fresh)))
+        return NULL;
+    pthread_mutex_init(&fresh->lock, NULL);
+    /* Release: the list is whole before anyone can find it. */
+    if (atomic_compare_exchange_strong_explicit(&s->rx, &rx, fresh, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return fresh;
+    pthread_mutex_destroy(&fresh->lock);
+    free(fresh);
+    return rx;
+}
+
+/*
+ * Registers r (which holds a listener on its target) on the task s of
+ * generation gen, on which the caller holds a listener. The readable output, if
+ * any, is handed over now; a task that can publish no more closes r at
+ * once. 0 or -ENOMEM / ATAP_ENOTASK (r is then closed and freed).
+ */
+static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
+{
+    struct kicks kicks = {0};
+    struct rx *rx = rx_of(s);
+    bool live = true, listed = false;
+    uint64_t refs, pub;
+
+    if (!rx) {
+        reg_close(r);
+        return -ENOMEM;
+    }
+    refs = ld_relaxed(&s->refs);
+    do {
+        if (refs_gen(refs) != gen || (refs & REFS_COUNT_MASK) == 0) {
+            reg_close(r);
+            return ATAP_ENOTASK;
+        }
+        if (!(refs & REFS_RUN)) {
+            live = false; /* over: no RUN will be dropped to close r */
+            break;
+        }
+        if (refs & REFS_RX)
+            break; /* set by an earlier registrar, with rx seen already */
+        /* acq_rel: the rx installed above is seen by whoever drops RUN. */
+    } while (!cas_acqrel(&s->refs, &refs, refs | REFS_RX));
+    read_lock(s);
+    pthread_mutex_lock(&rx->lock);
+    if (live && !rx->closed) {
+        r->next = rx->head;
+        rx->head = r;
+        listed = true;
+    }
+    if ((pub = readable(s)) != 0)
+        deliver(r, pub, slot_out(s), s->out_size, &kicks);
+    pthread_mutex_unlock(&rx->lock);
+    read_unlock(s);
+    kicks_run(&kicks);
+    if (!listed)
+        reg_close(r);
+    return 0;
+}
+
+/* ---- the calls ----------------------------------------------------------- */
+
+static struct atap_slot *live_slot(atap_task t, uint32_t *index, uint32_t *gen)
+{
+    return atap__exec_live(t, index, gen);
+}
+
+int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size_t in_size,
+                       const atap_spawn_opts *opts)
+{
+    static const atap_spawn_opts none;
+    struct gate *g;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    opts = opts ? opts : &none;
+    if (!fn || in_size > UINT32_MAX)
+        return ATAP_EINVAL;
+    if ((rc = atap__exec_check(opts, true)) != 0)
+        return rc;
+    if (!(g = gate_new(ROLE_GIVE, opts, in_size, 0)))
+        return -ENOMEM;
+    if ((rc = atap__exec_spawn(task, fn, arg, opts, g)) != 0)
+        atap__gate_destroy(g);
+    return rc;
+}
+
+int atap_give(atap_task t, const void *value, size_t size)
+{
+    uint32_t index, gen;
+    struct atap_slot *s = live_slot(t, &index, &gen);
+    struct gate *g;
+    bool outside;
+    int rc;
+
+    if (!s)
+        return ATAP_ENOTASK;
+    g = atap__sched_gate(s);
+    if (!g || g->role != ROLE_GIVE || size != g->in_size || (size && !value))
+        return ATAP_EINVAL; /* in_free is the caller's: nothing was taken */
+    if (!atap__spawn_enter(&outside)) {
+        if (g->in_free) { /* the value is refused, and goes as promised */
+            unsigned char *b = malloc(size ? size : 1);
+            if (b) {
+                memcpy(b, value, size);
+                g->in_free(b);
+                free(b);
+            }
+        }
+        return ATAP_ENOTINIT;
+    }
+    rc = offer(s, index, gen, value, true, NULL);
+    atap__spawn_exit(outside);
+    return rc;
+}
+
+const void *atap_input(atap_ctx *ctx, size_t *size)
+{
+    struct atap_slot *s = atap__exec_ctx_slot(ctx);
+    size_t n = 0;
+    const void *v = s && s->ext ? atap__sched_input(s, &n) : NULL;
+
+    if (size)
+        *size = v ? n : 0;
+    return v;
+}
+
+/* A reg feeding the task (index, gen), holding a listener on it. */
+static struct reg *reg_new(struct atap_slot *t, uint32_t index, uint32_t gen, uint32_t place,
+                           size_t offset)
+{
+    struct reg *r = calloc(1, sizeof *r);
+
+    if (!r)
+        return NULL;
+    r->to = index;
+    r->to_gen = gen;
+    r->place = place;
+    r->offset = offset;
+    atap__exec_hold(t);
+    return r;
+}
+
+int atap_forward(atap_task from, atap_task to)
+{
+    uint32_t fi, fg, ti, tg;
+    struct atap_slot *f = live_slot(from, &fi, &fg), *t = live_slot(to, &ti, &tg);
+    struct gate *g;
+    struct reg *r;
+    int rc = 0;
+
+    if (!f || !t)
+        return ATAP_ENOTASK;
+    g = atap__sched_gate(t);
+    if (!g || g->role != ROLE_GIVE || g->in_size != f->out_size)
+        return ATAP_EINVAL;
+    pthread_mutex_lock(&g->lock);
+    if (g->state == G_DONE)
+        rc = closed_error(t);
+    else if (!accepts(g))
+        rc = ATAP_EFINISHED; /* as a give would be told now */
+    pthread_mutex_unlock(&g->lock);
+    if (rc)
+        return rc;
+    if (!(r = reg_new(t, ti, tg, 0, 0)))
+        return -ENOMEM;
+    (void)fi;
+    return attach(f, fg, r);
+}
+
+/* receive_all / receive_any: checks the members, spawns the task, and
+ * registers it on each member. */
+static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
+                   const atap_spawn_opts *opts, int role)
+{
+    static const atap_spawn_opts none;
+    size_t in_size = 0, offset = 0;
+    uint32_t index, gen;
+    struct atap_slot *s, *m;
+    struct gate *g;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    opts = opts ? opts : &none;
+    if (!fn || !from || n == 0 || n > UINT32_MAX || opts->in_free)
+        return ATAP_EINVAL;
+    if ((rc = atap__exec_check(opts, true)) != 0)
+        return rc;
+    for (size_t k = 0; k < n; k++) {
+        if (!(m = live_slot(from[k], &index, &gen)))
+            return ATAP_ENOTASK;
+        if (role == ROLE_ANY && m->out_size != (k ? in_size : m->out_size))
+            return ATAP_EINVAL;
+        if (role == ROLE_ANY)
+            in_size = m->out_size;
+        else if ((in_size += m->out_size) > UINT32_MAX)
+            return ATAP_EINVAL;
+    }
+    if (!(g = gate_new(role, opts, in_size, n)))
+        return -ENOMEM;
+    if ((rc = atap__exec_spawn(task, fn, arg, opts, g)) != 0) {
+        atap__gate_destroy(g);
+        return rc;
+    }
+    s = live_slot(*task, &index, &gen);
+    for (size_t k = 0; k < n; k++) {
+        uint32_t mi, mg;
+        struct reg *r;
+
+        m = live_slot(from[k], &mi, &mg);
+        r = reg_new(s, index, gen, (uint32_t)k, offset);
+        if (!r) { /* this place can never fill: as if the member had ended */
+            struct reg stub = {.to = index, .to_gen = gen, .place = (uint32_t)k};
+            member_closed(&stub);
+            continue;
+        }
+        if (m)
+            attach(m, mg, r);
+        else
+            reg_close(r);
+        offset += role == ROLE_ALL && m ? m->out_size : 0;
+    }
+    return 0;
+}
+
+int atap_receive_all(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
+                     const atap_spawn_opts *opts)
+{
+    return receive(task, fn, arg, from, n, opts, ROLE_ALL);
+}
+
+int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
+                     const atap_spawn_opts *opts)
+{
+    return receive(task, fn, arg, from, n, opts, ROLE_ANY);
+}
+
+/* ---- join_first, join_all ------------------------------------------------- */
+
+_Atomic uint32_t atap__first_waiters;
+static _Atomic uint32_t settle_seq;
+
+void atap__flow_notify(void)
+{
+    add_relaxed(&settle_seq, 1);
+    atap__word_wake(&settle_seq, true);
+}
+
+/* Index of the first settled member, or n. Marks each unsettled one with
+ * WAITERS (an RMW even when already set, so its settler sees us counted). */
+static size_t first_settled(const atap_task *ts, size_t n, bool mark)
+{
+    for (size_t k = 0; k < n; k++) {
+        uint32_t index, gen, cur;
+        struct atap_slot *s = live_slot(ts[k], &index, &gen);
+
+        if (!s)
+            return k; /* no task: settled at once */
+        cur = ld_acquire(&s->word);
+        do {
+            if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
+                state_terminal(word_state(cur)))
+                return k;
+            if (!mark)
+                break;
+        } while (!cas_acqrel(&s->word, &cur, cur | ST_WAITERS));
+    }
+    return n;
+}
+
+int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
+                    size_t *winner)
+{
+    uint64_t deadline, now;
+    size_t k;
+
+    if (!ts || !winner || n == 0 || (unsigned)policy > ATAP_RELEASE)
+        return ATAP_EINVAL;
+    if ((k = first_settled(ts, n, false)) == n) {
+        deadline = atap__deadline(atap__now_ns(), timeout_ns);
+        add_seqcst(&atap__first_waiters, 1);
+        for (;;) {
+            uint32_t seq = ld_acquire(&settle_seq);
+
+            if ((k = first_settled(ts, n, true)) < n)
+                break;
+            now = atap__now_ns();
+            if (now >= deadline)
+                break;
+            atap__word_wait(&settle_seq, seq, deadline == ATAP__FOREVER ? ATAP__FOREVER
+                                                                           : deadline - now);
+        }
+        sub_seqcst(&atap__first_waiters, 1);
+        if (k == n)
+            return ATAP_ENOTREADY;
+    }
+    *winner = k;
+    for (size_t i = 0; i < n && policy != ATAP_PASS_BACK; i++) {
+        if (i == k)
+            continue;
+        if (policy == ATAP_CANCEL)
+            atap_cancel(ts[i]);
+        atap_release(ts[i]);
+    }
+    return 0;
+}
+
+int atap_join_all(const atap_task *ts, size_t n, void *out, size_t size, int *rcs)
+{
+    int first = 0;
+
+    if (!ts || (n && size && !out))
+        return ATAP_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        int rc = atap_join(ts[i], size ? (char *)out + i * size : NULL, size);
+
+        if (rcs)
+            rcs[i] = rc;
+        if (rc && !first)
+            first = rc;
+    }
+    return first;
+}

@@ -1,0 +1,67 @@
+/*
+ * Values between tasks (dataflow.c): the gate of a task that waits for
+ * gives, the forwards of a task's outputs, and join_first's wake-up.
+ */
+#ifndef ATAP_DATAFLOW_H
+#define ATAP_DATAFLOW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "atomics.h"
+
+struct atap_slot;
+struct gate;
+
+/* ---- the gate: called by schedule.c and executor.c ---------------------- */
+
+/* A run was claimed: the newest value given becomes the one it reads. */
+void atap__gate_claim(struct gate *g);
+/* The value runs read now (runner only). */
+const void *atap__gate_current(struct gate *g, size_t *size);
+/* A malloc'd copy of the newest value (claiming it first), for an at-rate
+ * run; NULL on -ENOMEM. *size receives its size. */
+void *atap__gate_snapshot(struct gate *g, size_t *size);
+/* A run (ONCE) or series ended as it should: true when the gate keeps the
+ * RUN reference (waiting again, or started again); false when the task is
+ * done and the caller ends it. */
+bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen);
+/* A cancel won: a gate holding RUN between gives lets the task go. */
+void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);
+/* The task's RUN reference is going: no more gives. */
+void atap__gate_end(struct gate *g);
+/* The slot is being freed: the values still held go (in_free). */
+void atap__gate_destroy(struct gate *g);
+/* The caller holds the last listener of a waiting task with RUN still
+ * held, and is about to drop it: nobody can give any more. */
+void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen);
+
+/* ---- forwards: called by executor.c and schedule.c ---------------------- */
+
+/* Output number `pub` just became readable (caller holds the output's
+ * write lock): each forward that has not had it gets it. */
+void atap__flow_publish(struct atap_slot *s, uint64_t pub);
+/* The task's RUN reference went with RX set; the caller holds a listener
+ * that keeps the slot: the last output goes to whoever has not had it, and
+ * every forward closes. */
+void atap__flow_close(struct atap_slot *s);
+/* The slot is being freed: its forward list (empty by now) goes. */
+void atap__flow_destroy(struct atap_slot *s);
+
+/* ---- join_first ---------------------------------------------------------- */
+
+extern _Atomic uint32_t atap__first_waiters;
+void atap__flow_notify(void);
+
+/* A task's state moved on with WAITERS set: a join_first asleep on the
+ * settle count looks again. One relaxed load when none waits. Sequenced
+ * after the state CAS, which saw WAITERS: the join_first that set it had
+ * counted itself first, so this load sees it. */
+static inline void atap__flow_settled(void)
+{
+    if (unlikely(ld_acquire(&atap__first_waiters) != 0))
+        atap__flow_notify();
+}
+
+#endif
