@@ -17,7 +17,12 @@
  *   timers       n tasks started with after_ns = 1..100 ms (the harness's LCG);
  *                lateness = when the run starts - (when it was asked for +
  *                its delay); the last run signals the main thread
- *   ping_pong, idle_memory: not yet implemented (prints an na= line)
+ *   ping_pong    two waiting tasks A and B (atap_spawn_waiting, ATAP_ONCE, an
+ *                8-byte value) pass a token with atap_give: A given k gives
+ *                k + 1 to B, B gives it straight back; A given n ends it (n
+ *                round trips, 2n gives). The main thread gives A its first
+ *                token and waits for the signal
+ *   idle_memory: not yet implemented (prints an na= line)
  *
  * Timing runs from the first spawn to "all done" seen by the main thread;
  * atap_init and a warm-up task are outside it. */
@@ -145,6 +150,46 @@ static int woke(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
+/* ping_pong: both sides' arg is this struct, which holds both handles (the
+ * main thread's own: atap_spawn_waiting fills them in before the first give,
+ * and main releases them once neither side can be inside a give on them). */
+struct ping_pong {
+    atap_task a, b;
+    uint64_t expect; /* A's next token: touched only by A's runs, which never overlap */
+    atomic_int left; /* 2: A has seen token n, B's last give has returned */
+};
+
+static void pp_one_done(struct ping_pong *pp) {
+    if (atomic_fetch_sub_explicit(&pp->left, 1, memory_order_acq_rel) == 1) signal_done();
+}
+
+static int ping(atap_ctx *ctx, void *arg, void *out) {
+    (void)out;
+    struct ping_pong *pp = arg;
+    uint64_t v;
+    memcpy(&v, atap_input(ctx, NULL), sizeof v);
+    check(v == pp->expect++, "ping_pong token");
+    if (v == (uint64_t)N) {
+        pp_one_done(pp);
+    } else {
+        v++;
+        must(atap_give(pp->b, &v, sizeof v), "atap_give to B");
+    }
+    return 0;
+}
+
+static int pong(atap_ctx *ctx, void *arg, void *out) {
+    (void)out;
+    struct ping_pong *pp = arg;
+    uint64_t v;
+    memcpy(&v, atap_input(ctx, NULL), sizeof v);
+    must(atap_give(pp->a, &v, sizeof v), "atap_give to A");
+    /* A may run and see n before this give has returned: main may release
+     * pp->a only once this last give is out of it. */
+    if (v == (uint64_t)N) pp_one_done(pp);
+    return 0;
+}
+
 /* live_memory: an 8-byte output (the task's index). */
 static int put8(atap_ctx *ctx, void *arg, void *out) {
     (void)ctx;
@@ -158,7 +203,7 @@ int main(int argc, char **argv) {
     N = argc > 2 ? atol(argv[2]) : default_n(w);
     const char *peer = "atap";
 
-    if (!strcmp(w, "ping_pong") || !strcmp(w, "idle_memory"))
+    if (!strcmp(w, "idle_memory"))
         report_na(peer, w, N, "not_yet_implemented");
     check(N > 0, "n > 0");
 
@@ -209,6 +254,19 @@ int main(int argc, char **argv) {
     } else if (!strcmp(w, "chain")) {
         atap_release(spawn(hop, (void *)(intptr_t)0, 0));
         wait_done();
+    } else if (!strcmp(w, "ping_pong")) {
+        /* Both sides exist (and pp holds both handles) before anything is
+         * given; ATAP_ONCE with no gives limit: one run per token. */
+        static struct ping_pong pp = {.left = 2};
+        atap_spawn_opts side = {.kind = ATAP_ONCE};
+        uint64_t first = 0;
+        must(atap_spawn_waiting(&pp.a, ping, &pp, sizeof first, &side), "atap_spawn_waiting A");
+        must(atap_spawn_waiting(&pp.b, pong, &pp, sizeof first, &side), "atap_spawn_waiting B");
+        must(atap_give(pp.a, &first, sizeof first), "atap_give first token");
+        wait_done();
+        check(pp.expect == (uint64_t)N + 1, "ping_pong round trips");
+        atap_release(pp.a); /* no handle can give to them now: both are let go */
+        atap_release(pp.b);
     } else if (!strcmp(w, "live_memory")) {
         for (long i = 0; i < N; i++) h[i] = spawn(put8, (void *)(uintptr_t)i, sizeof(uint64_t));
         for (long i = 0; i < N; i++) {

@@ -8,6 +8,8 @@
  * gate's mutex, a leaf lock: nothing else is taken while it is held.
  *   IDLE  nothing under way; the gate holds the task's RUN reference.
  *   BUSY  a run or a series is queued, armed or running; RUN is with it.
+ *         `claimed` once the run took its value: until then a give only
+ *         replaces the value that run will get.
  *   OWED  BUSY, and a give came for one more run (ATAP_ONCE only).
  *   DONE  no more gives; RUN has gone or is going.
  * A give that finds IDLE moves it to BUSY and hands RUN to
@@ -68,10 +70,14 @@ enum { ROLE_GIVE, ROLE_ALL, ROLE_ANY };
 
 struct gate {
     pthread_mutex_t lock;
+    struct gate *prev, *next; /* every live gate, for shutdown (all_gates) */
+    uint32_t index;           /* its slot */
+    bool linked;
     uint8_t state, role;
     bool series;           /* kind REPEAT or AT_RATE: a give starts a series */
     bool last;             /* the start under way is the last one */
     bool orphan;           /* no handle or forward can give any more */
+    bool claimed;          /* BUSY: the run has taken its value (ONCE) */
     bool has_pending, pending_owned, current_owned;
     uint32_t left;         /* starts left; UINT32_MAX: no limit */
     uint32_t open;         /* receive_any: members that may still publish */
@@ -137,6 +143,37 @@ static void kicks_run(struct kicks *k)
 
 /* ---- the gate ------------------------------------------------------------ */
 
+/* Every gate bound to a slot, so a shutdown can let go of the idle ones. */
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct gate *all_gates;
+
+static void unlink_gate(struct gate *g)
+{
+    if (!g->linked)
+        return;
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        all_gates = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    g->prev = g->next = NULL;
+    g->linked = false;
+}
+
+void atap__gate_bind(struct gate *g, uint32_t index)
+{
+    g->index = index;
+    pthread_mutex_lock(&all_lock);
+    g->next = all_gates;
+    g->prev = NULL;
+    if (all_gates)
+        all_gates->prev = g;
+    all_gates = g;
+    g->linked = true;
+    pthread_mutex_unlock(&all_lock);
+}
+
 static struct gate *gate_new(int role, const atap_spawn_opts *o, size_t in_size, size_t n)
 {
     struct gate *g = calloc(1, sizeof *g);
@@ -167,6 +204,9 @@ static struct gate *gate_new(int role, const atap_spawn_opts *o, size_t in_size,
 
 void atap__gate_destroy(struct gate *g)
 {
+    pthread_mutex_lock(&all_lock);
+    unlink_gate(g);
+    pthread_mutex_unlock(&all_lock);
     if (g->in_free && g->has_pending && g->pending_owned)
         g->in_free(g->pending);
     if (g->in_free && g->current_owned)
@@ -215,6 +255,7 @@ void atap__gate_claim(struct gate *g)
     bool owned = false;
 
     pthread_mutex_lock(&g->lock);
+    g->claimed = true;
     if (g->has_pending) {
         old = g->current;
         owned = g->current_owned;
@@ -268,6 +309,7 @@ bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
     int next;
 
     pthread_mutex_lock(&g->lock);
+    g->claimed = false;
     if (g->state == G_OWED)
         next = g->state = G_BUSY;
     else if (g->state == G_DONE || spent(g))
@@ -320,7 +362,7 @@ void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
  * (it starts something, is owed, or replaces what a series is handed). */
 static bool accepts(const struct gate *g)
 {
-    bool starts = g->state == G_IDLE || (g->state == G_BUSY && !g->series);
+    bool starts = g->state == G_IDLE || (g->state == G_BUSY && !g->series && g->claimed);
 
     return !starts || (g->left != 0 && !g->last);
 }
@@ -353,7 +395,7 @@ static int offer_locked(struct atap_slot *s, struct gate *g, unsigned char *b, b
         *old = b, *old_owned = owned;
         return closed_error(s);
     }
-    if (g->state == G_IDLE || (g->state == G_BUSY && !g->series)) {
+    if (g->state == G_IDLE || (g->state == G_BUSY && !g->series && g->claimed)) {
         if (!accepts(g)) {
             *old = b, *old_owned = owned;
             return ATAP_EFINISHED;
@@ -462,6 +504,40 @@ static void member_closed(const struct reg *r)
     pthread_mutex_unlock(&g->lock);
     if (idle)
         let_go(s, r->to, r->to_gen);
+}
+
+/*
+ * Shutdown, once the pool has drained: a task waiting for a give would wait
+ * forever, so each idle gate goes DONE and its task is let go (never given
+ * anything: FAILED; else its last output stays). Taken off the list in
+ * batches under its lock, let go after it (which may free the slot).
+ */
+void atap__flow_shutdown(void)
+{
+    enum { BATCH = 256 };
+    uint32_t idle[BATCH];
+    unsigned n;
+
+    do {
+        n = 0;
+        pthread_mutex_lock(&all_lock);
+        for (struct gate *g = all_gates, *next; g && n < BATCH; g = next) {
+            next = g->next;
+            pthread_mutex_lock(&g->lock);
+            if (g->state == G_IDLE) {
+                g->state = G_DONE;
+                idle[n++] = g->index;
+                unlink_gate(g);
+            }
+            pthread_mutex_unlock(&g->lock);
+        }
+        pthread_mutex_unlock(&all_lock);
+        for (unsigned i = 0; i < n; i++) {
+            struct atap_slot *s = atap__table_at(idle[i]);
+
+            let_go(s, idle[i], word_gen(ld_acquire(&s->word)));
+        }
+    } while (n == BATCH);
 }
 
 /* ---- forwards ------------------------------------------------------------ */

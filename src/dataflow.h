@@ -31,6 +31,10 @@ bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen);
 void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* The task's RUN reference is going: no more gives. */
 void atap__gate_end(struct gate *g);
+/* The gate belongs to the slot at index from now on (spawn, admitted). */
+void atap__gate_bind(struct gate *g, uint32_t index);
+/* Shutdown, after the pool drained: idle waiting tasks are let go. */
+void atap__flow_shutdown(void);
 /* The slot is being freed: the values still held go (in_free). */
 void atap__gate_destroy(struct gate *g);
 /* The caller holds the last listener of a waiting task with RUN still

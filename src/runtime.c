@@ -16,6 +16,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
+#include "dataflow.h"
 #include "manager.h"
 #include "pool.h"
 #include "table.h"
@@ -128,6 +129,7 @@ int atap_shutdown(void)
      * pool drains what is queued or running. */
     atap__manager_stop();
     atap__pool_stop();
+    atap__flow_shutdown(); /* tasks left waiting for a give */
     st_seqcst(&lifecycle, STOPPED);
     return 0;
 }

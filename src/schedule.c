@@ -148,6 +148,8 @@ int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opt
     c->deadline = o->until_ns ? o->until_ns : UINT64_MAX;
     c->runs = o->runs;
     s->ext = c;
+    if (gate)
+        atap__gate_bind(gate, index);
     return 0;
 }
 
@@ -316,7 +318,11 @@ void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     struct sched *c = sched_of(s);
 
-    (void)gen;
+    /* Shutting down (or stopped): nothing new starts, as with a spawn. */
+    if (!atap_initialised()) {
+        atap__exec_end(s, index, gen, ST_FAILED);
+        return;
+    }
     /* The gate was idle: nothing else touches the series' counters now
      * (its lock ordered the last run's writes before ours). */
     c->done = 0;

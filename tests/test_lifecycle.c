@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <string.h>
 
 #include "test_util.h"
 
@@ -473,6 +474,62 @@ static void test_lifecycle_concurrent_init(void **state)
     }
 }
 
+static int add_one(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    uint64_t v;
+    memcpy(&v, atap_input(ctx, NULL), sizeof v);
+    v++;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static _Atomic int g_in_frees;
+
+static void count_in_free(void *in)
+{
+    (void)in;
+    atomic_fetch_add(&g_in_frees, 1);
+}
+
+/* Tasks left waiting for a give would wait forever once the pool is gone:
+ * shutdown lets them go. One never given anything reads ATAP_EFAILED (a
+ * join returns, it does not hang); one that ran keeps its last output and
+ * is finished. Gives after it are refused, and their values still go. */
+static void test_lifecycle_shutdown_lets_waiting_tasks_go(void **state)
+{
+    (void)state;
+    atap_task never, ran;
+    uint64_t v = 41, out = 0;
+
+    assert_int_equal(atap_init(NULL), 0);
+    atomic_store(&g_in_frees, 0);
+    atap_spawn_opts o = {.out_size = 8, .in_free = count_in_free};
+    assert_int_equal(atap_spawn_waiting(&never, add_one, NULL, 8, &o), 0);
+    assert_int_equal(atap_spawn_waiting(&ran, add_one, NULL, 8, &o), 0);
+    assert_int_equal(atap_give(ran, &v, 8), 0);
+    assert_int_equal(atap_join(ran, &out, 8), 0);
+    assert_true(out == 42);
+    assert_false(atap_finished(never));
+    assert_false(atap_finished(ran));
+
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_state_of(never), ATAP_FAILED);
+    assert_int_equal(atap_join(never, &out, 8), ATAP_EFAILED);
+    assert_true(atap_finished(never));
+    assert_true(atap_finished(ran));
+    out = 0;
+    assert_int_equal(atap_join(ran, &out, 8), 0);
+    assert_true(out == 42);
+    v = 7;
+    int rc = atap_give(ran, &v, 8);
+    assert_true(rc == ATAP_ENOTINIT || rc == ATAP_EFINISHED);
+    assert_int_equal(atomic_load(&g_in_frees), 1); /* the refused 7 */
+    atap_release(never);
+    atap_release(ran);
+    assert_int_equal(atomic_load(&g_in_frees), 2); /* and 41, with its task */
+}
+
 static void test_lifecycle_many_restarts(void **state)
 {
     (void)state;
@@ -513,6 +570,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycle_concurrent_shutdown, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_concurrent_init, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_many_restarts, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_shutdown_lets_waiting_tasks_go, ensure_stopped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
