@@ -49,4 +49,36 @@
 #define cpu_relax() ((void)0)
 #endif
 
+
+/*
+ * A test-and-test-and-set lock for short critical sections that never
+ * block (a few loads and stores, a small memcpy). Acquire on taking it,
+ * release on letting go. A waiter spins on a plain load, then yields the
+ * CPU, so a holder preempted on a busy machine gets to finish.
+ */
+#include <sched.h>
+
+typedef struct atap_spin {
+    _Atomic uint32_t held;
+} atap_spin;
+
+static inline void spin_lock(atap_spin *l)
+{
+    unsigned spins = 0;
+
+    while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire) != 0) {
+        while (ld_relaxed(&l->held) != 0) {
+            if (++spins < 64)
+                cpu_relax();
+            else
+                sched_yield();
+        }
+    }
+}
+
+static inline void spin_unlock(atap_spin *l)
+{
+    st_release(&l->held, 0);
+}
+
 #endif

@@ -69,7 +69,7 @@ enum { G_IDLE, G_BUSY, G_OWED, G_DONE };
 enum { ROLE_GIVE, ROLE_ALL, ROLE_ANY };
 
 struct gate {
-    pthread_mutex_t lock;
+    atap_spin lock;
     struct gate *prev, *next; /* every live gate, for shutdown (all_gates) */
     uint32_t index;           /* its slot */
     bool linked;
@@ -181,7 +181,6 @@ static struct gate *gate_new(int role, const atap_spawn_opts *o, size_t in_size,
 
     if (!g)
         return NULL;
-    pthread_mutex_init(&g->lock, NULL);
     g->role = (uint8_t)role;
     g->series = o->kind != ATAP_ONCE;
     g->left = o->gives ? o->gives : UINT32_MAX;
@@ -216,56 +215,57 @@ void atap__gate_destroy(struct gate *g)
     free(g->spare);
     free(g->filled);
     free(g->gathering);
-    pthread_mutex_destroy(&g->lock);
     free(g);
 }
 
-/* A buffer for a value (the spare, else a fresh one); NULL on -ENOMEM. */
-static unsigned char *take_buffer(struct gate *g)
-{
+/* A value buffer nobody reads any more, to let go of after the lock. */
+struct retired {
     unsigned char *b;
+    bool in_free; /* it was given: in_free first */
+};
 
-    pthread_mutex_lock(&g->lock);
-    b = g->spare;
-    g->spare = NULL;
-    pthread_mutex_unlock(&g->lock);
-    return b ? b : malloc(g->in_size ? g->in_size : 1);
+/* Under the lock: b (may be NULL) is done with. A buffer with no in_free
+ * owed becomes the spare if there is none; anything else is retired. */
+static struct retired retire_locked(struct gate *g, unsigned char *b, bool owned)
+{
+    struct retired r = {NULL, false};
+
+    if (!b)
+        return r;
+    if (!(owned && g->in_free) && !g->spare) {
+        g->spare = b;
+        return r;
+    }
+    r.b = b;
+    r.in_free = owned && g->in_free;
+    return r;
 }
 
-/* A value nobody will read again: in_free if it was given, then its buffer
- * is kept as the spare. Called with no lock held. */
-static void drop_value(struct gate *g, unsigned char *b, bool owned)
+/* After the lock: in_free (a user callback: never under our lock). */
+static void let_go_value(struct gate *g, struct retired r)
 {
-    if (!b)
+    if (!r.b)
         return;
-    if (owned && g->in_free)
-        g->in_free(b);
-    pthread_mutex_lock(&g->lock);
-    if (!g->spare) {
-        g->spare = b;
-        b = NULL;
-    }
-    pthread_mutex_unlock(&g->lock);
-    free(b);
+    if (r.in_free)
+        g->in_free(r.b);
+    free(r.b);
 }
 
 void atap__gate_claim(struct gate *g)
 {
-    unsigned char *old = NULL;
-    bool owned = false;
+    struct retired r = {NULL, false};
 
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     g->claimed = true;
     if (g->has_pending) {
-        old = g->current;
-        owned = g->current_owned;
+        r = retire_locked(g, g->current, g->current_owned);
         g->current = g->pending;
         g->current_owned = g->pending_owned;
         g->pending = NULL;
         g->has_pending = g->pending_owned = false;
     }
-    pthread_mutex_unlock(&g->lock);
-    drop_value(g, old, owned);
+    spin_unlock(&g->lock);
+    let_go_value(g, r);
 }
 
 const void *atap__gate_current(struct gate *g, size_t *size)
@@ -281,9 +281,9 @@ void *atap__gate_snapshot(struct gate *g, size_t *size)
     if (!copy)
         return NULL;
     atap__gate_claim(g);
-    pthread_mutex_lock(&g->lock); /* a claim by another tick cannot race: manager only */
+    spin_lock(&g->lock); /* a claim by another tick cannot race: manager only */
     memcpy(copy, g->current, g->in_size);
-    pthread_mutex_unlock(&g->lock);
+    spin_unlock(&g->lock);
     *size = g->in_size;
     return copy;
 }
@@ -308,7 +308,7 @@ bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
     struct gate *g = atap__sched_gate(s);
     int next;
 
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     g->claimed = false;
     if (g->state == G_OWED)
         next = g->state = G_BUSY;
@@ -316,7 +316,7 @@ bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
         next = g->state = G_DONE;
     else
         next = g->state = G_IDLE;
-    pthread_mutex_unlock(&g->lock);
+    spin_unlock(&g->lock);
     if (next == G_BUSY)
         atap__sched_kick(s, index, gen);
     return next != G_DONE;
@@ -327,19 +327,19 @@ void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
     struct gate *g = atap__sched_gate(s);
     bool idle;
 
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     if ((idle = g->state == G_IDLE))
         g->state = G_DONE;
-    pthread_mutex_unlock(&g->lock);
+    spin_unlock(&g->lock);
     if (idle)
         atap__exec_release_run(s, index, gen);
 }
 
 void atap__gate_end(struct gate *g)
 {
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     g->state = G_DONE;
-    pthread_mutex_unlock(&g->lock);
+    spin_unlock(&g->lock);
 }
 
 void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
@@ -349,11 +349,11 @@ void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     if (g->role != ROLE_GIVE)
         return; /* fed by its members alone: they end it */
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     g->orphan = true;
     if ((idle = g->state == G_IDLE))
         g->state = G_DONE;
-    pthread_mutex_unlock(&g->lock);
+    spin_unlock(&g->lock);
     if (idle)
         let_go(s, index, gen);
 }
@@ -418,23 +418,31 @@ static int offer_locked(struct atap_slot *s, struct gate *g, unsigned char *b, b
 }
 
 /* Gives value (in_size bytes) to the task at index: copies it in, starts
- * what it starts (now, or through kicks when given). */
+ * what it starts (now, or through kicks when given). One lock round when a
+ * spare buffer is there, as it is in a steady flow. */
 static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *value,
                  bool owned, struct kicks *kicks)
 {
     struct gate *g = atap__sched_gate(s);
-    unsigned char *b = take_buffer(g), *old;
+    unsigned char *b, *old;
     bool kick = false, old_owned;
+    struct retired r;
     int rc;
 
-    if (!b)
-        return -ENOMEM;
+    spin_lock(&g->lock);
+    if (!(b = g->spare)) {
+        spin_unlock(&g->lock);
+        if (!(b = malloc(g->in_size ? g->in_size : 1)))
+            return -ENOMEM;
+        spin_lock(&g->lock);
+    }
+    g->spare = NULL;
     if (g->in_size)
         memcpy(b, value, g->in_size);
-    pthread_mutex_lock(&g->lock);
     rc = offer_locked(s, g, b, owned, &kick, &old, &old_owned);
-    pthread_mutex_unlock(&g->lock);
-    drop_value(g, old, old_owned);
+    r = retire_locked(g, old, old_owned);
+    spin_unlock(&g->lock);
+    let_go_value(g, r);
     if (kick) {
         if (kicks)
             kicks_add(kicks, index, gen);
@@ -451,8 +459,9 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
     struct gate *g = atap__sched_gate(s);
     unsigned char *full = NULL, *old = NULL;
     bool kick = false, old_owned = false;
+    struct retired ret;
 
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     if (g->state != G_DONE && !g->last) {
         memcpy(g->gathering + r->offset, bytes, size);
         if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64)))) {
@@ -474,8 +483,9 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
                 g->last = true;
         }
     }
-    pthread_mutex_unlock(&g->lock);
-    drop_value(g, old, old_owned);
+    ret = retire_locked(g, old, old_owned);
+    spin_unlock(&g->lock);
+    let_go_value(g, ret);
     if (kick)
         kicks_add(kicks, index, gen);
 }
@@ -488,7 +498,7 @@ static void member_closed(const struct reg *r)
     struct gate *g = atap__sched_gate(s);
     bool idle = false;
 
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     if (g->role == ROLE_ALL) {
         if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64))))
             g->last = true; /* its place can never fill */
@@ -501,7 +511,7 @@ static void member_closed(const struct reg *r)
         g->state = G_DONE;
         idle = true;
     }
-    pthread_mutex_unlock(&g->lock);
+    spin_unlock(&g->lock);
     if (idle)
         let_go(s, r->to, r->to_gen);
 }
@@ -523,13 +533,13 @@ void atap__flow_shutdown(void)
         pthread_mutex_lock(&all_lock);
         for (struct gate *g = all_gates, *next; g && n < BATCH; g = next) {
             next = g->next;
-            pthread_mutex_lock(&g->lock);
+            spin_lock(&g->lock);
             if (g->state == G_IDLE) {
                 g->state = G_DONE;
                 idle[n++] = g->index;
                 unlink_gate(g);
             }
-            pthread_mutex_unlock(&g->lock);
+            spin_unlock(&g->lock);
         }
         pthread_mutex_unlock(&all_lock);
         for (unsigned i = 0; i < n; i++) {
@@ -807,12 +817,12 @@ int atap_forward(atap_task from, atap_task to)
     g = atap__sched_gate(t);
     if (!g || g->role != ROLE_GIVE || g->in_size != f->out_size)
         return ATAP_EINVAL;
-    pthread_mutex_lock(&g->lock);
+    spin_lock(&g->lock);
     if (g->state == G_DONE)
         rc = closed_error(t);
     else if (!accepts(g))
         rc = ATAP_EFINISHED; /* as a give would be told now */
-    pthread_mutex_unlock(&g->lock);
+    spin_unlock(&g->lock);
     if (rc)
         return rc;
     if (!(r = reg_new(t, ti, tg, 0, 0)))

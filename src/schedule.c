@@ -476,13 +476,14 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
 /* After a repeat's run published: the next run, or the end of the series. */
 static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
-    uint64_t now = atap__now_ns();
+    uint64_t now;
 
     c->done++;
     if (c->kind == ATAP_ONCE) { /* a waiting task's run: its gate decides */
         finish(s, c, gen);
         return;
     }
+    now = atap__now_ns();
     if (!atap__manager_accepting()) { /* shutting down, or no manager left */
         atap__exec_end(s, c->index, gen, ST_FAILED);
         return;
