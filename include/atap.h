@@ -63,9 +63,9 @@ enum {
     ATAP_ETOOLONG = -10013,  /* a delimited read hit its limit */
 };
 
-/* A task function returns this to give its thread back while it waits.
- * The parking calls arrive in a later version; until then a run that
- * returns it fails like any other nonzero return. */
+/* A task function returns this, after one of the atap_park_* calls, to give
+ * its thread back while it waits (see "Waiting inside a task"). Returned
+ * without a park call, it fails the run like any other nonzero return. */
 #define ATAP_PARKED 1
 
 /*
@@ -485,6 +485,79 @@ ATAP_EXPORT int atap_join_first(const atap_task *tasks, size_t n, atap_join_poli
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_t size, int *rcs);
+
+/* ---------------------------------------------------------------------- */
+/* Waiting inside a task                                                   */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * Two ways to wait. A kernel wait (atap_sleep, atap_sleep_relaxed,
+ * atap_wait_fd) holds the thread, but a cancel or a run timeout interrupts
+ * it at once: each pool thread has its own event queue with a wake event,
+ * which the canceller fires. A park gives the thread back: the task asks for
+ * an event (atap_park_fd, atap_park_until), returns ATAP_PARKED, and runs
+ * again, from the top of its function with atap_resumed() true, when the
+ * event or the deadline comes. A parked task holds its slot and nothing
+ * else. Exactly one of {the event, the deadline, a cancel, a run timeout, a
+ * shutdown, the manager giving up} ends a park; the last two end the task as
+ * ATAP_EFAILED. A manager restart keeps every park as it was.
+ */
+
+/* Events for atap_wait_fd and atap_park_fd, and reported back. */
+#define ATAP_READABLE 0x1u
+#define ATAP_WRITABLE 0x2u
+#define ATAP_HANGUP 0x4u /* reported only: the peer is gone (a read returns 0) */
+#define ATAP_ERROR 0x8u  /* reported only: the fd has an error */
+
+/*
+ * Sleeps ns nanoseconds: never less. atap_sleep is precise (it spins the
+ * last 500 us); atap_sleep_relaxed sleeps all of it in the kernel.
+ * Inside a task: returns 0; ATAP_ECANCELLED or ATAP_ETIMEDOUT as soon as
+ * the task is cancelled or passes its run timeout (also if it already had).
+ * Outside a task: a plain sleep, returns 0.
+ * Blocks: yes. Threads: any.
+ */
+ATAP_EXPORT int atap_sleep(uint64_t ns);
+ATAP_EXPORT int atap_sleep_relaxed(uint64_t ns);
+
+/*
+ * Waits until fd is ready for events (ATAP_READABLE and/or ATAP_WRITABLE)
+ * or timeout_ns passes (ATAP_FOREVER: no limit). Returns the ready events
+ * (> 0, ATAP_HANGUP / ATAP_ERROR included when the kernel says so);
+ * ATAP_ENOTREADY when the time ran out; inside a task ATAP_ECANCELLED /
+ * ATAP_ETIMEDOUT as atap_sleep; ATAP_EINVAL for no events or unknown bits;
+ * -EBADF and other -errno from the kernel.
+ * Blocks: yes. Threads: any.
+ */
+ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);
+
+/*
+ * Inside a task: asks to be run again when fd is ready for events, or, if
+ * timeout_ns is not ATAP_FOREVER, once that long has passed; the task then
+ * returns ATAP_PARKED. Several tasks may park on one fd. The fd must stay
+ * open while the task is parked on it. The next run has atap_resumed() true
+ * and atap_resume_reason() / atap_resume_events() saying why.
+ * Returns 0; ATAP_EINVAL for a NULL ctx (atap_block, or outside a task), no
+ * events or unknown bits, a negative fd, or a second park call in one run.
+ * Blocks: no.
+ */
+ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns);
+
+/* Inside a task: asks to be run again at deadline_ns (atap_now()'s clock;
+ * never earlier), then return ATAP_PARKED. Returns as atap_park_fd. */
+ATAP_EXPORT int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns);
+
+/* Why this run follows a park. */
+#define ATAP_RESUME_READY 1    /* the fd became ready */
+#define ATAP_RESUME_DEADLINE 2 /* the deadline or timeout came first */
+
+/* Inside a task: true when this run follows a park. */
+ATAP_EXPORT bool atap_resumed(atap_ctx *ctx);
+/* Inside a task: ATAP_RESUME_READY or ATAP_RESUME_DEADLINE after a park,
+ * else 0. */
+ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
+/* Inside a task resumed by its fd: the ATAP_READABLE... bits reported. */
+ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
 #ifdef ATAP_FAULT_INJECTION
 /*

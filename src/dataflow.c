@@ -25,7 +25,7 @@
  * the lock); at-rate runs, which overlap, get copies. in_free is called
  * outside the lock, once per value passed to atap_give.
  *
- * Forwards. A task whose outputs go elsewhere has an `rx` list in its slot
+ * Forwards. A task whose outputs go elsewhere has a list in its slot's side
  * of `reg`s, each naming the task it feeds (and, for receive_all, the place
  * it fills). A reg holds a listener on the task it feeds, so that slot
  * stays while the reg is listed. The source's slot needs none: it stays
@@ -59,6 +59,7 @@
 
 #include "atap.h"
 #include "executor.h"
+#include "park.h"
 #include "pool.h"
 #include "schedule.h"
 #include "slot.h"
@@ -98,10 +99,13 @@ struct reg {
     uint64_t seen;       /* the last output number handed over */
 };
 
-struct rx {
-    pthread_mutex_t lock;
+/* What a slot needs only sometimes, made on first use and freed with the
+ * slot: the forwards of its outputs, and the park it sleeps in. */
+struct side {
+    pthread_mutex_t lock; /* the forward list */
     bool closed;
     struct reg *head;
+    struct park *_Atomic park; /* park.c */
 };
 
 /* Targets a delivery started, kicked once the locks are let go. */
@@ -580,13 +584,13 @@ static uint64_t readable(struct atap_slot *s)
 void atap__flow_publish(struct atap_slot *s, uint64_t pub)
 {
     struct kicks kicks = {0};
-    struct rx *rx;
+    struct side *rx;
 
     /* Acquire: a registrar's RX (and the rx it installed before) is seen,
      * since its read section ended before our write lock began. */
     if (!(ld_acquire(&s->refs) & REFS_RX))
         return;
-    rx = ld_acquire(&s->rx);
+    rx = ld_acquire(&s->side);
     pthread_mutex_lock(&rx->lock);
     for (struct reg *r = rx->head; r; r = r->next)
         deliver(r, pub, slot_out(s), s->out_size, &kicks);
@@ -619,7 +623,7 @@ static void read_unlock(struct atap_slot *s)
 
 void atap__flow_close(struct atap_slot *s)
 {
-    struct rx *rx = ld_acquire(&s->rx);
+    struct side *rx = ld_acquire(&s->side);
     struct kicks kicks = {0};
     struct reg *list, *next;
     uint64_t pub;
@@ -641,21 +645,28 @@ void atap__flow_close(struct atap_slot *s)
     }
 }
 
+struct park *_Atomic *atap__side_park(struct side *side)
+{
+    return &side->park;
+}
+
 void atap__flow_destroy(struct atap_slot *s)
 {
-    struct rx *rx = ld_relaxed(&s->rx);
+    struct side *rx = ld_relaxed(&s->side);
 
     if (rx) {
+        atap__park_destroy(ld_relaxed(&rx->park));
         pthread_mutex_destroy(&rx->lock);
         free(rx);
-        st_relaxed(&s->rx, NULL);
+        st_relaxed(&s->side, NULL);
     }
 }
 
-/* The slot's forward list, made on first use. The caller holds a listener. */
-static struct rx *rx_of(struct atap_slot *s)
+/* The slot's side record, made on first use. The caller holds a listener,
+ * or RUN. NULL on -ENOMEM. */
+struct side *atap__side_of(struct atap_slot *s)
 {
-    struct rx *rx = ld_acquire(&s->rx), *fresh;
+    struct side *rx = ld_acquire(&s->side), *fresh;
 
     if (rx)
         return rx;
@@ -663,7 +674,7 @@ static struct rx *rx_of(struct atap_slot *s)
         return NULL;
     pthread_mutex_init(&fresh->lock, NULL);
     /* Release: the list is whole before anyone can find it. */
-    if (atomic_compare_exchange_strong_explicit(&s->rx, &rx, fresh, memory_order_acq_rel,
+    if (atomic_compare_exchange_strong_explicit(&s->side, &rx, fresh, memory_order_acq_rel,
                                                 memory_order_acquire))
         return fresh;
     pthread_mutex_destroy(&fresh->lock);
@@ -680,7 +691,7 @@ static struct rx *rx_of(struct atap_slot *s)
 static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
 {
     struct kicks kicks = {0};
-    struct rx *rx = rx_of(s);
+    struct side *rx = atap__side_of(s);
     bool live = true, listed = false;
     uint64_t refs, pub;
 

@@ -50,8 +50,16 @@ void atap__flow_publish(struct atap_slot *s, uint64_t pub);
  * that keeps the slot: the last output goes to whoever has not had it, and
  * every forward closes. */
 void atap__flow_close(struct atap_slot *s);
-/* The slot is being freed: its forward list (empty by now) goes. */
+/* The slot is being freed: its side record (no forward, no park left)
+ * goes. */
 void atap__flow_destroy(struct atap_slot *s);
+/* The slot's side record, made on first use (caller holds a listener or
+ * RUN); NULL on -ENOMEM. */
+struct side;
+struct park;
+struct side *atap__side_of(struct atap_slot *s);
+/* Where the side record keeps the slot's park (park.c). */
+struct park *_Atomic *atap__side_park(struct side *side);
 
 /* ---- join_first ---------------------------------------------------------- */
 

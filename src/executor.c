@@ -33,16 +33,12 @@
 #include "atap.h"
 #include "atomics.h"
 #include "dataflow.h"
+#include "park.h"
 #include "pool.h"
 #include "schedule.h"
 #include "slot.h"
 #include "table.h"
 #include "wait.h"
-
-struct atap_ctx {
-    struct atap_slot *slot;
-    uint32_t index, gen;
-};
 
 #define SLICE_MIN_NS 50000u
 #define SLICE_MAX_NS 10000000u
@@ -101,7 +97,7 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
         s->arg_free(s->arg);
     if (unlikely(s->ext != NULL))
         atap__sched_destroy(s);
-    if (unlikely(ld_relaxed(&s->rx) != NULL))
+    if (unlikely(ld_relaxed(&s->side) != NULL))
         atap__flow_destroy(s);
     s->fn = NULL;
     s->arg = NULL;
@@ -413,23 +409,48 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
  */
 static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
 {
-    struct atap_ctx ctx = {s, ref - 1, gen};
+    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer = w->cur;
+    int rc;
 
     w->held[w->nheld++] = ref;
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
-    if (s->fn(&ctx, s->arg, slot_out(s)) == 0)
-        s->filled = 1; /* nobody can take it: out_free at free */
+    w->cur = &ctx;
+    rc = s->fn(&ctx, s->arg, slot_out(s));
+    w->cur = outer;
     w->nheld--;
-    free_slot(w, s, ref - 1, gen);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
+    if (unlikely(rc == ATAP_PARKED && ctx.park_kind)) {
+        /* A park has claimants of its own: RUNNING from here, so that its
+         * resumed run is told apart from a first one. */
+        st_release(&s->word, make_word(gen, ST_RUNNING));
+        atap__park_arm(s, &ctx);
+        return;
+    }
+    if (rc == 0)
+        s->filled = 1; /* nobody can take it: out_free at free */
+    free_slot(w, s, ref - 1, gen);
+}
+
+/* What follows a run: publish or fail, and the run's RUN reference goes
+ * (or a repeat goes round again). Also ends a parked run taken down. */
+void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, int rc)
+{
+    if (unlikely(s->ext != NULL)) {
+        atap__sched_done(s, gen, rc);
+        return;
+    }
+    if (rc == 0)
+        s->filled = 1;
+    settle(s, gen, rc == 0);
+    atap__exec_release_run(s, index, gen);
 }
 
 void atap__exec_run(struct worker *w, uint32_t ref)
 {
     struct atap_slot *s = atap__table_at(ref - 1);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
-    struct atap_ctx ctx = {s, ref - 1, gen};
+    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer;
     uint64_t r;
     int rc;
 
@@ -440,7 +461,13 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         run_unobserved(w, s, ref, gen);
         return;
     }
-    if (unlikely(s->ext != NULL)) {
+    if (unlikely(ld_acquire(&s->side) != NULL) && atap__park_resume(s, &ctx)) {
+        /* Back from a park: still RUNNING, unless stopped since. */
+        if (word_state(ld_acquire(&s->word)) != ST_RUNNING) {
+            atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);
+            return;
+        }
+    } else if (unlikely(s->ext != NULL)) {
         if (!atap__sched_claim(s, &gen))
             return;
         ctx.gen = gen;
@@ -455,18 +482,17 @@ void atap__exec_run(struct worker *w, uint32_t ref)
     w->held[w->nheld++] = ref;
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
+    outer = w->cur;
+    w->cur = &ctx;
     rc = s->fn(&ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
+    w->cur = outer;
     w->nheld--;
-    if (unlikely(s->ext != NULL)) {
-        atap__sched_done(s, gen, rc);
-        st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1);
+    st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
+    if (unlikely(rc == ATAP_PARKED) && ctx.park_kind) {
+        atap__park_arm(s, &ctx); /* RUN goes with the park */
         return;
     }
-    if (rc == 0)
-        s->filled = 1;
-    settle(s, gen, rc == 0);
-    atap__exec_release_run(s, ref - 1, gen);
-    st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
+    atap__exec_finish_run(s, ref - 1, gen, rc);
 }
 
 void atap__exec_fail_held(uint32_t ref)
@@ -496,6 +522,8 @@ int atap_cancel(atap_task t)
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
     if (cur & ST_WAITERS)
         atap__exec_wake(s);
+    if (word_state(cur) == ST_RUNNING) /* in a kernel wait or a park, maybe */
+        atap__park_interrupt(s, (uint32_t)t.id, gen);
     if (unlikely(s->ext != NULL))
         atap__sched_cancelled(s, (uint32_t)t.id, gen);
     return 0;
@@ -733,7 +761,7 @@ bool atap_finished(atap_task t)
 
 int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
 {
-    struct atap_ctx ctx = {NULL, 0, 0};
+    struct atap_ctx ctx = {.slot = NULL};
 
     if (!fn || (out_size && !out))
         return ATAP_EINVAL;

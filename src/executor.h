@@ -10,11 +10,28 @@
 #include "atap.h"
 
 struct worker;
+struct atap_slot;
+
+/* The running task's view of itself (atap_ctx in atap.h). */
+struct atap_ctx {
+    struct atap_slot *slot; /* NULL inside atap_block */
+    uint32_t index, gen;
+    /* a park asked for in this run (park.c): kind 0 for none */
+    uint8_t park_kind;
+    uint8_t resumed;  /* this run follows a park: ATAP_RESUME_* */
+    unsigned events;  /* park: the events asked for; resumed: those seen */
+    int fd;
+    uint64_t deadline;
+};
 
 /* Claims and runs the queued task ref (slot index + 1) on this thread; a
  * task cancelled while queued is only cleaned up. The queue entry carried
  * the task's RUN reference, which this consumes. */
 void atap__exec_run(struct worker *w, uint32_t ref);
+
+/* The tail of a run: publish (rc 0) or fail, then the run's RUN reference
+ * goes, or a repeat goes round. For a parked run taken down, too. */
+void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, int rc);
 
 /* The thread running ref is dying: the task settles FAILED and its RUN
  * reference is dropped. */

@@ -28,6 +28,7 @@
 
 #include "atomics.h"
 #include "faults.h"
+#include "park.h"
 #include "poller.h"
 #include "pool.h"
 #include "schedule.h"
@@ -74,6 +75,7 @@ static bool manager_life(void)
 {
     struct atap_poller_event events[16];
     uint64_t now = atap__now_ns(), next_tick = now + MANAGER_TICK_NS, wake_at;
+    int n;
 
     while (!ld_acquire(&mgr.stop)) {
         if (MANAGER_FALLS_APART())
@@ -82,14 +84,18 @@ static bool manager_life(void)
         wake_at = atap__timers_run(&mgr.timers, now);
         atap__sched_flush();
         atap__sched_reap(false);
+        atap__park_reap(false);
         if (now >= next_tick) {
             atap__pool_tick(now);
             next_tick = now + MANAGER_TICK_NS;
         }
         wake_at = wake_at < next_tick ? wake_at : next_tick;
-        if (atap__poller_wait(ld_relaxed(&mgr.poller), events, 16,
-                              wake_at > now ? wake_at - now : 0) < 0)
+        n = atap__poller_wait(ld_relaxed(&mgr.poller), events, 16,
+                              wake_at > now ? wake_at - now : 0);
+        if (n < 0)
             return true; /* the backend failed under us: die and be restarted */
+        for (int i = 0; i < n; i++) /* fds that parked tasks wait on */
+            atap__park_event(events[i].udata, events[i].events);
     }
     return false;
 }
@@ -121,6 +127,7 @@ static void close_timers(void)
 {
     st_seqcst(&mgr.closed, true);
     atap__timers_take_all(&mgr.timers, atap__sched_write_off, NULL);
+    atap__park_close_all(); /* parks, whether they have a timer or not */
 }
 
 static void *supervisor_main(void *arg)
@@ -148,6 +155,7 @@ static void *supervisor_main(void *arg)
             close_timers();
             st_release(&mgr.state, M_GONE);
             atap__sched_reap(true); /* emptied: nothing holds a record */
+            atap__park_reap(true);
             return NULL;
         }
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);
@@ -167,6 +175,7 @@ int atap__manager_start(void)
         st_release(&mgr.poller, p);
     }
     atap__timers_init(&mgr.timers, atap__now_ns());
+    atap__park_open();
     st_relaxed(&mgr.stop, 0);
     st_relaxed(&mgr.restarts, 0);
     st_seqcst(&mgr.closed, false);
@@ -192,6 +201,7 @@ void atap__manager_stop(void)
         close_timers();
     atap__timers_destroy(&mgr.timers);
     atap__sched_reap(true); /* the structure holds nothing now */
+    atap__park_reap(true);
     st_release(&mgr.state, M_STOPPED);
 }
 
@@ -226,4 +236,9 @@ unsigned atap__manager_restarts(void)
 struct atap_timers *atap__manager_timers(void)
 {
     return &mgr.timers;
+}
+
+struct atap_poller *atap__manager_poller(void)
+{
+    return ld_acquire(&mgr.poller);
 }

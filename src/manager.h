@@ -24,5 +24,8 @@ unsigned atap__manager_restarts(void);
 
 /* The runtime's timer structure (the manager drives it). */
 struct atap_timers *atap__manager_timers(void);
+/* The manager's poller (opened by the first start, kept for the process's
+ * life): parked tasks' fds are watched on it. */
+struct atap_poller *atap__manager_poller(void);
 
 #endif

@@ -57,6 +57,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
+#include "poller.h"
 #include "slot.h"
 #include "table.h"
 #include "wait.h"
@@ -140,6 +141,8 @@ static int start_thread(bool blocking, struct worker *self)
     w->blocking = blocking;
     w->searching = w->in_idle = w->uncounted = w->blocked = false;
     w->lifo_streak = w->depth = w->nheld = 0;
+    w->cur = NULL;
+    st_relaxed(&w->kwait, 0); /* kq stays: it belongs to the record */
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
     memset(&w->cursor, 0, sizeof w->cursor);
     atap__table_register_cache(&w->cache);
@@ -934,6 +937,25 @@ static void count_records(struct worker *recs, unsigned n, size_t *busy, uint64_
         *busy += ld_relaxed(&recs[i].busy) ? 1 : 0;
         *queued += (size_t)ring_len(&recs[i].ring) + (ld_relaxed(&recs[i].lifo) ? 1 : 0);
     }
+}
+
+static void interrupt_in(struct worker *recs, unsigned n, uint64_t key)
+{
+    for (unsigned i = 0; i < n; i++) {
+        /* seq_cst: pairs with the waiter's store of kwait before it looks at
+         * its task's state (park.c): one of us sees the other. */
+        if (ld_seqcst(&recs[i].kwait) == key) {
+            struct atap_poller *kq = ld_acquire(&recs[i].kq);
+            if (kq)
+                atap__poller_wake(kq);
+        }
+    }
+}
+
+void atap__pool_interrupt(uint64_t key)
+{
+    interrupt_in(workers, ld_acquire(&pool.nrec), key);
+    interrupt_in(blockers, ld_acquire(&pool.brec), key);
 }
 
 void atap__pool_stats(struct atap_pool_stats *st)

@@ -43,7 +43,16 @@ struct worker {
     uint64_t rng;
     struct inj_cursor cursor;
     struct slot_cache cache;
+    struct atap_ctx *cur;           /* the task running now (innermost), or NULL */
+    struct atap_poller *_Atomic kq; /* its own event queue (park.c), made on
+                                       first use, kept with the record */
+    _Atomic uint64_t kwait;         /* gen << 32 | index of the task in a
+                                       kernel wait on kq, or 0 */
 };
+
+/* A canceller or a timeout stopped the task gen << 32 | index: a thread in
+ * a kernel wait for it is woken (its kq). */
+void atap__pool_interrupt(uint64_t key);
 
 /* The worker or blocking thread running on this thread, or NULL. */
 extern _Thread_local struct worker *atap__self;

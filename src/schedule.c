@@ -52,6 +52,7 @@
 #include "executor.h"
 #include "faults.h"
 #include "manager.h"
+#include "park.h"
 #include "pool.h"
 #include "table.h"
 #include "timer.h"
@@ -283,9 +284,13 @@ static void fire_limit(struct atap_timer *t)
     struct sched *c = limit_owner(t);
     struct atap_slot *s = atap__table_at(c->index);
 
+    uint32_t gen = ld_acquire(&c->running_gen);
+
     /* Only the run it was armed for, and only if still running: RUNNING ->
-     * TIMED_OUT, and readers see it at once. The run ends unseen. */
-    atap__exec_stop(s, ld_acquire(&c->running_gen), ST_RUNNING, ST_TIMED_OUT);
+     * TIMED_OUT, and readers see it at once. The run ends unseen; a kernel
+     * wait or a park it is in is cut short. */
+    if (atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT))
+        atap__park_interrupt(s, c->index, gen);
 }
 
 void atap__sched_write_off(struct atap_timer *t, void *arg)

@@ -34,7 +34,7 @@
 #include "atap.h"
 #include "atomics.h"
 
-struct rx;
+struct side;
 
 #define SLOT_SIZE 120u
 
@@ -64,7 +64,7 @@ struct atap_slot {
     _Atomic uint32_t word;
     _Atomic uint32_t link;
     _Atomic uint64_t refs;
-    struct rx *_Atomic rx; /* forwards of this task's outputs (dataflow.c) */
+    struct side *_Atomic side; /* what a slot needs only sometimes (dataflow.c) */
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;

@@ -1,0 +1,632 @@
+/*
+ * Waiting inside a task: kernel waits that a cancel interrupts, and parks.
+ *
+ * Kernel waits. Each pool thread has its own poller (`kq`, made on first
+ * use and kept with the thread's record). A thread waiting for its task
+ * stores the task's key (gen << 32 | index) in `kwait`, then looks at the
+ * task's state, then sleeps on kq; a canceller (or a run timeout) moves the
+ * state on, then scans the records for that key and wakes their kq. Both
+ * sides are seq_cst (the canceller with a fence after its CAS), so either
+ * the waiter sees the stop or the canceller sees the key; a wake is never
+ * lost. A wake left over in kq from an earlier task only makes a later wait
+ * look at its own task's state once more and sleep again.
+ *
+ * Parks. A run that asked for a park (atap_park_fd / _until) and returned
+ * ATAP_PARKED hands its RUN reference to the park: the task stays RUNNING
+ * and no thread holds it. Each task has one park record (in its slot's side
+ * record), reused by every park and freed with the slot, so whoever can
+ * name the task (a canceller holds a listener) can always read it. `claim`:
+ *   IDLE      not parked.
+ *   ARMING    the parker is registering it (registry, fd list, timer).
+ *   ARMED     parked.
+ *   CLAIMED|by  one of {READY (fd), DEADLINE, STOP (cancel, run timeout),
+ *             OFF (shutdown, manager gone)} took it: a CAS from ARMED or
+ *             ARMING, so exactly one wins. Taken from ARMED, the winner
+ *             completes it; taken from ARMING, the parker's own ARMING ->
+ *             ARMED CAS fails and the parker completes it.
+ * Completing takes the park off the fd's waiter list, the timer and the
+ * registry, then READY / DEADLINE queue the task again (its next run finds
+ * the claim, reads why, and sets the record IDLE), while STOP / OFF end the
+ * run as a failed one (a cancel's or timeout's state stands). A timer fire
+ * from an earlier park of the same record (its disarm lost) may still come:
+ * it claims only when the current park's deadline has passed, which is then
+ * the right answer anyway. After ARMED the parker looks at the task's state
+ * once more (seq_cst, against the canceller's fence) so a cancel that came
+ * while the park was being set up is not missed.
+ *
+ * Several parks on one fd share a `struct fdw` (one per fd number, kept for
+ * the process's life, since the poller may still report it): its waiter
+ * list and the union of their events, watched one-shot on the manager's
+ * poller and watched again after each event with what is still wanted.
+ * Locks: fd_lock (fd lists), reg_lock (the registry of armed parks), never
+ * both, and neither while completing.
+ */
+#include "park.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "dataflow.h"
+#include "executor.h"
+#include "manager.h"
+#include "poller.h"
+#include "pool.h"
+#include "slot.h"
+#include "table.h"
+#include "timer.h"
+#include "wait.h"
+
+_Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_WRITE &&
+                   ATAP_HANGUP == ATAP__POLL_HUP && ATAP_ERROR == ATAP__POLL_ERR,
+               "public event bits are the poller's");
+
+#define SPIN_NS 500000u /* atap_sleep spins the last 500 us */
+#define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
+
+enum { PK_FD = 1, PK_UNTIL = 2 };
+enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
+enum { BY_READY = ATAP_RESUME_READY, BY_DEADLINE = ATAP_RESUME_DEADLINE, BY_STOP = 3, BY_OFF = 4 };
+
+struct park {
+    struct atap_timer timer;
+    _Atomic uint32_t claim;
+    uint32_t index, gen;
+    uint8_t kind;
+    bool timed, on_fd, listed;
+    bool ever_timed; /* its timer was armed once: the structure may hold it */
+    int fd;
+    unsigned events;
+    _Atomic unsigned got;
+    _Atomic uint64_t deadline;
+    struct park *fd_next;     /* fd_lock */
+    struct park *prev, *next; /* registry, reg_lock */
+    struct park *grave_next;
+};
+
+struct fdw {
+    int fd;
+    struct park *waiters;
+};
+
+static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fdw **fdtab;
+static size_t fdcap;
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct park *armed_parks;
+static bool reg_closed;
+
+/* ---- claiming ------------------------------------------------------------ */
+
+/* 1: claimed from ARMED, the caller completes; -1: claimed from ARMING, the
+ * parker completes; 0: not parked, or someone else claimed it. seq_cst:
+ * the load pairs with the parker's store of ARMING (see interrupt). */
+static int claim(struct park *p, int by)
+{
+    uint32_t c = ld_seqcst(&p->claim);
+
+    for (;;) {
+        if (c != P_ARMING && c != P_ARMED)
+            return 0;
+        if (atomic_compare_exchange_weak_explicit(&p->claim, &c, P_CLAIMED | (uint32_t)by,
+                                                  memory_order_acq_rel, memory_order_acquire))
+            return c == P_ARMED ? 1 : -1;
+    }
+}
+
+static void fd_remove(struct park *p);
+
+static void registry_remove(struct park *p)
+{
+    pthread_mutex_lock(&reg_lock);
+    if (p->listed) {
+        if (p->prev)
+            p->prev->next = p->next;
+        else
+            armed_parks = p->next;
+        if (p->next)
+            p->next->prev = p->prev;
+        p->listed = false;
+    }
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* The one claimant's work: the park comes off everything it is on, then
+ * the task runs again (READY, DEADLINE) or its run ends failed (STOP, OFF;
+ * a cancel's or timeout's state stands). */
+static void complete(struct park *p, int by)
+{
+    struct atap_slot *s = atap__table_at(p->index);
+    uint32_t index = p->index, gen = p->gen;
+
+    fd_remove(p);
+    if (p->timed && by != BY_DEADLINE)
+        atap__timer_disarm(atap__manager_timers(), &p->timer); /* lost: see the top */
+    registry_remove(p);
+    if (by == BY_READY || by == BY_DEADLINE) {
+        /* Nothing of p is touched after this: the next run owns it. */
+        atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        return;
+    }
+    atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
+}
+
+/* ---- fds ----------------------------------------------------------------- */
+
+static unsigned wanted(const struct fdw *f)
+{
+    unsigned ev = 0;
+
+    for (struct park *p = f->waiters; p; p = p->fd_next)
+        ev |= p->events;
+    return ev;
+}
+
+/* fd_lock held: the fd's watch follows its waiters. */
+static int rewatch(struct fdw *f)
+{
+    struct atap_poller *mp = atap__manager_poller();
+    unsigned ev = wanted(f);
+
+    if (ev)
+        return atap__poller_watch(mp, f->fd, ev, f);
+    atap__poller_unwatch(mp, f->fd); /* -EBADF for a closed fd: nothing to undo */
+    return 0;
+}
+
+static struct fdw *fdw_of(int fd)
+{
+    if ((size_t)fd >= fdcap) {
+        size_t cap = fdcap ? fdcap : 64;
+        struct fdw **t;
+
+        while (cap <= (size_t)fd)
+            cap *= 2;
+        if (!(t = realloc(fdtab, cap * sizeof *t)))
+            return NULL;
+        memset(t + fdcap, 0, (cap - fdcap) * sizeof *t);
+        fdtab = t;
+        fdcap = cap;
+    }
+    if (!fdtab[fd] && (fdtab[fd] = calloc(1, sizeof *fdtab[fd])))
+        fdtab[fd]->fd = fd;
+    return fdtab[fd];
+}
+
+static int fd_add(struct park *p)
+{
+    struct fdw *f;
+    int rc = -ENOMEM;
+
+    pthread_mutex_lock(&fd_lock);
+    if ((f = fdw_of(p->fd)) != NULL) {
+        p->fd_next = f->waiters;
+        f->waiters = p;
+        p->on_fd = true;
+        if ((rc = rewatch(f)) < 0) {
+            f->waiters = p->fd_next;
+            p->on_fd = false;
+            rewatch(f);
+        }
+    }
+    pthread_mutex_unlock(&fd_lock);
+    return rc;
+}
+
+static void fd_remove(struct park *p)
+{
+    pthread_mutex_lock(&fd_lock);
+    if (p->on_fd) {
+        struct fdw *f = fdtab[p->fd];
+        struct park **at = &f->waiters;
+
+        while (*at != p)
+            at = &(*at)->fd_next;
+        *at = p->fd_next;
+        p->on_fd = false;
+        rewatch(f);
+    }
+    pthread_mutex_unlock(&fd_lock);
+}
+
+void atap__park_event(void *udata, unsigned events)
+{
+    struct fdw *f = udata;
+    struct park *ready = NULL, *p, **at;
+
+    pthread_mutex_lock(&fd_lock);
+    for (at = &f->waiters; (p = *at) != NULL;) {
+        /* HUP and ERR mean ready for whatever was asked. */
+        if (((p->events & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
+            claim(p, BY_READY) == 1) {
+            *at = p->fd_next;
+            p->on_fd = false;
+            st_relaxed(&p->got, events);
+            p->fd_next = ready;
+            ready = p;
+        } else {
+            at = &p->fd_next;
+        }
+    }
+    rewatch(f); /* one-shot: the rest are watched again */
+    pthread_mutex_unlock(&fd_lock);
+    while ((p = ready) != NULL) {
+        ready = p->fd_next;
+        complete(p, BY_READY);
+    }
+}
+
+/* ---- the deadline -------------------------------------------------------- */
+
+static void fire_deadline(struct atap_timer *t)
+{
+    struct park *p = (struct park *)((char *)t - offsetof(struct park, timer));
+
+    /* A fire left from an earlier park of this record comes to nothing
+     * unless this park's deadline has passed too. */
+    if (atap__now_ns() >= ld_acquire(&p->deadline) && claim(p, BY_DEADLINE) == 1)
+        complete(p, BY_DEADLINE);
+}
+
+/* ---- arming, resuming, stopping ------------------------------------------ */
+
+/* The task's park record, made on first use (the caller holds RUN). */
+static struct park *park_of(struct atap_slot *s)
+{
+    struct side *side = atap__side_of(s);
+    struct park *_Atomic *at, *p;
+
+    if (!side)
+        return NULL;
+    at = atap__side_park(side);
+    if ((p = ld_acquire(at)) != NULL)
+        return p;
+    if (!(p = calloc(1, sizeof *p)))
+        return NULL;
+    atap__timer_init(&p->timer, fire_deadline);
+    st_release(at, p); /* only the task's runner ever installs it */
+    return p;
+}
+
+void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    struct park *p = park_of(s);
+    uint32_t c, st, w;
+    int by = 0;
+
+    if (!p) {
+        atap__exec_finish_run(s, ctx->index, ctx->gen, ATAP_EFAILED);
+        return;
+    }
+    p->index = ctx->index;
+    p->gen = ctx->gen;
+    p->kind = ctx->park_kind;
+    p->fd = ctx->fd;
+    p->events = ctx->events;
+    p->timed = ctx->deadline != ATAP__FOREVER;
+    st_relaxed(&p->got, 0);
+    st_release(&p->deadline, ctx->deadline);
+    /* seq_cst: a canceller that finds ARMING claims it (see the top). */
+    st_seqcst(&p->claim, P_ARMING);
+    pthread_mutex_lock(&reg_lock);
+    if (!reg_closed) {
+        p->prev = NULL;
+        p->next = armed_parks;
+        if (armed_parks)
+            armed_parks->prev = p;
+        armed_parks = p;
+        p->listed = true;
+    }
+    pthread_mutex_unlock(&reg_lock);
+    if (!p->listed)
+        claim(p, BY_OFF); /* no manager will run again */
+    if (p->kind == PK_FD && ld_relaxed(&p->claim) == P_ARMING && fd_add(p) < 0) {
+        st_relaxed(&p->got, ATAP_ERROR); /* not watchable: its next read says why */
+        claim(p, BY_READY);
+    }
+    if (p->timed && ld_relaxed(&p->claim) == P_ARMING) {
+        p->ever_timed = true;
+        if (atap__timer_arm(atap__manager_timers(), &p->timer, ctx->deadline))
+            atap__manager_wake();
+    }
+    c = P_ARMING;
+    if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_acq_rel,
+                                                 memory_order_acquire)) {
+        complete(p, (int)(c & ~P_CLAIMED));
+        return;
+    }
+    /* A stop that came before the park could be found (seq_cst, against
+     * the canceller's CAS and fence). */
+    w = ld_seqcst(&s->word);
+    st = word_state(w);
+    if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT || st == ST_FAILED))
+        by = BY_STOP;
+    if (by && claim(p, by) == 1)
+        complete(p, by);
+}
+
+bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    struct side *side = ld_acquire(&s->side);
+    struct park *p = ld_acquire(atap__side_park(side));
+    uint32_t c;
+
+    if (!p)
+        return false;
+    c = ld_acquire(&p->claim);
+    if (c != (P_CLAIMED | BY_READY) && c != (P_CLAIMED | BY_DEADLINE))
+        return false;
+    ctx->gen = p->gen;
+    ctx->resumed = (uint8_t)(c & ~P_CLAIMED);
+    ctx->events = ld_relaxed(&p->got);
+    st_release(&p->claim, P_IDLE);
+    return true;
+}
+
+void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    struct side *side;
+    struct park *p;
+
+    /* Pairs with the parker's and the kernel waiter's seq_cst stores. */
+    fence_seqcst();
+    if ((side = ld_acquire(&s->side)) != NULL && (p = ld_acquire(atap__side_park(side))) &&
+        p->gen == gen && claim(p, BY_STOP) == 1)
+        complete(p, BY_STOP);
+    atap__pool_interrupt((uint64_t)gen << 32 | index);
+}
+
+/* ---- the manager's side -------------------------------------------------- */
+
+void atap__park_open(void)
+{
+    pthread_mutex_lock(&reg_lock);
+    reg_closed = false;
+    pthread_mutex_unlock(&reg_lock);
+}
+
+void atap__park_close_all(void)
+{
+    struct park *p;
+    int r;
+
+    pthread_mutex_lock(&reg_lock);
+    reg_closed = true;
+    while ((p = armed_parks) != NULL) {
+        armed_parks = p->next;
+        if (armed_parks)
+            armed_parks->prev = NULL;
+        p->listed = false;
+        r = claim(p, BY_OFF);
+        pthread_mutex_unlock(&reg_lock);
+        if (r == 1)
+            complete(p, BY_OFF);
+        pthread_mutex_lock(&reg_lock);
+    }
+    pthread_mutex_unlock(&reg_lock);
+}
+
+/* Park records go with their slots (atap__park_destroy); one whose timer
+ * the structure may still hold waits here for the manager. */
+static _Atomic(struct park *) graveyard;
+static struct park *mourning;
+
+void atap__park_destroy(struct park *p)
+{
+    struct park *head = ld_relaxed(&graveyard);
+
+    if (!p)
+        return;
+    /* Never armed, or no manager will run again and it was let go (the
+     * structure was emptied when the supervisor gave up). */
+    if (!p->ever_timed || (atap__manager_gone() && !atap__timer_held(&p->timer))) {
+        free(p);
+        return;
+    }
+    do
+        p->grave_next = head;
+    while (!atomic_compare_exchange_weak_explicit(&graveyard, &head, p, memory_order_release,
+                                                  memory_order_relaxed));
+}
+
+void atap__park_reap(bool all)
+{
+    struct park *p = atomic_exchange_explicit(&graveyard, NULL, memory_order_acquire), *next;
+
+    while (mourning) {
+        next = mourning->grave_next;
+        mourning->grave_next = p;
+        p = mourning;
+        mourning = next;
+    }
+    for (; p; p = next) {
+        next = p->grave_next;
+        if (!all && atap__timer_held(&p->timer)) {
+            p->grave_next = mourning;
+            mourning = p;
+        } else {
+            free(p);
+        }
+    }
+}
+
+/* ---- kernel waits ---------------------------------------------------------- */
+
+/* Outside a task (or without a poller): a wait nothing interrupts. */
+static int plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
+{
+    for (;;) {
+        uint64_t now = atap__now_ns(), left;
+
+        if (now >= deadline)
+            return fd >= 0 ? ATAP_ENOTREADY : 0;
+        left = deadline - now;
+        if (fd >= 0) {
+            struct pollfd pfd = {.fd = fd,
+                                 .events = (short)(((events & ATAP_READABLE) ? POLLIN : 0) |
+                                                   ((events & ATAP_WRITABLE) ? POLLOUT : 0))};
+            int ms = deadline == ATAP__FOREVER ? -1
+                     : left / 1000000u >= INT32_MAX ? INT32_MAX
+                                                   : (int)((left + 999999u) / 1000000u);
+            int n = poll(&pfd, 1, ms);
+
+            if (n < 0 && errno != EINTR)
+                return -errno;
+            if (n > 0) {
+                if (pfd.revents & POLLNVAL)
+                    return -EBADF;
+                return (int)(((pfd.revents & POLLIN) ? ATAP_READABLE : 0) |
+                             ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0) |
+                             ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0) |
+                             ((pfd.revents & POLLERR) ? ATAP_ERROR : 0));
+            }
+            continue;
+        }
+        if (precise && left <= SPIN_NS) {
+            while (atap__now_ns() < deadline)
+                cpu_relax();
+            return 0;
+        }
+        left -= precise ? SPIN_NS : 0;
+        struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+        nanosleep(&ts, NULL); /* EINTR: the loop looks again */
+    }
+}
+
+/* The running task was stopped: why. */
+static int stopped(const struct atap_ctx *ctx)
+{
+    uint32_t w = ld_seqcst(&ctx->slot->word);
+
+    if (word_gen(w) != ctx->gen)
+        return 0;
+    switch (word_state(w)) {
+    case ST_CANCELLED: return ATAP_ECANCELLED;
+    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
+    default: return 0;
+    }
+}
+
+static struct atap_poller *thread_kq(struct worker *w)
+{
+    struct atap_poller *kq = ld_acquire(&w->kq);
+
+    if (!kq && atap__poller_open(&kq) == 0)
+        st_release(&w->kq, kq); /* only this thread makes it */
+    return kq;
+}
+
+static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
+{
+    struct worker *w = atap__self;
+    struct atap_ctx *ctx = w ? w->cur : NULL;
+    struct atap_poller_event ev;
+    struct atap_poller *kq;
+    int rc = 0;
+
+    if (!ctx || !ctx->slot || !(kq = thread_kq(w)))
+        return plain_wait(deadline, precise, fd, events);
+    /* seq_cst, then the state: against the canceller's CAS and fence. */
+    st_seqcst(&w->kwait, (uint64_t)ctx->gen << 32 | ctx->index);
+    if (fd >= 0 && (rc = atap__poller_watch(kq, fd, events, kq)) < 0) {
+        st_release(&w->kwait, 0);
+        return rc;
+    }
+    for (;;) {
+        uint64_t now, left;
+        int n;
+
+        if ((rc = stopped(ctx)) != 0)
+            break;
+        if ((now = atap__now_ns()) >= deadline) {
+            rc = fd >= 0 ? ATAP_ENOTREADY : 0;
+            break;
+        }
+        left = deadline - now;
+        if (precise && left <= SPIN_NS) {
+            while (atap__now_ns() < deadline && (rc = stopped(ctx)) == 0)
+                cpu_relax();
+            break;
+        }
+        n = atap__poller_wait(kq, &ev, 1,
+                              deadline == ATAP__FOREVER ? ATAP__FOREVER
+                                                        : left - (precise ? SPIN_NS : 0));
+        if (n > 0) {
+            rc = (int)ev.events;
+            break;
+        }
+        if (n < 0) {
+            rc = n;
+            break;
+        }
+        /* a timeout, or a wake (maybe one left from an earlier task) */
+    }
+    if (fd >= 0)
+        atap__poller_unwatch(kq, fd);
+    st_release(&w->kwait, 0);
+    return rc;
+}
+
+int atap_sleep(uint64_t ns)
+{
+    return kernel_wait(atap__deadline(atap__now_ns(), ns), true, -1, 0);
+}
+
+int atap_sleep_relaxed(uint64_t ns)
+{
+    return kernel_wait(atap__deadline(atap__now_ns(), ns), false, -1, 0);
+}
+
+int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
+{
+    if (!events || (events & ~EVENT_BITS))
+        return ATAP_EINVAL;
+    if (fd < 0)
+        return -EBADF;
+    return kernel_wait(atap__deadline(atap__now_ns(), timeout_ns), false, fd, events);
+}
+
+/* ---- asking for a park ---------------------------------------------------- */
+
+static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline)
+{
+    if (!ctx || !ctx->slot || ctx->park_kind)
+        return ATAP_EINVAL;
+    ctx->park_kind = (uint8_t)kind;
+    ctx->fd = fd;
+    ctx->events = events;
+    ctx->deadline = deadline;
+    return 0;
+}
+
+int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns)
+{
+    if (fd < 0 || !events || (events & ~EVENT_BITS))
+        return ATAP_EINVAL;
+    return ask(ctx, PK_FD, fd, events, atap__deadline(atap__now_ns(), timeout_ns));
+}
+
+int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns)
+{
+    return ask(ctx, PK_UNTIL, -1, 0, deadline_ns);
+}
+
+bool atap_resumed(atap_ctx *ctx)
+{
+    return ctx && ctx->resumed != 0;
+}
+
+int atap_resume_reason(atap_ctx *ctx)
+{
+    return ctx ? ctx->resumed : 0;
+}
+
+unsigned atap_resume_events(atap_ctx *ctx)
+{
+    return ctx && ctx->resumed == ATAP_RESUME_READY ? ctx->events : 0;
+}

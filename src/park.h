@@ -1,0 +1,40 @@
+/*
+ * Waiting inside a task (park.c): kernel waits a cancel interrupts, and
+ * parks, which give the thread back until an fd or a deadline.
+ */
+#ifndef ATAP_PARK_H
+#define ATAP_PARK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct atap_ctx;
+struct atap_slot;
+
+/* The run in ctx returned ATAP_PARKED after asking for a park: the park
+ * takes the run's RUN reference; the task runs again when it is claimed. */
+void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx);
+/* At the start of a run: true when this queue entry is a park's resume
+ * (ctx gets the reason; the park record goes). */
+bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx);
+/* The task (index, gen) was just cancelled or timed out while RUNNING: a
+ * park it sleeps in is taken down, a kernel wait it is in is woken. */
+void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen);
+
+/* Manager: an fd watched for parks reported events (udata from the
+ * poller). */
+void atap__park_event(void *udata, unsigned events);
+/* Manager: frees the park records let go of that its timer structure no
+ * longer holds (all: it holds none). */
+void atap__park_reap(bool all);
+/* The slot is being freed: its park record goes (through the manager if
+ * its timer may still be held). NULL is ignored. */
+struct park;
+void atap__park_destroy(struct park *p);
+/* The manager starts: parks are taken. */
+void atap__park_open(void);
+/* No manager will run again (shutdown, or its supervisor gave up): every
+ * park is written off as FAILED, and later parks fail at once. */
+void atap__park_close_all(void);
+
+#endif
