@@ -351,7 +351,9 @@ ATAP_EXPORT void atap_release(atap_task task);
 /*
  * Runs fn on the calling thread and waits for it: no slot, no pool, no
  * cancellation. Works with or without a running runtime. Inside a worker,
- * nothing else is run meanwhile.
+ * nothing else is run meanwhile. A run that parks (atap_park_fd, _until,
+ * then returns ATAP_PARKED) waits for its event on the calling thread and
+ * is run again, resumed.
  * Returns 0; ATAP_EFAILED if fn returned nonzero; ATAP_EINVAL for a NULL fn
  * or a NULL out with a nonzero out_size.
  * Blocks: for as long as fn runs. Threads: any.
@@ -558,6 +560,24 @@ ATAP_EXPORT bool atap_resumed(atap_ctx *ctx);
 ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
 /* Inside a task resumed by its fd: the ATAP_READABLE... bits reported. */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
+
+/* ---------------------------------------------------------------------- */
+/* Built-in tasks                                                          */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * Spawns a task that sleeps ns, counted from this call, parked on a timer
+ * (it holds no thread while it waits); its output is a uint64_t: the time
+ * actually slept, never less than ns. precise: it wakes 500 us early and
+ * spins the rest on a worker (lateness of microseconds); otherwise it
+ * wakes once, on the timer (lateness of the manager's tick, ~0.1 ms).
+ * opts may be NULL; its out_size must be 0 or 8 (it is 8), kind ATAP_ONCE;
+ * priority, timeout_ns and after_ns apply (after_ns counts in the sleep).
+ * Returns as atap_spawn.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise,
+                                 const atap_spawn_opts *opts);
 
 #ifdef ATAP_FAULT_INJECTION
 /*

@@ -761,11 +761,17 @@ bool atap_finished(atap_task t)
 
 int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
 {
-    struct atap_ctx ctx = {.slot = NULL};
+    struct atap_ctx ctx = {.slot = NULL, .in_block = true};
+    int rc;
 
     if (!fn || (out_size && !out))
         return ATAP_EINVAL;
-    return fn(&ctx, arg, out_size ? out : NULL) == 0 ? 0 : ATAP_EFAILED;
+    for (;;) {
+        rc = fn(&ctx, arg, out_size ? out : NULL);
+        if (rc != ATAP_PARKED || !ctx.park_kind)
+            return rc == 0 ? 0 : ATAP_EFAILED;
+        atap__park_block(&ctx); /* on this thread, then round again */
+    }
 }
 
 int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)

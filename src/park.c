@@ -375,8 +375,12 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     /* Pairs with the parker's and the kernel waiter's seq_cst stores. */
     fence_seqcst();
+    /* The side record and its park belong to this incarnation of the slot
+     * (they go with it), and the caller holds a listener: p is this
+     * task's, and its fields are read only after a claim, which acquires
+     * what the parker wrote before ARMING. */
     if ((side = ld_acquire(&s->side)) != NULL && (p = ld_acquire(atap__side_park(side))) &&
-        p->gen == gen && claim(p, BY_STOP) == 1)
+        claim(p, BY_STOP) == 1)
         complete(p, BY_STOP);
     atap__pool_interrupt((uint64_t)gen << 32 | index);
 }
@@ -591,11 +595,21 @@ int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
     return kernel_wait(atap__deadline(atap__now_ns(), timeout_ns), false, fd, events);
 }
 
+void atap__park_block(struct atap_ctx *ctx)
+{
+    int rc = plain_wait(ctx->deadline, false, ctx->park_kind == PK_FD ? ctx->fd : -1,
+                        ctx->events);
+
+    ctx->resumed = ctx->park_kind == PK_FD && rc != ATAP_ENOTREADY ? BY_READY : BY_DEADLINE;
+    ctx->events = rc > 0 ? (unsigned)rc : rc < 0 && rc != ATAP_ENOTREADY ? ATAP_ERROR : 0;
+    ctx->park_kind = 0;
+}
+
 /* ---- asking for a park ---------------------------------------------------- */
 
 static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline)
 {
-    if (!ctx || !ctx->slot || ctx->park_kind)
+    if (!ctx || (!ctx->slot && !ctx->in_block) || ctx->park_kind)
         return ATAP_EINVAL;
     ctx->park_kind = (uint8_t)kind;
     ctx->fd = fd;

@@ -17,6 +17,9 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx);
 /* At the start of a run: true when this queue entry is a park's resume
  * (ctx gets the reason; the park record goes). */
 bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx);
+/* atap_block's run asked for a park: waits for it on the calling thread
+ * and sets ctx up for the next run. */
+void atap__park_block(struct atap_ctx *ctx);
 /* The task (index, gen) was just cancelled or timed out while RUNNING: a
  * park it sleeps in is taken down, a kernel wait it is in is woken. */
 void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen);
