@@ -549,6 +549,30 @@ ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t ti
  * never earlier), then return ATAP_PARKED. Returns as atap_park_fd. */
 ATAP_EXPORT int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns);
 
+/*
+ * Inside a task: asks to be run again when signal signo arrives (or the
+ * timeout passes), then return ATAP_PARKED. From the first such park on,
+ * libatap catches signo for the rest of the process (its handler only sets
+ * a flag and writes a byte to a pipe); a signal that arrives while no task
+ * is parked on it is dropped. Returns as atap_park_fd; ATAP_EINVAL also for
+ * a signo out of range, SIGKILL or SIGSTOP, or inside atap_block.
+ */
+ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
+
+/* Changes atap_park_path waits for, and reports (atap_resume_events). */
+#define ATAP_PATH_WRITE 0x10u   /* the file's content was written */
+#define ATAP_PATH_ATTRIB 0x20u  /* its metadata changed (mode, times, links) */
+#define ATAP_PATH_ENTRIES 0x40u /* a directory's entries were added, removed or renamed */
+#define ATAP_PATH_GONE 0x80u    /* the file itself was deleted or moved (always asked) */
+
+/*
+ * Inside a task: asks to be run again when the file or directory open as fd
+ * changes in one of the ways in `changes` (or the timeout passes), then
+ * return ATAP_PARKED. Linux: inotify; elsewhere -ENOTSUP for now. Returns as
+ * atap_park_fd; ATAP_EINVAL also inside atap_block.
+ */
+ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
+
 /* Why this run follows a park. */
 #define ATAP_RESUME_READY 1    /* the fd became ready */
 #define ATAP_RESUME_DEADLINE 2 /* the deadline or timeout came first */
@@ -558,7 +582,8 @@ ATAP_EXPORT bool atap_resumed(atap_ctx *ctx);
 /* Inside a task: ATAP_RESUME_READY or ATAP_RESUME_DEADLINE after a park,
  * else 0. */
 ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
-/* Inside a task resumed by its fd: the ATAP_READABLE... bits reported. */
+/* Inside a task resumed by its event: the ATAP_READABLE... bits an fd
+ * reported, or the ATAP_PATH_* changes seen; 0 for a signal. */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
 /* ---------------------------------------------------------------------- */

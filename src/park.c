@@ -38,16 +38,28 @@
  * the process's life, since the poller may still report it): its waiter
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
- * Locks: fd_lock (fd lists), reg_lock (the registry of armed parks), never
- * both, and neither while completing.
+ * Signals and path changes are sources of their own, each one fd of ours
+ * watched the same way: a self-pipe that a signal handler writes to (the
+ * handler only sets a pending flag and writes a byte: async-signal-safe),
+ * and an inotify fd (Linux). Their waiter lists are per signal number and
+ * per inotify watch.
+ * Locks: fd_lock (every waiter list and source), reg_lock (the registry of
+ * armed parks), never both, and neither while completing.
  */
 #include "park.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/inotify.h>
+#endif
 
 #include "atap.h"
 #include "atomics.h"
@@ -68,7 +80,7 @@ _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_W
 #define SPIN_NS 500000u /* atap_sleep spins the last 500 us */
 #define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
 
-enum { PK_FD = 1, PK_UNTIL = 2 };
+enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4 };
 enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
 enum { BY_READY = ATAP_RESUME_READY, BY_DEADLINE = ATAP_RESUME_DEADLINE, BY_STOP = 3, BY_OFF = 4 };
 
@@ -92,6 +104,16 @@ struct fdw {
     int fd;
     struct park *waiters;
 };
+
+/* The two sources that are not the caller's fds (their waiters are kept
+ * apart: per signal, per inotify watch). */
+static struct fdw sig_source = {.fd = -1}, path_source = {.fd = -1};
+static struct park *sig_waiters[NSIG];
+static _Atomic unsigned char sig_pending[NSIG];
+static bool sig_caught[NSIG];
+static int sig_pipe[2] = {-1, -1};
+static struct park **wd_waiters; /* by inotify watch descriptor */
+static size_t wdcap;
 
 static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fdw **fdtab;
@@ -198,11 +220,15 @@ static struct fdw *fdw_of(int fd)
     return fdtab[fd];
 }
 
+static int source_add(struct park *p);
+
 static int fd_add(struct park *p)
 {
     struct fdw *f;
     int rc = -ENOMEM;
 
+    if (p->kind != PK_FD)
+        return source_add(p);
     pthread_mutex_lock(&fd_lock);
     if ((f = fdw_of(p->fd)) != NULL) {
         p->fd_next = f->waiters;
@@ -218,27 +244,47 @@ static int fd_add(struct park *p)
     return rc;
 }
 
+/* fd_lock held: the list p waits on. */
+static struct park **list_of(struct park *p)
+{
+    switch (p->kind) {
+    case PK_SIGNAL: return &sig_waiters[p->fd];
+    case PK_PATH: return &wd_waiters[p->fd];
+    default: return &fdtab[p->fd]->waiters;
+    }
+}
+
+static void path_forget(int wd);
+
 static void fd_remove(struct park *p)
 {
     pthread_mutex_lock(&fd_lock);
     if (p->on_fd) {
-        struct fdw *f = fdtab[p->fd];
-        struct park **at = &f->waiters;
+        struct park **head = list_of(p), **at = head;
 
         while (*at != p)
             at = &(*at)->fd_next;
         *at = p->fd_next;
         p->on_fd = false;
-        rewatch(f);
+        if (p->kind == PK_FD)
+            rewatch(fdtab[p->fd]);
+        else if (p->kind == PK_PATH && !*head)
+            path_forget(p->fd);
     }
     pthread_mutex_unlock(&fd_lock);
 }
+
+static void source_event(struct fdw *f);
 
 void atap__park_event(void *udata, unsigned events)
 {
     struct fdw *f = udata;
     struct park *ready = NULL, *p, **at;
 
+    if (f == &sig_source || f == &path_source) {
+        source_event(f);
+        return;
+    }
     pthread_mutex_lock(&fd_lock);
     for (at = &f->waiters; (p = *at) != NULL;) {
         /* HUP and ERR mean ready for whatever was asked. */
@@ -254,6 +300,191 @@ void atap__park_event(void *udata, unsigned events)
         }
     }
     rewatch(f); /* one-shot: the rest are watched again */
+    pthread_mutex_unlock(&fd_lock);
+    while ((p = ready) != NULL) {
+        ready = p->fd_next;
+        complete(p, BY_READY);
+    }
+}
+
+/* ---- signals and path changes -------------------------------------------- */
+
+static void on_signal(int signo)
+{
+    int saved = errno;
+    char b = 0;
+
+    atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
+    if (write(sig_pipe[1], &b, 1) < 0) { /* full: a byte is there already */
+    }
+    errno = saved;
+}
+
+static int open_pipe(int fds[2])
+{
+#if defined(__linux__)
+    return pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0 ? 0 : -errno;
+#else
+    if (pipe(fds) != 0)
+        return -errno;
+    for (int i = 0; i < 2; i++) {
+        fcntl(fds[i], F_SETFD, FD_CLOEXEC);
+        fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
+    }
+    return 0;
+#endif
+}
+
+/* fd_lock held: the source's fd exists and is watched (one-shot). */
+static int source_watch(struct fdw *f)
+{
+    int rc;
+
+    if (f->fd < 0) {
+        if (f == &sig_source) {
+            if ((rc = open_pipe(sig_pipe)) != 0)
+                return rc;
+            f->fd = sig_pipe[0];
+        } else {
+#if defined(__linux__)
+            if ((f->fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
+                return -errno;
+#else
+            return -ENOTSUP;
+#endif
+        }
+    }
+    return atap__poller_watch(atap__manager_poller(), f->fd, ATAP__POLL_READ, f);
+}
+
+#if defined(__linux__)
+static uint32_t inotify_mask(unsigned changes)
+{
+    return ((changes & ATAP_PATH_WRITE) ? IN_MODIFY | IN_CLOSE_WRITE : 0) |
+           ((changes & ATAP_PATH_ATTRIB) ? IN_ATTRIB : 0) |
+           ((changes & ATAP_PATH_ENTRIES) ? IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
+                                          : 0) |
+           IN_DELETE_SELF | IN_MOVE_SELF;
+}
+
+static unsigned changes_of(uint32_t mask)
+{
+    return ((mask & (IN_MODIFY | IN_CLOSE_WRITE)) ? ATAP_PATH_WRITE : 0) |
+           ((mask & IN_ATTRIB) ? ATAP_PATH_ATTRIB : 0) |
+           ((mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) ? ATAP_PATH_ENTRIES
+                                                                             : 0) |
+           ((mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) ? ATAP_PATH_GONE
+                                                                               : 0);
+}
+#endif
+
+static void path_forget(int wd)
+{
+#if defined(__linux__)
+    inotify_rm_watch(path_source.fd, wd);
+#else
+    (void)wd;
+#endif
+}
+
+/* A signal or path park joins its source's list (p->fd becomes the list's
+ * number: the signal, or the inotify watch). 0 or -errno. */
+static int source_add(struct park *p)
+{
+    struct sigaction sa;
+    int rc, key = p->fd;
+
+    pthread_mutex_lock(&fd_lock);
+    if ((rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source)) != 0)
+        goto out;
+    if (p->kind == PK_SIGNAL && !sig_caught[key]) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(key, &sa, NULL) != 0) {
+            rc = -errno;
+            goto out;
+        }
+        sig_caught[key] = true;
+    }
+#if defined(__linux__)
+    if (p->kind == PK_PATH) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
+        /* Every change is asked for: the waiters on one file share its
+         * watch, and each picks what it wanted. */
+        if ((key = inotify_add_watch(path_source.fd, path, inotify_mask(~0u))) < 0) {
+            rc = -errno;
+            goto out;
+        }
+        if ((size_t)key >= wdcap) {
+            size_t cap = wdcap ? wdcap : 64;
+            struct park **t;
+            while (cap <= (size_t)key)
+                cap *= 2;
+            if (!(t = realloc(wd_waiters, cap * sizeof *t))) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            memset(t + wdcap, 0, (cap - wdcap) * sizeof *t);
+            wd_waiters = t;
+            wdcap = cap;
+        }
+        p->fd = key;
+    }
+#endif
+    p->fd_next = *list_of(p);
+    *list_of(p) = p;
+    p->on_fd = true;
+out:
+    pthread_mutex_unlock(&fd_lock);
+    return rc;
+}
+
+/* fd_lock held: claims every waiter on *head wanting any of `got` (all
+ * when got is 0), moving them to *ready. */
+static void claim_list(struct park **head, unsigned got, struct park **ready)
+{
+    struct park *p, **at;
+
+    for (at = head; (p = *at) != NULL;) {
+        if ((!got || (p->events & got)) && claim(p, BY_READY) == 1) {
+            *at = p->fd_next;
+            p->on_fd = false;
+            st_relaxed(&p->got, got);
+            p->fd_next = *ready;
+            *ready = p;
+        } else {
+            at = &p->fd_next;
+        }
+    }
+}
+
+static void source_event(struct fdw *f)
+{
+    struct park *ready = NULL, *p;
+    char buf[4096] __attribute__((aligned(8)));
+    ssize_t n;
+
+    pthread_mutex_lock(&fd_lock);
+    while ((n = read(f->fd, buf, sizeof buf)) > 0) {
+#if defined(__linux__)
+        for (ssize_t at = 0; f == &path_source && at < n;) {
+            const struct inotify_event *e = (const void *)(buf + at);
+            if (e->wd >= 0 && (size_t)e->wd < wdcap) {
+                claim_list(&wd_waiters[e->wd], changes_of(e->mask), &ready);
+                if ((e->mask & IN_IGNORED) == 0 && !wd_waiters[e->wd])
+                    path_forget(e->wd); /* nobody waits on it now */
+            }
+            at += (ssize_t)sizeof *e + e->len;
+        }
+#endif
+    }
+    for (int signo = 1; f == &sig_source && signo < NSIG; signo++)
+        if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
+            claim_list(&sig_waiters[signo], 0, &ready);
+    source_watch(f); /* one-shot: again */
     pthread_mutex_unlock(&fd_lock);
     while ((p = ready) != NULL) {
         ready = p->fd_next;
@@ -325,7 +556,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     pthread_mutex_unlock(&reg_lock);
     if (!p->listed)
         claim(p, BY_OFF); /* no manager will run again */
-    if (p->kind == PK_FD && ld_relaxed(&p->claim) == P_ARMING && fd_add(p) < 0) {
+    if (p->kind != PK_UNTIL && ld_relaxed(&p->claim) == P_ARMING && fd_add(p) < 0) {
         st_relaxed(&p->got, ATAP_ERROR); /* not watchable: its next read says why */
         claim(p, BY_READY);
     }
@@ -628,6 +859,31 @@ int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns)
 int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns)
 {
     return ask(ctx, PK_UNTIL, -1, 0, deadline_ns);
+}
+
+int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns)
+{
+    if (signo <= 0 || signo >= NSIG || signo == SIGKILL || signo == SIGSTOP)
+        return ATAP_EINVAL;
+    if (ctx && ctx->in_block)
+        return ATAP_EINVAL; /* a handler of ours needs the manager */
+    return ask(ctx, PK_SIGNAL, signo, 0, atap__deadline(atap__now_ns(), timeout_ns));
+}
+
+int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)
+{
+#if defined(__linux__)
+    if (fd < 0 || !changes || (changes & ~(ATAP_PATH_WRITE | ATAP_PATH_ATTRIB |
+                                           ATAP_PATH_ENTRIES | ATAP_PATH_GONE)))
+        return ATAP_EINVAL;
+    if (ctx && ctx->in_block)
+        return ATAP_EINVAL;
+    return ask(ctx, PK_PATH, fd, changes | ATAP_PATH_GONE,
+               atap__deadline(atap__now_ns(), timeout_ns));
+#else
+    (void)ctx, (void)fd, (void)changes, (void)timeout_ns;
+    return -ENOTSUP;
+#endif
 }
 
 bool atap_resumed(atap_ctx *ctx)
