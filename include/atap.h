@@ -396,13 +396,17 @@ ATAP_EXPORT int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size
 /*
  * Gives a waiting task a value (size bytes, which must equal its in_size):
  * the bytes are copied in, and the task's in_free will be called on that
- * copy exactly once. Returns 0 when the value was taken (it starts a run or
- * a series, is owed one, or replaces what the rest of a series is handed);
+ * copy exactly once. A give that starts a run or a series moves a task
+ * that had settled back to ATAP_PENDING, so a join waits for what it
+ * started. Returns 0 when the value was taken (it starts a run or a series,
+ * is owed one, or replaces what the rest of a series is handed);
  * ATAP_EFINISHED once the task takes no more gives, ATAP_ECANCELLED,
- * ATAP_ETIMEDOUT or ATAP_EFAILED once it ended so; ATAP_EINVAL for a wrong
- * size, NULL value with a nonzero size, a task that does not wait for gives
- * or one fed by atap_receive_all / atap_receive_any; ATAP_ENOTASK; -ENOMEM.
- * A refused value is still passed to in_free.
+ * ATAP_ETIMEDOUT or ATAP_EFAILED once it ended so; ATAP_ENOTINIT when no
+ * runtime runs; ATAP_EINVAL for a wrong size, NULL value with a nonzero
+ * size, a task that does not wait for gives or one fed by
+ * atap_receive_all / atap_receive_any; ATAP_ENOTASK; -ENOMEM. A value
+ * refused with ATAP_EINVAL, ATAP_ENOTASK or -ENOMEM stays the caller's;
+ * any other refusal still passes the copy to in_free.
  * Blocks: no (a short lock per task). Threads: any.
  */
 ATAP_EXPORT int atap_give(atap_task task, const void *value, size_t size);

@@ -434,19 +434,27 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     int rc;
 
     spin_lock(&g->lock);
-    if (!(b = g->spare)) {
+    b = g->spare;
+    g->spare = NULL;
+    if (!b) {
+        unsigned char *fresh;
+
         spin_unlock(&g->lock);
-        if (!(b = malloc(g->in_size ? g->in_size : 1)))
+        if (!(fresh = malloc(g->in_size ? g->in_size : 1)))
             return -ENOMEM;
         spin_lock(&g->lock);
+        /* A spare may have come back meanwhile: take it, keep ours there. */
+        b = g->spare ? g->spare : fresh;
+        g->spare = b == fresh ? NULL : fresh;
     }
-    g->spare = NULL;
     if (g->in_size)
         memcpy(b, value, g->in_size);
     rc = offer_locked(s, g, b, owned, &kick, &old, &old_owned);
     r = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
     let_go_value(g, r);
+    if (kick) /* a join from now on waits for the run this give started */
+        atap__sched_restarting(s, gen);
     if (kick) {
         if (kicks)
             kicks_add(kicks, index, gen);
@@ -490,8 +498,10 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
     ret = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
     let_go_value(g, ret);
-    if (kick)
+    if (kick) {
+        atap__sched_restarting(s, gen);
         kicks_add(kicks, index, gen);
+    }
 }
 
 /* A member of receive_all / receive_any (or a forward) can publish no

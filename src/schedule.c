@@ -70,6 +70,7 @@ struct sched {
     _Atomic uint32_t out_lock;    /* readers | OUT_WRITER */
     _Atomic uint32_t running_gen; /* the generation the limit timer is for */
     bool out_live;                /* an output is in the slot, not taken (runner) */
+    bool out_kept;                /* READY moved back to PENDING by a give */
     bool limit_armed;             /* the runner armed `limit` for this run */
     uint64_t after, every, timeout, for_ns, deadline; /* deadline: UINT64_MAX none */
     uint32_t runs, done;
@@ -379,7 +380,8 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
             return false;
         }
     } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
-    c->out_live = word_state(cur) == ST_READY;
+    c->out_live = word_state(cur) == ST_READY || c->out_kept;
+    c->out_kept = false;
     if (c->gate)
         atap__gate_claim(c->gate); /* the newest value becomes this run's */
     if (c->done == 0 && c->for_ns)
@@ -421,6 +423,21 @@ uint64_t atap__sched_pubs(struct atap_slot *s)
     struct sched *c = sched_of(s);
 
     return rewrites(c) || c->kind == ATAP_AT_RATE ? c->pubs : 1;
+}
+
+void atap__sched_restarting(struct atap_slot *s, uint32_t gen)
+{
+    struct sched *c = sched_of(s);
+    uint32_t cur = ld_acquire(&s->word), st;
+
+    /* The gate just went BUSY, so no run is in flight and nobody else
+     * writes out_kept: the kick that follows orders it before the claim. */
+    do {
+        st = word_state(cur);
+        if (word_gen(cur) != gen || (st != ST_READY && st != ST_TAKEN))
+            return;
+    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_PENDING));
+    c->out_kept = st == ST_READY; /* still the slot's to let go of */
 }
 
 void atap__sched_mark_finished(struct atap_slot *s)

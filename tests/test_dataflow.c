@@ -1,0 +1,1846 @@
+/*
+ * Values between tasks: waiting tasks fed by atap_give, receivers
+ * (atap_receive_all / atap_receive_any), atap_forward, atap_join_first and
+ * atap_join_all; what they cost (slots, in_free) and how they race.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "test_util.h"
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* Polls atap_finished until it is true; true if it got there in time. */
+static bool wait_finished(atap_task t, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+    while (!atap_finished(t)) {
+        if (now_ns() > end)
+            return false;
+        sleep_us(200);
+    }
+    return true;
+}
+
+/* Joins t (8 bytes) until it reads want, for up to timeout_ns. A join that
+ * reads an older value is retried; one that ends in an error stops it. */
+static void join_until_at(atap_task t, uint64_t want, uint64_t timeout_ns, int line)
+{
+    uint64_t end = now_ns() + timeout_ns, v = 0;
+    int rc;
+    for (;;) {
+        v = 0;
+        rc = atap_join_for(t, &v, sizeof v, ATAP_MS(200));
+        if (rc == 0 && v == want)
+            return;
+        if ((rc != 0 && rc != ATAP_ENOTREADY) || now_ns() > end)
+            break;
+        if (rc == 0)
+            sleep_us(200);
+    }
+    fail_msg("line %d: join read rc %d (%s), value %llu; wanted value %llu", line, rc,
+             atap_strerror(rc), (unsigned long long)v, (unsigned long long)want);
+}
+#define JOIN_UNTIL(t, want) join_until_at((t), (want), ATAP_SEC(10), __LINE__)
+
+/* Waits for an atomic to reach want, then checks it stays exactly want for
+ * a little while (extra runs would come at once; a loaded machine can only
+ * make this pass, never fail, when nothing extra happens). */
+static void settle_exact_at(atomic_int *a, int want, int line)
+{
+    if (!wait_atomic_at_least(a, want, ATAP_SEC(10)))
+        fail_msg("line %d: counter reached %d, wanted %d", line, atomic_load(a), want);
+    sleep_us(50000);
+    if (atomic_load(a) != want)
+        fail_msg("line %d: counter is %d, wanted exactly %d", line, atomic_load(a), want);
+}
+#define SETTLE_EXACT(a, want) settle_exact_at((a), (want), __LINE__)
+
+static void waited_to_live_back_at(int line)
+{
+    if (!wait_live_back(ATAP_SEC(10)))
+        fail_msg("line %d: %zu tasks still live after 10 s, %zu when the test began", line,
+                 pool_stats().live, g_live_base);
+}
+#define waited_to_live_back() waited_to_live_back_at(__LINE__)
+
+/* ---- counted destructors ------------------------------------------------- */
+
+static atomic_int g_in_frees;
+static atomic_int g_arg_frees;
+
+/* A given value that owns memory: in_free frees it, so ASan reports a value
+ * never freed (leak) or freed twice. 16 bytes; the first 8 are the number. */
+typedef struct boxed {
+    uint64_t v;
+    uint64_t *heap;
+} boxed;
+
+static boxed box(uint64_t v)
+{
+    boxed b = {v, malloc(sizeof(uint64_t))};
+    CHECK(b.heap != NULL);
+    if (b.heap != NULL)
+        *b.heap = v;
+    return b;
+}
+
+static void boxed_free(void *in)
+{
+    boxed b;
+    memcpy(&b, in, sizeof b);
+    CHECK(b.heap != NULL && *b.heap == b.v);
+    free(b.heap);
+    atomic_fetch_add(&g_in_frees, 1);
+}
+
+static int give_box(atap_task t, uint64_t v)
+{
+    boxed b = box(v);
+    return atap_give(t, &b, sizeof b);
+}
+
+static void count_arg_free(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&g_arg_frees, 1);
+}
+
+static void reset_counts(void)
+{
+    atomic_store(&g_in_frees, 0);
+    atomic_store(&g_arg_frees, 0);
+}
+
+/* ---- a waiting task that records what it was handed --------------------- */
+
+#define MAX_SEEN 64
+
+typedef struct probe {
+    atomic_int runs;                        /* runs started */
+    atomic_int done;                        /* runs ended */
+    atomic_int hold;                        /* while set, the first run waits */
+    atomic_int fail;                        /* set: runs fail */
+    atomic_int bad_size;                    /* runs handed the wrong size */
+    atomic_uint_fast64_t sum;               /* of the inputs' first 8 bytes */
+    atomic_uint_fast64_t seen[MAX_SEEN];    /* input of run i */
+    atomic_uint_fast64_t start[MAX_SEEN];   /* when run i started */
+    size_t in_size;                         /* the size each run expects */
+    uint64_t mul, add;                      /* output = input * mul + add */
+} probe;
+
+/* Static, like the gates: a test that fails part way leaves tasks that may
+ * still touch their probe. */
+#define PROBE_RING 64
+static probe g_probes[PROBE_RING];
+static size_t g_probe_next;
+
+static probe *probe_new(size_t in_size, uint64_t mul, uint64_t add)
+{
+    probe *p = &g_probes[g_probe_next++ % PROBE_RING];
+    atomic_store(&p->runs, 0);
+    atomic_store(&p->done, 0);
+    atomic_store(&p->hold, 0);
+    atomic_store(&p->fail, 0);
+    atomic_store(&p->bad_size, 0);
+    atomic_store(&p->sum, 0);
+    for (int i = 0; i < MAX_SEEN; i++) {
+        atomic_store(&p->seen[i], 0);
+        atomic_store(&p->start[i], 0);
+    }
+    p->in_size = in_size;
+    p->mul = mul;
+    p->add = add;
+    return p;
+}
+
+static int probe_run(atap_ctx *ctx, void *arg, void *out)
+{
+    probe *p = arg;
+    uint64_t t0 = now_ns();
+    int i = atomic_fetch_add(&p->runs, 1);
+    size_t size = 12345;
+    const void *in = atap_input(ctx, &size);
+    if (size != p->in_size || (size > 0 && in == NULL))
+        atomic_fetch_add(&p->bad_size, 1);
+    uint64_t v = 0;
+    if (in != NULL && size >= sizeof v)
+        memcpy(&v, in, sizeof v);
+    if (i < MAX_SEEN) {
+        atomic_store(&p->start[i], t0);
+        atomic_store(&p->seen[i], v);
+    }
+    atomic_fetch_add(&p->sum, v);
+    if (i == 0) {
+        uint64_t end = now_ns() + ATAP_SEC(10);
+        while (atomic_load(&p->hold) && !atap_cancelled(ctx) && !released_all() && now_ns() < end)
+            sleep_us(100);
+    }
+    uint64_t o = v * p->mul + p->add;
+    if (out != NULL)
+        memcpy(out, &o, sizeof o);
+    atomic_fetch_add(&p->done, 1);
+    return atomic_load(&p->fail) ? -1 : 0;
+}
+
+static atap_task spawn_probe(probe *p, atap_spawn_opts o)
+{
+    atap_task t = ATAP_NO_TASK;
+    if (o.out_size == 0)
+        o.out_size = 8;
+    assert_int_equal(atap_spawn_waiting(&t, probe_run, p, p->in_size, &o), 0);
+    assert_true(t.id != 0);
+    return t;
+}
+
+/* A receiver that checks it was handed n 8-byte outputs and writes their
+ * sum. */
+typedef struct summer {
+    size_t n;
+    atomic_int runs;
+    atomic_int bad_size;
+} summer;
+
+#define SUMMER_RING 32
+static summer g_summers[SUMMER_RING];
+static size_t g_summer_next;
+
+static summer *summer_new(size_t n)
+{
+    summer *s = &g_summers[g_summer_next++ % SUMMER_RING];
+    s->n = n;
+    atomic_store(&s->runs, 0);
+    atomic_store(&s->bad_size, 0);
+    return s;
+}
+
+static int sum_run(atap_ctx *ctx, void *arg, void *out)
+{
+    summer *s = arg;
+    atomic_fetch_add(&s->runs, 1);
+    size_t size = 12345;
+    const unsigned char *in = atap_input(ctx, &size);
+    uint64_t sum = 0;
+    if (size != s->n * 8 || in == NULL) {
+        atomic_fetch_add(&s->bad_size, 1);
+    } else {
+        for (size_t i = 0; i < s->n; i++) {
+            uint64_t x;
+            memcpy(&x, in + i * 8, sizeof x);
+            sum += x;
+        }
+    }
+    memcpy(out, &sum, sizeof sum);
+    return 0;
+}
+
+/* Like task_gated, but also stops when cancelled, and after 10 s at most,
+ * so join_first's losers can be cancelled. Writes g->value (out 8). */
+static int task_sleeper(atap_ctx *ctx, void *arg, void *out)
+{
+    gate *g = arg;
+    atomic_fetch_add(&g->started, 1);
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (!atomic_load(&g->open) && !atap_cancelled(ctx) && !released_all() && now_ns() < end)
+        sleep_us(500);
+    atomic_fetch_add(&g->ran, 1);
+    memcpy(out, &g->value, sizeof g->value);
+    return 0;
+}
+
+/* ======================================================================== */
+/* Waiting tasks and atap_give                                              */
+/* ======================================================================== */
+
+/* A waiting one-shot doubles what it is given; each give is one more run. */
+static void test_dataflow_give_runs_the_task(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 2, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){0});
+    uint64_t v = 0, in;
+
+    /* nothing runs at spawn */
+    assert_int_equal(atap_join_for(t, &v, 8, ATAP_MS(50)), ATAP_ENOTREADY);
+    assert_int_equal(atomic_load(&p->runs), 0);
+    assert_false(atap_finished(t));
+
+    in = 21;
+    assert_int_equal(atap_give(t, &in, sizeof in), 0);
+    assert_int_equal(atap_join_for(t, &v, 8, ATAP_SEC(10)), 0);
+    assert_true(v == 42);
+
+    /* a second give, after the first run, is a second run */
+    in = 50;
+    assert_int_equal(atap_give(t, &in, sizeof in), 0);
+    JOIN_UNTIL(t, 100);
+    SETTLE_EXACT(&p->done, 2);
+    assert_int_equal(atomic_load(&p->runs), 2);
+    assert_true(atomic_load(&p->seen[0]) == 21);
+    assert_true(atomic_load(&p->seen[1]) == 50);
+    assert_int_equal(atomic_load(&p->bad_size), 0);
+    assert_false(atap_finished(t)); /* no gives limit: it still waits */
+
+    /* bad gives change nothing */
+    uint64_t wide[2] = {60, 61};
+    assert_int_equal(atap_give(t, wide, 4), ATAP_EINVAL);
+    assert_int_equal(atap_give(t, wide, 16), ATAP_EINVAL);
+    assert_int_equal(atap_give(t, wide, 0), ATAP_EINVAL);
+    assert_int_equal(atap_give(t, NULL, 8), ATAP_EINVAL);
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&p->runs), 2);
+    assert_true(join8(t) == 100);
+
+    /* a plain task does not wait for gives */
+    atap_task plain = spawn8(task_value, (void *)(uintptr_t)3);
+    assert_int_equal(atap_give(plain, &in, sizeof in), ATAP_EINVAL);
+    assert_true(join8(plain) == 3);
+    assert_int_equal(atap_give(plain, &in, sizeof in), ATAP_EINVAL);
+    atap_release(plain);
+
+    /* no task */
+    assert_int_equal(atap_give(ATAP_NO_TASK, &in, sizeof in), ATAP_ENOTASK);
+    atap_release(t);
+    waited_to_live_back();
+    assert_int_equal(atap_give(t, &in, sizeof in), ATAP_ENOTASK); /* stale handle */
+}
+
+static int zero_input_run(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    size_t size = 12345;
+    (void)atap_input(ctx, &size);
+    CHECK(size == 0);
+    atomic_fetch_add((atomic_int *)arg, 1);
+    return 0;
+}
+
+static int plain_input_run(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    (void)out;
+    size_t size = 12345;
+    CHECK(atap_input(ctx, &size) == NULL);
+    CHECK(size == 0);
+    CHECK(atap_input(ctx, NULL) == NULL);
+    return 0;
+}
+
+/* in_size 0 works (a give of nothing is a trigger); atap_input is NULL for
+ * a plain task and outside a task; the spawn checks its arguments. */
+static void test_dataflow_zero_size_input_and_spawn_checks(void **state)
+{
+    (void)state;
+    static atomic_int runs;
+    atomic_store(&runs, 0);
+    atap_task t;
+    assert_int_equal(atap_spawn_waiting(&t, zero_input_run, &runs, 0, NULL), 0);
+    assert_int_equal(atap_give(t, NULL, 0), 0);
+    assert_true(wait_atomic_at_least(&runs, 1, ATAP_SEC(10)));
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), 0);
+    assert_int_equal(atap_give(t, NULL, 0), 0);
+    SETTLE_EXACT(&runs, 2);
+    uint64_t x = 1;
+    assert_int_equal(atap_give(t, &x, 8), ATAP_EINVAL);
+    atap_release(t);
+
+    atap_task plain;
+    assert_int_equal(atap_spawn(&plain, plain_input_run, NULL, NULL), 0);
+    assert_int_equal(atap_join(plain, NULL, 0), 0);
+    atap_release(plain);
+    size_t size = 12345;
+    assert_null(atap_input(NULL, &size));
+    assert_true(size == 0);
+
+    assert_int_equal(atap_spawn_waiting(NULL, zero_input_run, &runs, 8, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_waiting(&t, NULL, &runs, 8, NULL), ATAP_EINVAL);
+    assert_true(t.id == 0);
+    assert_int_equal(atap_spawn_waiting(&t, zero_input_run, &runs, 8,
+                                        &(atap_spawn_opts){.runs = 3}), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_waiting(&t, zero_input_run, &runs, 8,
+                                        &(atap_spawn_opts){.priority = 1000}), ATAP_EINVAL);
+    if (SIZE_MAX > UINT32_MAX) {
+        size_t huge = (size_t)UINT32_MAX + 1u;
+        assert_int_equal(atap_spawn_waiting(&t, zero_input_run, &runs, huge, NULL), ATAP_EINVAL);
+        assert_true(t.id == 0);
+    }
+    assert_int_equal(atomic_load(&runs), 2);
+    waited_to_live_back();
+    assert_no_failures();
+}
+
+/* opts.gives bounds the gives that start something; after that every give
+ * is refused, and in_free sees every value exactly once. */
+static void test_dataflow_gives_limit(void **state)
+{
+    (void)state;
+    reset_counts();
+    probe *p = probe_new(sizeof(boxed), 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.gives = 2, .in_free = boxed_free});
+    assert_int_equal(give_box(t, 11), 0);
+    JOIN_UNTIL(t, 11);
+    assert_false(atap_finished(t));
+    assert_int_equal(give_box(t, 12), 0);
+    JOIN_UNTIL(t, 12);
+    assert_true(wait_finished(t, ATAP_SEC(10)));
+    assert_int_equal(give_box(t, 13), ATAP_EFINISHED);
+    assert_int_equal(give_box(t, 14), ATAP_EFINISHED);
+    assert_true(join8(t) == 12); /* the last output stays */
+    SETTLE_EXACT(&p->runs, 2);
+    /* the refused ones were freed at once */
+    assert_true(atomic_load(&g_in_frees) >= 2);
+    atap_release(t);
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_in_frees, 4, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_in_frees, 4);
+    assert_int_equal(atomic_load(&p->bad_size), 0);
+    assert_no_failures();
+}
+
+/* A give during a run owes one more run; gives don't queue: of three given
+ * during the run, only the newest is run. */
+static void test_dataflow_give_during_run_owes_one_run(void **state)
+{
+    (void)state;
+    reset_counts();
+    probe *p = probe_new(sizeof(boxed), 1, 0);
+    atomic_store(&p->hold, 1);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free});
+    assert_int_equal(give_box(t, 1), 0);
+    assert_true(wait_atomic_at_least(&p->runs, 1, ATAP_SEC(10)));
+    assert_int_equal(give_box(t, 2), 0);
+    assert_int_equal(give_box(t, 3), 0);
+    assert_int_equal(give_box(t, 4), 0);
+    sleep_us(20000);
+    assert_int_equal(atomic_load(&p->runs), 1); /* still inside the first */
+    atomic_store(&p->hold, 0);
+    JOIN_UNTIL(t, 4);
+    SETTLE_EXACT(&p->done, 2);
+    assert_int_equal(atomic_load(&p->runs), 2);
+    assert_true(atomic_load(&p->seen[0]) == 1);
+    assert_true(atomic_load(&p->seen[1]) == 4);
+    /* values 2 and 3 were replaced without running: no longer needed */
+    assert_true(wait_atomic_at_least(&g_in_frees, 2, ATAP_SEC(10)));
+    atap_release(t);
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_in_frees, 4, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_in_frees, 4);
+    assert_no_failures();
+}
+
+/* Gives that arrive before the run they started has begun (here: during
+ * its start delay) only change the value it will read: one run, with the
+ * newest value, not a second run of a value already run. */
+static void test_dataflow_gives_before_the_run_starts_coalesce(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.after_ns = ATAP_MS(100)});
+    for (uint64_t in = 1; in <= 3; in++)
+        assert_int_equal(atap_give(t, &in, 8), 0);
+    JOIN_UNTIL(t, 3);
+    assert_true(wait_atomic_at_least(&p->done, 1, ATAP_SEC(10)));
+    sleep_us(300000); /* room for a second run after its own delay */
+    int runs = atomic_load(&p->runs);
+    atap_release(t);
+    waited_to_live_back();
+    if (runs != 1)
+        fail_msg("three gives before the run started: %d runs, seeing %llu then %llu "
+                 "(wanted one run, of value 3)",
+                 runs, (unsigned long long)atomic_load(&p->seen[0]),
+                 (unsigned long long)atomic_load(&p->seen[1]));
+    assert_true(atomic_load(&p->seen[0]) == 3);
+}
+
+/* A task that ended refuses gives with how it ended. */
+static void test_dataflow_give_after_end(void **state)
+{
+    (void)state;
+    reset_counts();
+    uint64_t v;
+
+    /* cancelled before anything was given */
+    probe *p = probe_new(sizeof(boxed), 1, 0);
+    atap_task c = spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free});
+    assert_int_equal(atap_cancel(c), 0);
+    assert_int_equal(give_box(c, 1), ATAP_ECANCELLED);
+    assert_int_equal(atap_join(c, &v, 8), ATAP_ECANCELLED);
+    assert_true(atap_finished(c));
+    assert_int_equal(atomic_load(&p->runs), 0);
+
+    /* a run that fails */
+    probe *f = probe_new(sizeof(boxed), 1, 0);
+    atomic_store(&f->fail, 1);
+    atap_task ft = spawn_probe(f, (atap_spawn_opts){.in_free = boxed_free});
+    assert_int_equal(give_box(ft, 2), 0);
+    atap_state st = ATAP_PENDING;
+    assert_int_equal(atap_wait(ft, &st), 0);
+    assert_int_equal(st, ATAP_FAILED);
+    assert_int_equal(give_box(ft, 3), ATAP_EFAILED);
+    assert_int_equal(atap_join(ft, &v, 8), ATAP_EFAILED);
+    assert_true(atap_finished(ft));
+    SETTLE_EXACT(&f->runs, 1);
+
+    /* a run past its timeout */
+    probe *o = probe_new(sizeof(boxed), 1, 0);
+    atomic_store(&o->hold, 1);
+    atap_task ot = spawn_probe(o, (atap_spawn_opts){.in_free = boxed_free,
+                                                    .timeout_ns = ATAP_MS(30)});
+    assert_int_equal(give_box(ot, 4), 0);
+    assert_int_equal(atap_join_for(ot, &v, 8, ATAP_SEC(10)), ATAP_ETIMEDOUT);
+    atomic_store(&o->hold, 0);
+    assert_int_equal(give_box(ot, 5), ATAP_ETIMEDOUT);
+    assert_true(atap_finished(ot));
+
+    /* cancelled after a run */
+    probe *a = probe_new(sizeof(boxed), 1, 0);
+    atap_task at = spawn_probe(a, (atap_spawn_opts){.in_free = boxed_free});
+    assert_int_equal(give_box(at, 6), 0);
+    JOIN_UNTIL(at, 6);
+    /* a waiting task between runs has not finished: a cancel ends it, as it
+     * ends a repeat between runs */
+    assert_false(atap_finished(at));
+    assert_int_equal(atap_cancel(at), 0);
+    int rc = give_box(at, 7);
+    if (rc != ATAP_ECANCELLED)
+        fail_msg("give after cancelling a waiting task between runs: %d (%s)", rc,
+                 atap_strerror(rc));
+    assert_true(atap_finished(at));
+    SETTLE_EXACT(&a->runs, 1);
+
+    atap_release(c);
+    atap_release(ft);
+    atap_release(ot);
+    atap_release(at);
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_in_frees, 7, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_in_frees, 7);
+    assert_no_failures();
+}
+
+/* After a shutdown nothing can run a give: it is refused, and the value
+ * still goes to in_free, once. */
+static void test_dataflow_give_after_shutdown(void **state)
+{
+    (void)state;
+    reset_counts();
+    probe *p = probe_new(sizeof(boxed), 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free});
+    assert_int_equal(give_box(t, 5), 0);
+    JOIN_UNTIL(t, 5);
+    assert_int_equal(atap_shutdown(), 0);
+    int rc = give_box(t, 6);
+    if (rc == 0)
+        fail_msg("a give after shutdown was taken");
+    sleep_us(20000);
+    assert_int_equal(atomic_load(&p->runs), 1);
+    atap_release(t);
+    assert_int_equal(atap_init(NULL), 0);
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_in_frees, 2, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_in_frees, 2);
+    assert_no_failures();
+}
+
+/* ---- letting go ---------------------------------------------------------- */
+
+/* A waiting task lives while any handle that could give to it is left, and
+ * is let go (its slot and arg freed) when the last one goes. */
+static void test_dataflow_let_go_when_no_giver_is_left(void **state)
+{
+    (void)state;
+    reset_counts();
+    probe *p = probe_new(8, 1, 0);
+    size_t base = g_live_base;
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.arg_free = count_arg_free});
+    atap_task d;
+    assert_int_equal(atap_dup(t, &d), 0);
+    atap_release(t);
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&g_arg_frees), 0);
+    assert_true(pool_stats().live >= base + 1);
+    assert_false(atap_finished(d));
+    assert_true(atap_state_of(d) != ATAP_FAILED);
+    atap_release(d);
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_arg_frees, 1, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_arg_frees, 1);
+    assert_int_equal(atomic_load(&p->runs), 0);
+}
+
+/* A forward into a task counts as a giver: with its handle released, the
+ * target still receives the source's output, and goes after that. */
+static void test_dataflow_let_go_forward_keeps_target(void **state)
+{
+    (void)state;
+    reset_counts();
+    gate *g = gate_new(77);
+    atap_task s = spawn8(task_gated, g);
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.arg_free = count_arg_free});
+    assert_int_equal(atap_forward(s, t), 0);
+    atap_release(t);
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&g_arg_frees), 0);
+    assert_int_equal(atomic_load(&p->runs), 0);
+    atomic_store(&g->open, 1);
+    assert_true(join8(s) == 77);
+    assert_true(wait_atomic_at_least(&p->done, 1, ATAP_SEC(10)));
+    assert_true(atomic_load(&p->seen[0]) == 77);
+    atap_release(s);
+    /* the source can publish no more: nothing can give to the target */
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_arg_frees, 1, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_arg_frees, 1);
+    assert_int_equal(atomic_load(&p->runs), 1);
+}
+
+/* A waiting task let go without ever being given anything reads
+ * ATAP_EFAILED: seen through a receiver over it, which can then never run
+ * and finishes. */
+static void test_dataflow_let_go_never_given_fails(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atap_task w = spawn_probe(p, (atap_spawn_opts){0});
+    summer *s = summer_new(1);
+    atap_task r;
+    assert_int_equal(atap_receive_all(&r, sum_run, s, &w, 1,
+                                      &(atap_spawn_opts){.out_size = 8}), 0);
+    sleep_us(20000);
+    assert_false(atap_finished(r));
+    atap_release(w);
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    uint64_t v;
+    assert_int_equal(atap_join(r, &v, 8), ATAP_EFAILED);
+    assert_int_equal(atomic_load(&s->runs), 0);
+    assert_int_equal(atomic_load(&p->runs), 0);
+    atap_release(r);
+    waited_to_live_back();
+}
+
+/* ---- series and delays --------------------------------------------------- */
+
+/* A waiting repeat: each give starts a whole series of `runs`; a give
+ * during a series starts nothing, but later runs of it see the new value. */
+static void test_dataflow_repeat_series_per_give(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atomic_store(&p->hold, 1);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 3});
+    uint64_t in = 1;
+    sleep_us(20000);
+    assert_int_equal(atomic_load(&p->runs), 0); /* nothing at spawn */
+    assert_int_equal(atap_give(t, &in, 8), 0);
+    assert_true(wait_atomic_at_least(&p->runs, 1, ATAP_SEC(10)));
+    in = 2;
+    assert_int_equal(atap_give(t, &in, 8), 0); /* during the series */
+    atomic_store(&p->hold, 0);
+    SETTLE_EXACT(&p->done, 3);
+    assert_int_equal(atomic_load(&p->runs), 3);
+    JOIN_UNTIL(t, 2);
+    assert_true(atomic_load(&p->seen[0]) == 1);
+    assert_true(atomic_load(&p->seen[1]) == 2);
+    assert_true(atomic_load(&p->seen[2]) == 2);
+    /* the series ends just after its last run's output lands: leave room
+     * for that before the next give, or it would count as during it */
+    sleep_us(200000);
+    assert_int_equal(atomic_load(&p->runs), 3);
+    assert_false(atap_finished(t));
+
+    /* after the series, a give starts a fresh one of 3 */
+    in = 7;
+    assert_int_equal(atap_give(t, &in, 8), 0);
+    SETTLE_EXACT(&p->done, 6);
+    assert_int_equal(atomic_load(&p->runs), 6);
+    for (int i = 3; i < 6; i++)
+        assert_true(atomic_load(&p->seen[i]) == 7);
+    JOIN_UNTIL(t, 7);
+    assert_int_equal(atomic_load(&p->bad_size), 0);
+    atap_release(t);
+    waited_to_live_back();
+}
+
+/* A waiting repeat with gives = 1 finishes after its one series. */
+static void test_dataflow_repeat_gives_limit(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 2, .gives = 1});
+    uint64_t in = 9;
+    assert_int_equal(atap_give(t, &in, 8), 0);
+    assert_true(wait_finished(t, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&p->runs), 2);
+    assert_true(join8(t) == 9);
+    assert_int_equal(atap_give(t, &in, 8), ATAP_EFINISHED);
+    SETTLE_EXACT(&p->runs, 2);
+    atap_release(t);
+    waited_to_live_back();
+}
+
+/* A waiting at-rate task: a give starts a series of `runs` runs, each
+ * handed the value (its own copy); in_free sees each value once. */
+static void test_dataflow_at_rate_series_per_give(void **state)
+{
+    (void)state;
+    reset_counts();
+    probe *p = probe_new(sizeof(boxed), 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.kind = ATAP_AT_RATE, .every_ns = ATAP_MS(5),
+                                                   .runs = 3, .in_free = boxed_free});
+    assert_int_equal(give_box(t, 4), 0);
+    SETTLE_EXACT(&p->done, 3);
+    for (int i = 0; i < 3; i++)
+        assert_true(atomic_load(&p->seen[i]) == 4);
+    JOIN_UNTIL(t, 4);
+    sleep_us(50000);
+    assert_int_equal(atomic_load(&p->runs), 3);
+    assert_int_equal(give_box(t, 8), 0);
+    SETTLE_EXACT(&p->done, 6);
+    for (int i = 3; i < 6; i++)
+        assert_true(atomic_load(&p->seen[i]) == 8);
+    JOIN_UNTIL(t, 8);
+    assert_int_equal(atomic_load(&p->bad_size), 0);
+    atap_release(t);
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_in_frees, 2, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_in_frees, 2);
+    assert_no_failures();
+}
+
+/* after_ns is waited out after each give: a run never starts early. */
+static void test_dataflow_after_each_give(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.after_ns = ATAP_MS(60)});
+    for (uint64_t k = 1; k <= 2; k++) {
+        uint64_t t0 = now_ns();
+        assert_int_equal(atap_give(t, &k, 8), 0);
+        JOIN_UNTIL(t, k);
+        uint64_t started = atomic_load(&p->start[k - 1]);
+        if (started < t0 + ATAP_MS(60))
+            fail_msg("run %llu started %llu us after its give, before the 60 ms delay",
+                     (unsigned long long)k, (unsigned long long)((started - t0) / 1000));
+    }
+    SETTLE_EXACT(&p->runs, 2);
+    atap_release(t);
+    waited_to_live_back();
+}
+
+/* ======================================================================== */
+/* Receivers                                                                 */
+/* ======================================================================== */
+
+static void receive_all_sum(size_t n, bool join_first_members)
+{
+    atap_task *m = calloc(n, sizeof *m);
+    assert_non_null(m);
+    for (size_t i = 0; i < n; i++)
+        m[i] = spawn8(task_value, (void *)(uintptr_t)i);
+    if (join_first_members)
+        for (size_t i = 0; i < n; i++)
+            assert_true(join8(m[i]) == i);
+    summer *s = summer_new(n);
+    atap_task r;
+    assert_int_equal(atap_receive_all(&r, sum_run, s, m, n, &(atap_spawn_opts){.out_size = 8}), 0);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(r, &v, 8, ATAP_SEC(10)), 0);
+    if (v != (uint64_t)n * (n - 1) / 2)
+        fail_msg("n %zu: sum %llu, wanted %llu", n, (unsigned long long)v,
+                 (unsigned long long)((uint64_t)n * (n - 1) / 2));
+    /* one-shot members can publish nothing more: it finishes */
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&s->runs), 1);
+    assert_int_equal(atomic_load(&s->bad_size), 0);
+    assert_true(join8(r) == (uint64_t)n * (n - 1) / 2);
+    for (size_t i = 0; i < n; i++)
+        atap_release(m[i]);
+    atap_release(r);
+    free(m);
+    waited_to_live_back();
+}
+
+static void test_dataflow_receive_all_sums(void **state)
+{
+    (void)state;
+    receive_all_sum(1, false);
+    receive_all_sum(12, true); /* every output already there */
+    receive_all_sum(12, false);
+    receive_all_sum(10000, false);
+}
+
+/* Sets nest: a receiver over two receivers. */
+static void test_dataflow_receive_all_nested(void **state)
+{
+    (void)state;
+    atap_task m[4];
+    for (int i = 0; i < 4; i++)
+        m[i] = spawn8(task_value, (void *)(uintptr_t)(i + 1));
+    atap_task inner[2], outer;
+    summer *s0 = summer_new(2), *s1 = summer_new(2), *s2 = summer_new(2);
+    atap_spawn_opts o = {.out_size = 8};
+    assert_int_equal(atap_receive_all(&inner[0], sum_run, s0, &m[0], 2, &o), 0);
+    assert_int_equal(atap_receive_all(&inner[1], sum_run, s1, &m[2], 2, &o), 0);
+    assert_int_equal(atap_receive_all(&outer, sum_run, s2, inner, 2, &o), 0);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(outer, &v, 8, ATAP_SEC(10)), 0);
+    assert_true(v == 10);
+    assert_true(join8(inner[0]) == 3);
+    assert_true(join8(inner[1]) == 7);
+    assert_true(wait_finished(inner[0], ATAP_SEC(10)));
+    assert_true(wait_finished(inner[1], ATAP_SEC(10)));
+    assert_true(wait_finished(outer, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&s2->runs), 1);
+    for (int i = 0; i < 4; i++)
+        atap_release(m[i]);
+    atap_release(inner[0]);
+    atap_release(inner[1]);
+    atap_release(outer);
+    waited_to_live_back();
+}
+
+/* Each run waits for all members again: a member's old output does not
+ * count twice. Members are waiting tasks fed by gives. */
+static void test_dataflow_receive_all_waits_for_all_again(void **state)
+{
+    (void)state;
+    probe *pa = probe_new(8, 1, 0), *pb = probe_new(8, 1, 0);
+    atap_task m[2] = {spawn_probe(pa, (atap_spawn_opts){0}), spawn_probe(pb, (atap_spawn_opts){0})};
+    summer *s = summer_new(2);
+    atap_task r;
+    assert_int_equal(atap_receive_all(&r, sum_run, s, m, 2, &(atap_spawn_opts){.out_size = 8}), 0);
+    uint64_t in = 1;
+    assert_int_equal(atap_give(m[0], &in, 8), 0);
+    JOIN_UNTIL(m[0], 1);
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&s->runs), 0); /* b has nothing yet */
+    in = 2;
+    assert_int_equal(atap_give(m[1], &in, 8), 0);
+    JOIN_UNTIL(r, 3);
+    SETTLE_EXACT(&s->runs, 1);
+
+    in = 10;
+    assert_int_equal(atap_give(m[0], &in, 8), 0);
+    JOIN_UNTIL(m[0], 10);
+    sleep_us(50000);
+    assert_int_equal(atomic_load(&s->runs), 1); /* b's 2 was used already */
+    in = 20;
+    assert_int_equal(atap_give(m[1], &in, 8), 0);
+    JOIN_UNTIL(r, 30);
+    SETTLE_EXACT(&s->runs, 2);
+    assert_false(atap_finished(r)); /* both members can still be given */
+
+    /* members let go: they can publish nothing more, so it finishes */
+    atap_release(m[0]);
+    atap_release(m[1]);
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    assert_true(join8(r) == 30);
+    assert_int_equal(atomic_load(&s->bad_size), 0);
+    atap_release(r);
+    waited_to_live_back();
+}
+
+/* A member that ends without publishing: the receiver never runs, reads
+ * ATAP_EFAILED and is finished. */
+static void test_dataflow_receive_all_member_fails(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        atap_task m[3];
+        m[0] = spawn8(task_value, (void *)(uintptr_t)1);
+        gate *g = gate_new(2);
+        m[2] = spawn8(task_gated, g);
+        if (k == 0) {
+            m[1] = spawn8(task_fail, NULL);
+        } else {
+            assert_int_equal(atap_spawn(&m[1], task_value, (void *)(uintptr_t)5,
+                                        &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(30)}),
+                             0);
+            if (k == 1)
+                assert_int_equal(atap_cancel(m[1]), 0); /* before the receiver */
+        }
+        summer *s = summer_new(3);
+        atap_task r;
+        assert_int_equal(atap_receive_all(&r, sum_run, s, m, 3, &(atap_spawn_opts){.out_size = 8}),
+                         0);
+        if (k == 2)
+            assert_int_equal(atap_cancel(m[1]), 0); /* after it */
+        if (!wait_finished(r, ATAP_SEC(10)))
+            fail_msg("case %d: the receiver did not finish", k);
+        uint64_t v;
+        int rc = atap_join(r, &v, 8);
+        if (rc != ATAP_EFAILED)
+            fail_msg("case %d: join read %d (%s), wanted ATAP_EFAILED", k, rc, atap_strerror(rc));
+        atomic_store(&g->open, 1);
+        assert_true(join8(m[2]) == 2);
+        sleep_us(20000);
+        assert_int_equal(atomic_load(&s->runs), 0);
+        for (int i = 0; i < 3; i++)
+            atap_release(m[i]);
+        atap_release(r);
+    }
+    waited_to_live_back();
+}
+
+/* receive_any: every member's output is a run of its own; it finishes when
+ * no member can publish again. */
+static void test_dataflow_receive_any(void **state)
+{
+    (void)state;
+    gate *g[3] = {gate_new(5), gate_new(7), gate_new(11)};
+    atap_task m[3];
+    for (int i = 0; i < 3; i++)
+        m[i] = spawn8(task_gated, g[i]);
+    probe *p = probe_new(8, 1, 0);
+    atap_task r;
+    assert_int_equal(atap_receive_any(&r, probe_run, p, m, 3, &(atap_spawn_opts){.out_size = 8}), 0);
+    sleep_us(20000);
+    assert_int_equal(atomic_load(&p->runs), 0);
+    uint64_t want[3] = {5, 7, 11};
+    for (int i = 0; i < 3; i++) {
+        assert_false(atap_finished(r));
+        atomic_store(&g[i]->open, 1);
+        JOIN_UNTIL(r, want[i]);
+        SETTLE_EXACT(&p->done, i + 1);
+    }
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&p->runs), 3);
+    assert_true(atomic_load(&p->sum) == 23);
+    assert_int_equal(atomic_load(&p->bad_size), 0);
+    assert_true(join8(r) == 11);
+    for (int i = 0; i < 3; i++)
+        atap_release(m[i]);
+    atap_release(r);
+
+    /* outputs already there: at least one run, the newest wins, done */
+    for (int i = 0; i < 3; i++) {
+        m[i] = spawn8(task_value, (void *)(uintptr_t)(100 + i));
+        assert_true(join8(m[i]) == (uint64_t)(100 + i));
+    }
+    p = probe_new(8, 1, 0);
+    assert_int_equal(atap_receive_any(&r, probe_run, p, m, 3, &(atap_spawn_opts){.out_size = 8}), 0);
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    int runs = atomic_load(&p->runs);
+    assert_true(runs >= 1 && runs <= 3);
+    uint64_t v = join8(r);
+    assert_true(v >= 100 && v <= 102);
+    for (int i = 0; i < 3; i++)
+        atap_release(m[i]);
+    atap_release(r);
+    waited_to_live_back();
+}
+
+/* Argument checks on receivers, and a receiver cannot be given to. */
+static void test_dataflow_receiver_bad_arguments(void **state)
+{
+    (void)state;
+    atap_task m[3];
+    m[0] = spawn8(task_value, (void *)(uintptr_t)1);
+    m[1] = spawn8(task_value, (void *)(uintptr_t)2);
+    assert_int_equal(atap_spawn(&m[2], task_value, (void *)(uintptr_t)3,
+                                &(atap_spawn_opts){.out_size = 4}), 0);
+    (void)join8(m[0]);
+    (void)join8(m[1]);
+    assert_int_equal(atap_join(m[2], &(uint32_t){0}, 4), 0);
+    summer *s = summer_new(2);
+    atap_spawn_opts o = {.out_size = 8};
+    atap_task r = {12345};
+    size_t live = pool_stats().live;
+
+    assert_int_equal(atap_receive_all(&r, sum_run, s, m, 0, &o), ATAP_EINVAL);
+    assert_true(r.id == 0);
+    assert_int_equal(atap_receive_any(&r, sum_run, s, m, 0, &o), ATAP_EINVAL);
+    assert_int_equal(atap_receive_all(&r, sum_run, s, NULL, 2, &o), ATAP_EINVAL);
+    assert_int_equal(atap_receive_any(&r, sum_run, s, NULL, 2, &o), ATAP_EINVAL);
+    assert_int_equal(atap_receive_all(&r, sum_run, s, m, 2,
+                                      &(atap_spawn_opts){.out_size = 8, .in_free = boxed_free}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_receive_any(&r, sum_run, s, m, 2,
+                                      &(atap_spawn_opts){.out_size = 8, .in_free = boxed_free}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_receive_all(&r, NULL, s, m, 2, &o), ATAP_EINVAL);
+    assert_int_equal(atap_receive_all(NULL, sum_run, s, m, 2, &o), ATAP_EINVAL);
+    /* any: sizes must agree (8, 8, 4) */
+    assert_int_equal(atap_receive_any(&r, sum_run, s, m, 3, &o), ATAP_EINVAL);
+    assert_true(r.id == 0);
+
+    /* a member that names no task: nothing spawned */
+    atap_task gone = spawn8(task_value, (void *)(uintptr_t)9);
+    (void)join8(gone);
+    atap_release(gone);
+    atap_task bad[2] = {m[0], ATAP_NO_TASK};
+    assert_int_equal(atap_receive_all(&r, sum_run, s, bad, 2, &o), ATAP_ENOTASK);
+    assert_true(r.id == 0);
+    assert_int_equal(atap_receive_any(&r, sum_run, s, bad, 2, &o), ATAP_ENOTASK);
+    bad[1] = gone;
+    assert_int_equal(atap_receive_all(&r, sum_run, s, bad, 2, &o), ATAP_ENOTASK);
+    assert_int_equal(atap_receive_any(&r, sum_run, s, bad, 2, &o), ATAP_ENOTASK);
+    assert_true(wait_live_at_most(live, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&s->runs), 0);
+
+    /* a receiver is fed by its members only */
+    s = summer_new(2);
+    assert_int_equal(atap_receive_all(&r, sum_run, s, m, 2, &o), 0);
+    uint64_t in[2] = {1, 2};
+    assert_int_equal(atap_give(r, in, sizeof in), ATAP_EINVAL);
+    assert_true(join8(r) == 3);
+    assert_int_equal(atap_forward(m[0], r), ATAP_EINVAL);
+    atap_task ra;
+    probe *p = probe_new(8, 1, 0);
+    assert_int_equal(atap_receive_any(&ra, probe_run, p, m, 2, &o), 0);
+    assert_int_equal(atap_give(ra, in, 8), ATAP_EINVAL);
+    assert_int_equal(atap_forward(m[0], ra), ATAP_EINVAL);
+    assert_true(wait_finished(ra, ATAP_SEC(10)));
+    for (int i = 0; i < 3; i++)
+        atap_release(m[i]);
+    atap_release(r);
+    atap_release(ra);
+    waited_to_live_back();
+}
+
+/* ======================================================================== */
+/* atap_forward                                                              */
+/* ======================================================================== */
+
+static int task_counter(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    uint64_t v = (uint64_t)atomic_fetch_add((atomic_int *)arg, 1) + 1;
+    sleep_us(1000);
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+/* Every run of a repeat is forwarded; the target ends on the last value. */
+static void test_dataflow_forward_repeat_source(void **state)
+{
+    (void)state;
+    static atomic_int count;
+    atomic_store(&count, 0);
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){0});
+    atap_task s;
+    assert_int_equal(atap_spawn(&s, task_counter, &count,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_REPEAT, .runs = 5}),
+                     0);
+    assert_int_equal(atap_forward(s, t), 0);
+    assert_true(wait_finished(s, ATAP_SEC(10)));
+    JOIN_UNTIL(t, 5);
+    int runs = atomic_load(&p->done);
+    char seen[256] = "";
+    for (int i = 0; i < runs && i < MAX_SEEN; i++)
+        snprintf(seen + strlen(seen), sizeof seen - strlen(seen), " %llu",
+                 (unsigned long long)atomic_load(&p->seen[i]));
+    /* seen in order, none twice, ending on 5 */
+    bool ordered = runs >= 1 && runs <= 5 && atomic_load(&p->seen[runs - 1]) == 5;
+    for (int i = 1; i < runs && i < MAX_SEEN; i++)
+        ordered = ordered && atomic_load(&p->seen[i]) > atomic_load(&p->seen[i - 1]);
+    sleep_us(50000);
+    int later = atomic_load(&p->runs);
+    bool still_waiting = !atap_finished(t); /* our handle can still give */
+    atap_release(s);
+    atap_release(t);
+    waited_to_live_back();
+    if (!ordered)
+        fail_msg("the target's %d runs saw:%s (wanted increasing values, ending on 5)", runs, seen);
+    assert_int_equal(later, runs);
+    assert_int_equal(atomic_load(&p->bad_size), 0);
+    assert_true(still_waiting);
+}
+
+/* Many sources into one target, and a chain a -> b -> c whose middle
+ * link's handle is released before anything flows. */
+static void test_dataflow_forward_many_to_one_and_chain(void **state)
+{
+    (void)state;
+    gate *g[3] = {gate_new(5), gate_new(7), gate_new(11)};
+    atap_task src[3];
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){0});
+    for (int i = 0; i < 3; i++) {
+        src[i] = spawn8(task_gated, g[i]);
+        assert_int_equal(atap_forward(src[i], t), 0);
+    }
+    uint64_t want[3] = {5, 7, 11};
+    for (int i = 0; i < 3; i++) {
+        atomic_store(&g[i]->open, 1);
+        JOIN_UNTIL(t, want[i]);
+        SETTLE_EXACT(&p->done, i + 1);
+    }
+    assert_true(atomic_load(&p->sum) == 23);
+    for (int i = 0; i < 3; i++)
+        atap_release(src[i]);
+    atap_release(t);
+    waited_to_live_back();
+
+    /* the chain */
+    gate *ga = gate_new(10);
+    atap_task a = spawn8(task_gated, ga);
+    probe *pb = probe_new(8, 1, 1), *pc = probe_new(8, 1, 1);
+    atap_task b = spawn_probe(pb, (atap_spawn_opts){0});
+    atap_task c = spawn_probe(pc, (atap_spawn_opts){0});
+    assert_int_equal(atap_forward(a, b), 0);
+    assert_int_equal(atap_forward(b, c), 0);
+    atap_release(b); /* the forward from a keeps it */
+    atomic_store(&ga->open, 1);
+    JOIN_UNTIL(c, 12);
+    SETTLE_EXACT(&pb->done, 1);
+    SETTLE_EXACT(&pc->done, 1);
+    assert_true(atomic_load(&pc->seen[0]) == 11);
+    atap_release(a);
+    atap_release(c);
+    waited_to_live_back();
+}
+
+/* An output already there is handed over at once; bad pairs are refused. */
+static void test_dataflow_forward_ready_output_and_bad_arguments(void **state)
+{
+    (void)state;
+    atap_task s = spawn8(task_value, (void *)(uintptr_t)33);
+    assert_true(join8(s) == 33);
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){0});
+    assert_int_equal(atap_forward(s, t), 0);
+    JOIN_UNTIL(t, 33);
+    SETTLE_EXACT(&p->runs, 1);
+
+    /* sizes */
+    probe *p4 = probe_new(4, 1, 0);
+    atap_task t4 = spawn_probe(p4, (atap_spawn_opts){0});
+    assert_int_equal(atap_forward(s, t4), ATAP_EINVAL);
+    /* not a waiting task */
+    atap_task plain = spawn8(task_value, (void *)(uintptr_t)1);
+    assert_int_equal(atap_forward(s, plain), ATAP_EINVAL);
+    /* no task on either side */
+    assert_int_equal(atap_forward(ATAP_NO_TASK, t), ATAP_ENOTASK);
+    assert_int_equal(atap_forward(s, ATAP_NO_TASK), ATAP_ENOTASK);
+    /* a target that takes no more gives */
+    probe *pf = probe_new(8, 1, 0);
+    atap_task tf = spawn_probe(pf, (atap_spawn_opts){.gives = 1});
+    uint64_t in = 1;
+    assert_int_equal(atap_give(tf, &in, 8), 0);
+    assert_true(wait_finished(tf, ATAP_SEC(10)));
+    assert_int_equal(atap_forward(s, tf), ATAP_EFINISHED);
+    probe *pcn = probe_new(8, 1, 0);
+    atap_task tc = spawn_probe(pcn, (atap_spawn_opts){0});
+    assert_int_equal(atap_cancel(tc), 0);
+    assert_int_equal(atap_forward(s, tc), ATAP_ECANCELLED);
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&p4->runs), 0);
+    assert_int_equal(atomic_load(&pf->runs), 1);
+    assert_int_equal(atomic_load(&pcn->runs), 0);
+    assert_int_equal(atomic_load(&p->runs), 1);
+    atap_release(s);
+    atap_release(t);
+    atap_release(t4);
+    atap_release(plain);
+    atap_release(tf);
+    atap_release(tc);
+    waited_to_live_back();
+}
+
+/* A target whose gives are used up refuses a forward as it refuses a give,
+ * even while its last run is still under way. */
+static void test_dataflow_forward_into_spent_target(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atomic_store(&p->hold, 1);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.gives = 1});
+    uint64_t in = 1;
+    assert_int_equal(atap_give(t, &in, 8), 0);
+    assert_true(wait_atomic_at_least(&p->runs, 1, ATAP_SEC(10)));
+    assert_int_equal(atap_give(t, &in, 8), ATAP_EFINISHED); /* the last run is under way */
+    atap_task s = spawn8(task_value, (void *)(uintptr_t)2);
+    assert_true(join8(s) == 2);
+    int rc = atap_forward(s, t);
+    atomic_store(&p->hold, 0);
+    if (rc != ATAP_EFINISHED)
+        fail_msg("forward into a task whose gives are used up (last run under way): %d (%s), "
+                 "wanted ATAP_EFINISHED as atap_give returns",
+                 rc, atap_strerror(rc));
+    assert_true(wait_finished(t, ATAP_SEC(10)));
+    assert_int_equal(atap_forward(s, t), ATAP_EFINISHED);
+    SETTLE_EXACT(&p->runs, 1);
+    atap_release(s);
+    atap_release(t);
+    waited_to_live_back();
+}
+
+/* ======================================================================== */
+/* atap_join_first                                                           */
+/* ======================================================================== */
+
+static bool running_or_pending(atap_task t)
+{
+    atap_state st = atap_state_of(t);
+    return st == ATAP_PENDING || st == ATAP_RUNNING;
+}
+
+/* The first to settle wins; PASS_BACK leaves every handle as it was. */
+static void test_dataflow_join_first_pass_back(void **state)
+{
+    (void)state;
+    gate *g1 = gate_new(1), *g2 = gate_new(2);
+    atap_task ts[3] = {spawn8(task_sleeper, g1), spawn8(task_sleeper, g2),
+                       spawn8(task_value, (void *)(uintptr_t)7)};
+    atap_task copy[3];
+    memcpy(copy, ts, sizeof ts);
+    size_t w = 99;
+    assert_int_equal(atap_join_first(ts, 3, ATAP_PASS_BACK, ATAP_SEC(10), &w), 0);
+    assert_int_equal(w, 2);
+    assert_memory_equal(ts, copy, sizeof ts);
+    assert_true(join8(ts[2]) == 7);
+    assert_true(running_or_pending(ts[0]));
+    assert_true(running_or_pending(ts[1]));
+    atomic_store(&g1->open, 1);
+    atomic_store(&g2->open, 1);
+    assert_true(join8(ts[0]) == 1);
+    assert_true(join8(ts[1]) == 2);
+    for (int i = 0; i < 3; i++)
+        atap_release(ts[i]);
+    waited_to_live_back();
+}
+
+/* ATAP_CANCEL cancels the losers and releases their handles. */
+static void test_dataflow_join_first_cancel_policy(void **state)
+{
+    (void)state;
+    gate *g1 = gate_new(1), *g2 = gate_new(2);
+    atap_task ts[3] = {spawn8(task_sleeper, g1), spawn8(task_value, (void *)(uintptr_t)7),
+                       spawn8(task_sleeper, g2)};
+    atap_task d0, d2;
+    assert_int_equal(atap_dup(ts[0], &d0), 0);
+    assert_int_equal(atap_dup(ts[2], &d2), 0);
+    size_t w = 99;
+    assert_int_equal(atap_join_first(ts, 3, ATAP_CANCEL, ATAP_SEC(10), &w), 0);
+    assert_int_equal(w, 1);
+    assert_true(join8(ts[1]) == 7);
+    atap_state st = ATAP_PENDING;
+    assert_int_equal(atap_wait(d0, &st), 0);
+    assert_int_equal(st, ATAP_CANCELLED);
+    assert_int_equal(atap_wait(d2, &st), 0);
+    assert_int_equal(st, ATAP_CANCELLED);
+    uint64_t v;
+    assert_int_equal(atap_join(d0, &v, 8), ATAP_ECANCELLED);
+    atap_release(d0);
+    atap_release(d2);
+    atap_release(ts[1]);
+    /* only the dups were ours to release: the slots go only if join_first
+     * released the originals */
+    waited_to_live_back();
+}
+
+/* ATAP_RELEASE releases the losers without cancelling them. */
+static void test_dataflow_join_first_release_policy(void **state)
+{
+    (void)state;
+    gate *g1 = gate_new(1), *g2 = gate_new(2);
+    atap_task ts[3] = {spawn8(task_sleeper, g1), spawn8(task_sleeper, g2),
+                       spawn8(task_value, (void *)(uintptr_t)7)};
+    atap_task d0, d1;
+    assert_int_equal(atap_dup(ts[0], &d0), 0);
+    assert_int_equal(atap_dup(ts[1], &d1), 0);
+    size_t w = 99;
+    assert_int_equal(atap_join_first(ts, 3, ATAP_RELEASE, ATAP_SEC(10), &w), 0);
+    assert_int_equal(w, 2);
+    assert_true(join8(ts[2]) == 7);
+    assert_true(running_or_pending(d0));
+    assert_true(running_or_pending(d1));
+    atomic_store(&g1->open, 1);
+    atomic_store(&g2->open, 1);
+    assert_true(join8(d0) == 1);
+    assert_true(join8(d1) == 2);
+    atap_release(d0);
+    atap_release(d1);
+    atap_release(ts[2]);
+    waited_to_live_back();
+}
+
+/* A task already settled wins at once, lowest index first; so does a
+ * handle with no task. */
+static void test_dataflow_join_first_settled_wins_at_once(void **state)
+{
+    (void)state;
+    gate *g = gate_new(1);
+    atap_task s = spawn8(task_sleeper, g);
+    atap_task done1 = spawn8(task_value, (void *)(uintptr_t)1);
+    atap_task done2 = spawn8(task_value, (void *)(uintptr_t)2);
+    (void)join8(done1);
+    (void)join8(done2);
+    size_t w = 99;
+
+    atap_task a[2] = {s, done1};
+    assert_int_equal(atap_join_first(a, 2, ATAP_PASS_BACK, ATAP_SEC(5), &w), 0);
+    assert_int_equal(w, 1);
+    atap_task b[3] = {s, done2, done1};
+    assert_int_equal(atap_join_first(b, 3, ATAP_PASS_BACK, ATAP_SEC(5), &w), 0);
+    assert_int_equal(w, 1);
+    atap_task c[2] = {s, ATAP_NO_TASK};
+    assert_int_equal(atap_join_first(c, 2, ATAP_PASS_BACK, ATAP_SEC(5), &w), 0);
+    assert_int_equal(w, 1);
+    atap_task d[3] = {s, ATAP_NO_TASK, done1};
+    assert_int_equal(atap_join_first(d, 3, ATAP_PASS_BACK, ATAP_SEC(5), &w), 0);
+    assert_int_equal(w, 1);
+    /* a failed task and a cancelled one settle too */
+    atap_task f = spawn8(task_fail, NULL);
+    atap_task e[2] = {s, f};
+    assert_int_equal(atap_join_first(e, 2, ATAP_PASS_BACK, ATAP_SEC(5), &w), 0);
+    assert_int_equal(w, 1);
+    atap_task cn;
+    assert_int_equal(atap_spawn(&cn, task_value, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(30)}),
+                     0);
+    assert_int_equal(atap_cancel(cn), 0);
+    atap_task h[2] = {s, cn};
+    assert_int_equal(atap_join_first(h, 2, ATAP_PASS_BACK, ATAP_SEC(5), &w), 0);
+    assert_int_equal(w, 1);
+    assert_true(running_or_pending(s));
+
+    /* NO_TASK winning with ATAP_CANCEL still deals with the loser */
+    atap_task sd;
+    assert_int_equal(atap_dup(s, &sd), 0);
+    atap_task k[2] = {s, ATAP_NO_TASK};
+    assert_int_equal(atap_join_first(k, 2, ATAP_CANCEL, ATAP_SEC(5), &w), 0);
+    assert_int_equal(w, 1);
+    atap_state st;
+    assert_int_equal(atap_wait(sd, &st), 0);
+    assert_int_equal(st, ATAP_CANCELLED);
+    atap_release(sd);
+    atap_release(done1);
+    atap_release(done2);
+    atap_release(f);
+    atap_release(cn);
+    waited_to_live_back();
+}
+
+/* A timeout touches no handle; bad arguments are refused. */
+static void test_dataflow_join_first_timeout_and_bad_arguments(void **state)
+{
+    (void)state;
+    gate *g1 = gate_new(1), *g2 = gate_new(2);
+    atap_task ts[2] = {spawn8(task_sleeper, g1), spawn8(task_sleeper, g2)};
+    size_t w = 99;
+    for (int policy = ATAP_PASS_BACK; policy <= ATAP_RELEASE; policy++) {
+        uint64_t t0 = now_ns();
+        assert_int_equal(atap_join_first(ts, 2, (atap_join_policy)policy, ATAP_MS(30), &w),
+                         ATAP_ENOTREADY);
+        assert_true(now_ns() - t0 >= ATAP_MS(29));
+        assert_int_equal(atap_join_first(ts, 2, (atap_join_policy)policy, 0, &w), ATAP_ENOTREADY);
+        /* not cancelled, not released (a released handle reads FAILED) */
+        assert_true(running_or_pending(ts[0]));
+        assert_true(running_or_pending(ts[1]));
+    }
+    assert_int_equal(atap_join_first(ts, 0, ATAP_PASS_BACK, ATAP_MS(10), &w), ATAP_EINVAL);
+    assert_int_equal(atap_join_first(NULL, 2, ATAP_PASS_BACK, ATAP_MS(10), &w), ATAP_EINVAL);
+    assert_int_equal(atap_join_first(ts, 2, ATAP_PASS_BACK, ATAP_MS(10), NULL), ATAP_EINVAL);
+    assert_int_equal(atap_join_first(ts, 2, (atap_join_policy)7, ATAP_MS(10), &w), ATAP_EINVAL);
+    assert_true(running_or_pending(ts[0]));
+    assert_true(running_or_pending(ts[1]));
+    atomic_store(&g1->open, 1);
+    atomic_store(&g2->open, 1);
+    assert_true(join8(ts[0]) == 1);
+    assert_true(join8(ts[1]) == 2);
+    atap_release(ts[0]);
+    atap_release(ts[1]);
+    waited_to_live_back();
+}
+
+/* A task that settles while join_first sets up its wait is still found. */
+static void test_dataflow_join_first_settles_during_setup(void **state)
+{
+    (void)state;
+    gate *g = gate_new(1);
+    atap_task slow = spawn8(task_gated, g); /* no deadline of its own */
+    size_t rounds = scaled(1000, 200);
+    for (size_t i = 0; i < rounds; i++) {
+        atap_task quick = spawn8(task_value, (void *)(uintptr_t)i);
+        atap_task set[2];
+        size_t at = i % 2;
+        set[at] = quick;
+        set[1 - at] = slow;
+        size_t w = 99;
+        int rc = atap_join_first(set, 2, ATAP_PASS_BACK, ATAP_SEC(10), &w);
+        if (rc != 0 || w != at)
+            fail_msg("round %zu: rc %d (%s), winner %zu, wanted %zu", i, rc, atap_strerror(rc), w,
+                     at);
+        assert_true(join8(quick) == i);
+        atap_release(quick);
+    }
+    assert_true(running_or_pending(slow));
+    atomic_store(&g->open, 1);
+    assert_true(join8(slow) == 1);
+    atap_release(slow);
+    waited_to_live_back();
+}
+
+#define JF_THREADS 8
+typedef struct jf_arg {
+    test_barrier *barrier;
+    size_t rounds;
+    int id;
+    atomic_int *done;
+} jf_arg;
+
+static void *join_first_thread(void *pa)
+{
+    jf_arg *a = pa;
+    barrier_wait(a->barrier);
+    for (size_t i = 0; i < a->rounds; i++) {
+        atap_task ts[3];
+        uint64_t want[3];
+        bool ok = true;
+        for (int j = 0; j < 3; j++) {
+            want[j] = ((uint64_t)a->id << 32) | (i * 3 + (size_t)j);
+            if (atap_spawn(&ts[j], task_value, (void *)(uintptr_t)want[j],
+                           &(atap_spawn_opts){.out_size = 8}) != 0) {
+                CHECK(!"spawn failed");
+                ok = false;
+            }
+        }
+        if (!ok)
+            return NULL;
+        atap_join_policy policy = (atap_join_policy)(i % 3);
+        size_t w = 99;
+        int rc = atap_join_first(ts, 3, policy, ATAP_SEC(30), &w);
+        CHECK(rc == 0);
+        CHECK(w < 3);
+        if (rc != 0 || w >= 3) {
+            for (int j = 0; j < 3; j++)
+                atap_release(ts[j]);
+            continue;
+        }
+        uint64_t v = 0;
+        CHECK(atap_try_join(ts[w], &v, 8) == 0); /* the winner has settled */
+        CHECK(v == want[w]);
+        if (policy == ATAP_PASS_BACK) {
+            for (int j = 0; j < 3; j++) {
+                CHECK(atap_join(ts[j], &v, 8) == 0 && v == want[j]);
+                atap_release(ts[j]);
+            }
+        } else {
+            atap_release(ts[w]);
+        }
+        atomic_fetch_add(a->done, 1);
+    }
+    return NULL;
+}
+
+/* join_first from many threads at once, over tasks that finish fast. */
+static void test_dataflow_join_first_threads(void **state)
+{
+    (void)state;
+    static atomic_int done;
+    atomic_store(&done, 0);
+    test_barrier barrier;
+    barrier_init(&barrier, JF_THREADS);
+    jf_arg args[JF_THREADS];
+    pthread_t th[JF_THREADS];
+    size_t rounds = scaled(200, 50);
+    for (int i = 0; i < JF_THREADS; i++) {
+        args[i] = (jf_arg){.barrier = &barrier, .rounds = rounds, .id = i, .done = &done};
+        assert_int_equal(pthread_create(&th[i], NULL, join_first_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < JF_THREADS; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&done), (int)(rounds * JF_THREADS));
+    waited_to_live_back();
+}
+
+/* ======================================================================== */
+/* atap_join_all                                                             */
+/* ======================================================================== */
+
+static void test_dataflow_join_all(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    atap_task ts[N];
+    uint64_t out[N];
+    int rcs[N];
+    for (int i = 0; i < N; i++)
+        ts[i] = spawn8(task_value, (void *)(uintptr_t)(i * 3 + 1));
+    memset(out, 0, sizeof out);
+    for (int i = 0; i < N; i++)
+        rcs[i] = 12345;
+    assert_int_equal(atap_join_all(ts, N, out, 8, rcs), 0);
+    for (int i = 0; i < N; i++) {
+        assert_true(out[i] == (uint64_t)(i * 3 + 1));
+        assert_int_equal(rcs[i], 0);
+    }
+    memset(out, 0, sizeof out);
+    assert_int_equal(atap_join_all(ts, N, out, 8, NULL), 0);
+    assert_true(out[N - 1] == (uint64_t)((N - 1) * 3 + 1));
+
+    /* a wrong size fails every join */
+    assert_int_equal(atap_join_all(ts, N, out, 4, rcs), ATAP_EINVAL);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(rcs[i], ATAP_EINVAL);
+    assert_int_equal(atap_join_all(NULL, N, out, 8, rcs), ATAP_EINVAL);
+    assert_int_equal(atap_join_all(ts, N, NULL, 8, rcs), ATAP_EINVAL);
+
+    /* one cancelled at 3, one failed at 9: the first failure is returned */
+    atap_release(ts[3]);
+    atap_release(ts[9]);
+    assert_int_equal(atap_spawn(&ts[3], task_value, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(30)}),
+                     0);
+    assert_int_equal(atap_cancel(ts[3]), 0);
+    ts[9] = spawn8(task_fail, NULL);
+    memset(out, 0, sizeof out);
+    assert_int_equal(atap_join_all(ts, N, out, 8, rcs), ATAP_ECANCELLED);
+    for (int i = 0; i < N; i++) {
+        if (i == 3) {
+            assert_int_equal(rcs[i], ATAP_ECANCELLED);
+        } else if (i == 9) {
+            assert_int_equal(rcs[i], ATAP_EFAILED);
+        } else {
+            assert_int_equal(rcs[i], 0);
+            assert_true(out[i] == (uint64_t)(i * 3 + 1));
+        }
+    }
+    assert_int_equal(atap_join_all(ts, N, out, 8, NULL), ATAP_ECANCELLED);
+    /* the failure first by index: swap them round */
+    atap_task tmp = ts[3];
+    ts[3] = ts[9];
+    ts[9] = tmp;
+    assert_int_equal(atap_join_all(ts, N, out, 8, rcs), ATAP_EFAILED);
+    assert_int_equal(rcs[3], ATAP_EFAILED);
+    assert_int_equal(rcs[9], ATAP_ECANCELLED);
+    /* a handle with no task */
+    atap_task keep = ts[5];
+    ts[5] = ATAP_NO_TASK;
+    assert_int_equal(atap_join_all(ts, 8, out, 8, rcs), ATAP_EFAILED);
+    assert_int_equal(rcs[5], ATAP_ENOTASK);
+    ts[5] = keep;
+    for (int i = 0; i < N; i++)
+        atap_release(ts[i]);
+    waited_to_live_back();
+}
+
+/* ======================================================================== */
+/* Resources                                                                 */
+/* ======================================================================== */
+
+/* 50,000 gives to one task, then a cancel: every value is freed once, and
+ * the task goes. */
+static void test_dataflow_many_gives_then_cancel(void **state)
+{
+    (void)state;
+    reset_counts();
+    enum { N = 50000 };
+    probe *p = probe_new(sizeof(boxed), 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free});
+    int refused = 0;
+    for (int i = 0; i < N; i++) {
+        int rc = give_box(t, (uint64_t)i + 1);
+        if (rc != 0) {
+            refused++;
+            if (refused < 5)
+                print_error("give %d: %s\n", i, atap_strerror(rc));
+        }
+    }
+    assert_int_equal(refused, 0);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(give_box(t, 0), ATAP_ECANCELLED);
+    atap_release(t);
+    waited_to_live_back();
+    assert_true(wait_atomic_at_least(&g_in_frees, N + 1, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_in_frees, N + 1);
+    assert_true(atomic_load(&p->runs) >= 1);
+    assert_int_equal(atomic_load(&p->bad_size), 0);
+    assert_no_failures();
+}
+
+/* 10,000 receivers over one source, released before and after it
+ * publishes: every slot comes back. */
+static void test_dataflow_many_receivers_one_source(void **state)
+{
+    (void)state;
+    enum { N = 10000 };
+    atap_task *r = calloc(N, sizeof *r);
+    assert_non_null(r);
+    summer *s = summer_new(1);
+    for (int round = 0; round < 2; round++) {
+        gate *g = gate_new(5);
+        atap_task src = spawn8(task_gated, g);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(atap_receive_all(&r[i], sum_run, s, &src, 1,
+                                              &(atap_spawn_opts){.out_size = 8}),
+                             0);
+        if (round == 0) {
+            /* released while the source has not published */
+            for (int i = 0; i < N; i++)
+                atap_release(r[i]);
+            atomic_store(&g->open, 1);
+            assert_true(join8(src) == 5);
+        } else {
+            atomic_store(&g->open, 1);
+            assert_true(join8(src) == 5);
+            for (int i = 0; i < N; i++) {
+                uint64_t v = 0;
+                int rc = atap_join_for(r[i], &v, 8, ATAP_SEC(10));
+                if (rc != 0 || v != 5)
+                    fail_msg("receiver %d: rc %d (%s), value %llu", i, rc, atap_strerror(rc),
+                             (unsigned long long)v);
+            }
+            for (int i = 0; i < N; i++)
+                atap_release(r[i]);
+        }
+        atap_release(src);
+        if (!wait_live_back(ATAP_SEC(10)))
+            fail_msg("round %d: %zu tasks live, %zu at the start", round, pool_stats().live,
+                     g_live_base);
+    }
+    assert_true(atomic_load(&s->runs) <= 2 * N);
+    assert_true(atomic_load(&s->runs) >= N); /* the second round's all ran */
+    assert_int_equal(atomic_load(&s->bad_size), 0);
+    free(r);
+}
+
+/* ======================================================================== */
+/* Races                                                                     */
+/* ======================================================================== */
+
+#define GIVERS 8
+typedef struct giver_arg {
+    test_barrier *barrier;
+    atap_task task;
+    size_t gives;
+    atomic_int *ok, *finished;
+} giver_arg;
+
+static void *giver_thread(void *pa)
+{
+    giver_arg *a = pa;
+    barrier_wait(a->barrier);
+    for (size_t i = 0; i < a->gives; i++) {
+        int rc = give_box(a->task, i + 1);
+        if (rc == 0)
+            atomic_fetch_add(a->ok, 1);
+        else if (rc == ATAP_EFINISHED)
+            atomic_fetch_add(a->finished, 1);
+        else
+            CHECK(!"a give returned neither 0 nor ATAP_EFINISHED");
+    }
+    return NULL;
+}
+
+/* Gives from 8 threads into one task, without and with a gives limit. */
+static void test_dataflow_race_gives_from_threads(void **state)
+{
+    (void)state;
+    size_t per = scaled(200, 50);
+    for (int limited = 0; limited < 2; limited++) {
+        reset_counts();
+        static atomic_int ok, finished;
+        atomic_store(&ok, 0);
+        atomic_store(&finished, 0);
+        probe *p = probe_new(sizeof(boxed), 1, 0);
+        atap_task t = spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free,
+                                                       .gives = limited ? 20 : 0});
+        test_barrier barrier;
+        barrier_init(&barrier, GIVERS);
+        giver_arg args[GIVERS];
+        pthread_t th[GIVERS];
+        for (int i = 0; i < GIVERS; i++) {
+            args[i] = (giver_arg){.barrier = &barrier, .gives = per, .ok = &ok, .finished = &finished};
+            assert_int_equal(atap_dup(t, &args[i].task), 0);
+            assert_int_equal(pthread_create(&th[i], NULL, giver_thread, &args[i]), 0);
+        }
+        for (int i = 0; i < GIVERS; i++) {
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+            atap_release(args[i].task);
+        }
+        assert_no_failures();
+        int total = (int)(per * GIVERS);
+        assert_int_equal(atomic_load(&ok) + atomic_load(&finished), total);
+        if (!limited)
+            assert_int_equal(atomic_load(&ok), total);
+        else
+            assert_true(atomic_load(&ok) >= 20);
+        /* the last give that was taken runs: wait for it */
+        assert_true(wait_atomic_at_least(&p->done, 1, ATAP_SEC(10)));
+        if (atomic_load(&finished) > 0)
+            assert_true(wait_finished(t, ATAP_SEC(10)));
+        else
+            assert_int_equal(atap_join_for(t, &(uint64_t){0}, 8, ATAP_SEC(10)), 0);
+        int runs = atomic_load(&p->runs);
+        assert_true(runs >= 1 && runs <= atomic_load(&ok)); /* a run per taken give at most */
+        atap_release(t);
+        waited_to_live_back();
+        assert_true(wait_atomic_at_least(&g_in_frees, total, ATAP_SEC(10)));
+        SETTLE_EXACT(&g_in_frees, total);
+        assert_int_equal(atomic_load(&p->bad_size), 0);
+        assert_no_failures();
+    }
+}
+
+typedef struct cancel_race {
+    test_barrier barrier;
+    atomic_uint_fast64_t task;
+    atomic_int rc;
+    atomic_int stop;
+    size_t rounds;
+} cancel_race;
+
+static void *race_giver(void *pa)
+{
+    cancel_race *c = pa;
+    for (size_t i = 0; i < c->rounds; i++) {
+        barrier_wait(&c->barrier);
+        atap_task t = {atomic_load(&c->task)};
+        if (i % 2 == 0) /* odd rounds: the cancel waits instead */
+            for (unsigned k = 0; k < (unsigned)(i % 5) * 20u; k++)
+                sched_yield();
+        atomic_store(&c->rc, give_box(t, i + 1));
+        barrier_wait(&c->barrier);
+    }
+    return NULL;
+}
+
+/* A cancel racing a give: the give is taken or refused as cancelled, and
+ * in_free sees every value once. */
+static void test_dataflow_race_cancel_and_give(void **state)
+{
+    (void)state;
+    reset_counts();
+    static cancel_race c;
+    c.rounds = scaled(200, 50);
+    barrier_init(&c.barrier, 2);
+    atomic_store(&c.rc, 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, race_giver, &c), 0);
+    int taken = 0;
+    for (size_t i = 0; i < c.rounds; i++) {
+        probe *p = probe_new(sizeof(boxed), 1, 0);
+        atap_task t = spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free});
+        atomic_store(&c.task, t.id);
+        barrier_wait(&c.barrier);
+        if (i % 2 == 1)
+            for (unsigned k = 0; k < (unsigned)(i % 5) * 20u; k++)
+                sched_yield();
+        assert_int_equal(atap_cancel(t), 0);
+        barrier_wait(&c.barrier);
+        int rc = atomic_load(&c.rc);
+        if (rc != 0 && rc != ATAP_ECANCELLED)
+            fail_msg("round %zu: the give returned %d (%s)", i, rc, atap_strerror(rc));
+        taken += rc == 0;
+        assert_int_equal(give_box(t, 0), ATAP_ECANCELLED);
+        atap_state st;
+        assert_int_equal(atap_wait(t, &st), 0);
+        assert_true(st == ATAP_CANCELLED || st == ATAP_READY);
+        atap_release(t);
+    }
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("cancel vs give: %d of %zu gives taken\n", taken, c.rounds);
+    waited_to_live_back();
+    int want = (int)(2 * c.rounds);
+    assert_true(wait_atomic_at_least(&g_in_frees, want, ATAP_SEC(10)));
+    SETTLE_EXACT(&g_in_frees, want);
+    assert_no_failures();
+}
+
+/* A forward set up while its source publishes hands the value over exactly
+ * once. */
+static int count_input_run(atap_ctx *ctx, void *arg, void *out)
+{
+    size_t size = 0;
+    const void *in = atap_input(ctx, &size);
+    CHECK(in != NULL && size == 8);
+    if (in != NULL && size == 8)
+        memcpy(out, in, 8);
+    atomic_fetch_add((atomic_int *)arg, 1);
+    return 0;
+}
+
+static void test_dataflow_race_forward_while_publishing(void **state)
+{
+    (void)state;
+    size_t rounds = scaled(200, 50);
+    atomic_int *runs = calloc(rounds, sizeof *runs);
+    atap_task *src = calloc(rounds, sizeof *src), *dst = calloc(rounds, sizeof *dst);
+    assert_non_null(runs);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (size_t i = 0; i < rounds; i++) {
+        atomic_init(&runs[i], 0);
+        assert_int_equal(atap_spawn_waiting(&dst[i], count_input_run, &runs[i], 8,
+                                            &(atap_spawn_opts){.out_size = 8}),
+                         0);
+        src[i] = spawn8(task_value, (void *)(uintptr_t)(i + 1));
+        int rc = atap_forward(src[i], dst[i]);
+        if (rc != 0)
+            fail_msg("round %zu: forward returned %d (%s)", i, rc, atap_strerror(rc));
+    }
+    for (size_t i = 0; i < rounds; i++) {
+        if (!wait_atomic_at_least(&runs[i], 1, ATAP_SEC(10)))
+            fail_msg("round %zu: the target never ran", i);
+        JOIN_UNTIL(dst[i], i + 1);
+    }
+    sleep_us(50000);
+    for (size_t i = 0; i < rounds; i++)
+        if (atomic_load(&runs[i]) != 1)
+            fail_msg("round %zu: the target ran %d times", i, atomic_load(&runs[i]));
+    for (size_t i = 0; i < rounds; i++) {
+        atap_release(src[i]);
+        atap_release(dst[i]);
+    }
+    waited_to_live_back();
+    assert_no_failures();
+    free(runs);
+    free(src);
+    free(dst);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
+    const struct CMUnitTest tests[] = {
+        T(test_dataflow_give_runs_the_task),
+        T(test_dataflow_zero_size_input_and_spawn_checks),
+        T(test_dataflow_gives_limit),
+        T(test_dataflow_give_during_run_owes_one_run),
+        T(test_dataflow_gives_before_the_run_starts_coalesce),
+        T(test_dataflow_give_after_end),
+        T(test_dataflow_give_after_shutdown),
+        T(test_dataflow_let_go_when_no_giver_is_left),
+        T(test_dataflow_let_go_forward_keeps_target),
+        T(test_dataflow_let_go_never_given_fails),
+        T(test_dataflow_repeat_series_per_give),
+        T(test_dataflow_repeat_gives_limit),
+        T(test_dataflow_at_rate_series_per_give),
+        T(test_dataflow_after_each_give),
+        T(test_dataflow_receive_all_sums),
+        T(test_dataflow_receive_all_nested),
+        T(test_dataflow_receive_all_waits_for_all_again),
+        T(test_dataflow_receive_all_member_fails),
+        T(test_dataflow_receive_any),
+        T(test_dataflow_receiver_bad_arguments),
+        T(test_dataflow_forward_repeat_source),
+        T(test_dataflow_forward_many_to_one_and_chain),
+        T(test_dataflow_forward_ready_output_and_bad_arguments),
+        T(test_dataflow_forward_into_spent_target),
+        T(test_dataflow_join_first_pass_back),
+        T(test_dataflow_join_first_cancel_policy),
+        T(test_dataflow_join_first_release_policy),
+        T(test_dataflow_join_first_settled_wins_at_once),
+        T(test_dataflow_join_first_timeout_and_bad_arguments),
+        T(test_dataflow_join_first_settles_during_setup),
+        T(test_dataflow_join_first_threads),
+        T(test_dataflow_join_all),
+        T(test_dataflow_many_gives_then_cancel),
+        T(test_dataflow_many_receivers_one_source),
+        T(test_dataflow_race_gives_from_threads),
+        T(test_dataflow_race_cancel_and_give),
+        T(test_dataflow_race_forward_while_publishing),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
