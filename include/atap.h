@@ -176,8 +176,10 @@ typedef struct atap_ctx atap_ctx;
 
 /*
  * A task function: writes its output (out_size bytes; out is NULL when
- * out_size is 0) and returns 0. Any other return value fails the run
- * (readers get ATAP_EFAILED).
+ * out_size is 0) and returns 0. Any other return value fails the run:
+ * readers get ATAP_EFAILED, or, when the function returned one of the
+ * ATAP_E* codes, that code (a channel's receive task ends with
+ * ATAP_ECLOSED this way).
  */
 typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
 
@@ -607,6 +609,61 @@ ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
  */
 ATAP_EXPORT int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise,
                                  const atap_spawn_opts *opts);
+
+/*
+ * Channels: FIFO queues of elem_size-byte values between any number of
+ * senders and receivers, each value received exactly once. Receiving is a
+ * task that parks until a value comes (it holds no thread); on a bounded
+ * channel sending can be one too, parking until there is room.
+ *
+ * The ends are counted. atap_chan_open gives the caller one sender and one
+ * receiver end; atap_chan_add_* make more, atap_chan_close_* let one go;
+ * every send or receive task is an end of its kind while it lives. When
+ * the last sender goes, receivers drain what is queued and then end with
+ * ATAP_ECLOSED. When the last receiver goes, queued values are dropped and
+ * sends return (or end with) ATAP_ECLOSED. The channel is freed when both
+ * counts reach 0. elem_free (may be NULL) is called on each value the
+ * channel drops, and on a received output nobody took.
+ * Threads: any; an end must not be used after it is closed.
+ */
+typedef struct atap_chan atap_chan;
+
+/* Opens a channel; capacity 0: unbounded. Returns 0 and *chan; ATAP_EINVAL
+ * for NULL chan or elem_size 0 (or above 4 GiB - 1); -ENOMEM. */
+ATAP_EXPORT int atap_chan_open(atap_chan **chan, size_t elem_size, size_t capacity,
+                               void (*elem_free)(void *value));
+/* One more sender / receiver end. 0 or ATAP_EINVAL. */
+ATAP_EXPORT int atap_chan_add_sender(atap_chan *chan);
+ATAP_EXPORT int atap_chan_add_receiver(atap_chan *chan);
+/* Lets go of one sender / receiver end (see above). NULL is ignored. */
+ATAP_EXPORT void atap_chan_close_sender(atap_chan *chan);
+ATAP_EXPORT void atap_chan_close_receiver(atap_chan *chan);
+
+/*
+ * Queues a copy of value (elem_size bytes) and wakes a parked receiver.
+ * Returns 0; ATAP_ECLOSED when no receiver is left (elem_free is then
+ * called on value); ATAP_ENOTREADY when a bounded channel is full (the
+ * value stays the caller's: atap_chan_spawn_send waits for room);
+ * ATAP_EINVAL; -ENOMEM. Blocks: no.
+ */
+ATAP_EXPORT int atap_chan_send(atap_chan *chan, const void *value);
+
+/* Spawns a task that sends a copy of value, parking while the channel is
+ * full; no output. It ends ATAP_ECLOSED (the value dropped) if every
+ * receiver goes first. opts: kind ONCE, no out_size, arg_free, out_free,
+ * gives or in_free; priority, timeout_ns and after_ns apply. Returns as
+ * atap_spawn (on failure the value stays the caller's). */
+ATAP_EXPORT int atap_chan_spawn_send(atap_task *task, atap_chan *chan, const void *value,
+                                     const atap_spawn_opts *opts);
+
+/* Spawns a task that receives the next value (its output, elem_size bytes),
+ * parking until one comes; it ends ATAP_ECLOSED once the channel is drained
+ * and no sender is left. opts as atap_chan_spawn_send (out_size 0 or
+ * elem_size). Returns as atap_spawn. */
+ATAP_EXPORT int atap_chan_spawn_recv(atap_task *task, atap_chan *chan, const atap_spawn_opts *opts);
+
+/* Values queued now (a snapshot). */
+ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
 
 #ifdef ATAP_FAULT_INJECTION
 /*

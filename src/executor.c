@@ -79,7 +79,8 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
         return s->ext && atap__sched_finished(s, state) ? ATAP_EFINISHED : ATAP_ETAKEN;
     case ST_CANCELLED: return ATAP_ECANCELLED;
     case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
-    case ST_FAILED: return ATAP_EFAILED;
+    case ST_FAILED: /* the run's own code, if it failed with one */
+        return s->fail_code ? ATAP_FAIL_BASE - s->fail_code : ATAP_EFAILED;
     case ST_READY: return 0;
     default: return ATAP_ENOTREADY;
     }
@@ -106,6 +107,7 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
     s->ext = NULL;
     s->flags = 0;
     s->filled = 0;
+    s->fail_code = 0;
     s->out_size = 0;
 }
 
@@ -204,6 +206,19 @@ void atap__exec_hold(struct atap_slot *s)
     hold_listener(s);
 }
 
+bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen)
+{
+    uint64_t r = ld_relaxed(&s->refs);
+
+    do {
+        /* RUN, or a listener: the slot is this task's and stays so. */
+        if (refs_gen(r) != gen || !(r & (REFS_RUN | REFS_COUNT_MASK)) ||
+            (r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
+            return false;
+    } while (!cas_acqrel(&s->refs, &r, r + 1));
+    return true;
+}
+
 struct atap_slot *atap__exec_live(atap_task t, uint32_t *index, uint32_t *gen)
 {
     uint32_t cur;
@@ -273,6 +288,7 @@ static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_op
 {
     s->flags = o->blocking ? SF_BLOCKING : 0;
     s->filled = 0;
+    s->fail_code = 0;
     if (o->out_size > INLINE_OUT) {
         if (!(s->out.heap = malloc(o->out_size)))
             return -ENOMEM;
@@ -436,6 +452,9 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
  * (or a repeat goes round again). Also ends a parked run taken down. */
 void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, int rc)
 {
+    /* Before FAILED is published (release): a reader who sees it sees this. */
+    if (unlikely(rc < 0))
+        s->fail_code = (uint8_t)fail_code_of(rc);
     if (unlikely(s->ext != NULL)) {
         atap__sched_done(s, gen, rc);
         return;

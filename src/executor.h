@@ -71,6 +71,10 @@ int atap__exec_spawn(struct atap_task *task, atap_fn *fn, void *arg,
 struct atap_slot *atap__exec_live(struct atap_task t, uint32_t *index, uint32_t *gen);
 /* One more listener on a task the caller holds one on. */
 void atap__exec_hold(struct atap_slot *s);
+/* One more listener on the task of generation gen, if it is still alive
+ * (it holds RUN or a listener); false otherwise. Release it with
+ * atap__exec_release_listener. */
+bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen);
 /* The running task's slot (NULL inside atap_block or for NULL). */
 struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);
 

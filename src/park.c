@@ -80,7 +80,7 @@ _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_W
 #define SPIN_NS 500000u /* atap_sleep spins the last 500 us */
 #define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
 
-enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4 };
+enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
 enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
 enum { BY_READY = ATAP_RESUME_READY, BY_DEADLINE = ATAP_RESUME_DEADLINE, BY_STOP = 3, BY_OFF = 4 };
 
@@ -94,6 +94,7 @@ struct park {
     int fd;
     unsigned events;
     _Atomic unsigned got;
+    _Atomic uint32_t woken; /* PK_WAKE: a wake came (atap__park_wake) */
     _Atomic uint64_t deadline;
     struct park *fd_next;     /* fd_lock */
     struct park *prev, *next; /* registry, reg_lock */
@@ -556,7 +557,8 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     pthread_mutex_unlock(&reg_lock);
     if (!p->listed)
         claim(p, BY_OFF); /* no manager will run again */
-    if (p->kind != PK_UNTIL && ld_relaxed(&p->claim) == P_ARMING && fd_add(p) < 0) {
+    if (p->kind != PK_UNTIL && p->kind != PK_WAKE && ld_relaxed(&p->claim) == P_ARMING &&
+        fd_add(p) < 0) {
         st_relaxed(&p->got, ATAP_ERROR); /* not watchable: its next read says why */
         claim(p, BY_READY);
     }
@@ -569,6 +571,12 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_acq_rel,
                                                  memory_order_acquire)) {
         complete(p, (int)(c & ~P_CLAIMED));
+        return;
+    }
+    /* A wake that came before the park was armed (see atap__park_wake). */
+    if (p->kind == PK_WAKE && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst) &&
+        claim(p, BY_READY) == 1) {
+        complete(p, BY_READY);
         return;
     }
     /* A stop that came before the park could be found (seq_cst, against
@@ -834,6 +842,52 @@ void atap__park_block(struct atap_ctx *ctx)
     ctx->resumed = ctx->park_kind == PK_FD && rc != ATAP_ENOTREADY ? BY_READY : BY_DEADLINE;
     ctx->events = rc > 0 ? (unsigned)rc : rc < 0 && rc != ATAP_ENOTREADY ? ATAP_ERROR : 0;
     ctx->park_kind = 0;
+}
+
+/* ---- parks woken by the runtime's own tasks (channels) ----------------------- */
+
+static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline);
+
+bool atap__park_prepare(struct atap_ctx *ctx)
+{
+    return ctx && ctx->slot && park_of(ctx->slot) != NULL;
+}
+
+int atap__park_wait_wake(struct atap_ctx *ctx, uint64_t deadline)
+{
+    return ask(ctx, PK_WAKE, -1, 0, deadline);
+}
+
+/*
+ * Wakes the task (index, gen) parked, or about to park, by
+ * atap__park_wait_wake. The flag first, then the claim: a parker that armed
+ * before our flag is claimed here; one that arms after sees the flag (both
+ * seq_cst). Whoever takes the flag back to 0 acts, so a wake acts once. A
+ * wake for a task that is not waiting makes its next wait return at once
+ * (a spurious wake: the channel tasks look again).
+ */
+bool atap__park_wake(uint32_t index, uint32_t gen)
+{
+    struct atap_slot *s = atap__table_at(index);
+    struct side *side;
+    struct park *p;
+    uint32_t c, w;
+    bool live;
+
+    if (!atap__exec_try_hold(s, gen)) /* gone: nothing to wake */
+        return false;
+    w = ld_acquire(&s->word);
+    live = word_gen(w) == gen && word_state(w) == ST_RUNNING;
+    if (live && (side = ld_acquire(&s->side)) != NULL &&
+        (p = ld_acquire(atap__side_park(side)))) {
+        atomic_store_explicit(&p->woken, 1, memory_order_seq_cst);
+        c = ld_seqcst(&p->claim);
+        if (c == P_ARMED && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst) &&
+            claim(p, BY_READY) == 1)
+            complete(p, BY_READY);
+    }
+    atap__exec_release_listener(s, index, gen);
+    return live;
 }
 
 /* ---- asking for a park ---------------------------------------------------- */

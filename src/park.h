@@ -24,6 +24,15 @@ void atap__park_block(struct atap_ctx *ctx);
  * park it sleeps in is taken down, a kernel wait it is in is woken. */
 void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen);
 
+/* For the runtime's own tasks (channels): the running task's park record
+ * exists (false: no memory); it parks until atap__park_wake (or the
+ * deadline); wake it. */
+bool atap__park_prepare(struct atap_ctx *ctx);
+int atap__park_wait_wake(struct atap_ctx *ctx, uint64_t deadline);
+/* True when the task was still running (parked or about to be): the wake
+ * reaches it; false when it has ended. */
+bool atap__park_wake(uint32_t index, uint32_t gen);
+
 /* Manager: an fd watched for parks reported events (udata from the
  * poller). */
 void atap__park_event(void *udata, unsigned events);

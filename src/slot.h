@@ -70,7 +70,8 @@ struct atap_slot {
     uint8_t flags;
     uint8_t filled; /* an output was written (by runs only: kept apart from
                        flags, which others read while a run writes this) */
-    uint8_t spare;
+    uint8_t fail_code; /* a run that failed with an ATAP_E* code: the code
+                          + ATAP_FAIL_BASE (runner-written before FAILED) */
     atap_fn *fn;
     void *arg;
     void (*arg_free)(void *);
@@ -83,6 +84,13 @@ struct atap_slot {
 };
 
 #define INLINE_OUT (SLOT_SIZE - 72)
+
+/* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ETOOLONG as 1 .. 13. */
+#define ATAP_FAIL_BASE (-10000)
+static inline int fail_code_of(int rc)
+{
+    return rc <= ATAP_ENOTINIT && rc >= ATAP_ETOOLONG ? ATAP_FAIL_BASE - rc : 0;
+}
 
 _Static_assert(sizeof(struct atap_slot) == SLOT_SIZE, "a slot is SLOT_SIZE bytes");
 
