@@ -529,6 +529,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
     struct park *p = park_of(s);
     uint32_t c, st, w;
+    bool closed;
     int by = 0;
 
     if (!p) {
@@ -546,7 +547,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     /* seq_cst: a canceller that finds ARMING claims it (see the top). */
     st_seqcst(&p->claim, P_ARMING);
     pthread_mutex_lock(&reg_lock);
-    if (!reg_closed) {
+    if (!(closed = reg_closed)) {
         p->prev = NULL;
         p->next = armed_parks;
         if (armed_parks)
@@ -555,7 +556,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
         p->listed = true;
     }
     pthread_mutex_unlock(&reg_lock);
-    if (!p->listed)
+    if (closed)
         claim(p, BY_OFF); /* no manager will run again */
     if (p->kind != PK_UNTIL && p->kind != PK_WAKE && ld_relaxed(&p->claim) == P_ARMING &&
         fd_add(p) < 0) {
