@@ -22,7 +22,22 @@
  *                k + 1 to B, B gives it straight back; A given n ends it (n
  *                round trips, 2n gives). The main thread gives A its first
  *                token and waits for the signal
- *   idle_memory: not yet implemented (prints an na= line)
+ *   idle_memory  n tasks, each parked at once on a timer 2 s out: its first
+ *                run calls atap_park_until(now + 2 s) and returns
+ *                ATAP_PARKED; resumed, it finishes, or parks 2 s more if the
+ *                main thread is still spawning (as the tokio peer re-arms), so
+ *                all n are parked together. Handles are released at spawn (uv
+ *                and tokio keep none either); the last task to finish signals
+ *                the main thread. bytes_per_task = (peak RSS - RSS before the
+ *                first spawn) / n; park_s = time to spawn all n, and
+ *                ns_per_op = park_s / n, as the peers print it
+ *   cancel_latency (libatap only, not in the peers) n rounds (default 1,000):
+ *                a task enters atap_sleep(10 s); 1-2 ms later the main thread
+ *                stamps the time and calls atap_cancel; the task stamps the
+ *                time its atap_sleep returned ATAP_ECANCELLED. Latency = the
+ *                second stamp - the first; ns_per_op is the p50, and the
+ *                extras cancel_p50_us= cancel_p99_us= cancel_max_us=
+ *                cancel_min_us=
  *
  * Timing runs from the first spawn to "all done" seen by the main thread;
  * atap_init and a warm-up task are outside it. */
@@ -190,6 +205,43 @@ static int pong(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
+/* idle_memory: park 2 s on a timer; once resumed, finish (or park again
+ * while the main thread is still spawning). No arg: nothing but the task's
+ * slot and its park record is held while parked. */
+static atomic_bool all_spawned;
+static atomic_long idle_left;
+
+static int idle(atap_ctx *ctx, void *arg, void *out) {
+    (void)arg, (void)out;
+    if (!atap_resumed(ctx) || !atomic_load_explicit(&all_spawned, memory_order_acquire)) {
+        must(atap_park_until(ctx, atap_now() + ATAP_SEC(2)), "atap_park_until");
+        return ATAP_PARKED;
+    }
+    if (atomic_fetch_sub_explicit(&idle_left, 1, memory_order_acq_rel) == 1) signal_done();
+    return 0;
+}
+
+/* cancel_latency: one round's task. `entered` tells the main thread it is
+ * about to sleep; `woke` is when atap_sleep came back cancelled. */
+static atomic_int cl_entered;
+static _Atomic uint64_t cl_woke;
+
+static int sleep10(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)arg, (void)out;
+    atomic_store(&cl_entered, 1);
+    int rc = atap_sleep(ATAP_SEC(10));
+    uint64_t t = now_ns();
+    check(rc == ATAP_ECANCELLED, "atap_sleep returned ATAP_ECANCELLED");
+    atomic_store(&cl_woke, t);
+    signal_done();
+    return 0;
+}
+
+static void nap_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
 /* live_memory: an 8-byte output (the task's index). */
 static int put8(atap_ctx *ctx, void *arg, void *out) {
     (void)ctx;
@@ -200,11 +252,8 @@ static int put8(atap_ctx *ctx, void *arg, void *out) {
 
 int main(int argc, char **argv) {
     const char *w = argc > 1 ? argv[1] : "spawn_many";
-    N = argc > 2 ? atol(argv[2]) : default_n(w);
+    N = argc > 2 ? atol(argv[2]) : !strcmp(w, "cancel_latency") ? 1000 : default_n(w);
     const char *peer = "atap";
-
-    if (!strcmp(w, "idle_memory"))
-        report_na(peer, w, N, "not_yet_implemented");
     check(N > 0, "n > 0");
 
     must(atap_init(NULL), "atap_init");
@@ -217,7 +266,7 @@ int main(int argc, char **argv) {
     long rss0 = cur_rss_kb(); /* after the handle array: not counted per task */
 
     uint64_t t0 = now_ns();
-    double ops = (double)N;
+    double ops = (double)N, per_op = 0; /* per_op: set when ns_per_op is not ns / ops */
     char extra[160] = "";
     if (!strcmp(w, "spawn_many")) {
         for (long i = 0; i < N; i++) h[i] = spawn(inc, NULL, 0);
@@ -267,6 +316,39 @@ int main(int argc, char **argv) {
         check(pp.expect == (uint64_t)N + 1, "ping_pong round trips");
         atap_release(pp.a); /* no handle can give to them now: both are let go */
         atap_release(pp.b);
+    } else if (!strcmp(w, "idle_memory")) {
+        atomic_store(&idle_left, N);
+        for (long i = 0; i < N; i++) atap_release(spawn(idle, NULL, 0));
+        atomic_store_explicit(&all_spawned, true, memory_order_release);
+        uint64_t parked = now_ns();
+        wait_done();
+        per_op = (double)(parked - t0) / N;
+        snprintf(extra, sizeof extra, " bytes_per_task=%.0f park_s=%.3f rss_before_kb=%ld",
+                 (peak_rss_kb() - rss0) * 1024.0 / N, (parked - t0) / 1e9, rss0);
+    } else if (!strcmp(w, "cancel_latency")) {
+        int64_t *lat = calloc((size_t)N, sizeof *lat);
+        check(lat != NULL, "latency array");
+        for (long i = 0; i < N; i++) {
+            atomic_store(&cl_entered, 0);
+            atomic_store(&cl_woke, 0);
+            done = 0; /* only the task signals, once it has stamped cl_woke */
+            atap_task t = spawn(sleep10, NULL, 0);
+            while (!atomic_load(&cl_entered)) nap_us(50);
+            nap_us(1000 + i % 1000); /* 1-2 ms: well inside the sleep */
+            check(atap_state_of(t) == ATAP_RUNNING, "the task is running when cancelled");
+            uint64_t asked = now_ns();
+            must(atap_cancel(t), "atap_cancel");
+            wait_done();
+            lat[i] = (int64_t)(atomic_load(&cl_woke) - asked);
+            check(atap_join(t, NULL, 0) == ATAP_ECANCELLED, "join reads ATAP_ECANCELLED");
+            atap_release(t);
+        }
+        qsort(lat, (size_t)N, sizeof *lat, cmp_i64);
+        per_op = (double)lat[N * 50 / 100];
+        snprintf(extra, sizeof extra,
+                 " cancel_p50_us=%.1f cancel_p99_us=%.1f cancel_max_us=%.1f cancel_min_us=%.1f",
+                 lat[N * 50 / 100] / 1e3, lat[N * 99 / 100] / 1e3, lat[N - 1] / 1e3, lat[0] / 1e3);
+        free(lat);
     } else if (!strcmp(w, "live_memory")) {
         for (long i = 0; i < N; i++) h[i] = spawn(put8, (void *)(uintptr_t)i, sizeof(uint64_t));
         for (long i = 0; i < N; i++) {
@@ -292,7 +374,7 @@ int main(int argc, char **argv) {
         snprintf(t, sizeof t, "%zu", st.peak_workers);
         setenv("BENCH_THREADS", t, 1);
     }
-    report(peer, w, N, ns, ns / ops, extra);
+    report(peer, w, N, ns, per_op ? per_op : ns / ops, extra);
 
     if (h && !strcmp(w, "live_memory"))
         for (long i = 0; i < N; i++) atap_release(h[i]);
