@@ -295,6 +295,8 @@ static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_op
         s->flags |= SF_OUT_HEAP;
     }
     s->out_size = (uint32_t)o->out_size;
+    if (slot_park_tail(s))
+        st_relaxed(&s->out.park.claim, 0); /* not parked */
     s->priority = (int8_t)o->priority;
     s->fn = fn;
     s->arg = arg;
@@ -473,14 +475,18 @@ void atap__exec_run(struct worker *w, uint32_t ref)
     uint64_t r;
     int rc;
 
-    /* Acquire: a last release seen here happened before the run. */
+    /* Acquire: a last release seen here happened before the run. With no
+     * listener left nobody can move the state any more, so the state read
+     * after the count is final (one read before it could predate a cancel
+     * made just before the last release). */
     r = ld_acquire(&s->refs);
     if (likely(s->ext == NULL) && word_state(cur) == ST_PENDING &&
-        (r & (REFS_RUN | REFS_RX | REFS_COUNT_MASK)) == REFS_RUN && refs_gen(r) == gen) {
+        (r & (REFS_RUN | REFS_RX | REFS_COUNT_MASK)) == REFS_RUN && refs_gen(r) == gen &&
+        ld_acquire(&s->word) == cur) {
         run_unobserved(w, s, ref, gen);
         return;
     }
-    if (unlikely(ld_acquire(&s->side) != NULL) && atap__park_resume(s, &ctx)) {
+    if (unlikely(word_state(cur) == ST_RUNNING) && atap__park_resume(s, &ctx)) {
         /* Back from a park: still RUNNING, unless stopped since. */
         if (word_state(ld_acquire(&s->word)) != ST_RUNNING) {
             atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);

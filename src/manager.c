@@ -74,7 +74,7 @@ void atap_inject_manager_faults(unsigned n)
 static bool manager_life(void)
 {
     struct atap_poller_event events[16];
-    uint64_t now = atap__now_ns(), next_tick = now + MANAGER_TICK_NS, wake_at;
+    uint64_t now = atap__now_ns(), next_tick = now + MANAGER_TICK_NS, wake_at, park_at;
     int n;
 
     while (!ld_acquire(&mgr.stop)) {
@@ -82,6 +82,8 @@ static bool manager_life(void)
             return true;
         now = atap__now_ns();
         wake_at = atap__timers_run(&mgr.timers, now);
+        park_at = atap__park_wheel_run(now);
+        wake_at = park_at < wake_at ? park_at : wake_at;
         atap__sched_flush();
         atap__sched_reap(false);
         atap__park_reap(false);

@@ -38,6 +38,20 @@
  * the process's life, since the poller may still report it): its waiter
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
+ * Deadline-only parks in the slot itself. A park on a deadline alone, in a
+ * task whose output leaves the slot's park tail free (slot.h), costs no
+ * memory beyond the slot: its claim word and deadline sit in the tail, and
+ * the park wheel below links it through the slot's `link` (free while the
+ * task is neither free nor queued). The wheel owns such a park, and its RUN
+ * reference, until the manager meets it: at its deadline (or a shutdown),
+ * the manager claims it, or finds it claimed by a cancel or a timeout, and
+ * only then queues the task again or ends its run. So a cancel is seen by
+ * readers at once (the state), while the slot itself goes at the deadline.
+ * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
+ * takes the stack and files each slot in a bucket of a hashed wheel of
+ * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
+ * end its run itself.
+ *
  * Signals and path changes are sources of their own, each one fd of ours
  * watched the same way: a self-pipe that a signal handler writes to (the
  * handler only sets a pending flag and writes a byte: async-signal-safe),
@@ -289,18 +303,20 @@ void atap__park_event(void *udata, unsigned events)
     pthread_mutex_lock(&fd_lock);
     for (at = &f->waiters; (p = *at) != NULL;) {
         /* HUP and ERR mean ready for whatever was asked. */
+        /* got first: a claim from ARMING is completed by the parker. */
         if (((p->events & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
-            claim(p, BY_READY) == 1) {
+            (st_relaxed(&p->got, events), claim(p, BY_READY) == 1)) {
             *at = p->fd_next;
             p->on_fd = false;
-            st_relaxed(&p->got, events);
             p->fd_next = ready;
             ready = p;
         } else {
             at = &p->fd_next;
         }
     }
-    rewatch(f); /* one-shot: the rest are watched again */
+    if (f->waiters) /* one-shot: the rest are watched again; with none left
+                       the watch is spent already, and the fd may be closed */
+        rewatch(f);
     pthread_mutex_unlock(&fd_lock);
     while ((p = ready) != NULL) {
         ready = p->fd_next;
@@ -450,10 +466,9 @@ static void claim_list(struct park **head, unsigned got, struct park **ready)
     struct park *p, **at;
 
     for (at = head; (p = *at) != NULL;) {
-        if ((!got || (p->events & got)) && claim(p, BY_READY) == 1) {
+        if ((!got || (p->events & got)) && (st_relaxed(&p->got, got), claim(p, BY_READY) == 1)) {
             *at = p->fd_next;
             p->on_fd = false;
-            st_relaxed(&p->got, got);
             p->fd_next = *ready;
             *ready = p;
         } else {
@@ -505,6 +520,221 @@ static void fire_deadline(struct atap_timer *t)
         complete(p, BY_DEADLINE);
 }
 
+/* ---- the park wheel (deadline-only parks in the slot) ------------------------ */
+
+#define WHEEL_TICK_SHIFT 16 /* 65.5 us */
+#define WHEEL_BITS 16       /* 65536 buckets: 4.3 s a round */
+#define WHEEL_N (1u << WHEEL_BITS)
+#define INBOX_CLOSED UINT32_MAX
+
+static _Atomic uint32_t inbox; /* slot index + 1 of the newest arm, 0, or CLOSED */
+static struct {                /* the manager's (or, closing, its stopper's) */
+    uint32_t head[WHEEL_N];    /* slot index + 1, linked through slot->link */
+    uint64_t bits[WHEEL_N / 64];
+    uint64_t done; /* every tick up to this one has been gone through */
+    bool started;
+} wheel;
+
+static bool tail_park(struct atap_slot *s, const struct atap_ctx *ctx)
+{
+    return ctx->park_kind == PK_UNTIL && ctx->deadline != ATAP__FOREVER && slot_park_tail(s);
+}
+
+/* The runner: the park goes on the wheel, which now owns RUN. */
+static void tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    uint32_t head, c = P_ARMING, w, st;
+
+    st_relaxed(&s->out.park.deadline, ctx->deadline);
+    st_seqcst(&s->out.park.claim, P_ARMING); /* against a canceller (interrupt) */
+    /* Once pushed, the park may be done and the slot freed before we are:
+     * a listener of our own keeps it until we let go. */
+    atap__exec_hold(s);
+    head = ld_relaxed(&inbox);
+    do {
+        if (head == INBOX_CLOSED) { /* no manager will meet it */
+            st_relaxed(&s->out.park.claim, P_IDLE);
+            atap__exec_finish_run(s, ctx->index, ctx->gen, ATAP_EFAILED);
+            atap__exec_release_listener(s, ctx->index, ctx->gen);
+            return;
+        }
+        atomic_store_explicit((_Atomic uint32_t *)&s->link, head, memory_order_relaxed);
+        /* Release: the deadline and link reach the manager with the push. */
+    } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, ctx->index + 1,
+                                                    memory_order_release, memory_order_relaxed));
+    if (head == 0)
+        atap__manager_wake(); /* it files what it finds and sleeps again */
+    if (atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_ARMED,
+                                                memory_order_acq_rel, memory_order_acquire)) {
+        w = ld_seqcst(&s->word);
+        st = word_state(w);
+        if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT)) {
+            c = P_ARMED; /* a stop that came before the park could be found */
+            atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_CLAIMED | BY_STOP,
+                                                    memory_order_acq_rel,
+                                                    memory_order_acquire);
+        }
+    } /* else claimed meanwhile: the manager acts on it */
+    atap__exec_release_listener(s, ctx->index, ctx->gen);
+}
+
+/* The manager meets a park at its deadline (or a close, with by OFF): it
+ * claims it, or finds the cancel or timeout that did, and acts. */
+static void tail_due(uint32_t index, int by)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t c = ld_acquire(&s->out.park.claim), gen = word_gen(ld_acquire(&s->word));
+
+    while ((c == P_ARMING || c == P_ARMED) &&
+           !atomic_compare_exchange_weak_explicit(&s->out.park.claim, &c, P_CLAIMED | (uint32_t)by,
+                                                  memory_order_acq_rel, memory_order_acquire)) {
+    }
+    if (c == P_ARMING || c == P_ARMED)
+        c = P_CLAIMED | (uint32_t)by;
+    if (c == (P_CLAIMED | BY_DEADLINE)) {
+        atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        return;
+    }
+    st_relaxed(&s->out.park.claim, P_IDLE);
+    atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
+}
+
+static uint64_t tick_of(uint64_t ns)
+{
+    return ns >> WHEEL_TICK_SHIFT;
+}
+
+static void file(uint32_t index)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t b = (uint32_t)(tick_of(ld_relaxed(&s->out.park.deadline)) % WHEEL_N);
+
+    atomic_store_explicit((_Atomic uint32_t *)&s->link, wheel.head[b], memory_order_relaxed);
+    wheel.head[b] = index + 1;
+    wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
+}
+
+/* Goes through bucket b: what is due now leaves (and is acted on), the
+ * rest (later rounds) stays. by: DEADLINE, or OFF for everything. */
+static void bucket_run(uint32_t b, uint64_t now, int by)
+{
+    uint32_t x = wheel.head[b], keep = 0, due = 0;
+
+    wheel.head[b] = 0;
+    wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
+    while (x) {
+        struct atap_slot *s = atap__table_at(x - 1);
+        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        bool go = by == BY_OFF || ld_relaxed(&s->out.park.deadline) <= now ||
+                  ld_acquire(&s->out.park.claim) >= P_CLAIMED; /* stopped: free it now */
+
+        atomic_store_explicit((_Atomic uint32_t *)&s->link, go ? due : keep,
+                              memory_order_relaxed);
+        *(go ? &due : &keep) = x;
+        x = next;
+    }
+    if (keep) {
+        wheel.head[b] = keep;
+        wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
+    }
+    while (due) { /* after the bucket is whole again: acting may arm */
+        struct atap_slot *s = atap__table_at(due - 1);
+        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        tail_due(due - 1, by);
+        due = next;
+    }
+}
+
+/* Takes in the arms and files them; one whose tick has been gone through
+ * already (a deadline past, or in a tick just finished) is due now. */
+static void take_inbox(uint64_t now)
+{
+    uint32_t x = atomic_exchange_explicit(&inbox, 0, memory_order_acquire), due = 0;
+
+    while (x && x != INBOX_CLOSED) {
+        struct atap_slot *s = atap__table_at(x - 1);
+        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        uint64_t deadline = ld_relaxed(&s->out.park.deadline);
+
+        if (deadline <= now || tick_of(deadline) <= wheel.done) {
+            atomic_store_explicit((_Atomic uint32_t *)&s->link, due, memory_order_relaxed);
+            due = x;
+        } else {
+            file(x - 1);
+        }
+        x = next;
+    }
+    while (due) {
+        struct atap_slot *s = atap__table_at(due - 1);
+        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        tail_due(due - 1, BY_DEADLINE);
+        due = next;
+    }
+}
+
+/* The earliest tick after `from` with a bucket in use, as a deadline. */
+static uint64_t next_due(uint64_t from)
+{
+    for (uint64_t t = from + 1, end = from + WHEEL_N; t <= end;) {
+        uint32_t b = (uint32_t)(t % WHEEL_N);
+        uint64_t word = wheel.bits[b / 64] >> (b % 64);
+
+        if (word)
+            return (t + (uint64_t)__builtin_ctzll(word) + 1) << WHEEL_TICK_SHIFT;
+        t += 64 - b % 64;
+    }
+    return ATAP__FOREVER;
+}
+
+uint64_t atap__park_wheel_run(uint64_t now)
+{
+    uint64_t cur = tick_of(now), t;
+
+    if (!wheel.started) {
+        wheel.done = cur ? cur - 1 : 0;
+        wheel.started = true;
+    }
+    take_inbox(now);
+    /* Ticks wholly past: (done, cur). A whole round or more: every bucket. */
+    if (cur > wheel.done + 1) {
+        uint64_t last = cur - 1;
+        for (t = cur - wheel.done - 1 >= WHEEL_N ? last - WHEEL_N + 1 : wheel.done + 1;
+             t <= last;) {
+            uint32_t b = (uint32_t)(t % WHEEL_N);
+            uint64_t word = wheel.bits[b / 64] >> (b % 64);
+
+            if (!word) {
+                t += 64 - b % 64;
+                continue;
+            }
+            t += (uint64_t)__builtin_ctzll(word);
+            if (t > last)
+                break;
+            bucket_run((uint32_t)(t % WHEEL_N), now, BY_DEADLINE);
+            t++;
+        }
+        wheel.done = last;
+    }
+    return next_due(wheel.done);
+}
+
+/* No manager will run again: every deadline park ends (its run FAILED),
+ * and later arms end their own runs. */
+static void wheel_close(void)
+{
+    uint32_t x = atomic_exchange_explicit(&inbox, INBOX_CLOSED, memory_order_acq_rel);
+
+    while (x && x != INBOX_CLOSED) {
+        struct atap_slot *s = atap__table_at(x - 1);
+        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        file(x - 1);
+        x = next;
+    }
+    for (uint32_t w = 0; w < WHEEL_N / 64; w++)
+        while (wheel.bits[w])
+            bucket_run(w * 64 + (uint32_t)__builtin_ctzll(wheel.bits[w]), 0, BY_OFF);
+}
+
 /* ---- arming, resuming, stopping ------------------------------------------ */
 
 /* The task's park record, made on first use (the caller holds RUN). */
@@ -527,15 +757,23 @@ static struct park *park_of(struct atap_slot *s)
 
 void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    struct park *p = park_of(s);
+    struct park *p;
     uint32_t c, st, w;
     bool closed;
     int by = 0;
 
-    if (!p) {
+    if (tail_park(s, ctx)) {
+        tail_arm(s, ctx);
+        return;
+    }
+    if (!(p = park_of(s))) {
         atap__exec_finish_run(s, ctx->index, ctx->gen, ATAP_EFAILED);
         return;
     }
+    /* Once ARMED, the park may be claimed, the task run to its end and the
+     * slot (and p with it) freed before we are done: our own listener keeps
+     * them until we let go. */
+    atap__exec_hold(s);
     p->index = ctx->index;
     p->gen = ctx->gen;
     p->kind = ctx->park_kind;
@@ -571,32 +809,39 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     c = P_ARMING;
     if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_acq_rel,
                                                  memory_order_acquire)) {
-        complete(p, (int)(c & ~P_CLAIMED));
-        return;
+        complete(p, (int)(c & ~P_CLAIMED)); /* claimed while we armed it */
+    } else if (ctx->park_kind == PK_WAKE &&
+               atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
+        /* A wake that came before the park was armed (atap__park_wake). */
+        if (claim(p, BY_READY) == 1)
+            complete(p, BY_READY);
+    } else {
+        /* A stop that came before the park could be found (seq_cst, against
+         * the canceller's CAS and fence). From here p may already be on its
+         * next park (claimed, resumed, parked again): a stop still applies. */
+        w = ld_seqcst(&s->word);
+        st = word_state(w);
+        if (word_gen(w) == ctx->gen &&
+            (st == ST_CANCELLED || st == ST_TIMED_OUT || st == ST_FAILED))
+            by = BY_STOP;
+        if (by && claim(p, by) == 1)
+            complete(p, by);
     }
-    /* A wake that came before the park was armed (see atap__park_wake). */
-    if (p->kind == PK_WAKE && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst) &&
-        claim(p, BY_READY) == 1) {
-        complete(p, BY_READY);
-        return;
-    }
-    /* A stop that came before the park could be found (seq_cst, against
-     * the canceller's CAS and fence). */
-    w = ld_seqcst(&s->word);
-    st = word_state(w);
-    if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT || st == ST_FAILED))
-        by = BY_STOP;
-    if (by && claim(p, by) == 1)
-        complete(p, by);
+    atap__exec_release_listener(s, ctx->index, ctx->gen);
 }
 
 bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    struct side *side = ld_acquire(&s->side);
-    struct park *p = ld_acquire(atap__side_park(side));
+    struct side *side;
+    struct park *p;
     uint32_t c;
 
-    if (!p)
+    if (slot_park_tail(s) && ld_acquire(&s->out.park.claim) == (P_CLAIMED | BY_DEADLINE)) {
+        st_relaxed(&s->out.park.claim, P_IDLE);
+        ctx->resumed = BY_DEADLINE;
+        return true;
+    }
+    if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(atap__side_park(side))))
         return false;
     c = ld_acquire(&p->claim);
     if (c != (P_CLAIMED | BY_READY) && c != (P_CLAIMED | BY_DEADLINE))
@@ -615,6 +860,15 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     /* Pairs with the parker's and the kernel waiter's seq_cst stores. */
     fence_seqcst();
+    if (slot_park_tail(s)) { /* a deadline park in the slot: claimed here,
+                                ended by the manager (see the top) */
+        uint32_t c = ld_seqcst(&s->out.park.claim);
+        while ((c == P_ARMING || c == P_ARMED) &&
+               !atomic_compare_exchange_weak_explicit(&s->out.park.claim, &c,
+                                                      P_CLAIMED | BY_STOP, memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+        }
+    }
     /* The side record and its park belong to this incarnation of the slot
      * (they go with it), and the caller holds a listener: p is this
      * task's, and its fields are read only after a claim, which acquires
@@ -629,6 +883,10 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
 
 void atap__park_open(void)
 {
+    uint32_t closed = INBOX_CLOSED;
+
+    atomic_compare_exchange_strong(&inbox, &closed, 0);
+    wheel.started = false;
     pthread_mutex_lock(&reg_lock);
     reg_closed = false;
     pthread_mutex_unlock(&reg_lock);
@@ -639,6 +897,7 @@ void atap__park_close_all(void)
     struct park *p;
     int r;
 
+    wheel_close();
     pthread_mutex_lock(&reg_lock);
     reg_closed = true;
     while ((p = armed_parks) != NULL) {

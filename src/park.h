@@ -36,6 +36,9 @@ bool atap__park_wake(uint32_t index, uint32_t gen);
 /* Manager: an fd watched for parks reported events (udata from the
  * poller). */
 void atap__park_event(void *udata, unsigned events);
+/* Manager, each pass: acts on the deadline parks that are due; returns
+ * when it must look again (UINT64_MAX: none waits). */
+uint64_t atap__park_wheel_run(uint64_t now);
 /* Manager: frees the park records let go of that its timer structure no
  * longer holds (all: it holds none). */
 void atap__park_reap(bool all);

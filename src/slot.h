@@ -80,8 +80,24 @@ struct atap_slot {
     union {
         unsigned char bytes[SLOT_SIZE - 72];
         void *heap;
+        /* The tail a small (<= PARK_TAIL bytes) or heap output leaves
+         * free: a park on a deadline keeps itself there (park.c). */
+        struct {
+            unsigned char output[32];
+            _Atomic uint64_t deadline;
+            _Atomic uint32_t claim;
+            uint32_t spare;
+        } park;
     } out;
 };
+
+#define PARK_TAIL 32u
+
+/* The slot's output leaves the park tail free. */
+static inline int slot_park_tail(const struct atap_slot *s)
+{
+    return (s->flags & SF_OUT_HEAP) || s->out_size <= PARK_TAIL;
+}
 
 #define INLINE_OUT (SLOT_SIZE - 72)
 

@@ -1,0 +1,1705 @@
+/*
+ * Waiting inside a task: kernel waits that a cancel or a run timeout
+ * interrupts (atap_sleep, atap_sleep_relaxed, atap_wait_fd), parks on an fd
+ * or a deadline that give the thread back (atap_park_fd, atap_park_until,
+ * ATAP_PARKED, atap_resumed ...), atap_block running a function that parks,
+ * and the sleep task (atap_spawn_sleep).
+ *
+ * Time: lower bounds ("never early") are exact; upper bounds are generous
+ * (seconds), the CI machine being a loaded 2-core VM.
+ *
+ * Everything a task reads lives in static storage (a test that fails half
+ * way leaves tasks behind until the teardown), and everything shared across
+ * threads is an atomic.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
+#include "test_util.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+typedef _Atomic uint64_t atomic_u64;
+
+static void make_pipe(int fds[2])
+{
+    assert_int_equal(pipe(fds), 0);
+    for (int i = 0; i < 2; i++) {
+        int fl = fcntl(fds[i], F_GETFL);
+        assert_true(fl >= 0);
+        assert_int_equal(fcntl(fds[i], F_SETFL, fl | O_NONBLOCK), 0);
+        assert_int_equal(fcntl(fds[i], F_SETFD, FD_CLOEXEC), 0);
+    }
+}
+
+static void close_pipe(int fds[2])
+{
+    close(fds[0]);
+    close(fds[1]);
+    fds[0] = fds[1] = -1;
+}
+
+/* Any thread. */
+static bool put_byte(int wfd) { return write(wfd, "x", 1) == 1; }
+
+static struct atap_status status_now(void)
+{
+    struct atap_status st;
+    assert_int_equal(atap_status(&st), 0);
+    return st;
+}
+
+static bool wait_manager(bool alive, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+    struct atap_status st;
+
+    do {
+        atap_status(&st);
+        if (st.manager_alive == alive)
+            return true;
+        sleep_us(1000);
+    } while (now_ns() < end);
+    return false;
+}
+
+static unsigned cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : (unsigned)n;
+}
+
+static void wait_workers_started(void)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (pool_stats().workers < cores() && now_ns() < end)
+        sleep_us(500);
+}
+
+/* Polls until pool stats show no worker inside a task. */
+static bool wait_not_busy(uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+    for (;;) {
+        if (pool_stats().busy == 0)
+            return true;
+        if (now_ns() > end)
+            return false;
+        sleep_us(200);
+    }
+}
+
+/* A task's state settles within timeout (polls atap_finished). */
+static bool wait_finished(atap_task t, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+    while (!atap_finished(t)) {
+        if (now_ns() > end)
+            return false;
+        sleep_us(200);
+    }
+    return true;
+}
+
+static atap_task spawn0(atap_fn *fn, void *arg)
+{
+    atap_task t = ATAP_NO_TASK;
+    assert_int_equal(atap_spawn(&t, fn, arg, NULL), 0);
+    return t;
+}
+
+/* ---- 1. atap_sleep sleeps at least the time asked ----------------------- */
+
+struct sleep_arg {
+    uint64_t ns;
+    bool relaxed;
+};
+
+static int task_sleep_measure(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    const struct sleep_arg *a = arg;
+    uint64_t t0 = atap_now();
+    int rc = a->relaxed ? atap_sleep_relaxed(a->ns) : atap_sleep(a->ns);
+    uint64_t el = atap_now() - t0;
+
+    CHECK(rc == 0);
+    memcpy(out, &el, sizeof el);
+    return 0;
+}
+
+#define N_SLEEP_CASES 10
+static struct sleep_arg g_sleep_args[N_SLEEP_CASES] = {
+    {0, false},           {0, true},           {ATAP_US(300), false}, {ATAP_US(300), true},
+    {ATAP_MS(1), false},  {ATAP_MS(1), true},  {ATAP_MS(7), false},   {ATAP_MS(7), true},
+    {ATAP_MS(25), false}, {ATAP_MS(25), true},
+};
+
+static void test_park_sleep_never_short(void **state)
+{
+    (void)state;
+    atap_task ts[N_SLEEP_CASES];
+
+    /* one at a time, so a loaded pool does not blur what is measured */
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N_SLEEP_CASES; i++) {
+            ts[i] = spawn8(task_sleep_measure, &g_sleep_args[i]);
+            uint64_t el = join8(ts[i]);
+            if (el < g_sleep_args[i].ns)
+                fail_msg("%s sleep of %llu ns took %llu ns",
+                         g_sleep_args[i].relaxed ? "relaxed" : "precise",
+                         (unsigned long long)g_sleep_args[i].ns, (unsigned long long)el);
+            atap_release(ts[i]);
+        }
+    }
+    /* and all at once */
+    for (int i = 0; i < N_SLEEP_CASES; i++)
+        ts[i] = spawn8(task_sleep_measure, &g_sleep_args[i]);
+    for (int i = 0; i < N_SLEEP_CASES; i++) {
+        assert_true(join8(ts[i]) >= g_sleep_args[i].ns);
+        atap_release(ts[i]);
+    }
+
+    /* outside a task (the test thread): a plain sleep, returning 0 */
+    for (int i = 0; i < N_SLEEP_CASES; i++) {
+        uint64_t t0 = atap_now();
+        int rc = g_sleep_args[i].relaxed ? atap_sleep_relaxed(g_sleep_args[i].ns)
+                                         : atap_sleep(g_sleep_args[i].ns);
+        uint64_t el = atap_now() - t0;
+        assert_int_equal(rc, 0);
+        assert_true(el >= g_sleep_args[i].ns);
+    }
+    assert_no_failures();
+}
+
+/* ---- 2. a cancel or a run timeout interrupts a kernel wait -------------- */
+
+enum { KW_SLEEP, KW_SLEEP_RELAXED, KW_WAIT_FD, KW_SLEEP_AFTER_CANCEL };
+
+struct kwait {
+    int kind;
+    int fd;
+    atomic_int started;
+    atomic_int done;
+    atomic_int rc;
+    atomic_u64 elapsed;
+};
+
+static struct kwait g_kw;
+
+static int task_kernel_wait(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    struct kwait *k = arg;
+    uint64_t t0 = atap_now();
+    int rc = 1;
+
+    atomic_store(&k->started, 1);
+    switch (k->kind) {
+    case KW_SLEEP:
+        rc = atap_sleep(ATAP_SEC(30));
+        break;
+    case KW_SLEEP_RELAXED:
+        rc = atap_sleep_relaxed(ATAP_SEC(30));
+        break;
+    case KW_WAIT_FD:
+        rc = atap_wait_fd(k->fd, ATAP_READABLE, ATAP_FOREVER);
+        break;
+    case KW_SLEEP_AFTER_CANCEL:
+        /* the cancel came before the wait: it still returns at once */
+        while (!atap_cancelled(ctx) && !released_all())
+            sleep_us(100);
+        rc = atap_sleep(ATAP_SEC(30));
+        break;
+    }
+    atomic_store(&k->elapsed, atap_now() - t0);
+    atomic_store(&k->rc, rc);
+    atomic_store(&k->done, 1);
+    return 0;
+}
+
+static const char *kw_name(int kind)
+{
+    switch (kind) {
+    case KW_SLEEP:
+        return "atap_sleep";
+    case KW_SLEEP_RELAXED:
+        return "atap_sleep_relaxed";
+    case KW_WAIT_FD:
+        return "atap_wait_fd";
+    default:
+        return "atap_sleep after the cancel";
+    }
+}
+
+/* cancel: atap_cancel from the test thread; else a run timeout of 50 ms. */
+static void kernel_wait_interrupted(int kind, bool cancel, int fd)
+{
+    struct kwait *k = &g_kw;
+    atap_task t;
+    atap_spawn_opts o = {.timeout_ns = cancel ? 0 : ATAP_MS(50)};
+
+    k->kind = kind;
+    k->fd = fd;
+    atomic_store(&k->started, 0);
+    atomic_store(&k->done, 0);
+    atomic_store(&k->rc, 1);
+    atomic_store(&k->elapsed, 0);
+    assert_int_equal(atap_spawn(&t, task_kernel_wait, k, &o), 0);
+    assert_true(wait_atomic_at_least(&k->started, 1, ATAP_SEC(10)));
+    if (cancel) {
+        if (kind != KW_SLEEP_AFTER_CANCEL)
+            sleep_ms(20); /* well inside the wait */
+        assert_int_equal(atap_cancel(t), 0);
+    }
+    /* the function itself comes back within 5 s, not 30 */
+    if (!wait_atomic_at_least(&k->done, 1, ATAP_SEC(5)))
+        fail_msg("%s (%s) did not return within 5 s", kw_name(kind),
+                 cancel ? "cancel" : "run timeout");
+    int rc = atomic_load(&k->rc);
+    if (rc != (cancel ? ATAP_ECANCELLED : ATAP_ETIMEDOUT))
+        fail_msg("%s (%s) returned %d (%s)", kw_name(kind), cancel ? "cancel" : "run timeout", rc,
+                 atap_strerror(rc));
+    if (!cancel) /* the run timeout is never early (a little slack: t0 is in the run) */
+        assert_true(atomic_load(&k->elapsed) >= ATAP_MS(45));
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(5)),
+                     cancel ? ATAP_ECANCELLED : ATAP_ETIMEDOUT);
+    assert_int_equal(atap_state_of(t), cancel ? ATAP_CANCELLED : ATAP_TIMED_OUT);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+static void test_park_kernel_wait_interrupted(void **state)
+{
+    (void)state;
+    int p[2];
+
+    make_pipe(p);
+    for (int kind = KW_SLEEP; kind <= KW_WAIT_FD; kind++) {
+        kernel_wait_interrupted(kind, true, p[0]);
+        kernel_wait_interrupted(kind, false, p[0]);
+    }
+    kernel_wait_interrupted(KW_SLEEP_AFTER_CANCEL, true, p[0]);
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* ---- 3. a leftover wake never cancels the next task --------------------- */
+
+struct wake_round {
+    atomic_int sleepers_started;
+    atomic_int sleepers_done;
+    atomic_int shorts_done;
+    atomic_int shorts_cancelled; /* a short task that read ECANCELLED */
+    atomic_int shorts_bad;       /* other nonzero, or woke early */
+};
+
+static struct wake_round g_wr;
+
+static int task_short_sleeper(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    uint64_t t0 = atap_now();
+    int rc = atap_sleep_relaxed(ATAP_MS(1));
+    uint64_t el = atap_now() - t0;
+
+    if (rc == ATAP_ECANCELLED)
+        atomic_fetch_add(&g_wr.shorts_cancelled, 1);
+    else if (rc != 0 || el < ATAP_MS(1))
+        atomic_fetch_add(&g_wr.shorts_bad, 1);
+    atomic_fetch_add(&g_wr.shorts_done, 1);
+    return 0;
+}
+
+/* Sleeps 30 s; once cancelled it spawns a short sleeper, which most likely
+ * runs next on this very thread (the worker's LIFO slot). */
+static int task_cancelled_sleeper(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atap_task t;
+
+    atomic_fetch_add(&g_wr.sleepers_started, 1);
+    int rc = atap_sleep(ATAP_SEC(30));
+    CHECK(rc == ATAP_ECANCELLED);
+    CHECK(atap_spawn(&t, task_short_sleeper, NULL, NULL) == 0);
+    atap_release(t);
+    atomic_fetch_add(&g_wr.sleepers_done, 1);
+    return 0;
+}
+
+static void test_park_leftover_wake_never_cancels(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(200, 50);
+    struct wake_round *w = &g_wr;
+
+    atomic_store(&w->sleepers_started, 0);
+    atomic_store(&w->sleepers_done, 0);
+    atomic_store(&w->shorts_done, 0);
+    atomic_store(&w->shorts_cancelled, 0);
+    atomic_store(&w->shorts_bad, 0);
+    for (int i = 0; i < rounds; i++) {
+        atap_task s[2], shorts[2];
+
+        for (int j = 0; j < 2; j++)
+            s[j] = spawn0(task_cancelled_sleeper, NULL);
+        assert_true(wait_atomic_at_least(&w->sleepers_started, 2 * (i + 1), ATAP_SEC(10)));
+        if (i % 3 == 1)
+            sleep_us(200); /* sometimes well inside the wait, sometimes on its way in */
+        for (int j = 0; j < 2; j++)
+            assert_int_equal(atap_cancel(s[j]), 0);
+        /* and short sleepers right behind the cancels, from here */
+        for (int j = 0; j < 2; j++)
+            shorts[j] = spawn0(task_short_sleeper, NULL);
+        for (int j = 0; j < 2; j++) {
+            assert_int_equal(atap_join_for(s[j], NULL, 0, ATAP_SEC(5)), ATAP_ECANCELLED);
+            atap_release(s[j]);
+            assert_int_equal(atap_join_for(shorts[j], NULL, 0, ATAP_SEC(10)), 0);
+            atap_release(shorts[j]);
+        }
+        assert_true(wait_atomic_at_least(&w->sleepers_done, 2 * (i + 1), ATAP_SEC(5)));
+    }
+    assert_true(wait_atomic_at_least(&w->shorts_done, 4 * rounds, ATAP_SEC(20)));
+    assert_int_equal(atomic_load(&w->shorts_cancelled), 0);
+    assert_int_equal(atomic_load(&w->shorts_bad), 0);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* ---- 4. atap_wait_fd's results ------------------------------------------ */
+
+struct wfd_arg {
+    int data_rfd;   /* has a byte */
+    int silent_rfd; /* nobody writes */
+    int silent_wfd; /* its write end: writable */
+    int late_rfd;   /* a byte comes 30 ms after `armed` */
+    int hup_rfd;    /* its write end is closed */
+    atomic_int armed;
+};
+
+static struct wfd_arg g_wfd;
+
+/* Runs the checks on whatever thread calls it (CHECK, not assert). */
+static void wait_fd_cases(struct wfd_arg *a, bool late)
+{
+    int rc = atap_wait_fd(a->data_rfd, ATAP_READABLE, ATAP_SEC(10));
+    CHECK(rc > 0 && (rc & ATAP_READABLE));
+
+    uint64_t t0 = atap_now();
+    rc = atap_wait_fd(a->silent_rfd, ATAP_READABLE, ATAP_MS(20));
+    CHECK(rc == ATAP_ENOTREADY);
+    CHECK(atap_now() - t0 >= ATAP_MS(20));
+    CHECK(atap_wait_fd(a->silent_rfd, ATAP_READABLE, 0) == ATAP_ENOTREADY);
+
+    rc = atap_wait_fd(a->silent_wfd, ATAP_WRITABLE, ATAP_SEC(10));
+    CHECK(rc > 0 && (rc & ATAP_WRITABLE));
+    rc = atap_wait_fd(a->silent_wfd, ATAP_READABLE | ATAP_WRITABLE, ATAP_SEC(10));
+    CHECK(rc > 0 && (rc & ATAP_WRITABLE));
+
+    rc = atap_wait_fd(a->hup_rfd, ATAP_READABLE, ATAP_SEC(10));
+    CHECK(rc > 0 && (rc & (ATAP_READABLE | ATAP_HANGUP)));
+
+    CHECK(atap_wait_fd(a->data_rfd, 0, ATAP_SEC(1)) == ATAP_EINVAL);
+    CHECK(atap_wait_fd(a->data_rfd, ATAP_HANGUP, ATAP_SEC(1)) == ATAP_EINVAL);
+    CHECK(atap_wait_fd(a->data_rfd, ATAP_ERROR, ATAP_SEC(1)) == ATAP_EINVAL);
+    CHECK(atap_wait_fd(a->data_rfd, ATAP_READABLE | 0x100u, ATAP_SEC(1)) == ATAP_EINVAL);
+    CHECK(atap_wait_fd(-1, ATAP_READABLE, ATAP_SEC(1)) == -EBADF);
+    CHECK(atap_wait_fd(-1, ATAP_WRITABLE, 0) == -EBADF);
+
+    if (late) {
+        t0 = atap_now();
+        atomic_store(&a->armed, 1);
+        rc = atap_wait_fd(a->late_rfd, ATAP_READABLE, ATAP_FOREVER);
+        CHECK(rc > 0 && (rc & ATAP_READABLE));
+        CHECK(atap_now() - t0 >= ATAP_MS(25));
+    }
+}
+
+static int task_wait_fd_cases(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    wait_fd_cases(arg, true);
+    return 0;
+}
+
+/* Writes a byte delay_ms after *armed reaches at_least (at once if NULL). */
+struct late_writer {
+    atomic_int *armed;
+    int at_least;
+    int wfd;
+    unsigned delay_ms;
+};
+
+static void *late_writer_main(void *arg)
+{
+    struct late_writer *lw = arg;
+    uint64_t end = now_ns() + ATAP_SEC(20);
+
+    if (lw->armed)
+        while (atomic_load(lw->armed) < lw->at_least && now_ns() < end)
+            sleep_us(100);
+    sleep_ms(lw->delay_ms);
+    CHECK(put_byte(lw->wfd));
+    return NULL;
+}
+
+static void test_park_wait_fd_results(void **state)
+{
+    (void)state;
+    int data[2], silent[2], late[2], hup[2];
+    struct wfd_arg *a = &g_wfd;
+
+    make_pipe(data);
+    make_pipe(silent);
+    make_pipe(late);
+    make_pipe(hup);
+    assert_true(put_byte(data[1]));
+    close(hup[1]);
+    a->data_rfd = data[0];
+    a->silent_rfd = silent[0];
+    a->silent_wfd = silent[1];
+    a->late_rfd = late[0];
+    a->hup_rfd = hup[0];
+    atomic_store(&a->armed, 0);
+
+    /* inside a task */
+    pthread_t th;
+    static struct late_writer lw;
+    lw = (struct late_writer){.armed = &a->armed, .at_least = 1, .wfd = late[1], .delay_ms = 30};
+    assert_int_equal(pthread_create(&th, NULL, late_writer_main, &lw), 0);
+    atap_task t = spawn0(task_wait_fd_cases, a);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(30)), 0);
+    atap_release(t);
+    pthread_join(th, NULL);
+    assert_no_failures();
+
+    /* and on the test thread (a plain poll) */
+    char c;
+    assert_int_equal(read(late[0], &c, 1), 1);
+    atomic_store(&a->armed, 0);
+    assert_int_equal(pthread_create(&th, NULL, late_writer_main, &lw), 0);
+    wait_fd_cases(a, true);
+    pthread_join(th, NULL);
+    assert_no_failures();
+
+    close_pipe(data);
+    close_pipe(silent);
+    close_pipe(late);
+    close(hup[0]);
+}
+
+/* ---- 5. park_until: resumed at its deadline, never early --------------- */
+
+struct until_arg {
+    uint64_t delay;
+    atomic_int runs;
+    atomic_u64 deadline;
+};
+
+#define N_UNTIL 6
+static struct until_arg g_until[N_UNTIL];
+
+static int task_park_until(atap_ctx *ctx, void *arg, void *out)
+{
+    struct until_arg *u = arg;
+    int run = atomic_fetch_add(&u->runs, 1);
+
+    if (!atap_resumed(ctx)) {
+        CHECK(run == 0);
+        CHECK(atap_resume_reason(ctx) == 0);
+        CHECK(atap_resume_events(ctx) == 0);
+        uint64_t d = atap_now() + u->delay;
+        atomic_store(&u->deadline, d);
+        CHECK(atap_park_until(ctx, d) == 0);
+        return ATAP_PARKED;
+    }
+    uint64_t now = atap_now(), d = atomic_load(&u->deadline);
+    CHECK(run == 1);
+    CHECK(atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE);
+    CHECK(atap_resume_events(ctx) == 0);
+    CHECK(atap_self(ctx).id != 0);
+    uint64_t late = now >= d ? now - d : UINT64_MAX; /* UINT64_MAX: early */
+    memcpy(out, &late, sizeof late);
+    return 0;
+}
+
+static void test_park_until_deadline(void **state)
+{
+    (void)state;
+    static const uint64_t delays[N_UNTIL] = {ATAP_MS(50), ATAP_MS(50),  ATAP_MS(1),
+                                             ATAP_MS(10), ATAP_MS(120), 0};
+    atap_task ts[N_UNTIL];
+    uint64_t t0[N_UNTIL];
+
+    for (int i = 0; i < N_UNTIL; i++) {
+        g_until[i].delay = delays[i];
+        atomic_store(&g_until[i].runs, 0);
+        atomic_store(&g_until[i].deadline, 0);
+        t0[i] = atap_now();
+        ts[i] = spawn8(task_park_until, &g_until[i]);
+    }
+    for (int i = 0; i < N_UNTIL; i++) {
+        uint64_t late = 0;
+        assert_int_equal(atap_join_for(ts[i], &late, sizeof late, ATAP_SEC(10)), 0);
+        uint64_t joined = atap_now();
+        if (late == UINT64_MAX)
+            fail_msg("park_until(+%llu ns) resumed before its deadline",
+                     (unsigned long long)delays[i]);
+        assert_true(joined - t0[i] >= delays[i]);
+        assert_int_equal(atomic_load(&g_until[i].runs), 2);
+        print_message("park_until +%llu ms: resumed %llu us late\n",
+                      (unsigned long long)(delays[i] / 1000000u),
+                      (unsigned long long)(late / 1000u));
+        atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* ---- 6. park_fd ----------------------------------------------------------- */
+
+struct fd_parker {
+    int fd;
+    uint64_t timeout;
+    atomic_int first;
+    atomic_int resumed;
+    atomic_int reason;
+    atomic_int events;
+    atomic_u64 parked_at;
+};
+
+#define N_FD_PARKERS 3
+static struct fd_parker g_fdp[N_FD_PARKERS + 1];
+
+static int task_park_fd_once(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    struct fd_parker *p = arg;
+
+    if (!atap_resumed(ctx)) {
+        CHECK(atap_resume_reason(ctx) == 0);
+        atomic_store(&p->parked_at, atap_now());
+        CHECK(atap_park_fd(ctx, p->fd, ATAP_READABLE, p->timeout) == 0);
+        atomic_fetch_add(&p->first, 1);
+        return ATAP_PARKED;
+    }
+    atomic_store(&p->reason, atap_resume_reason(ctx));
+    atomic_store(&p->events, (int)atap_resume_events(ctx));
+    atomic_fetch_add(&p->resumed, 1);
+    uint64_t el = atap_now() - atomic_load(&p->parked_at);
+    memcpy(out, &el, sizeof el);
+    return 0;
+}
+
+static void fd_parker_init(struct fd_parker *p, int fd, uint64_t timeout)
+{
+    p->fd = fd;
+    p->timeout = timeout;
+    atomic_store(&p->first, 0);
+    atomic_store(&p->resumed, 0);
+    atomic_store(&p->reason, 0);
+    atomic_store(&p->events, 0);
+    atomic_store(&p->parked_at, 0);
+}
+
+static void test_park_fd_many_on_one_pipe(void **state)
+{
+    (void)state;
+    int p[2];
+    atap_task ts[N_FD_PARKERS];
+
+    make_pipe(p);
+    for (int i = 0; i < N_FD_PARKERS; i++) {
+        fd_parker_init(&g_fdp[i], p[0], ATAP_FOREVER);
+        ts[i] = spawn8(task_park_fd_once, &g_fdp[i]);
+    }
+    for (int i = 0; i < N_FD_PARKERS; i++)
+        assert_true(wait_atomic_at_least(&g_fdp[i].first, 1, ATAP_SEC(10)));
+    sleep_ms(100);
+    for (int i = 0; i < N_FD_PARKERS; i++) {
+        assert_int_equal(atomic_load(&g_fdp[i].resumed), 0);
+        assert_int_equal(atap_try_join(ts[i], NULL, 8), ATAP_EINVAL); /* NULL out */
+        uint64_t v;
+        assert_int_equal(atap_try_join(ts[i], &v, sizeof v), ATAP_ENOTREADY);
+        assert_false(atap_finished(ts[i]));
+    }
+    assert_true(put_byte(p[1]));
+    for (int i = 0; i < N_FD_PARKERS; i++) {
+        uint64_t v;
+        assert_int_equal(atap_join_for(ts[i], &v, sizeof v, ATAP_SEC(10)), 0);
+        assert_int_equal(atomic_load(&g_fdp[i].resumed), 1);
+        assert_int_equal(atomic_load(&g_fdp[i].reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&g_fdp[i].events) & ATAP_READABLE);
+        assert_true(v >= ATAP_MS(100)); /* it waited for the byte */
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atomic_load(&g_fdp[0].first), 1); /* one first run each */
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+    assert_no_failures();
+}
+
+static void test_park_fd_timeout(void **state)
+{
+    (void)state;
+    int p[2];
+    struct fd_parker *f = &g_fdp[N_FD_PARKERS];
+
+    make_pipe(p);
+    fd_parker_init(f, p[0], ATAP_MS(50));
+    atap_task t = spawn8(task_park_fd_once, f);
+    uint64_t el = 0;
+    assert_int_equal(atap_join_for(t, &el, sizeof el, ATAP_SEC(10)), 0);
+    assert_int_equal(atomic_load(&f->resumed), 1);
+    assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_DEADLINE);
+    assert_int_equal(atomic_load(&f->events), 0); /* nothing reported for a deadline */
+    assert_true(el >= ATAP_MS(50));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* A park on an fd that is ready already: resumed at once, READY, with the
+ * events reported (the byte is never read, so every round's fd is ready). */
+static void test_park_fd_ready_at_once(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(200, 50), no_events = 0;
+    struct fd_parker *f = &g_fdp[0];
+    int p[2];
+
+    make_pipe(p);
+    assert_true(put_byte(p[1]));
+    for (int i = 0; i < rounds; i++) {
+        fd_parker_init(f, p[0], i % 2 ? ATAP_SEC(60) : ATAP_FOREVER);
+        atap_task t = spawn8(task_park_fd_once, f);
+        uint64_t v;
+        assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+        assert_int_equal(atomic_load(&f->resumed), 1);
+        assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+        if (!(atomic_load(&f->events) & ATAP_READABLE))
+            no_events++;
+        atap_release(t);
+    }
+    if (no_events)
+        fail_msg("%d of %d parks on a readable pipe resumed READY without ATAP_READABLE "
+                 "in atap_resume_events",
+                 no_events, rounds);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* One byte per resume, parking again until it has counted `want`. */
+struct reader {
+    int fd;
+    int want;
+    atomic_int first;
+    atomic_int reads;
+    atomic_int resumes;
+    atomic_int empty;       /* resumed READY with nothing to read */
+    atomic_int no_readable; /* resumed READY without ATAP_READABLE reported */
+    atomic_int odd_events;  /* the events of the last such resume */
+};
+
+static struct reader g_reader;
+
+static int task_park_reader(atap_ctx *ctx, void *arg, void *out)
+{
+    struct reader *r = arg;
+
+    if (atap_resumed(ctx)) {
+        char c;
+        atomic_fetch_add(&r->resumes, 1);
+        CHECK(atap_resume_reason(ctx) == ATAP_RESUME_READY);
+        unsigned ev = atap_resume_events(ctx);
+        if (!(ev & ATAP_READABLE)) {
+            atomic_fetch_add(&r->no_readable, 1);
+            atomic_store(&r->odd_events, (int)ev);
+        }
+        ssize_t n = read(r->fd, &c, 1);
+        if (n == 1) {
+            if (atomic_fetch_add(&r->reads, 1) + 1 == r->want) {
+                uint64_t v = (uint64_t)r->want;
+                memcpy(out, &v, sizeof v);
+                return 0;
+            }
+        } else {
+            atomic_fetch_add(&r->empty, 1);
+        }
+    } else {
+        atomic_fetch_add(&r->first, 1);
+    }
+    CHECK(atap_park_fd(ctx, r->fd, ATAP_READABLE, ATAP_FOREVER) == 0);
+    return ATAP_PARKED;
+}
+
+static void test_park_fd_repeatedly(void **state)
+{
+    (void)state;
+    int p[2];
+    struct reader *r = &g_reader;
+
+    make_pipe(p);
+    r->fd = p[0];
+    r->want = 100;
+    atomic_store(&r->first, 0);
+    atomic_store(&r->reads, 0);
+    atomic_store(&r->resumes, 0);
+    atomic_store(&r->empty, 0);
+    atomic_store(&r->no_readable, 0);
+    atomic_store(&r->odd_events, 0);
+    atap_task t = spawn8(task_park_reader, r);
+    assert_true(wait_atomic_at_least(&r->first, 1, ATAP_SEC(10)));
+    for (int i = 0; i < r->want; i++) {
+        assert_true(put_byte(p[1]));
+        if (i % 10 == 0) /* sometimes it catches up and parks on an empty pipe */
+            sleep_us(2000);
+        else if (i % 3 == 0)
+            sleep_us(100);
+    }
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(20)), 0);
+    assert_int_equal(v, 100);
+    assert_int_equal(atomic_load(&r->reads), 100);
+    assert_int_equal(atomic_load(&r->first), 1);
+    print_message("100 bytes: %d resumes, %d with nothing to read\n", atomic_load(&r->resumes),
+                  atomic_load(&r->empty));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+    assert_no_failures();
+    if (atomic_load(&r->no_readable))
+        fail_msg("%d of %d resumes (reason READY) did not report ATAP_READABLE; the last "
+                 "reported 0x%x",
+                 atomic_load(&r->no_readable), atomic_load(&r->resumes),
+                 (unsigned)atomic_load(&r->odd_events));
+    /* A resume with nothing to read is tolerated (the task parks again):
+     * an event the manager fetched before a re-park may come in late. */
+    assert_true(atomic_load(&r->empty) <= 10);
+}
+
+/* ---- 7. parked tasks hold no thread --------------------------------------- */
+
+struct mass {
+    int fd;
+    uint64_t deadline;
+    atomic_int first;
+    atomic_int resumed_fd;
+    atomic_int resumed_timer;
+    atomic_int early;
+    atomic_int wrong;
+};
+
+static struct mass g_mass;
+
+static int task_mass_park(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    struct mass *m = &g_mass;
+    bool timer = ((uintptr_t)arg & 1) != 0;
+
+    if (!atap_resumed(ctx)) {
+        int rc = timer ? atap_park_until(ctx, m->deadline)
+                       : atap_park_fd(ctx, m->fd, ATAP_READABLE, ATAP_FOREVER);
+        CHECK(rc == 0);
+        atomic_fetch_add(&m->first, 1);
+        return ATAP_PARKED;
+    }
+    if (timer) {
+        if (atap_now() < m->deadline)
+            atomic_fetch_add(&m->early, 1);
+        if (atap_resume_reason(ctx) != ATAP_RESUME_DEADLINE)
+            atomic_fetch_add(&m->wrong, 1);
+        atomic_fetch_add(&m->resumed_timer, 1);
+    } else {
+        if (atap_resume_reason(ctx) != ATAP_RESUME_READY ||
+            !(atap_resume_events(ctx) & ATAP_READABLE))
+            atomic_fetch_add(&m->wrong, 1);
+        atomic_fetch_add(&m->resumed_fd, 1);
+    }
+    return 0;
+}
+
+static void test_park_holds_no_thread(void **state)
+{
+    (void)state;
+    size_t n = scaled(10000, 2000);
+    atap_task *ts = calloc(n, sizeof *ts);
+    struct mass *m = &g_mass;
+    int p[2];
+
+    assert_non_null(ts);
+    make_pipe(p);
+    wait_workers_started();
+    struct atap_pool_stats before = pool_stats();
+    m->fd = p[0];
+    m->deadline = atap_now() + ATAP_SEC(2);
+    atomic_store(&m->first, 0);
+    atomic_store(&m->resumed_fd, 0);
+    atomic_store(&m->resumed_timer, 0);
+    atomic_store(&m->early, 0);
+    atomic_store(&m->wrong, 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(atap_spawn(&ts[i], task_mass_park, (void *)(uintptr_t)i, NULL), 0);
+    assert_true(wait_atomic_at_least(&m->first, (int)n, ATAP_SEC(30)));
+    if (atap_now() + ATAP_MS(300) < m->deadline) {
+        /* every one has parked, none has resumed yet */
+        assert_true(wait_not_busy(m->deadline - atap_now() - ATAP_MS(200)));
+        struct atap_pool_stats during = pool_stats();
+        print_message("%zu parked: workers %zu -> %zu (peak %zu -> %zu), busy %zu, live %zu\n", n,
+                      before.workers, during.workers, before.peak_workers, during.peak_workers,
+                      during.busy, during.live);
+        assert_true(during.peak_workers == before.peak_workers ||
+                    during.workers <= before.workers + 1);
+        assert_true(during.live >= g_live_base + n);
+        assert_int_equal(atomic_load(&m->resumed_timer), 0);
+    } else {
+        print_message("spawning %zu took too long to look at the pool before the deadline\n", n);
+    }
+    /* a fresh plain task still runs */
+    atap_task t = spawn8(task_value, (void *)(uintptr_t)31);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_int_equal(v, 31);
+    atap_release(t);
+    assert_int_equal(atomic_load(&m->resumed_fd), 0);
+
+    /* release them: the byte for half, the deadline for the rest */
+    assert_true(put_byte(p[1]));
+    for (size_t i = 0; i < n; i++) {
+        int rc = atap_join_for(ts[i], NULL, 0, ATAP_SEC(30));
+        if (rc != 0)
+            fail_msg("parked task %zu (%s) joined %d (%s)", i, (i & 1) ? "timer" : "pipe", rc,
+                     atap_strerror(rc));
+        atap_release(ts[i]);
+    }
+    assert_true(atap_now() >= m->deadline);
+    assert_int_equal(atomic_load(&m->resumed_fd), (int)(n - n / 2));
+    assert_int_equal(atomic_load(&m->resumed_timer), (int)(n / 2));
+    assert_int_equal(atomic_load(&m->early), 0);
+    assert_int_equal(atomic_load(&m->wrong), 0);
+    free(ts);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* ---- 8. a cancel frees a parked task --------------------------------------- */
+
+static void test_park_cancel_frees(void **state)
+{
+    (void)state;
+    int p[2];
+    struct fd_parker *f = &g_fdp[0];
+
+    make_pipe(p);
+    fd_parker_init(f, p[0], ATAP_FOREVER);
+    atap_task t = spawn8(task_park_fd_once, f);
+    assert_true(wait_atomic_at_least(&f->first, 1, ATAP_SEC(10)));
+    sleep_ms(20); /* armed by now */
+    assert_int_equal(atap_cancel(t), 0);
+    uint64_t v;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_ECANCELLED);
+    assert_int_equal(atap_state_of(t), ATAP_CANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(5)));
+    /* the fd no longer wakes it */
+    assert_true(put_byte(p[1]));
+    sleep_ms(50);
+    assert_int_equal(atomic_load(&f->resumed), 0);
+
+    /* the same with a park on a deadline: read as cancelled at once, never
+     * resumed, and its slot back by the deadline at the latest */
+    struct until_arg *u = &g_until[0];
+    u->delay = ATAP_MS(400);
+    atomic_store(&u->runs, 0);
+    t = spawn8(task_park_until, u);
+    assert_true(wait_atomic_at_least(&u->runs, 1, ATAP_SEC(10)));
+    sleep_ms(20);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_ECANCELLED);
+    assert_int_equal(atap_state_of(t), ATAP_CANCELLED);
+    atap_release(t);
+    uint64_t deadline = atomic_load(&u->deadline);
+    while (atap_now() < deadline + ATAP_MS(100))
+        sleep_ms(10);
+    assert_true(wait_live_back(ATAP_SEC(5)));
+    assert_int_equal(atomic_load(&u->runs), 1);
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* ---- 9. a manager restart keeps parked tasks -------------------------------- */
+
+#define N_RESTART 16
+static struct fd_parker g_rs_fd[N_RESTART];
+
+struct rs_until {
+    uint64_t deadline;
+    atomic_int runs;
+    atomic_int reason;
+    atomic_u64 resumed_at;
+};
+static struct rs_until g_rs_until[N_RESTART];
+
+static int task_park_fixed_until(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    struct rs_until *u = arg;
+
+    atomic_fetch_add(&u->runs, 1);
+    if (!atap_resumed(ctx)) {
+        CHECK(atap_park_until(ctx, u->deadline) == 0);
+        return ATAP_PARKED;
+    }
+    atomic_store(&u->resumed_at, atap_now());
+    atomic_store(&u->reason, atap_resume_reason(ctx));
+    return 0;
+}
+
+static void test_park_survives_manager_restart(void **state)
+{
+    (void)state;
+    int p[2];
+    atap_task tf[N_RESTART], tu[N_RESTART];
+
+    make_pipe(p);
+    unsigned restarts0 = atap__manager_restarts();
+    uint64_t deadline = atap_now() + ATAP_MS(300);
+    for (int i = 0; i < N_RESTART; i++) {
+        fd_parker_init(&g_rs_fd[i], p[0], ATAP_FOREVER);
+        tf[i] = spawn8(task_park_fd_once, &g_rs_fd[i]);
+        g_rs_until[i].deadline = deadline + (uint64_t)i * ATAP_MS(1);
+        atomic_store(&g_rs_until[i].runs, 0);
+        atomic_store(&g_rs_until[i].reason, 0);
+        atomic_store(&g_rs_until[i].resumed_at, 0);
+        tu[i] = spawn0(task_park_fixed_until, &g_rs_until[i]);
+    }
+    for (int i = 0; i < N_RESTART; i++) {
+        assert_true(wait_atomic_at_least(&g_rs_fd[i].first, 1, ATAP_SEC(10)));
+        assert_true(wait_atomic_at_least(&g_rs_until[i].runs, 1, ATAP_SEC(10)));
+    }
+    sleep_ms(10); /* all armed */
+
+    atap_inject_manager_faults(2);
+    /* 2 restarts: 10 + 20 ms of backoff at least */
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (atap__manager_restarts() < restarts0 + 2 && now_ns() < end)
+        sleep_us(500);
+    assert_true(atap__manager_restarts() >= restarts0 + 2);
+    assert_true(wait_manager(true, ATAP_SEC(10)));
+    assert_true(status_now().healthy);
+    for (int i = 0; i < N_RESTART; i++)
+        assert_int_equal(atomic_load(&g_rs_fd[i].resumed), 0);
+
+    assert_true(put_byte(p[1]));
+    for (int i = 0; i < N_RESTART; i++) {
+        uint64_t v;
+        int rc = atap_join_for(tf[i], &v, sizeof v, ATAP_SEC(10));
+        if (rc != 0)
+            fail_msg("fd-parked task %d after a restart: %d (%s)", i, rc, atap_strerror(rc));
+        assert_int_equal(atomic_load(&g_rs_fd[i].reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&g_rs_fd[i].events) & ATAP_READABLE);
+        rc = atap_join_for(tu[i], NULL, 0, ATAP_SEC(10));
+        if (rc != 0)
+            fail_msg("deadline-parked task %d after a restart: %d (%s)", i, rc, atap_strerror(rc));
+        assert_int_equal(atomic_load(&g_rs_until[i].runs), 2);
+        assert_int_equal(atomic_load(&g_rs_until[i].reason), ATAP_RESUME_DEADLINE);
+        assert_true(atomic_load(&g_rs_until[i].resumed_at) >= g_rs_until[i].deadline);
+        atap_release(tf[i]);
+        atap_release(tu[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* ---- 10. the manager giving up writes parked tasks off ----------------------- */
+
+static int task_sleep_5ms(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    uint64_t t0 = atap_now();
+    int rc = atap_sleep_relaxed(ATAP_MS(5));
+    uint64_t el = atap_now() - t0;
+    CHECK(rc == 0);
+    memcpy(out, &el, sizeof el);
+    return 0;
+}
+
+static void test_park_manager_gone_writes_off(void **state)
+{
+    (void)state;
+    int p[2];
+    atap_task ts[N_RESTART];
+
+    make_pipe(p);
+    for (int i = 0; i < N_RESTART; i++) {
+        fd_parker_init(&g_rs_fd[i], p[0], i % 2 ? ATAP_SEC(120) : ATAP_FOREVER);
+        ts[i] = spawn8(task_park_fd_once, &g_rs_fd[i]);
+    }
+    for (int i = 0; i < N_RESTART; i++)
+        assert_true(wait_atomic_at_least(&g_rs_fd[i].first, 1, ATAP_SEC(10)));
+    sleep_ms(10);
+
+    atap_inject_manager_faults(16);
+    assert_true(wait_manager(false, ATAP_SEC(10)));
+    /* past the restart limit: every parked task reads EFAILED */
+    for (int i = 0; i < N_RESTART; i++) {
+        uint64_t v;
+        int rc = atap_join_for(ts[i], &v, sizeof v, ATAP_SEC(10));
+        if (rc != ATAP_EFAILED)
+            fail_msg("parked task %d when the manager gave up: %d (%s)", i, rc, atap_strerror(rc));
+        assert_int_equal(atap_state_of(ts[i]), ATAP_FAILED);
+        assert_int_equal(atomic_load(&g_rs_fd[i].resumed), 0);
+    }
+    sleep_ms(300); /* 10+20+...+50 ms of backoff, then it stays gone */
+    struct atap_status st = status_now();
+    assert_false(st.manager_alive);
+    assert_false(st.healthy);
+    assert_true(st.initialised);
+    for (int i = 0; i < N_RESTART; i++)
+        atap_release(ts[i]);
+
+    /* a park from now on fails at once */
+    struct fd_parker *f = &g_fdp[0];
+    fd_parker_init(f, p[0], ATAP_FOREVER);
+    atap_task t = spawn8(task_park_fd_once, f);
+    uint64_t v;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_EFAILED);
+    atap_release(t);
+    struct until_arg *u = &g_until[0];
+    u->delay = ATAP_SEC(60);
+    atomic_store(&u->runs, 0);
+    t = spawn8(task_park_until, u);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_EFAILED);
+    assert_int_equal(atomic_load(&u->runs), 1);
+    atap_release(t);
+    assert_int_equal(atap_spawn_sleep(&t, ATAP_MS(10), false, NULL), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_EFAILED);
+    atap_release(t);
+
+    /* plain tasks and kernel waits still work */
+    for (int i = 0; i < 100; i++) {
+        t = spawn8(task_value, (void *)(uintptr_t)i);
+        assert_true(join8(t) == (uint64_t)i);
+        atap_release(t);
+    }
+    t = spawn8(task_sleep_5ms, NULL);
+    assert_true(join8(t) >= ATAP_MS(5));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+
+    /* a new runtime parks again */
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_init(NULL), 0);
+    assert_true(wait_manager(true, ATAP_SEC(5)));
+    u->delay = ATAP_MS(20);
+    atomic_store(&u->runs, 0);
+    t = spawn8(task_park_until, u);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_true(v != UINT64_MAX);
+    atap_release(t);
+    fd_parker_init(f, p[0], ATAP_FOREVER); /* the pipe is still empty */
+    t = spawn8(task_park_fd_once, f);
+    assert_true(wait_atomic_at_least(&f->first, 1, ATAP_SEC(10)));
+    assert_true(put_byte(p[1]));
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+    atap_release(t);
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* ---- 11. shutdown writes parked tasks off ----------------------------------- */
+
+struct shutdown_call {
+    atomic_int done;
+    atomic_int rc;
+};
+
+static struct shutdown_call g_sd;
+
+static void *shutdown_main(void *arg)
+{
+    struct shutdown_call *c = arg;
+    atomic_store(&c->rc, atap_shutdown());
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+static void test_park_shutdown_writes_off(void **state)
+{
+    (void)state;
+    int p[2];
+    struct fd_parker *f = &g_fdp[0], *g = &g_fdp[1];
+    struct until_arg *u = &g_until[0];
+
+    make_pipe(p);
+    fd_parker_init(f, p[0], ATAP_FOREVER);
+    fd_parker_init(g, p[0], ATAP_SEC(120));
+    u->delay = ATAP_SEC(120);
+    atomic_store(&u->runs, 0);
+    atap_task tf = spawn8(task_park_fd_once, f);
+    atap_task tg = spawn8(task_park_fd_once, g);
+    atap_task tu = spawn8(task_park_until, u);
+    assert_true(wait_atomic_at_least(&f->first, 1, ATAP_SEC(10)));
+    assert_true(wait_atomic_at_least(&g->first, 1, ATAP_SEC(10)));
+    assert_true(wait_atomic_at_least(&u->runs, 1, ATAP_SEC(10)));
+    sleep_ms(10);
+
+    /* on a thread of its own, so a shutdown that waits for the parked tasks
+     * fails the test instead of hanging it */
+    pthread_t th;
+    atomic_store(&g_sd.done, 0);
+    atomic_store(&g_sd.rc, 1);
+    assert_int_equal(pthread_create(&th, NULL, shutdown_main, &g_sd), 0);
+    if (!wait_atomic_at_least(&g_sd.done, 1, ATAP_SEC(20)))
+        fail_msg("atap_shutdown did not return within 20 s with tasks parked");
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&g_sd.rc), 0);
+    assert_false(atap_initialised());
+
+    uint64_t v;
+    assert_int_equal(atap_join_for(tf, &v, sizeof v, ATAP_SEC(5)), ATAP_EFAILED);
+    assert_int_equal(atap_join_for(tg, &v, sizeof v, ATAP_SEC(5)), ATAP_EFAILED);
+    assert_int_equal(atap_join_for(tu, &v, sizeof v, ATAP_SEC(5)), ATAP_EFAILED);
+    assert_int_equal(atap_state_of(tf), ATAP_FAILED);
+    assert_int_equal(atomic_load(&f->resumed), 0);
+    assert_int_equal(atomic_load(&g->resumed), 0);
+    assert_int_equal(atomic_load(&u->runs), 1);
+    atap_release(tf);
+    atap_release(tg);
+    atap_release(tu);
+    assert_true(wait_live_back(ATAP_SEC(5)));
+
+    /* and a new runtime parks again on the same pipe */
+    assert_int_equal(atap_init(NULL), 0);
+    fd_parker_init(f, p[0], ATAP_FOREVER);
+    tf = spawn8(task_park_fd_once, f);
+    assert_true(wait_atomic_at_least(&f->first, 1, ATAP_SEC(10)));
+    assert_true(put_byte(p[1]));
+    assert_int_equal(atap_join_for(tf, &v, sizeof v, ATAP_SEC(10)), 0);
+    atap_release(tf);
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* ---- 12. atap_block with parks; bad park calls ------------------------------- */
+
+struct blk {
+    int fd;
+    pthread_t thread;
+    atomic_int stage;
+    uint64_t deadline;
+    uint64_t fd_parked_at;
+};
+
+static struct blk g_blk;
+
+static int block_parks(atap_ctx *ctx, void *arg, void *out)
+{
+    struct blk *b = arg;
+    int stage = atomic_fetch_add(&b->stage, 1);
+
+    CHECK(pthread_equal(pthread_self(), b->thread));
+    CHECK(atap_self(ctx).id == 0);
+    switch (stage) {
+    case 0:
+        CHECK(!atap_resumed(ctx));
+        CHECK(atap_resume_reason(ctx) == 0);
+        b->deadline = atap_now() + ATAP_MS(20);
+        CHECK(atap_park_until(ctx, b->deadline) == 0);
+        /* a second park call in one run */
+        CHECK(atap_park_fd(ctx, b->fd, ATAP_READABLE, ATAP_FOREVER) == ATAP_EINVAL);
+        CHECK(atap_park_until(ctx, 0) == ATAP_EINVAL);
+        return ATAP_PARKED;
+    case 1:
+        CHECK(atap_resumed(ctx));
+        CHECK(atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE);
+        CHECK(atap_now() >= b->deadline);
+        b->fd_parked_at = atap_now();
+        CHECK(atap_park_fd(ctx, b->fd, ATAP_READABLE, ATAP_FOREVER) == 0);
+        return ATAP_PARKED;
+    case 2: {
+        char c;
+        CHECK(atap_resumed(ctx));
+        CHECK(atap_resume_reason(ctx) == ATAP_RESUME_READY);
+        CHECK(atap_resume_events(ctx) & ATAP_READABLE);
+        CHECK(atap_now() - b->fd_parked_at >= ATAP_MS(25));
+        CHECK(read(b->fd, &c, 1) == 1);
+        /* and a park on the silent pipe with a timeout */
+        b->deadline = atap_now() + ATAP_MS(15);
+        CHECK(atap_park_fd(ctx, b->fd, ATAP_READABLE, ATAP_MS(15)) == 0);
+        return ATAP_PARKED;
+    }
+    case 3: {
+        CHECK(atap_resumed(ctx));
+        CHECK(atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE);
+        CHECK(atap_now() >= b->deadline);
+        uint64_t v = 4242;
+        memcpy(out, &v, sizeof v);
+        return 0;
+    }
+    default:
+        CHECK(!"ran too often");
+        return -1;
+    }
+}
+
+static int parked_without_park(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    atomic_fetch_add((atomic_int *)arg, 1);
+    return ATAP_PARKED;
+}
+
+static void test_park_block(void **state)
+{
+    (void)state;
+    int p[2];
+    struct blk *b = &g_blk;
+    pthread_t th;
+
+    make_pipe(p);
+    b->fd = p[0];
+    b->thread = pthread_self();
+    atomic_store(&b->stage, 0);
+    /* the byte comes 30 ms after the second run began (it asks for the fd) */
+    static struct late_writer lw;
+    lw = (struct late_writer){.armed = &b->stage, .at_least = 2, .wfd = p[1], .delay_ms = 30};
+    assert_int_equal(pthread_create(&th, NULL, late_writer_main, &lw), 0);
+    uint64_t v = 0;
+    assert_int_equal(atap_block(block_parks, b, &v, sizeof v), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(v, 4242);
+    assert_int_equal(atomic_load(&b->stage), 4);
+    assert_no_failures();
+
+    /* the same without a runtime */
+    assert_int_equal(atap_shutdown(), 0);
+    atomic_store(&b->stage, 0);
+    assert_int_equal(pthread_create(&th, NULL, late_writer_main, &lw), 0);
+    v = 0;
+    assert_int_equal(atap_block(block_parks, b, &v, sizeof v), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(v, 4242);
+    assert_int_equal(atomic_load(&b->stage), 4);
+    assert_no_failures();
+    assert_int_equal(atap_init(NULL), 0);
+
+    /* ATAP_PARKED without a park call fails the run */
+    static atomic_int runs;
+    atomic_store(&runs, 0);
+    assert_int_equal(atap_block(parked_without_park, &runs, NULL, 0), ATAP_EFAILED);
+    assert_int_equal(atomic_load(&runs), 1);
+    atap_task t = spawn0(parked_without_park, &runs);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), ATAP_EFAILED);
+    assert_int_equal(atap_state_of(t), ATAP_FAILED);
+    atap_release(t);
+    assert_int_equal(atomic_load(&runs), 2);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+}
+
+/* Bad park calls, from a spawned task. */
+struct bad_args {
+    int fd;
+    atomic_int runs;
+    uint64_t deadline;
+};
+
+static struct bad_args g_bad;
+
+static int task_bad_park_calls(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    struct bad_args *a = arg;
+
+    if (atomic_fetch_add(&a->runs, 1) == 0) {
+        CHECK(atap_park_fd(ctx, -1, ATAP_READABLE, ATAP_FOREVER) == ATAP_EINVAL);
+        CHECK(atap_park_fd(ctx, a->fd, 0, ATAP_FOREVER) == ATAP_EINVAL);
+        CHECK(atap_park_fd(ctx, a->fd, ATAP_HANGUP, ATAP_FOREVER) == ATAP_EINVAL);
+        CHECK(atap_park_fd(ctx, a->fd, ATAP_READABLE | 0x40u, ATAP_FOREVER) == ATAP_EINVAL);
+        a->deadline = atap_now() + ATAP_MS(10);
+        CHECK(atap_park_until(ctx, a->deadline) == 0);
+        /* a second park call in one run */
+        CHECK(atap_park_until(ctx, atap_now() + ATAP_SEC(60)) == ATAP_EINVAL);
+        CHECK(atap_park_fd(ctx, a->fd, ATAP_READABLE, ATAP_FOREVER) == ATAP_EINVAL);
+        return ATAP_PARKED;
+    }
+    /* resumed by the first call, the deadline */
+    CHECK(atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE);
+    CHECK(atap_now() >= a->deadline);
+    return 0;
+}
+
+static void test_park_bad_calls(void **state)
+{
+    (void)state;
+    int p[2];
+
+    make_pipe(p);
+    /* no task: NULL ctx */
+    assert_int_equal(atap_park_until(NULL, atap_now() + ATAP_MS(1)), ATAP_EINVAL);
+    assert_int_equal(atap_park_fd(NULL, p[0], ATAP_READABLE, ATAP_FOREVER), ATAP_EINVAL);
+    assert_false(atap_resumed(NULL));
+    assert_int_equal(atap_resume_reason(NULL), 0);
+    assert_int_equal(atap_resume_events(NULL), 0);
+
+    g_bad.fd = p[0];
+    atomic_store(&g_bad.runs, 0);
+    atap_task t = spawn0(task_bad_park_calls, &g_bad);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), 0);
+    assert_int_equal(atomic_load(&g_bad.runs), 2);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+    assert_no_failures();
+}
+
+/* ---- 13. the sleep task ------------------------------------------------------ */
+
+static void test_park_sleep_task(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t v;
+
+    for (int precise = 0; precise < 2; precise++) {
+        for (int round = 0; round < 3; round++) {
+            uint64_t t0 = atap_now();
+            assert_int_equal(atap_spawn_sleep(&t, ATAP_MS(30), precise, NULL), 0);
+            v = 0;
+            assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+            uint64_t el = atap_now() - t0;
+            if (v < ATAP_MS(30) || el < ATAP_MS(30))
+                fail_msg("%s sleep task of 30 ms: output %llu ns, joined after %llu ns",
+                         precise ? "precise" : "relaxed", (unsigned long long)v,
+                         (unsigned long long)el);
+            if (round == 0)
+                print_message("%s sleep task of 30 ms: slept %llu us\n",
+                              precise ? "precise" : "relaxed", (unsigned long long)(v / 1000u));
+            atap_release(t);
+        }
+    }
+    /* opts with out_size 8 or 0; after_ns counts in the sleep */
+    uint64_t t0 = atap_now();
+    assert_int_equal(atap_spawn_sleep(&t, ATAP_MS(20), true,
+                                      &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_MS(40)}),
+                     0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_true(v >= ATAP_MS(40));
+    assert_true(atap_now() - t0 >= ATAP_MS(40));
+    atap_release(t);
+    assert_int_equal(atap_spawn_sleep(&t, ATAP_MS(5), false, &(atap_spawn_opts){.out_size = 0}), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_true(v >= ATAP_MS(5));
+    atap_release(t);
+    /* 0 ns */
+    assert_int_equal(atap_spawn_sleep(&t, 0, true, NULL), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    atap_release(t);
+
+    /* many at once, 1..100 ms */
+    size_t n = scaled(1000, 200);
+    uint64_t worst = 0;
+    atap_task *ts = calloc(n, sizeof *ts);
+    uint64_t *start = calloc(n, sizeof *start);
+    assert_non_null(ts);
+    assert_non_null(start);
+    for (size_t i = 0; i < n; i++) {
+        start[i] = atap_now();
+        assert_int_equal(atap_spawn_sleep(&ts[i], ATAP_MS(1 + i % 100), i % 2 == 0, NULL), 0);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t ns = ATAP_MS(1 + i % 100);
+        v = 0;
+        int rc = atap_join_for(ts[i], &v, sizeof v, ATAP_SEC(30));
+        if (rc == 0 && v - ns > worst)
+            worst = v - ns;
+        if (rc != 0 || v < ns || atap_now() - start[i] < ns)
+            fail_msg("sleep task %zu of %llu ns: rc %d, output %llu", i, (unsigned long long)ns, rc,
+                     (unsigned long long)v);
+        atap_release(ts[i]);
+    }
+    print_message("%zu sleep tasks of 1..100 ms: the latest woke %llu us late\n", n,
+                  (unsigned long long)(worst / 1000u));
+    free(ts);
+    free(start);
+
+    /* cancelled before it ends */
+    assert_int_equal(atap_spawn_sleep(&t, ATAP_SEC(30), false, NULL), 0);
+    sleep_ms(10);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_int_equal(atap_spawn_sleep(&t, ATAP_SEC(30), true, NULL), 0);
+    sleep_ms(10);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_ECANCELLED);
+    atap_release(t);
+    /* a run timeout ends a sleep task parked on its timer */
+    assert_int_equal(
+        atap_spawn_sleep(&t, ATAP_SEC(30), false, &(atap_spawn_opts){.timeout_ns = ATAP_MS(50)}),
+        0);
+    assert_true(wait_finished(t, ATAP_SEC(5)));
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_ETIMEDOUT);
+    assert_int_equal(atap_state_of(t), ATAP_TIMED_OUT);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+
+    /* bad opts */
+    t.id = 77;
+    assert_int_equal(atap_spawn_sleep(&t, ATAP_MS(1), false, &(atap_spawn_opts){.out_size = 4}),
+                     ATAP_EINVAL);
+    assert_true(t.id == 0);
+    t.id = 77;
+    assert_int_equal(atap_spawn_sleep(&t, ATAP_MS(1), true,
+                                      &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = 1000}),
+                     ATAP_EINVAL);
+    assert_true(t.id == 0);
+    assert_int_equal(atap_spawn_sleep(NULL, ATAP_MS(1), true, NULL), ATAP_EINVAL);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* ---- 14. races (for TSan) ------------------------------------------------------ */
+
+struct race {
+    atomic_int fd;
+    _Atomic uint64_t timeout;
+    _Atomic uint64_t deadline; /* park_until instead of the fd when nonzero */
+    atomic_int first;
+    atomic_int resumes;
+    atomic_int reason;
+};
+
+static struct race g_race;
+
+static int task_race(atap_ctx *ctx, void *arg, void *out)
+{
+    struct race *r = arg;
+
+    if (!atap_resumed(ctx)) {
+        uint64_t d = atomic_load(&r->deadline);
+        int rc =
+            d ? atap_park_until(ctx, d)
+              : atap_park_fd(ctx, atomic_load(&r->fd), ATAP_READABLE, atomic_load(&r->timeout));
+        CHECK(rc == 0);
+        atomic_store(&r->first, 1);
+        return ATAP_PARKED;
+    }
+    atomic_fetch_add(&r->resumes, 1);
+    atomic_store(&r->reason, atap_resume_reason(ctx));
+    uint64_t v = 7;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void race_init(struct race *r, int fd, uint64_t timeout, uint64_t deadline)
+{
+    atomic_store(&r->fd, fd);
+    atomic_store(&r->timeout, timeout);
+    atomic_store(&r->deadline, deadline);
+    atomic_store(&r->first, 0);
+    atomic_store(&r->resumes, 0);
+    atomic_store(&r->reason, 0);
+}
+
+struct racer {
+    test_barrier *bar;
+    int wfd;
+};
+
+static void *racer_write(void *arg)
+{
+    struct racer *rc = arg;
+    barrier_wait(rc->bar);
+    CHECK(put_byte(rc->wfd));
+    return NULL;
+}
+
+/* The round's task settled READY (it ran, resumed exactly once)
+ * or CANCELLED (at most one resumed run), and its slot goes. */
+static void race_settle(atap_task t, struct race *r, bool may_cancel, int *ready, int *cancelled)
+{
+    uint64_t v = 0;
+    int rc = atap_join_for(t, &v, sizeof v, ATAP_SEC(10));
+    atap_state st = atap_state_of(t);
+
+    if (rc == 0) {
+        assert_int_equal(st, ATAP_READY);
+        assert_int_equal(v, 7);
+        (*ready)++;
+    } else if (rc == ATAP_ECANCELLED && may_cancel) {
+        assert_int_equal(st, ATAP_CANCELLED);
+        (*cancelled)++;
+    } else {
+        fail_msg("a racing task joined %d (%s), state %d", rc, atap_strerror(rc), (int)st);
+    }
+    atap_release(t);
+    if (!wait_live_back(ATAP_SEC(10))) /* never hangs, never leaks */
+        fail_msg("a racing task joined %d (%s) but its slot was still held 10 s after its "
+                 "handle was released (first run %s, %d resumed runs)",
+                 rc, atap_strerror(rc), atomic_load(&r->first) ? "parked" : "not seen",
+                 atomic_load(&r->resumes));
+    int resumes = atomic_load(&r->resumes);
+    if (rc == 0)
+        assert_int_equal(resumes, 1);
+    else
+        assert_true(resumes <= 1);
+}
+
+static void test_park_race_cancel_vs_fd(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(200, 50), ready = 0, cancelled = 0;
+    struct race *r = &g_race;
+    test_barrier bar;
+
+    for (int i = 0; i < rounds; i++) {
+        int p[2];
+        pthread_t th;
+
+        make_pipe(p);
+        race_init(r, p[0], ATAP_FOREVER, 0);
+        atap_task t = spawn8(task_race, r);
+        assert_true(wait_atomic_at_least(&r->first, 1, ATAP_SEC(10)));
+        if (i % 2)
+            sleep_us(100);
+        barrier_init(&bar, 2);
+        struct racer rr = {&bar, p[1]};
+        assert_int_equal(pthread_create(&th, NULL, racer_write, &rr), 0);
+        barrier_wait(&bar);
+        assert_int_equal(atap_cancel(t), 0);
+        pthread_join(th, NULL);
+        race_settle(t, r, true, &ready, &cancelled);
+        if (atomic_load(&r->resumes) == 1)
+            assert_int_equal(atomic_load(&r->reason), ATAP_RESUME_READY);
+        close_pipe(p);
+    }
+    print_message("cancel vs fd: %d ready, %d cancelled\n", ready, cancelled);
+    assert_no_failures();
+}
+
+static void test_park_race_cancel_vs_park(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(200, 50), ready = 0, cancelled = 0;
+    struct race *r = &g_race;
+
+    for (int i = 0; i < rounds; i++) {
+        int p[2];
+        bool data = i % 3 == 1, timer = i % 3 == 2;
+
+        make_pipe(p);
+        if (data)
+            assert_true(put_byte(p[1]));
+        /* a short deadline: its slot may be kept until then */
+        race_init(r, p[0], ATAP_FOREVER, timer ? atap_now() + ATAP_MS(50) : 0);
+        atap_task t = spawn8(task_race, r);
+        if (i % 4 == 3) {
+            sched_yield(); /* sometimes a little later: inside the first run */
+        } else if (i % 4 == 2) {
+            /* right as the first run returns ATAP_PARKED: against the arming */
+            uint64_t end = now_ns() + ATAP_SEC(10);
+            while (!atomic_load(&r->first) && now_ns() < end)
+                ;
+        }
+        assert_int_equal(atap_cancel(t), 0);
+        int before = cancelled;
+        race_settle(t, r, true, &ready, &cancelled);
+        if (!data && !timer && cancelled == before)
+            fail_msg("a task parked on a silent pipe ended READY");
+        close_pipe(p);
+    }
+    print_message("cancel vs park: %d ready, %d cancelled\n", ready, cancelled);
+    assert_no_failures();
+}
+
+static void test_park_race_deadline_vs_fd(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(200, 50), ready = 0, deadline = 0, dummy = 0;
+    struct race *r = &g_race;
+
+    for (int i = 0; i < rounds; i++) {
+        int p[2];
+
+        make_pipe(p);
+        race_init(r, p[0], ATAP_US(500 + (i % 4) * 250), 0);
+        atap_task t = spawn8(task_race, r);
+        assert_true(wait_atomic_at_least(&r->first, 1, ATAP_SEC(10)));
+        sleep_us((unsigned)(i % 7) * 200);
+        assert_true(put_byte(p[1]));
+        race_settle(t, r, false, &dummy, &dummy);
+        int reason = atomic_load(&r->reason);
+        assert_true(reason == ATAP_RESUME_READY || reason == ATAP_RESUME_DEADLINE);
+        if (reason == ATAP_RESUME_READY)
+            ready++;
+        else
+            deadline++;
+        close_pipe(p);
+    }
+    print_message("deadline vs fd: %d by the fd, %d by the deadline\n", ready, deadline);
+    assert_no_failures();
+}
+
+static void test_park_race_cancel_vs_deadline(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(200, 50), ready = 0, cancelled = 0;
+    struct race *r = &g_race;
+
+    for (int i = 0; i < rounds; i++) {
+        race_init(r, -1, 0, atap_now() + ATAP_US(300 + (i % 5) * 200));
+        atap_task t = spawn8(task_race, r);
+        assert_true(wait_atomic_at_least(&r->first, 1, ATAP_SEC(10)));
+        sleep_us((unsigned)(i % 6) * 150);
+        assert_int_equal(atap_cancel(t), 0);
+        race_settle(t, r, true, &ready, &cancelled);
+    }
+    print_message("cancel vs deadline: %d ready, %d cancelled\n", ready, cancelled);
+    assert_no_failures();
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
+    const struct CMUnitTest tests[] = {
+        T(test_park_sleep_never_short),
+        T(test_park_kernel_wait_interrupted),
+        T(test_park_leftover_wake_never_cancels),
+        T(test_park_wait_fd_results),
+        T(test_park_until_deadline),
+        T(test_park_fd_many_on_one_pipe),
+        T(test_park_fd_timeout),
+        T(test_park_fd_ready_at_once),
+        T(test_park_fd_repeatedly),
+        T(test_park_holds_no_thread),
+        T(test_park_cancel_frees),
+        T(test_park_survives_manager_restart),
+        T(test_park_manager_gone_writes_off),
+        T(test_park_shutdown_writes_off),
+        T(test_park_block),
+        T(test_park_bad_calls),
+        T(test_park_sleep_task),
+        T(test_park_race_cancel_vs_fd),
+        T(test_park_race_cancel_vs_park),
+        T(test_park_race_deadline_vs_fd),
+        T(test_park_race_cancel_vs_deadline),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
