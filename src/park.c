@@ -540,42 +540,47 @@ static bool tail_park(struct atap_slot *s, const struct atap_ctx *ctx)
     return ctx->park_kind == PK_UNTIL && ctx->deadline != ATAP__FOREVER && slot_park_tail(s);
 }
 
-/* The runner: the park goes on the wheel, which now owns RUN. */
+/* The runner: the park goes on the wheel, which now owns RUN. It is ARMED
+ * before it is pushed, and the push is the last we touch of the slot: once
+ * pushed, the manager may end it and free the slot at any moment. A stop
+ * that came before the ARMED store was visible is claimed here (seq_cst,
+ * against the canceller's CAS and fence); one after it claims it itself. */
 static void tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    uint32_t head, c = P_ARMING, w, st;
+    uint32_t head, c = P_ARMED, w = 0, st;
 
     st_relaxed(&s->out.park.deadline, ctx->deadline);
-    st_seqcst(&s->out.park.claim, P_ARMING); /* against a canceller (interrupt) */
-    /* Once pushed, the park may be done and the slot freed before we are:
-     * a listener of our own keeps it until we let go. */
-    atap__exec_hold(s);
+    st_seqcst(&s->out.park.claim, P_ARMED);
+    w = ld_seqcst(&s->word);
+    st = word_state(w);
+    if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
+        atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_CLAIMED | BY_STOP,
+                                                memory_order_acq_rel, memory_order_acquire);
     head = ld_relaxed(&inbox);
     do {
-        if (head == INBOX_CLOSED) { /* no manager will meet it */
+        if (head == INBOX_CLOSED) { /* no manager will meet it: ours to end */
             st_relaxed(&s->out.park.claim, P_IDLE);
             atap__exec_finish_run(s, ctx->index, ctx->gen, ATAP_EFAILED);
-            atap__exec_release_listener(s, ctx->index, ctx->gen);
             return;
         }
         atomic_store_explicit((_Atomic uint32_t *)&s->link, head, memory_order_relaxed);
-        /* Release: the deadline and link reach the manager with the push. */
+        /* Release: the deadline, claim and link reach the manager. */
     } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, ctx->index + 1,
                                                     memory_order_release, memory_order_relaxed));
     if (head == 0)
         atap__manager_wake(); /* it files what it finds and sleeps again */
-    if (atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_ARMED,
-                                                memory_order_acq_rel, memory_order_acquire)) {
-        w = ld_seqcst(&s->word);
-        st = word_state(w);
-        if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT)) {
-            c = P_ARMED; /* a stop that came before the park could be found */
-            atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_CLAIMED | BY_STOP,
-                                                    memory_order_acq_rel,
-                                                    memory_order_acquire);
-        }
-    } /* else claimed meanwhile: the manager acts on it */
-    atap__exec_release_listener(s, ctx->index, ctx->gen);
+}
+
+/* Resumes found in one pass, queued together: one CAS and one wake check
+ * for a burst. Manager (or closer) only. */
+#define RESUME_BATCH 256
+static uint32_t resumed[RESUME_BATCH];
+static unsigned nresumed;
+
+static void wheel_flush(void)
+{
+    atap__pool_submit_batch(resumed, nresumed);
+    nresumed = 0;
 }
 
 /* The manager meets a park at its deadline (or a close, with by OFF): it
@@ -592,7 +597,13 @@ static void tail_due(uint32_t index, int by)
     if (c == P_ARMING || c == P_ARMED)
         c = P_CLAIMED | (uint32_t)by;
     if (c == (P_CLAIMED | BY_DEADLINE)) {
-        atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        if (s->flags & SF_BLOCKING) {
+            atap__pool_submit(index + 1, s->priority, true);
+        } else { /* a burst goes to the pool in one batch (wheel_flush) */
+            if (nresumed == RESUME_BATCH)
+                wheel_flush();
+            resumed[nresumed++] = index + 1;
+        }
         return;
     }
     st_relaxed(&s->out.park.claim, P_IDLE);
@@ -715,6 +726,7 @@ uint64_t atap__park_wheel_run(uint64_t now)
         }
         wheel.done = last;
     }
+    wheel_flush();
     return next_due(wheel.done);
 }
 
@@ -733,6 +745,7 @@ static void wheel_close(void)
     for (uint32_t w = 0; w < WHEEL_N / 64; w++)
         while (wheel.bits[w])
             bucket_run(w * 64 + (uint32_t)__builtin_ctzll(wheel.bits[w]), 0, BY_OFF);
+    wheel_flush(); /* none: OFF queues nothing */
 }
 
 /* ---- arming, resuming, stopping ------------------------------------------ */
