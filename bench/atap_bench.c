@@ -14,9 +14,10 @@
  *                signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
  *                held by their handles; resident bytes per task
- *   timers       n tasks started with after_ns = 1..100 ms (the harness's LCG);
- *                lateness = when the run starts - (when it was asked for +
- *                its delay); the last run signals the main thread
+ *   timers       n tasks, each parked (atap_park_until) for 1..100 ms (the
+ *                harness's LCG) from when it was spawned; lateness = when
+ *                its resumed run starts - (when it was asked for + its
+ *                delay); the last one signals the main thread
  *   ping_pong    two waiting tasks A and B (atap_spawn_waiting, ATAP_ONCE, an
  *                8-byte value) pass a token with atap_give: A given k gives
  *                k + 1 to B, B gives it straight back; A given n ends it (n
