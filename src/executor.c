@@ -486,9 +486,14 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         run_unobserved(w, s, ref, gen);
         return;
     }
-    if (unlikely(word_state(cur) == ST_RUNNING) && atap__park_resume(s, &ctx)) {
-        /* Back from a park: still RUNNING, unless stopped since. */
+    if (unlikely(word_state(cur) != ST_PENDING) && atap__park_resume(s, &ctx)) {
+        /* Back from a park: still RUNNING, unless stopped since. A runtime
+         * task woken to act runs anyway, seeing atap_cancelled(), so that
+         * it can hand the wake on (a channel's value, or room, is not left
+         * with the next waiter asleep). */
         if (word_state(ld_acquire(&s->word)) != ST_RUNNING) {
+            if (ctx.woke)
+                s->fn(&ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
             atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);
             return;
         }

@@ -127,6 +127,7 @@ static struct park *sig_waiters[NSIG];
 static _Atomic unsigned char sig_pending[NSIG];
 static bool sig_caught[NSIG];
 static int sig_pipe[2] = {-1, -1};
+static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
 static struct park **wd_waiters; /* by inotify watch descriptor */
 static size_t wdcap;
 
@@ -332,7 +333,8 @@ static void on_signal(int signo)
     char b = 0;
 
     atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
-    if (write(sig_pipe[1], &b, 1) < 0) { /* full: a byte is there already */
+    if (write(atomic_load_explicit(&sig_write_fd, memory_order_acquire), &b, 1) < 0) {
+        /* full: a byte is there already */
     }
     errno = saved;
 }
@@ -362,6 +364,7 @@ static int source_watch(struct fdw *f)
             if ((rc = open_pipe(sig_pipe)) != 0)
                 return rc;
             f->fd = sig_pipe[0];
+            st_release(&sig_write_fd, sig_pipe[1]); /* before any handler */
         } else {
 #if defined(__linux__)
             if ((f->fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
@@ -414,6 +417,10 @@ static int source_add(struct park *p)
     pthread_mutex_lock(&fd_lock);
     if ((rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source)) != 0)
         goto out;
+    /* A signal that came while nobody waited for it is dropped, not kept
+     * for this park (a byte of it may still be in the pipe: harmless). */
+    if (p->kind == PK_SIGNAL && !sig_waiters[key])
+        atomic_store_explicit(&sig_pending[key], 0, memory_order_relaxed);
     if (p->kind == PK_SIGNAL && !sig_caught[key]) {
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_signal;
@@ -862,6 +869,7 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
     ctx->gen = p->gen;
     ctx->resumed = (uint8_t)(c & ~P_CLAIMED);
     ctx->events = ld_relaxed(&p->got);
+    ctx->woke = p->kind == PK_WAKE;
     st_release(&p->claim, P_IDLE);
     return true;
 }
@@ -1155,9 +1163,16 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
         (p = ld_acquire(atap__side_park(side)))) {
         atomic_store_explicit(&p->woken, 1, memory_order_seq_cst);
         c = ld_seqcst(&p->claim);
-        if (c == P_ARMED && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst) &&
-            claim(p, BY_READY) == 1)
-            complete(p, BY_READY);
+        if (c == P_ARMED && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
+            int r = claim(p, BY_READY);
+            if (r == 1)
+                complete(p, BY_READY);
+            c = r ? P_CLAIMED | BY_READY : ld_acquire(&p->claim);
+        }
+        /* Taken down by a cancel, a timeout or a shutdown: it will not look
+         * again, so the wake did not reach anyone. */
+        if (c == (P_CLAIMED | BY_STOP) || c == (P_CLAIMED | BY_OFF))
+            live = false;
     }
     atap__exec_release_listener(s, index, gen);
     return live;

@@ -284,14 +284,16 @@ static void fire_limit(struct atap_timer *t)
 {
     struct sched *c = limit_owner(t);
     struct atap_slot *s = atap__table_at(c->index);
-
     uint32_t gen = ld_acquire(&c->running_gen);
 
     /* Only the run it was armed for, and only if still running: RUNNING ->
      * TIMED_OUT, and readers see it at once. The run ends unseen; a kernel
      * wait or a park it is in is cut short. */
-    if (atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT))
+    if (atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT) && atap__exec_try_hold(s, gen)) {
+        /* Held: the run may end and free the slot the moment it is stopped. */
         atap__park_interrupt(s, c->index, gen);
+        atap__exec_release_listener(s, c->index, gen);
+    }
 }
 
 void atap__sched_write_off(struct atap_timer *t, void *arg)

@@ -1553,7 +1553,8 @@ static void test_dataflow_many_gives_then_cancel(void **state)
     waited_to_live_back();
     assert_true(wait_atomic_at_least(&g_in_frees, N + 1, ATAP_SEC(10)));
     SETTLE_EXACT(&g_in_frees, N + 1);
-    assert_true(atomic_load(&p->runs) >= 1);
+    /* No run need have happened: gives before the first run starts only
+     * replace its value, and the cancel may drop it while queued. */
     assert_int_equal(atomic_load(&p->bad_size), 0);
     assert_no_failures();
 }

@@ -317,9 +317,18 @@ static int send_run(atap_ctx *ctx, void *arg, void *out)
 {
     struct send_arg *a = arg;
     atap_chan *ch = a->ch;
+    bool room;
     int rc;
 
     (void)out;
+    if (atap_cancelled(ctx)) { /* woken, then stopped: the room goes on */
+        pthread_mutex_lock(&ch->lock);
+        room = ch->len < ch->cap;
+        pthread_mutex_unlock(&ch->lock);
+        if (room)
+            wake_one(ch, &ch->send_wait);
+        return ATAP_ECANCELLED;
+    }
     pthread_mutex_lock(&ch->lock);
     if ((rc = offer(ch, a->value)) == ATAP_ENOTREADY) {
         if (!atap__park_prepare(ctx) || wait_on(&ch->send_wait, ctx) != 0)
@@ -387,9 +396,17 @@ int atap_chan_spawn_send(atap_task *task, atap_chan *ch, const void *value,
 static int recv_run(atap_ctx *ctx, void *arg, void *out)
 {
     atap_chan *ch = arg;
-    bool room = false;
+    bool room = false, more;
     int rc = 0;
 
+    if (atap_cancelled(ctx)) { /* woken, then stopped: the value goes on */
+        pthread_mutex_lock(&ch->lock);
+        more = ch->len > 0;
+        pthread_mutex_unlock(&ch->lock);
+        if (more)
+            wake_one(ch, &ch->recv_wait);
+        return ATAP_ECANCELLED;
+    }
     pthread_mutex_lock(&ch->lock);
     if (ch->len) {
         pop(ch, out);
