@@ -508,7 +508,13 @@ ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_
  * event or the deadline comes. A parked task holds its slot and nothing
  * else. Exactly one of {the event, the deadline, a cancel, a run timeout, a
  * shutdown, the manager giving up} ends a park; the last two end the task as
- * ATAP_EFAILED. A manager restart keeps every park as it was.
+ * ATAP_EFAILED. A manager restart keeps every park as it was: the timers
+ * and the event queue belong to the runtime, not to one manager, so a
+ * restarted manager carries on with them (nothing is re-armed, nothing is
+ * resumed early). A cancelled park reads ATAP_ECANCELLED at once; a park on
+ * a deadline alone gives its slot back when the deadline comes (or within
+ * one 4.3 s round of its wheel). A task must treat a resume as a hint and
+ * look again: an fd event can be spurious (a read may still say EAGAIN).
  */
 
 /* Events for atap_wait_fd and atap_park_fd, and reported back. */
@@ -574,8 +580,11 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
 /*
  * Inside a task: asks to be run again when the file or directory open as fd
  * changes in one of the ways in `changes` (or the timeout passes), then
- * return ATAP_PARKED. Linux: inotify; elsewhere -ENOTSUP for now. Returns as
- * atap_park_fd; ATAP_EINVAL also inside atap_block.
+ * return ATAP_PARKED. Linux: inotify (an unlinked file reports
+ * ATAP_PATH_GONE once its last descriptor closes; before that, an unlink is
+ * an ATAP_PATH_ATTRIB change); elsewhere -ENOTSUP for now. Returns as
+ * atap_park_fd; ATAP_EINVAL also inside atap_block. A closed fd resumes at
+ * once with ATAP_ERROR.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
 

@@ -34,6 +34,12 @@
  * once more (seq_cst, against the canceller's fence) so a cancel that came
  * while the park was being set up is not missed.
  *
+ * Wakes (atap__park_wake, for the runtime's own tasks: channels) set a flag
+ * in the park record before they look at the claim; a parker that arms
+ * after the flag sees it. A woken task whose run is then dropped (cancelled
+ * after the wake claimed it) still gets that run, with atap_cancelled()
+ * true, so that it can hand the wake on (executor.c).
+ *
  * Several parks on one fd share a `struct fdw` (one per fd number, kept for
  * the process's life, since the poller may still report it): its waiter
  * list and the union of their events, watched one-shot on the manager's
@@ -46,7 +52,10 @@
  * reference, until the manager meets it: at its deadline (or a shutdown),
  * the manager claims it, or finds it claimed by a cancel or a timeout, and
  * only then queues the task again or ends its run. So a cancel is seen by
- * readers at once (the state), while the slot itself goes at the deadline.
+ * readers at once (the state), while the slot itself goes when the manager
+ * next visits its bucket (its deadline, or within a round of the wheel).
+ * It is ARMED before it is pushed, and the push is the parker's last touch
+ * of the slot.
  * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
  * takes the stack and files each slot in a bucket of a hashed wheel of
  * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
