@@ -94,6 +94,9 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
         s->out_free(slot_out(s));
     if (s->flags & SF_OUT_HEAP)
         free(s->out.heap);
+    else if (s->out_size > PARK_TAIL) /* a free slot's park tail reads "not
+                                         parked": an output may have filled it */
+        st_relaxed(&s->out.park.claim, 0);
     if (s->arg_free)
         s->arg_free(s->arg);
     if (unlikely(s->ext != NULL))
@@ -156,12 +159,12 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
  * task still holds RUN: nothing can give to it after this. Read with an
  * RMW, so the count is the latest: only a holder adds listeners, and the
  * caller is the only holder when it reads 1. */
-static void maybe_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
+static __attribute__((noinline, cold)) void maybe_orphan(struct atap_slot *s, uint32_t index,
+                                                        uint32_t gen)
 {
     uint64_t r = atomic_fetch_add_explicit(&s->refs, 0, memory_order_acq_rel);
 
-    if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | 1) &&
-        atap__sched_gate(s))
+    if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | 1))
         atap__gate_orphan(s, index, gen);
 }
 
@@ -169,7 +172,8 @@ static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_
 {
     uint64_t r = ld_relaxed(&s->refs);
 
-    if (unlikely((r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | 1)) && s->ext &&
+    if (unlikely((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) ==
+                 (REFS_GATED | REFS_RUN | 1)) &&
         refs_gen(r) == gen)
         maybe_orphan(s, index, gen);
     do {
@@ -259,7 +263,7 @@ static inline bool plain(const atap_spawn_opts *o)
            !o->until_ns;
 }
 
-int atap__exec_check(const atap_spawn_opts *o, bool waiting)
+static inline int check_opts(const atap_spawn_opts *o, bool waiting)
 {
     if (o->priority < ATAP_PRIORITY_MIN || o->priority > ATAP_PRIORITY_MAX)
         return ATAP_EINVAL;
@@ -284,7 +288,7 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
 }
 
 /* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
-static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_opts *o)
+static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_opts *o)
 {
     s->flags = o->blocking ? SF_BLOCKING : 0;
     s->filled = 0;
@@ -295,8 +299,6 @@ static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_op
         s->flags |= SF_OUT_HEAP;
     }
     s->out_size = (uint32_t)o->out_size;
-    if (slot_park_tail(s))
-        st_relaxed(&s->out.park.claim, 0); /* not parked */
     s->priority = (int8_t)o->priority;
     s->fn = fn;
     s->arg = arg;
@@ -306,10 +308,16 @@ static int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_op
     return 0;
 }
 
+int atap__exec_check(const atap_spawn_opts *o, bool waiting)
+{
+    return check_opts(o, waiting);
+}
+
 /* fill, and the schedule if the options use time or the task waits for
  * gives; on -ENOMEM nothing is left allocated (the gate is the caller's). */
-static int prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg,
-                   const atap_spawn_opts *o, struct gate *gate)
+static inline __attribute__((always_inline)) int
+prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg, const atap_spawn_opts *o,
+        struct gate *gate)
 {
     int rc = fill(s, fn, arg, o);
 
@@ -321,24 +329,9 @@ static int prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg,
     return rc;
 }
 
-int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
-{
-    static const atap_spawn_opts plain;
-    int rc;
 
-    if (!task)
-        return ATAP_EINVAL;
-    *task = ATAP_NO_TASK;
-    opts = opts ? opts : &plain;
-    if (!fn)
-        return ATAP_EINVAL;
-    if ((rc = atap__exec_check(opts, false)) != 0)
-        return rc;
-    return atap__exec_spawn(task, fn, arg, opts, NULL);
-}
-
-int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts,
-                     struct gate *gate)
+static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
+                             const atap_spawn_opts *opts, struct gate *gate)
 {
     struct slot_cache *cache;
     uint32_t index, gen;
@@ -356,7 +349,8 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
             st_relaxed(&s->word, make_word(gen, ST_FREE));
             atap__table_free(cache, index, gen);
         } else {
-            st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
+            st_relaxed(&s->refs,
+                       (uint64_t)gen << 32 | REFS_RUN | (gate ? REFS_GATED : 0) | 1);
             /* Release: the fields above are visible to whoever acquires the
              * word (a reader) or the queue entry (a worker). */
             st_release(&s->word, make_word(gen, ST_PENDING));
@@ -369,6 +363,28 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
     }
     atap__spawn_exit(outside);
     return rc;
+}
+
+int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts,
+                     struct gate *gate)
+{
+    return spawn_slot(task, fn, arg, opts, gate);
+}
+
+int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+{
+    static const atap_spawn_opts plain;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    opts = opts ? opts : &plain;
+    if (!fn)
+        return ATAP_EINVAL;
+    if (unlikely((rc = check_opts(opts, false)) != 0))
+        return rc;
+    return spawn_slot(task, fn, arg, opts, NULL);
 }
 
 /* ---- running ---------------------------------------------------------- */

@@ -12,7 +12,7 @@
  *         by a listener before it sleeps, and whoever settles the task
  *         wakes only when it was set.
  *
- *   refs  (64 bits) gen << 32 | RUN << 31 | RX << 30 | listeners
+ *   refs  (64 bits) gen << 32 | RUN << 31 | RX << 30 | GATED << 29 | listeners
  *         One per handle, plus RUN while the runtime still owes the task a
  *         run or a clean-up (the queue or the running thread holds it).
  *         Whoever takes refs to (gen, no RUN, 0 listeners) frees the slot,
@@ -20,6 +20,8 @@
  *         RX: outputs are forwarded (`rx`, dataflow.c); set by a CAS that
  *         finds RUN held, so whoever drops RUN learns from that same CAS
  *         that it must close the forwards (never cleared until freed).
+ *         GATED: the task waits for gives (dataflow.c), so its last
+ *         listener going may let it go; read with the count, no extra load.
  *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
  * free list while the slot is free and by the injector while it is queued;
@@ -54,7 +56,8 @@ struct side;
 
 #define REFS_RUN (UINT64_C(1) << 31)
 #define REFS_RX (UINT64_C(1) << 30)
-#define REFS_COUNT_MASK (REFS_RX - 1)
+#define REFS_GATED (UINT64_C(1) << 29) /* waits for gives: set at spawn */
+#define REFS_COUNT_MASK (REFS_GATED - 1)
 
 /* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
