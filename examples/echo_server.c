@@ -24,11 +24,12 @@
  *                             back; exits 0 only if all N did
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* accept4 */
+#define _GNU_SOURCE /* accept4 (where there is one) */
 #endif
 #include <arpa/inet.h>
 #include <atap.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -67,10 +68,36 @@ static int park_on(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout)
     return ATAP_PARKED;
 }
 
+/* fd never blocks and is not inherited by exec'd children (for systems
+ * without SOCK_NONBLOCK and accept4, such as macOS). */
+static int non_blocking(int fd)
+{
+    if (fd >= 0 && (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 ||
+                    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* A TCP socket that never blocks and is not inherited by exec'd children. */
 static int tcp_socket(void)
 {
+#ifdef SOCK_NONBLOCK
     return socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+#else
+    return non_blocking(socket(AF_INET, SOCK_STREAM, 0));
+#endif
+}
+
+/* accept, with the new socket set up as tcp_socket's. */
+static int accept_one(int listen_fd)
+{
+#ifdef SOCK_NONBLOCK
+    return accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+#else
+    return non_blocking(accept(listen_fd, NULL, NULL));
+#endif
 }
 
 static struct sockaddr_in loopback(int port)
@@ -193,7 +220,7 @@ static int listener(atap_ctx *ctx, void *arg, void *out)
     (void)out;
 
     for (;;) {
-        int fd = accept4(l->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept_one(l->fd);
         if (fd >= 0) {
             start_connection(fd, l->sndbuf);
         } else if (would_block()) {
