@@ -68,6 +68,7 @@ static int park_on(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout)
     return ATAP_PARKED;
 }
 
+#ifndef SOCK_NONBLOCK
 /* fd never blocks and is not inherited by exec'd children (for systems
  * without SOCK_NONBLOCK and accept4, such as macOS). */
 static int non_blocking(int fd)
@@ -79,6 +80,7 @@ static int non_blocking(int fd)
     }
     return fd;
 }
+#endif
 
 /* A TCP socket that never blocks and is not inherited by exec'd children. */
 static int tcp_socket(void)
