@@ -48,6 +48,7 @@
 #include "common.h"
 
 #include <atap.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -213,6 +214,23 @@ static int pong(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
+/* fd_memory: park on a pipe until a byte can be read. */
+#define FD_PIPES 400
+static atomic_long fd_left, fd_runs;
+
+static int fd_parked(atap_ctx *ctx, void *arg, void *out) {
+    (void)out;
+    int fd = (int)(intptr_t)arg;
+    char c;
+    if (!atap_resumed(ctx)) atomic_fetch_add_explicit(&fd_runs, 1, memory_order_relaxed);
+    if (read(fd, &c, 1) != 1) {
+        atap_park_fd(ctx, fd, ATAP_READABLE, ATAP_FOREVER);
+        return ATAP_PARKED;
+    }
+    if (atomic_fetch_sub_explicit(&fd_left, 1, memory_order_acq_rel) == 1) signal_done();
+    return 0;
+}
+
 /* idle_memory: park 2 s on a timer; once resumed, finish (or park again
  * while the main thread is still spawning). No arg: nothing but the task's
  * slot and its park record is held while parked. */
@@ -260,7 +278,10 @@ static int put8(atap_ctx *ctx, void *arg, void *out) {
 
 int main(int argc, char **argv) {
     const char *w = argc > 1 ? argv[1] : "spawn_many";
-    N = argc > 2 ? atol(argv[2]) : !strcmp(w, "cancel_latency") ? 1000 : default_n(w);
+    N = argc > 2 ? atol(argv[2])
+        : !strcmp(w, "cancel_latency") ? 1000
+        : !strcmp(w, "fd_memory")      ? 100000
+                                       : default_n(w);
     const char *peer = "atap";
     check(N > 0, "n > 0");
 
@@ -332,6 +353,34 @@ int main(int argc, char **argv) {
         per_op = (double)(parked - t0) / N;
         snprintf(extra, sizeof extra, " bytes_per_task=%.0f park_s=%.3f rss_before_kb=%ld",
                  (peak_rss_kb() - rss0) * 1024.0 / N, (parked - t0) / 1e9, rss0);
+    } else if (!strcmp(w, "fd_memory")) {
+        /* ours: n tasks parked on the read ends of FD_PIPES pipes (no
+         * deadline), n / FD_PIPES on each, then one byte each; the figure
+         * is what a park on an fd costs beyond the fd itself */
+        static int pipes[FD_PIPES][2];
+        for (int k = 0; k < FD_PIPES; k++)
+            check(pipe(pipes[k]) == 0 && fcntl(pipes[k][0], F_SETFL, O_NONBLOCK) == 0, "pipe");
+        rss0 = cur_rss_kb();
+        t0 = now_ns();
+        fd_left = N;
+        for (long i = 0; i < N; i++)
+            atap_release(spawn(fd_parked, (void *)(intptr_t)pipes[i % FD_PIPES][0], 0));
+        uint64_t parked = now_ns();
+        while (atomic_load(&fd_runs) < N) usleep(1000); /* every one has looked */
+        usleep(20000);                                  /* and parked */
+        long rss_parked = cur_rss_kb();
+        for (long i = 0; i < N; i++) {
+            char one = 1;
+            check(write(pipes[i % FD_PIPES][1], &one, 1) == 1, "write");
+        }
+        wait_done();
+        per_op = (double)(parked - t0) / N;
+        snprintf(extra, sizeof extra, " bytes_per_task=%.0f park_s=%.3f rss_before_kb=%ld",
+                 (rss_parked - rss0) * 1024.0 / N, (parked - t0) / 1e9, rss0);
+        for (int k = 0; k < FD_PIPES; k++) {
+            close(pipes[k][0]);
+            close(pipes[k][1]);
+        }
     } else if (!strcmp(w, "cancel_latency")) {
         int64_t *lat = calloc((size_t)N, sizeof *lat);
         check(lat != NULL, "latency array");

@@ -126,8 +126,17 @@ struct park {
 
 struct fdw {
     int fd;
-    struct park *waiters;
+    struct park *waiters; /* parks with a record (park.c's struct park) */
+    uint32_t tails;       /* parks in the slot tail: slot index + 1, on `link` */
 };
+
+/* The claim word of a park in the slot tail: state | events wanted << 8 |
+ * events seen << 12 | T_FD (an fd park; else a deadline park). */
+#define T_STATE 0xffu
+#define T_WANT_SHIFT 8
+#define T_GOT_SHIFT 12
+#define T_FD 0x10000u
+static bool fd_closed; /* fd_lock: no manager will run again */
 
 /* The two sources that are not the caller's fds (their waiters are kept
  * apart: per signal, per inotify watch). */
@@ -205,12 +214,19 @@ static void complete(struct park *p, int by)
 
 /* ---- fds ----------------------------------------------------------------- */
 
+static _Atomic uint32_t *link_of(uint32_t index)
+{
+    return (_Atomic uint32_t *)&atap__table_at(index)->link;
+}
+
 static unsigned wanted(const struct fdw *f)
 {
     unsigned ev = 0;
 
     for (struct park *p = f->waiters; p; p = p->fd_next)
         ev |= p->events;
+    for (uint32_t x = f->tails; x; x = ld_relaxed(link_of(x - 1)))
+        ev |= (ld_relaxed(&atap__table_at(x - 1)->out.park.claim) >> T_WANT_SHIFT) & 0xfu;
     return ev;
 }
 
@@ -243,6 +259,109 @@ static struct fdw *fdw_of(int fd)
     if (!fdtab[fd] && (fdtab[fd] = calloc(1, sizeof *fdtab[fd])))
         fdtab[fd]->fd = fd;
     return fdtab[fd];
+}
+
+/* ---- fd parks in the slot tail ---------------------------------------------
+ *
+ * A park on an fd with no deadline, in a task whose output leaves the slot's
+ * park tail free, keeps its claim word (with the events wanted and seen) and
+ * its fd in the tail and waits on its fdw's `tails` list through the slot's
+ * `link`: it costs nothing beyond the slot. Same claim protocol as a park
+ * record (claimed from ARMED: the claimant completes; from ARMING: the
+ * parker does), and the completer takes it off the list under fd_lock.
+ */
+
+/* 1, -1 or 0 as claim(), on a tail park; got: the events seen. */
+static int tclaim(struct atap_slot *s, int by, unsigned got)
+{
+    uint32_t c = ld_seqcst(&s->out.park.claim);
+
+    for (;;) {
+        uint32_t st = c & T_STATE;
+        if (st != P_ARMING && st != P_ARMED)
+            return 0;
+        if (atomic_compare_exchange_weak_explicit(
+                &s->out.park.claim, &c,
+                (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) | got << T_GOT_SHIFT | P_CLAIMED |
+                    (uint32_t)by,
+                memory_order_acq_rel, memory_order_acquire))
+            return st == P_ARMED ? 1 : -1;
+    }
+}
+
+/* fd_lock held: takes slot index off its fd's tail list. */
+static void tail_unlink(uint32_t index)
+{
+    struct fdw *f = fdtab[ld_relaxed(&atap__table_at(index)->out.park.fd)];
+    uint32_t x = f->tails;
+
+    if (x == index + 1) {
+        f->tails = ld_relaxed(link_of(index));
+    } else {
+        while (ld_relaxed(link_of(x - 1)) != index + 1)
+            x = ld_relaxed(link_of(x - 1));
+        st_relaxed(link_of(x - 1), ld_relaxed(link_of(index)));
+    }
+    rewatch(f);
+}
+
+/* The one claimant's work for a tail fd park (linked: still on its list). */
+static void tail_fd_complete(uint32_t index, int by, bool linked)
+{
+    struct atap_slot *s = atap__table_at(index);
+
+    if (linked) {
+        pthread_mutex_lock(&fd_lock);
+        tail_unlink(index);
+        pthread_mutex_unlock(&fd_lock);
+    }
+    if (by == BY_READY) { /* the claim stays for the resumed run to read */
+        atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        return;
+    }
+    st_relaxed(&s->out.park.claim, P_IDLE);
+    atap__exec_finish_run(s, index, word_gen(ld_acquire(&s->word)), ATAP_EFAILED);
+}
+
+static void tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    uint32_t bits = ctx->events << T_WANT_SHIFT | T_FD, c = P_ARMING | bits, w, st;
+    bool linked = false;
+    struct fdw *f;
+    int by = 0;
+
+    atap__exec_hold(s); /* the slot stays ours until we are done (see park_arm) */
+    st_relaxed(&s->out.park.fd, (uint32_t)ctx->fd);
+    st_seqcst(&s->out.park.claim, c); /* against a canceller */
+    pthread_mutex_lock(&fd_lock);
+    if (fd_closed) {
+        by = BY_OFF;
+    } else if (!(f = fdw_of(ctx->fd))) {
+        by = BY_READY;
+    } else {
+        st_relaxed(link_of(ctx->index), f->tails);
+        f->tails = ctx->index + 1;
+        linked = true;
+        if (rewatch(f) < 0) { /* not watchable: its next read says why */
+            tail_unlink(ctx->index);
+            linked = false;
+            by = BY_READY;
+        }
+    }
+    pthread_mutex_unlock(&fd_lock);
+    if (by)
+        tclaim(s, by, by == BY_READY ? ATAP_ERROR : 0);
+    if (!atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_ARMED | bits,
+                                                 memory_order_acq_rel, memory_order_acquire)) {
+        tail_fd_complete(ctx->index, (int)(c & T_STATE & ~P_CLAIMED), linked);
+    } else {
+        w = ld_seqcst(&s->word); /* a stop before the park could be found */
+        st = word_state(w);
+        if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT) &&
+            tclaim(s, BY_STOP, 0) == 1)
+            tail_fd_complete(ctx->index, BY_STOP, true);
+    }
+    atap__exec_release_listener(s, ctx->index, ctx->gen);
 }
 
 static int source_add(struct park *p);
@@ -324,10 +443,34 @@ void atap__park_event(void *udata, unsigned events)
             at = &p->fd_next;
         }
     }
-    if (f->waiters) /* one-shot: the rest are watched again; with none left
-                       the watch is spent already, and the fd may be closed */
+    uint32_t tready = 0;
+    for (uint32_t x = f->tails, prev = 0, next; x; x = next) {
+        struct atap_slot *t = atap__table_at(x - 1);
+        unsigned want = (ld_acquire(&t->out.park.claim) >> T_WANT_SHIFT) & 0xfu;
+
+        next = ld_relaxed(link_of(x - 1));
+        if (((want & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
+            tclaim(t, BY_READY, events) == 1) {
+            if (prev)
+                st_relaxed(link_of(prev - 1), next);
+            else
+                f->tails = next;
+            st_relaxed(link_of(x - 1), tready);
+            tready = x;
+        } else {
+            prev = x;
+        }
+    }
+    if (f->waiters || f->tails) /* one-shot: the rest are watched again; with
+                                   none left the watch is spent already, and
+                                   the fd may be closed */
         rewatch(f);
     pthread_mutex_unlock(&fd_lock);
+    while (tready) {
+        uint32_t next = ld_relaxed(link_of(tready - 1));
+        tail_fd_complete(tready - 1, BY_READY, false);
+        tready = next;
+    }
     while ((p = ready) != NULL) {
         ready = p->fd_next;
         complete(p, BY_READY);
@@ -554,6 +697,11 @@ static struct {                /* the manager's (or, closing, its stopper's) */
 static bool tail_park(struct atap_slot *s, const struct atap_ctx *ctx)
 {
     return ctx->park_kind == PK_UNTIL && ctx->deadline != ATAP__FOREVER && slot_park_tail(s);
+}
+
+static bool tail_fd_park(struct atap_slot *s, const struct atap_ctx *ctx)
+{
+    return ctx->park_kind == PK_FD && ctx->deadline == ATAP__FOREVER && slot_park_tail(s);
 }
 
 /* The runner: the park goes on the wheel, which now owns RUN. It is ARMED
@@ -795,6 +943,10 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
         tail_arm(s, ctx);
         return;
     }
+    if (tail_fd_park(s, ctx)) {
+        tail_fd_arm(s, ctx);
+        return;
+    }
     if (!(p = park_of(s))) {
         atap__exec_finish_run(s, ctx->index, ctx->gen, ATAP_EFAILED);
         return;
@@ -865,10 +1017,14 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
     struct park *p;
     uint32_t c;
 
-    if (slot_park_tail(s) && ld_acquire(&s->out.park.claim) == (P_CLAIMED | BY_DEADLINE)) {
-        st_relaxed(&s->out.park.claim, P_IDLE);
-        ctx->resumed = BY_DEADLINE;
-        return true;
+    if (slot_park_tail(s)) {
+        c = ld_acquire(&s->out.park.claim);
+        if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
+            st_relaxed(&s->out.park.claim, P_IDLE);
+            ctx->resumed = (uint8_t)(c & T_STATE & ~P_CLAIMED);
+            ctx->events = (c >> T_GOT_SHIFT) & 0xfu;
+            return true;
+        }
     }
     if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(atap__side_park(side))))
         return false;
@@ -890,15 +1046,11 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     /* Pairs with the parker's and the kernel waiter's seq_cst stores. */
     fence_seqcst();
-    if (slot_park_tail(s)) { /* a deadline park in the slot: claimed here,
-                                ended by the manager (see the top) */
-        uint32_t c = ld_seqcst(&s->out.park.claim);
-        while ((c == P_ARMING || c == P_ARMED) &&
-               !atomic_compare_exchange_weak_explicit(&s->out.park.claim, &c,
-                                                      P_CLAIMED | BY_STOP, memory_order_acq_rel,
-                                                      memory_order_acquire)) {
-        }
-    }
+    /* A park in the slot tail: on a deadline, claimed here and ended by the
+     * manager (see the top); on an fd, ended here if claimed from ARMED. */
+    if (slot_park_tail(s) && tclaim(s, BY_STOP, 0) == 1 &&
+        (ld_relaxed(&s->out.park.claim) & T_FD))
+        tail_fd_complete(index, BY_STOP, true);
     /* The side record and its park belong to this incarnation of the slot
      * (they go with it), and the caller holds a listener: p is this
      * task's, and its fields are read only after a claim, which acquires
@@ -917,9 +1069,43 @@ void atap__park_open(void)
 
     atomic_compare_exchange_strong(&inbox, &closed, 0);
     wheel.started = false;
+    pthread_mutex_lock(&fd_lock);
+    fd_closed = false;
+    pthread_mutex_unlock(&fd_lock);
     pthread_mutex_lock(&reg_lock);
     reg_closed = false;
     pthread_mutex_unlock(&reg_lock);
+}
+
+/* No manager: every tail fd park ends, and later ones end at once. */
+static void tails_close(void)
+{
+    uint32_t off = 0;
+
+    pthread_mutex_lock(&fd_lock);
+    fd_closed = true;
+    for (size_t fd = 0; fd < fdcap; fd++) {
+        struct fdw *f = fdtab[fd];
+        for (uint32_t x = f ? f->tails : 0, prev = 0, next; x; x = next) {
+            next = ld_relaxed(link_of(x - 1));
+            if (tclaim(atap__table_at(x - 1), BY_OFF, 0) == 1) {
+                if (prev)
+                    st_relaxed(link_of(prev - 1), next);
+                else
+                    f->tails = next;
+                st_relaxed(link_of(x - 1), off);
+                off = x;
+            } else {
+                prev = x; /* claimed while arming: its parker ends it */
+            }
+        }
+    }
+    pthread_mutex_unlock(&fd_lock);
+    while (off) {
+        uint32_t next = ld_relaxed(link_of(off - 1));
+        tail_fd_complete(off - 1, BY_OFF, false);
+        off = next;
+    }
 }
 
 void atap__park_close_all(void)
@@ -928,6 +1114,7 @@ void atap__park_close_all(void)
     int r;
 
     wheel_close();
+    tails_close();
     pthread_mutex_lock(&reg_lock);
     reg_closed = true;
     while ((p = armed_parks) != NULL) {

@@ -89,7 +89,7 @@ struct atap_slot {
             unsigned char output[32];
             _Atomic uint64_t deadline;
             _Atomic uint32_t claim;
-            uint32_t spare;
+            _Atomic uint32_t fd; /* an fd park in the tail: its fd */
         } park;
     } out;
 };
