@@ -126,8 +126,11 @@ static void kicks_add(struct kicks *k, uint32_t index, uint32_t gen)
     if (k->n - 8 == k->cap) {
         unsigned cap = k->cap ? k->cap * 2 : 32;
         uint64_t *m = realloc(k->more, cap * sizeof *m);
-        if (!m)
-            abort(); /* a started target must be kicked: no way back */
+        if (!m) { /* no memory to wait: kick it now, locks held or not (a
+                     kick takes no lock of ours) */
+            atap__sched_kick(atap__table_at(index), index, gen);
+            return;
+        }
         k->more = m;
         k->cap = cap;
     }
