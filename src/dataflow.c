@@ -126,8 +126,9 @@ static void kicks_add(struct kicks *k, uint32_t index, uint32_t gen)
     if (k->n - 8 == k->cap) {
         unsigned cap = k->cap ? k->cap * 2 : 32;
         uint64_t *m = realloc(k->more, cap * sizeof *m);
-        if (!m) { /* no memory to wait: kick it now, locks held or not (a
-                     kick takes no lock of ours) */
+        if (!m) { /* no memory to wait: kick it now, under the source's
+                     locks (a kick queues or arms it; only once the runtime
+                     is stopping does it end the task instead) */
             atap__sched_kick(atap__table_at(index), index, gen);
             return;
         }
