@@ -209,7 +209,8 @@ typedef enum atap_kind {
  *
  * Combinations that make no sense are ATAP_EINVAL: every_ns, runs, for_ns
  * or until_ns on ATAP_ONCE; for_ns and until_ns together; a kind that is
- * not one of atap_kind; every_ns of 0 on ATAP_AT_RATE.
+ * not one of atap_kind; every_ns of 0 on ATAP_AT_RATE; gives or in_free on
+ * a task that does not wait for gives (atap_spawn).
  */
 typedef struct atap_spawn_opts {
     size_t out_size;            /* output bytes (0: no output) */
