@@ -156,8 +156,12 @@ static void *supervisor_main(void *arg)
             FORGET_FAULTS(); /* what was owed died with the supervisor */
             close_timers();
             st_release(&mgr.state, M_GONE);
-            atap__sched_reap(true); /* emptied: nothing holds a record */
-            atap__park_reap(true);
+            /* Emptied, but an arm racing the close may still sit in the
+             * inbox (its caller disarmed it): free only what nothing holds;
+             * the rest goes at shutdown, after the structure is let go. No
+             * manager runs now, so the reaping is the supervisor's. */
+            atap__sched_reap(false);
+            atap__park_reap(false);
             return NULL;
         }
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);
