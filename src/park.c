@@ -1353,8 +1353,10 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
 
     if (!atap__exec_try_hold(s, gen)) /* gone: nothing to wake */
         return false;
+    /* Running, or PENDING: a task with no handle runs without leaving
+     * PENDING (executor.c's run_unobserved) until it parks. */
     w = ld_acquire(&s->word);
-    live = word_gen(w) == gen && word_state(w) == ST_RUNNING;
+    live = word_gen(w) == gen && (word_state(w) == ST_RUNNING || word_state(w) == ST_PENDING);
     if (live && (side = ld_acquire(&s->side)) != NULL &&
         (p = ld_acquire(atap__side_park(side)))) {
         atomic_store_explicit(&p->woken, 1, memory_order_seq_cst);
