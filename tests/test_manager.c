@@ -13,31 +13,6 @@
 
 #include "test_util.h"
 
-static struct atap_status status_now(void)
-{
-    struct atap_status st;
-    assert_int_equal(atap_status(&st), 0);
-    return st;
-}
-
-static bool wait_manager(bool alive, uint64_t timeout_ns)
-{
-    uint64_t end = now_ns() + timeout_ns;
-    struct atap_status st;
-
-    do {
-        atap_status(&st);
-        if (st.manager_alive == alive)
-            return true;
-        sleep_us(1000);
-    } while (now_ns() < end);
-    return false;
-}
-
-static unsigned cores(void)
-{
-    return (unsigned)sysconf(_SC_NPROCESSORS_ONLN);
-}
 
 static int value(atap_ctx *ctx, void *arg, void *out)
 {

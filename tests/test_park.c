@@ -51,32 +51,6 @@ static void close_pipe(int fds[2])
 /* Any thread. */
 static bool put_byte(int wfd) { return write(wfd, "x", 1) == 1; }
 
-static struct atap_status status_now(void)
-{
-    struct atap_status st;
-    assert_int_equal(atap_status(&st), 0);
-    return st;
-}
-
-static bool wait_manager(bool alive, uint64_t timeout_ns)
-{
-    uint64_t end = now_ns() + timeout_ns;
-    struct atap_status st;
-
-    do {
-        atap_status(&st);
-        if (st.manager_alive == alive)
-            return true;
-        sleep_us(1000);
-    } while (now_ns() < end);
-    return false;
-}
-
-static unsigned cores(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1u : (unsigned)n;
-}
 
 static void wait_workers_started(void)
 {

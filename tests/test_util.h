@@ -388,6 +388,37 @@ static inline void blockers_stop(blockers *b)
     b->n = 0;
 }
 
+/* ---- the manager and the pool ------------------------------------------ */
+
+static inline struct atap_status status_now(void)
+{
+    struct atap_status st;
+    assert_int_equal(atap_status(&st), 0);
+    return st;
+}
+
+/* Waits until the manager is (or is not) alive; false on timeout. */
+static inline bool wait_manager(bool alive, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+    struct atap_status st;
+
+    do {
+        atap_status(&st);
+        if (st.manager_alive == alive)
+            return true;
+        sleep_us(1000);
+    } while (now_ns() < end);
+    return false;
+}
+
+/* Online cores: the pool's floor of workers. */
+static inline unsigned cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : (unsigned)n;
+}
+
 /* ---- a reusable barrier (pthread_barrier is not everywhere) ------------- */
 
 typedef struct test_barrier {
