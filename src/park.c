@@ -1,15 +1,6 @@
 /*
- * Waiting inside a task: kernel waits that a cancel interrupts, and parks.
- *
- * Kernel waits. Each pool thread has its own poller (`kq`, made on first
- * use and kept with the thread's record). A thread waiting for its task
- * stores the task's key (gen << 32 | index) in `kwait`, then looks at the
- * task's state, then sleeps on kq; a canceller (or a run timeout) moves the
- * state on, then scans the records for that key and wakes their kq. Both
- * sides are seq_cst (the canceller with a fence after its CAS), so either
- * the waiter sees the stop or the canceller sees the key; a wake is never
- * lost. A wake left over in kq from an earlier task only makes a later wait
- * look at its own task's state once more and sleep again.
+ * Waiting inside a task without a thread: parks (kernel waits, which hold
+ * the thread, are kwait.c's).
  *
  * Parks. A run that asked for a park (atap_park_fd / _until) and returned
  * ATAP_PARKED hands its RUN reference to the park: the task stays RUNNING
@@ -73,12 +64,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #if defined(__linux__)
 #include <sys/inotify.h>
@@ -100,7 +89,6 @@ _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_W
                    ATAP_HANGUP == ATAP__POLL_HUP && ATAP_ERROR == ATAP__POLL_ERR,
                "public event bits are the poller's");
 
-#define SPIN_NS 500000u /* atap_sleep spins the last 500 us */
 #define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
 
 enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
@@ -216,7 +204,7 @@ static void complete(struct park *p, int by)
 
 static _Atomic uint32_t *link_of(uint32_t index)
 {
-    return (_Atomic uint32_t *)&atap__table_at(index)->link;
+    return &atap__table_at(index)->link;
 }
 
 static unsigned wanted(const struct fdw *f)
@@ -727,7 +715,7 @@ static void tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
             atap__exec_finish_run(s, ctx->index, ctx->gen, ATAP_EFAILED);
             return;
         }
-        atomic_store_explicit((_Atomic uint32_t *)&s->link, head, memory_order_relaxed);
+        st_relaxed(&s->link, head);
         /* Release: the deadline, claim and link reach the manager. */
     } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, ctx->index + 1,
                                                     memory_order_release, memory_order_relaxed));
@@ -752,15 +740,11 @@ static void wheel_flush(void)
 static void tail_due(uint32_t index, int by)
 {
     struct atap_slot *s = atap__table_at(index);
-    uint32_t c = ld_acquire(&s->out.park.claim), gen = word_gen(ld_acquire(&s->word));
+    uint32_t gen = word_gen(ld_acquire(&s->word));
 
-    while ((c == P_ARMING || c == P_ARMED) &&
-           !atomic_compare_exchange_weak_explicit(&s->out.park.claim, &c, P_CLAIMED | (uint32_t)by,
-                                                  memory_order_acq_rel, memory_order_acquire)) {
-    }
-    if (c == P_ARMING || c == P_ARMED)
-        c = P_CLAIMED | (uint32_t)by;
-    if (c == (P_CLAIMED | BY_DEADLINE)) {
+    /* Ours, or already a cancel's or a timeout's: either way we act. */
+    tclaim(s, by, 0);
+    if ((ld_acquire(&s->out.park.claim) & T_STATE) == (P_CLAIMED | BY_DEADLINE)) {
         if (s->flags & SF_BLOCKING) {
             atap__pool_submit(index + 1, s->priority, true);
         } else { /* a burst goes to the pool in one batch (wheel_flush) */
@@ -784,7 +768,7 @@ static void file(uint32_t index)
     struct atap_slot *s = atap__table_at(index);
     uint32_t b = (uint32_t)(tick_of(ld_relaxed(&s->out.park.deadline)) % WHEEL_N);
 
-    atomic_store_explicit((_Atomic uint32_t *)&s->link, wheel.head[b], memory_order_relaxed);
+    st_relaxed(&s->link, wheel.head[b]);
     wheel.head[b] = index + 1;
     wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
 }
@@ -799,12 +783,11 @@ static void bucket_run(uint32_t b, uint64_t now, int by)
     wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
     while (x) {
         struct atap_slot *s = atap__table_at(x - 1);
-        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        uint32_t next = ld_relaxed(&s->link);
         bool go = by == BY_OFF || ld_relaxed(&s->out.park.deadline) <= now ||
-                  ld_acquire(&s->out.park.claim) >= P_CLAIMED; /* stopped: free it now */
+                  (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED; /* stopped: free it now */
 
-        atomic_store_explicit((_Atomic uint32_t *)&s->link, go ? due : keep,
-                              memory_order_relaxed);
+        st_relaxed(&s->link, go ? due : keep);
         *(go ? &due : &keep) = x;
         x = next;
     }
@@ -814,7 +797,7 @@ static void bucket_run(uint32_t b, uint64_t now, int by)
     }
     while (due) { /* after the bucket is whole again: acting may arm */
         struct atap_slot *s = atap__table_at(due - 1);
-        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        uint32_t next = ld_relaxed(&s->link);
         tail_due(due - 1, by);
         due = next;
     }
@@ -828,11 +811,11 @@ static void take_inbox(uint64_t now)
 
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
-        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        uint32_t next = ld_relaxed(&s->link);
         uint64_t deadline = ld_relaxed(&s->out.park.deadline);
 
         if (deadline <= now || tick_of(deadline) <= wheel.done) {
-            atomic_store_explicit((_Atomic uint32_t *)&s->link, due, memory_order_relaxed);
+            st_relaxed(&s->link, due);
             due = x;
         } else {
             file(x - 1);
@@ -841,7 +824,7 @@ static void take_inbox(uint64_t now)
     }
     while (due) {
         struct atap_slot *s = atap__table_at(due - 1);
-        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        uint32_t next = ld_relaxed(&s->link);
         tail_due(due - 1, BY_DEADLINE);
         due = next;
     }
@@ -902,7 +885,7 @@ static void wheel_close(void)
 
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
-        uint32_t next = ld_relaxed((_Atomic uint32_t *)&s->link);
+        uint32_t next = ld_relaxed(&s->link);
         file(x - 1);
         x = next;
     }
@@ -1175,145 +1158,9 @@ void atap__park_reap(bool all)
     }
 }
 
-/* ---- kernel waits ---------------------------------------------------------- */
-
-/* Outside a task (or without a poller): a wait nothing interrupts. */
-static int plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
-{
-    for (;;) {
-        uint64_t now = atap__now_ns(), left;
-
-        if (now >= deadline)
-            return fd >= 0 ? ATAP_ENOTREADY : 0;
-        left = deadline - now;
-        if (fd >= 0) {
-            struct pollfd pfd = {.fd = fd,
-                                 .events = (short)(((events & ATAP_READABLE) ? POLLIN : 0) |
-                                                   ((events & ATAP_WRITABLE) ? POLLOUT : 0))};
-            int ms = deadline == ATAP__FOREVER ? -1
-                     : left / 1000000u >= INT32_MAX ? INT32_MAX
-                                                   : (int)((left + 999999u) / 1000000u);
-            int n = poll(&pfd, 1, ms);
-
-            if (n < 0 && errno != EINTR)
-                return -errno;
-            if (n > 0) {
-                if (pfd.revents & POLLNVAL)
-                    return -EBADF;
-                return (int)(((pfd.revents & POLLIN) ? ATAP_READABLE : 0) |
-                             ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0) |
-                             ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0) |
-                             ((pfd.revents & POLLERR) ? ATAP_ERROR : 0));
-            }
-            continue;
-        }
-        if (precise && left <= SPIN_NS) {
-            while (atap__now_ns() < deadline)
-                cpu_relax();
-            return 0;
-        }
-        left -= precise ? SPIN_NS : 0;
-        struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
-        nanosleep(&ts, NULL); /* EINTR: the loop looks again */
-    }
-}
-
-/* The running task was stopped: why. */
-static int stopped(const struct atap_ctx *ctx)
-{
-    uint32_t w = ld_seqcst(&ctx->slot->word);
-
-    if (word_gen(w) != ctx->gen)
-        return 0;
-    switch (word_state(w)) {
-    case ST_CANCELLED: return ATAP_ECANCELLED;
-    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
-    default: return 0;
-    }
-}
-
-static struct atap_poller *thread_kq(struct worker *w)
-{
-    struct atap_poller *kq = ld_acquire(&w->kq);
-
-    if (!kq && atap__poller_open(&kq) == 0)
-        st_release(&w->kq, kq); /* only this thread makes it */
-    return kq;
-}
-
-static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
-{
-    struct worker *w = atap__self;
-    struct atap_ctx *ctx = w ? w->cur : NULL;
-    struct atap_poller_event ev;
-    struct atap_poller *kq;
-    int rc = 0;
-
-    if (!ctx || !ctx->slot || !(kq = thread_kq(w)))
-        return plain_wait(deadline, precise, fd, events);
-    /* seq_cst, then the state: against the canceller's CAS and fence. */
-    st_seqcst(&w->kwait, (uint64_t)ctx->gen << 32 | ctx->index);
-    if (fd >= 0 && (rc = atap__poller_watch(kq, fd, events, kq)) < 0) {
-        st_release(&w->kwait, 0);
-        return rc;
-    }
-    for (;;) {
-        uint64_t now, left;
-        int n;
-
-        if ((rc = stopped(ctx)) != 0)
-            break;
-        if ((now = atap__now_ns()) >= deadline) {
-            rc = fd >= 0 ? ATAP_ENOTREADY : 0;
-            break;
-        }
-        left = deadline - now;
-        if (precise && left <= SPIN_NS) {
-            while (atap__now_ns() < deadline && (rc = stopped(ctx)) == 0)
-                cpu_relax();
-            break;
-        }
-        n = atap__poller_wait(kq, &ev, 1,
-                              deadline == ATAP__FOREVER ? ATAP__FOREVER
-                                                        : left - (precise ? SPIN_NS : 0));
-        if (n > 0) {
-            rc = (int)ev.events;
-            break;
-        }
-        if (n < 0) {
-            rc = n;
-            break;
-        }
-        /* a timeout, or a wake (maybe one left from an earlier task) */
-    }
-    if (fd >= 0)
-        atap__poller_unwatch(kq, fd);
-    st_release(&w->kwait, 0);
-    return rc;
-}
-
-int atap_sleep(uint64_t ns)
-{
-    return kernel_wait(atap__deadline(atap__now_ns(), ns), true, -1, 0);
-}
-
-int atap_sleep_relaxed(uint64_t ns)
-{
-    return kernel_wait(atap__deadline(atap__now_ns(), ns), false, -1, 0);
-}
-
-int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
-{
-    if (!events || (events & ~EVENT_BITS))
-        return ATAP_EINVAL;
-    if (fd < 0)
-        return -EBADF;
-    return kernel_wait(atap__deadline(atap__now_ns(), timeout_ns), false, fd, events);
-}
-
 void atap__park_block(struct atap_ctx *ctx)
 {
-    int rc = plain_wait(ctx->deadline, false, ctx->park_kind == PK_FD ? ctx->fd : -1,
+    int rc = atap__plain_wait(ctx->deadline, false, ctx->park_kind == PK_FD ? ctx->fd : -1,
                         ctx->events);
 
     ctx->resumed = ctx->park_kind == PK_FD && rc != ATAP_ENOTREADY ? BY_READY : BY_DEADLINE;

@@ -17,6 +17,10 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx);
 /* At the start of a run: true when this queue entry is a park's resume
  * (ctx gets the reason; the park record goes). */
 bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx);
+/* A wait nothing interrupts (kwait.c): until deadline (precise: spinning
+ * the last 500 us), or, with fd >= 0, until fd is ready for events. As
+ * atap_wait_fd returns. */
+int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events);
 /* atap_block's run asked for a park: waits for it on the calling thread
  * and sets ctx up for the next run. */
 void atap__park_block(struct atap_ctx *ctx);

@@ -1,0 +1,166 @@
+/*
+ * Kernel waits a cancel interrupts: atap_sleep, atap_sleep_relaxed and
+ * atap_wait_fd hold the calling thread, but a cancel or a run timeout of the
+ * task it runs cuts them short.
+ *
+ * Each pool thread has its own poller (`kq`, made on first use and kept with
+ * the thread's record). A thread waiting for its task stores the task's key
+ * (gen << 32 | index) in `kwait`, then looks at the task's state, then
+ * sleeps on kq; a canceller (or a run timeout) moves the state on, then
+ * scans the records for that key and wakes their kq (atap__park_interrupt,
+ * atap__pool_interrupt). Both sides are seq_cst (the canceller with a fence
+ * after its CAS), so either the waiter sees the stop or the canceller sees
+ * the key; a wake is never lost. A wake left over in kq from an earlier task
+ * only makes a later wait look at its own task's state once more and sleep
+ * again. Outside a task the waits are plain ones.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <time.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "executor.h"
+#include "park.h"
+#include "poller.h"
+#include "pool.h"
+#include "slot.h"
+#include "wait.h"
+
+#define SPIN_NS 500000u /* atap_sleep spins the last 500 us */
+#define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
+
+/* Outside a task (or without a poller): a wait nothing interrupts. */
+int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
+{
+    for (;;) {
+        uint64_t now = atap__now_ns(), left;
+
+        if (now >= deadline)
+            return fd >= 0 ? ATAP_ENOTREADY : 0;
+        left = deadline - now;
+        if (fd >= 0) {
+            struct pollfd pfd = {.fd = fd,
+                                 .events = (short)(((events & ATAP_READABLE) ? POLLIN : 0) |
+                                                   ((events & ATAP_WRITABLE) ? POLLOUT : 0))};
+            int ms = deadline == ATAP__FOREVER ? -1
+                     : left / 1000000u >= INT32_MAX ? INT32_MAX
+                                                   : (int)((left + 999999u) / 1000000u);
+            int n = poll(&pfd, 1, ms);
+
+            if (n < 0 && errno != EINTR)
+                return -errno;
+            if (n > 0) {
+                if (pfd.revents & POLLNVAL)
+                    return -EBADF;
+                return (int)(((pfd.revents & POLLIN) ? ATAP_READABLE : 0) |
+                             ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0) |
+                             ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0) |
+                             ((pfd.revents & POLLERR) ? ATAP_ERROR : 0));
+            }
+            continue;
+        }
+        if (precise && left <= SPIN_NS) {
+            while (atap__now_ns() < deadline)
+                cpu_relax();
+            return 0;
+        }
+        left -= precise ? SPIN_NS : 0;
+        struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+        nanosleep(&ts, NULL); /* EINTR: the loop looks again */
+    }
+}
+
+/* The running task was stopped: why. */
+static int stopped(const struct atap_ctx *ctx)
+{
+    uint32_t w = ld_seqcst(&ctx->slot->word);
+
+    if (word_gen(w) != ctx->gen)
+        return 0;
+    switch (word_state(w)) {
+    case ST_CANCELLED: return ATAP_ECANCELLED;
+    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
+    default: return 0;
+    }
+}
+
+static struct atap_poller *thread_kq(struct worker *w)
+{
+    struct atap_poller *kq = ld_acquire(&w->kq);
+
+    if (!kq && atap__poller_open(&kq) == 0)
+        st_release(&w->kq, kq); /* only this thread makes it */
+    return kq;
+}
+
+static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
+{
+    struct worker *w = atap__self;
+    struct atap_ctx *ctx = w ? w->cur : NULL;
+    struct atap_poller_event ev;
+    struct atap_poller *kq;
+    int rc = 0;
+
+    if (!ctx || !ctx->slot || !(kq = thread_kq(w)))
+        return atap__plain_wait(deadline, precise, fd, events);
+    /* seq_cst, then the state: against the canceller's CAS and fence. */
+    st_seqcst(&w->kwait, (uint64_t)ctx->gen << 32 | ctx->index);
+    if (fd >= 0 && (rc = atap__poller_watch(kq, fd, events, kq)) < 0) {
+        st_release(&w->kwait, 0);
+        return rc;
+    }
+    for (;;) {
+        uint64_t now, left;
+        int n;
+
+        if ((rc = stopped(ctx)) != 0)
+            break;
+        if ((now = atap__now_ns()) >= deadline) {
+            rc = fd >= 0 ? ATAP_ENOTREADY : 0;
+            break;
+        }
+        left = deadline - now;
+        if (precise && left <= SPIN_NS) {
+            while (atap__now_ns() < deadline && (rc = stopped(ctx)) == 0)
+                cpu_relax();
+            break;
+        }
+        n = atap__poller_wait(kq, &ev, 1,
+                              deadline == ATAP__FOREVER ? ATAP__FOREVER
+                                                        : left - (precise ? SPIN_NS : 0));
+        if (n > 0) {
+            rc = (int)ev.events;
+            break;
+        }
+        if (n < 0) {
+            rc = n;
+            break;
+        }
+        /* a timeout, or a wake (maybe one left from an earlier task) */
+    }
+    if (fd >= 0)
+        atap__poller_unwatch(kq, fd);
+    st_release(&w->kwait, 0);
+    return rc;
+}
+
+int atap_sleep(uint64_t ns)
+{
+    return kernel_wait(atap__deadline(atap__now_ns(), ns), true, -1, 0);
+}
+
+int atap_sleep_relaxed(uint64_t ns)
+{
+    return kernel_wait(atap__deadline(atap__now_ns(), ns), false, -1, 0);
+}
+
+int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
+{
+    if (!events || (events & ~EVENT_BITS))
+        return ATAP_EINVAL;
+    if (fd < 0)
+        return -EBADF;
+    return kernel_wait(atap__deadline(atap__now_ns(), timeout_ns), false, fd, events);
+}
+
