@@ -1,7 +1,7 @@
 /*
- * Values between tasks: tasks that wait for gives, the forwards that feed
- * them from other tasks' outputs (atap_forward, atap_receive_all / _any),
- * and atap_join_first.
+ * Values between tasks: tasks that wait for gives, and the forwards that
+ * feed them from other tasks' outputs (atap_forward, atap_receive_all /
+ * _any).
  *
  * The gate. A task that waits for gives has a `struct gate` (through its
  * schedule) holding its values and what a give may start, all under the
@@ -45,10 +45,7 @@
  * target's gate; a target started by a delivery is kicked after the
  * delivery, with no gate lock held.
  *
- * join_first. Each member's word gets WAITERS by an RMW after the caller is
- * counted in atap__first_waiters; whoever moves a state on with WAITERS set
- * bumps `settle_seq` and wakes it, and the caller sleeps on settle_seq from a
- * value read before it looked at the members. No settle is missed.
+ * atap_join_first and atap_join_all are join.c's.
  */
 #include "dataflow.h"
 
@@ -746,11 +743,6 @@ static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
 
 /* ---- the calls ----------------------------------------------------------- */
 
-static struct atap_slot *live_slot(atap_task t, uint32_t *index, uint32_t *gen)
-{
-    return atap__exec_live(t, index, gen);
-}
-
 int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size_t in_size,
                        const atap_spawn_opts *opts)
 {
@@ -776,7 +768,7 @@ int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size_t in_size,
 int atap_give(atap_task t, const void *value, size_t size)
 {
     uint32_t index, gen;
-    struct atap_slot *s = live_slot(t, &index, &gen);
+    struct atap_slot *s = atap__exec_live(t, &index, &gen);
     struct gate *g;
     bool outside;
     int rc;
@@ -832,7 +824,7 @@ static struct reg *reg_new(struct atap_slot *t, uint32_t index, uint32_t gen, ui
 int atap_forward(atap_task from, atap_task to)
 {
     uint32_t fi, fg, ti, tg;
-    struct atap_slot *f = live_slot(from, &fi, &fg), *t = live_slot(to, &ti, &tg);
+    struct atap_slot *f = atap__exec_live(from, &fi, &fg), *t = atap__exec_live(to, &ti, &tg);
     struct gate *g;
     struct reg *r;
     int rc = 0;
@@ -877,7 +869,7 @@ static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *fro
     if ((rc = atap__exec_check(opts, true)) != 0)
         return rc;
     for (size_t k = 0; k < n; k++) {
-        if (!(m = live_slot(from[k], &index, &gen)))
+        if (!(m = atap__exec_live(from[k], &index, &gen)))
             return ATAP_ENOTASK;
         if (role == ROLE_ANY && m->out_size != (k ? in_size : m->out_size))
             return ATAP_EINVAL;
@@ -892,12 +884,12 @@ static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *fro
         atap__gate_destroy(g);
         return rc;
     }
-    s = live_slot(*task, &index, &gen);
+    s = atap__exec_live(*task, &index, &gen);
     for (size_t k = 0; k < n; k++) {
         uint32_t mi, mg;
         struct reg *r;
 
-        m = live_slot(from[k], &mi, &mg);
+        m = atap__exec_live(from[k], &mi, &mg);
         r = reg_new(s, index, gen, (uint32_t)k, offset);
         if (!r) { /* this place can never fill: as if the member had ended */
             struct reg stub = {.to = index, .to_gen = gen, .place = (uint32_t)k};
@@ -923,91 +915,4 @@ int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *f
                      const atap_spawn_opts *opts)
 {
     return receive(task, fn, arg, from, n, opts, ROLE_ANY);
-}
-
-/* ---- join_first, join_all ------------------------------------------------- */
-
-_Atomic uint32_t atap__first_waiters;
-static _Atomic uint32_t settle_seq;
-
-void atap__flow_notify(void)
-{
-    add_relaxed(&settle_seq, 1);
-    atap__word_wake(&settle_seq, true);
-}
-
-/* Index of the first settled member, or n. Marks each unsettled one with
- * WAITERS (an RMW even when already set, so its settler sees us counted). */
-static size_t first_settled(const atap_task *ts, size_t n, bool mark)
-{
-    for (size_t k = 0; k < n; k++) {
-        uint32_t index, gen, cur;
-        struct atap_slot *s = live_slot(ts[k], &index, &gen);
-
-        if (!s)
-            return k; /* no task: settled at once */
-        cur = ld_acquire(&s->word);
-        do {
-            if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
-                state_terminal(word_state(cur)))
-                return k;
-            if (!mark)
-                break;
-        } while (!cas_acqrel(&s->word, &cur, cur | ST_WAITERS));
-    }
-    return n;
-}
-
-int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
-                    size_t *winner)
-{
-    uint64_t deadline, now;
-    size_t k;
-
-    if (!ts || !winner || n == 0 || (unsigned)policy > ATAP_RELEASE)
-        return ATAP_EINVAL;
-    if ((k = first_settled(ts, n, false)) == n) {
-        deadline = atap__deadline(atap__now_ns(), timeout_ns);
-        add_seqcst(&atap__first_waiters, 1);
-        for (;;) {
-            uint32_t seq = ld_acquire(&settle_seq);
-
-            if ((k = first_settled(ts, n, true)) < n)
-                break;
-            now = atap__now_ns();
-            if (now >= deadline)
-                break;
-            atap__word_wait(&settle_seq, seq, deadline == ATAP__FOREVER ? ATAP__FOREVER
-                                                                           : deadline - now);
-        }
-        sub_seqcst(&atap__first_waiters, 1);
-        if (k == n)
-            return ATAP_ENOTREADY;
-    }
-    *winner = k;
-    for (size_t i = 0; i < n && policy != ATAP_PASS_BACK; i++) {
-        if (i == k)
-            continue;
-        if (policy == ATAP_CANCEL)
-            atap_cancel(ts[i]);
-        atap_release(ts[i]);
-    }
-    return 0;
-}
-
-int atap_join_all(const atap_task *ts, size_t n, void *out, size_t size, int *rcs)
-{
-    int first = 0;
-
-    if (!ts || (n && size && !out))
-        return ATAP_EINVAL;
-    for (size_t i = 0; i < n; i++) {
-        int rc = atap_join(ts[i], size ? (char *)out + i * size : NULL, size);
-
-        if (rcs)
-            rcs[i] = rc;
-        if (rc && !first)
-            first = rc;
-    }
-    return first;
 }

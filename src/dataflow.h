@@ -1,6 +1,6 @@
 /*
  * Values between tasks (dataflow.c): the gate of a task that waits for
- * gives, the forwards of a task's outputs, and join_first's wake-up.
+ * gives, the forwards of a task's outputs; and join_first's wake-up (join.c).
  */
 #ifndef ATAP_DATAFLOW_H
 #define ATAP_DATAFLOW_H
@@ -61,7 +61,7 @@ struct side *atap__side_of(struct atap_slot *s);
 /* Where the side record keeps the slot's park (park.c). */
 struct park *_Atomic *atap__side_park(struct side *side);
 
-/* ---- join_first ---------------------------------------------------------- */
+/* ---- join_first (join.c) ------------------------------------------------- */
 
 extern _Atomic uint32_t atap__first_waiters;
 void atap__flow_notify(void);

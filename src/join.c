@@ -1,0 +1,105 @@
+/*
+ * atap_join_first and atap_join_all.
+ *
+ * join_first waits on many tasks with no waiter record on any of them. The
+ * caller counts itself in atap__first_waiters (seq_cst), then marks each
+ * unsettled member's word with WAITERS by an RMW (a CAS even when the bit is
+ * already set), then looks at the members, then sleeps on `settle_seq` from
+ * a value read before it looked. Whoever moves a task's state on with
+ * WAITERS set (atap__exec_wake) reads atap__first_waiters after its CAS,
+ * which read our RMW or a later value, so it sees us counted, and then bumps
+ * settle_seq and wakes it: a member that settles after our look changes the
+ * value we sleep on. No settle is missed; a settle of an unrelated task only
+ * costs a look.
+ */
+#include "atap.h"
+#include "atomics.h"
+#include "dataflow.h"
+#include "executor.h"
+#include "slot.h"
+#include "wait.h"
+
+_Atomic uint32_t atap__first_waiters;
+static _Atomic uint32_t settle_seq;
+
+void atap__flow_notify(void)
+{
+    add_relaxed(&settle_seq, 1);
+    atap__word_wake(&settle_seq, true);
+}
+
+/* Index of the first settled member, or n. Marks each unsettled one with
+ * WAITERS (an RMW even when already set, so its settler sees us counted). */
+static size_t first_settled(const atap_task *ts, size_t n, bool mark)
+{
+    for (size_t k = 0; k < n; k++) {
+        uint32_t index, gen, cur;
+        struct atap_slot *s = atap__exec_live(ts[k], &index, &gen);
+
+        if (!s)
+            return k; /* no task: settled at once */
+        cur = ld_acquire(&s->word);
+        do {
+            if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
+                state_terminal(word_state(cur)))
+                return k;
+            if (!mark)
+                break;
+        } while (!cas_acqrel(&s->word, &cur, cur | ST_WAITERS));
+    }
+    return n;
+}
+
+int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
+                    size_t *winner)
+{
+    uint64_t deadline, now;
+    size_t k;
+
+    if (!ts || !winner || n == 0 || (unsigned)policy > ATAP_RELEASE)
+        return ATAP_EINVAL;
+    if ((k = first_settled(ts, n, false)) == n) {
+        deadline = atap__deadline(atap__now_ns(), timeout_ns);
+        add_seqcst(&atap__first_waiters, 1);
+        for (;;) {
+            uint32_t seq = ld_acquire(&settle_seq);
+
+            if ((k = first_settled(ts, n, true)) < n)
+                break;
+            now = atap__now_ns();
+            if (now >= deadline)
+                break;
+            atap__word_wait(&settle_seq, seq, deadline == ATAP__FOREVER ? ATAP__FOREVER
+                                                                           : deadline - now);
+        }
+        sub_seqcst(&atap__first_waiters, 1);
+        if (k == n)
+            return ATAP_ENOTREADY;
+    }
+    *winner = k;
+    for (size_t i = 0; i < n && policy != ATAP_PASS_BACK; i++) {
+        if (i == k)
+            continue;
+        if (policy == ATAP_CANCEL)
+            atap_cancel(ts[i]);
+        atap_release(ts[i]);
+    }
+    return 0;
+}
+
+int atap_join_all(const atap_task *ts, size_t n, void *out, size_t size, int *rcs)
+{
+    int first = 0;
+
+    if (!ts || (n && size && !out))
+        return ATAP_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        int rc = atap_join(ts[i], size ? (char *)out + i * size : NULL, size);
+
+        if (rcs)
+            rcs[i] = rc;
+        if (rc && !first)
+            first = rc;
+    }
+    return first;
+}
