@@ -35,6 +35,10 @@
  * the process's life, since the poller may still report it): its waiter
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
+ * Parks in the slot itself (below: "the park wheel" for deadlines, "fd
+ * parks in the slot tail" for fds with no deadline) cost nothing beyond the
+ * slot; the rest use a park record.
+ *
  * Deadline-only parks in the slot itself. A park on a deadline alone, in a
  * task whose output leaves the slot's park tail free (slot.h), costs no
  * memory beyond the slot: its claim word and deadline sit in the tail, and
