@@ -509,10 +509,12 @@ ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_
  * event or the deadline comes. A parked task holds its slot and nothing
  * else. Exactly one of {the event, the deadline, a cancel, a run timeout, a
  * shutdown, the manager giving up} ends a park; the last two end the task as
- * ATAP_EFAILED. A manager restart keeps every park as it was: the timers
- * and the event queue belong to the runtime, not to one manager, so a
- * restarted manager carries on with them (nothing is re-armed, nothing is
- * resumed early). A cancelled park reads ATAP_ECANCELLED at once; a park on
+ * ATAP_EFAILED. A manager restart re-arms every park: each parked fd,
+ * signal and path is watched again, so an event the dead manager was told of
+ * but never handed on is reported afresh to the next one (the kernel looks at
+ * the fd again), and deadlines stay where they were (the timers belong to the
+ * runtime, not to one manager). Nothing is lost, nothing resumes early, and
+ * no parked task runs for nothing. A cancelled park reads ATAP_ECANCELLED at once; a park on
  * a deadline alone gives its slot back when the deadline comes (or within
  * one 4.3 s round of its wheel). A task must treat a resume as a hint and
  * look again: an fd event can be spurious (a read may still say EAGAIN).
@@ -583,9 +585,12 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
  * changes in one of the ways in `changes` (or the timeout passes), then
  * return ATAP_PARKED. Linux: inotify (an unlinked file reports
  * ATAP_PATH_GONE once its last descriptor closes; before that, an unlink is
- * an ATAP_PATH_ATTRIB change); elsewhere -ENOTSUP for now. Returns as
- * atap_park_fd; ATAP_EINVAL also inside atap_block. A closed fd resumes at
- * once with ATAP_ERROR.
+ * an ATAP_PATH_ATTRIB change). macOS and the BSDs: kqueue's EVFILT_VNODE on
+ * fd (an unlink or a rename reports ATAP_PATH_GONE at once; a subdirectory
+ * made or removed also changes its parent's link count, ATAP_PATH_ATTRIB);
+ * -ENOTSUP there with the poll backend. Returns as atap_park_fd;
+ * ATAP_EINVAL also inside atap_block. A closed fd resumes at once with
+ * ATAP_ERROR.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
 
@@ -681,7 +686,10 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  * -DATAP_FAULT_INJECTION=ON (the test build). Each check costs the runtime
  * one relaxed load while nothing is owed.
  *   atap_inject_manager_faults: the manager falls apart the next n times
- *     round its loop. Up to 5 in a row it is restarted (after 10 ms x the
+ *     it comes back from its wait (at the latest its next 10 ms tick), at
+ *     the worst moment: before it hands out what the wait reported. The
+ *     call does not wake it, so an event that wakes it first is one it dies
+ *     holding. Up to 5 in a row it is restarted (after 10 ms x the
  *     count); past that its supervisor gives up, atap_status says so, and
  *     the pool carries on without it.
  *   atap_inject_thread_deaths: the next `workers` workers and `blocking`

@@ -12,6 +12,10 @@
  * to the runtime, not to one manager's life, so a restart loses no armed
  * timer and fires none twice: only the manager of the moment touches the
  * structure, and the next one carries on from where the last one stopped.
+ * What a manager may die holding is what its last wait reported and it had
+ * not yet handed out: before the next life the supervisor watches every
+ * parked fd and source again (atap__park_rearm), and the kernel reports
+ * afresh whatever is still ready.
  *
  * Lifecycle: mgr.state is RUNNING while a manager lives, RESTARTING between
  * lives, GONE once the supervisor gave up, STOPPED after a shutdown. `stop`
@@ -60,8 +64,7 @@ static _Atomic unsigned owed_faults;
 
 void atap_inject_manager_faults(unsigned n)
 {
-    add_relaxed(&owed_faults, n);
-    atap__manager_wake();
+    add_relaxed(&owed_faults, n); /* no wake: taken when the wait next returns */
 }
 #define MANAGER_FALLS_APART() atap__fault_take(&owed_faults)
 #define FORGET_FAULTS() st_relaxed(&owed_faults, 0)
@@ -78,8 +81,6 @@ static bool manager_life(void)
     int n;
 
     while (!ld_acquire(&mgr.stop)) {
-        if (MANAGER_FALLS_APART())
-            return true;
         now = atap__now_ns();
         wake_at = atap__timers_run(&mgr.timers, now);
         park_at = atap__park_wheel_run(now);
@@ -96,8 +97,10 @@ static bool manager_life(void)
                               wake_at > now ? wake_at - now : 0);
         if (n < 0)
             return true; /* the backend failed under us: die and be restarted */
-        for (int i = 0; i < n; i++) /* fds that parked tasks wait on */
-            atap__park_event(events[i].udata, events[i].events);
+        if (MANAGER_FALLS_APART())
+            return true; /* the worst moment: holding events nobody was given */
+        for (int i = 0; i < n; i++) /* what parked tasks wait on */
+            atap__park_event(events[i].udata, events[i].events, events[i].kind);
     }
     return false;
 }
@@ -165,6 +168,7 @@ static void *supervisor_main(void *arg)
             return NULL;
         }
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);
+        atap__park_rearm(); /* what the dead one was told, told again */
     }
     st_release(&mgr.state, M_STOPPED);
     return NULL;

@@ -73,8 +73,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #if defined(__linux__)
 #include <sys/inotify.h>
+#define PATHS_BY_INOTIFY 1 /* an inotify fd of ours, watched like any fd */
+#else
+#define PATHS_BY_INOTIFY 0 /* the poller's own path watches (kqueue) */
 #endif
 
 #include "atap.h"
@@ -92,6 +96,9 @@
 _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_WRITE &&
                    ATAP_HANGUP == ATAP__POLL_HUP && ATAP_ERROR == ATAP__POLL_ERR,
                "public event bits are the poller's");
+_Static_assert(ATAP_PATH_WRITE == ATAP__PATH_WRITE && ATAP_PATH_ATTRIB == ATAP__PATH_ATTRIB &&
+                   ATAP_PATH_GONE == ATAP__PATH_GONE,
+               "public path bits are the poller's");
 
 #define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
 
@@ -138,7 +145,7 @@ static _Atomic unsigned char sig_pending[NSIG];
 static bool sig_caught[NSIG];
 static int sig_pipe[2] = {-1, -1};
 static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
-static struct park **wd_waiters; /* by inotify watch descriptor */
+static struct park **wd_waiters; /* by inotify watch descriptor (kqueue: by fd) */
 static size_t wdcap;
 
 static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -411,12 +418,17 @@ static void fd_remove(struct park *p)
 }
 
 static void source_event(struct fdw *f);
+static void vnode_event(struct fdw *f, unsigned got);
 
-void atap__park_event(void *udata, unsigned events)
+void atap__park_event(void *udata, unsigned events, unsigned kind)
 {
     struct fdw *f = udata;
     struct park *ready = NULL, *p, **at;
 
+    if (kind == ATAP__WATCH_PATH) {
+        vnode_event(f, events);
+        return;
+    }
     if (f == &sig_source || f == &path_source) {
         source_event(f);
         return;
@@ -542,24 +554,45 @@ static unsigned changes_of(uint32_t mask)
 }
 #endif
 
+/* fd_lock held: nobody waits on watch wd now. */
 static void path_forget(int wd)
 {
 #if defined(__linux__)
     inotify_rm_watch(path_source.fd, wd);
 #else
-    (void)wd;
+    atap__poller_unwatch_path(atap__manager_poller(), wd);
 #endif
 }
 
+/* fd_lock held: wd_waiters has room for list `key`. 0 or -ENOMEM. */
+static int wd_room(int key)
+{
+    size_t cap = wdcap ? wdcap : 64;
+    struct park **t;
+
+    if ((size_t)key < wdcap)
+        return 0;
+    while (cap <= (size_t)key)
+        cap *= 2;
+    if (!(t = realloc(wd_waiters, cap * sizeof *t)))
+        return -ENOMEM;
+    memset(t + wdcap, 0, (cap - wdcap) * sizeof *t);
+    wd_waiters = t;
+    wdcap = cap;
+    return 0;
+}
+
 /* A signal or path park joins its source's list (p->fd becomes the list's
- * number: the signal, or the inotify watch). 0 or -errno. */
+ * number: the signal, the inotify watch, or on kqueue the fd itself, whose
+ * EVFILT_VNODE watch is the poller's). 0 or -errno. */
 static int source_add(struct park *p)
 {
     struct sigaction sa;
-    int rc, key = p->fd;
+    int rc = 0, key = p->fd;
 
     pthread_mutex_lock(&fd_lock);
-    if ((rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source)) != 0)
+    if ((p->kind == PK_SIGNAL || PATHS_BY_INOTIFY) &&
+        (rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source)) != 0)
         goto out;
     /* A signal that came while nobody waited for it is dropped, not kept
      * for this park (a byte of it may still be in the pipe: harmless). */
@@ -586,20 +619,24 @@ static int source_add(struct park *p)
             rc = -errno;
             goto out;
         }
-        if ((size_t)key >= wdcap) {
-            size_t cap = wdcap ? wdcap : 64;
-            struct park **t;
-            while (cap <= (size_t)key)
-                cap *= 2;
-            if (!(t = realloc(wd_waiters, cap * sizeof *t))) {
-                rc = -ENOMEM;
-                goto out;
-            }
-            memset(t + wdcap, 0, (cap - wdcap) * sizeof *t);
-            wd_waiters = t;
-            wdcap = cap;
+        if ((rc = wd_room(key)) != 0) {
+            if ((size_t)key >= wdcap || !wd_waiters[key])
+                path_forget(key);
+            goto out;
         }
         p->fd = key;
+    }
+#else
+    if (p->kind == PK_PATH) {
+        struct fdw *f = fdw_of(key); /* the udata: kept for the process's life */
+
+        if (!f || (rc = wd_room(key)) != 0) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        /* Watched (again) at every join: armed while anyone waits. */
+        if ((rc = atap__poller_watch_path(atap__manager_poller(), key, f)) != 0)
+            goto out;
     }
 #endif
     p->fd_next = *list_of(p);
@@ -652,6 +689,31 @@ static void source_event(struct fdw *f)
         if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
             claim_list(&sig_waiters[signo], 0, &ready);
     source_watch(f); /* one-shot: again */
+    pthread_mutex_unlock(&fd_lock);
+    while ((p = ready) != NULL) {
+        ready = p->fd_next;
+        complete(p, BY_READY);
+    }
+}
+
+/* The poller's own path watch (kqueue's EVFILT_VNODE) reported changes to
+ * the file open as f->fd (got: ATAP__PATH_* bits). */
+static void vnode_event(struct fdw *f, unsigned got)
+{
+    struct park *ready = NULL, *p;
+#if !PATHS_BY_INOTIFY
+    struct stat st;
+
+    /* The kernel says "written" of a directory whose entries changed. */
+    if ((got & ATAP__PATH_WRITE) && fstat(f->fd, &st) == 0 && S_ISDIR(st.st_mode))
+        got = (got & ~ATAP__PATH_WRITE) | ATAP_PATH_ENTRIES;
+#endif
+    pthread_mutex_lock(&fd_lock);
+    if (got && (size_t)f->fd < wdcap && wd_waiters[f->fd]) {
+        claim_list(&wd_waiters[f->fd], got, &ready);
+        if (wd_waiters[f->fd]) /* one-shot: again, for those still waiting */
+            atap__poller_watch_path(atap__manager_poller(), f->fd, f);
+    }
     pthread_mutex_unlock(&fd_lock);
     while ((p = ready) != NULL) {
         ready = p->fd_next;
@@ -1064,6 +1126,34 @@ void atap__park_open(void)
     pthread_mutex_unlock(&reg_lock);
 }
 
+/* Between two managers' lives (the supervisor calls it; no manager runs).
+ * A manager that died between its wait and handing out what the wait
+ * reported took those reports with it, and the one-shot watches they spent
+ * stay disarmed. Watched again, each fd is looked at afresh by the kernel
+ * (level-triggered), so the next manager hears of everything still ready;
+ * the sources read what they hold (a signal's pending flag outlives its
+ * pipe byte, and inotify keeps what was not read). No parked task is run for
+ * nothing, and deadlines need nothing: their wheels belong to the runtime. */
+void atap__park_rearm(void)
+{
+    bool sig, path;
+
+    pthread_mutex_lock(&fd_lock);
+    for (size_t fd = 0; fd < fdcap; fd++)
+        if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails))
+            rewatch(fdtab[fd]);
+    for (size_t key = 0; !PATHS_BY_INOTIFY && key < wdcap; key++)
+        if (wd_waiters[key]) /* a vnode change is an edge: one held is gone */
+            atap__poller_watch_path(atap__manager_poller(), (int)key, fdtab[key]);
+    sig = sig_source.fd >= 0;
+    path = path_source.fd >= 0;
+    pthread_mutex_unlock(&fd_lock);
+    if (sig)
+        source_event(&sig_source);
+    if (path)
+        source_event(&path_source);
+}
+
 /* No manager: every tail fd park ends, and later ones end at once. */
 static void tails_close(void)
 {
@@ -1263,7 +1353,8 @@ int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns)
 
 int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)
 {
-#if defined(__linux__)
+    if (!PATHS_BY_INOTIFY && !(atap__poller_kinds() & 1u << ATAP__WATCH_PATH))
+        return -ENOTSUP; /* the poll backend off Linux */
     if (fd < 0 || !changes || (changes & ~(ATAP_PATH_WRITE | ATAP_PATH_ATTRIB |
                                            ATAP_PATH_ENTRIES | ATAP_PATH_GONE)))
         return ATAP_EINVAL;
@@ -1271,10 +1362,6 @@ int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)
         return ATAP_EINVAL;
     return ask(ctx, PK_PATH, fd, changes | ATAP_PATH_GONE,
                atap__deadline(atap__now_ns(), timeout_ns));
-#else
-    (void)ctx, (void)fd, (void)changes, (void)timeout_ns;
-    return -ENOTSUP;
-#endif
 }
 
 bool atap_resumed(atap_ctx *ctx)

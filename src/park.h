@@ -37,9 +37,9 @@ int atap__park_wait_wake(struct atap_ctx *ctx, uint64_t deadline);
  * reaches it; false when it has ended. */
 bool atap__park_wake(uint32_t index, uint32_t gen);
 
-/* Manager: an fd watched for parks reported events (udata from the
- * poller). */
-void atap__park_event(void *udata, unsigned events);
+/* Manager: a watch for parks reported events (udata, events and kind from
+ * the poller). */
+void atap__park_event(void *udata, unsigned events, unsigned kind);
 /* Manager, each pass: acts on the deadline parks that are due; returns
  * when it must look again (UINT64_MAX: none waits). */
 uint64_t atap__park_wheel_run(uint64_t now);
@@ -52,6 +52,9 @@ struct park;
 void atap__park_destroy(struct park *p);
 /* The manager starts: parks are taken. */
 void atap__park_open(void);
+/* Between two managers' lives: every parked fd and source is watched
+ * again, so nothing the dead manager was told and did not hand out is lost. */
+void atap__park_rearm(void);
 /* No manager will run again (shutdown, or its supervisor gave up): every
  * park is written off as FAILED, and later parks fail at once. */
 void atap__park_close_all(void);

@@ -70,14 +70,14 @@
  * Unwatch before close(): epoll and kqueue drop a closed fd's watch
  * silently, poll reports it once as ERR.
  *
- * Room for later (the parking issue): signals, path changes and child exits
- * become watch kinds of their own (ATAP__WATCH_SIGNAL, _PATH, _PROC; epoll
- * through signalfd, inotify and pidfd, kqueue through EVFILT_SIGNAL,
- * EVFILT_VNODE and EVFILT_PROC), each with its own watch call (e.g.
- * atap__poller_watch_signal(p, signo, udata)), one-shot like fd watches, and
- * reported through the same wait with `kind` set and kind-specific bits in
- * `events`. Those fds are the poller's own, so their epoll entries will point
- * at poller-owned records rather than straight at udata.
+ * Other kinds of watch have calls of their own, are one-shot like fd
+ * watches, and are reported through the same wait with `kind` set and
+ * kind-specific bits in `events`; atap__poller_kinds() says which a backend
+ * has. Path changes (ATAP__WATCH_PATH) exist on kqueue (EVFILT_VNODE on the
+ * open file itself); on Linux park.c watches paths with an inotify fd of its
+ * own, an ordinary fd watch, so epoll and poll do not offer them. Signals go
+ * through a self-pipe (park.c) on every backend. Room is left for child
+ * exits (ATAP__WATCH_PROC: pidfd, EVFILT_PROC).
  */
 #ifndef ATAP_POLLER_H
 #define ATAP_POLLER_H
@@ -103,14 +103,21 @@
  * so no backend has to fit a huge timeout into a 32-bit time_t or int ms. */
 #define ATAP__POLLER_SLICE_NS (86400ull * 1000000000u)
 
-/* What a watch is on. Only FD exists yet; the others are reserved so the
- * event layout and the kind numbers do not move when they arrive. */
+/* What a watch is on. The kinds a backend lacks are reserved so the event
+ * layout and the kind numbers never move. */
 enum atap__watch_kind {
     ATAP__WATCH_FD = 0,     /* an fd, READ and/or WRITE */
     ATAP__WATCH_SIGNAL = 1, /* reserved: a signal number */
-    ATAP__WATCH_PATH = 2,   /* reserved: changes to an open file or directory */
+    ATAP__WATCH_PATH = 2,   /* changes to an open file or directory (kqueue) */
     ATAP__WATCH_PROC = 3,   /* reserved: a child process's exit */
 };
+
+/* Bits of a reported ATAP__WATCH_PATH event: what changed. A directory's
+ * entries changing is reported as WRITE (the kernel cannot tell the poller
+ * more); the caller, who knows it watches a directory, reads it so. */
+#define ATAP__PATH_WRITE 0x10u  /* content written or extended */
+#define ATAP__PATH_ATTRIB 0x20u /* metadata: mode, times, link count */
+#define ATAP__PATH_GONE 0x80u   /* deleted, renamed or revoked */
 
 struct atap_poller_event {
     void *udata;     /* as given to the watch */
@@ -133,6 +140,19 @@ int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *uda
 /* Removes the watch on fd, armed or already fired. 0 also when fd had none.
  * The fd must still be open (-EBADF from epoll and kqueue otherwise). */
 int atap__poller_unwatch(struct atap_poller *p, int fd);
+
+/* Arms a one-shot watch for changes to the file or directory open as fd
+ * (reported as ATAP__WATCH_PATH with ATAP__PATH_* bits), replacing any path
+ * watch already on fd; independent of fd's READ / WRITE watch. 0 or -errno;
+ * -ENOTSUP on a backend without ATAP__WATCH_PATH. */
+int atap__poller_watch_path(struct atap_poller *p, int fd, void *udata);
+
+/* Removes fd's path watch, armed or already fired. 0 also when it had none;
+ * -ENOTSUP as above. */
+int atap__poller_unwatch_path(struct atap_poller *p, int fd);
+
+/* The watch kinds this backend has: 1u << ATAP__WATCH_FD, and so on. */
+unsigned atap__poller_kinds(void);
 
 /* Waits up to timeout_ns for events; fills at most max of them (and at most
  * ATAP__POLLER_BATCH). Returns how many (> 0), 0 on timeout or wake, or

@@ -13,6 +13,12 @@
  * overwrites a receipt's flags with EV_ERROR alone. As poller.h says, with
  * READ|WRITE the direction that did not fire stays armed.
  *
+ * Path changes: one EVFILT_VNODE knote on the open file itself, EV_ONESHOT
+ * and EV_CLEAR, asking for every change this contract reports (the caller
+ * picks what it wanted out of the bits). Its ident is the fd, like the
+ * READ / WRITE knotes', but a filter of its own, so the two watches on one
+ * fd are independent.
+ *
  * Wakes: one EVFILT_USER knote (ident 0, EV_CLEAR) added at open. wake()
  * triggers it (NOTE_TRIGGER); retrieving it resets it (EV_CLEAR), which is
  * the drain before the waiter takes the wake flag (poller.h). User-event
@@ -43,6 +49,8 @@
 #include "atomics.h"
 
 #define WAKE_IDENT 0
+#define VNODE_NOTES \
+    (NOTE_WRITE | NOTE_EXTEND | NOTE_ATTRIB | NOTE_LINK | NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)
 
 struct atap_poller {
     int kq;
@@ -112,12 +120,21 @@ static int arm(struct atap_poller *p, int fd, unsigned events, void *udata)
     return rc;
 }
 
+static unsigned from_vnode(unsigned notes)
+{
+    return ((notes & (NOTE_WRITE | NOTE_EXTEND)) ? ATAP__PATH_WRITE : 0) |
+           ((notes & (NOTE_ATTRIB | NOTE_LINK)) ? ATAP__PATH_ATTRIB : 0) |
+           ((notes & (NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)) ? ATAP__PATH_GONE : 0);
+}
+
 static unsigned from_kevent(const struct kevent *e)
 {
     unsigned r;
 
     if (e->flags & EV_ERROR)
         return ATAP__POLL_ERR;
+    if (e->filter == EVFILT_VNODE)
+        return from_vnode(e->fflags);
     r = e->filter == EVFILT_WRITE ? ATAP__POLL_WRITE : ATAP__POLL_READ;
     if (e->flags & EV_EOF) {
         r |= ATAP__POLL_HUP;
@@ -149,7 +166,9 @@ static int once(struct atap_poller *p, struct atap_poller_event *events, int max
             continue;
         }
         events[out++] = (struct atap_poller_event){
-            .udata = (void *)e->udata, .events = from_kevent(e), .kind = ATAP__WATCH_FD};
+            .udata = (void *)e->udata,
+            .events = from_kevent(e),
+            .kind = e->filter == EVFILT_VNODE ? ATAP__WATCH_PATH : ATAP__WATCH_FD};
     }
     return out;
 }
@@ -223,6 +242,35 @@ int atap__poller_unwatch(struct atap_poller *p, int fd)
 
     return rc < 0 ? rc : arm(p, fd, 0, NULL);
 }
+
+/* One EVFILT_VNODE change (add or delete) with a receipt. 0 or -errno. */
+static int vnode(struct atap_poller *p, int fd, unsigned short flags, void *udata)
+{
+    struct kevent ch, res;
+    int n, rc = check_fd(p, fd);
+
+    if (rc < 0)
+        return rc;
+    EV_SET(&ch, (uintptr_t)fd, EVFILT_VNODE, flags | EV_RECEIPT, VNODE_NOTES, 0, udata);
+    if ((n = apply(p, &ch, 1, &res, 1)) < 0)
+        return n;
+    if (n == 1 && (res.flags & EV_ERROR) && res.data != 0 &&
+        !((flags & EV_DELETE) && res.data == ENOENT)) /* nothing to delete */
+        return -(int)res.data;
+    return 0;
+}
+
+int atap__poller_watch_path(struct atap_poller *p, int fd, void *udata)
+{
+    return vnode(p, fd, EV_ADD | EV_ONESHOT | EV_CLEAR, udata);
+}
+
+int atap__poller_unwatch_path(struct atap_poller *p, int fd)
+{
+    return vnode(p, fd, EV_DELETE, NULL);
+}
+
+unsigned atap__poller_kinds(void) { return 1u << ATAP__WATCH_FD | 1u << ATAP__WATCH_PATH; }
 
 int atap__poller_wait(struct atap_poller *p, struct atap_poller_event *events, int max,
                       uint64_t timeout_ns)

@@ -373,6 +373,21 @@ int atap__poller_wake(struct atap_poller *p)
 
 const char *atap__poller_name(void) { return "poll"; }
 
+/* No path watches here (on Linux park.c watches paths with inotify). */
+int atap__poller_watch_path(struct atap_poller *p, int fd, void *udata)
+{
+    (void)p, (void)fd, (void)udata;
+    return -ENOTSUP;
+}
+
+int atap__poller_unwatch_path(struct atap_poller *p, int fd)
+{
+    (void)p, (void)fd;
+    return -ENOTSUP;
+}
+
+unsigned atap__poller_kinds(void) { return 1u << ATAP__WATCH_FD; }
+
 int atap__poller_fds(struct atap_poller *p, int *fds, int max)
 {
     int n = 0;

@@ -999,6 +999,53 @@ static void test_park_survives_manager_restart(void **state)
     assert_no_failures();
 }
 
+/* A manager that dies holding an fd's event (it comes back from its wait
+ * with the event and falls apart before handing it out: the injected fault's
+ * moment) loses nothing: the restart watches every parked fd again and the
+ * kernel reports it afresh. The fault is owed before the byte is written
+ * and the injection does not wake the manager, so the wait the byte ends is
+ * the one it dies after. Four faults per runtime life (five in a row is the
+ * supervisor's limit); half the parks in the slot (no deadline), half with
+ * a park record (a deadline a minute away). */
+static void test_park_restart_rearms_fds(void **state)
+{
+    (void)state;
+    struct fd_parker *f = &g_fdp[0];
+
+    for (int life = 0; life < 3; life++) {
+        for (int round = 0; round < 4; round++) {
+            int p[2];
+            uint64_t v;
+
+            make_pipe(p);
+            fd_parker_init(f, p[0], round % 2 ? ATAP_SEC(60) : ATAP_FOREVER);
+            atap_task t = spawn8(task_park_fd_once, f);
+            assert_true(wait_atomic_at_least(&f->first, 1, ATAP_SEC(10)));
+            sleep_ms(2); /* armed */
+            unsigned restarts0 = atap__manager_restarts();
+            atap_inject_manager_faults(1);
+            assert_true(put_byte(p[1]));
+            int rc = atap_join_for(t, &v, sizeof v, ATAP_SEC(10));
+            if (rc != 0)
+                fail_msg("life %d round %d: the parked task joined %d (%s), %u restarts", life,
+                         round, rc, atap_strerror(rc), atap__manager_restarts() - restarts0);
+            assert_int_equal(atomic_load(&f->resumed), 1);
+            assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+            assert_true(atomic_load(&f->events) & ATAP_READABLE);
+            uint64_t end = now_ns() + ATAP_SEC(10);
+            while (atap__manager_restarts() == restarts0 && now_ns() < end)
+                sleep_us(500);
+            assert_int_equal(atap__manager_restarts(), restarts0 + 1);
+            assert_true(wait_manager(true, ATAP_SEC(10)));
+            atap_release(t);
+            close_pipe(p);
+        }
+        assert_int_equal(atap_shutdown(), 0); /* a new supervisor: its count starts at 0 */
+        assert_int_equal(atap_init(NULL), 0);
+    }
+    assert_no_failures();
+}
+
 /* ---- 10. the manager giving up writes parked tasks off ----------------------- */
 
 static int task_sleep_5ms(atap_ctx *ctx, void *arg, void *out)
@@ -1664,6 +1711,7 @@ int main(void)
         T(test_park_holds_no_thread),
         T(test_park_cancel_frees),
         T(test_park_survives_manager_restart),
+        T(test_park_restart_rearms_fds),
         T(test_park_manager_gone_writes_off),
         T(test_park_shutdown_writes_off),
         T(test_park_block),

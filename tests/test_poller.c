@@ -3,7 +3,8 @@
  * this build compiled (ATAP_POLLER=epoll|kqueue|poll): readiness with the
  * right udata, one-shot watches, unwatch, timeouts that are never early,
  * wakes from threads and signal handlers that coalesce and are never lost,
- * EINTR, HUP/ERR reported once, close-on-exec fds and bad input.
+ * EINTR, HUP/ERR reported once, close-on-exec fds, bad input, and path
+ * watches where the backend has them.
  *
  * Each test gets a fresh poller from the setup. Helper threads CHECK() and
  * the test asserts no failures after joining them.
@@ -647,6 +648,52 @@ static void test_poller_bad_input(void **state)
     close_pair(fds);
 }
 
+/* Path watches (kqueue: EVFILT_VNODE): a write to a watched file is
+ * reported once, as ATAP__WATCH_PATH with WRITE, independent of the fd's
+ * READ / WRITE watch; unwatched, nothing more. A backend without them says
+ * -ENOTSUP and reports nothing. */
+static void test_poller_path_watch(void **state)
+{
+    struct atap_poller *p = *state;
+    struct atap_poller_event ev[EVMAX];
+    char path[] = "/tmp/atap_poller_XXXXXX";
+    int fd = mkstemp(path), wfd;
+
+    assert_true(fd >= 0);
+    wfd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    assert_true(wfd >= 0);
+    if (!(atap__poller_kinds() & 1u << ATAP__WATCH_PATH)) {
+        assert_int_equal(atap__poller_watch_path(p, fd, TAG(20)), -ENOTSUP);
+        assert_int_equal(atap__poller_unwatch_path(p, fd), -ENOTSUP);
+        assert_int_equal(write(wfd, "x", 1), 1);
+        assert_quiet(p, ATAP_MS(20));
+        print_message("[ paths    ] not a watch of this backend\n");
+    } else {
+        assert_int_equal(atap__poller_watch_path(p, -1, TAG(20)), -EBADF);
+        assert_int_equal(atap__poller_unwatch_path(p, fd), 0); /* none yet: fine */
+        assert_int_equal(atap__poller_watch_path(p, fd, TAG(20)), 0);
+        assert_int_equal(atap__poller_wait(p, ev, EVMAX, 0), 0);
+        assert_int_equal(write(wfd, "x", 1), 1);
+        assert_int_equal(atap__poller_wait(p, ev, EVMAX, ATAP_SEC(2)), 1);
+        assert_int_equal(ev[0].kind, ATAP__WATCH_PATH);
+        assert_ptr_equal(ev[0].udata, TAG(20));
+        assert_true(ev[0].events & ATAP__PATH_WRITE);
+        assert_int_equal(write(wfd, "y", 1), 1); /* one-shot: spent */
+        assert_quiet(p, ATAP_MS(20));
+        assert_int_equal(atap__poller_watch_path(p, fd, TAG(21)), 0);
+        assert_int_equal(atap__poller_unwatch_path(p, fd), 0);
+        assert_int_equal(write(wfd, "z", 1), 1);
+        assert_quiet(p, ATAP_MS(20));
+        assert_int_equal(atap__poller_watch_path(p, fd, TAG(22)), 0);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(atap__poller_wait(p, ev, EVMAX, ATAP_SEC(2)), 1);
+        assert_true(ev[0].events & ATAP__PATH_GONE);
+    }
+    unlink(path);
+    close(wfd);
+    close(fd);
+}
+
 #define T(name) cmocka_unit_test_setup_teardown(name, setup_poller, teardown_poller)
 
 int main(void)
@@ -672,6 +719,7 @@ int main(void)
         T(test_poller_wake_from_signal_handler),
         T(test_poller_fds_cloexec),
         T(test_poller_bad_input),
+        T(test_poller_path_watch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

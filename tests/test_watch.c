@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "manager.h" /* atap__manager_restarts */
 #include "test_util.h"
 
 /* ---- setup: a runtime and a temp directory ------------------------------- */
@@ -854,6 +855,51 @@ static int block_park_path(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* A manager that dies holding a signal's or a path's report (the injected
+ * fault comes after its wait returns and before it hands out what it got;
+ * the injection does not wake it, so the raise or the write is what wakes
+ * it) loses nothing: before the next life the sources are read and watched
+ * again. Two rounds of each, four faults in one supervisor's life (five in
+ * a row is its limit). */
+static void test_watch_restart_rearms(void **state)
+{
+    (void)state;
+    catch_signals();
+    const char *f = in_dir("r");
+    make_file(f);
+    int fd = open_ro(f);
+    int wfd = open(f, O_WRONLY | O_APPEND | O_CLOEXEC);
+    assert_true(wfd >= 0);
+
+    for (int r = 0; r < 4; r++) {
+        bool sig = r % 2 == 0;
+        struct parker *p = sig ? parker_init(0, ON_SIGNAL, SIGUSR2, 0, ATAP_FOREVER, 1)
+                               : parker_init(0, ON_PATH, fd, ATAP_PATH_WRITE, ATAP_FOREVER, 1);
+        atap_task t = spawn_parker(p);
+        assert_true(wait_parked(&p->parks, 1, ATAP_SEC(20)));
+        unsigned restarts0 = atap__manager_restarts();
+        atap_inject_manager_faults(1);
+        if (sig)
+            raise_signal(SIGUSR2);
+        else
+            assert_int_equal(write(wfd, "y", 1), 1);
+        assert_int_equal(join_parker(t), 1);
+        assert_int_equal(atomic_load(&p->reason), ATAP_RESUME_READY);
+        if (!sig)
+            assert_true((unsigned)atomic_load(&p->events) & ATAP_PATH_WRITE);
+        uint64_t end = now_ns() + ATAP_SEC(10);
+        while (atap__manager_restarts() == restarts0 && now_ns() < end)
+            sleep_us(500);
+        assert_int_equal(atap__manager_restarts(), restarts0 + 1);
+        assert_true(wait_manager(true, ATAP_SEC(10)));
+        atap_release(t);
+    }
+    assert_int_equal(close(wfd), 0);
+    assert_int_equal(close(fd), 0);
+    waited_to_live_back();
+    assert_no_failures();
+}
+
 static void test_watch_path_bad_arguments(void **state)
 {
     (void)state;
@@ -908,6 +954,7 @@ int main(void)
         T(test_watch_path_many_parks_one_file),
         T(test_watch_path_cancel),
         T(test_watch_path_bad_arguments),
+        T(test_watch_restart_rearms),
     };
 #undef T
     const char *only = getenv("ATAP_TEST_FILTER"); /* e.g. "*signal*" */
