@@ -214,9 +214,11 @@ static int pong(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-/* fd_memory: park on a pipe until a byte can be read. */
+/* fd_memory: park on a pipe until a byte can be read (fd_timed_memory:
+ * with a deadline a minute away as well). */
 #define FD_PIPES 400
 static atomic_long fd_left, fd_runs;
+static uint64_t fd_timeout = ATAP_FOREVER;
 
 static int fd_parked(atap_ctx *ctx, void *arg, void *out) {
     (void)out;
@@ -224,7 +226,7 @@ static int fd_parked(atap_ctx *ctx, void *arg, void *out) {
     char c;
     if (!atap_resumed(ctx)) atomic_fetch_add_explicit(&fd_runs, 1, memory_order_relaxed);
     if (read(fd, &c, 1) != 1) {
-        atap_park_fd(ctx, fd, ATAP_READABLE, ATAP_FOREVER);
+        atap_park_fd(ctx, fd, ATAP_READABLE, fd_timeout);
         return ATAP_PARKED;
     }
     if (atomic_fetch_sub_explicit(&fd_left, 1, memory_order_acq_rel) == 1) signal_done();
@@ -280,7 +282,7 @@ int main(int argc, char **argv) {
     const char *w = argc > 1 ? argv[1] : "spawn_many";
     N = argc > 2 ? atol(argv[2])
         : !strcmp(w, "cancel_latency") ? 1000
-        : !strcmp(w, "fd_memory")      ? 100000
+        : !strcmp(w, "fd_memory") || !strcmp(w, "fd_timed_memory") ? 100000
                                        : default_n(w);
     const char *peer = "atap";
     check(N > 0, "n > 0");
@@ -353,11 +355,14 @@ int main(int argc, char **argv) {
         per_op = (double)(parked - t0) / N;
         snprintf(extra, sizeof extra, " bytes_per_task=%.0f park_s=%.3f rss_before_kb=%ld",
                  (peak_rss_kb() - rss0) * 1024.0 / N, (parked - t0) / 1e9, rss0);
-    } else if (!strcmp(w, "fd_memory")) {
+    } else if (!strcmp(w, "fd_memory") || !strcmp(w, "fd_timed_memory")) {
         /* ours: n tasks parked on the read ends of FD_PIPES pipes (no
-         * deadline), n / FD_PIPES on each, then one byte each; the figure
-         * is what a park on an fd costs beyond the fd itself */
+         * deadline, or one a minute away), n / FD_PIPES on each, then one
+         * byte each; the figure is what a park on an fd costs beyond the fd
+         * itself */
         static int pipes[FD_PIPES][2];
+        if (!strcmp(w, "fd_timed_memory"))
+            fd_timeout = ATAP_SEC(60);
         for (int k = 0; k < FD_PIPES; k++)
             check(pipe(pipes[k]) == 0 && fcntl(pipes[k][0], F_SETFL, O_NONBLOCK) == 0, "pipe");
         rss0 = cur_rss_kb();

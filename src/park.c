@@ -36,25 +36,26 @@
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
  * Parks in the slot itself (below: "the park wheel" for deadlines, "fd
- * parks in the slot tail" for fds with no deadline) cost nothing beyond the
- * slot; the rest use a park record.
+ * parks in the slot tail" for fds) cost nothing beyond the slot; signals,
+ * paths, the runtime's own wakes, and tasks whose output fills the tail use
+ * a park record.
  *
- * Deadline-only parks in the slot itself. A park on a deadline alone, in a
- * task whose output leaves the slot's park tail free (slot.h), costs no
- * memory beyond the slot: its claim word and deadline sit in the tail, and
- * the park wheel below links it through the slot's `link` (free while the
- * task is neither free nor queued). The wheel owns such a park, and its RUN
- * reference, until the manager meets it: at its deadline (or a shutdown),
- * the manager claims it, or finds it claimed by a cancel or a timeout, and
- * only then queues the task again or ends its run. So a cancel is seen by
- * readers at once (the state), while the slot itself goes when the manager
- * next visits its bucket (its deadline, or within a round of the wheel).
- * It is ARMED before it is pushed, and the push is the parker's last touch
- * of the slot.
+ * Deadline parks in the slot itself. A park on a deadline, in a task whose
+ * output leaves the slot's park tail free (slot.h), costs no memory beyond
+ * the slot: its claim word and deadline sit in the tail, and the park wheel
+ * below links it through the tail's wnext / wprev. The wheel owns such a
+ * park, and its RUN reference, until the manager meets it: at its deadline
+ * (or a shutdown), the manager claims it, or finds it claimed by a cancel or
+ * a timeout, and only then queues the task again or ends its run. So a
+ * cancel is seen by readers at once (the state), while the slot itself goes
+ * when the manager next visits its bucket (its deadline, or within a round
+ * of the wheel). It is ARMED before it is pushed, and the push is the
+ * parker's last touch of the slot.
  * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
  * takes the stack and files each slot in a bucket of a hashed wheel of
  * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
- * end its run itself.
+ * end its run itself. A park on an fd with a deadline is on both its fd's
+ * list and the wheel (tail_timed_arm says how the two meet).
  *
  * Signals and path changes are sources of their own, each one fd of ours
  * watched the same way: a self-pipe that a signal handler writes to (the
@@ -130,11 +131,14 @@ struct fdw {
 };
 
 /* The claim word of a park in the slot tail: state | events wanted << 8 |
- * events seen << 12 | T_FD (an fd park; else a deadline park). */
+ * events seen << 12 | the T_ bits below. */
 #define T_STATE 0xffu
 #define T_WANT_SHIFT 8
 #define T_GOT_SHIFT 12
-#define T_FD 0x10000u
+#define T_FD 0x10000u     /* an fd park (else a deadline park) */
+#define T_TIMED 0x20000u  /* an fd park with a deadline: on the wheel too */
+#define T_LINKED 0x40000u /* on its fd's list: changed under fd_lock */
+#define T_FILED 0x80000u  /* in a wheel bucket: the manager's alone */
 static bool fd_closed; /* fd_lock: no manager will run again */
 
 /* The two sources that are not the caller's fds (their waiters are kept
@@ -224,8 +228,11 @@ static unsigned wanted(const struct fdw *f)
 
     for (struct park *p = f->waiters; p; p = p->fd_next)
         ev |= p->events;
-    for (uint32_t x = f->tails; x; x = ld_relaxed(link_of(x - 1)))
-        ev |= (ld_relaxed(&atap__table_at(x - 1)->out.park.claim) >> T_WANT_SHIFT) & 0xfu;
+    for (uint32_t x = f->tails; x; x = ld_relaxed(link_of(x - 1))) {
+        uint32_t c = ld_relaxed(&atap__table_at(x - 1)->out.park.claim);
+        if ((c & T_STATE) < P_CLAIMED) /* a stopped one waiting for the wheel wants nothing */
+            ev |= (c >> T_WANT_SHIFT) & 0xfu;
+    }
     return ev;
 }
 
@@ -291,9 +298,11 @@ static int tclaim(struct atap_slot *s, int by, unsigned got)
 /* fd_lock held: takes slot index off its fd's tail list. */
 static void tail_unlink(uint32_t index)
 {
-    struct fdw *f = fdtab[ld_relaxed(&atap__table_at(index)->out.park.fd)];
+    struct atap_slot *s = atap__table_at(index);
+    struct fdw *f = fdtab[ld_relaxed(&s->out.park.fd)];
     uint32_t x = f->tails;
 
+    atomic_fetch_and_explicit(&s->out.park.claim, ~T_LINKED, memory_order_relaxed);
     if (x == index + 1) {
         f->tails = ld_relaxed(link_of(index));
     } else {
@@ -322,6 +331,8 @@ static void tail_fd_complete(uint32_t index, int by, bool linked)
     atap__exec_finish_run(s, index, word_gen(ld_acquire(&s->word)), ATAP_EFAILED);
 }
 
+static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx);
+
 static void tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
     uint32_t bits = ctx->events << T_WANT_SHIFT | T_FD, c = P_ARMING | bits, w, st;
@@ -329,6 +340,10 @@ static void tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
     struct fdw *f;
     int by = 0;
 
+    if (ctx->deadline != ATAP__FOREVER) {
+        tail_timed_arm(s, ctx);
+        return;
+    }
     atap__exec_hold(s); /* the slot stays ours until we are done (see park_arm) */
     st_relaxed(&s->out.park.fd, (uint32_t)ctx->fd);
     st_seqcst(&s->out.park.claim, c); /* against a canceller */
@@ -419,6 +434,7 @@ static void fd_remove(struct park *p)
 
 static void source_event(struct fdw *f);
 static void vnode_event(struct fdw *f, unsigned got);
+static void unfile(uint32_t index);
 
 void atap__park_event(void *udata, unsigned events, unsigned kind)
 {
@@ -447,10 +463,11 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
             at = &p->fd_next;
         }
     }
-    uint32_t tready = 0;
+    uint32_t tready = 0, ttimed = 0;
     for (uint32_t x = f->tails, prev = 0, next; x; x = next) {
         struct atap_slot *t = atap__table_at(x - 1);
-        unsigned want = (ld_acquire(&t->out.park.claim) >> T_WANT_SHIFT) & 0xfu;
+        uint32_t c = ld_acquire(&t->out.park.claim);
+        unsigned want = (c >> T_WANT_SHIFT) & 0xfu;
 
         next = ld_relaxed(link_of(x - 1));
         if (((want & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
@@ -459,8 +476,14 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
                 st_relaxed(link_of(prev - 1), next);
             else
                 f->tails = next;
-            st_relaxed(link_of(x - 1), tready);
-            tready = x;
+            if (c & T_TIMED) {
+                atomic_fetch_and_explicit(&t->out.park.claim, ~T_LINKED, memory_order_relaxed);
+                st_relaxed(link_of(x - 1), ttimed);
+                ttimed = x;
+            } else {
+                st_relaxed(link_of(x - 1), tready);
+                tready = x;
+            }
         } else {
             prev = x;
         }
@@ -474,6 +497,15 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
         uint32_t next = ld_relaxed(link_of(tready - 1));
         tail_fd_complete(tready - 1, BY_READY, false);
         tready = next;
+    }
+    while (ttimed) { /* the manager holds those it filed; the rest it meets
+                        in its inbox, claimed, and queues then */
+        uint32_t next = ld_relaxed(link_of(ttimed - 1));
+        if (ld_relaxed(&atap__table_at(ttimed - 1)->out.park.claim) & T_FILED) {
+            unfile(ttimed - 1);
+            tail_fd_complete(ttimed - 1, BY_READY, false);
+        }
+        ttimed = next;
     }
     while ((p = ready) != NULL) {
         ready = p->fd_next;
@@ -742,7 +774,7 @@ static void fire_deadline(struct atap_timer *t)
 
 static _Atomic uint32_t inbox; /* slot index + 1 of the newest arm, 0, or CLOSED */
 static struct {                /* the manager's (or, closing, its stopper's) */
-    uint32_t head[WHEEL_N];    /* slot index + 1, linked through slot->link */
+    uint32_t head[WHEEL_N];    /* slot index + 1, linked through wnext / wprev */
     uint64_t bits[WHEEL_N / 64];
     uint64_t done; /* every tick up to this one has been gone through */
     bool started;
@@ -755,8 +787,30 @@ static bool tail_park(struct atap_slot *s, const struct atap_ctx *ctx)
 
 static bool tail_fd_park(struct atap_slot *s, const struct atap_ctx *ctx)
 {
-    return ctx->park_kind == PK_FD && ctx->deadline == ATAP__FOREVER && slot_park_tail(s);
+    return ctx->park_kind == PK_FD && slot_park_tail(s);
 }
+
+/* Pushes slot index on the wheel's inbox: a parker's last touch of the
+ * slot, since the manager may act on it, and free it, at once. False when
+ * the wheel is closed: no manager will meet it, so the parker acts. */
+static bool wheel_push(uint32_t index)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t head = ld_relaxed(&inbox);
+
+    do {
+        if (head == INBOX_CLOSED)
+            return false;
+        st_relaxed(&s->out.park.wnext, head);
+        /* Release: the deadline, claim and link reach the manager. */
+    } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, index + 1,
+                                                    memory_order_release, memory_order_relaxed));
+    if (head == 0)
+        atap__manager_wake(); /* it files what it finds and sleeps again */
+    return true;
+}
+
+static void tail_act(uint32_t index, int by, bool batch);
 
 /* The runner: the park goes on the wheel, which now owns RUN. It is ARMED
  * before it is pushed, and the push is the last we touch of the slot: once
@@ -765,28 +819,59 @@ static bool tail_fd_park(struct atap_slot *s, const struct atap_ctx *ctx)
  * against the canceller's CAS and fence); one after it claims it itself. */
 static void tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    uint32_t head, c = P_ARMED, w = 0, st;
+    uint32_t w, st;
 
     st_relaxed(&s->out.park.deadline, ctx->deadline);
     st_seqcst(&s->out.park.claim, P_ARMED);
     w = ld_seqcst(&s->word);
     st = word_state(w);
     if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
-        atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_CLAIMED | BY_STOP,
-                                                memory_order_acq_rel, memory_order_acquire);
-    head = ld_relaxed(&inbox);
-    do {
-        if (head == INBOX_CLOSED) { /* no manager will meet it: ours to end */
-            st_relaxed(&s->out.park.claim, P_IDLE);
-            atap__exec_finish_run(s, ctx->index, ctx->gen, ATAP_EFAILED);
-            return;
+        tclaim(s, BY_STOP, 0);
+    if (!wheel_push(ctx->index))
+        tail_act(ctx->index, BY_OFF, false);
+}
+
+/* An fd park with a deadline, in the tail: on its fd's list (through
+ * `link`) and on the wheel (through wnext / wprev) at once. The claim is
+ * ARMED from the start: any claimant only claims (an fd's event also takes
+ * it off the fd's list), and whoever holds it on the wheel acts (tail_act):
+ * the manager once it has taken it from the inbox, or this parker when the
+ * wheel is closed. The manager handles an fd's event itself, so one that
+ * claims a park it has filed takes it out of its bucket and queues it
+ * there and then; one it has not filed yet it queues when it takes it in. */
+static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    uint32_t w, st;
+    unsigned got = 0;
+    struct fdw *f;
+    int by = 0;
+
+    st_relaxed(&s->out.park.fd, (uint32_t)ctx->fd);
+    st_relaxed(&s->out.park.deadline, ctx->deadline);
+    st_seqcst(&s->out.park.claim, P_ARMED | ctx->events << T_WANT_SHIFT | T_FD | T_TIMED);
+    pthread_mutex_lock(&fd_lock);
+    if (fd_closed) {
+        by = BY_OFF;
+    } else if (!(f = fdw_of(ctx->fd))) {
+        by = BY_READY, got = ATAP_ERROR;
+    } else {
+        st_relaxed(link_of(ctx->index), f->tails);
+        f->tails = ctx->index + 1;
+        atomic_fetch_or_explicit(&s->out.park.claim, T_LINKED, memory_order_relaxed);
+        if (rewatch(f) < 0) { /* not watchable: its next read says why */
+            tail_unlink(ctx->index);
+            by = BY_READY, got = ATAP_ERROR;
         }
-        st_relaxed(&s->link, head);
-        /* Release: the deadline, claim and link reach the manager. */
-    } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, ctx->index + 1,
-                                                    memory_order_release, memory_order_relaxed));
-    if (head == 0)
-        atap__manager_wake(); /* it files what it finds and sleeps again */
+    }
+    pthread_mutex_unlock(&fd_lock);
+    if (by)
+        tclaim(s, by, got);
+    w = ld_seqcst(&s->word); /* a stop before the park could be found */
+    st = word_state(w);
+    if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
+        tclaim(s, BY_STOP, 0);
+    if (!wheel_push(ctx->index))
+        tail_act(ctx->index, BY_OFF, false);
 }
 
 /* Resumes found in one pass, queued together: one CAS and one wake check
@@ -801,19 +886,29 @@ static void wheel_flush(void)
     nresumed = 0;
 }
 
-/* The manager meets a park at its deadline (or a close, with by OFF): it
- * claims it, or finds the cancel or timeout that did, and acts. */
-static void tail_due(uint32_t index, int by)
+/* Whoever holds a park of the wheel acts on it: the manager at its deadline
+ * (or a close, with by OFF), or a parker the closed wheel turned away. It
+ * claims it, or finds the claim already made (a cancel, a timeout, an fd's
+ * event), takes a timed fd park off its fd's list if still on it, and then
+ * queues the task again (DEADLINE, READY) or ends its run. batch: the
+ * manager's, whose bursts go to the pool together (wheel_flush). */
+static void tail_act(uint32_t index, int by, bool batch)
 {
     struct atap_slot *s = atap__table_at(index);
-    uint32_t gen = word_gen(ld_acquire(&s->word));
+    uint32_t gen = word_gen(ld_acquire(&s->word)), c;
 
-    /* Ours, or already a cancel's or a timeout's: either way we act. */
     tclaim(s, by, 0);
-    if ((ld_acquire(&s->out.park.claim) & T_STATE) == (P_CLAIMED | BY_DEADLINE)) {
-        if (s->flags & SF_BLOCKING) {
-            atap__pool_submit(index + 1, s->priority, true);
-        } else { /* a burst goes to the pool in one batch (wheel_flush) */
+    c = ld_acquire(&s->out.park.claim);
+    if (c & T_FD) {
+        pthread_mutex_lock(&fd_lock);
+        if (ld_relaxed(&s->out.park.claim) & T_LINKED)
+            tail_unlink(index);
+        pthread_mutex_unlock(&fd_lock);
+    }
+    if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
+        if (!batch || (s->flags & SF_BLOCKING)) {
+            atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        } else {
             if (nresumed == RESUME_BATCH)
                 wheel_flush();
             resumed[nresumed++] = index + 1;
@@ -829,42 +924,80 @@ static uint64_t tick_of(uint64_t ns)
     return ns >> WHEEL_TICK_SHIFT;
 }
 
+static uint32_t bucket_of(struct atap_slot *s)
+{
+    return (uint32_t)(tick_of(ld_relaxed(&s->out.park.deadline)) % WHEEL_N);
+}
+
+/* Files slot index at the head of its bucket. The buckets are doubly
+ * linked, so an fd's event can take a timed fd park out of the middle. */
 static void file(uint32_t index)
 {
     struct atap_slot *s = atap__table_at(index);
-    uint32_t b = (uint32_t)(tick_of(ld_relaxed(&s->out.park.deadline)) % WHEEL_N);
+    uint32_t b = bucket_of(s), head = wheel.head[b];
 
-    st_relaxed(&s->link, wheel.head[b]);
+    st_relaxed(&s->out.park.wnext, head);
+    st_relaxed(&s->out.park.wprev, 0);
+    if (head)
+        st_relaxed(&atap__table_at(head - 1)->out.park.wprev, index + 1);
     wheel.head[b] = index + 1;
     wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
+    if (ld_relaxed(&s->out.park.claim) & T_FD)
+        atomic_fetch_or_explicit(&s->out.park.claim, T_FILED, memory_order_relaxed);
+}
+
+/* The manager no longer holds slot index in a bucket. */
+static void unfiled(struct atap_slot *s)
+{
+    if (ld_relaxed(&s->out.park.claim) & T_FD)
+        atomic_fetch_and_explicit(&s->out.park.claim, ~T_FILED, memory_order_relaxed);
+}
+
+/* Takes slot index out of its bucket (an fd's event claimed it). */
+static void unfile(uint32_t index)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t b = bucket_of(s), next = ld_relaxed(&s->out.park.wnext),
+             prev = ld_relaxed(&s->out.park.wprev);
+
+    if (prev)
+        st_relaxed(&atap__table_at(prev - 1)->out.park.wnext, next);
+    else
+        wheel.head[b] = next;
+    if (next)
+        st_relaxed(&atap__table_at(next - 1)->out.park.wprev, prev);
+    if (!wheel.head[b])
+        wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
+    unfiled(s);
 }
 
 /* Goes through bucket b: what is due now leaves (and is acted on), the
- * rest (later rounds) stays. by: DEADLINE, or OFF for everything. */
+ * rest (later rounds) is filed again. by: DEADLINE, or OFF for everything. */
 static void bucket_run(uint32_t b, uint64_t now, int by)
 {
-    uint32_t x = wheel.head[b], keep = 0, due = 0;
+    uint32_t x = wheel.head[b], due = 0;
 
     wheel.head[b] = 0;
     wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
     while (x) {
         struct atap_slot *s = atap__table_at(x - 1);
-        uint32_t next = ld_relaxed(&s->link);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
         bool go = by == BY_OFF || ld_relaxed(&s->out.park.deadline) <= now ||
                   (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED; /* stopped: free it now */
 
-        st_relaxed(&s->link, go ? due : keep);
-        *(go ? &due : &keep) = x;
+        if (go) {
+            unfiled(s);
+            st_relaxed(&s->out.park.wnext, due);
+            due = x;
+        } else {
+            file(x - 1);
+        }
         x = next;
-    }
-    if (keep) {
-        wheel.head[b] = keep;
-        wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
     }
     while (due) { /* after the bucket is whole again: acting may arm */
         struct atap_slot *s = atap__table_at(due - 1);
-        uint32_t next = ld_relaxed(&s->link);
-        tail_due(due - 1, by);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
+        tail_act(due - 1, by, true);
         due = next;
     }
 }
@@ -877,11 +1010,12 @@ static void take_inbox(uint64_t now)
 
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
-        uint32_t next = ld_relaxed(&s->link);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
         uint64_t deadline = ld_relaxed(&s->out.park.deadline);
 
-        if (deadline <= now || tick_of(deadline) <= wheel.done) {
-            st_relaxed(&s->link, due);
+        if (deadline <= now || tick_of(deadline) <= wheel.done ||
+            (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED) { /* claimed: act now */
+            st_relaxed(&s->out.park.wnext, due);
             due = x;
         } else {
             file(x - 1);
@@ -890,8 +1024,8 @@ static void take_inbox(uint64_t now)
     }
     while (due) {
         struct atap_slot *s = atap__table_at(due - 1);
-        uint32_t next = ld_relaxed(&s->link);
-        tail_due(due - 1, BY_DEADLINE);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
+        tail_act(due - 1, BY_DEADLINE, true);
         due = next;
     }
 }
@@ -951,14 +1085,14 @@ static void wheel_close(void)
 
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
-        uint32_t next = ld_relaxed(&s->link);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
         file(x - 1);
         x = next;
     }
     for (uint32_t w = 0; w < WHEEL_N / 64; w++)
         while (wheel.bits[w])
             bucket_run(w * 64 + (uint32_t)__builtin_ctzll(wheel.bits[w]), 0, BY_OFF);
-    wheel_flush(); /* none: OFF queues nothing */
+    wheel_flush(); /* those an fd's event claimed first */
 }
 
 /* ---- arming, resuming, stopping ------------------------------------------ */
@@ -1097,9 +1231,17 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
     fence_seqcst();
     /* A park in the slot tail: on a deadline, claimed here and ended by the
      * manager (see the top); on an fd, ended here if claimed from ARMED. */
-    if (slot_park_tail(s) && tclaim(s, BY_STOP, 0) == 1 &&
-        (ld_relaxed(&s->out.park.claim) & T_FD))
-        tail_fd_complete(index, BY_STOP, true);
+    if (slot_park_tail(s) && tclaim(s, BY_STOP, 0) == 1) {
+        uint32_t c = ld_relaxed(&s->out.park.claim);
+        if ((c & (T_FD | T_TIMED)) == T_FD) {
+            tail_fd_complete(index, BY_STOP, true);
+        } else if (c & T_TIMED) { /* the wheel ends it; the fd stops watching now */
+            pthread_mutex_lock(&fd_lock);
+            if (ld_relaxed(&s->out.park.claim) & T_LINKED)
+                tail_unlink(index);
+            pthread_mutex_unlock(&fd_lock);
+        }
+    }
     /* The side record and its park belong to this incarnation of the slot
      * (they go with it), and the caller holds a listener: p is this
      * task's, and its fields are read only after a claim, which acquires
@@ -1164,8 +1306,11 @@ static void tails_close(void)
     for (size_t fd = 0; fd < fdcap; fd++) {
         struct fdw *f = fdtab[fd];
         for (uint32_t x = f ? f->tails : 0, prev = 0, next; x; x = next) {
+            struct atap_slot *t = atap__table_at(x - 1);
             next = ld_relaxed(link_of(x - 1));
-            if (tclaim(atap__table_at(x - 1), BY_OFF, 0) == 1) {
+            if (ld_relaxed(&t->out.park.claim) & T_TIMED) {
+                prev = x; /* the wheel's: wheel_close, or its parker, ends it */
+            } else if (tclaim(t, BY_OFF, 0) == 1) {
                 if (prev)
                     st_relaxed(link_of(prev - 1), next);
                 else

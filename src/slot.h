@@ -24,8 +24,9 @@
  *         listener going may let it go; read with the count, no extra load.
  *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
- * free list while the slot is free and by the injector while it is queued;
- * a slot is never both.
+ * free list while the slot is free, by the injector while it is queued, and
+ * by an fd's waiter list while the task is parked on it in the tail; a slot
+ * is only ever one of those. The park wheel links through the tail.
  */
 #ifndef ATAP_SLOT_H
 #define ATAP_SLOT_H
@@ -84,9 +85,10 @@ struct atap_slot {
         unsigned char bytes[SLOT_SIZE - 72];
         void *heap;
         /* The tail a small (<= PARK_TAIL bytes) or heap output leaves
-         * free: a park on a deadline keeps itself there (park.c). */
+         * free: a park on a deadline or an fd keeps itself there (park.c). */
         struct {
-            unsigned char output[32];
+            unsigned char output[24];
+            _Atomic uint32_t wnext, wprev; /* the park wheel's links */
             _Atomic uint64_t deadline;
             _Atomic uint32_t claim;
             _Atomic uint32_t fd; /* an fd park in the tail: its fd */
@@ -94,7 +96,7 @@ struct atap_slot {
     } out;
 };
 
-#define PARK_TAIL 32u
+#define PARK_TAIL 24u
 
 /* The slot's output leaves the park tail free. */
 static inline int slot_park_tail(const struct atap_slot *s)

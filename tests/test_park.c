@@ -871,6 +871,89 @@ static void test_park_holds_no_thread(void **state)
 
 /* ---- 8. a cancel frees a parked task --------------------------------------- */
 
+/* Parks on an fd with a deadline keep themselves in the slot: on the fd's
+ * list and on the park wheel at once. Many on one pipe, with and without a
+ * deadline and with deadlines in one wheel bucket, all resume READY on one
+ * byte (an fd's event takes each out of the middle of its bucket); the
+ * deadline resumes those nothing wakes; a cancel reads at once, is never
+ * resumed by the fd, and gives the slot back within a round of the wheel. */
+#define N_SLOT_FD 600
+static void test_park_fd_deadline_in_slot(void **state)
+{
+    (void)state;
+    struct fd_parker *fp = calloc(N_SLOT_FD, sizeof *fp);
+    atap_task *ts = calloc(N_SLOT_FD, sizeof *ts);
+    int p[2], q[2];
+    uint64_t v;
+
+    assert_non_null(fp);
+    assert_non_null(ts);
+    /* 1. on one pipe: a third with no deadline, a third a minute away (one
+     * deadline: one bucket), a third at staggered deadlines */
+    make_pipe(p);
+    uint64_t minute = ATAP_SEC(60);
+    for (int i = 0; i < N_SLOT_FD; i++) {
+        fd_parker_init(&fp[i], p[0],
+                       i % 3 == 0 ? ATAP_FOREVER : i % 3 == 1 ? minute : minute + (uint64_t)i * ATAP_MS(7));
+        ts[i] = spawn8(task_park_fd_once, &fp[i]);
+    }
+    for (int i = 0; i < N_SLOT_FD; i++)
+        assert_true(wait_atomic_at_least(&fp[i].first, 1, ATAP_SEC(10)));
+    sleep_ms(20); /* armed */
+    assert_true(put_byte(p[1]));
+    for (int i = 0; i < N_SLOT_FD; i++) {
+        int rc = atap_join_for(ts[i], &v, sizeof v, ATAP_SEC(10));
+        if (rc != 0)
+            fail_msg("parker %d: %d (%s)", i, rc, atap_strerror(rc));
+        assert_int_equal(atomic_load(&fp[i].resumed), 1);
+        assert_int_equal(atomic_load(&fp[i].reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&fp[i].events) & ATAP_READABLE);
+        assert_true(v < ATAP_SEC(30));
+        atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(5)));
+    close_pipe(p);
+
+    /* 2. nothing comes: each deadline resumes its task, never early */
+    make_pipe(q);
+    for (int i = 0; i < 200; i++) {
+        fd_parker_init(&fp[i], q[0], ATAP_MS(20) + (uint64_t)(i % 10) * ATAP_MS(3));
+        ts[i] = spawn8(task_park_fd_once, &fp[i]);
+    }
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(atap_join_for(ts[i], &v, sizeof v, ATAP_SEC(10)), 0);
+        assert_int_equal(atomic_load(&fp[i].reason), ATAP_RESUME_DEADLINE);
+        assert_int_equal(atomic_load(&fp[i].events), 0);
+        assert_true(v >= fp[i].timeout);
+        atap_release(ts[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(5)));
+
+    /* 3. cancels: read at once; the fd resumes none of them; the slots come
+     * back within a round of the wheel (4.3 s) */
+    for (int i = 0; i < 100; i++) {
+        fd_parker_init(&fp[i], q[0], minute);
+        ts[i] = spawn8(task_park_fd_once, &fp[i]);
+    }
+    for (int i = 0; i < 100; i++)
+        assert_true(wait_atomic_at_least(&fp[i].first, 1, ATAP_SEC(10)));
+    sleep_ms(20);
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(atap_cancel(ts[i]), 0);
+        assert_int_equal(atap_join_for(ts[i], &v, sizeof v, ATAP_SEC(1)), ATAP_ECANCELLED);
+        atap_release(ts[i]);
+    }
+    assert_true(put_byte(q[1]));
+    sleep_ms(50);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(atomic_load(&fp[i].resumed), 0);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(q);
+    free(fp);
+    free(ts);
+    assert_no_failures();
+}
+
 static void test_park_cancel_frees(void **state)
 {
     (void)state;
@@ -1709,6 +1792,7 @@ int main(void)
         T(test_park_fd_ready_at_once),
         T(test_park_fd_repeatedly),
         T(test_park_holds_no_thread),
+        T(test_park_fd_deadline_in_slot),
         T(test_park_cancel_frees),
         T(test_park_survives_manager_restart),
         T(test_park_restart_rearms_fds),
