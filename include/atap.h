@@ -263,8 +263,11 @@ ATAP_EXPORT uint64_t atap_now(void);
  * output (waiting while a run is under way), atap_take moves one out for the
  * next run to replace, atap_cancel ends the series, and atap_finished turns
  * true once the series is over (runs used up or deadline passed; the last
- * output stays readable). A delay or gap still pending at shutdown, or when
- * the manager is gone for good, ends the task as ATAP_FAILED.
+ * output stays readable). A manager restart loses no delay, gap, period or
+ * run timeout and fires none twice (the new manager's timers are rebuilt
+ * from the task table): what spans a restart comes late, never early. A
+ * delay or gap still pending at shutdown, or when the manager is gone for
+ * good, ends the task as ATAP_FAILED.
  *
  * Returns 0; ATAP_EINVAL for NULL task or fn, a priority outside -128..127,
  * out_size above 4 GiB - 1, or an option combination listed above;

@@ -107,7 +107,7 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
     s->arg = NULL;
     s->arg_free = NULL;
     s->out_free = NULL;
-    s->ext = NULL;
+    slot_set_ext(s, NULL);
     s->flags = 0;
     s->filled = 0;
     s->fail_code = 0;
@@ -304,7 +304,7 @@ static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_
     s->arg = arg;
     s->arg_free = o->arg_free;
     s->out_free = o->out_free;
-    s->ext = NULL;
+    slot_set_ext(s, NULL);
     return 0;
 }
 

@@ -9,13 +9,18 @@
  * RESTART_BACKOFF x consecutive failures; the count starts over once a
  * manager has lived RESTART_WINDOW; past RESTART_LIMIT failures within that
  * window the supervisor gives up. The timer structure and the poller belong
- * to the runtime, not to one manager's life, so a restart loses no armed
- * timer and fires none twice: only the manager of the moment touches the
- * structure, and the next one carries on from where the last one stopped.
- * What a manager may die holding is what its last wait reported and it had
- * not yet handed out: before the next life the supervisor watches every
- * parked fd and source again (atap__park_rearm), and the kernel reports
- * afresh whatever is still ready.
+ * to the runtime and outlive one manager's life, but a new manager does not
+ * trust what the last one left filed: before each new life the supervisor
+ * (the only thread that may touch the structure while no manager runs)
+ * rebuilds it from the task table (atap__timers_rebuild): it lets go of
+ * every filed record and files again each one that the table's schedules
+ * and armed parks show still armed, for its latest arming. So every delay,
+ * gap, period and timeout comes back, none is lost, and none fires twice
+ * (a record fires only through the CAS on its latest arming). The other
+ * thing a manager may die holding is what its last wait reported and it had
+ * not yet handed out: the supervisor also watches every parked fd and
+ * source again (atap__park_rearm), and the kernel reports afresh whatever
+ * is still ready.
  *
  * Lifecycle: mgr.state is RUNNING while a manager lives, RESTARTING between
  * lives, GONE once the supervisor gave up, STOPPED after a shutdown. `stop`
@@ -57,6 +62,7 @@ static struct {
     _Atomic uint32_t stop; /* futex word: the supervisor's backoff sleeps on it */
     _Atomic bool closed;   /* takes no more timers (stopping, or gone) */
     _Atomic unsigned restarts;
+    _Atomic size_t refiled; /* by the last rebuild */
 } mgr;
 
 #ifdef ATAP_FAULT_INJECTION
@@ -135,6 +141,15 @@ static void close_timers(void)
     atap__park_close_all(); /* parks, whether they have a timer or not */
 }
 
+/* What the timer structure holds is found again from the task table:
+ * every schedule's records, and every armed park record's. */
+static void find_timers(atap__timer_visit *visit, void *cookie, void *arg)
+{
+    (void)arg;
+    atap__sched_find_timers(visit, cookie);
+    atap__park_find_timers(visit, cookie);
+}
+
 static void *supervisor_main(void *arg)
 {
     unsigned failures = 0;
@@ -168,6 +183,7 @@ static void *supervisor_main(void *arg)
             return NULL;
         }
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);
+        st_relaxed(&mgr.refiled, atap__timers_rebuild(&mgr.timers, find_timers, NULL));
         atap__park_rearm(); /* what the dead one was told, told again */
     }
     st_release(&mgr.state, M_STOPPED);
@@ -241,6 +257,11 @@ bool atap__manager_gone(void)
 unsigned atap__manager_restarts(void)
 {
     return ld_relaxed(&mgr.restarts);
+}
+
+size_t atap__manager_refiled(void)
+{
+    return ld_relaxed(&mgr.refiled);
 }
 
 struct atap_timers *atap__manager_timers(void)

@@ -5,6 +5,7 @@
 #define ATAP_MANAGER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 struct atap_timers;
 
@@ -21,6 +22,8 @@ bool atap__manager_gone(void);  /* the supervisor gave up */
  * supervisor giving up closed the structure (seq_cst, see schedule.c). */
 bool atap__manager_accepting(void);
 unsigned atap__manager_restarts(void);
+/* Timer records the last restart filed again from the task table. */
+size_t atap__manager_refiled(void);
 
 /* The runtime's timer structure (the manager drives it). */
 struct atap_timers *atap__manager_timers(void);

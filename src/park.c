@@ -1296,6 +1296,19 @@ void atap__park_rearm(void)
         source_event(&path_source);
 }
 
+/* Every armed park record's timer, for the supervisor's rebuild of the
+ * timer structure: a record with its timer armed is in the registry (it is
+ * registered before its timer is armed and leaves only once the timer is
+ * disarmed or fired), and nothing in the registry is freed. */
+void atap__park_find_timers(atap__timer_visit *visit, void *cookie)
+{
+    pthread_mutex_lock(&reg_lock);
+    for (struct park *p = armed_parks; p; p = p->next)
+        if (p->timed)
+            visit(&p->timer, cookie);
+    pthread_mutex_unlock(&reg_lock);
+}
+
 /* No manager: every tail fd park ends, and later ones end at once. */
 static void tails_close(void)
 {

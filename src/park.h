@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "timer.h"
+
 struct atap_ctx;
 struct atap_slot;
 
@@ -52,6 +54,9 @@ struct park;
 void atap__park_destroy(struct park *p);
 /* The manager starts: parks are taken. */
 void atap__park_open(void);
+/* Between two managers' lives: visits the timer record of every park that
+ * has one armed (the parks' registry). */
+void atap__park_find_timers(atap__timer_visit *visit, void *cookie);
 /* Between two managers' lives: every parked fd and source is watched
  * again, so nothing the dead manager was told and did not hand out is lost. */
 void atap__park_rearm(void);

@@ -149,7 +149,7 @@ int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opt
     c->for_ns = o->for_ns;
     c->deadline = o->until_ns ? o->until_ns : UINT64_MAX;
     c->runs = o->runs;
-    s->ext = c;
+    slot_set_ext(s, c);
     if (gate)
         atap__gate_bind(gate, index);
     return 0;
@@ -178,7 +178,7 @@ void atap__sched_destroy(struct atap_slot *s)
     struct sched *c = sched_of(s);
     struct sched *head = ld_relaxed(&graveyard);
 
-    s->ext = NULL;
+    slot_set_ext(s, NULL);
     if (c->gate) { /* nothing but the slot reaches the gate */
         atap__gate_destroy(c->gate);
         c->gate = NULL;
@@ -218,6 +218,27 @@ void atap__sched_reap(bool all)
 }
 
 /* ---- timers ------------------------------------------------------------- */
+
+/* Every schedule's two records, found from the task table, for the
+ * supervisor's rebuild of the timer structure (atap__timers_rebuild). A
+ * schedule found through a slot stays allocated while this runs: only the
+ * reaper frees one (the manager, which is not running, or the supervisor,
+ * which is calling this), and a slot let go of meanwhile sends its schedule
+ * to the graveyard. Visiting a record that is not armed costs nothing. */
+void atap__sched_find_timers(atap__timer_visit *visit, void *cookie)
+{
+    size_t span = atap__table_span();
+
+    for (size_t i = 0; i < span; i++) {
+        struct atap_slot *s = atap__table_slot((uint32_t)i);
+        struct sched *c = s ? slot_ext_acquire(s) : NULL;
+
+        if (c) {
+            visit(&c->start, cookie);
+            visit(&c->limit, cookie);
+        }
+    }
+}
 
 /* Ends a task whose next run will never come: FAILED unless it already
  * ended otherwise, then its RUN reference goes. */

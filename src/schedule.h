@@ -10,6 +10,7 @@
 
 #include "atap.h"
 #include "slot.h"
+#include "timer.h"
 
 struct atap_timer;
 struct worker;
@@ -87,5 +88,8 @@ void atap__sched_reap(bool all);
  * for good): each task they would have started again ends FAILED. For
  * atap__timers_take_all. */
 void atap__sched_write_off(struct atap_timer *t, void *arg);
+/* Supervisor, between two managers' lives: visits every schedule's timer
+ * records, found from the task table. */
+void atap__sched_find_timers(atap__timer_visit *visit, void *cookie);
 
 #endif

@@ -123,6 +123,20 @@ static inline uint32_t refs_gen(uint64_t r) { return (uint32_t)(r >> 32); }
 /* Settled: nothing is running or queued for this run. */
 static inline int state_terminal(uint32_t s) { return s >= ST_READY; }
 
+/* `ext` is read plainly by whoever the slot's protocols make its owner, and
+ * by the supervisor's rebuild of the timers (atap__sched_find_timers) from
+ * any slot at any moment: so it is always written atomically, with release,
+ * so that a schedule found through it is seen whole. */
+static inline void slot_set_ext(struct atap_slot *s, void *ext)
+{
+    __atomic_store_n(&s->ext, ext, __ATOMIC_RELEASE);
+}
+
+static inline void *slot_ext_acquire(struct atap_slot *s)
+{
+    return __atomic_load_n(&s->ext, __ATOMIC_ACQUIRE);
+}
+
 static inline void *slot_out(struct atap_slot *s)
 {
     if (s->out_size == 0)

@@ -723,6 +723,48 @@ void atap__timers_take_all(struct atap_timers *ts, void (*each)(struct atap_time
     }
 }
 
+/* ---- a new manager's rebuild ---------------------------------------------- */
+
+struct rebuild {
+    struct atap_timers *ts;
+    struct batch b;
+    size_t refiled;
+};
+
+/* A record found from the task table: filed again for its latest arming if
+ * the structure had taken that in (ARMED without QUEUED: absorbed, and
+ * neither fired nor disarmed since). A QUEUED one comes in through the inbox
+ * as ever. The reads are absorb_rec's, so an arm or a disarm racing this is
+ * met as one racing a drain: the entry filed here is stale, the arm's push
+ * re-files the record, and no fire's CAS accepts a stale entry. */
+static void refile(struct atap_timer *t, void *cookie)
+{
+    struct rebuild *r = cookie;
+    uint32_t s = ld_acquire(&t->state); /* pairs with the arm's release CAS */
+
+    if ((s & (ARMED | QUEUED)) != ARMED)
+        return;
+    t->eseq = s & SEQ_MASK;
+    t->when = ld_acquire(&t->deadline);
+    file_rec(r->ts, t, &r->b);
+    r->refiled++;
+}
+
+size_t atap__timers_rebuild(struct atap_timers *ts, atap__timer_find *find, void *arg)
+{
+    struct rebuild r = {ts, batch_new(), 0};
+    struct atap_tlink *l, *next;
+
+    for (l = collect(ts); l; l = next) { /* what the last manager had filed */
+        next = l->next;
+        l->next = l->prev = NULL;
+    }
+    find(refile, &r, arg);
+    merge_batch(ts, &r.b);
+    st_seqcst(&ts->next_wake, 0); /* awake: the next run publishes its sleep */
+    return r.refiled;
+}
+
 void atap__timers_destroy(struct atap_timers *ts)
 {
     struct atap_timer *t = atomic_exchange_explicit(&ts->inbox, NULL, memory_order_acquire);

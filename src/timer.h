@@ -139,4 +139,15 @@ bool atap__timer_held(struct atap_timer *t);
 void atap__timers_take_all(struct atap_timers *ts, void (*each)(struct atap_timer *, void *),
                            void *arg);
 
+/* Between two managers' lives (no manager runs; arms and disarms may):
+ * rebuilds the structure from the records themselves. Lets go of everything
+ * filed, then calls find(visit, cookie, arg), which must call
+ * visit(t, cookie) once for every record that may be armed (found from the
+ * task table, not from the structure); each whose latest arming the
+ * structure had taken in is filed again for it. The inbox stays as it is.
+ * Returns how many records were filed again. */
+typedef void atap__timer_visit(struct atap_timer *t, void *cookie);
+typedef void atap__timer_find(atap__timer_visit *visit, void *cookie, void *arg);
+size_t atap__timers_rebuild(struct atap_timers *ts, atap__timer_find *find, void *arg);
+
 #endif

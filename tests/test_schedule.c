@@ -11,6 +11,7 @@
 
 #include <errno.h>
 
+#include "manager.h" /* atap__manager_restarts, atap__manager_refiled */
 #include "test_util.h"
 
 #define MAX_RUNS 256
@@ -167,6 +168,73 @@ static void test_schedule_timeout_survives_manager_restart(void **state)
     }
     assert_true(wait_live_back(ATAP_SEC(10)));
     free(l);
+}
+
+/* Every wait comes back after a restart, rebuilt from the task table: the
+ * new manager's structure holds what the table's schedules show armed
+ * (atap__manager_refiled counts them), and only that. 100 delays 300 ms and
+ * more away, 16 repeats with 40 ms gaps and 24 run timeouts 150 ms and more
+ * away are all armed when two faults strike; each delay then runs once and
+ * never early, each gap is at least 40 ms, each run times out, never early. */
+static void test_schedule_restart_rebuilds_waits(void **state)
+{
+    (void)state;
+    enum { ND = 100, NR = 16, NT = 24 };
+    log *ld[ND], *lr[NR], *lt = log_new(ATAP_SEC(5));
+    atap_task d[ND], r[NR], t[NT];
+    uint64_t t0 = now_ns(), v;
+
+    for (int i = 0; i < ND; i++) {
+        ld[i] = log_new(0);
+        d[i] = spawn_logged(ld[i], (atap_spawn_opts){.after_ns = ATAP_MS(300) + (uint64_t)i * ATAP_MS(2)});
+    }
+    for (int i = 0; i < NR; i++) {
+        lr[i] = log_new(ATAP_MS(1));
+        r[i] = spawn_logged(lr[i], (atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_MS(40),
+                                                     .runs = 6});
+    }
+    for (int i = 0; i < NT; i++)
+        t[i] = spawn_logged(lt, (atap_spawn_opts){.timeout_ns = ATAP_MS(150) + (uint64_t)i * ATAP_MS(3),
+                                                  .blocking = true});
+    unsigned restarts0 = atap__manager_restarts();
+    sleep_us(20000);
+    atap_inject_manager_faults(2);
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (atap__manager_restarts() < restarts0 + 2 && now_ns() < end)
+        sleep_us(500);
+    assert_int_equal(atap__manager_restarts(), restarts0 + 2);
+    assert_true(now_ns() < t0 + ATAP_MS(150)); /* else the figures below mean little */
+    size_t refiled = atap__manager_refiled();
+    if (refiled < ND + NT)
+        fail_msg("the rebuild filed %zu records, wanted the %d delays and %d timeouts at least",
+                 refiled, ND, NT);
+    for (int i = 0; i < ND; i++) {
+        assert_int_equal(atap_join_for(d[i], &v, 8, ATAP_SEC(10)), 0);
+        assert_int_equal(atomic_load(&ld[i]->runs), 1);
+        assert_true(atomic_load(&ld[i]->start[0]) >= t0 + ATAP_MS(300) + (uint64_t)i * ATAP_MS(2));
+        atap_release(d[i]);
+    }
+    for (int i = 0; i < NT; i++) {
+        assert_int_equal(atap_join_for(t[i], &v, 8, ATAP_SEC(10)), ATAP_ETIMEDOUT);
+        atap_release(t[i]);
+    }
+    for (int i = 0; i < NR; i++) {
+        end = now_ns() + ATAP_SEC(10);
+        while (!atap_finished(r[i]) && now_ns() < end)
+            sleep_us(1000);
+        assert_true(atap_finished(r[i]));
+        assert_int_equal(atomic_load(&lr[i]->runs), 6);
+        for (int k = 0; k + 1 < 6; k++)
+            assert_true(atomic_load(&lr[i]->start[k + 1]) >= atomic_load(&lr[i]->end[k]) + ATAP_MS(40));
+        atap_release(r[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&lt->runs), NT);
+    for (int i = 0; i < ND; i++)
+        free(ld[i]);
+    for (int i = 0; i < NR; i++)
+        free(lr[i]);
+    free(lt);
 }
 
 /* ---- repeats ------------------------------------------------------------ */
@@ -500,6 +568,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(test_schedule_after_never_early),
         T(test_schedule_after_survives_manager_restart),
+        T(test_schedule_restart_rebuilds_waits),
         T(test_schedule_after_cancelled_before_start),
         T(test_schedule_timeout_ends_the_run),
         T(test_schedule_timeout_excludes_the_wait),
