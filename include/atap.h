@@ -513,14 +513,13 @@ ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_
  * else. Exactly one of {the event, the deadline, a cancel, a run timeout, a
  * shutdown, the manager giving up} ends a park; the last two end the task as
  * ATAP_EFAILED. A manager restart re-arms every park: each parked fd,
- * signal and path is watched again, so an event the dead manager was told of
- * but never handed on is reported afresh to the next one (the kernel looks at
- * the fd again), and deadlines stay where they were (the timers belong to the
- * runtime, not to one manager). Nothing is lost, nothing resumes early, and
- * no parked task runs for nothing. A cancelled park reads ATAP_ECANCELLED at once; a park on
- * a deadline alone gives its slot back when the deadline comes (or within
- * one 4.3 s round of its wheel). A task must treat a resume as a hint and
- * look again: an fd event can be spurious (a read may still say EAGAIN).
+ * signal and path is watched again, so an event the dead manager was told
+ * of but never handed on is reported afresh to the next one (the kernel
+ * looks at the fd again), and every deadline stays armed. Nothing is lost, nothing resumes early, and no parked task runs
+ * for nothing. A cancel takes a parked task down at once: it reads
+ * ATAP_ECANCELLED, and its slot goes at the manager's next pass. A task
+ * must treat a resume as a hint and look again: an fd event can be
+ * spurious (a read may still say EAGAIN).
  */
 
 /* Events for atap_wait_fd and atap_park_fd, and reported back. */

@@ -46,11 +46,10 @@
  * below links it through the tail's wnext / wprev. The wheel owns such a
  * park, and its RUN reference, until the manager meets it: at its deadline
  * (or a shutdown), the manager claims it, or finds it claimed by a cancel or
- * a timeout, and only then queues the task again or ends its run. So a
- * cancel is seen by readers at once (the state), while the slot itself goes
- * when the manager next visits its bucket (its deadline, or within a round
- * of the wheel). It is ARMED before it is pushed, and the push is the
- * parker's last touch of the slot.
+ * a timeout, and only then queues the task again or ends its run. A stop
+ * that claims one marks its bucket (stop_bits), which the manager's next run
+ * goes through, so a cancelled park's slot goes at once too. It is ARMED
+ * before it is pushed, and the push is the parker's last touch of the slot.
  * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
  * takes the stack and files each slot in a bucket of a hashed wheel of
  * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
@@ -773,6 +772,11 @@ static void fire_deadline(struct atap_timer *t)
 #define INBOX_CLOSED UINT32_MAX
 
 static _Atomic uint32_t inbox; /* slot index + 1 of the newest arm, 0, or CLOSED */
+/* Buckets holding a park a stop claimed (a bit each), and whether any is
+ * set: the manager visits them at its next run, so a cancelled park's slot
+ * goes at once rather than at its deadline. */
+static _Atomic uint64_t stop_bits[WHEEL_N / 64];
+static _Atomic bool stops_pending;
 static struct {                /* the manager's (or, closing, its stopper's) */
     uint32_t head[WHEEL_N];    /* slot index + 1, linked through wnext / wprev */
     uint64_t bits[WHEEL_N / 64];
@@ -811,6 +815,20 @@ static bool wheel_push(uint32_t index)
 }
 
 static void tail_act(uint32_t index, int by, bool batch);
+static uint32_t bucket_of(struct atap_slot *s);
+
+/* A stop claimed a park of the wheel (the caller holds a listener, or is
+ * the manager): its bucket is marked for the manager's next run, which acts
+ * on what is claimed there (bucket_run). One not filed yet is acted on when
+ * the manager takes it in, claimed. Release: the claim comes with the mark. */
+static void wheel_stopped(struct atap_slot *s)
+{
+    uint32_t b = bucket_of(s);
+
+    atomic_fetch_or_explicit(&stop_bits[b / 64], UINT64_C(1) << (b % 64), memory_order_release);
+    st_release(&stops_pending, true);
+    atap__manager_wake();
+}
 
 /* The runner: the park goes on the wheel, which now owns RUN. It is ARMED
  * before it is pushed, and the push is the last we touch of the slot: once
@@ -1053,6 +1071,16 @@ uint64_t atap__park_wheel_run(uint64_t now)
         wheel.started = true;
     }
     take_inbox(now);
+    if (ld_relaxed(&stops_pending) && atomic_exchange_explicit(&stops_pending, false,
+                                                                memory_order_acquire)) {
+        for (uint32_t w = 0; w < WHEEL_N / 64; w++) {
+            uint64_t bits = ld_relaxed(&stop_bits[w])
+                                ? atomic_exchange_explicit(&stop_bits[w], 0, memory_order_acquire)
+                                : 0;
+            for (; bits; bits &= bits - 1)
+                bucket_run(w * 64 + (uint32_t)__builtin_ctzll(bits), now, BY_DEADLINE);
+        }
+    }
     /* Ticks wholly past: (done, cur). A whole round or more: every bucket. */
     if (cur > wheel.done + 1) {
         uint64_t last = cur - 1;
@@ -1229,17 +1257,21 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     /* Pairs with the parker's and the kernel waiter's seq_cst stores. */
     fence_seqcst();
-    /* A park in the slot tail: on a deadline, claimed here and ended by the
-     * manager (see the top); on an fd, ended here if claimed from ARMED. */
+    /* A park in the slot tail: on an fd alone, ended here if claimed from
+     * ARMED; on the wheel, claimed here and ended by the manager at its next
+     * run (see the top), and off its fd's list at once if it has one. */
     if (slot_park_tail(s) && tclaim(s, BY_STOP, 0) == 1) {
         uint32_t c = ld_relaxed(&s->out.park.claim);
         if ((c & (T_FD | T_TIMED)) == T_FD) {
             tail_fd_complete(index, BY_STOP, true);
-        } else if (c & T_TIMED) { /* the wheel ends it; the fd stops watching now */
-            pthread_mutex_lock(&fd_lock);
-            if (ld_relaxed(&s->out.park.claim) & T_LINKED)
-                tail_unlink(index);
-            pthread_mutex_unlock(&fd_lock);
+        } else {
+            if (c & T_TIMED) {
+                pthread_mutex_lock(&fd_lock);
+                if (ld_relaxed(&s->out.park.claim) & T_LINKED)
+                    tail_unlink(index);
+                pthread_mutex_unlock(&fd_lock);
+            }
+            wheel_stopped(s);
         }
     }
     /* The side record and its park belong to this incarnation of the slot

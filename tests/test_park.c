@@ -930,7 +930,7 @@ static void test_park_fd_deadline_in_slot(void **state)
     assert_true(wait_live_back(ATAP_SEC(5)));
 
     /* 3. cancels: read at once; the fd resumes none of them; the slots come
-     * back within a round of the wheel (4.3 s) */
+     * back at once (the manager visits their buckets), not in a minute */
     for (int i = 0; i < 100; i++) {
         fd_parker_init(&fp[i], q[0], minute);
         ts[i] = spawn8(task_park_fd_once, &fp[i]);
@@ -938,6 +938,7 @@ static void test_park_fd_deadline_in_slot(void **state)
     for (int i = 0; i < 100; i++)
         assert_true(wait_atomic_at_least(&fp[i].first, 1, ATAP_SEC(10)));
     sleep_ms(20);
+    uint64_t t_cancel = now_ns();
     for (int i = 0; i < 100; i++) {
         assert_int_equal(atap_cancel(ts[i]), 0);
         assert_int_equal(atap_join_for(ts[i], &v, sizeof v, ATAP_SEC(1)), ATAP_ECANCELLED);
@@ -947,7 +948,8 @@ static void test_park_fd_deadline_in_slot(void **state)
     sleep_ms(50);
     for (int i = 0; i < 100; i++)
         assert_int_equal(atomic_load(&fp[i].resumed), 0);
-    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_true(wait_live_back(ATAP_SEC(2))); /* not a 4.3 s round of the wheel */
+    assert_true(now_ns() - t_cancel < ATAP_SEC(30));
     close_pipe(q);
     free(fp);
     free(ts);
@@ -977,9 +979,9 @@ static void test_park_cancel_frees(void **state)
     assert_int_equal(atomic_load(&f->resumed), 0);
 
     /* the same with a park on a deadline: read as cancelled at once, never
-     * resumed, and its slot back by the deadline at the latest */
+     * resumed, and its slot back at once, long before the deadline */
     struct until_arg *u = &g_until[0];
-    u->delay = ATAP_MS(400);
+    u->delay = ATAP_SEC(30);
     atomic_store(&u->runs, 0);
     t = spawn8(task_park_until, u);
     assert_true(wait_atomic_at_least(&u->runs, 1, ATAP_SEC(10)));
@@ -988,10 +990,8 @@ static void test_park_cancel_frees(void **state)
     assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_ECANCELLED);
     assert_int_equal(atap_state_of(t), ATAP_CANCELLED);
     atap_release(t);
-    uint64_t deadline = atomic_load(&u->deadline);
-    while (atap_now() < deadline + ATAP_MS(100))
-        sleep_ms(10);
-    assert_true(wait_live_back(ATAP_SEC(5)));
+    assert_true(wait_live_back(ATAP_SEC(2))); /* not a 4.3 s round of the wheel */
+    assert_true(atap_now() < atomic_load(&u->deadline));
     assert_int_equal(atomic_load(&u->runs), 1);
     close_pipe(p);
     assert_no_failures();
