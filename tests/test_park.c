@@ -1760,6 +1760,53 @@ static void test_park_race_deadline_vs_fd(void **state)
     assert_no_failures();
 }
 
+/* A park on an fd with a deadline (in the slot: on the fd's list and the
+ * wheel at once) raced three ways: the fd's byte from another thread, the
+ * deadline, and a cancel, sometimes against the arming itself. Exactly one
+ * wins: READY after one resume (by the fd or the deadline), or CANCELLED
+ * with at most one; never a hang, never a slot kept. */
+static void test_park_race_cancel_fd_deadline(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(300, 60), ready = 0, cancelled = 0, by_fd = 0, by_deadline = 0;
+    struct race *r = &g_race;
+    test_barrier bar;
+
+    for (int i = 0; i < rounds; i++) {
+        int p[2];
+        pthread_t th;
+
+        make_pipe(p);
+        race_init(r, p[0], ATAP_US(300 + (i % 5) * 250), 0);
+        atap_task t = spawn8(task_race, r);
+        if (i % 4 == 2) { /* right as the first run returns ATAP_PARKED */
+            uint64_t end = now_ns() + ATAP_SEC(10);
+            while (!atomic_load(&r->first) && now_ns() < end)
+                ;
+        } else {
+            assert_true(wait_atomic_at_least(&r->first, 1, ATAP_SEC(10)));
+            sleep_us((unsigned)(i % 7) * 150);
+        }
+        barrier_init(&bar, 2);
+        struct racer rr = {&bar, p[1]};
+        assert_int_equal(pthread_create(&th, NULL, racer_write, &rr), 0);
+        barrier_wait(&bar);
+        assert_int_equal(atap_cancel(t), 0);
+        pthread_join(th, NULL);
+        race_settle(t, r, true, &ready, &cancelled);
+        if (atomic_load(&r->resumes) == 1) {
+            int reason = atomic_load(&r->reason);
+            assert_true(reason == ATAP_RESUME_READY || reason == ATAP_RESUME_DEADLINE);
+            *(reason == ATAP_RESUME_READY ? &by_fd : &by_deadline) += 1;
+        }
+        close_pipe(p);
+    }
+    print_message("cancel vs fd vs deadline: %d ready, %d cancelled; resumed %d by the fd, %d by "
+                  "the deadline\n",
+                  ready, cancelled, by_fd, by_deadline);
+    assert_no_failures();
+}
+
 static void test_park_race_cancel_vs_deadline(void **state)
 {
     (void)state;
@@ -1805,6 +1852,7 @@ int main(void)
         T(test_park_race_cancel_vs_park),
         T(test_park_race_deadline_vs_fd),
         T(test_park_race_cancel_vs_deadline),
+        T(test_park_race_cancel_fd_deadline),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
