@@ -14,7 +14,11 @@
  *   DONE  no more gives; RUN has gone or is going.
  * A give that finds IDLE moves it to BUSY and hands RUN to
  * atap__sched_kick, after the lock: the gate no longer owns it, and no one
- * else can take it, since only IDLE carries it. Where a run or a series
+ * else can take it, since only IDLE carries it. A give that starts a run
+ * (IDLE -> BUSY) or owes one (-> OWED) also moves an output standing in
+ * the slot back to PENDING under the lock, and a run that publishes while
+ * OWED publishes to PENDING (atap__gate_publish, under the lock too): so a
+ * join after a give always reads the run that give started. Where a run or a series
  * ends as it should, atap__gate_after decides under the lock: OWED starts
  * again, a task that can get no more gives is DONE, any other waits. Every
  * other end of the task (cancel, failure, timeout, shutdown) drops RUN
@@ -308,6 +312,26 @@ static bool spent(const struct gate *g)
     return g->left == 0 || g->last || g->orphan || (g->role == ROLE_ANY && g->open == 0);
 }
 
+bool atap__gate_publish(struct atap_slot *s, uint32_t gen, bool *kept)
+{
+    struct gate *g = atap__sched_gate(s);
+    uint32_t cur = ld_relaxed(&s->word), to;
+    bool ok;
+
+    spin_lock(&g->lock);
+    to = g->state == G_OWED ? ST_PENDING : ST_READY;
+    do {
+        ok = word_gen(cur) == gen && word_state(cur) == ST_RUNNING;
+        /* Release: the output is written before READY can be read. */
+    } while (ok && !cas_acqrel(&s->word, &cur, make_word(gen, to)));
+    if (ok && to == ST_PENDING)
+        *kept = true; /* the output stays the slot's to let go of */
+    spin_unlock(&g->lock);
+    if (ok && (cur & ST_WAITERS))
+        atap__exec_wake(s);
+    return ok;
+}
+
 bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     struct gate *g = atap__sched_gate(s);
@@ -389,8 +413,8 @@ static int closed_error(struct atap_slot *s)
  * what a series is handed, or the error refusing it. *old receives a value
  * it displaced (to drop after the lock), or b itself when refused.
  */
-static int offer_locked(struct atap_slot *s, struct gate *g, unsigned char *b, bool owned,
-                        bool *kick, unsigned char **old, bool *old_owned)
+static int offer_locked(struct atap_slot *s, uint32_t gen, struct gate *g, unsigned char *b,
+                        bool owned, bool *kick, unsigned char **old, bool *old_owned)
 {
     uint32_t st = word_state(ld_acquire(&s->word));
 
@@ -409,6 +433,13 @@ static int offer_locked(struct atap_slot *s, struct gate *g, unsigned char *b, b
             g->left--;
         *kick = g->state == G_IDLE;
         g->state = g->state == G_IDLE ? G_BUSY : G_OWED;
+        /* A join from now on waits for the run this give starts: an output
+         * standing goes back to PENDING here, under the lock, so the kick
+         * that starts the run (ours after the lock, or gate_after's, which
+         * takes the lock first) comes after it. A run still under way
+         * publishes to PENDING itself, since it finds OWED
+         * (atap__gate_publish). */
+        atap__sched_restarting(s, gen);
     }
     if (g->has_pending) { /* gives don't queue: the newest wins */
         *old = g->pending;
@@ -450,12 +481,10 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     }
     if (g->in_size)
         memcpy(b, value, g->in_size);
-    rc = offer_locked(s, g, b, owned, &kick, &old, &old_owned);
+    rc = offer_locked(s, gen, g, b, owned, &kick, &old, &old_owned);
     r = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
     let_go_value(g, r);
-    if (kick) /* a join from now on waits for the run this give started */
-        atap__sched_restarting(s, gen);
     if (kick) {
         if (kicks)
             kicks_add(kicks, index, gen);
@@ -492,17 +521,15 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
             g->gathering = full;
             memset(g->filled, 0, (g->n + 63) / 64 * sizeof *g->filled);
             g->nfilled = 0;
-            if (offer_locked(s, g, round, false, &kick, &old, &old_owned) == 0 && g->nclosed)
+            if (offer_locked(s, gen, g, round, false, &kick, &old, &old_owned) == 0 && g->nclosed)
                 g->last = true;
         }
     }
     ret = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
     let_go_value(g, ret);
-    if (kick) {
-        atap__sched_restarting(s, gen);
+    if (kick)
         kicks_add(kicks, index, gen);
-    }
 }
 
 /* A member of receive_all / receive_any (or a forward) can publish no

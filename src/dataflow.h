@@ -27,6 +27,11 @@ void *atap__gate_snapshot(struct gate *g, size_t *size);
  * RUN reference (waiting again, or started again); false when the task is
  * done and the caller ends it. */
 bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen);
+/* A run of a waiting task publishes (its output is in the slot): RUNNING ->
+ * READY, or -> PENDING when a give during the run owes one more (a join
+ * from that give on waits for that run), decided under the gate's lock
+ * against the give; then *kept is set. False: the run no longer counts. */
+bool atap__gate_publish(struct atap_slot *s, uint32_t gen, bool *kept);
 /* A cancel won: a gate holding RUN between gives lets the task go. */
 void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* The task's RUN reference is going: no more gives. */

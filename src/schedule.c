@@ -453,8 +453,9 @@ void atap__sched_restarting(struct atap_slot *s, uint32_t gen)
     struct sched *c = sched_of(s);
     uint32_t cur = ld_acquire(&s->word), st;
 
-    /* The gate just went BUSY, so no run is in flight and nobody else
-     * writes out_kept: the kick that follows orders it before the claim. */
+    /* Under the gate's lock, which just went BUSY or OWED: no run claims
+     * before the kick that follows the lock, and a run under way writes
+     * out_kept only under the lock too (atap__gate_publish). */
     do {
         st = word_state(cur);
         if (word_gen(cur) != gen || (st != ST_READY && st != ST_TAKEN))
@@ -512,7 +513,8 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
     }
     if (ok)
         c->pubs++; /* counted before readable: see atap__flow_publish */
-    if (ok && (ok = atap__exec_stop(s, gen, ST_RUNNING, ST_READY)))
+    if (ok && (ok = c->gate ? atap__gate_publish(s, gen, &c->out_kept)
+                            : atap__exec_stop(s, gen, ST_RUNNING, ST_READY)))
         atap__flow_publish(s, c->pubs); /* still under the lock: this output */
     out_write_unlock(c);
     return ok;

@@ -33,8 +33,9 @@ struct gate *atap__sched_gate(struct atap_slot *s);
 const void *atap__sched_input(struct atap_slot *s, size_t *size);
 /* The number of the output readable now (read under the read lock). */
 uint64_t atap__sched_pubs(struct atap_slot *s);
-/* A give started a run or a series of a waiting task between runs: READY
- * or TAKEN goes back to PENDING, so a join waits for what it started. */
+/* Under the gate's lock: a give started a run or a series of a waiting
+ * task, or owed one more run: READY or TAKEN goes back to PENDING, so a
+ * join waits for what it started. */
 void atap__sched_restarting(struct atap_slot *s, uint32_t gen);
 /* No run follows (a waiting task let go): atap_finished turns true. */
 void atap__sched_mark_finished(struct atap_slot *s);

@@ -432,6 +432,59 @@ static void test_dataflow_give_during_run_owes_one_run(void **state)
     assert_no_failures();
 }
 
+/* A join right after a give reads the run that give started, never the
+ * run before it: not while that run is still under way (the give owes one
+ * more; the run under way publishes to PENDING), nor in the moment between
+ * its publish and the gate's turn (the give moves READY back). One thread
+ * giving and joining, then four at once, each on tasks of its own. */
+static int task_times_ten(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    size_t size = 0;
+    const uint64_t *in = atap_input(ctx, &size);
+    uint64_t r = in && size == sizeof *in ? *in * 10 : 0;
+    memcpy(out, &r, sizeof r);
+    return 0;
+}
+
+static void *give_then_join(void *arg)
+{
+    size_t steps = *(size_t *)arg;
+
+    for (size_t step = 0; step < steps; step++) {
+        atap_task t;
+        atap_spawn_opts o = {.out_size = 8, .gives = 3};
+        CHECK(atap_spawn_waiting(&t, task_times_ten, NULL, sizeof(uint64_t), &o) == 0);
+        for (uint64_t v = 1; v <= 3; v++) {
+            uint64_t out = 0;
+            CHECK(atap_give(t, &v, sizeof v) == 0);
+            CHECK(atap_join_for(t, &out, sizeof out, ATAP_SEC(10)) == 0);
+            if (out != v * 10) {
+                CHECK(out == v * 10);
+                break;
+            }
+        }
+        atap_release(t);
+    }
+    return NULL;
+}
+
+static void test_dataflow_join_after_give_reads_its_run(void **state)
+{
+    (void)state;
+    size_t steps = scaled(5000, 500);
+    pthread_t th[4];
+
+    give_then_join(&steps);
+    steps /= 4;
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, give_then_join, &steps), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    waited_to_live_back();
+    assert_no_failures();
+}
+
 /* Gives that arrive before the run they started has begun (here: during
  * its start delay) only change the value it will read: one run, with the
  * newest value, not a second run of a value already run. */
@@ -1808,6 +1861,7 @@ int main(void)
         T(test_dataflow_zero_size_input_and_spawn_checks),
         T(test_dataflow_gives_limit),
         T(test_dataflow_give_during_run_owes_one_run),
+        T(test_dataflow_join_after_give_reads_its_run),
         T(test_dataflow_gives_before_the_run_starts_coalesce),
         T(test_dataflow_give_after_end),
         T(test_dataflow_give_after_shutdown),
