@@ -402,9 +402,10 @@ ATAP_EXPORT int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size
 /*
  * Gives a waiting task a value (size bytes, which must equal its in_size):
  * the bytes are copied in, and the task's in_free will be called on that
- * copy exactly once. A give that starts a run or a series moves a task
- * that had settled back to ATAP_PENDING, so a join waits for what it
- * started. Returns 0 when the value was taken (it starts a run or a series,
+ * copy exactly once. A give that starts a run or a series, or owes one
+ * more run to a task whose run is under way, makes a join from then on
+ * wait for the run it started: a settled task goes back to ATAP_PENDING,
+ * and a run under way publishes without settling it. Returns 0 when the value was taken (it starts a run or a series,
  * is owed one, or replaces what the rest of a series is handed);
  * ATAP_EFINISHED once the task takes no more gives, ATAP_ECANCELLED,
  * ATAP_ETIMEDOUT or ATAP_EFAILED once it ended so; ATAP_ENOTINIT when no
