@@ -1051,10 +1051,7 @@ static void test_park_survives_manager_restart(void **state)
 
     atap_inject_manager_faults(2);
     /* 2 restarts: 10 + 20 ms of backoff at least */
-    uint64_t end = now_ns() + ATAP_SEC(10);
-    while (atap__manager_restarts() < restarts0 + 2 && now_ns() < end)
-        sleep_us(500);
-    assert_true(atap__manager_restarts() >= restarts0 + 2);
+    assert_true(wait_restarts(restarts0 + 2, ATAP_SEC(10)));
     assert_true(wait_manager(true, ATAP_SEC(10)));
     assert_true(status_now().healthy);
     for (int i = 0; i < N_RESTART; i++)
@@ -1115,9 +1112,7 @@ static void test_park_restart_rearms_fds(void **state)
             assert_int_equal(atomic_load(&f->resumed), 1);
             assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
             assert_true(atomic_load(&f->events) & ATAP_READABLE);
-            uint64_t end = now_ns() + ATAP_SEC(10);
-            while (atap__manager_restarts() == restarts0 && now_ns() < end)
-                sleep_us(500);
+            assert_true(wait_restarts(restarts0 + 1, ATAP_SEC(10)));
             assert_int_equal(atap__manager_restarts(), restarts0 + 1);
             assert_true(wait_manager(true, ATAP_SEC(10)));
             atap_release(t);
@@ -1634,6 +1629,20 @@ static void *racer_write(void *arg)
     return NULL;
 }
 
+/* Cancels t at the moment another thread writes a byte to wfd. */
+static void cancel_while_writing(atap_task t, int wfd)
+{
+    test_barrier bar;
+    struct racer rr = {&bar, wfd};
+    pthread_t th;
+
+    barrier_init(&bar, 2);
+    assert_int_equal(pthread_create(&th, NULL, racer_write, &rr), 0);
+    barrier_wait(&bar);
+    assert_int_equal(atap_cancel(t), 0);
+    pthread_join(th, NULL);
+}
+
 /* The round's task settled READY (it ran, resumed exactly once)
  * or CANCELLED (at most one resumed run), and its slot goes. */
 static void race_settle(atap_task t, struct race *r, bool may_cancel, int *ready, int *cancelled)
@@ -1670,11 +1679,9 @@ static void test_park_race_cancel_vs_fd(void **state)
     (void)state;
     int rounds = (int)scaled(200, 50), ready = 0, cancelled = 0;
     struct race *r = &g_race;
-    test_barrier bar;
 
     for (int i = 0; i < rounds; i++) {
         int p[2];
-        pthread_t th;
 
         make_pipe(p);
         race_init(r, p[0], ATAP_FOREVER, 0);
@@ -1682,12 +1689,7 @@ static void test_park_race_cancel_vs_fd(void **state)
         assert_true(wait_atomic_at_least(&r->first, 1, ATAP_SEC(10)));
         if (i % 2)
             sleep_us(100);
-        barrier_init(&bar, 2);
-        struct racer rr = {&bar, p[1]};
-        assert_int_equal(pthread_create(&th, NULL, racer_write, &rr), 0);
-        barrier_wait(&bar);
-        assert_int_equal(atap_cancel(t), 0);
-        pthread_join(th, NULL);
+        cancel_while_writing(t, p[1]);
         race_settle(t, r, true, &ready, &cancelled);
         if (atomic_load(&r->resumes) == 1)
             assert_int_equal(atomic_load(&r->reason), ATAP_RESUME_READY);
@@ -1770,11 +1772,9 @@ static void test_park_race_cancel_fd_deadline(void **state)
     (void)state;
     int rounds = (int)scaled(300, 60), ready = 0, cancelled = 0, by_fd = 0, by_deadline = 0;
     struct race *r = &g_race;
-    test_barrier bar;
 
     for (int i = 0; i < rounds; i++) {
         int p[2];
-        pthread_t th;
 
         make_pipe(p);
         race_init(r, p[0], ATAP_US(300 + (i % 5) * 250), 0);
@@ -1787,12 +1787,7 @@ static void test_park_race_cancel_fd_deadline(void **state)
             assert_true(wait_atomic_at_least(&r->first, 1, ATAP_SEC(10)));
             sleep_us((unsigned)(i % 7) * 150);
         }
-        barrier_init(&bar, 2);
-        struct racer rr = {&bar, p[1]};
-        assert_int_equal(pthread_create(&th, NULL, racer_write, &rr), 0);
-        barrier_wait(&bar);
-        assert_int_equal(atap_cancel(t), 0);
-        pthread_join(th, NULL);
+        cancel_while_writing(t, p[1]);
         race_settle(t, r, true, &ready, &cancelled);
         if (atomic_load(&r->resumes) == 1) {
             int reason = atomic_load(&r->reason);

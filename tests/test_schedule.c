@@ -199,9 +199,7 @@ static void test_schedule_restart_rebuilds_waits(void **state)
     unsigned restarts0 = atap__manager_restarts();
     sleep_us(20000);
     atap_inject_manager_faults(2);
-    uint64_t end = now_ns() + ATAP_SEC(10);
-    while (atap__manager_restarts() < restarts0 + 2 && now_ns() < end)
-        sleep_us(500);
+    assert_true(wait_restarts(restarts0 + 2, ATAP_SEC(10)));
     assert_int_equal(atap__manager_restarts(), restarts0 + 2);
     assert_true(now_ns() < t0 + ATAP_MS(150)); /* else the figures below mean little */
     size_t refiled = atap__manager_refiled();
@@ -219,7 +217,7 @@ static void test_schedule_restart_rebuilds_waits(void **state)
         atap_release(t[i]);
     }
     for (int i = 0; i < NR; i++) {
-        end = now_ns() + ATAP_SEC(10);
+        uint64_t end = now_ns() + ATAP_SEC(10);
         while (!atap_finished(r[i]) && now_ns() < end)
             sleep_us(1000);
         assert_true(atap_finished(r[i]));

@@ -1005,10 +1005,7 @@ static void kill_manager_once(killer *k)
     unsigned before = atap__manager_restarts();
     atap_inject_manager_faults(1);
     k->injected++;
-    uint64_t end = now_ns() + STALL_NS;
-    while (atap__manager_restarts() == before && now_ns() < end)
-        sleep_us(500);
-    if (atap__manager_restarts() == before) {
+    if (!wait_restarts(before + 1, STALL_NS)) {
         char msg[160];
         snprintf(msg, sizeof msg, "fault %d: the manager did not die and restart within 10 s "
                  "(seed %" PRIu64 ")", k->injected, g_seed);

@@ -412,6 +412,19 @@ static inline bool wait_manager(bool alive, uint64_t timeout_ns)
     return false;
 }
 
+#ifdef ATAP_MANAGER_H /* tests that include the manager's internal header */
+/* Polls until the supervisor has restarted the manager `want` times in all
+ * (atap__manager_restarts); false if that did not happen in time. */
+static inline bool wait_restarts(unsigned want, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+
+    while (atap__manager_restarts() < want && now_ns() < end)
+        sleep_us(500);
+    return atap__manager_restarts() >= want;
+}
+#endif
+
 /* Online cores: the pool's floor of workers. */
 static inline unsigned cores(void)
 {

@@ -887,9 +887,7 @@ static void test_watch_restart_rearms(void **state)
         assert_int_equal(atomic_load(&p->reason), ATAP_RESUME_READY);
         if (!sig)
             assert_true((unsigned)atomic_load(&p->events) & ATAP_PATH_WRITE);
-        uint64_t end = now_ns() + ATAP_SEC(10);
-        while (atap__manager_restarts() == restarts0 && now_ns() < end)
-            sleep_us(500);
+        assert_true(wait_restarts(restarts0 + 1, ATAP_SEC(10)));
         assert_int_equal(atap__manager_restarts(), restarts0 + 1);
         assert_true(wait_manager(true, ATAP_SEC(10)));
         atap_release(t);
