@@ -546,8 +546,10 @@ void atap__exec_fail_held(uint32_t ref)
     struct atap_slot *s = atap__table_at(ref - 1);
     uint32_t gen = word_gen(ld_relaxed(&s->word));
 
-    settle(s, gen, false); /* a series ends with its run */
-    atap__exec_release_run(s, ref - 1, gen);
+    /* Ends as a run that failed ends: a series ends with its run, and an
+     * at-rate run tells its series (which it holds a listener on). On the
+     * dying thread itself, so the run's own writes are ours to read. */
+    atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);
 }
 
 /* ---- cancelling ------------------------------------------------------- */

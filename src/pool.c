@@ -733,9 +733,13 @@ static void thread_died(void *arg)
     if (!w->blocking)
         evacuate(w);
     pthread_mutex_lock(&pool.lock);
-    sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
-    if (!ld_relaxed(&pool.stopping) && (!w->blocking || !atap__inj_empty(&pool.binj)))
-        start_thread(w->blocking, w);
+    /* One counted out already (reaped, or a blocking thread timing out) was
+     * leaving anyway: no replacement. */
+    if (!w->uncounted) {
+        sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
+        if (!ld_relaxed(&pool.stopping) && (!w->blocking || !atap__inj_empty(&pool.binj)))
+            start_thread(w->blocking, w);
+    }
     /* Counted after the replacement: release, so whoever reads the new
      * count (acquire, in the stats) also sees the replacement counted live. */
     atomic_fetch_add_explicit(&pool.deaths, 1, memory_order_release);
@@ -802,11 +806,23 @@ static void reap(uint64_t now, unsigned live)
     if (live <= pool.floor)
         return;
     pthread_mutex_lock(&pool.lock);
+    /* The count, under the lock: the records can read one too many, since a
+     * dying worker's reads LIVE until after its replacement is up. */
+    if (ld_relaxed(&pool.nlive) <= pool.floor) {
+        pthread_mutex_unlock(&pool.lock);
+        return;
+    }
     for (w = pool.idle; w; w = w->idle_next)
         if (!oldest || w->idle_since < oldest->idle_since)
             oldest = w;
-    if (oldest && now - oldest->idle_since >= limit && !ld_relaxed(&pool.stopping)) {
+    /* idle_since can be later than `now`, read before the lock. */
+    if (oldest && now > oldest->idle_since && now - oldest->idle_since >= limit &&
+        !ld_relaxed(&pool.stopping)) {
         unlink_from(&pool.idle, &pool.nidle, oldest);
+        /* Counted out now, so the next look is exact even before it has
+         * gone; it leaves without counting itself out again. */
+        sub_relaxed(&pool.nlive, 1);
+        oldest->uncounted = true;
         unpark(oldest, PARK_STOP);
     }
     pthread_mutex_unlock(&pool.lock);
