@@ -29,7 +29,12 @@
  * and work waits, up to the target, past it only under overload, never past
  * the ceiling; the idle worker that idled longest goes after 500 ms (50 ms
  * above the target), never below the floor. Blocking threads stop on their
- * own after 500 ms idle, with no floor.
+ * own after 500 ms idle, with no floor. The live counts (nlive, blive) are
+ * the truth, changed under the pool lock: a thread told to go is counted
+ * out by whoever decides it (reap, a blocking thread timing out) and marked
+ * `uncounted`, so neither its exit nor its death counts it out again, and a
+ * dying thread that was counted is replaced before its record reads DEAD
+ * (so the records can read one live thread too many, never too few).
  *
  * A worker's park word: RUNNING, IDLE (on the list, may sleep), NOTIFIED
  * (taken off the list by a waker, counted as searching) or STOP.
@@ -37,7 +42,8 @@
  * Thread death: a task that calls pthread_exit unwinds its thread through
  * the cleanup handler pushed in thread_main. It fails every task the thread
  * was inside (held[], outermost first, including runs nested by helping),
- * moves the thread's queued tasks to the shared queue, starts a
+ * each as a failed run ends (a series with its run, an at-rate run telling
+ * its series), moves the thread's queued tasks to the shared queue, starts a
  * replacement, and marks the record DEAD last, so that whoever joins a DEAD
  * record never waits on a thread that still needs the pool lock.
  *

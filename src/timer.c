@@ -56,6 +56,14 @@
  * next_wake; arm lowers next_wake by CAS when its deadline is earlier and
  * then returns true, so its caller wakes the manager.
  *
+ * A new manager's rebuild (atap__timers_rebuild, on the supervisor while no
+ * manager runs): everything filed is let go of, then each record found from
+ * the task table is filed again if its state is ARMED without QUEUED (taken
+ * in, neither fired nor disarmed), with eseq and deadline read as a drain
+ * reads them; QUEUED ones are the inbox's. So the rebuilt wheel holds the
+ * same armings the table shows, and an arm or disarm racing the rebuild is
+ * met exactly as one racing a drain.
+ *
  * Lost wakes (the one protocol here that needs seq_cst): arm pushes (seq_cst)
  * and then reads next_wake (seq_cst); run publishes next_wake (seq_cst) and
  * then reads the inbox (seq_cst), absorbing again while it is not empty.

@@ -14,18 +14,6 @@
 
 /* ---- helpers ------------------------------------------------------------- */
 
-/* Polls atap_finished until it is true; true if it got there in time. */
-static bool wait_finished(atap_task t, uint64_t timeout_ns)
-{
-    uint64_t end = now_ns() + timeout_ns;
-    while (!atap_finished(t)) {
-        if (now_ns() > end)
-            return false;
-        sleep_us(200);
-    }
-    return true;
-}
-
 /* Joins t (8 bytes) until it reads want, for up to timeout_ns. A join that
  * reads an older value is retried; one that ends in an error stops it. */
 static void join_until_at(atap_task t, uint64_t want, uint64_t timeout_ns, int line)

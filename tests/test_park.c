@@ -72,18 +72,6 @@ static bool wait_not_busy(uint64_t timeout_ns)
     }
 }
 
-/* A task's state settles within timeout (polls atap_finished). */
-static bool wait_finished(atap_task t, uint64_t timeout_ns)
-{
-    uint64_t end = now_ns() + timeout_ns;
-    while (!atap_finished(t)) {
-        if (now_ns() > end)
-            return false;
-        sleep_us(200);
-    }
-    return true;
-}
-
 static atap_task spawn0(atap_fn *fn, void *arg)
 {
     atap_task t = ATAP_NO_TASK;

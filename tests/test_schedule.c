@@ -217,10 +217,7 @@ static void test_schedule_restart_rebuilds_waits(void **state)
         atap_release(t[i]);
     }
     for (int i = 0; i < NR; i++) {
-        uint64_t end = now_ns() + ATAP_SEC(10);
-        while (!atap_finished(r[i]) && now_ns() < end)
-            sleep_us(1000);
-        assert_true(atap_finished(r[i]));
+        assert_true(wait_finished(r[i], ATAP_SEC(10)));
         assert_int_equal(atomic_load(&lr[i]->runs), 6);
         for (int k = 0; k + 1 < 6; k++)
             assert_true(atomic_load(&lr[i]->start[k + 1]) >= atomic_load(&lr[i]->end[k]) + ATAP_MS(40));
@@ -242,10 +239,7 @@ static void test_schedule_repeat_runs(void **state)
     (void)state;
     log *l = log_new(0);
     atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 5});
-    uint64_t end = now_ns() + ATAP_SEC(10);
-    while (!atap_finished(t) && now_ns() < end)
-        sleep_us(500);
-    assert_true(atap_finished(t));
+    assert_true(wait_finished(t, ATAP_SEC(10)));
     assert_int_equal(atomic_load(&l->runs), 5);
     assert_true(join8(t) == 5); /* the last output stays */
     uint64_t v = 0;
@@ -289,10 +283,7 @@ static void test_schedule_deadline_stops_the_series(void **state)
         else
             o.until_ns = atap_now() + ATAP_MS(200);
         atap_task t = spawn_logged(l, o);
-        uint64_t end = now_ns() + ATAP_SEC(10);
-        while (!atap_finished(t) && now_ns() < end)
-            sleep_us(1000);
-        assert_true(atap_finished(t));
+        assert_true(wait_finished(t, ATAP_SEC(10)));
         assert_int_equal(atomic_load(&l->runs), 2);
         assert_true(join8(t) == 2);
         for (int i = 0; i < 2; i++) /* until: from t0; for: from the first start */

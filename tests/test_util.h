@@ -412,6 +412,19 @@ static inline bool wait_manager(bool alive, uint64_t timeout_ns)
     return false;
 }
 
+/* Polls atap_finished until it is true; true if it got there in time. */
+static inline bool wait_finished(atap_task t, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+
+    while (!atap_finished(t)) {
+        if (now_ns() > end)
+            return false;
+        sleep_us(200);
+    }
+    return true;
+}
+
 #ifdef ATAP_MANAGER_H /* tests that include the manager's internal header */
 /* Polls until the supervisor has restarted the manager `want` times in all
  * (atap__manager_restarts); false if that did not happen in time. */
