@@ -56,30 +56,19 @@
  * end its run itself. A park on an fd with a deadline is on both its fd's
  * list and the wheel (tail_timed_arm says how the two meet).
  *
- * Signals and path changes are sources of their own, each one fd of ours
- * watched the same way: a self-pipe that a signal handler writes to (the
- * handler only sets a pending flag and writes a byte: async-signal-safe),
- * and an inotify fd (Linux). Their waiter lists are per signal number and
- * per inotify watch.
- * Locks: fd_lock (every waiter list and source), reg_lock (the registry of
- * armed parks), never both, and neither while completing.
+ * Signals and path changes are sources of their own (sources.c), which
+ * claim and complete parks through atap__park_claim / atap__park_complete.
+ * Locks: fd_lock (every fd's waiter list), reg_lock (the registry of armed
+ * parks), sources.c's src_lock (its lists), never two at once, and none
+ * while completing.
  */
 #include "park.h"
+#include "park_int.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-#include <sys/stat.h>
-#if defined(__linux__)
-#include <sys/inotify.h>
-#define PATHS_BY_INOTIFY 1 /* an inotify fd of ours, watched like any fd */
-#else
-#define PATHS_BY_INOTIFY 0 /* the poller's own path watches (kqueue) */
-#endif
 
 #include "atap.h"
 #include "atomics.h"
@@ -96,32 +85,8 @@
 _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_WRITE &&
                    ATAP_HANGUP == ATAP__POLL_HUP && ATAP_ERROR == ATAP__POLL_ERR,
                "public event bits are the poller's");
-_Static_assert(ATAP_PATH_WRITE == ATAP__PATH_WRITE && ATAP_PATH_ATTRIB == ATAP__PATH_ATTRIB &&
-                   ATAP_PATH_GONE == ATAP__PATH_GONE,
-               "public path bits are the poller's");
 
 #define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
-
-enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
-enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
-enum { BY_READY = ATAP_RESUME_READY, BY_DEADLINE = ATAP_RESUME_DEADLINE, BY_STOP = 3, BY_OFF = 4 };
-
-struct park {
-    struct atap_timer timer;
-    _Atomic uint32_t claim;
-    uint32_t index, gen;
-    uint8_t kind;
-    bool timed, on_fd, listed;
-    bool ever_timed; /* its timer was armed once: the structure may hold it */
-    int fd;
-    unsigned events;
-    _Atomic unsigned got;
-    _Atomic uint32_t woken; /* PK_WAKE: a wake came (atap__park_wake) */
-    _Atomic uint64_t deadline;
-    struct park *fd_next;     /* fd_lock */
-    struct park *prev, *next; /* registry, reg_lock */
-    struct park *grave_next;
-};
 
 struct fdw {
     int fd;
@@ -140,16 +105,6 @@ struct fdw {
 #define T_FILED 0x80000u  /* in a wheel bucket: the manager's alone */
 static bool fd_closed; /* fd_lock: no manager will run again */
 
-/* The two sources that are not the caller's fds (their waiters are kept
- * apart: per signal, per inotify watch). */
-static struct fdw sig_source = {.fd = -1}, path_source = {.fd = -1};
-static struct park *sig_waiters[NSIG];
-static _Atomic unsigned char sig_pending[NSIG];
-static bool sig_caught[NSIG];
-static int sig_pipe[2] = {-1, -1};
-static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
-static struct park **wd_waiters; /* by inotify watch descriptor (kqueue: by fd) */
-static size_t wdcap;
 
 static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fdw **fdtab;
@@ -164,7 +119,7 @@ static bool reg_closed;
 /* 1: claimed from ARMED, the caller completes; -1: claimed from ARMING, the
  * parker completes; 0: not parked, or someone else claimed it. seq_cst:
  * the load pairs with the parker's store of ARMING (see interrupt). */
-static int claim(struct park *p, int by)
+int atap__park_claim(struct park *p, int by)
 {
     uint32_t c = ld_seqcst(&p->claim);
 
@@ -197,7 +152,7 @@ static void registry_remove(struct park *p)
 /* The one claimant's work: the park comes off everything it is on, then
  * the task runs again (READY, DEADLINE) or its run ends failed (STOP, OFF;
  * a cancel's or timeout's state stands). */
-static void complete(struct park *p, int by)
+void atap__park_complete(struct park *p, int by)
 {
     struct atap_slot *s = atap__table_at(p->index);
     uint32_t index = p->index, gen = p->gen;
@@ -276,7 +231,7 @@ static struct fdw *fdw_of(int fd)
  * parker does), and the completer takes it off the list under fd_lock.
  */
 
-/* 1, -1 or 0 as claim(), on a tail park; got: the events seen. */
+/* 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen. */
 static int tclaim(struct atap_slot *s, int by, unsigned got)
 {
     uint32_t c = ld_seqcst(&s->out.park.claim);
@@ -377,15 +332,13 @@ static void tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
     atap__exec_release_listener(s, ctx->index, ctx->gen);
 }
 
-static int source_add(struct park *p);
-
 static int fd_add(struct park *p)
 {
     struct fdw *f;
     int rc = -ENOMEM;
 
     if (p->kind != PK_FD)
-        return source_add(p);
+        return atap__source_add(p);
     pthread_mutex_lock(&fd_lock);
     if ((f = fdw_of(p->fd)) != NULL) {
         p->fd_next = f->waiters;
@@ -401,38 +354,25 @@ static int fd_add(struct park *p)
     return rc;
 }
 
-/* fd_lock held: the list p waits on. */
-static struct park **list_of(struct park *p)
-{
-    switch (p->kind) {
-    case PK_SIGNAL: return &sig_waiters[p->fd];
-    case PK_PATH: return &wd_waiters[p->fd];
-    default: return &fdtab[p->fd]->waiters;
-    }
-}
-
-static void path_forget(int wd);
-
 static void fd_remove(struct park *p)
 {
+    if (p->kind != PK_FD) {
+        atap__source_remove(p);
+        return;
+    }
     pthread_mutex_lock(&fd_lock);
     if (p->on_fd) {
-        struct park **head = list_of(p), **at = head;
+        struct park **at = &fdtab[p->fd]->waiters;
 
         while (*at != p)
             at = &(*at)->fd_next;
         *at = p->fd_next;
         p->on_fd = false;
-        if (p->kind == PK_FD)
-            rewatch(fdtab[p->fd]);
-        else if (p->kind == PK_PATH && !*head)
-            path_forget(p->fd);
+        rewatch(fdtab[p->fd]);
     }
     pthread_mutex_unlock(&fd_lock);
 }
 
-static void source_event(struct fdw *f);
-static void vnode_event(struct fdw *f, unsigned got);
 static void unfile(uint32_t index);
 
 void atap__park_event(void *udata, unsigned events, unsigned kind)
@@ -440,20 +380,14 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
     struct fdw *f = udata;
     struct park *ready = NULL, *p, **at;
 
-    if (kind == ATAP__WATCH_PATH) {
-        vnode_event(f, events);
+    if (atap__source_event(udata, events, kind))
         return;
-    }
-    if (f == &sig_source || f == &path_source) {
-        source_event(f);
-        return;
-    }
     pthread_mutex_lock(&fd_lock);
     for (at = &f->waiters; (p = *at) != NULL;) {
         /* HUP and ERR mean ready for whatever was asked. */
         /* got first: a claim from ARMING is completed by the parker. */
         if (((p->events & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
-            (st_relaxed(&p->got, events), claim(p, BY_READY) == 1)) {
+            (st_relaxed(&p->got, events), atap__park_claim(p, BY_READY) == 1)) {
             *at = p->fd_next;
             p->on_fd = false;
             p->fd_next = ready;
@@ -508,247 +442,7 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
     }
     while ((p = ready) != NULL) {
         ready = p->fd_next;
-        complete(p, BY_READY);
-    }
-}
-
-/* ---- signals and path changes -------------------------------------------- */
-
-static void on_signal(int signo)
-{
-    int saved = errno;
-    char b = 0;
-
-    atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
-    if (write(atomic_load_explicit(&sig_write_fd, memory_order_acquire), &b, 1) < 0) {
-        /* full: a byte is there already */
-    }
-    errno = saved;
-}
-
-static int open_pipe(int fds[2])
-{
-#if defined(__linux__)
-    return pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0 ? 0 : -errno;
-#else
-    if (pipe(fds) != 0)
-        return -errno;
-    for (int i = 0; i < 2; i++) {
-        fcntl(fds[i], F_SETFD, FD_CLOEXEC);
-        fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
-    }
-    return 0;
-#endif
-}
-
-/* fd_lock held: the source's fd exists and is watched (one-shot). */
-static int source_watch(struct fdw *f)
-{
-    int rc;
-
-    if (f->fd < 0) {
-        if (f == &sig_source) {
-            if ((rc = open_pipe(sig_pipe)) != 0)
-                return rc;
-            f->fd = sig_pipe[0];
-            st_release(&sig_write_fd, sig_pipe[1]); /* before any handler */
-        } else {
-#if defined(__linux__)
-            if ((f->fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
-                return -errno;
-#else
-            return -ENOTSUP;
-#endif
-        }
-    }
-    return atap__poller_watch(atap__manager_poller(), f->fd, ATAP__POLL_READ, f);
-}
-
-#if defined(__linux__)
-static uint32_t inotify_mask(unsigned changes)
-{
-    return ((changes & ATAP_PATH_WRITE) ? IN_MODIFY | IN_CLOSE_WRITE : 0) |
-           ((changes & ATAP_PATH_ATTRIB) ? IN_ATTRIB : 0) |
-           ((changes & ATAP_PATH_ENTRIES) ? IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
-                                          : 0) |
-           IN_DELETE_SELF | IN_MOVE_SELF;
-}
-
-static unsigned changes_of(uint32_t mask)
-{
-    return ((mask & (IN_MODIFY | IN_CLOSE_WRITE)) ? ATAP_PATH_WRITE : 0) |
-           ((mask & IN_ATTRIB) ? ATAP_PATH_ATTRIB : 0) |
-           ((mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) ? ATAP_PATH_ENTRIES
-                                                                             : 0) |
-           ((mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) ? ATAP_PATH_GONE
-                                                                               : 0);
-}
-#endif
-
-/* fd_lock held: nobody waits on watch wd now. */
-static void path_forget(int wd)
-{
-#if defined(__linux__)
-    inotify_rm_watch(path_source.fd, wd);
-#else
-    atap__poller_unwatch_path(atap__manager_poller(), wd);
-#endif
-}
-
-/* fd_lock held: wd_waiters has room for list `key`. 0 or -ENOMEM. */
-static int wd_room(int key)
-{
-    size_t cap = wdcap ? wdcap : 64;
-    struct park **t;
-
-    if ((size_t)key < wdcap)
-        return 0;
-    while (cap <= (size_t)key)
-        cap *= 2;
-    if (!(t = realloc(wd_waiters, cap * sizeof *t)))
-        return -ENOMEM;
-    memset(t + wdcap, 0, (cap - wdcap) * sizeof *t);
-    wd_waiters = t;
-    wdcap = cap;
-    return 0;
-}
-
-/* A signal or path park joins its source's list (p->fd becomes the list's
- * number: the signal, the inotify watch, or on kqueue the fd itself, whose
- * EVFILT_VNODE watch is the poller's). 0 or -errno. */
-static int source_add(struct park *p)
-{
-    struct sigaction sa;
-    int rc = 0, key = p->fd;
-
-    pthread_mutex_lock(&fd_lock);
-    if ((p->kind == PK_SIGNAL || PATHS_BY_INOTIFY) &&
-        (rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source)) != 0)
-        goto out;
-    /* A signal that came while nobody waited for it is dropped, not kept
-     * for this park (a byte of it may still be in the pipe: harmless). */
-    if (p->kind == PK_SIGNAL && !sig_waiters[key])
-        atomic_store_explicit(&sig_pending[key], 0, memory_order_relaxed);
-    if (p->kind == PK_SIGNAL && !sig_caught[key]) {
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sa.sa_flags = SA_RESTART;
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(key, &sa, NULL) != 0) {
-            rc = -errno;
-            goto out;
-        }
-        sig_caught[key] = true;
-    }
-#if defined(__linux__)
-    if (p->kind == PK_PATH) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
-        /* Every change is asked for: the waiters on one file share its
-         * watch, and each picks what it wanted. */
-        if ((key = inotify_add_watch(path_source.fd, path, inotify_mask(~0u))) < 0) {
-            rc = -errno;
-            goto out;
-        }
-        if ((rc = wd_room(key)) != 0) {
-            if ((size_t)key >= wdcap || !wd_waiters[key])
-                path_forget(key);
-            goto out;
-        }
-        p->fd = key;
-    }
-#else
-    if (p->kind == PK_PATH) {
-        struct fdw *f = fdw_of(key); /* the udata: kept for the process's life */
-
-        if (!f || (rc = wd_room(key)) != 0) {
-            rc = -ENOMEM;
-            goto out;
-        }
-        /* Watched (again) at every join: armed while anyone waits. */
-        if ((rc = atap__poller_watch_path(atap__manager_poller(), key, f)) != 0)
-            goto out;
-    }
-#endif
-    p->fd_next = *list_of(p);
-    *list_of(p) = p;
-    p->on_fd = true;
-out:
-    pthread_mutex_unlock(&fd_lock);
-    return rc;
-}
-
-/* fd_lock held: claims every waiter on *head wanting any of `got` (all
- * when got is 0), moving them to *ready. */
-static void claim_list(struct park **head, unsigned got, struct park **ready)
-{
-    struct park *p, **at;
-
-    for (at = head; (p = *at) != NULL;) {
-        if ((!got || (p->events & got)) && (st_relaxed(&p->got, got), claim(p, BY_READY) == 1)) {
-            *at = p->fd_next;
-            p->on_fd = false;
-            p->fd_next = *ready;
-            *ready = p;
-        } else {
-            at = &p->fd_next;
-        }
-    }
-}
-
-static void source_event(struct fdw *f)
-{
-    struct park *ready = NULL, *p;
-    char buf[4096] __attribute__((aligned(8)));
-    ssize_t n;
-
-    pthread_mutex_lock(&fd_lock);
-    while ((n = read(f->fd, buf, sizeof buf)) > 0) {
-#if defined(__linux__)
-        for (ssize_t at = 0; f == &path_source && at < n;) {
-            const struct inotify_event *e = (const void *)(buf + at);
-            if (e->wd >= 0 && (size_t)e->wd < wdcap) {
-                claim_list(&wd_waiters[e->wd], changes_of(e->mask), &ready);
-                if ((e->mask & IN_IGNORED) == 0 && !wd_waiters[e->wd])
-                    path_forget(e->wd); /* nobody waits on it now */
-            }
-            at += (ssize_t)sizeof *e + e->len;
-        }
-#endif
-    }
-    for (int signo = 1; f == &sig_source && signo < NSIG; signo++)
-        if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
-            claim_list(&sig_waiters[signo], 0, &ready);
-    source_watch(f); /* one-shot: again */
-    pthread_mutex_unlock(&fd_lock);
-    while ((p = ready) != NULL) {
-        ready = p->fd_next;
-        complete(p, BY_READY);
-    }
-}
-
-/* The poller's own path watch (kqueue's EVFILT_VNODE) reported changes to
- * the file open as f->fd (got: ATAP__PATH_* bits). */
-static void vnode_event(struct fdw *f, unsigned got)
-{
-    struct park *ready = NULL, *p;
-#if !PATHS_BY_INOTIFY
-    struct stat st;
-
-    /* The kernel says "written" of a directory whose entries changed. */
-    if ((got & ATAP__PATH_WRITE) && fstat(f->fd, &st) == 0 && S_ISDIR(st.st_mode))
-        got = (got & ~ATAP__PATH_WRITE) | ATAP_PATH_ENTRIES;
-#endif
-    pthread_mutex_lock(&fd_lock);
-    if (got && (size_t)f->fd < wdcap && wd_waiters[f->fd]) {
-        claim_list(&wd_waiters[f->fd], got, &ready);
-        if (wd_waiters[f->fd]) /* one-shot: again, for those still waiting */
-            atap__poller_watch_path(atap__manager_poller(), f->fd, f);
-    }
-    pthread_mutex_unlock(&fd_lock);
-    while ((p = ready) != NULL) {
-        ready = p->fd_next;
-        complete(p, BY_READY);
+        atap__park_complete(p, BY_READY);
     }
 }
 
@@ -760,8 +454,8 @@ static void fire_deadline(struct atap_timer *t)
 
     /* A fire left from an earlier park of this record comes to nothing
      * unless this park's deadline has passed too. */
-    if (atap__now_ns() >= ld_acquire(&p->deadline) && claim(p, BY_DEADLINE) == 1)
-        complete(p, BY_DEADLINE);
+    if (atap__now_ns() >= ld_acquire(&p->deadline) && atap__park_claim(p, BY_DEADLINE) == 1)
+        atap__park_complete(p, BY_DEADLINE);
 }
 
 /* ---- the park wheel (deadline-only parks in the slot) ------------------------ */
@@ -1187,11 +881,11 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     }
     pthread_mutex_unlock(&reg_lock);
     if (closed)
-        claim(p, BY_OFF); /* no manager will run again */
+        atap__park_claim(p, BY_OFF); /* no manager will run again */
     if (p->kind != PK_UNTIL && p->kind != PK_WAKE && ld_relaxed(&p->claim) == P_ARMING &&
         fd_add(p) < 0) {
         st_relaxed(&p->got, ATAP_ERROR); /* not watchable: its next read says why */
-        claim(p, BY_READY);
+        atap__park_claim(p, BY_READY);
     }
     if (p->timed && ld_relaxed(&p->claim) == P_ARMING) {
         p->ever_timed = true;
@@ -1201,12 +895,12 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     c = P_ARMING;
     if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_acq_rel,
                                                  memory_order_acquire)) {
-        complete(p, (int)(c & ~P_CLAIMED)); /* claimed while we armed it */
+        atap__park_complete(p, (int)(c & ~P_CLAIMED)); /* claimed while we armed it */
     } else if (ctx->park_kind == PK_WAKE &&
                atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
         /* A wake that came before the park was armed (atap__park_wake). */
-        if (claim(p, BY_READY) == 1)
-            complete(p, BY_READY);
+        if (atap__park_claim(p, BY_READY) == 1)
+            atap__park_complete(p, BY_READY);
     } else {
         /* A stop that came before the park could be found (seq_cst, against
          * the canceller's CAS and fence). From here p may already be on its
@@ -1216,8 +910,8 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
         if (word_gen(w) == ctx->gen &&
             (st == ST_CANCELLED || st == ST_TIMED_OUT || st == ST_FAILED))
             by = BY_STOP;
-        if (by && claim(p, by) == 1)
-            complete(p, by);
+        if (by && atap__park_claim(p, by) == 1)
+            atap__park_complete(p, by);
     }
     atap__exec_release_listener(s, ctx->index, ctx->gen);
 }
@@ -1279,8 +973,8 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
      * task's, and its fields are read only after a claim, which acquires
      * what the parker wrote before ARMING. */
     if ((side = ld_acquire(&s->side)) != NULL && (p = ld_acquire(atap__side_park(side))) &&
-        claim(p, BY_STOP) == 1)
-        complete(p, BY_STOP);
+        atap__park_claim(p, BY_STOP) == 1)
+        atap__park_complete(p, BY_STOP);
     atap__pool_interrupt((uint64_t)gen << 32 | index);
 }
 
@@ -1310,22 +1004,12 @@ void atap__park_open(void)
  * nothing, and deadlines need nothing: their wheels belong to the runtime. */
 void atap__park_rearm(void)
 {
-    bool sig, path;
-
     pthread_mutex_lock(&fd_lock);
     for (size_t fd = 0; fd < fdcap; fd++)
         if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails))
             rewatch(fdtab[fd]);
-    for (size_t key = 0; !PATHS_BY_INOTIFY && key < wdcap; key++)
-        if (wd_waiters[key]) /* a vnode change is an edge: one held is gone */
-            atap__poller_watch_path(atap__manager_poller(), (int)key, fdtab[key]);
-    sig = sig_source.fd >= 0;
-    path = path_source.fd >= 0;
     pthread_mutex_unlock(&fd_lock);
-    if (sig)
-        source_event(&sig_source);
-    if (path)
-        source_event(&path_source);
+    atap__sources_rearm();
 }
 
 /* Every armed park record's timer, for the supervisor's rebuild of the
@@ -1389,10 +1073,10 @@ void atap__park_close_all(void)
         if (armed_parks)
             armed_parks->prev = NULL;
         p->listed = false;
-        r = claim(p, BY_OFF);
+        r = atap__park_claim(p, BY_OFF);
         pthread_mutex_unlock(&reg_lock);
         if (r == 1)
-            complete(p, BY_OFF);
+            atap__park_complete(p, BY_OFF);
         pthread_mutex_lock(&reg_lock);
     }
     pthread_mutex_unlock(&reg_lock);
@@ -1493,9 +1177,9 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
         atomic_store_explicit(&p->woken, 1, memory_order_seq_cst);
         c = ld_seqcst(&p->claim);
         if (c == P_ARMED && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
-            int r = claim(p, BY_READY);
+            int r = atap__park_claim(p, BY_READY);
             if (r == 1)
-                complete(p, BY_READY);
+                atap__park_complete(p, BY_READY);
             c = r ? P_CLAIMED | BY_READY : ld_acquire(&p->claim);
         }
         /* Taken down by a cancel, a timeout or a shutdown: it will not look
@@ -1543,7 +1227,7 @@ int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns)
 
 int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)
 {
-    if (!PATHS_BY_INOTIFY && !(atap__poller_kinds() & 1u << ATAP__WATCH_PATH))
+    if (!atap__source_paths())
         return -ENOTSUP; /* the poll backend off Linux */
     if (fd < 0 || !changes || (changes & ~(ATAP_PATH_WRITE | ATAP_PATH_ATTRIB |
                                            ATAP_PATH_ENTRIES | ATAP_PATH_GONE)))

@@ -1,0 +1,58 @@
+/*
+ * What park.c shares with sources.c (signals and path changes), and no one
+ * else: the park record, its claim, and the sources' side of a park.
+ */
+#ifndef ATAP_PARK_INT_H
+#define ATAP_PARK_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "atap.h"
+#include "timer.h"
+
+enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
+enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
+enum { BY_READY = ATAP_RESUME_READY, BY_DEADLINE = ATAP_RESUME_DEADLINE, BY_STOP = 3, BY_OFF = 4 };
+
+/* A task's park record (park.c's top comment has the protocol). */
+struct park {
+    struct atap_timer timer;
+    _Atomic uint32_t claim;
+    uint32_t index, gen;
+    uint8_t kind;
+    bool timed, on_fd, listed;
+    bool ever_timed; /* its timer was armed once: the structure may hold it */
+    int fd;          /* PK_FD: the fd; a source's: its list (signal, watch) */
+    unsigned events;
+    _Atomic unsigned got;
+    _Atomic uint32_t woken; /* PK_WAKE: a wake came (atap__park_wake) */
+    _Atomic uint64_t deadline;
+    struct park *fd_next;     /* its waiter list's lock (park.c or sources.c) */
+    struct park *prev, *next; /* registry, reg_lock */
+    struct park *grave_next;
+};
+
+/* park.c. Claims p for `by`: 1 if claimed from ARMED (the caller then
+ * completes it), -1 from ARMING (its parker completes it), 0 if someone
+ * else claimed it or it is not parked. */
+int atap__park_claim(struct park *p, int by);
+/* park.c. The one claimant's work: off everything it is on, then the task
+ * runs again (READY, DEADLINE) or its run ends failed. No lock held. */
+void atap__park_complete(struct park *p, int by);
+
+/* sources.c. A signal or path park joins its source's list (p->fd becomes
+ * the list's number). 0 or -errno. */
+int atap__source_add(struct park *p);
+/* sources.c. Takes a signal or path park off its list, if still on it. */
+void atap__source_remove(struct park *p);
+/* sources.c. The manager's poller reported udata: true if it was a
+ * source's, now dealt with. */
+bool atap__source_event(void *udata, unsigned events, unsigned kind);
+/* sources.c. Paths can be parked on here (inotify, or the poller's). */
+bool atap__source_paths(void);
+/* sources.c. Between two managers' lives: what the sources hold is read and
+ * every source watched again. */
+void atap__sources_rearm(void);
+
+#endif

@@ -1,0 +1,358 @@
+/*
+ * Signals and path changes as sources of parks (atap_park_signal,
+ * atap_park_path). park.c owns the parks and their claims; this file turns
+ * what the kernel says of a signal or a file into claims on the parks
+ * waiting for it.
+ *
+ * Each source is one fd of ours, watched one-shot on the manager's poller
+ * like any parked fd and watched again after each report: a self-pipe that
+ * a signal handler writes to (the handler only sets the signal's pending
+ * flag, release, and writes a byte: async-signal-safe; the reader exchanges
+ * the flag, acquire, so a park claimed for a signal sees what came before
+ * it), and on Linux an inotify fd. On kqueue a path is watched by the
+ * poller itself (EVFILT_VNODE on the open file), its udata naming the fd.
+ * Waiter lists are per signal number and per inotify watch (kqueue: per
+ * fd), all under src_lock, a leaf lock: parks found ready are claimed
+ * under it (atap__park_claim, which exactly one claimant wins) and
+ * completed after it (atap__park_complete, which may take the park off its
+ * list again, through atap__source_remove).
+ */
+#include "park_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/inotify.h>
+#define PATHS_BY_INOTIFY 1 /* an inotify fd of ours, watched like any fd */
+#else
+#define PATHS_BY_INOTIFY 0 /* the poller's own path watches (kqueue) */
+#endif
+
+#include "atap.h"
+#include "atomics.h"
+#include "manager.h"
+#include "poller.h"
+
+_Static_assert(ATAP_PATH_WRITE == ATAP__PATH_WRITE && ATAP_PATH_ATTRIB == ATAP__PATH_ATTRIB &&
+                   ATAP_PATH_GONE == ATAP__PATH_GONE,
+               "public path bits are the poller's");
+
+/* A source's fd (-1 until first used); its address is the poller's udata. */
+struct source {
+    int fd;
+};
+
+static pthread_mutex_t src_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct source sig_source = {.fd = -1}, path_source = {.fd = -1};
+static struct park *sig_waiters[NSIG];
+static _Atomic unsigned char sig_pending[NSIG];
+static bool sig_caught[NSIG];
+static int sig_pipe[2] = {-1, -1};
+static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
+static struct park **wd_waiters; /* by inotify watch descriptor (kqueue: by fd) */
+static size_t wdcap;
+
+/* src_lock held: the list p waits on. */
+static struct park **list_of(struct park *p)
+{
+    return p->kind == PK_SIGNAL ? &sig_waiters[p->fd] : &wd_waiters[p->fd];
+}
+
+/* kqueue's path watch on fd reports this udata: fd + 1, no memory of ours. */
+static void *vnode_udata(int fd)
+{
+    return (void *)((uintptr_t)fd + 1);
+}
+
+static void on_signal(int signo)
+{
+    int saved = errno;
+    char b = 0;
+
+    atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
+    if (write(atomic_load_explicit(&sig_write_fd, memory_order_acquire), &b, 1) < 0) {
+        /* full: a byte is there already */
+    }
+    errno = saved;
+}
+
+static int open_pipe(int fds[2])
+{
+#if defined(__linux__)
+    return pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0 ? 0 : -errno;
+#else
+    if (pipe(fds) != 0)
+        return -errno;
+    for (int i = 0; i < 2; i++) {
+        fcntl(fds[i], F_SETFD, FD_CLOEXEC);
+        fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
+    }
+    return 0;
+#endif
+}
+
+/* src_lock held: the source's fd exists and is watched (one-shot). */
+static int source_watch(struct source *f)
+{
+    int rc;
+
+    if (f->fd < 0) {
+        if (f == &sig_source) {
+            if ((rc = open_pipe(sig_pipe)) != 0)
+                return rc;
+            f->fd = sig_pipe[0];
+            st_release(&sig_write_fd, sig_pipe[1]); /* before any handler */
+        } else {
+#if defined(__linux__)
+            if ((f->fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
+                return -errno;
+#else
+            return -ENOTSUP;
+#endif
+        }
+    }
+    return atap__poller_watch(atap__manager_poller(), f->fd, ATAP__POLL_READ, f);
+}
+
+#if defined(__linux__)
+static uint32_t inotify_mask(unsigned changes)
+{
+    return ((changes & ATAP_PATH_WRITE) ? IN_MODIFY | IN_CLOSE_WRITE : 0) |
+           ((changes & ATAP_PATH_ATTRIB) ? IN_ATTRIB : 0) |
+           ((changes & ATAP_PATH_ENTRIES) ? IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
+                                          : 0) |
+           IN_DELETE_SELF | IN_MOVE_SELF;
+}
+
+static unsigned changes_of(uint32_t mask)
+{
+    return ((mask & (IN_MODIFY | IN_CLOSE_WRITE)) ? ATAP_PATH_WRITE : 0) |
+           ((mask & IN_ATTRIB) ? ATAP_PATH_ATTRIB : 0) |
+           ((mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) ? ATAP_PATH_ENTRIES
+                                                                             : 0) |
+           ((mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) ? ATAP_PATH_GONE
+                                                                               : 0);
+}
+#endif
+
+/* src_lock held: nobody waits on watch wd now. */
+static void path_forget(int wd)
+{
+#if defined(__linux__)
+    inotify_rm_watch(path_source.fd, wd);
+#else
+    atap__poller_unwatch_path(atap__manager_poller(), wd);
+#endif
+}
+
+/* src_lock held: wd_waiters has room for list `key`. 0 or -ENOMEM. */
+static int wd_room(int key)
+{
+    size_t cap = wdcap ? wdcap : 64;
+    struct park **t;
+
+    if ((size_t)key < wdcap)
+        return 0;
+    while (cap <= (size_t)key)
+        cap *= 2;
+    if (!(t = realloc(wd_waiters, cap * sizeof *t)))
+        return -ENOMEM;
+    memset(t + wdcap, 0, (cap - wdcap) * sizeof *t);
+    wd_waiters = t;
+    wdcap = cap;
+    return 0;
+}
+
+int atap__source_add(struct park *p)
+{
+    struct sigaction sa;
+    int rc = 0, key = p->fd;
+
+    pthread_mutex_lock(&src_lock);
+    if ((p->kind == PK_SIGNAL || PATHS_BY_INOTIFY) &&
+        (rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source)) != 0)
+        goto out;
+    /* A signal that came while nobody waited for it is dropped, not kept
+     * for this park (a byte of it may still be in the pipe: harmless). */
+    if (p->kind == PK_SIGNAL && !sig_waiters[key])
+        atomic_store_explicit(&sig_pending[key], 0, memory_order_relaxed);
+    if (p->kind == PK_SIGNAL && !sig_caught[key]) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_signal;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(key, &sa, NULL) != 0) {
+            rc = -errno;
+            goto out;
+        }
+        sig_caught[key] = true;
+    }
+#if defined(__linux__)
+    if (p->kind == PK_PATH) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
+        /* Every change is asked for: the waiters on one file share its
+         * watch, and each picks what it wanted. */
+        if ((key = inotify_add_watch(path_source.fd, path, inotify_mask(~0u))) < 0) {
+            rc = -errno;
+            goto out;
+        }
+        if ((rc = wd_room(key)) != 0) {
+            if ((size_t)key >= wdcap || !wd_waiters[key])
+                path_forget(key);
+            goto out;
+        }
+        p->fd = key;
+    }
+#else
+    if (p->kind == PK_PATH) {
+        if ((rc = wd_room(key)) != 0)
+            goto out;
+        /* Watched (again) at every join: armed while anyone waits. */
+        if ((rc = atap__poller_watch_path(atap__manager_poller(), key, vnode_udata(key))) != 0)
+            goto out;
+    }
+#endif
+    p->fd_next = *list_of(p);
+    *list_of(p) = p;
+    p->on_fd = true;
+out:
+    pthread_mutex_unlock(&src_lock);
+    return rc;
+}
+
+/* src_lock held: claims every waiter on *head wanting any of `got` (all
+ * when got is 0), moving them to *ready. */
+static void claim_list(struct park **head, unsigned got, struct park **ready)
+{
+    struct park *p, **at;
+
+    for (at = head; (p = *at) != NULL;) {
+        if ((!got || (p->events & got)) && (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY) == 1)) {
+            *at = p->fd_next;
+            p->on_fd = false;
+            p->fd_next = *ready;
+            *ready = p;
+        } else {
+            at = &p->fd_next;
+        }
+    }
+}
+
+static void source_event(struct source *f)
+{
+    struct park *ready = NULL, *p;
+    char buf[4096] __attribute__((aligned(8)));
+    ssize_t n;
+
+    pthread_mutex_lock(&src_lock);
+    while ((n = read(f->fd, buf, sizeof buf)) > 0) {
+#if defined(__linux__)
+        for (ssize_t at = 0; f == &path_source && at < n;) {
+            const struct inotify_event *e = (const void *)(buf + at);
+            if (e->wd >= 0 && (size_t)e->wd < wdcap) {
+                claim_list(&wd_waiters[e->wd], changes_of(e->mask), &ready);
+                if ((e->mask & IN_IGNORED) == 0 && !wd_waiters[e->wd])
+                    path_forget(e->wd); /* nobody waits on it now */
+            }
+            at += (ssize_t)sizeof *e + e->len;
+        }
+#endif
+    }
+    for (int signo = 1; f == &sig_source && signo < NSIG; signo++)
+        if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
+            claim_list(&sig_waiters[signo], 0, &ready);
+    source_watch(f); /* one-shot: again */
+    pthread_mutex_unlock(&src_lock);
+    while ((p = ready) != NULL) {
+        ready = p->fd_next;
+        atap__park_complete(p, BY_READY);
+    }
+}
+
+/* The poller's own path watch (kqueue's EVFILT_VNODE) reported changes to
+ * the file open as fd (got: ATAP__PATH_* bits). */
+static void vnode_event(int fd, unsigned got)
+{
+    struct park *ready = NULL, *p;
+#if !PATHS_BY_INOTIFY
+    struct stat st;
+
+    /* The kernel says "written" of a directory whose entries changed. */
+    if ((got & ATAP__PATH_WRITE) && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
+        got = (got & ~ATAP__PATH_WRITE) | ATAP_PATH_ENTRIES;
+#endif
+    pthread_mutex_lock(&src_lock);
+    if (got && (size_t)fd < wdcap && wd_waiters[fd]) {
+        claim_list(&wd_waiters[fd], got, &ready);
+        if (wd_waiters[fd]) /* one-shot: again, for those still waiting */
+            atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd));
+    }
+    pthread_mutex_unlock(&src_lock);
+    while ((p = ready) != NULL) {
+        ready = p->fd_next;
+        atap__park_complete(p, BY_READY);
+    }
+}
+
+void atap__source_remove(struct park *p)
+{
+    pthread_mutex_lock(&src_lock);
+    if (p->on_fd) {
+        struct park **head = list_of(p), **at = head;
+
+        while (*at != p)
+            at = &(*at)->fd_next;
+        *at = p->fd_next;
+        p->on_fd = false;
+        if (p->kind == PK_PATH && !*head)
+            path_forget(p->fd);
+    }
+    pthread_mutex_unlock(&src_lock);
+}
+
+bool atap__source_event(void *udata, unsigned events, unsigned kind)
+{
+    if (kind == ATAP__WATCH_PATH) {
+        vnode_event((int)((uintptr_t)udata - 1), events);
+        return true;
+    }
+    if (udata != &sig_source && udata != &path_source)
+        return false;
+    source_event(udata);
+    return true;
+}
+
+bool atap__source_paths(void)
+{
+    return PATHS_BY_INOTIFY || (atap__poller_kinds() & 1u << ATAP__WATCH_PATH);
+}
+
+/* Between two managers' lives: each source reads what it holds (a signal's
+ * pending flag outlives its pipe byte, and inotify keeps what was not read)
+ * and is watched again; on kqueue every path watch is added again (a vnode
+ * change is an edge: one the dead manager held is gone). */
+void atap__sources_rearm(void)
+{
+    bool sig, path;
+
+    pthread_mutex_lock(&src_lock);
+    for (size_t key = 0; !PATHS_BY_INOTIFY && key < wdcap; key++)
+        if (wd_waiters[key])
+            atap__poller_watch_path(atap__manager_poller(), (int)key, vnode_udata((int)key));
+    sig = sig_source.fd >= 0;
+    path = path_source.fd >= 0;
+    pthread_mutex_unlock(&src_lock);
+    if (sig)
+        source_event(&sig_source);
+    if (path)
+        source_event(&path_source);
+}
