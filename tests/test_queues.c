@@ -29,6 +29,8 @@ static int take_refs(void **state)
         if (atap__table_alloc(NULL, &index, &gen) != 0)
             return -1;
         refs[i] = index + 1;
+        if (i > 0 && refs[i] != refs[i - 1] + 1)
+            return -1; /* the tests index their tables by ref - refs[0] */
         atap__table_at(index)->priority = 0;
     }
     return 0;
@@ -195,6 +197,7 @@ struct inj_run {
     struct injector *q;
     atomic_int seen[REFS];
     atomic_int produced;
+    atomic_int out_of_order;
     unsigned per_producer;
     int producer;
 };
@@ -212,21 +215,43 @@ static void *producer(void *arg)
     return NULL;
 }
 
+/* Entry refs[k] is producer k / per_producer's push number k % per_producer,
+ * made into band (k % per_producer) % INJ_BANDS. One consumer takes a
+ * band's oldest entries at a time, so the pushes of one producer into one
+ * band reach any one consumer in the order they were made. */
 static void *consumer(void *arg)
 {
     struct inj_run *r = arg;
     struct inj_cursor c = {{0}};
     uint32_t out[16];
     int total = (int)(4 * r->per_producer);
+    long last[4][INJ_BANDS];
+    uint64_t idle_since = 0;
 
+    for (int p = 0; p < 4; p++)
+        for (int b = 0; b < INJ_BANDS; b++)
+            last[p][b] = -1;
     for (;;) {
         unsigned n = atap__inj_pop(r->q, &c, out, 16);
-        for (unsigned i = 0; i < n; i++)
-            atomic_fetch_add(&r->seen[out[i] - 1], 1);
+        for (unsigned i = 0; i < n; i++) {
+            unsigned k = (unsigned)(out[i] - refs[0]), p = k / r->per_producer;
+            long push = (long)(k % r->per_producer);
+
+            atomic_fetch_add(&r->seen[k], 1);
+            if (push <= last[p][push % INJ_BANDS])
+                atomic_fetch_add(&r->out_of_order, 1);
+            last[p][push % INJ_BANDS] = push;
+        }
         if (n == 0) {
             if (atomic_load(&r->produced) == total && atap__inj_empty(r->q))
                 return NULL;
+            if (!idle_since)
+                idle_since = now_ns();
+            else if (now_ns() - idle_since > UINT64_C(10000000000))
+                return NULL; /* stuck: an entry never comes out (seen says which) */
             sched_yield();
+        } else {
+            idle_since = 0;
         }
     }
 }
@@ -260,6 +285,96 @@ static void test_queues_injector_exactly_once(void **state)
             if (atomic_load(&r->seen[i]) != 1)
                 fail_msg("round %u: entry %u came out %d times", round, i,
                          atomic_load(&r->seen[i]));
+        assert_int_equal(atomic_load(&r->out_of_order), 0);
+        free(r->q);
+        free(r);
+    }
+}
+
+struct recycle_run {
+    struct injector *q;
+    atomic_int queued[REFS]; /* 1 while the entry is in the queue */
+    atomic_int popped[REFS];
+    atomic_long left;        /* pops still to come */
+    atomic_int bad;
+    atomic_bool stop;        /* the main thread saw no progress for 10 s */
+};
+
+#define RECYCLE_TIMES 64
+
+/* Pops and pushes back what it popped (a slot freed and queued again at
+ * once), until every entry has been through RECYCLE_TIMES times. */
+static void *recycler(void *arg)
+{
+    struct recycle_run *r = arg;
+    struct inj_cursor c = {{0}};
+    uint32_t out[16];
+
+    while (atomic_load(&r->left) > 0 && !atomic_load(&r->stop)) {
+        unsigned n = atap__inj_pop(r->q, &c, out, 1 + (unsigned)(atomic_load(&r->left) % 16));
+        if (n == 0) {
+            sched_yield();
+            continue;
+        }
+        for (unsigned i = 0; i < n; i++) {
+            unsigned k = (unsigned)(out[i] - refs[0]);
+            if (k >= REFS || atomic_exchange(&r->queued[k], 0) != 1)
+                atomic_fetch_add(&r->bad, 1); /* never pushed, or out twice */
+            else if (atomic_fetch_add(&r->popped[k], 1) + 1 < RECYCLE_TIMES) {
+                atomic_store(&r->queued[k], 1);
+                atap__inj_push(r->q, &out[i], 1, (int)(k % INJ_BANDS));
+            }
+        }
+        atomic_fetch_sub(&r->left, n);
+    }
+    return NULL;
+}
+
+/* Entries leave and come back while others are pushed and popped (as a
+ * freed slot is queued again): none is lost, none comes out twice, and the
+ * queue ends empty. */
+static void test_queues_injector_recycled(void **state)
+{
+    (void)state;
+    unsigned rounds = scaled(4, 1);
+
+    for (unsigned round = 0; round < rounds; round++) {
+        struct recycle_run *r = calloc(1, sizeof *r);
+        pthread_t t[3];
+
+        assert_non_null(r);
+        r->q = new_queue();
+        atomic_store(&r->left, (long)REFS * RECYCLE_TIMES);
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(pthread_create(&t[i], NULL, recycler, r), 0);
+        for (unsigned k = 0; k < REFS; k++) {
+            atomic_store(&r->queued[k], 1);
+            atap__inj_push(r->q, &refs[k], 1, (int)(k % INJ_BANDS));
+        }
+        /* A lost entry shows as pops that never come: stop and say so. */
+        long seen = atomic_load(&r->left);
+        uint64_t quiet_since = now_ns();
+        while (seen > 0) {
+            long left;
+            usleep(1000);
+            if ((left = atomic_load(&r->left)) != seen) {
+                seen = left;
+                quiet_since = now_ns();
+            } else if (now_ns() - quiet_since > UINT64_C(10000000000)) {
+                atomic_store(&r->stop, true);
+                fail_msg("round %u: %ld pops never came", round, seen);
+            }
+        }
+        for (int i = 0; i < 3; i++)
+            pthread_join(t[i], NULL);
+        assert_false(atomic_load(&r->stop));
+        assert_int_equal(atomic_load(&r->bad), 0);
+        for (unsigned k = 0; k < REFS; k++)
+            if (atomic_load(&r->popped[k]) != RECYCLE_TIMES)
+                fail_msg("round %u: entry %u came out %d times", round, k,
+                         atomic_load(&r->popped[k]));
+        assert_true(atap__inj_empty(r->q));
+        assert_int_equal(atap__inj_len(r->q), 0);
         free(r->q);
         free(r);
     }
@@ -400,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_queues_injector_fifo),
         cmocka_unit_test(test_queues_injector_bands_and_aging),
         cmocka_unit_test(test_queues_injector_exactly_once),
+        cmocka_unit_test(test_queues_injector_recycled),
         cmocka_unit_test(test_queues_free_list_under_contention),
         cmocka_unit_test(test_queues_ring_overflow_runs_everything),
         cmocka_unit_test(test_queues_blocking_threads_stop_when_idle),
