@@ -88,7 +88,7 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
 
 /* ---- freeing ---------------------------------------------------------- */
 
-static void destroy(struct atap_slot *s, uint32_t last_state)
+static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last_state)
 {
     if (s->filled && last_state != ST_TAKEN && s->out_free)
         s->out_free(slot_out(s));
@@ -114,7 +114,16 @@ static void destroy(struct atap_slot *s, uint32_t last_state)
     s->out_size = 0;
 }
 
-static void free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uint32_t gen)
+/* Nothing to call or give back: no destructor, no heap output, no output
+ * over the park tail, no schedule, no dataflow side. */
+static inline bool bare(const struct atap_slot *s)
+{
+    return !s->out_free && !s->arg_free && !(s->flags & SF_OUT_HEAP) && s->out_size <= PARK_TAIL &&
+           !s->ext && !ld_relaxed(&s->side);
+}
+
+static inline __attribute__((always_inline)) void
+free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     /* Release: a stale reader that sees FREE sees nothing of what follows;
      * the destroy below happens after every listener let go (acq_rel on
@@ -122,7 +131,16 @@ static void free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uin
     uint32_t state = word_state(ld_relaxed(&s->word));
 
     st_release(&s->word, make_word(gen, ST_FREE));
-    destroy(s, state);
+    if (likely(bare(s))) { /* destroy's resets, of what a bare task set */
+        s->fn = NULL;
+        s->arg = NULL;
+        s->flags = 0;
+        s->filled = 0;
+        s->fail_code = 0;
+        s->out_size = 0;
+    } else {
+        destroy(s, state);
+    }
     st_relaxed(&s->refs, (uint64_t)gen << 32);
     atap__table_free(w ? &w->cache : atap__table_outside_cache(), index, gen);
 }
@@ -259,8 +277,8 @@ int atap_dup(atap_task t, atap_task *copy)
 /* No field about time is set: the task needs no schedule. */
 static inline bool plain(const atap_spawn_opts *o)
 {
-    return !o->after_ns && !o->timeout_ns && !o->kind && !o->every_ns && !o->runs && !o->for_ns &&
-           !o->until_ns;
+    return (o->after_ns | o->timeout_ns | (uint64_t)o->kind | o->every_ns | o->runs | o->for_ns |
+            o->until_ns) == 0;
 }
 
 static inline int check_opts(const atap_spawn_opts *o, bool waiting)
@@ -339,9 +357,10 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
     bool outside;
     int rc;
 
-    if (!atap__spawn_enter(&outside))
+    /* A spawn from a task is part of the work a shutdown drains: always in. */
+    if ((outside = atap__self == NULL) && !atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
-    cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
+    cache = outside ? atap__table_outside_cache() : &atap__self->cache;
     if ((rc = atap__table_alloc(cache, &index, &gen)) == 0) {
         s = atap__table_at(index);
         if ((rc = prepare(s, index, fn, arg, opts, gate)) != 0) {
@@ -358,10 +377,11 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
             if (unlikely(s->ext != NULL))
                 atap__sched_start(s, index, gen, opts->blocking);
             else
-                atap__pool_submit(index + 1, opts->priority, opts->blocking);
+                atap__pool_submit_from(atap__self, index + 1, opts->priority, opts->blocking);
         }
     }
-    atap__spawn_exit(outside);
+    if (outside)
+        atap__spawn_exit(outside);
     return rc;
 }
 
@@ -468,7 +488,8 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
 
 /* What follows a run: publish or fail, and the run's RUN reference goes
  * (or a repeat goes round again). Also ends a parked run taken down. */
-void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, int rc)
+static inline __attribute__((always_inline)) void finish_run(struct atap_slot *s, uint32_t index,
+                                                             uint32_t gen, int rc)
 {
     /* Before FAILED is published (release): a reader who sees it sees this. */
     if (unlikely(rc < 0))
@@ -481,6 +502,11 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
         s->filled = 1;
     settle(s, gen, rc == 0);
     atap__exec_release_run(s, index, gen);
+}
+
+void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, int rc)
+{
+    finish_run(s, index, gen, rc);
 }
 
 void atap__exec_run(struct worker *w, uint32_t ref)
@@ -538,7 +564,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         atap__park_arm(s, &ctx); /* RUN goes with the park */
         return;
     }
-    atap__exec_finish_run(s, ref - 1, gen, rc);
+    finish_run(s, ref - 1, gen, rc);
 }
 
 void atap__exec_fail_held(uint32_t ref)
@@ -667,7 +693,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
 }
 
 /* Copies the output out if the task is READY. */
-static int copy_out(struct atap_slot *s, uint32_t gen, void *out)
+static inline __attribute__((always_inline)) int copy_out(struct atap_slot *s, uint32_t gen, void *out)
 {
     uint32_t cur;
     int rc = 0;
@@ -712,7 +738,8 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
     return rc;
 }
 
-static int read_output(atap_task t, void *out, size_t size, uint64_t timeout_ns, bool take)
+static inline __attribute__((always_inline)) int read_output(atap_task t, void *out, size_t size,
+                                                             uint64_t timeout_ns, bool take)
 {
     uint32_t gen, state, cur;
     struct atap_slot *s = lookup(t, &gen);

@@ -75,6 +75,21 @@ void atap__pool_submit_batch(const uint32_t *refs, unsigned n);
 /* Queues a task (ref = slot index + 1). */
 void atap__pool_submit(uint32_t ref, int priority, bool blocking);
 
+/* atap__pool_submit's common case, inline: a worker's task spawning a
+ * worker task into its own empty LIFO slot. An empty LIFO slot stays empty
+ * until its owner fills it (thieves only take), so this needs no locked
+ * instruction; it wakes nobody (pool.c: the spawner runs it next). The
+ * release store lets a thief's exchange see the task's fields. */
+static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int priority,
+                                          bool blocking)
+{
+    if (w && !blocking && !w->blocking &&
+        atomic_load_explicit(&w->lifo, memory_order_relaxed) == 0)
+        atomic_store_explicit(&w->lifo, ref, memory_order_release);
+    else
+        atap__pool_submit(ref, priority, blocking);
+}
+
 /* Inside a worker joining the task `awaited` (a ref): runs the awaited task
  * if it is still in this worker's queue, else, while not too deep, one other
  * queued task. False when nothing was run. */

@@ -38,9 +38,8 @@
 #include "atomics.h"
 #include "testing.h"
 
-/* A trim never lowers the span below this (1 MiB of slots), nor below 80 %
+/* A trim never lowers the span below TRIM_KEEP (table.h), nor below 80 %
  * of it, nor closer than 4096 slots to the live count. */
-#define TRIM_KEEP 8192u
 
 /* Read on every slot lookup, written once a block: lines of its own, so
  * the counters below (written on every shared allocation) never evict it. */
@@ -145,13 +144,13 @@ void atap__table_register_cache(struct slot_cache *c)
  * for the live count to fall, then free what the tasks used). */
 static void count(struct slot_cache *c, int delta)
 {
-    if (c) /* one writer: a plain read-modify-write, no lock prefix */
-        st_release(&c->live, ld_relaxed(&c->live) + delta);
+    if (c)
+        atap__table_count(c, delta);
     else
         atomic_fetch_add_explicit(&table.live, delta, memory_order_release);
 }
 
-int atap__table_alloc(struct slot_cache *c, uint32_t *index, uint32_t *gen)
+int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *gen)
 {
     uint32_t got, off, g;
 
@@ -180,7 +179,7 @@ int atap__table_alloc(struct slot_cache *c, uint32_t *index, uint32_t *gen)
     return 0;
 }
 
-void atap__table_free(struct slot_cache *c, uint32_t index, uint32_t gen)
+void atap__table_free_shared(struct slot_cache *c, uint32_t index, uint32_t gen)
 {
     count(c, -1);
     if (gen >= GEN_MAX)

@@ -76,12 +76,55 @@ static inline struct atap_slot *atap__table_at(uint32_t index)
     return atomic_load_explicit(&atap__table_blocks[b], memory_order_acquire) + off;
 }
 
-/* A free slot's index, with *gen the generation to give it; -ENOMEM.
- * cache: the calling thread's stash, or NULL. */
-int atap__table_alloc(struct slot_cache *cache, uint32_t *index, uint32_t *gen);
+/* A trim never lowers the span below this (1 MiB of slots); a stash may
+ * always keep slots below it. */
+#define TRIM_KEEP 8192u
 
-/* Gives a slot whose task is gone back (or retires it at GEN_MAX). */
-void atap__table_free(struct slot_cache *cache, uint32_t index, uint32_t gen);
+/* The shared paths of the two below (table.c). */
+int atap__table_alloc_shared(struct slot_cache *cache, uint32_t *index, uint32_t *gen);
+void atap__table_free_shared(struct slot_cache *cache, uint32_t index, uint32_t gen);
+
+/* A stash's count: one writer, so a plain read-modify-write. Release, and
+ * acquire in atap__table_live: whoever sees a task counted out also sees
+ * everything its run did before it was freed. */
+static inline void atap__table_count(struct slot_cache *c, int delta)
+{
+    atomic_store_explicit(&c->live, atomic_load_explicit(&c->live, memory_order_relaxed) + delta,
+                          memory_order_release);
+}
+
+/* A free slot's index, with *gen the generation to give it; -ENOMEM.
+ * cache: the calling thread's stash, or NULL. A stashed slot was used
+ * before (its word holds its last generation, below GEN_MAX), so it is
+ * handed out here; the rest is table.c's. */
+static inline int atap__table_alloc(struct slot_cache *cache, uint32_t *index, uint32_t *gen)
+{
+    if (cache && cache->n > 0) {
+        uint32_t i = cache->idx[cache->n - 1];
+        uint32_t g = word_gen(atomic_load_explicit(&atap__table_at(i)->word, memory_order_relaxed));
+
+        if (g != 0) {
+            cache->n--;
+            *index = i;
+            *gen = g + 1;
+            atap__table_count(cache, 1);
+            return 0;
+        }
+    }
+    return atap__table_alloc_shared(cache, index, gen);
+}
+
+/* Gives a slot whose task is gone back (or retires it at GEN_MAX). A low
+ * slot goes into a stash with room here; the rest is table.c's. */
+static inline void atap__table_free(struct slot_cache *cache, uint32_t index, uint32_t gen)
+{
+    if (cache && index < TRIM_KEEP && gen < GEN_MAX && cache->n < SLOT_CACHE) {
+        atap__table_count(cache, -1);
+        cache->idx[cache->n++] = index;
+        return;
+    }
+    atap__table_free_shared(cache, index, gen);
+}
 
 size_t atap__table_live(void);
 size_t atap__table_span(void);
