@@ -129,6 +129,9 @@ unsigned atap__inj_pop(struct injector *q, struct inj_cursor *c, uint32_t *out, 
     int order[INJ_BANDS], k = 0;
     unsigned n = 0;
 
+    if (atap__inj_empty(q)) /* the common look of a busy worker: done in a few loads */
+        return 0;
+
     /* A starved band first, lowest first; then highest to lowest. */
     for (int b = 0; b < INJ_BANDS; b++)
         if (c->passed[b] >= INJ_AGE)
