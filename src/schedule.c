@@ -547,7 +547,13 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
         finish(s, c, gen);
         return;
     }
+    /* The arm hands our RUN to the timer, and a manager closing meanwhile
+     * may take it, write the task off and let its last handle free it while
+     * arm still looks at the record: a listener of our own keeps the slot
+     * and the schedule until arm is done. (Only the RUN holder may add one.) */
+    atap__exec_hold(s);
     arm(c, &c->start, atap__deadline(now, c->every));
+    atap__exec_release_listener(s, c->index, gen);
 }
 
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
