@@ -391,10 +391,66 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
     return spawn_slot(task, fn, arg, opts, gate);
 }
 
+/* Options a task's spawn from a worker can take in one go: nothing about
+ * time or gives, a valid priority, an output that fits the slot. */
+static inline bool quick(const atap_spawn_opts *o)
+{
+    return (o->after_ns | o->timeout_ns | (uint64_t)o->kind | o->every_ns | o->runs | o->for_ns |
+            o->until_ns | o->gives | (uintptr_t)o->in_free | (uint64_t)o->blocking) == 0 &&
+           o->out_size <= INLINE_OUT && o->priority >= ATAP_PRIORITY_MIN &&
+           o->priority <= ATAP_PRIORITY_MAX;
+}
+
+/*
+ * The spawn of a plain task by a task on a worker, with a slot in the
+ * worker's stash: what spawn_slot does, with every test it can skip
+ * skipped (inside, so admitted; no heap output; no schedule; a stashed
+ * slot's ext and side are already NULL). False, with nothing done, when it
+ * does not apply.
+ */
+static inline bool spawn_quick(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o)
+{
+    static const atap_spawn_opts none;
+    struct worker *w = atap__self;
+    struct slot_cache *c;
+    struct atap_slot *s;
+    uint32_t index, gen;
+
+    if (!w || w->blocking || (c = &w->cache)->n == 0 || (o && !quick(o)))
+        return false;
+    o = o ? o : &none;
+    index = c->idx[c->n - 1];
+    s = atap__table_at(index);
+    if ((gen = word_gen(ld_relaxed(&s->word))) == 0)
+        return false;
+    gen++;
+    c->n--;
+    atap__table_count(c, 1);
+    s->flags = 0;
+    s->filled = 0;
+    s->fail_code = 0;
+    s->out_size = (uint32_t)o->out_size;
+    s->priority = (int8_t)o->priority;
+    s->fn = fn;
+    s->arg = arg;
+    s->arg_free = o->arg_free;
+    s->out_free = o->out_free;
+    st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
+    /* Release: the fields above reach whoever acquires the word or the
+     * queue entry (spawn_slot's order). */
+    st_release(&s->word, make_word(gen, ST_PENDING));
+    *task = make_task(index, gen);
+    atap__pool_submit_from(w, index + 1, o->priority, false);
+    return true;
+}
+
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts plain;
     int rc;
+
+    if (likely(task && fn) && spawn_quick(task, fn, arg, opts))
+        return 0;
 
     if (!task)
         return ATAP_EINVAL;
