@@ -1035,6 +1035,81 @@ static void test_tasks_spawn_from_task(void **state)
     assert_true(wait_live_back(ATAP_SEC(20)));
 }
 
+/* arg = size << 8 | byte: fills the size-byte output with byte. */
+static int task_fill(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    memset(out, (int)((uintptr_t)arg & 0xff), (size_t)((uintptr_t)arg >> 8));
+    return 0;
+}
+
+static atomic_int freed_args, freed_outs;
+static void count_arg_free(void *p) { (void)p; atomic_fetch_add(&freed_args, 1); }
+static void count_out_free(void *p) { (void)p; atomic_fetch_add(&freed_outs, 1); }
+
+/* Spawns from inside a task take their own path when the options are
+ * plain: every option it does not take must still be checked as from
+ * outside. The output: the number of checks that went wrong. */
+static int task_spawns_with_options(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    uint64_t bad = 0;
+    atap_task t = {.id = 1234};
+    unsigned char buf[49], want[49];
+
+    /* refused, *task cleared, nothing left behind */
+    static const atap_spawn_opts refused[] = {
+        {.priority = 128}, {.priority = -129}, {.out_size = (size_t)1 << 32},
+        {.gives = 1}, {.in_free = count_arg_free}, {.kind = (atap_kind)99},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        t.id = 1234;
+        bad += atap_spawn(&t, task_value, NULL, &refused[i]) != ATAP_EINVAL || t.id != 0;
+    }
+    t.id = 1234;
+    bad += atap_spawn(&t, NULL, NULL, NULL) != ATAP_EINVAL || t.id != 0;
+    bad += atap_spawn(NULL, task_value, NULL, NULL) != ATAP_EINVAL;
+
+    /* taken: the edge priorities, an output that just fits the slot and one
+     * that does not, destructors, and a blocking task */
+    static const atap_spawn_opts taken[] = {
+        {.out_size = 48, .priority = ATAP_PRIORITY_MIN},
+        {.out_size = 49, .priority = ATAP_PRIORITY_MAX},
+        {.out_size = 48, .arg_free = count_arg_free, .out_free = count_out_free},
+        {.out_size = 49, .arg_free = count_arg_free, .out_free = count_out_free},
+        {.out_size = 48, .blocking = true},
+    };
+    for (size_t i = 0; i < sizeof taken / sizeof taken[0]; i++) {
+        size_t n = taken[i].out_size;
+        if (atap_spawn(&t, task_fill, (void *)(uintptr_t)(n << 8 | (0x40 + i)), &taken[i]) != 0) {
+            bad++;
+            continue;
+        }
+        memset(want, (int)(0x40 + i), sizeof want);
+        bad += atap_join(t, buf, n) != 0 || memcmp(buf, want, n) != 0;
+        bad += atap_join(t, buf, n == 48 ? 49 : 48) != ATAP_EINVAL;
+        atap_release(t);
+    }
+    memcpy(out, &bad, sizeof bad);
+    return 0;
+}
+
+static void test_tasks_spawn_from_task_checks_options(void **state)
+{
+    (void)state;
+    atomic_store(&freed_args, 0);
+    atomic_store(&freed_outs, 0);
+    for (int round = 0; round < 50; round++) {
+        atap_task t = spawn8(task_spawns_with_options, NULL);
+        assert_int_equal(join8(t), 0);
+        atap_release(t);
+    }
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    /* two tasks a round with each destructor, each called once */
+    assert_int_equal(atomic_load(&freed_args), 100);
+    assert_int_equal(atomic_load(&freed_outs), 100);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -1068,6 +1143,7 @@ int main(void)
         T(test_tasks_pthread_exit_blocking),
         T(test_tasks_run_exactly_once),
         T(test_tasks_spawn_from_task),
+        T(test_tasks_spawn_from_task_checks_options),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
