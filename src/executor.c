@@ -565,25 +565,34 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
     finish_run(s, index, gen, rc);
 }
 
+static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur);
+
 void atap__exec_run(struct worker *w, uint32_t ref)
 {
     struct atap_slot *s = atap__table_at(ref - 1);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
-    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer;
-    uint64_t r;
-    int rc;
-
     /* Acquire: a last release seen here happened before the run. With no
      * listener left nobody can move the state any more, so the state read
      * after the count is final (one read before it could predate a cancel
      * made just before the last release). */
-    r = ld_acquire(&s->refs);
+    uint64_t r = ld_acquire(&s->refs);
+
     if (likely(s->ext == NULL) && word_state(cur) == ST_PENDING &&
         (r & (REFS_RUN | REFS_RX | REFS_COUNT_MASK)) == REFS_RUN && refs_gen(r) == gen &&
-        ld_acquire(&s->word) == cur) {
+        ld_acquire(&s->word) == cur)
         run_unobserved(w, s, ref, gen);
-        return;
-    }
+    else
+        run_observed(w, s, ref, cur);
+}
+
+/* A task someone may still cancel, read or wait on, a repeat's run, or one
+ * back from a park. cur: its word as exec_run read it. */
+static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur)
+{
+    uint32_t gen = word_gen(cur);
+    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer;
+    int rc;
+
     if (unlikely(word_state(cur) != ST_PENDING) && atap__park_resume(s, &ctx)) {
         /* Back from a park: still RUNNING, unless stopped since. A runtime
          * task woken to act runs anyway, seeing atap_cancelled(), so that

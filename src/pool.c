@@ -444,7 +444,9 @@ static uint32_t find_work(struct worker *w)
         return x;
     }
     w->lifo_streak = 0;
-    if ((x = ring_pop(&w->ring)) != 0 || (x = from_shared(w)) != 0)
+    /* Only the owner adds to its ring and top only grows, so a ring that
+     * looks empty here is: no pop (and its fence) needed. */
+    if ((ring_len(&w->ring) > 0 && (x = ring_pop(&w->ring)) != 0) || (x = from_shared(w)) != 0)
         return x;
     if ((x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
         return x;
