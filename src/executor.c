@@ -305,24 +305,36 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
     }
 }
 
-/* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
-static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_opts *o)
+/* The task's fields of a freshly allocated slot, from option values the
+ * caller read (so that no store here makes the compiler read them again). */
+static inline __attribute__((always_inline)) void
+fill_fields(struct atap_slot *s, atap_fn *fn, void *arg, uint8_t flags, uint32_t out_size,
+            int priority, void (*arg_free)(void *), void (*out_free)(void *))
 {
-    s->flags = o->blocking ? SF_BLOCKING : 0;
+    s->flags = flags;
     s->filled = 0;
     s->fail_code = 0;
+    s->out_size = out_size;
+    s->priority = (int8_t)priority;
+    s->fn = fn;
+    s->arg = arg;
+    s->arg_free = arg_free;
+    s->out_free = out_free;
+    slot_set_ext(s, NULL);
+}
+
+/* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
+static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_fn *fn, void *arg,
+                                                      const atap_spawn_opts *o)
+{
+    uint8_t flags = o->blocking ? SF_BLOCKING : 0;
+
     if (o->out_size > INLINE_OUT) {
         if (!(s->out.heap = malloc(o->out_size)))
             return -ENOMEM;
-        s->flags |= SF_OUT_HEAP;
+        flags |= SF_OUT_HEAP;
     }
-    s->out_size = (uint32_t)o->out_size;
-    s->priority = (int8_t)o->priority;
-    s->fn = fn;
-    s->arg = arg;
-    s->arg_free = o->arg_free;
-    s->out_free = o->out_free;
-    slot_set_ext(s, NULL);
+    fill_fields(s, fn, arg, flags, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
     return 0;
 }
 
@@ -404,37 +416,23 @@ static inline bool quick(const atap_spawn_opts *o)
 /*
  * The spawn of a plain task by a task on a worker, with a slot in the
  * worker's stash: what spawn_slot does, with every test it can skip
- * skipped (inside, so admitted; no heap output; no schedule; a stashed
- * slot's ext and side are already NULL). False, with nothing done, when it
- * does not apply.
+ * skipped (inside, so admitted; no heap output; no schedule). False, with
+ * nothing done, when it does not apply.
  */
 static inline bool spawn_quick(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o)
 {
     static const atap_spawn_opts none;
     struct worker *w = atap__self;
-    struct slot_cache *c;
     struct atap_slot *s;
     uint32_t index, gen;
 
-    if (!w || w->blocking || (c = &w->cache)->n == 0 || (o && !quick(o)))
+    if (!w || w->blocking || (o && !quick(o)))
         return false;
     o = o ? o : &none;
-    index = c->idx[c->n - 1];
-    s = atap__table_at(index);
-    if ((gen = word_gen(ld_relaxed(&s->word))) == 0)
+    if (!atap__table_take_stashed(&w->cache, &index, &gen))
         return false;
-    gen++;
-    c->n--;
-    atap__table_count(c, 1);
-    s->flags = 0;
-    s->filled = 0;
-    s->fail_code = 0;
-    s->out_size = (uint32_t)o->out_size;
-    s->priority = (int8_t)o->priority;
-    s->fn = fn;
-    s->arg = arg;
-    s->arg_free = o->arg_free;
-    s->out_free = o->out_free;
+    s = atap__table_at(index);
+    fill_fields(s, fn, arg, 0, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
     st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
     /* Release: the fields above reach whoever acquires the word or the
      * queue entry (spawn_slot's order). */

@@ -93,24 +93,34 @@ static inline void atap__table_count(struct slot_cache *c, int delta)
                           memory_order_release);
 }
 
+/* Takes the newest slot of a (non-NULL) stash, if it has one. A stashed
+ * slot was used before: its word holds its last generation, below GEN_MAX,
+ * and *gen gets the next. False when there is none to take this way. */
+static inline bool atap__table_take_stashed(struct slot_cache *cache, uint32_t *index,
+                                            uint32_t *gen)
+{
+    uint32_t i, g;
+
+    if (cache->n == 0)
+        return false;
+    i = cache->idx[cache->n - 1];
+    g = word_gen(atomic_load_explicit(&atap__table_at(i)->word, memory_order_relaxed));
+    if (g == 0)
+        return false;
+    cache->n--;
+    *index = i;
+    *gen = g + 1;
+    atap__table_count(cache, 1);
+    return true;
+}
+
 /* A free slot's index, with *gen the generation to give it; -ENOMEM.
- * cache: the calling thread's stash, or NULL. A stashed slot was used
- * before (its word holds its last generation, below GEN_MAX), so it is
- * handed out here; the rest is table.c's. */
+ * cache: the calling thread's stash, or NULL. The stash is looked at here;
+ * the rest is table.c's. */
 static inline int atap__table_alloc(struct slot_cache *cache, uint32_t *index, uint32_t *gen)
 {
-    if (cache && cache->n > 0) {
-        uint32_t i = cache->idx[cache->n - 1];
-        uint32_t g = word_gen(atomic_load_explicit(&atap__table_at(i)->word, memory_order_relaxed));
-
-        if (g != 0) {
-            cache->n--;
-            *index = i;
-            *gen = g + 1;
-            atap__table_count(cache, 1);
-            return 0;
-        }
-    }
+    if (cache && atap__table_take_stashed(cache, index, gen))
+        return 0;
     return atap__table_alloc_shared(cache, index, gen);
 }
 
