@@ -163,7 +163,6 @@ int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *ge
          * Later allocations retry the mapping. */
         if (i >= TABLE_MAX_INDEX || map_block(atap__table_block_of(i, &off)) != 0)
             return -ENOMEM;
-        note_peak(i + 1);
         *index = i;
         /* Above the span every slot is new or was trimmed (zeroed, or on a
          * page edge with a generation below gen_base): no need to read it,
@@ -210,7 +209,7 @@ static struct slot_cache outside[OUTSIDE_STASHES];
 static _Atomic bool outside_used[OUTSIDE_STASHES];
 static pthread_key_t outside_key;
 static pthread_once_t outside_once = PTHREAD_ONCE_INIT;
-static _Thread_local struct slot_cache *outside_mine;
+_Thread_local struct slot_cache *atap__table_outside_mine;
 static _Thread_local bool outside_none; /* every stash was taken */
 
 static void outside_exit(void *arg)
@@ -231,12 +230,12 @@ static void outside_init(void)
         outside_none = true;
 }
 
-struct slot_cache *atap__table_outside_cache(void)
+struct slot_cache *atap__table_outside_first(void)
 {
     bool expected = false;
 
-    if (outside_mine || outside_none)
-        return outside_mine;
+    if (atap__table_outside_mine || outside_none)
+        return atap__table_outside_mine;
     pthread_once(&outside_once, outside_init);
     for (unsigned i = 0; i < OUTSIDE_STASHES && !outside_none; i++) {
         if (ld_relaxed(&outside_used[i]) ||
@@ -250,7 +249,7 @@ struct slot_cache *atap__table_outside_cache(void)
             break;
         }
         atap__table_register_cache(&outside[i]);
-        return outside_mine = &outside[i];
+        return atap__table_outside_mine = &outside[i];
     }
     outside_none = true;
     return NULL;
@@ -268,7 +267,12 @@ size_t atap__table_live(void)
     return live > 0 ? (size_t)live : 0;
 }
 size_t atap__table_span(void) { return ld_relaxed(&table.next); }
-size_t atap__table_peak(void) { return ld_relaxed(&table.peak); }
+size_t atap__table_peak(void)
+{
+    uint32_t peak = ld_relaxed(&table.peak), span = ld_relaxed(&table.next);
+
+    return peak > span ? peak : span;
+}
 
 /* madvise the whole pages inside slots [lo, hi); returns bytes given back. */
 static size_t release_range(uint32_t lo, uint32_t hi)
@@ -340,6 +344,9 @@ static size_t trim_locked(void)
                                                                      memory_order_relaxed))
             ;
         released = release_range(low, high);
+        /* The peak is the span's high-water mark: the span only ever falls
+         * here, so the peak is kept up to date here, not on every growth. */
+        note_peak(high);
         /* Acq_rel: the pages are gone before the span shrinks. */
         if (!atomic_compare_exchange_strong_explicit(&table.next, &high, low, memory_order_acq_rel,
                                                      memory_order_relaxed))

@@ -32,8 +32,17 @@ struct slot_cache {
 };
 
 /* The calling thread's stash when it is not one of the pool's threads, or
- * NULL when every outside stash is taken. */
-struct slot_cache *atap__table_outside_cache(void);
+ * NULL when every outside stash is taken. The first call hands one out
+ * (table.c); later calls read it from the thread's own variable. */
+extern _Thread_local struct slot_cache *atap__table_outside_mine;
+struct slot_cache *atap__table_outside_first(void);
+
+static inline struct slot_cache *atap__table_outside_cache(void)
+{
+    struct slot_cache *c = atap__table_outside_mine;
+
+    return c ? c : atap__table_outside_first();
+}
 
 /* Makes a stash count in atap__table_live (once per stash, never undone). */
 void atap__table_register_cache(struct slot_cache *c);
