@@ -407,8 +407,7 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
  * time or gives, a valid priority, an output that fits the slot. */
 static inline bool quick(const atap_spawn_opts *o)
 {
-    return (o->after_ns | o->timeout_ns | (uint64_t)o->kind | o->every_ns | o->runs | o->for_ns |
-            o->until_ns | o->gives | (uintptr_t)o->in_free | (uint64_t)o->blocking) == 0 &&
+    return plain(o) && (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking) == 0 &&
            o->out_size <= INLINE_OUT && o->priority >= ATAP_PRIORITY_MIN &&
            o->priority <= ATAP_PRIORITY_MAX;
 }
