@@ -145,6 +145,14 @@ free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uint32_t gen)
     atap__table_free(w ? &w->cache : atap__table_outside_cache(), index, gen);
 }
 
+/* free_slot for the release paths, out of line: most releases free
+ * nothing, and keep a small frame. */
+static __attribute__((noinline)) void free_released(struct atap_slot *s, uint32_t index,
+                                                    uint32_t gen)
+{
+    free_slot(atap__self, s, index, gen);
+}
+
 static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen);
 
 /* Drops the RUN reference (idempotent per generation). */
@@ -169,7 +177,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
         atap__flow_close(s);
         release_listener(s, index, gen);
     } else if ((r & REFS_COUNT_MASK) == 0) {
-        free_slot(atap__self, s, index, gen);
+        free_released(s, index, gen);
     }
 }
 
@@ -199,7 +207,7 @@ static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_
             return;
     } while (!cas_acqrel(&s->refs, &r, r - 1));
     if (((r - 1) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
-        free_slot(atap__self, s, index, gen);
+        free_released(s, index, gen);
 }
 
 void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
@@ -441,13 +449,13 @@ static inline bool spawn_quick(atap_task *task, atap_fn *fn, void *arg, const at
     return true;
 }
 
-int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+/* Everything else atap_spawn does, out of line: the quick path's frame
+ * stays small. */
+static __attribute__((noinline)) int spawn_checked(atap_task *task, atap_fn *fn, void *arg,
+                                                   const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts plain;
     int rc;
-
-    if (likely(task && fn) && spawn_quick(task, fn, arg, opts))
-        return 0;
 
     if (!task)
         return ATAP_EINVAL;
@@ -458,6 +466,13 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
     if (unlikely((rc = check_opts(opts, false)) != 0))
         return rc;
     return spawn_slot(task, fn, arg, opts, NULL);
+}
+
+int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+{
+    if (likely(task && fn) && spawn_quick(task, fn, arg, opts))
+        return 0;
+    return spawn_checked(task, fn, arg, opts);
 }
 
 /* ---- running ---------------------------------------------------------- */
