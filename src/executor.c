@@ -420,25 +420,14 @@ static inline bool quick(const atap_spawn_opts *o)
            o->priority <= ATAP_PRIORITY_MAX;
 }
 
-/*
- * The spawn of a plain task by a task on a worker, with a slot in the
- * worker's stash: what spawn_slot does, with every test it can skip
- * skipped (inside, so admitted; no heap output; no schedule). False, with
- * nothing done, when it does not apply.
- */
-static inline bool spawn_quick(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o)
+/* The tail of a quick spawn (below): the slot is ours, the options are
+ * plain; what spawn_slot does from here, with nothing left to check. */
+static inline __attribute__((always_inline)) void
+spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
+                    const atap_spawn_opts *o, uint32_t index, uint32_t gen)
 {
-    static const atap_spawn_opts none;
-    struct worker *w = atap__self;
-    struct atap_slot *s;
-    uint32_t index, gen;
+    struct atap_slot *s = atap__table_at(index);
 
-    if (!w || w->blocking || (o && !quick(o)))
-        return false;
-    o = o ? o : &none;
-    if (!atap__table_take_stashed(&w->cache, &index, &gen))
-        return false;
-    s = atap__table_at(index);
     fill_fields(s, fn, arg, 0, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
     st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
     /* Release: the fields above reach whoever acquires the word or the
@@ -446,7 +435,6 @@ static inline bool spawn_quick(atap_task *task, atap_fn *fn, void *arg, const at
     st_release(&s->word, make_word(gen, ST_PENDING));
     *task = make_task(index, gen);
     atap__pool_submit_from(w, index + 1, o->priority, false);
-    return true;
 }
 
 /* Everything else atap_spawn does, out of line: the quick path's frame
@@ -468,11 +456,38 @@ static __attribute__((noinline)) int spawn_checked(atap_task *task, atap_fn *fn,
     return spawn_slot(task, fn, arg, opts, NULL);
 }
 
+/* A quick spawn whose worker's stash is empty: a slot from the shared list
+ * or the table's growth. */
+static __attribute__((noinline)) int spawn_quick_shared(struct worker *w, atap_task *task,
+                                                        atap_fn *fn, void *arg,
+                                                        const atap_spawn_opts *o)
+{
+    uint32_t index, gen;
+
+    if (atap__table_alloc_shared(&w->cache, &index, &gen) != 0)
+        return spawn_checked(task, fn, arg, o); /* out of slots: it says so */
+    spawn_quick_publish(w, task, fn, arg, o, index, gen);
+    return 0;
+}
+
+/*
+ * A plain task spawned by a task on a worker takes the quick path: inside,
+ * so admitted; no heap output; no schedule; a slot from the worker's stash,
+ * else from the shared list. The rest goes through spawn_checked.
+ */
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
-    if (likely(task && fn) && spawn_quick(task, fn, arg, opts))
-        return 0;
-    return spawn_checked(task, fn, arg, opts);
+    static const atap_spawn_opts none;
+    struct worker *w = atap__self;
+    uint32_t index, gen;
+
+    if (unlikely(!task || !fn || !w || w->blocking || (opts && !quick(opts))))
+        return spawn_checked(task, fn, arg, opts);
+    opts = opts ? opts : &none;
+    if (!atap__table_take_stashed(&w->cache, &index, &gen))
+        return spawn_quick_shared(w, task, fn, arg, opts);
+    spawn_quick_publish(w, task, fn, arg, opts, index, gen);
+    return 0;
 }
 
 /* ---- running ---------------------------------------------------------- */
