@@ -79,6 +79,27 @@ static inline uint32_t ring_pop(struct ring *r)
     return x;
 }
 
+/* Owner only: takes up to max of the oldest entries into out with one CAS
+ * on top, as a thief takes one. The owner neither pushes nor pops
+ * meanwhile, so the entries read before the CAS are still the ring's if it
+ * succeeds. Returns how many; 0 when empty, or when a thief moved top first
+ * (the caller looks again). */
+static inline unsigned ring_take_oldest(struct ring *r, uint32_t *out, unsigned max)
+{
+    int64_t t = ld_acquire(&r->top), b = ld_relaxed(&r->bottom);
+    unsigned n;
+
+    if (t >= b)
+        return 0;
+    n = b - t < (int64_t)max ? (unsigned)(b - t) : max;
+    for (unsigned i = 0; i < n; i++)
+        out[i] = ld_relaxed(&r->buf[(t + i) & RING_MASK]);
+    if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + n, memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        return 0;
+    return n;
+}
+
 /* Any thread. Returns the entry, 0 when empty, or UINT32_MAX to retry
  * (lost a race). */
 static inline uint32_t ring_steal(struct ring *r)

@@ -200,14 +200,13 @@ static void push_shared(struct injector *q, const uint32_t *refs, unsigned n)
 /* Owner: into the ring; a full ring first moves its older half out. */
 static void push_ring(struct worker *w, uint32_t ref)
 {
-    uint32_t half[RING_SIZE / 2], x;
-    unsigned n = 0;
+    uint32_t half[RING_SIZE / 2];
+    unsigned n;
 
     if (ring_push(&w->ring, ref))
         return;
-    while (n < RING_SIZE / 2 && (x = ring_steal(&w->ring)) != 0)
-        if (x != UINT32_MAX)
-            half[n++] = x;
+    while ((n = ring_take_oldest(&w->ring, half, RING_SIZE / 2)) == 0 && ring_len(&w->ring) > 0)
+        ; /* a thief took from the top first: look again */
     push_shared(&pool.inj, half, n);
     if (!ring_push(&w->ring, ref))
         push_shared(&pool.inj, &ref, 1);

@@ -113,6 +113,54 @@ static void test_queues_ring_exactly_once(void **state)
     free(r);
 }
 
+/* The owner moves the oldest entries out in batches (as a full ring moves
+ * half to the shared queue) while two thieves steal: every entry leaves
+ * exactly once, a batch oldest first. */
+static void test_queues_ring_take_oldest_exactly_once(void **state)
+{
+    (void)state;
+    struct ring_run *r = calloc(1, sizeof *r);
+    pthread_t t[2];
+    unsigned rounds = scaled(300, 60);
+
+    assert_non_null(r);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, thief, r), 0);
+    for (unsigned round = 0; round < rounds; round++) {
+        uint32_t batch[RING_SIZE / 2], x;
+        unsigned n;
+
+        atomic_store(&r->taken, 0);
+        for (unsigned i = 0; i < RING_SIZE; i++) {
+            assert_true(ring_push(&r->ring, i + 1));
+            if (i % 50 == 49 || i == RING_SIZE - 1) {
+                while ((n = ring_take_oldest(&r->ring, batch, 1 + i % (RING_SIZE / 2))) == 0 &&
+                       ring_len(&r->ring) > 0)
+                    ;
+                for (unsigned k = 0; k < n; k++) {
+                    if (k > 0 && batch[k] <= batch[k - 1])
+                        fail_msg("round %u: batch out of order at %u", round, k);
+                    took(r, batch[k]);
+                }
+            }
+        }
+        while ((x = ring_pop(&r->ring)) != 0)
+            took(r, x);
+        while (atomic_load(&r->taken) < (int)RING_SIZE) /* a thief may be mid-count */
+            sched_yield();
+        for (unsigned i = 0; i < RING_SIZE; i++) {
+            int seen = atomic_exchange(&r->seen[i], 0);
+            if (seen != 1)
+                fail_msg("round %u: entry %u taken %d times", round, i + 1, seen);
+        }
+        assert_int_equal(atomic_load(&r->taken), RING_SIZE);
+    }
+    atomic_store(&r->done, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    free(r);
+}
+
 /* A full ring refuses the push rather than overwriting. */
 static void test_queues_ring_full(void **state)
 {
@@ -511,6 +559,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queues_ring_exactly_once),
+        cmocka_unit_test(test_queues_ring_take_oldest_exactly_once),
         cmocka_unit_test(test_queues_ring_full),
         cmocka_unit_test(test_queues_injector_fifo),
         cmocka_unit_test(test_queues_injector_bands_and_aging),
