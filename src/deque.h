@@ -6,9 +6,9 @@
  * The owner pushes and pops at `bottom`; thieves take from `top` by CAS.
  * Invariants: top <= bottom + 1 at all times; entries in [top, bottom) are
  * owned by the ring; an entry leaves it through exactly one winner (the
- * owner's plain pop, or the CAS on top by the owner or a thief for the last
- * entry). The ring never grows: a full ring makes the caller move half of
- * it to the shared queue.
+ * owner's plain pop, or a CAS on top: a thief's for one entry, the owner's
+ * for the last entry or for a batch of the oldest). The ring never grows: a
+ * full ring makes the caller move half of it to the shared queue.
  *
  * One change from the paper: every store to `bottom` is a release store
  * (the paper uses a release fence before the push's relaxed store and relaxed
