@@ -524,6 +524,7 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
 static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
     uint64_t now;
+    bool held;
 
     c->done++;
     if (c->kind == ATAP_ONCE) { /* a waiting task's run: its gate decides */
@@ -550,10 +551,12 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
     /* The arm hands our RUN to the timer, and a manager closing meanwhile
      * may take it, write the task off and let its last handle free it while
      * arm still looks at the record: a listener of our own keeps the slot
-     * and the schedule until arm is done. (Only the RUN holder may add one.) */
-    atap__exec_hold(s);
+     * and the schedule until arm is done (refused only at 2^29 - 1
+     * listeners, the count's ceiling). */
+    held = atap__exec_try_hold(s, gen);
     arm(c, &c->start, atap__deadline(now, c->every));
-    atap__exec_release_listener(s, c->index, gen);
+    if (held)
+        atap__exec_release_listener(s, c->index, gen);
 }
 
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
