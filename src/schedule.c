@@ -77,6 +77,7 @@ struct sched {
     void *scratch; /* a repeat's run writes here (out_size bytes) */
     uint64_t next_start;        /* at-rate: the period the next fire is for */
     struct sched *grave_next;   /* on the graveyard, once its slot is gone */
+    _Atomic unsigned arming;    /* arms under way (arm): not to be freed yet */
     uint32_t parent, parent_gen; /* an at-rate run: its series (index + 1), or 0 */
     struct gate *gate;           /* a task that waits for gives; else NULL */
     uint64_t pubs;               /* outputs published (under out_lock) */
@@ -159,12 +160,20 @@ int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opt
  * Freeing. A disarmed timer record may still be linked in the manager's
  * structure until the manager meets it, so a schedule whose slot is gone
  * goes to the graveyard (a Treiber stack), and the manager frees it once
- * the structure no longer holds either record (atap__sched_reap). When no
- * manager will run again (the structure was emptied by take_all), one that
- * nothing holds is freed at once.
+ * the structure no longer holds either record and no arm is under way on
+ * it (atap__sched_reap). When no manager will run again (the structure was
+ * emptied by take_all), one that nothing holds is freed at once.
  */
 static _Atomic(struct sched *) graveyard;
 static struct sched *mourning; /* manager only: still held at the last look */
+
+/* Something may still reach c: the timer structure holds one of its
+ * records, or an arm is under way (acquire: pairs with arm's release). */
+static bool held(struct sched *c)
+{
+    return atap__timer_held(&c->start) || atap__timer_held(&c->limit) ||
+           atomic_load_explicit(&c->arming, memory_order_acquire) != 0;
+}
 
 static void sched_free(struct sched *c)
 {
@@ -186,7 +195,7 @@ void atap__sched_destroy(struct atap_slot *s)
     /* No manager will run again: the structure was emptied when it gave up
      * (the supervisor published that with GONE), and only an arm that came
      * after can still sit in its inbox, until shutdown lets go of it. */
-    if (atap__manager_gone() && !atap__timer_held(&c->start) && !atap__timer_held(&c->limit)) {
+    if (atap__manager_gone() && !held(c)) {
         sched_free(c);
         return;
     }
@@ -208,7 +217,7 @@ void atap__sched_reap(bool all)
     }
     for (; c; c = next) {
         next = c->grave_next;
-        if (!all && (atap__timer_held(&c->start) || atap__timer_held(&c->limit))) {
+        if (!all && held(c)) {
             c->grave_next = mourning;
             mourning = c;
         } else {
@@ -256,18 +265,28 @@ static void write_off(struct sched *c)
 static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 {
     struct atap_timers *ts = atap__manager_timers();
+    bool armed = true;
 
+    /* An arm of `start` hands the caller's RUN to the timer: from then on a
+     * manager closing for good may take the record, write the task off and
+     * let its last handle free the schedule while we still look at the
+     * record below. Counted in `arming` first (the arm's release CAS
+     * carries the count to whoever frees), so the free waits for us. */
+    add_relaxed(&c->arming, 1);
     if (atap__timer_arm(ts, t, deadline))
         atap__manager_wake();
     /* seq_cst handshake with the manager's close: it marks itself closed,
      * then takes every record; we armed, then look. One of us sees the
      * other, and take_all and disarm decide between them who owns it. */
     fence_seqcst();
-    if (atap__manager_accepting() || !atap__timer_disarm(ts, t))
-        return true;
-    if (t == &c->start)
-        write_off(c);
-    return false;
+    if (!atap__manager_accepting() && atap__timer_disarm(ts, t)) {
+        if (t == &c->start)
+            write_off(c);
+        armed = false;
+    }
+    /* Release: our last look at c comes before a free that sees 0. */
+    atomic_fetch_sub_explicit(&c->arming, 1, memory_order_release);
+    return armed;
 }
 
 static void rate_tick(struct sched *c);
@@ -524,7 +543,6 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
 static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
     uint64_t now;
-    bool held;
 
     c->done++;
     if (c->kind == ATAP_ONCE) { /* a waiting task's run: its gate decides */
@@ -548,15 +566,7 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
         finish(s, c, gen);
         return;
     }
-    /* The arm hands our RUN to the timer, and a manager closing meanwhile
-     * may take it, write the task off and let its last handle free it while
-     * arm still looks at the record: a listener of our own keeps the slot
-     * and the schedule until arm is done (refused only at 2^29 - 1
-     * listeners, the count's ceiling). */
-    held = atap__exec_try_hold(s, gen);
     arm(c, &c->start, atap__deadline(now, c->every));
-    if (held)
-        atap__exec_release_listener(s, c->index, gen);
 }
 
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
