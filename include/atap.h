@@ -702,11 +702,15 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *     kernel refused them (0 clears what is still owed).
  *   atap_inject_help_depth: joins inside tasks help at most this deep
  *     (0 turns helping off); the default is 64.
+ *   atap_inject_arm_pause: the next repeat or delayed task to hand its run
+ *     to a timer stops for ms milliseconds right after (0 clears it), so a
+ *     test can make the manager go while that hand-over is under way.
  */
 ATAP_EXPORT void atap_inject_manager_faults(unsigned n);
 ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);
 ATAP_EXPORT void atap_inject_spawn_refusals(unsigned n);
 ATAP_EXPORT void atap_inject_help_depth(unsigned depth);
+ATAP_EXPORT void atap_inject_arm_pause(unsigned ms);
 #endif
 
 #define ATAP_US(n) ((uint64_t)(n) * 1000u)

@@ -12,6 +12,7 @@
 #ifdef ATAP_FAULT_INJECTION
 _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
 _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit = HELP_DEPTH;
+_Atomic unsigned atap__owed_arm_pause_ms;
 
 void atap_inject_thread_deaths(unsigned workers, unsigned blocking)
 {
@@ -28,6 +29,11 @@ void atap_inject_spawn_refusals(unsigned n)
 void atap_inject_help_depth(unsigned depth)
 {
     st_relaxed(&atap__help_limit, depth < HELP_DEPTH ? depth : HELP_DEPTH);
+}
+
+void atap_inject_arm_pause(unsigned ms)
+{
+    st_relaxed(&atap__owed_arm_pause_ms, ms);
 }
 #else
 typedef int atap_faults_off; /* an empty file is not ISO C */

@@ -14,7 +14,7 @@
 
 #ifdef ATAP_FAULT_INJECTION
 extern _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
-extern _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit;
+extern _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit, atap__owed_arm_pause_ms;
 
 /* Takes one owed fault, if any. */
 static inline bool atap__fault_take(_Atomic unsigned *owed)
@@ -36,11 +36,17 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
 #define FAULT_DEATH_OWED(blocking)                                                                 \
     (ld_relaxed((blocking) ? &atap__owed_blocking_deaths : &atap__owed_worker_deaths) > 0)
 #define HELP_LIMIT() ld_relaxed(&atap__help_limit)
+/* Takes an owed pause, if any: its length in ms, else 0. */
+#define FAULT_ARM_PAUSE_MS()                                                                       \
+    (ld_relaxed(&atap__owed_arm_pause_ms)                                                          \
+         ? atomic_exchange_explicit(&atap__owed_arm_pause_ms, 0, memory_order_relaxed)             \
+         : 0u)
 #else
 #define FAULT_WORKER_DIES(blocking) ((void)(blocking), false)
 #define FAULT_SPAWN_REFUSED() false
 #define FAULT_DEATH_OWED(blocking) ((void)(blocking), false)
 #define HELP_LIMIT() HELP_DEPTH
+#define FAULT_ARM_PAUSE_MS() 0u
 #endif
 
 #endif

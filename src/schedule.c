@@ -44,8 +44,10 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "atomics.h"
 #include "dataflow.h"
@@ -220,9 +222,13 @@ void atap__sched_reap(bool all)
         if (!all && held(c)) {
             c->grave_next = mourning;
             mourning = c;
-        } else {
-            sched_free(c);
+            continue;
         }
+        /* The structure is gone (all), but an arm may still be finishing:
+         * its slot is freed, so no new one can start, and arm never waits. */
+        while (atomic_load_explicit(&c->arming, memory_order_acquire) != 0)
+            sched_yield();
+        sched_free(c);
     }
 }
 
@@ -262,6 +268,18 @@ static void write_off(struct sched *c)
 /* Arms t; if the manager no longer takes timers and the disarm wins, the
  * caller's RUN reference is written off instead (start) or simply unneeded
  * (limit). Returns whether t stays armed. */
+/* An injected pause (faults.h), taken by the next arm of a start record. */
+static void fault_pause(void)
+{
+    unsigned ms = FAULT_ARM_PAUSE_MS();
+
+    if (ms) {
+        struct timespec d = {ms / 1000, (long)(ms % 1000) * 1000000};
+
+        nanosleep(&d, NULL);
+    }
+}
+
 static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 {
     struct atap_timers *ts = atap__manager_timers();
@@ -275,6 +293,8 @@ static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
     add_relaxed(&c->arming, 1);
     if (atap__timer_arm(ts, t, deadline))
         atap__manager_wake();
+    if (t == &c->start)
+        fault_pause();
     /* seq_cst handshake with the manager's close: it marks itself closed,
      * then takes every record; we armed, then look. One of us sees the
      * other, and take_all and disarm decide between them who owns it. */

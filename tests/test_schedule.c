@@ -551,6 +551,30 @@ static void test_schedule_manager_gone_fails_repeats(void **state)
     free(l);
 }
 
+/* A repeat's run hands its RUN to the gap's timer and is still looking at
+ * the timer's record when the manager goes for good: the close takes the
+ * record, writes the task off, and the last handle goes (the schedule
+ * freed, unless the arm under way keeps it). Under ASan or TSan a schedule
+ * freed then is a use after free when the arm looks again. */
+static void test_schedule_manager_gone_during_arm(void **state)
+{
+    (void)state;
+    log *l = log_new(0);
+    atap_inject_arm_pause(2000); /* the first run's arm of its 60 s gap */
+    atap_task r = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_SEC(60)});
+    assert_true(wait_atomic_at_least(&l->runs, 1, ATAP_SEC(10)));
+    atap_inject_manager_faults(16);
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (atap_state_of(r) != ATAP_FAILED && now_ns() < end)
+        sleep_us(1000);
+    assert_true(atap_state_of(r) == ATAP_FAILED); /* written off by the close */
+    assert_false(status_now().manager_alive);
+    atap_release(r); /* while the arm still sleeps: its schedule must stay */
+    sleep_us(2500000); /* the arm wakes and looks at its record again */
+    assert_int_equal(atomic_load(&l->runs), 1);
+    free(l);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -574,6 +598,7 @@ int main(void)
         T(test_schedule_at_rate_cancel_and_timeout),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),
+        T(test_schedule_manager_gone_during_arm),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
