@@ -470,10 +470,30 @@ static __attribute__((noinline)) int spawn_quick_shared(struct worker *w, atap_t
     return 0;
 }
 
+/* A quick spawn from a thread outside the pool: admitted first (a
+ * shutdown may be under way), a slot from the thread's stash or the shared
+ * list, and the task into the shared queue. */
+static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_fn *fn, void *arg,
+                                                         const atap_spawn_opts *o)
+{
+    uint32_t index, gen;
+    bool outside;
+    int rc;
+
+    *task = ATAP_NO_TASK;
+    if (!atap__spawn_enter(&outside))
+        return ATAP_ENOTINIT;
+    if ((rc = atap__table_alloc(atap__table_outside_cache(), &index, &gen)) == 0)
+        spawn_quick_publish(NULL, task, fn, arg, o, index, gen);
+    atap__spawn_exit(outside);
+    return rc;
+}
+
 /*
- * A plain task spawned by a task on a worker takes the quick path: inside,
- * so admitted; no heap output; no schedule; a slot from the worker's stash,
- * else from the shared list. The rest goes through spawn_checked.
+ * A plain task (quick() options) takes a quick path: from a task on a
+ * worker (inside, so admitted) with a slot from the worker's stash, else
+ * from the shared list; from outside the pool through spawn_quick_outside.
+ * No heap output, no schedule. The rest goes through spawn_checked.
  */
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
@@ -481,9 +501,13 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
     struct worker *w = atap__self;
     uint32_t index, gen;
 
-    if (unlikely(!task || !fn || !w || w->blocking || (opts && !quick(opts))))
+    if (unlikely(!task || !fn || (opts && !quick(opts))))
         return spawn_checked(task, fn, arg, opts);
     opts = opts ? opts : &none;
+    if (!w)
+        return spawn_quick_outside(task, fn, arg, opts);
+    if (w->blocking)
+        return spawn_checked(task, fn, arg, opts);
     if (!atap__table_take_stashed(&w->cache, &index, &gen))
         return spawn_quick_shared(w, task, fn, arg, opts);
     spawn_quick_publish(w, task, fn, arg, opts, index, gen);
