@@ -55,6 +55,7 @@
 #include <unistd.h>
 
 #include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
+#include "table.h"   /* the live slots' states, when some are left over */
 #include "test_util.h"
 
 typedef _Atomic uint64_t atomic_u64;
@@ -2312,6 +2313,29 @@ static void *reaper_main(void *arg)
     return NULL;
 }
 
+/* For a failure report: the slots still in use, by state, with their
+ * function, listeners and flags (at most 20 listed). */
+static void print_leftovers(void)
+{
+    size_t span = atap__table_span(), shown = 0, by_state[16] = {0};
+
+    for (size_t i = 0; i < span; i++) {
+        struct atap_slot *s = atap__table_slot((uint32_t)i);
+        uint32_t w = s ? atomic_load(&s->word) : 0;
+        uint64_t r = s ? atomic_load(&s->refs) : 0;
+
+        if (!s || word_state(w) == ST_FREE)
+            continue;
+        by_state[word_state(w)]++;
+        if (shown++ < 20)
+            print_message("stress: left over: slot %zu state %u refs %#llx fn %p ext %p\n", i,
+                          word_state(w), (unsigned long long)r, (void *)(uintptr_t)s->fn, s->ext);
+    }
+    for (unsigned st = 0; st < 16; st++)
+        if (by_state[st])
+            print_message("stress: %zu slots in state %u\n", by_state[st], st);
+}
+
 /* ---- the cases ------------------------------------------------------------ */
 
 static void test_stress_everything_at_once(void **state)
@@ -2362,9 +2386,11 @@ static void test_stress_everything_at_once(void **state)
     assert_true(st.initialised);
     assert_true(st.manager_alive);
     assert_true(st.healthy);
-    if (!wait_live_back(ATAP_SEC(20)))
+    if (!wait_live_back(ATAP_SEC(20))) {
+        print_leftovers();
         fail_msg("%zu tasks still live 20 s after the drivers stopped (%zu at the start)",
                  pool_stats().live, g_live_base);
+    }
     assert_no_failures();
 }
 
