@@ -73,11 +73,28 @@ static void *thief(void *arg)
     return NULL;
 }
 
-/* The owner pushes and pops while two thieves steal: every entry leaves
- * the ring exactly once. */
-static void test_queues_ring_exactly_once(void **state)
+/* The owner pops what is left, and every one of the round's `pushed`
+ * entries (1..pushed) must have left the ring exactly once. */
+static void round_end(struct ring_run *r, unsigned round, int pushed)
 {
-    (void)state;
+    uint32_t x;
+
+    while ((x = ring_pop(&r->ring)) != 0)
+        took(r, x);
+    while (atomic_load(&r->taken) < pushed) /* a thief may be mid-count */
+        sched_yield();
+    for (int i = 0; i < pushed; i++) {
+        int seen = atomic_exchange(&r->seen[i], 0);
+        if (seen != 1)
+            fail_msg("round %u: entry %d taken %d times", round, i + 1, seen);
+    }
+    assert_int_equal(atomic_load(&r->taken), pushed);
+}
+
+/* Runs `rounds` owner rounds of fill_and_take on one ring while two
+ * thieves steal from it; each round ends with round_end's check. */
+static void with_thieves(void (*fill_and_take)(struct ring_run *r, unsigned round))
+{
     struct ring_run *r = calloc(1, sizeof *r);
     pthread_t t[2];
     unsigned rounds = scaled(300, 60);
@@ -86,26 +103,9 @@ static void test_queues_ring_exactly_once(void **state)
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&t[i], NULL, thief, r), 0);
     for (unsigned round = 0; round < rounds; round++) {
-        int pushed = 0;
-        uint32_t x;
-
         atomic_store(&r->taken, 0);
-        for (unsigned i = 0; i < RING_SIZE; i++) {
-            assert_true(ring_push(&r->ring, i + 1));
-            pushed++;
-            if (i % 3 == 2 && (x = ring_pop(&r->ring)) != 0)
-                took(r, x);
-        }
-        while ((x = ring_pop(&r->ring)) != 0)
-            took(r, x);
-        while (atomic_load(&r->taken) < pushed) /* a thief may be mid-count */
-            sched_yield();
-        for (unsigned i = 0; i < RING_SIZE; i++) {
-            int seen = atomic_exchange(&r->seen[i], 0);
-            if (seen != 1)
-                fail_msg("round %u: entry %u taken %d times", round, i + 1, seen);
-        }
-        assert_int_equal(atomic_load(&r->taken), pushed);
+        fill_and_take(r, round);
+        round_end(r, round, RING_SIZE);
     }
     atomic_store(&r->done, true);
     for (int i = 0; i < 2; i++)
@@ -113,52 +113,56 @@ static void test_queues_ring_exactly_once(void **state)
     free(r);
 }
 
-/* The owner moves the oldest entries out in batches (as a full ring moves
- * half to the shared queue) while two thieves steal: every entry leaves
- * exactly once, a batch oldest first. */
+/* Pushes RING_SIZE entries, popping every third. */
+static void push_and_pop(struct ring_run *r, unsigned round)
+{
+    uint32_t x;
+
+    (void)round;
+    for (unsigned i = 0; i < RING_SIZE; i++) {
+        assert_true(ring_push(&r->ring, i + 1));
+        if (i % 3 == 2 && (x = ring_pop(&r->ring)) != 0)
+            took(r, x);
+    }
+}
+
+/* Pushes RING_SIZE entries, moving the oldest out in batches of varied
+ * size (as a full ring moves half to the shared queue); a batch comes out
+ * oldest first. */
+static void push_and_take_oldest(struct ring_run *r, unsigned round)
+{
+    uint32_t batch[RING_SIZE / 2];
+    unsigned n;
+
+    for (unsigned i = 0; i < RING_SIZE; i++) {
+        assert_true(ring_push(&r->ring, i + 1));
+        if (i % 50 != 49 && i != RING_SIZE - 1)
+            continue;
+        while ((n = ring_take_oldest(&r->ring, batch, 1 + i % (RING_SIZE / 2))) == 0 &&
+               ring_len(&r->ring) > 0)
+            ; /* a thief took from the top first */
+        for (unsigned k = 0; k < n; k++) {
+            if (k > 0 && batch[k] <= batch[k - 1])
+                fail_msg("round %u: batch out of order at %u", round, k);
+            took(r, batch[k]);
+        }
+    }
+}
+
+/* The owner pushes and pops while two thieves steal: every entry leaves
+ * the ring exactly once. */
+static void test_queues_ring_exactly_once(void **state)
+{
+    (void)state;
+    with_thieves(push_and_pop);
+}
+
+/* The owner moves its oldest entries out in batches while two thieves
+ * steal: every entry leaves exactly once. */
 static void test_queues_ring_take_oldest_exactly_once(void **state)
 {
     (void)state;
-    struct ring_run *r = calloc(1, sizeof *r);
-    pthread_t t[2];
-    unsigned rounds = scaled(300, 60);
-
-    assert_non_null(r);
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(pthread_create(&t[i], NULL, thief, r), 0);
-    for (unsigned round = 0; round < rounds; round++) {
-        uint32_t batch[RING_SIZE / 2], x;
-        unsigned n;
-
-        atomic_store(&r->taken, 0);
-        for (unsigned i = 0; i < RING_SIZE; i++) {
-            assert_true(ring_push(&r->ring, i + 1));
-            if (i % 50 == 49 || i == RING_SIZE - 1) {
-                while ((n = ring_take_oldest(&r->ring, batch, 1 + i % (RING_SIZE / 2))) == 0 &&
-                       ring_len(&r->ring) > 0)
-                    ;
-                for (unsigned k = 0; k < n; k++) {
-                    if (k > 0 && batch[k] <= batch[k - 1])
-                        fail_msg("round %u: batch out of order at %u", round, k);
-                    took(r, batch[k]);
-                }
-            }
-        }
-        while ((x = ring_pop(&r->ring)) != 0)
-            took(r, x);
-        while (atomic_load(&r->taken) < (int)RING_SIZE) /* a thief may be mid-count */
-            sched_yield();
-        for (unsigned i = 0; i < RING_SIZE; i++) {
-            int seen = atomic_exchange(&r->seen[i], 0);
-            if (seen != 1)
-                fail_msg("round %u: entry %u taken %d times", round, i + 1, seen);
-        }
-        assert_int_equal(atomic_load(&r->taken), RING_SIZE);
-    }
-    atomic_store(&r->done, true);
-    for (int i = 0; i < 2; i++)
-        pthread_join(t[i], NULL);
-    free(r);
+    with_thieves(push_and_take_oldest);
 }
 
 /* A full ring refuses the push rather than overwriting. */
