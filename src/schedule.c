@@ -265,9 +265,6 @@ static void write_off(struct sched *c)
     atap__exec_end(s, c->index, gen, ST_FAILED);
 }
 
-/* Arms t; if the manager no longer takes timers and the disarm wins, the
- * caller's RUN reference is written off instead (start) or simply unneeded
- * (limit). Returns whether t stays armed. */
 /* An injected pause (faults.h), taken by the next arm of a start record. */
 static void fault_pause(void)
 {
@@ -280,10 +277,12 @@ static void fault_pause(void)
     }
 }
 
+/* Arms t; if the manager no longer takes timers and the disarm wins, the
+ * caller's RUN reference is written off instead (start) or simply unneeded
+ * (limit). Returns whether t stays armed. */
 static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 {
     struct atap_timers *ts = atap__manager_timers();
-    bool armed = true;
 
     /* An arm of `start` hands the caller's RUN to the timer: from then on a
      * manager closing for good may take the record, write the task off and
@@ -299,14 +298,16 @@ static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
      * then takes every record; we armed, then look. One of us sees the
      * other, and take_all and disarm decide between them who owns it. */
     fence_seqcst();
-    if (!atap__manager_accepting() && atap__timer_disarm(ts, t)) {
-        if (t == &c->start)
-            write_off(c);
-        armed = false;
+    if (atap__manager_accepting() || !atap__timer_disarm(ts, t)) {
+        /* Release: our last look at c comes before a free that sees 0. */
+        atomic_fetch_sub_explicit(&c->arming, 1, memory_order_release);
+        return true;
     }
-    /* Release: our last look at c comes before a free that sees 0. */
+    /* The disarm won: RUN is ours again, and c with it until write_off. */
     atomic_fetch_sub_explicit(&c->arming, 1, memory_order_release);
-    return armed;
+    if (t == &c->start)
+        write_off(c);
+    return false;
 }
 
 static void rate_tick(struct sched *c);
