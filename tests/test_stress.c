@@ -302,12 +302,17 @@ static int task_pattern(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-static bool pattern_ok(const unsigned char *got, uint64_t tag)
+/* got holds tag's len-byte pattern (len <= 64). */
+static bool tag_matches(const unsigned char *got, size_t len, uint64_t tag)
 {
     unsigned char want[64];
-    size_t len = tag_len(tag);
     tag_fill(want, len, tag);
     return memcmp(got, want, len) == 0;
+}
+
+static bool pattern_ok(const unsigned char *got, uint64_t tag)
+{
+    return tag_matches(got, tag_len(tag), tag);
 }
 
 static void do_plain(driver *d, uint64_t tag)
@@ -1662,9 +1667,7 @@ static int task_jall(atap_ctx *ctx, void *arg, void *out)
 
 static bool jall_ok(const unsigned char *got, uint64_t tag)
 {
-    unsigned char want[32];
-    tag_fill(want, jall_len(tag), tag);
-    return memcmp(got, want, jall_len(tag)) == 0;
+    return tag_matches(got, jall_len(tag), tag);
 }
 
 static void do_join_all(driver *d, uint64_t tag)
