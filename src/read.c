@@ -1,0 +1,257 @@
+/*
+ * Reading a task: join, take, wait, and the state queries.
+ *
+ * A reader holds a listener (its handle), so the slot is the task's for as
+ * long as it reads; the generation is checked against the word first, so a
+ * stale handle reads ATAP_ENOTASK. Waiting follows executor.c's rule: set
+ * WAITERS, then sleep on the word with the word the kernel compares; the
+ * settler wakes when it sees WAITERS. Inside a worker the wait helps: it
+ * runs queued work (the awaited task first) and sleeps in short slices so
+ * that it can look for more. An output is copied only while the word reads
+ * READY (acquire: the run's output write came before its release of READY);
+ * take moves it to TAKEN by CAS first, so only one taker copies it.
+ */
+#include <string.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "executor.h"
+#include "handle.h"
+#include "pool.h"
+#include "schedule.h"
+#include "slot.h"
+#include "wait.h"
+
+#define SLICE_MIN_NS 50000u
+#define SLICE_MAX_NS 10000000u
+
+static int state_error_of(struct atap_slot *s, uint32_t state)
+{
+    switch (state) {
+    case ST_TAKEN: /* a series that ran out has nothing more coming */
+        return s->ext && atap__sched_finished(s, state) ? ATAP_EFINISHED : ATAP_ETAKEN;
+    case ST_CANCELLED: return ATAP_ECANCELLED;
+    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
+    case ST_FAILED: /* the run's own code, if it failed with one */
+        return s->fail_code ? ATAP_FAIL_BASE - s->fail_code : ATAP_EFAILED;
+    case ST_READY: return 0;
+    default: return ATAP_ENOTREADY;
+    }
+}
+
+/* Outputs are often a word or two: those copy without a call. */
+static inline void copy_bytes(void *dst, const void *src, size_t n)
+{
+    switch (n) {
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    case 16: memcpy(dst, src, 16); break;
+    default: memcpy(dst, src, n); break;
+    }
+}
+
+static bool held_here(struct worker *w, uint32_t ref)
+{
+    for (unsigned i = 0; i < w->nheld; i++)
+        if (w->held[i] == ref)
+            return true;
+    return false;
+}
+
+static int unblocked(struct worker *w, int rc)
+{
+    if (w && w->blocked)
+        atap__pool_blocked(w, false);
+    return rc;
+}
+
+/*
+ * Waits until the task settles or the deadline passes. Inside a worker the
+ * thread runs queued work meanwhile (helping) and sleeps in short slices so
+ * it can look for more; elsewhere it sleeps on the word until woken.
+ */
+static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
+                        uint32_t *state)
+{
+    struct worker *w = atap__self;
+    uint64_t slice = SLICE_MIN_NS, now, left;
+    uint32_t cur;
+
+    for (;;) {
+        cur = ld_acquire(&s->word);
+        if (!word_is(cur, gen))
+            return unblocked(w, ATAP_ENOTASK);
+        if (state_terminal(word_state(cur))) {
+            *state = word_state(cur);
+            return unblocked(w, 0);
+        }
+        if (w && !w->blocking && atap__pool_help_once(w, ref)) {
+            unblocked(w, 0);
+            slice = SLICE_MIN_NS;
+            continue;
+        }
+        /* About to sleep. A task this thread is inside (itself, or one
+         * further up the helping stack) could only settle once this wait
+         * returns: refuse rather than hang. Looked at here, off the fast
+         * path, since a join that finds its task done never gets here. */
+        if (w && held_here(w, ref))
+            return unblocked(w, ATAP_EINVAL);
+        /* Too deep to help any more: count as blocked, so that the pool
+         * starts a worker if nobody is left to run what this waits for. */
+        if (w && !w->blocking && w->depth >= HELP_LIMIT() / 2)
+            atap__pool_blocked(w, true);
+        now = deadline == ATAP__FOREVER ? 0 : atap__now_ns();
+        if (now >= deadline)
+            return unblocked(w, ATAP_ENOTREADY);
+        if (!(cur & ST_WAITERS) && !cas_acqrel(&s->word, &cur, cur | ST_WAITERS))
+            continue;
+        left = deadline - now;
+        if (w) {
+            left = left < slice ? left : slice;
+            slice = slice * 2 < SLICE_MAX_NS ? slice * 2 : SLICE_MAX_NS;
+        }
+        atap__word_wait(&s->word, cur | ST_WAITERS, left);
+    }
+}
+
+/* Copies the output out if the task is READY. */
+static inline __attribute__((always_inline)) int copy_out(struct atap_slot *s, uint32_t gen, void *out)
+{
+    uint32_t cur;
+    int rc = 0;
+
+    if (unlikely(s->ext != NULL))
+        atap__sched_read_lock(s); /* a repeat's next run can't publish meanwhile */
+    cur = ld_acquire(&s->word);
+    if (!word_is(cur, gen))
+        rc = ATAP_ENOTASK;
+    else if (word_state(cur) != ST_READY)
+        rc = state_error_of(s, word_state(cur));
+    else if (s->out_size)
+        copy_bytes(out, slot_out(s), s->out_size);
+    if (unlikely(s->ext != NULL))
+        atap__sched_read_unlock(s);
+    return rc;
+}
+
+/* READY -> TAKEN, then the copy: from then on the output is the caller's. */
+static int move_out(struct atap_slot *s, uint32_t gen, void *out)
+{
+    uint32_t cur;
+    int rc = 0;
+
+    if (unlikely(s->ext != NULL))
+        atap__sched_read_lock(s); /* what is moved out is what gets copied */
+    cur = ld_acquire(&s->word);
+    do {
+        if (!word_is(cur, gen)) {
+            rc = ATAP_ENOTASK;
+            break;
+        }
+        if (word_state(cur) != ST_READY) {
+            rc = state_error_of(s, word_state(cur));
+            break;
+        }
+    } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_TAKEN)));
+    if (rc == 0 && s->out_size)
+        copy_bytes(out, slot_out(s), s->out_size);
+    if (unlikely(s->ext != NULL))
+        atap__sched_read_unlock(s);
+    return rc;
+}
+
+static inline __attribute__((always_inline)) int read_output(atap_task t, void *out, size_t size,
+                                                             uint64_t timeout_ns, bool take)
+{
+    uint32_t gen, state, cur;
+    struct atap_slot *s = lookup(t, &gen);
+    uint64_t deadline;
+    int rc;
+
+    if (!s || !handle_live(s, gen, &cur))
+        return ATAP_ENOTASK;
+    if (size != s->out_size || (size && !out))
+        return ATAP_EINVAL;
+    if (timeout_ns == 0) /* no wait: a run under way is simply not ready */
+        return state_terminal(word_state(cur))
+                   ? (take ? move_out(s, gen, out) : copy_out(s, gen, out))
+                   : ATAP_ENOTREADY;
+    if (state_terminal(word_state(cur)) &&
+        (rc = take ? move_out(s, gen, out) : copy_out(s, gen, out)) != ATAP_ENOTREADY)
+        return rc; /* settled already: no wait, no clock */
+    deadline = timeout_ns == ATAP__FOREVER ? ATAP__FOREVER
+                                           : atap__deadline(atap__now_ns(), timeout_ns);
+    do {
+        if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen, deadline, &state)) != 0)
+            return rc;
+        rc = take ? move_out(s, gen, out) : copy_out(s, gen, out);
+        /* ENOTREADY here: a repeat's next run started between the wait and
+         * the read. Wait for that one (the wait still keeps the deadline). */
+    } while (rc == ATAP_ENOTREADY);
+    return rc;
+}
+
+int atap_join(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, ATAP__FOREVER, false);
+}
+
+int atap_join_for(atap_task t, void *out, size_t size, uint64_t timeout_ns)
+{
+    return read_output(t, out, size, timeout_ns, false);
+}
+
+int atap_try_join(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, 0, false);
+}
+
+int atap_take(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, ATAP__FOREVER, true);
+}
+
+int atap_take_for(atap_task t, void *out, size_t size, uint64_t timeout_ns)
+{
+    return read_output(t, out, size, timeout_ns, true);
+}
+
+int atap_try_take(atap_task t, void *out, size_t size)
+{
+    return read_output(t, out, size, 0, true);
+}
+
+int atap_wait(atap_task t, atap_state *state)
+{
+    uint32_t gen, st, cur;
+    struct atap_slot *s = lookup(t, &gen);
+    int rc;
+
+    if (!s || !handle_live(s, gen, &cur))
+        return ATAP_ENOTASK;
+    if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen, ATAP__FOREVER, &st)) == 0 && state)
+        *state = (atap_state)st;
+    return rc;
+}
+
+atap_state atap_state_of(atap_task t)
+{
+    uint32_t gen, cur;
+    struct atap_slot *s = lookup(t, &gen);
+
+    if (!s || !handle_live(s, gen, &cur))
+        return ATAP_FAILED;
+    return (atap_state)word_state(cur);
+}
+
+bool atap_finished(atap_task t)
+{
+    uint32_t gen, cur;
+    struct atap_slot *s = lookup(t, &gen);
+
+    if (!s || !handle_live(s, gen, &cur))
+        return true;
+    if (unlikely(s->ext != NULL))
+        return atap__sched_finished(s, word_state(cur));
+    return state_terminal(word_state(cur));
+}
