@@ -129,7 +129,10 @@ unsigned atap__inj_pop(struct injector *q, struct inj_cursor *c, uint32_t *out, 
     int order[INJ_BANDS], k = 0;
     unsigned n = 0;
 
-    if (atap__inj_empty(q)) /* the common look of a busy worker: done in a few loads */
+    /* The common look of a busy worker, done in a few relaxed loads. A push
+     * they miss is not lost: a worker parks only after the parking
+     * protocol's own look (pool.c), and the pusher's wake check follows. */
+    if (atap__inj_empty(q))
         return 0;
 
     /* A starved band first, lowest first; then highest to lowest. */
