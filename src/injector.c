@@ -50,6 +50,25 @@ void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int ba
     add_relaxed(&q->pushed, n);
 }
 
+/*
+ * Walking a chain is a string of dependent loads, each on a slot last
+ * written long ago (a deep queue is colder than any cache). A thread that
+ * spawns in a burst takes slots in index order, so the node a few steps on
+ * is most likely `ahead` indices away: fetch it early. Only a hint: a wrong
+ * guess costs one wasted line, and an index with no memory behind it is
+ * skipped (atap__table_slot reads NULL).
+ */
+#define WALK_AHEAD 8
+
+static inline void prefetch_ref(uint32_t ref, int ahead)
+{
+    uint32_t guess = ref + (uint32_t)ahead;
+    struct atap_slot *s = guess != 0 ? atap__table_slot(guess - 1) : NULL;
+
+    if (s)
+        __builtin_prefetch(s, 1); /* for writing: the walk relinks, the run claims */
+}
+
 /* Pops up to max from ready by one CAS; 0 when ready is empty. */
 static unsigned pop_ready(struct inj_band *b, uint32_t *out, unsigned max)
 {
@@ -61,6 +80,7 @@ static unsigned pop_ready(struct inj_band *b, uint32_t *out, unsigned max)
 
         while (ref != 0 && n < max) {
             out[n++] = ref;
+            prefetch_ref(ref, WALK_AHEAD); /* ready runs oldest (lowest) first */
             /* A stale read here is caught by the CAS: the head changed. */
             ref = ld_relaxed(link_of(ref));
         }
@@ -90,6 +110,7 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
     }
     ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acquire);
     while (ref != 0) { /* reverse: oldest first */
+        prefetch_ref(ref, -WALK_AHEAD); /* incoming runs newest first */
         next = ld_relaxed(link_of(ref));
         st_relaxed(link_of(ref), prev);
         prev = ref;
