@@ -2,12 +2,16 @@
  * The atap_inject_* calls: they only set counters that the pool's checks
  * (faults.h) consume. A thread that takes an owed death leaves through
  * pthread_exit, the same path as a task that kills its thread, so the
- * recovery tested is the real one.
+ * recovery tested is the real one. Also the hooks testing.h declares
+ * for the table's own tests.
  */
 #include "faults.h"
 
+#include <errno.h>
+
 #include "atap.h"
 #include "pool.h"
+#include "testing.h"
 
 #ifdef ATAP_FAULT_INJECTION
 _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
@@ -35,6 +39,18 @@ void atap_inject_arm_pause(unsigned ms)
 {
     st_relaxed(&atap__owed_arm_pause_ms, ms);
 }
+
+void (*_Atomic atap__live_scan_hook)(void);
+
+int atap__test_on_live_scan(void (*hook)(void))
+{
+    st_relaxed(&atap__live_scan_hook, hook);
+    return 0;
+}
 #else
-typedef int atap_faults_off; /* an empty file is not ISO C */
+int atap__test_on_live_scan(void (*hook)(void))
+{
+    (void)hook;
+    return -ENOTSUP;
+}
 #endif

@@ -41,12 +41,21 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
     (ld_relaxed(&atap__owed_arm_pause_ms)                                                          \
          ? atomic_exchange_explicit(&atap__owed_arm_pause_ms, 0, memory_order_relaxed)             \
          : 0u)
+/* A test's hook, called after each stash a live count reads (table.c). */
+extern void (*_Atomic atap__live_scan_hook)(void);
+#define TEST_HOOK_LIVE_SCAN()                                                                      \
+    do {                                                                                           \
+        void (*hook_)(void) = ld_relaxed(&atap__live_scan_hook);                                  \
+        if (hook_)                                                                                 \
+            hook_();                                                                               \
+    } while (0)
 #else
 #define FAULT_WORKER_DIES(blocking) ((void)(blocking), false)
 #define FAULT_SPAWN_REFUSED() false
 #define FAULT_DEATH_OWED(blocking) ((void)(blocking), false)
 #define HELP_LIMIT() HELP_DEPTH
 #define FAULT_ARM_PAUSE_MS() 0u
+#define TEST_HOOK_LIVE_SCAN() ((void)0)
 #endif
 
 #endif

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "atomics.h"
+#include "faults.h"
 #include "testing.h"
 
 /* A trim never lowers the span below TRIM_KEEP (table.h), nor below 80 %
@@ -50,7 +51,8 @@ static struct {
     _Atomic uint32_t next; /* one past the highest index handed out */
     _Atomic uint32_t peak;
     _Atomic uint32_t gen_base;
-    _Alignas(64) _Atomic int64_t live; /* through no stash, and left by exited threads */
+    /* Allocations and frees made through no stash, only counted up. */
+    _Alignas(64) _Atomic uint64_t allocs, frees;
     atomic_flag trimming;
     _Atomic unsigned ncaches;
     _Atomic(struct slot_cache *) caches[4096];
@@ -142,12 +144,20 @@ void atap__table_register_cache(struct slot_cache *c)
 /* Release, and acquire in atap__table_live: whoever sees a task counted out
  * also sees everything its run did before it was freed (a caller may wait
  * for the live count to fall, then free what the tasks used). */
-static void count(struct slot_cache *c, int delta)
+static void count_alloc(struct slot_cache *c)
 {
     if (c)
-        atap__table_count(c, delta);
+        atap__table_count(&c->allocs);
     else
-        atomic_fetch_add_explicit(&table.live, delta, memory_order_release);
+        atomic_fetch_add_explicit(&table.allocs, 1, memory_order_release);
+}
+
+static void count_free(struct slot_cache *c)
+{
+    if (c)
+        atap__table_count(&c->frees);
+    else
+        atomic_fetch_add_explicit(&table.frees, 1, memory_order_release);
 }
 
 int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *gen)
@@ -157,7 +167,9 @@ int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *ge
     if (c && c->n > 0) {
         got = c->idx[--c->n] + 1;
     } else if ((got = pop_free()) == 0) {
-        uint32_t i = add_relaxed(&table.next, 1);
+        /* Acquire: an index below a trim's lowered `next` comes with the
+         * trim's raised gen_base (its release CAS on next), read below. */
+        uint32_t i = atomic_fetch_add_explicit(&table.next, 1, memory_order_acquire);
 
         /* A failure leaves index i unused for good: one index, no memory.
          * Later allocations retry the mapping. */
@@ -168,19 +180,19 @@ int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *ge
          * page edge with a generation below gen_base): no need to read it,
          * which would fault the page in twice (zero page, then copy). */
         *gen = ld_relaxed(&table.gen_base);
-        count(c, 1);
+        count_alloc(c);
         return 0;
     }
     *index = got - 1;
     g = word_gen(ld_relaxed(&atap__table_at(*index)->word));
     *gen = g == 0 ? ld_relaxed(&table.gen_base) : g + 1;
-    count(c, 1);
+    count_alloc(c);
     return 0;
 }
 
 void atap__table_free_shared(struct slot_cache *c, uint32_t index, uint32_t gen)
 {
-    count(c, -1);
+    count_free(c);
     if (gen >= GEN_MAX)
         return; /* retired: this slot never hands out another generation */
     /* Stashes keep only slots a trim never gives back: below TRIM_KEEP, or
@@ -201,7 +213,10 @@ void atap__table_free_shared(struct slot_cache *c, uint32_t index, uint32_t gen)
 /*
  * Stashes for threads outside the pool (the program's own threads), handed
  * out once per thread and taken back by a thread-exit destructor, which
- * returns the stashed slots and folds the stash's count into table.live.
+ * returns the stashed slots. The stash keeps its counts (they only grow)
+ * for the next thread to go on with. A destructor of a later key may still
+ * spawn or release on the exiting thread: it does so without a stash, since
+ * the stash may already be another thread's.
  */
 #define OUTSIDE_STASHES 1024
 
@@ -219,9 +234,10 @@ static void outside_exit(void *arg)
     if (c->n > 0)
         push_free(c->idx, c->n);
     c->n = 0;
-    add_relaxed(&table.live, ld_relaxed(&c->live));
-    st_relaxed(&c->live, 0);
-    st_release(&outside_used[c - outside], false); /* the next thread may take it */
+    atap__table_outside_mine = NULL;
+    outside_none = true;
+    /* Release: the next thread to take it sees its slots and counts. */
+    st_release(&outside_used[c - outside], false);
 }
 
 static void outside_init(void)
@@ -255,16 +271,36 @@ struct slot_cache *atap__table_outside_first(void)
     return NULL;
 }
 
-size_t atap__table_live(void)
+/* Every stash's count of frees (or allocations), and the shared one. */
+static uint64_t sum_counts(bool frees)
 {
-    int64_t live = ld_acquire(&table.live);
     unsigned n = ld_acquire(&table.ncaches);
+    uint64_t sum = ld_acquire(frees ? &table.frees : &table.allocs);
     struct slot_cache *c;
 
-    for (unsigned i = 0; i < n && i < sizeof table.caches / sizeof table.caches[0]; i++)
+    for (unsigned i = 0; i < n && i < sizeof table.caches / sizeof table.caches[0]; i++) {
         if ((c = ld_acquire(&table.caches[i])) != NULL)
-            live += ld_acquire(&c->live);
-    return live > 0 ? (size_t)live : 0;
+            sum += ld_acquire(frees ? &c->frees : &c->allocs);
+        TEST_HOOK_LIVE_SCAN();
+    }
+    return sum;
+}
+
+/*
+ * Frees first, then allocations. A task is allocated through one stash and
+ * may be freed through another, and the counters are read one at a time:
+ * each free seen was counted after its allocation (release) and read
+ * before it (acquire), so the allocation is seen too. Read the other way
+ * round, an allocation counted just after its stash was read and freed
+ * before the other stash was could make the sum one short, even 0 while a
+ * task lives. In this order the sum can only run over: a free not yet seen.
+ */
+size_t atap__table_live(void)
+{
+    uint64_t frees = sum_counts(true);
+    uint64_t allocs = sum_counts(false);
+
+    return allocs > frees ? (size_t)(allocs - frees) : 0;
 }
 size_t atap__table_span(void) { return ld_relaxed(&table.next); }
 size_t atap__table_peak(void)

@@ -25,7 +25,9 @@
 #define SLOT_CACHE 64
 
 struct slot_cache {
-    _Atomic int64_t live; /* allocations less frees through this stash */
+    /* Allocations and frees through this stash, only ever counted up (a
+     * stash handed to a later thread goes on counting where it was). */
+    _Atomic uint64_t allocs, frees;
     bool registered;
     uint32_t n;
     uint32_t idx[SLOT_CACHE];
@@ -93,12 +95,13 @@ static inline struct atap_slot *atap__table_at(uint32_t index)
 int atap__table_alloc_shared(struct slot_cache *cache, uint32_t *index, uint32_t *gen);
 void atap__table_free_shared(struct slot_cache *cache, uint32_t index, uint32_t gen);
 
-/* A stash's count: one writer, so a plain read-modify-write. Release, and
- * acquire in atap__table_live: whoever sees a task counted out also sees
- * everything its run did before it was freed. */
-static inline void atap__table_count(struct slot_cache *c, int delta)
+/* Counts one allocation or free in a stash: one writer, so a plain
+ * read-modify-write. Release, and acquire in atap__table_live: whoever sees
+ * a task counted out also sees everything its run did before it was freed,
+ * and the allocation counted before it. */
+static inline void atap__table_count(_Atomic uint64_t *counter)
 {
-    atomic_store_explicit(&c->live, atomic_load_explicit(&c->live, memory_order_relaxed) + delta,
+    atomic_store_explicit(counter, atomic_load_explicit(counter, memory_order_relaxed) + 1,
                           memory_order_release);
 }
 
@@ -119,7 +122,7 @@ static inline bool atap__table_take_stashed(struct slot_cache *cache, uint32_t *
     cache->n--;
     *index = i;
     *gen = g + 1;
-    atap__table_count(cache, 1);
+    atap__table_count(&cache->allocs);
     return true;
 }
 
@@ -138,7 +141,7 @@ static inline int atap__table_alloc(struct slot_cache *cache, uint32_t *index, u
 static inline void atap__table_free(struct slot_cache *cache, uint32_t index, uint32_t gen)
 {
     if (cache && index < TRIM_KEEP && gen < GEN_MAX && cache->n < SLOT_CACHE) {
-        atap__table_count(cache, -1);
+        atap__table_count(&cache->frees);
         cache->idx[cache->n++] = index;
         return;
     }

@@ -28,4 +28,9 @@ int atap__test_set_slot_gen(uint32_t index, uint32_t gen);
  * runs (every thread that owns a stash is gone): ATAP_EBUSY otherwise. */
 int atap__test_flush_caches(void);
 
+/* Calls hook (NULL: none) after each thread's stash a live count reads, on
+ * the reading thread, so a test can allocate and free between two reads.
+ * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */
+int atap__test_on_live_scan(void (*hook)(void));
+
 #endif

@@ -1,7 +1,9 @@
 /*
  * The slot table: handles, generations, stale and never-issued handles,
- * outputs of every size, destructors, trim and the stats it reports.
+ * outputs of every size, destructors, trim and the stats it reports, and
+ * the threads' stashes (their counts, a thread's stash after it exits).
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "table.h"
 #include "test_util.h"
 #include "testing.h"
 
@@ -755,6 +758,148 @@ static void test_table_trim_top_freed_by_worker(void **state)
     assert_int_equal(atap_trim(NULL), ATAP_EBUSY);
 }
 
+/* Two stashes of the test's own, registered in this order (so a live count
+ * reads x before y), and a hook that runs between the reads: a slot taken
+ * through x and given back through y, as a task spawned on one thread and
+ * released last on another is. */
+static struct slot_cache scan_x, scan_y;
+static pthread_t scan_thread;
+static int scan_hooks;
+
+static void take_on_x_free_on_y(void)
+{
+    uint32_t index, gen;
+
+    if (!pthread_equal(pthread_self(), scan_thread))
+        return;
+    scan_hooks++;
+    if (atap__table_alloc(&scan_x, &index, &gen) == 0)
+        atap__table_free(&scan_y, index, gen);
+}
+
+/* A live count never reads fewer tasks than live, whatever is allocated
+ * and freed through other stashes while it reads (read allocations first,
+ * one short for each hook between x and y). No runtime: nothing else moves
+ * the counts meanwhile. */
+static void test_table_live_never_short(void **state)
+{
+    uint32_t held, held_gen;
+
+    (void)state;
+    scan_thread = pthread_self();
+    atap__table_register_cache(&scan_x);
+    atap__table_register_cache(&scan_y);
+    assert_int_equal(atap__table_alloc(&scan_x, &held, &held_gen), 0);
+    size_t before = atap__table_live();
+    assert_true(before >= 1);
+    assert_int_equal(atap__test_on_live_scan(take_on_x_free_on_y), 0);
+    size_t during = atap__table_live();
+    assert_int_equal(atap__test_on_live_scan(NULL), 0);
+    assert_true(scan_hooks >= 2);
+    if (during < before)
+        fail_msg("live read %zu with %zu tasks live", during, before);
+    assert_int_equal(atap__table_live(), before);
+    atap__table_free(&scan_x, held, held_gen);
+    assert_int_equal(atap__table_live(), before - 1);
+    assert_int_equal(atap__test_flush_caches(), 0);
+}
+
+/* A thread's stash after its exit. A destructor of a key made after the
+ * thread's first spawn runs after the table's own has handed the stash on,
+ * and spawns and releases while another thread, the next to take a stash,
+ * does the same. The two never share a stash (one writer each), and each
+ * gets its own slots and outputs. */
+struct late {
+    pthread_key_t key;
+    atomic_int handed_on, next_has_one, stop, bad, rounds[2];
+    struct slot_cache *next_stash, *late_stash; /* each thread's, once it has one */
+};
+
+static struct late *late_g;
+
+static int echo_arg(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    memcpy(out, &arg, sizeof arg);
+    return 0;
+}
+
+static void late_churn(struct late *l, uintptr_t tag)
+{
+    atap_spawn_opts o = {.out_size = sizeof(void *)};
+
+    for (uintptr_t i = 1; !atomic_load(&l->stop); i++) {
+        void *want = (void *)(tag << 40 | i), *out = NULL;
+        atap_task t;
+
+        if (atap_spawn(&t, echo_arg, want, &o) != 0 ||
+            atap_join_for(t, &out, sizeof out, ATAP_SEC(10)) != 0 || out != want)
+            atomic_fetch_add(&l->bad, 1);
+        atap_release(t);
+        atomic_fetch_add(&l->rounds[tag - 1], 1);
+    }
+}
+
+static void late_destructor(void *v)
+{
+    (void)v;
+    atomic_store(&late_g->handed_on, 1);
+    while (!atomic_load(&late_g->next_has_one))
+        sleep_us(50);
+    late_g->late_stash = atap__table_outside_cache();
+    late_churn(late_g, 1);
+}
+
+static void *late_first(void *arg)
+{
+    struct late *l = arg;
+    atap_task t;
+
+    if (atap_spawn(&t, echo_arg, NULL, &(atap_spawn_opts){.out_size = sizeof(void *)}) != 0)
+        atomic_fetch_add(&l->bad, 1);
+    atap_release(t); /* this thread has a stash now */
+    if (pthread_key_create(&l->key, late_destructor) != 0 || pthread_setspecific(l->key, l) != 0)
+        atomic_fetch_add(&l->bad, 1000);
+    return NULL;
+}
+
+static void *late_next(void *arg)
+{
+    struct late *l = arg;
+
+    while (!atomic_load(&l->handed_on))
+        sleep_us(50);
+    l->next_stash = atap__table_outside_cache(); /* the stash just handed on */
+    atomic_store(&l->next_has_one, 1);
+    late_churn(l, 2);
+    return NULL;
+}
+
+static void test_table_stash_after_thread_exit(void **state)
+{
+    static struct late l;
+    pthread_t first, next;
+
+    (void)state;
+    memset(&l, 0, sizeof l);
+    late_g = &l;
+    assert_int_equal(pthread_create(&first, NULL, late_first, &l), 0);
+    assert_int_equal(pthread_create(&next, NULL, late_next, &l), 0);
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while ((atomic_load(&l.rounds[0]) < 2000 || atomic_load(&l.rounds[1]) < 2000) &&
+           now_ns() < end)
+        sleep_us(1000);
+    atomic_store(&l.stop, 1);
+    assert_int_equal(pthread_join(first, NULL), 0);
+    assert_int_equal(pthread_join(next, NULL), 0);
+    pthread_key_delete(l.key);
+    assert_non_null(l.next_stash);
+    assert_true(l.late_stash != l.next_stash); /* one owner each */
+    assert_int_equal(atomic_load(&l.bad), 0);
+    assert_true(atomic_load(&l.rounds[0]) >= 2000 && atomic_load(&l.rounds[1]) >= 2000);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -775,6 +920,8 @@ int main(void)
         T(test_table_live_counts),
         T(test_table_trim),
         T(test_table_trim_top_freed_by_worker),
+        T(test_table_stash_after_thread_exit),
+        cmocka_unit_test(test_table_live_never_short),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
