@@ -112,7 +112,9 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
         atomic_flag_clear_explicit(&b->flipping, memory_order_release);
         return pop_ready(b, out, max);
     }
-    ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acquire);
+    /* Acquire: the pushers' slots. Release too: a drain that sees incoming
+     * emptied here sees what this thread did before it (pool.c quiescent). */
+    ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acq_rel);
     while (ref != 0) { /* reverse: oldest first */
         prefetch_ref(ref, -WALK_AHEAD); /* incoming runs newest first */
         next = ld_relaxed(link_of(ref));

@@ -48,8 +48,9 @@
  * record never waits on a thread that still needs the pool lock.
  *
  * Shutdown drains: it waits until every worker is idle, every queue empty
- * and no blocking task runs, checked under an epoch that every worker bumps
- * when it leaves the idle list, then stops and joins every thread.
+ * and no blocking task runs, checked under an epoch that moves whenever a
+ * thread may start running (taken off an idle list, or started), then stops
+ * and joins every thread (quiescent() says why one look is enough).
  */
 #include "pool.h"
 
@@ -95,7 +96,7 @@ static struct {
     unsigned floor, target, ceiling; /* fewest, usual most, and most workers */
     uint64_t last_done[POOL_MAX_THREADS]; /* manager: completed at the last tick */
     unsigned ticks;                       /* manager: ticks since start */
-    _Atomic uint64_t epoch; /* bumped when a worker leaves the idle list */
+    _Atomic uint64_t epoch; /* moves when a thread leaves an idle list or starts */
     _Atomic bool stopping;
     struct worker *bidle_list; /* idle blocking threads (pool lock) */
     _Atomic unsigned brec, blive, bidle, bbusy;
@@ -152,6 +153,7 @@ static int start_thread(bool blocking, struct worker *self)
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
     memset(&w->cursor, 0, sizeof w->cursor);
     atap__table_register_cache(&w->cache);
+    add_seqcst(&pool.epoch, 1); /* a thread that may run: as if off an idle list */
     add_relaxed(blocking ? &pool.blive : &pool.nlive, 1);
     st_release(&w->status, W_LIVE);
     pthread_attr_init(&attr);
@@ -242,6 +244,17 @@ static void unpark(struct worker *w, uint32_t word)
     atap__word_wake(&w->park, false);
 }
 
+/* Marks a thread off its idle list (pool lock held). The epoch moves
+ * first, both seq_cst, done by whoever takes it off (before the thread can
+ * run anything): a drain that counted it idle learns it may have run since
+ * (quiescent), and a notify that reads the count it lowered sees the move. */
+static void left_idle(struct worker *w, _Atomic unsigned *count)
+{
+    add_seqcst(&pool.epoch, 1);
+    w->in_idle = false;
+    sub_seqcst(count, 1);
+}
+
 /* Takes an idle thread off a list (pool lock held). */
 static struct worker *pop_idle(struct worker **list, _Atomic unsigned *count)
 {
@@ -249,8 +262,7 @@ static struct worker *pop_idle(struct worker **list, _Atomic unsigned *count)
 
     if (w) {
         *list = w->idle_next;
-        w->in_idle = false;
-        sub_relaxed(count, 1);
+        left_idle(w, count);
     }
     return w;
 }
@@ -289,7 +301,9 @@ static void notify(void)
     unsigned zero = 0;
 
     fence_seqcst(); /* parking protocol: the queued task before nidle */
-    if (ld_relaxed(&pool.nidle) == 0 || ld_relaxed(&pool.nsearching) != 0)
+    /* seq_cst loads: a count read here was lowered after its epoch moved,
+     * so a drain that sees what this thread does next sees that move too. */
+    if (ld_seqcst(&pool.nidle) == 0 || ld_seqcst(&pool.nsearching) != 0)
         return;
     if (!cas_seqcst(&pool.nsearching, &zero, 1))
         return;
@@ -310,8 +324,7 @@ static void unlink_from(struct worker **list, _Atomic unsigned *count, struct wo
     while (*list != w)
         list = &(*list)->idle_next;
     *list = w->idle_next;
-    w->in_idle = false;
-    sub_relaxed(count, 1);
+    left_idle(w, count);
 }
 
 /*
@@ -365,7 +378,6 @@ static bool park_worker(struct worker *w)
      * unlocking, then wakes: the futex compare covers the gap. */
     while ((word = ld_acquire(&w->park)) == PARK_IDLE)
         atap__word_wait(&w->park, PARK_IDLE, ATAP__FOREVER);
-    add_seqcst(&pool.epoch, 1);
     st_relaxed(&w->park, PARK_RUNNING);
     if (word == PARK_STOP)
         return false;
@@ -393,7 +405,7 @@ static uint32_t steal_from(struct worker *w, struct worker *v)
 {
     int64_t want = (ring_len(&v->ring) + 1) / 2;
     uint32_t first = 0, x;
-    unsigned misses = 0;
+    unsigned misses = 0, moved = 0;
 
     while (want > 0 && misses < 8) {
         if ((x = ring_steal(&v->ring)) == UINT32_MAX) {
@@ -402,12 +414,18 @@ static uint32_t steal_from(struct worker *w, struct worker *v)
         }
         if (x == 0)
             break;
-        if (!first)
+        if (!first) {
             first = x;
-        else
+        } else {
             push_ring(w, x);
+            moved++;
+        }
         want--;
     }
+    /* What was moved sat in no queue for a moment, where a parker's last
+     * look could miss it: wake one for it, as from_shared does. */
+    if (moved)
+        notify();
     if (!first)
         first = atomic_exchange_explicit(&v->lifo, 0, memory_order_acq_rel);
     return first;
@@ -517,14 +535,32 @@ void atap__pool_blocked(struct worker *w, bool blocked)
      * can steal it (a LIFO slot woke nobody when it was filled); with none
      * idle and every worker blocked, one more worker is started. */
     if (ld_relaxed(&pool.nidle) > 0) {
-        if (work_visible(true) && wake_idle())
+        /* Counted a searcher before it wakes, as notify does: woken first,
+         * it could leave the search before it was counted in. */
+        if (work_visible(true)) {
             add_seqcst(&pool.nsearching, 1);
+            if (!wake_idle())
+                sub_seqcst(&pool.nsearching, 1);
+        }
     } else if (ld_seqcst(&pool.nblocked) >= ld_seqcst(&pool.nlive) && work_visible(true)) {
         add_worker();
     }
 }
 
 /* ---- submitting -------------------------------------------------------- */
+
+/* After queueing work outside a worker: with no worker left (every one died
+ * and its replacement was refused), start one. A start refused here too is
+ * retried by the manager's tick. */
+static void ensure_worker(void)
+{
+    if (ld_relaxed(&pool.nlive) != 0)
+        return;
+    pthread_mutex_lock(&pool.lock);
+    if (ld_relaxed(&pool.nlive) == 0 && !ld_relaxed(&pool.stopping))
+        start_thread(false, NULL);
+    pthread_mutex_unlock(&pool.lock);
+}
 
 /* Wakes an idle blocking thread, or starts one, for work in the queue. */
 static void wake_blocker(void)
@@ -557,6 +593,7 @@ void atap__pool_submit_batch(const uint32_t *refs, unsigned n)
     if (n == 0)
         return;
     push_shared(&pool.inj, refs, n); /* one CAS a band, then one wake check */
+    ensure_worker();
     notify();
 }
 
@@ -583,12 +620,7 @@ void atap__pool_submit(uint32_t ref, int priority, bool blocking)
         push_ring(w, old);
     } else {
         atap__inj_push(&pool.inj, &ref, 1, atap__inj_band(priority));
-        if (ld_relaxed(&pool.nlive) == 0) { /* every worker died unreplaced */
-            pthread_mutex_lock(&pool.lock);
-            if (ld_relaxed(&pool.nlive) == 0 && !ld_relaxed(&pool.stopping))
-                start_thread(false, NULL);
-            pthread_mutex_unlock(&pool.lock);
-        }
+        ensure_worker();
     }
     notify();
 }
@@ -692,7 +724,7 @@ static void blocker_loop(struct worker *w)
         if (FAULT_WORKER_DIES(true))
             pthread_exit(NULL); /* an injected death, idle */
         /* Counted busy before the pop, so a drain never sees a task in
-         * neither the queue nor the busy count. */
+         * neither the queue nor the busy count (quiescent). */
         add_seqcst(&pool.bbusy, 1);
         st_relaxed(&w->busy, true);
         if (atap__inj_pop(&pool.binj, &w->cursor, &ref, 1)) {
@@ -737,6 +769,8 @@ static void thread_died(void *arg)
     st_relaxed(&w->busy, false);
     if (w->searching)
         sub_seqcst(&pool.nsearching, 1);
+    if (w->blocked)
+        atap__pool_blocked(w, false);
     if (!w->blocking)
         evacuate(w);
     pthread_mutex_lock(&pool.lock);
@@ -753,6 +787,9 @@ static void thread_died(void *arg)
     pthread_mutex_unlock(&pool.lock);
     if (!w->blocking)
         notify();
+    /* What this thread's later destructors spawn goes where an outside
+     * thread's would, not into the queues of a record about to read DEAD. */
+    atap__self = NULL;
     st_release(&w->status, W_DEAD); /* last: joiners may now join us */
 }
 
@@ -772,6 +809,7 @@ static void *thread_main(void *arg)
     else
         worker_loop(w);
     pthread_cleanup_pop(0);
+    atap__self = NULL; /* as in thread_died */
     pthread_mutex_lock(&pool.lock);
     if (!w->uncounted)
         sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
@@ -848,6 +886,13 @@ void atap__pool_tick(uint64_t now)
     if (live > 0 && stuck == live && work_visible(true) &&
         (live < pool.target || queued >= (size_t)live * OVERLOAD_RATIO))
         add_worker();
+    /* Below the floor (a replacement was refused): one more a tick. And a
+     * blocking task with no blocking thread to run it (its start was
+     * refused): start one. */
+    if (ld_relaxed(&pool.nlive) < pool.floor)
+        add_worker();
+    if (ld_relaxed(&pool.blive) == 0 && !atap__inj_empty(&pool.binj))
+        wake_blocker();
     reap(now, live);
     if (++pool.ticks % TRIM_EVERY_TICKS == 0 && ld_relaxed(&pool.nidle) == live &&
         !work_visible(true))
@@ -910,13 +955,24 @@ int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size
     return rc;
 }
 
+/*
+ * Nothing queued and nothing running, looked at under the epoch. A thread
+ * that starts running moves the epoch (left_idle, start_thread) or counts
+ * itself in bbusy before it takes a task; taking one is a release (the
+ * queues' pops) that the fence below turns into a happens-before when this
+ * look sees the queue it emptied. So either a queue is seen holding the
+ * task, or bbusy or the epoch's second look sees the thread that took it.
+ * The queues go first, the counts after: the other way round a blocking
+ * thread could count itself busy and pop between the two looks.
+ */
 static bool quiescent(void)
 {
     uint64_t epoch = ld_seqcst(&pool.epoch);
     bool quiet = ld_seqcst(&pool.nidle) == ld_seqcst(&pool.nlive) && !work_visible(true) &&
-                 ld_seqcst(&pool.bbusy) == 0 && atap__inj_empty(&pool.binj);
+                 atap__inj_empty(&pool.binj);
 
-    return quiet && ld_seqcst(&pool.epoch) == epoch;
+    fence_seqcst();
+    return quiet && ld_seqcst(&pool.bbusy) == 0 && ld_seqcst(&pool.epoch) == epoch;
 }
 
 static void join_all(struct worker *recs, _Atomic unsigned *nrec)

@@ -199,6 +199,53 @@ static void test_faults_spawn_refused(void **state)
     assert_true(pool_stats().workers >= 1);
 }
 
+/* Every worker dies with its replacement refused; then work reaches the
+ * shared queue other than by a spawn from outside: a delayed task, which
+ * the manager queues. It runs, and the pool gets back to its floor. */
+static void test_faults_no_worker_left_delayed_task(void **state)
+{
+    (void)state;
+    unsigned cores = (unsigned)sysconf(_SC_NPROCESSORS_ONLN);
+    size_t floor = pool_stats().workers;
+    uint64_t d0 = deaths();
+
+    atap_inject_spawn_refusals(cores);
+    atap_inject_thread_deaths(cores, 0);
+    assert_true(wait_deaths(d0 + cores, ATAP_SEC(20)));
+    atap_inject_spawn_refusals(0); /* the kernel starts threads again */
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, spin_a_little, (void *)(uintptr_t)5,
+                                &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_MS(5)}),
+                     0);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(30)), 0);
+    assert_true(v == 5);
+    atap_release(t);
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (pool_stats().workers < floor && now_ns() < end)
+        sleep_us(1000);
+    assert_true(pool_stats().workers >= floor);
+}
+
+/* The start of the blocking thread a blocking task needs is refused: it is
+ * started later (the manager's tick), and the task runs. */
+static void test_faults_blocking_start_refused(void **state)
+{
+    (void)state;
+    atap_task t;
+
+    assert_int_equal(pool_stats().blocking_threads, 0); /* a fresh runtime: none yet */
+    atap_inject_spawn_refusals(1);
+    assert_int_equal(
+        atap_spawn(&t, spin_a_little, (void *)(uintptr_t)9,
+                   &(atap_spawn_opts){.out_size = 8, .blocking = true}),
+        0);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(30)), 0);
+    assert_true(v == 9);
+    atap_release(t);
+}
+
 /* An init whose first thread start is refused fails cleanly, and the next
  * init works. */
 static void test_faults_init_refused(void **state)
@@ -265,6 +312,8 @@ int main(void)
         T(test_faults_blocking_thread_dies),
         T(test_faults_worker_dies_mid_help),
         T(test_faults_spawn_refused),
+        T(test_faults_no_worker_left_delayed_task),
+        T(test_faults_blocking_start_refused),
         T(test_faults_init_refused),
         T(test_faults_help_depths),
     };

@@ -202,6 +202,77 @@ static void test_lifecycle_shutdown_drains(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* A chain that crosses between the workers and the blocking threads while
+ * shutdown drains: a worker task spawns a blocking task, which spawns a
+ * worker task and joins it, then starts the next link. Shutdown waits for
+ * the whole chain: nothing queued is left behind, no join waits forever. */
+struct chain {
+    atomic_int left, links, bad;
+};
+
+static int chain_child(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    uint64_t v = 7;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static int chain_worker(atap_ctx *ctx, void *arg, void *out);
+
+static int chain_blocking(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    struct chain *c = arg;
+    atap_task k;
+    uint64_t v = 0;
+
+    if (atap_spawn(&k, chain_child, NULL, &(atap_spawn_opts){.out_size = 8}) != 0 ||
+        atap_join(k, &v, sizeof v) != 0 || v != 7)
+        atomic_fetch_add(&c->bad, 1);
+    atap_release(k);
+    atomic_fetch_add(&c->links, 1);
+    if (atomic_fetch_sub(&c->left, 1) > 1) {
+        if (atap_spawn(&k, chain_worker, c, NULL) != 0)
+            atomic_fetch_add(&c->bad, 1);
+        atap_release(k);
+    }
+    return 0;
+}
+
+static int chain_worker(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    atap_task t;
+
+    if (atap_spawn(&t, chain_blocking, arg, &(atap_spawn_opts){.blocking = true}) != 0)
+        atomic_fetch_add(&((struct chain *)arg)->bad, 1);
+    atap_release(t);
+    return 0;
+}
+
+static void test_lifecycle_shutdown_drains_across_blocking(void **state)
+{
+    (void)state;
+    static struct chain c;
+    enum { LINKS = 200 };
+
+    for (int round = 0; round < 3; round++) {
+        atomic_store(&c.left, LINKS);
+        atomic_store(&c.links, 0);
+        atomic_store(&c.bad, 0);
+        assert_int_equal(atap_init(NULL), 0);
+        atap_task t;
+        assert_int_equal(atap_spawn(&t, chain_worker, &c, NULL), 0);
+        atap_release(t);
+        assert_int_equal(atap_shutdown(), 0);
+        assert_int_equal(atomic_load(&c.bad), 0);
+        if (atomic_load(&c.links) != LINKS)
+            fail_msg("round %d: shutdown returned after %d of %d links", round,
+                     atomic_load(&c.links), LINKS);
+    }
+}
+
 static void test_lifecycle_shutdown_twice(void **state)
 {
     (void)state;
@@ -560,6 +631,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycle_init_config_size, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_workers_started_and_stopped, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_shutdown_drains, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_shutdown_drains_across_blocking, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_shutdown_twice, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_spawn_after_shutdown, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_reinit_old_handles_read, ensure_stopped),
