@@ -508,10 +508,16 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
 /*
  * A task whose every handle is gone (spawned, then released at once) can be
  * neither cancelled, read, waited on nor given a new handle: dup needs a
- * listener, and a count never comes back from 0. Its runner is the only
- * party left, so it runs with no claim, no settle and no reference CAS, and
- * its slot goes straight back. (A thread dying in it goes through
- * fail_held, whose CASes still hold.)
+ * listener, and a count never comes back from 0 but for one party: a waker
+ * (atap__park_wake) holds a task it found registered, RUN or not, to reach
+ * its park record. Its runner is otherwise the only party left, so it runs
+ * with no claim, no settle and no reference CAS, and its slot goes straight
+ * back; a task with a side record (where a park lives) ends through the
+ * reference CAS instead, so a waker's hold keeps the slot until it lets go.
+ * A task with none has nothing a waker reads that its freeing frees: a
+ * late hold lands on a slot whose generation has moved on, and its release
+ * is ignored. (A thread dying in it goes through fail_held, whose CASes
+ * still hold.)
  */
 static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
 {
@@ -535,6 +541,10 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
     }
     if (rc == 0)
         s->filled = 1; /* nobody can take it: out_free at free */
+    if (unlikely(ld_relaxed(&s->side) != NULL)) {
+        atap__exec_release_run(s, ref - 1, gen);
+        return;
+    }
     free_slot(w, s, ref - 1, gen);
 }
 
