@@ -134,7 +134,9 @@ struct atap_pool_stats {
     size_t blocking_threads; /* blocking threads alive */
     size_t blocking_busy;    /* blocking threads inside a task */
     size_t queued;           /* tasks in the shared queues (approximate) */
-    size_t live;             /* tasks holding a slot */
+    size_t live;             /* tasks holding a slot: at least those
+                                live all through the call, so 0 means every
+                                task spawned before the call is gone */
     size_t slots;            /* table span now (shrinks when trimmed) */
     size_t peak_slots;       /* the most slots spanned at once; never falls */
     size_t peak_workers;     /* the most workers at once; never falls */
