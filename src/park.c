@@ -319,15 +319,19 @@ static void tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
     pthread_mutex_unlock(&fd_lock);
     if (by)
         tclaim(s, by, by == BY_READY ? ATAP_ERROR : 0);
+    /* seq_cst: with the load of the word below, against the canceller's
+     * state change and fence before its claim (store against store). */
     if (!atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_ARMED | bits,
-                                                 memory_order_acq_rel, memory_order_acquire)) {
+                                                 memory_order_seq_cst, memory_order_acquire)) {
         tail_fd_complete(ctx->index, (int)(c & T_STATE & ~P_CLAIMED), linked);
     } else {
-        w = ld_seqcst(&s->word); /* a stop before the park could be found */
+        /* A stop before the park could be found. Once armed, the park may
+         * already have been claimed and the task parked again (on the wheel,
+         * say): act as the canceller does, on whatever park the task is in. */
+        w = ld_seqcst(&s->word);
         st = word_state(w);
-        if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT) &&
-            tclaim(s, BY_STOP, 0) == 1)
-            tail_fd_complete(ctx->index, BY_STOP, true);
+        if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
+            atap__park_interrupt(s, ctx->index, ctx->gen);
     }
     atap__exec_release_listener(s, ctx->index, ctx->gen);
 }
@@ -893,7 +897,10 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
             atap__manager_wake();
     }
     c = P_ARMING;
-    if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_acq_rel,
+    /* seq_cst: store against store with a waker (its woken store, then its
+     * claim load) and with a canceller (its state change and fence, then its
+     * claim), each read back below. */
+    if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_seq_cst,
                                                  memory_order_acquire)) {
         atap__park_complete(p, (int)(c & ~P_CLAIMED)); /* claimed while we armed it */
     } else if (ctx->park_kind == PK_WAKE &&
