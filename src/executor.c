@@ -153,15 +153,25 @@ static __attribute__((noinline, cold)) void maybe_orphan(struct atap_slot *s, ui
 static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     uint64_t r = ld_relaxed(&s->refs);
+    bool orphan_seen = false;
 
-    if (unlikely((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) ==
-                 (REFS_GATED | REFS_RUN | 1)) &&
-        refs_gen(r) == gen)
-        maybe_orphan(s, index, gen);
-    do {
+    TEST_HOOK(ATAP__TEST_RELEASE_READ);
+    for (;;) {
         if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
             return;
-    } while (!cas_acqrel(&s->refs, &r, r - 1));
+        /* Looked at on every try: a release racing ours may have just
+         * left ours the last listener. */
+        if (unlikely((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) ==
+                     (REFS_GATED | REFS_RUN | 1)) &&
+            !orphan_seen) {
+            maybe_orphan(s, index, gen);
+            orphan_seen = true;
+            r = ld_relaxed(&s->refs);
+            continue;
+        }
+        if (cas_acqrel(&s->refs, &r, r - 1))
+            break;
+    }
     if (((r - 1) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
         free_released(s, index, gen);
 }

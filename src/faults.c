@@ -40,17 +40,19 @@ void atap_inject_arm_pause(unsigned ms)
     st_relaxed(&atap__owed_arm_pause_ms, ms);
 }
 
-void (*_Atomic atap__live_scan_hook)(void);
+void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
 
-int atap__test_on_live_scan(void (*hook)(void))
+int atap__test_on(int point, void (*hook)(void))
 {
-    st_relaxed(&atap__live_scan_hook, hook);
+    if (point < 0 || point >= ATAP__TEST_POINTS)
+        return ATAP_EINVAL;
+    st_relaxed(&atap__test_hooks[point], hook);
     return 0;
 }
 #else
-int atap__test_on_live_scan(void (*hook)(void))
+int atap__test_on(int point, void (*hook)(void))
 {
-    (void)hook;
+    (void)point, (void)hook;
     return -ENOTSUP;
 }
 #endif

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 
 #include "atomics.h"
+#include "testing.h"
 
 #define HELP_DEPTH 64
 
@@ -41,12 +42,12 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
     (ld_relaxed(&atap__owed_arm_pause_ms)                                                          \
          ? atomic_exchange_explicit(&atap__owed_arm_pause_ms, 0, memory_order_relaxed)             \
          : 0u)
-/* A test's hook, called after each stash a live count reads (table.c). */
-extern void (*_Atomic atap__live_scan_hook)(void);
-#define TEST_HOOK_LIVE_SCAN()                                                                      \
+/* The test hooks (testing.h), each called where its point says. */
+extern void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
+#define TEST_HOOK(point)                                                                           \
     do {                                                                                           \
-        void (*hook_)(void) = ld_relaxed(&atap__live_scan_hook);                                  \
-        if (hook_)                                                                                 \
+        void (*hook_)(void) = ld_relaxed(&atap__test_hooks[point]);                               \
+        if (unlikely(hook_ != NULL))                                                               \
             hook_();                                                                               \
     } while (0)
 #else
@@ -55,7 +56,7 @@ extern void (*_Atomic atap__live_scan_hook)(void);
 #define FAULT_DEATH_OWED(blocking) ((void)(blocking), false)
 #define HELP_LIMIT() HELP_DEPTH
 #define FAULT_ARM_PAUSE_MS() 0u
-#define TEST_HOOK_LIVE_SCAN() ((void)0)
+#define TEST_HOOK(point) ((void)0)
 #endif
 
 #endif

@@ -137,6 +137,9 @@ static void backoff(uint64_t ns)
 static void close_timers(void)
 {
     st_seqcst(&mgr.closed, true);
+    /* Store against store with an arm (its seq_cst push, then its look at
+     * closed): the fence keeps the store before take_all's exchange. */
+    fence_seqcst();
     atap__timers_take_all(&mgr.timers, atap__sched_write_off, NULL);
     atap__park_close_all(); /* parks, whether they have a timer or not */
 }

@@ -281,7 +281,7 @@ static uint64_t sum_counts(bool frees)
     for (unsigned i = 0; i < n && i < sizeof table.caches / sizeof table.caches[0]; i++) {
         if ((c = ld_acquire(&table.caches[i])) != NULL)
             sum += ld_acquire(frees ? &c->frees : &c->allocs);
-        TEST_HOOK_LIVE_SCAN();
+        TEST_HOOK(ATAP__TEST_LIVE_SCAN);
     }
     return sum;
 }

@@ -28,9 +28,15 @@ int atap__test_set_slot_gen(uint32_t index, uint32_t gen);
  * runs (every thread that owns a stash is gone): ATAP_EBUSY otherwise. */
 int atap__test_flush_caches(void);
 
-/* Calls hook (NULL: none) after each thread's stash a live count reads, on
- * the reading thread, so a test can allocate and free between two reads.
+/* Points where a test may run code of its own, on the thread passing by:
+ *   ATAP__TEST_LIVE_SCAN     after each thread's stash a live count reads
+ *                            (table.c), to allocate and free between reads;
+ *   ATAP__TEST_RELEASE_READ  in atap_release, between its first read of the
+ *                            reference word and its CAS (executor.c). */
+enum { ATAP__TEST_LIVE_SCAN, ATAP__TEST_RELEASE_READ, ATAP__TEST_POINTS };
+
+/* Sets the hook at point (NULL: none). ATAP_EINVAL for an unknown point,
  * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */
-int atap__test_on_live_scan(void (*hook)(void));
+int atap__test_on(int point, void (*hook)(void));
 
 #endif

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "test_util.h"
+#include "testing.h"
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -611,6 +612,61 @@ static void test_dataflow_let_go_when_no_giver_is_left(void **state)
     assert_true(wait_atomic_at_least(&g_arg_frees, 1, ATAP_SEC(10)));
     SETTLE_EXACT(&g_arg_frees, 1);
     assert_int_equal(atomic_load(&p->runs), 0);
+}
+
+/* The last two handles of a waiting task released at once: one release
+ * reads the count (2), and before it acts the other goes (2 -> 1), so the
+ * first finds itself the last only on its second try. It must let the task
+ * go then (no slot left behind), as it would have on its first. A test hook
+ * holds the first release between its read and its CAS. */
+static _Thread_local bool held_release;
+static atomic_int holding, other_gone;
+
+static void hold_until_other_gone(void)
+{
+    if (!held_release)
+        return; /* anyone else's release passes straight through */
+    held_release = false;
+    atomic_store(&holding, 1);
+    while (!atomic_load(&other_gone))
+        sleep_us(100);
+}
+
+static void *release_held(void *arg)
+{
+    held_release = true;
+    atap_release(*(atap_task *)arg);
+    return NULL;
+}
+
+static void test_dataflow_let_go_last_handles_together(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 20 };
+    atomic_int runs = 0;
+
+    reset_counts();
+    assert_int_equal(atap__test_on(ATAP__TEST_RELEASE_READ, hold_until_other_gone), 0);
+    for (int i = 0; i < ROUNDS; i++) {
+        atap_task h[2];
+        pthread_t th;
+
+        assert_int_equal(atap_spawn_waiting(&h[0], zero_input_run, &runs, 8,
+                                            &(atap_spawn_opts){.arg_free = count_arg_free}),
+                         0);
+        assert_int_equal(atap_dup(h[0], &h[1]), 0);
+        atomic_store(&holding, 0);
+        atomic_store(&other_gone, 0);
+        assert_int_equal(pthread_create(&th, NULL, release_held, &h[0]), 0);
+        assert_true(wait_atomic_at_least(&holding, 1, ATAP_SEC(20)));
+        atap_release(h[1]);
+        atomic_store(&other_gone, 1);
+        assert_int_equal(pthread_join(th, NULL), 0);
+    }
+    assert_int_equal(atap__test_on(ATAP__TEST_RELEASE_READ, NULL), 0);
+    waited_to_live_back();
+    SETTLE_EXACT(&g_arg_frees, ROUNDS);
+    assert_int_equal(atomic_load(&runs), 0); /* never given anything */
 }
 
 /* A forward into a task counts as a giver: with its handle released, the
@@ -1854,6 +1910,7 @@ int main(void)
         T(test_dataflow_give_after_end),
         T(test_dataflow_give_after_shutdown),
         T(test_dataflow_let_go_when_no_giver_is_left),
+        T(test_dataflow_let_go_last_handles_together),
         T(test_dataflow_let_go_forward_keeps_target),
         T(test_dataflow_let_go_never_given_fails),
         T(test_dataflow_repeat_series_per_give),

@@ -792,9 +792,9 @@ static void test_table_live_never_short(void **state)
     assert_int_equal(atap__table_alloc(&scan_x, &held, &held_gen), 0);
     size_t before = atap__table_live();
     assert_true(before >= 1);
-    assert_int_equal(atap__test_on_live_scan(take_on_x_free_on_y), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_LIVE_SCAN, take_on_x_free_on_y), 0);
     size_t during = atap__table_live();
-    assert_int_equal(atap__test_on_live_scan(NULL), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_LIVE_SCAN, NULL), 0);
     assert_true(scan_hooks >= 2);
     if (during < before)
         fail_msg("live read %zu with %zu tasks live", during, before);
