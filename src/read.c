@@ -155,6 +155,11 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_TAKEN)));
     if (rc == 0 && s->out_size)
         copy_bytes(out, slot_out(s), s->out_size);
+    /* The output is the taker's now: nothing left in the slot to let go of,
+     * whatever state the task moves on to (a repeat's next run writes
+     * filled again, under the write lock this read lock excludes). */
+    if (rc == 0)
+        s->filled = 0;
     if (unlikely(s->ext != NULL))
         atap__sched_read_unlock(s);
     return rc;

@@ -74,6 +74,7 @@ struct sched {
     bool out_live;                /* an output is in the slot, not taken (runner) */
     bool out_kept;                /* READY moved back to PENDING by a give */
     bool limit_armed;             /* the runner armed `limit` for this run */
+    uint64_t limit_at;            /* ... for this moment */
     uint64_t after, every, timeout, for_ns, deadline; /* deadline: UINT64_MAX none */
     uint32_t runs, done;
     void *scratch; /* a repeat's run writes here (out_size bytes) */
@@ -452,7 +453,8 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
     c->limit_armed = false;
     if (c->timeout) {
         st_release(&c->running_gen, gen);
-        c->limit_armed = arm(c, &c->limit, atap__deadline(now, c->timeout));
+        c->limit_at = atap__deadline(now, c->timeout);
+        c->limit_armed = arm(c, &c->limit, c->limit_at);
     }
     *gen_out = gen;
     return true;
@@ -595,8 +597,11 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
     struct sched *c = sched_of(s);
 
     /* A limit that could not be disarmed fired, or is firing, for this run:
-     * the run is over time whatever it returned. */
-    if (c->limit_armed && !atap__timer_disarm(atap__manager_timers(), &c->limit))
+     * the run is over time whatever it returned. Or the timers closed (no
+     * manager will run again) and took it unfired: then the clock says
+     * whether the run went past its limit (timers never fire early). */
+    if (c->limit_armed && !atap__timer_disarm(atap__manager_timers(), &c->limit) &&
+        atap__now_ns() >= c->limit_at)
         atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT);
     if (c->parent) {
         rate_run_done(s, c, gen, rc);

@@ -72,8 +72,9 @@ struct atap_slot {
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;
-    uint8_t filled; /* an output was written (by runs only: kept apart from
-                       flags, which others read while a run writes this) */
+    uint8_t filled; /* an output stands in the slot for nobody yet: set by
+                       runs, cleared by the take that moves it out (kept
+                       apart from flags, which others read meanwhile) */
     uint8_t fail_code; /* a run that failed with an ATAP_E* code: the code
                           + ATAP_FAIL_BASE (runner-written before FAILED) */
     atap_fn *fn;

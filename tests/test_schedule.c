@@ -575,6 +575,98 @@ static void test_schedule_manager_gone_during_arm(void **state)
     free(l);
 }
 
+/* A repeat's output that was taken is the taker's: whatever ends the series
+ * after (a cancel, a failing run), out_free never sees it. */
+static void *_Atomic freed_outs[8];
+static atomic_int nfreed_outs, plain_runs, fail_after_first;
+
+static void note_out_free(void *out)
+{
+    void *p;
+    int i = atomic_fetch_add(&nfreed_outs, 1);
+
+    memcpy(&p, out, sizeof p);
+    if (i < 8)
+        atomic_store(&freed_outs[i], p);
+    free(p);
+}
+
+static int fresh_block(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    atomic_int *runs = arg;
+    void *p;
+
+    if (atomic_fetch_add(runs, 1) >= 1 && arg == (void *)&fail_after_first)
+        return -1; /* the second run fails */
+    p = malloc(16);
+    memcpy(out, &p, sizeof p);
+    return 0;
+}
+
+static void test_schedule_taken_output_not_freed(void **state)
+{
+    (void)state;
+    for (int variant = 0; variant < 2; variant++) {
+        atomic_int *runs = variant ? &fail_after_first : &plain_runs;
+        atap_task t;
+        void *got = NULL;
+
+        atomic_store(runs, 0);
+        atomic_store(&nfreed_outs, 0);
+        assert_int_equal(atap_spawn(&t, fresh_block, runs,
+                                    &(atap_spawn_opts){.out_size = sizeof(void *),
+                                                       .out_free = note_out_free,
+                                                       .kind = ATAP_REPEAT,
+                                                       .every_ns = variant ? ATAP_MS(200)
+                                                                           : ATAP_SEC(60)}),
+                         0);
+        assert_int_equal(atap_take(t, &got, sizeof got), 0);
+        assert_non_null(got);
+        if (variant == 0) {
+            assert_int_equal(atap_cancel(t), 0); /* TAKEN -> CANCELLED */
+        } else {
+            atap_state st;
+            assert_int_equal(atap_wait(t, &st), 0); /* the second run fails */
+        }
+        atap_release(t);
+        assert_true(wait_live_back(ATAP_SEC(10)));
+        for (int i = 0; i < atomic_load(&nfreed_outs) && i < 8; i++)
+            if (atomic_load(&freed_outs[i]) == got)
+                fail_msg("variant %d: out_free called on the output atap_take moved out", variant);
+        free(got);
+    }
+}
+
+/* A run with a long limit still under way at shutdown (the manager stops
+ * first and takes its limit timer unfired) ends with its output, not
+ * ATAP_TIMED_OUT. */
+static int slow_42(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    uint64_t v = 42;
+    sleep_us(300000);
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void test_schedule_limit_under_way_at_shutdown(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t v = 0;
+
+    assert_int_equal(atap_spawn(&t, slow_42, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .timeout_ns = ATAP_SEC(30)}),
+                     0);
+    sleep_us(50000); /* running */
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_join(t, &v, sizeof v), 0);
+    assert_true(v == 42);
+    atap_release(t);
+    assert_int_equal(atap_init(NULL), 0);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -599,6 +691,8 @@ int main(void)
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),
         T(test_schedule_manager_gone_during_arm),
+        T(test_schedule_taken_output_not_freed),
+        T(test_schedule_limit_under_way_at_shutdown),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
