@@ -715,8 +715,10 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
     st = word_state(cur);
     ok = word_gen(cur) == pgen && (st == ST_PENDING || st == ST_READY || st == ST_TAKEN);
     if (ok && p->out_size) {
-        if (st == ST_READY && p->filled && p->out_free)
-            p->out_free(slot_out(p)); /* replaced before anyone took it */
+        /* Replaced before anyone took it: READY, or kept through a restart
+         * (PENDING again after a give); a take cleared filled. */
+        if (p->filled && p->out_free)
+            p->out_free(slot_out(p));
         memcpy(slot_out(p), out, p->out_size);
         p->filled = 1;
     }

@@ -669,6 +669,63 @@ static void test_dataflow_let_go_last_handles_together(void **state)
     assert_int_equal(atomic_load(&runs), 0); /* never given anything */
 }
 
+/* An at-rate waiting series that ran out and is given again starts over;
+ * the output its last run left (READY, taken by nobody) is replaced by the
+ * next run's and let go then: every output made is let go exactly once. */
+static atomic_int rate_made, rate_freed;
+
+static void free_block(void *out)
+{
+    void *p;
+
+    memcpy(&p, out, sizeof p);
+    free(p);
+    atomic_fetch_add(&rate_freed, 1);
+}
+
+static int make_block(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    void *p = malloc(8);
+
+    memcpy(out, &p, sizeof p);
+    atomic_fetch_add(&rate_made, 1);
+    return 0;
+}
+
+static void test_dataflow_at_rate_restart_lets_go_of_kept_output(void **state)
+{
+    (void)state;
+    enum { GIVES = 4 };
+    atap_task t;
+    int v = 1;
+
+    atomic_store(&rate_made, 0);
+    atomic_store(&rate_freed, 0);
+    assert_int_equal(atap_spawn_waiting(&t, make_block, NULL, sizeof v,
+                                        &(atap_spawn_opts){.out_size = sizeof(void *),
+                                                           .out_free = free_block,
+                                                           .kind = ATAP_AT_RATE,
+                                                           .every_ns = ATAP_MS(10),
+                                                           .runs = 1}),
+                     0);
+    for (int i = 1; i <= GIVES; i++) {
+        assert_int_equal(atap_give(t, &v, sizeof v), 0);
+        /* the series' one run made its output; then it stands, READY */
+        assert_true(wait_atomic_at_least(&rate_made, i, ATAP_SEC(10)));
+        uint64_t end = now_ns() + ATAP_SEC(10);
+        while (atap_state_of(t) != ATAP_READY && now_ns() < end)
+            sleep_us(1000);
+        assert_int_equal(atap_state_of(t), ATAP_READY);
+        sleep_us(20000); /* the series winds down: the next give starts it over */
+    }
+    SETTLE_EXACT(&rate_freed, GIVES - 1); /* all but the standing one */
+    atap_release(t);
+    waited_to_live_back();
+    SETTLE_EXACT(&rate_freed, GIVES);
+    assert_int_equal(atomic_load(&rate_made), GIVES);
+}
+
 /* A forward into a task counts as a giver: with its handle released, the
  * target still receives the source's output, and goes after that. */
 static void test_dataflow_let_go_forward_keeps_target(void **state)
@@ -1911,6 +1968,7 @@ int main(void)
         T(test_dataflow_give_after_shutdown),
         T(test_dataflow_let_go_when_no_giver_is_left),
         T(test_dataflow_let_go_last_handles_together),
+        T(test_dataflow_at_rate_restart_lets_go_of_kept_output),
         T(test_dataflow_let_go_forward_keeps_target),
         T(test_dataflow_let_go_never_given_fails),
         T(test_dataflow_repeat_series_per_give),
