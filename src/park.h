@@ -46,7 +46,7 @@ void atap__park_event(void *udata, unsigned events, unsigned kind);
  * when it must look again (UINT64_MAX: none waits). */
 uint64_t atap__park_wheel_run(uint64_t now);
 /* Manager: frees the park records let go of that its timer structure no
- * longer holds (all: it holds none). */
+ * longer holds (all: it holds none; also shutdown's last step). */
 void atap__park_reap(bool all);
 /* The slot is being freed: its park record goes (through the manager if
  * its timer may still be held). NULL is ignored. */

@@ -18,7 +18,9 @@
 #include "executor.h"
 #include "dataflow.h"
 #include "manager.h"
+#include "park.h"
 #include "pool.h"
+#include "schedule.h"
 #include "table.h"
 
 #define STOPPED 0
@@ -130,6 +132,10 @@ int atap_shutdown(void)
     atap__manager_stop();
     atap__pool_stop();
     atap__flow_shutdown(); /* tasks left waiting for a give */
+    /* What the last tasks left to the reapers (schedules and parks freed
+     * with them after the manager's last reap): nothing runs now. */
+    atap__sched_reap(true);
+    atap__park_reap(true);
     st_seqcst(&lifecycle, STOPPED);
     return 0;
 }
