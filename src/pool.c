@@ -379,8 +379,13 @@ static bool park_worker(struct worker *w)
     while ((word = ld_acquire(&w->park)) == PARK_IDLE)
         atap__word_wait(&w->park, PARK_IDLE, ATAP__FOREVER);
     st_relaxed(&w->park, PARK_RUNNING);
-    if (word == PARK_STOP)
+    if (word == PARK_STOP) {
+        /* Reaped: a queuer may have counted on this worker (it was listed
+         * when the queuer looked) and found nobody left to wake. */
+        if (!ld_acquire(&pool.stopping) && work_visible(false))
+            notify();
         return false;
+    }
     w->searching = word == PARK_NOTIFIED;
     return true;
 }
