@@ -141,32 +141,34 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
  * task still holds RUN: nothing can give to it after this. Read with an
  * RMW, so the count is the latest: only a holder adds listeners, and the
  * caller is the only holder when it reads 1. */
-static __attribute__((noinline, cold)) void maybe_orphan(struct atap_slot *s, uint32_t index,
-                                                        uint32_t gen)
+static __attribute__((noinline, cold)) uint64_t maybe_orphan(struct atap_slot *s, uint32_t index,
+                                                            uint32_t gen)
 {
     uint64_t r = atomic_fetch_add_explicit(&s->refs, 0, memory_order_acq_rel);
 
     if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | 1))
         atap__gate_orphan(s, index, gen);
+    return r;
 }
 
 static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    uint64_t r = ld_relaxed(&s->refs);
-    bool orphan_seen = false;
+    const uint64_t last = REFS_GATED | REFS_RUN | 1;
+    uint64_t r = ld_relaxed(&s->refs), orphaned = 0;
 
     TEST_HOOK(ATAP__TEST_RELEASE_READ);
     for (;;) {
         if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
             return;
-        /* Looked at on every try: a release racing ours may have just
-         * left ours the last listener. */
-        if (unlikely((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) ==
-                     (REFS_GATED | REFS_RUN | 1)) &&
-            !orphan_seen) {
-            maybe_orphan(s, index, gen);
-            orphan_seen = true;
-            r = ld_relaxed(&s->refs);
+        /* Looked at on every try: a release racing ours may have just left
+         * ours the last listener. Done once the look itself (an RMW, so the
+         * latest count) found ours the last: a hold taken meanwhile (a
+         * waker's, brief) sends us round again, and the holder's own
+         * release looks in turn. */
+        if (unlikely((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) == last) && r != orphaned) {
+            r = maybe_orphan(s, index, gen);
+            if ((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) == last)
+                orphaned = r;
             continue;
         }
         if (cas_acqrel(&s->refs, &r, r - 1))

@@ -257,6 +257,11 @@ bool atap__manager_gone(void)
     return ld_acquire(&mgr.state) == M_GONE;
 }
 
+bool atap__manager_stopped(void)
+{
+    return ld_acquire(&mgr.state) == M_STOPPED;
+}
+
 unsigned atap__manager_restarts(void)
 {
     return ld_relaxed(&mgr.restarts);

@@ -18,6 +18,7 @@ void atap__manager_wake(void);
 
 bool atap__manager_alive(void); /* a manager is running */
 bool atap__manager_gone(void);  /* the supervisor gave up */
+bool atap__manager_stopped(void); /* stopped, its timer structure gone */
 /* Whether an armed timer will be fired: false once a shutdown or the
  * supervisor giving up closed the structure (seq_cst, see schedule.c). */
 bool atap__manager_accepting(void);

@@ -1101,8 +1101,10 @@ void atap__park_destroy(struct park *p)
     if (!p)
         return;
     /* Never armed, or no manager will run again and it was let go (the
-     * structure was emptied when the supervisor gave up). */
-    if (!p->ever_timed || (atap__manager_gone() && !atap__timer_held(&p->timer))) {
+     * structure was emptied when the supervisor gave up), or the runtime
+     * stopped (the structure is gone; its owner, this slot, parks no more). */
+    if (!p->ever_timed || (atap__manager_gone() && !atap__timer_held(&p->timer)) ||
+        atap__manager_stopped()) {
         free(p);
         return;
     }

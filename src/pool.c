@@ -740,6 +740,10 @@ static void blocker_loop(struct worker *w)
                 wake_blocker();
             atap__exec_run(w, ref);
             st_relaxed(&w->busy, false);
+            /* What the run queued may have woken nobody (every blocking
+             * thread busy): the epoch tells a drain that read the queues
+             * before it (quiescent). */
+            add_seqcst(&pool.epoch, 1);
             sub_seqcst(&pool.bbusy, 1);
             continue;
         }
@@ -782,7 +786,9 @@ static void thread_died(void *arg)
     /* One counted out already (reaped, or a blocking thread timing out) was
      * leaving anyway: no replacement. */
     if (!w->uncounted) {
-        sub_relaxed(w->blocking ? &pool.blive : &pool.nlive, 1);
+        /* seq_cst (a release): a drain that reads the lower count sees the
+         * tasks evacuated above. */
+        sub_seqcst(w->blocking ? &pool.blive : &pool.nlive, 1);
         if (!ld_relaxed(&pool.stopping) && (!w->blocking || !atap__inj_empty(&pool.binj)))
             start_thread(w->blocking, w);
     }

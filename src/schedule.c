@@ -197,8 +197,11 @@ void atap__sched_destroy(struct atap_slot *s)
     }
     /* No manager will run again: the structure was emptied when it gave up
      * (the supervisor published that with GONE), and only an arm that came
-     * after can still sit in its inbox, until shutdown lets go of it. */
-    if (atap__manager_gone() && !held(c)) {
+     * after can still sit in its inbox, until shutdown lets go of it. Or
+     * the runtime stopped (a handle released after shutdown, or a task the
+     * drain ended): the structure is gone, only an arm under way counts. */
+    if ((atap__manager_gone() && !held(c)) ||
+        (atap__manager_stopped() && ld_acquire(&c->arming) == 0)) {
         sched_free(c);
         return;
     }
