@@ -707,12 +707,21 @@ static bool blocker_wait(struct worker *w)
     }
     pthread_mutex_unlock(&pool.lock);
     if (listed) {
+        bool stay;
+
         fence_seqcst();
         if (atap__inj_empty(&pool.binj) || ld_acquire(&pool.stopping))
             return false;
-        add_relaxed(&pool.blive, 1); /* work came in after all */
-        w->uncounted = false;
-        return true;
+        /* Work came in after all: stay, counted again under the lock, unless
+         * a submitter started a thread meanwhile that fills the cap (that
+         * thread, or the first busy one free, takes the work). */
+        pthread_mutex_lock(&pool.lock);
+        if ((stay = ld_relaxed(&pool.blive) < pool.bcap)) {
+            add_relaxed(&pool.blive, 1);
+            w->uncounted = false;
+        }
+        pthread_mutex_unlock(&pool.lock);
+        return stay;
     }
     /* Taken off the list by a waker, whose store comes right after. */
     while ((word = ld_acquire(&w->park)) == PARK_IDLE)
