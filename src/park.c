@@ -180,8 +180,12 @@ static unsigned wanted(const struct fdw *f)
 {
     unsigned ev = 0;
 
+    /* A claimed record waits only for its parker to take it off the list:
+     * watching its events for it would report a level-ready fd again and
+     * again meanwhile. */
     for (struct park *p = f->waiters; p; p = p->fd_next)
-        ev |= p->events;
+        if (ld_relaxed(&p->claim) < P_CLAIMED)
+            ev |= p->events;
     for (uint32_t x = f->tails; x; x = ld_relaxed(link_of(x - 1))) {
         uint32_t c = ld_relaxed(&atap__table_at(x - 1)->out.park.claim);
         if ((c & T_STATE) < P_CLAIMED) /* a stopped one waiting for the wheel wants nothing */
