@@ -161,6 +161,15 @@ void atap__park_complete(struct park *p, int by)
     if (p->timed && by != BY_DEADLINE)
         atap__timer_disarm(atap__manager_timers(), &p->timer); /* lost: see the top */
     registry_remove(p);
+    /* Stopped with a wake pending: one that came before the park was armed,
+     * or that a stop overtook (atap__park_wake counted it delivered). The
+     * task runs once more, woken, to hand it on (a channel's value, or
+     * room), as a task woken and then stopped does (run_observed). */
+    if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE &&
+        atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
+        st_release(&p->claim, P_CLAIMED | BY_READY);
+        by = BY_READY;
+    }
     if (by == BY_READY || by == BY_DEADLINE) {
         /* Nothing of p is touched after this: the next run owns it. */
         atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
@@ -878,6 +887,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     st_release(&p->deadline, ctx->deadline);
     /* seq_cst: a canceller that finds ARMING claims it (see the top). */
     st_seqcst(&p->claim, P_ARMING);
+    TEST_HOOK(ATAP__TEST_PARK_ARMING);
     pthread_mutex_lock(&reg_lock);
     if (!(closed = reg_closed)) {
         p->prev = NULL;
@@ -907,11 +917,14 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_seq_cst,
                                                  memory_order_acquire)) {
         atap__park_complete(p, (int)(c & ~P_CLAIMED)); /* claimed while we armed it */
-    } else if (ctx->park_kind == PK_WAKE &&
-               atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
-        /* A wake that came before the park was armed (atap__park_wake). */
-        if (atap__park_claim(p, BY_READY) == 1)
+    } else if (ctx->park_kind == PK_WAKE && ld_seqcst(&p->woken)) {
+        /* A wake that came before the park was armed (atap__park_wake).
+         * The flag goes only with a claim won: a stop that claims first
+         * finds it and hands the wake on (atap__park_complete). */
+        if (atap__park_claim(p, BY_READY) == 1) {
+            st_seqcst(&p->woken, 0);
             atap__park_complete(p, BY_READY);
+        }
     } else {
         /* A stop that came before the park could be found (seq_cst, against
          * the canceller's CAS and fence). From here p may already be on its

@@ -32,8 +32,10 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_LIVE_SCAN     after each thread's stash a live count reads
  *                            (table.c), to allocate and free between reads;
  *   ATAP__TEST_RELEASE_READ  in atap_release, between its first read of the
- *                            reference word and its CAS (executor.c). */
-enum { ATAP__TEST_LIVE_SCAN, ATAP__TEST_RELEASE_READ, ATAP__TEST_POINTS };
+ *                            reference word and its CAS (executor.c);
+ *   ATAP__TEST_PARK_ARMING   a park record just marked ARMING, before it is
+ *                            registered and armed (park.c). */
+enum { ATAP__TEST_LIVE_SCAN, ATAP__TEST_RELEASE_READ, ATAP__TEST_PARK_ARMING, ATAP__TEST_POINTS };
 
 /* Sets the hook at point (NULL: none). ATAP_EINVAL for an unknown point,
  * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "test_util.h"
+#include "testing.h"
 
 /* ---- counters ------------------------------------------------------------ */
 
@@ -1547,6 +1548,60 @@ static void test_channel_race_recv_vs_cancel_woken_sender(void **state)
     assert_no_failures();
 }
 
+/* A wake that reaches a receive task while its park is still being armed
+ * counts as delivered; a cancel then takes that park down. The receive must
+ * still hand the value on: a second receiver, fully parked behind it, gets
+ * it (not left asleep with the value queued). A test hook holds the first
+ * receiver's worker between marking its park ARMING and arming it. */
+static atomic_int arm_hold_next, arm_holding, arm_go;
+
+static void hold_one_arming(void)
+{
+    if (!atomic_exchange(&arm_hold_next, 0))
+        return; /* every other park passes straight through */
+    atomic_store(&arm_holding, 1);
+    while (!atomic_load(&arm_go))
+        sleep_us(100);
+}
+
+static void test_channel_wake_while_arming_then_cancel(void **state)
+{
+    (void)state;
+    reset_counts();
+    atap_chan *ch = open_chan(sizeof(uint64_t), 0, u64_free);
+
+    atomic_store(&arm_holding, 0);
+    atomic_store(&arm_go, 0);
+    atomic_store(&arm_hold_next, 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_PARK_ARMING, hold_one_arming), 0);
+    atap_task a = spawn_recv(ch);
+    assert_true(wait_atomic_at_least(&arm_holding, 1, ATAP_SEC(20))); /* a's park: ARMING */
+    uint64_t base = completed_now();
+    atap_task b = spawn_recv(ch);
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (completed_now() < base + 1 && now_ns() < end)
+        sleep_us(200);
+    sleep_us(50000); /* b's park armed (a slow machine only lets b find the value itself) */
+    send_u64(ch, 7);                     /* wakes a, the first waiter, counted delivered */
+    assert_int_equal(atap_cancel(a), 0); /* claims a's park from ARMING */
+    atomic_store(&arm_go, 1);
+    uint64_t v = 0;
+    int rc = atap_take_for(b, &v, sizeof v, ATAP_SEC(10));
+    assert_int_equal(atap__test_on(ATAP__TEST_PARK_ARMING, NULL), 0);
+    if (rc != 0)
+        fail_msg("the second receiver read %d (%s) with %zu value(s) queued: the wake was lost",
+                 rc, atap_strerror(rc), atap_chan_len(ch));
+    assert_true(v == 7);
+    atap_state sa;
+    assert_int_equal(atap_wait(a, &sa), 0);
+    assert_int_equal(sa, ATAP_CANCELLED);
+    atap_release(a);
+    atap_release(b);
+    atap_chan_close_sender(ch);
+    atap_chan_close_receiver(ch);
+    waited_to_live_back();
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_channel, teardown_channel)
@@ -1568,6 +1623,7 @@ int main(void)
         T(test_channel_race_send_vs_cancel_only_receiver),
         T(test_channel_race_send_vs_cancel_woken_receiver),
         T(test_channel_race_recv_vs_cancel_woken_sender),
+        T(test_channel_wake_while_arming_then_cancel),
     };
 #undef T
     const char *only = getenv("ATAP_TEST_FILTER"); /* e.g. "*race*" */
