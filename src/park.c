@@ -27,9 +27,13 @@
  *
  * Wakes (atap__park_wake, for the runtime's own tasks: channels) set a flag
  * in the park record before they look at the claim; a parker that arms
- * after the flag sees it. A woken task whose run is then dropped (cancelled
- * after the wake claimed it) still gets that run, with atap_cancelled()
- * true, so that it can hand the wake on (executor.c).
+ * after the flag sees it. Every wake counted delivered is acted on once: a
+ * woken task whose run is then dropped (cancelled after the wake claimed
+ * it) still gets that run, with atap_cancelled() true, so that it can hand
+ * the wake on (executor.c); and a stop that claims a park whose flag is
+ * still set (the wake came while it was being armed) completes it as woken
+ * instead, for the same run. The parker clears the flag only with a claim
+ * won, so the flag is always left to whoever ends the park.
  *
  * Several parks on one fd share a `struct fdw` (one per fd number, kept for
  * the process's life, since the poller may still report it): its waiter
