@@ -181,7 +181,8 @@ typedef struct atap_ctx atap_ctx;
  * out_size is 0) and returns 0. Any other return value fails the run:
  * readers get ATAP_EFAILED, or, when the function returned one of the
  * ATAP_E* codes, that code (a channel's receive task ends with
- * ATAP_ECLOSED this way).
+ * ATAP_ECLOSED this way); but ATAP_ENOTREADY, which would read as "not
+ * settled yet", gives ATAP_EFAILED.
  */
 typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
 

@@ -107,11 +107,15 @@ static inline int slot_park_tail(const struct atap_slot *s)
 
 #define INLINE_OUT (SLOT_SIZE - 72)
 
-/* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ETOOLONG as 1 .. 13. */
+/* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ETOOLONG as 1 .. 13.
+ * Not ATAP_ENOTREADY: a reader given it would take the task for unsettled
+ * (a join would wait for a run that never comes), so it reads EFAILED. */
 #define ATAP_FAIL_BASE (-10000)
 static inline int fail_code_of(int rc)
 {
-    return rc <= ATAP_ENOTINIT && rc >= ATAP_ETOOLONG ? ATAP_FAIL_BASE - rc : 0;
+    return rc <= ATAP_ENOTINIT && rc >= ATAP_ETOOLONG && rc != ATAP_ENOTREADY
+               ? ATAP_FAIL_BASE - rc
+               : 0;
 }
 
 _Static_assert(sizeof(struct atap_slot) == SLOT_SIZE, "a slot is SLOT_SIZE bytes");

@@ -313,6 +313,31 @@ static void test_tasks_nonzero_return_fails(void **state)
     atap_release(t);
 }
 
+/* A run that fails with an ATAP_E* code hands that code to its readers,
+ * but for ATAP_ENOTREADY, which a reader could only take for "not settled
+ * yet" (a join would wait for a run that never comes): that one reads
+ * ATAP_EFAILED. */
+static void test_tasks_fail_code_reaches_readers(void **state)
+{
+    (void)state;
+    static const int rets[] = {ATAP_ECLOSED, ATAP_ENOTREADY, ATAP_ETIMEDOUT};
+    static const int want[] = {ATAP_ECLOSED, ATAP_EFAILED, ATAP_ETIMEDOUT};
+    for (size_t i = 0; i < sizeof rets / sizeof rets[0]; i++) {
+        atap_task t = spawn8(task_fail_with, (void *)(intptr_t)rets[i]);
+        uint64_t v = SENTINEL;
+        atap_state st = ATAP_READY;
+        assert_int_equal(atap_wait(t, &st), 0);
+        assert_int_equal(st, ATAP_FAILED);
+        assert_int_equal(atap_try_join(t, &v, sizeof v), want[i]);
+        assert_int_equal(atap_try_take(t, &v, sizeof v), want[i]);
+        assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), want[i]);
+        assert_int_equal(atap_join(t, &v, sizeof v), want[i]);
+        assert_int_equal(atap_take(t, &v, sizeof v), want[i]);
+        assert_true(v == SENTINEL);
+        atap_release(t);
+    }
+}
+
 static void test_tasks_wait_gives_state(void **state)
 {
     (void)state;
@@ -1124,6 +1149,7 @@ int main(void)
         T(test_tasks_spawn_bad_args),
         T(test_tasks_spawn_huge_out_size),
         T(test_tasks_nonzero_return_fails),
+        T(test_tasks_fail_code_reaches_readers),
         T(test_tasks_wait_gives_state),
         T(test_tasks_cancel_queued_never_runs),
         T(test_tasks_cancel_running_drops_output),
