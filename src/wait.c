@@ -66,10 +66,13 @@ bool atap__word_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout
 
     if (timeout_ns == 0)
         return false;
-    /* 0 means forever to __ulock_wait; round a short wait up to 1 us. */
+    /* 0 means forever to __ulock_wait; round a short wait up to 1 us. A
+     * wait past its 32-bit range (71 minutes) is cut to it, not made
+     * forever: it returns as timed out, early, and the caller looks at its
+     * own deadline again (wait.h). */
     us = timeout_ns == ATAP__FOREVER ? 0 : (timeout_ns + 999) / 1000;
     if (us > UINT32_MAX)
-        us = 0;
+        us = UINT32_MAX;
     rc = __ulock_wait(UL_COMPARE_AND_WAIT | ULF_NO_ERRNO, (void *)word, expected, (uint32_t)us);
     return rc != -ETIMEDOUT;
 }

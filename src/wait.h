@@ -14,7 +14,9 @@
 
 #define ATAP__FOREVER UINT64_MAX
 
-/* Returns false on timeout, true otherwise (woken, changed, interrupted). */
+/* Returns false on timeout, true otherwise (woken, changed, interrupted).
+ * A long timeout may be cut to what the kernel call takes (71 minutes on
+ * macOS) and so time out early: callers with a deadline look at it again. */
 bool atap__word_wait(_Atomic uint32_t *word, uint32_t expected, uint64_t timeout_ns);
 void atap__word_wake(_Atomic uint32_t *word, bool all);
 
