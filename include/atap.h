@@ -296,7 +296,9 @@ ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_s
 ATAP_EXPORT int atap_join(atap_task task, void *out, size_t size);
 
 /* atap_join, giving up after timeout_ns with ATAP_ENOTREADY. It returns as
- * soon as the task settles. A timeout of 0 is atap_try_join. */
+ * soon as the task settles. A timeout of 0 is atap_try_join. Inside a task
+ * it helps only while time is left, so it can return late by one helped
+ * task's run at most. */
 ATAP_EXPORT int atap_join_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
 
 /* atap_join without waiting: ATAP_ENOTREADY if not settled yet. */

@@ -85,7 +85,11 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
             *state = word_state(cur);
             return unblocked(w, 0);
         }
-        if (w && !w->blocking && atap__pool_help_once(w, ref)) {
+        /* Help only while time is left: a timed wait returns at most one
+         * helped run past its deadline. */
+        if (w && !w->blocking &&
+            (deadline == ATAP__FOREVER || atap__now_ns() < deadline) &&
+            atap__pool_help_once(w, ref)) {
             unblocked(w, 0);
             slice = SLICE_MIN_NS;
             continue;

@@ -102,6 +102,57 @@ static void test_tasks_join_for_returns_on_settle(void **state)
     atap_release(t);
 }
 
+static int task_sleep10(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    sleep_ms(10);
+    return 0;
+}
+
+/* Waits 20 ms for the task in arg, with 300 slow tasks of its own queued:
+ * out gets the code and the time the wait took. */
+static int task_join_for_busy(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    enum { N = 300 };
+    atap_task *b = arg, kids[N];
+    uint64_t v, res[2];
+    for (int i = 0; i < N; i++)
+        if (atap_spawn(&kids[i], task_sleep10, NULL, NULL) != 0)
+            return 1;
+    uint64_t t0 = now_ns();
+    res[0] = (uint64_t)(int64_t)atap_join_for(*b, &v, sizeof v, ATAP_MS(20));
+    res[1] = now_ns() - t0;
+    for (int i = 0; i < N; i++)
+        atap_release(kids[i]);
+    memcpy(out, res, sizeof res);
+    return 0;
+}
+
+/* A timed join inside a task helps with queued work while it waits, but
+ * not past its deadline: it used to run every queued task first. */
+static void test_tasks_join_for_inside_task_keeps_deadline(void **state)
+{
+    (void)state;
+    static atap_task b;
+    gate *g = gate_new(5);
+    b = spawn8(task_gated, g); /* holds a worker until the gate opens */
+    assert_true(wait_atomic_at_least(&g->started, 1, ATAP_SEC(20)));
+    atap_task p;
+    uint64_t res[2];
+    assert_int_equal(atap_spawn(&p, task_join_for_busy, &b,
+                                &(atap_spawn_opts){.out_size = sizeof res}),
+                     0);
+    assert_int_equal(atap_join(p, res, sizeof res), 0);
+    assert_int_equal((int)(int64_t)res[0], ATAP_ENOTREADY);
+    assert_true(res[1] + ATAP_MS(1) >= ATAP_MS(20)); /* it did wait */
+    assert_true(res[1] < ATAP_MS(500)); /* not the 3 s of queued work */
+    atap_release(p);
+    atomic_store(&g->open, 1);
+    assert_true(join8(b) == 5);
+    atap_release(b);
+}
+
 static void test_tasks_try_join_running(void **state)
 {
     (void)state;
@@ -1143,6 +1194,7 @@ int main(void)
         T(test_tasks_join_returns_output),
         T(test_tasks_join_for_deadline),
         T(test_tasks_join_for_returns_on_settle),
+        T(test_tasks_join_for_inside_task_keeps_deadline),
         T(test_tasks_try_join_running),
         T(test_tasks_take_moves_once),
         T(test_tasks_wrong_size_einval),
