@@ -488,7 +488,9 @@ typedef enum atap_join_policy {
  * index wins.
  * Returns 0; ATAP_ENOTREADY if timeout_ns passed first (then no handle is
  * touched; ATAP_FOREVER waits without limit); ATAP_EINVAL for n = 0, NULL
- * tasks or winner, or an unknown policy.
+ * tasks or winner, an unknown policy, or, inside a task, when every task
+ * is the caller itself (or one it runs inside of), which could never settle
+ * first.
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_join_first(const atap_task *tasks, size_t n, atap_join_policy policy,

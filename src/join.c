@@ -16,6 +16,7 @@
 #include "atomics.h"
 #include "dataflow.h"
 #include "executor.h"
+#include "pool.h"
 #include "slot.h"
 #include "wait.h"
 
@@ -50,6 +51,16 @@ static size_t first_settled(const atap_task *ts, size_t n, bool mark)
     return n;
 }
 
+/* Every member is a task the calling thread is inside (read.c's rule for
+ * a join on itself): none could settle while this waits. */
+static bool all_inside(const atap_task *ts, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        if (!atap__pool_inside(atap__self, (uint32_t)ts[k].id + 1))
+            return false;
+    return true;
+}
+
 int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
                     size_t *winner)
 {
@@ -59,6 +70,8 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
     if (!ts || !winner || n == 0 || (unsigned)policy > ATAP_RELEASE)
         return ATAP_EINVAL;
     if ((k = first_settled(ts, n, false)) == n) {
+        if (atap__self && all_inside(ts, n))
+            return ATAP_EINVAL;
         deadline = atap__deadline(atap__now_ns(), timeout_ns);
         add_seqcst(&atap__first_waiters, 1);
         for (;;) {

@@ -50,6 +50,17 @@ struct worker {
                                        kernel wait on kq, or 0 */
 };
 
+/* The thread is inside the task ref (slot index + 1): running it, or a run
+ * further up its helping stack. A wait for such a task could only end once
+ * the wait itself returned. */
+static inline bool atap__pool_inside(const struct worker *w, uint32_t ref)
+{
+    for (unsigned i = 0; w && i < w->nheld; i++)
+        if (w->held[i] == ref)
+            return true;
+    return false;
+}
+
 /* A canceller or a timeout stopped the task gen << 32 | index: a thread in
  * a kernel wait for it is woken (its kq). */
 void atap__pool_interrupt(uint64_t key);

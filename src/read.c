@@ -50,14 +50,6 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
     }
 }
 
-static bool held_here(struct worker *w, uint32_t ref)
-{
-    for (unsigned i = 0; i < w->nheld; i++)
-        if (w->held[i] == ref)
-            return true;
-    return false;
-}
-
 static int unblocked(struct worker *w, int rc)
 {
     if (w && w->blocked)
@@ -98,7 +90,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
          * further up the helping stack) could only settle once this wait
          * returns: refuse rather than hang. Looked at here, off the fast
          * path, since a join that finds its task done never gets here. */
-        if (w && held_here(w, ref))
+        if (atap__pool_inside(w, ref))
             return unblocked(w, ATAP_EINVAL);
         /* Too deep to help any more: count as blocked, so that the pool
          * starts a worker if nobody is left to run what this waits for. */

@@ -1505,6 +1505,41 @@ static void test_dataflow_join_first_timeout_and_bad_arguments(void **state)
     waited_to_live_back();
 }
 
+/* join_first inside a task on nothing but itself could never return. */
+static int task_first_on_self(atap_ctx *ctx, void *arg, void *out)
+{
+    atap_task me[2] = {atap_self(ctx), atap_self(ctx)}, mix[2];
+    size_t w = 99;
+    int rc[3];
+    rc[0] = atap_join_first(me, 1, ATAP_PASS_BACK, ATAP_MS(200), &w);
+    rc[1] = atap_join_first(me, 2, ATAP_PASS_BACK, ATAP_MS(200), &w);
+    /* with a settled task beside it, that one wins */
+    mix[0] = me[0];
+    mix[1] = *(atap_task *)arg;
+    rc[2] = atap_join_first(mix, 2, ATAP_PASS_BACK, ATAP_FOREVER, &w) == 0 && w == 1;
+    memcpy(out, rc, sizeof rc);
+    return 0;
+}
+
+static void test_dataflow_join_first_on_itself_einval(void **state)
+{
+    (void)state;
+    static atap_task done;
+    done = spawn8(task_value, (void *)(uintptr_t)3);
+    assert_true(join8(done) == 3);
+    atap_task t;
+    int rc[3];
+    assert_int_equal(atap_spawn(&t, task_first_on_self, &done,
+                                &(atap_spawn_opts){.out_size = sizeof rc}),
+                     0);
+    assert_int_equal(atap_join(t, rc, sizeof rc), 0);
+    assert_int_equal(rc[0], ATAP_EINVAL);
+    assert_int_equal(rc[1], ATAP_EINVAL);
+    assert_int_equal(rc[2], 1);
+    atap_release(t);
+    atap_release(done);
+}
+
 /* A task that settles while join_first sets up its wait is still found. */
 static void test_dataflow_join_first_settles_during_setup(void **state)
 {
@@ -1990,6 +2025,7 @@ int main(void)
         T(test_dataflow_join_first_release_policy),
         T(test_dataflow_join_first_settled_wins_at_once),
         T(test_dataflow_join_first_timeout_and_bad_arguments),
+        T(test_dataflow_join_first_on_itself_einval),
         T(test_dataflow_join_first_settles_during_setup),
         T(test_dataflow_join_first_threads),
         T(test_dataflow_join_all),
