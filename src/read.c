@@ -29,11 +29,15 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
 {
     switch (state) {
     case ST_TAKEN: /* a series that ran out has nothing more coming */
-        return s->ext && atap__sched_finished(s, state) ? ATAP_EFINISHED : ATAP_ETAKEN;
+        return s->ext && atap__sched_ran_out(s) ? ATAP_EFINISHED : ATAP_ETAKEN;
     case ST_CANCELLED: return ATAP_ECANCELLED;
     case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
-    case ST_FAILED: /* the run's own code, if it failed with one */
-        return s->fail_code ? ATAP_FAIL_BASE - s->fail_code : ATAP_EFAILED;
+    case ST_FAILED: { /* the run's own code, if it failed with one */
+        /* Atomic: an at-rate series' runs write it (schedule.c). */
+        uint8_t code = __atomic_load_n(&s->fail_code, __ATOMIC_RELAXED);
+
+        return code ? ATAP_FAIL_BASE - code : ATAP_EFAILED;
+    }
     case ST_READY: return 0;
     default: return ATAP_ENOTREADY;
     }

@@ -666,9 +666,14 @@ static void rate_tick(struct sched *c)
         finish(s, c, gen);
         return;
     }
-    next = c->next_start + c->every;
-    if (next <= now)
-        next += ((now - next) / c->every + 1) * c->every;
+    /* Saturating: a period past the clock's end is never (ATAP__FOREVER). */
+    next = atap__deadline(c->next_start, c->every);
+    if (next <= now) {
+        uint64_t skip = (now - next) / c->every + 1;
+
+        next = skip > ATAP__FOREVER / c->every ? ATAP__FOREVER
+                                               : atap__deadline(next, skip * c->every);
+    }
     c->next_start = next;
     if (next > c->deadline)
         finish(s, c, gen);
@@ -745,6 +750,12 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
         rate_end(p, pc, c->parent_gen, ST_TIMED_OUT);
     } else if (rc != 0) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_FAILED);
+        /* The series reads the code of its first run to fail with one:
+         * written before rate_end's release CAS publishes FAILED, and only
+         * once, so that every reader reads the same code. */
+        if (s->fail_code)
+            __atomic_compare_exchange_n(&p->fail_code, &(uint8_t){0}, s->fail_code, false,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED);
         rate_end(p, pc, c->parent_gen, ST_FAILED);
     } else if (rate_publish(p, pc, c->parent_gen, slot_out(s))) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_TAKEN); /* the series has it now */
@@ -794,6 +805,13 @@ bool atap__sched_finished(struct atap_slot *s, uint32_t state)
         return true;
     return state_terminal(state) &&
            ((c->kind == ATAP_ONCE && !c->gate) || ld_acquire(&c->finished));
+}
+
+bool atap__sched_ran_out(struct atap_slot *s)
+{
+    struct sched *c = sched_of(s);
+
+    return (c->kind != ATAP_ONCE || c->gate) && ld_acquire(&c->finished);
 }
 
 void atap__sched_read_lock(struct atap_slot *s)

@@ -69,6 +69,9 @@ void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);
 bool atap__sched_cancellable(struct atap_slot *s, uint32_t state);
 /* Whether the task will not run again. */
 bool atap__sched_finished(struct atap_slot *s, uint32_t state);
+/* A series (a repeat, or a task that waits for gives) that ran out: its
+ * taken output reads ATAP_EFINISHED, not ATAP_ETAKEN. */
+bool atap__sched_ran_out(struct atap_slot *s);
 
 /* Reading a repeat's output: the output is rewritten by every run, so a
  * reader holds it against the publisher. */

@@ -504,6 +504,76 @@ static void test_schedule_at_rate_cancel_and_timeout(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* A period so long that the next start is past the clock's end: one run,
+ * then none (the sum used to wrap and start the runs back to back). */
+static void test_schedule_at_rate_huge_period_runs_once(void **state)
+{
+    (void)state;
+    flight f = {.hold_ns = 0};
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, flown, &f,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = UINT64_MAX - 5, .runs = 50}),
+                     0);
+    assert_true(wait_atomic_at_least(&f.started, 1, ATAP_SEC(10)));
+    sleep_us(300000);
+    assert_int_equal(atomic_load(&f.started), 1);
+    assert_false(atap_finished(t));
+    assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+static int fail_closed(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    return ATAP_ECLOSED;
+}
+
+/* A series ended by a run that failed with an ATAP_E* code reads that
+ * code, at a rate as with a gap. */
+static void test_schedule_series_keeps_fail_code(void **state)
+{
+    (void)state;
+    static const atap_kind kinds[] = {ATAP_REPEAT, ATAP_AT_RATE};
+    for (int i = 0; i < 2; i++) {
+        atap_task t;
+        uint64_t v;
+        assert_int_equal(atap_spawn(&t, fail_closed, NULL,
+                                    &(atap_spawn_opts){.out_size = 8, .kind = kinds[i],
+                                                       .every_ns = ATAP_MS(5), .runs = 3}),
+                         0);
+        assert_int_equal(atap_join_for(t, &v, 8, ATAP_SEC(10)), ATAP_ECLOSED);
+        assert_int_equal(atap_state_of(t), ATAP_FAILED);
+        atap_release(t);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* A one-shot task with a delay or a timeout is still a one-shot: its
+ * output taken, later readers read ATAP_ETAKEN (ATAP_EFINISHED is for a
+ * series that ran out). */
+static void test_schedule_one_shot_taken_reads_taken(void **state)
+{
+    (void)state;
+    static const atap_spawn_opts opts[] = {
+        {.out_size = 8, .after_ns = ATAP_MS(1)},
+        {.out_size = 8, .timeout_ns = ATAP_SEC(10)},
+    };
+    for (int i = 0; i < 2; i++) {
+        log *l = log_new(0);
+        atap_task t = spawn_logged(l, opts[i]);
+        uint64_t v = 0;
+        assert_int_equal(atap_take(t, &v, 8), 0);
+        assert_true(v == 1);
+        assert_int_equal(atap_take(t, &v, 8), ATAP_ETAKEN);
+        assert_int_equal(atap_join(t, &v, 8), ATAP_ETAKEN);
+        assert_true(atap_finished(t));
+        atap_release(t);
+        free(l);
+    }
+}
+
 /* ---- endings -------------------------------------------------------------- */
 
 /* A delay still pending at shutdown reads FAILED, and its handle still
@@ -728,6 +798,9 @@ int main(void)
         T(test_schedule_at_rate_overlaps),
         T(test_schedule_at_rate_skips_missed_periods),
         T(test_schedule_at_rate_cancel_and_timeout),
+        T(test_schedule_at_rate_huge_period_runs_once),
+        T(test_schedule_series_keeps_fail_code),
+        T(test_schedule_one_shot_taken_reads_taken),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),
         T(test_schedule_manager_gone_during_arm),
