@@ -41,6 +41,7 @@
 #include "poller.h"
 #include "pool.h"
 #include "schedule.h"
+#include "testing.h"
 #include "timer.h"
 #include "wait.h"
 
@@ -189,7 +190,9 @@ static void *supervisor_main(void *arg)
         st_relaxed(&mgr.refiled, atap__timers_rebuild(&mgr.timers, find_timers, NULL));
         atap__park_rearm(); /* what the dead one was told, told again */
     }
-    st_release(&mgr.state, M_STOPPED);
+    /* Not M_STOPPED here: that says the timer structure is let go (records
+     * are then freed at once, schedule.c and park.c), which only
+     * atap__manager_stop's close does, after this thread is joined. */
     return NULL;
 }
 
@@ -224,6 +227,7 @@ void atap__manager_stop(void)
     atap__word_wake(&mgr.stop, true);
     atap__poller_wake(ld_acquire(&mgr.poller));
     pthread_join(mgr.supervisor, NULL);
+    TEST_HOOK(ATAP__TEST_MANAGER_JOINED);
     /* No manager runs now: the structure is ours. What is still armed will
      * never fire: written off (a delay pending at shutdown reads FAILED). */
     if (ld_acquire(&mgr.state) != M_GONE)

@@ -34,8 +34,16 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_RELEASE_READ  in atap_release, between its first read of the
  *                            reference word and its CAS (executor.c);
  *   ATAP__TEST_PARK_ARMING   a park record just marked ARMING, before it is
- *                            registered and armed (park.c). */
-enum { ATAP__TEST_LIVE_SCAN, ATAP__TEST_RELEASE_READ, ATAP__TEST_PARK_ARMING, ATAP__TEST_POINTS };
+ *                            registered and armed (park.c);
+ *   ATAP__TEST_MANAGER_JOINED  a shutdown that has joined the supervisor,
+ *                            before it takes the timers back (manager.c). */
+enum {
+    ATAP__TEST_LIVE_SCAN,
+    ATAP__TEST_RELEASE_READ,
+    ATAP__TEST_PARK_ARMING,
+    ATAP__TEST_MANAGER_JOINED,
+    ATAP__TEST_POINTS
+};
 
 /* Sets the hook at point (NULL: none). ATAP_EINVAL for an unknown point,
  * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */

@@ -13,6 +13,7 @@
 #include <malloc.h>
 
 #include "manager.h" /* atap__manager_restarts, atap__manager_refiled */
+#include "testing.h" /* atap__test_on */
 #include "test_util.h"
 
 #define MAX_RUNS 256
@@ -738,6 +739,39 @@ static void test_schedule_limit_under_way_at_shutdown(void **state)
     assert_int_equal(atap_init(NULL), 0);
 }
 
+/* Runs with a timeout that end while a shutdown stops the manager (the
+ * hook holds it between joining the supervisor and taking the timers
+ * back): their schedules must wait for that take, not be freed under it
+ * (a use after free the sanitizer stages see). */
+static int sleep_60ms(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    sleep_ms(60);
+    return 0;
+}
+
+static void hold_150ms(void) { sleep_ms(150); }
+
+static void test_schedule_limits_end_while_manager_stops(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    for (int i = 0; i < N; i++) {
+        atap_task t;
+        assert_int_equal(atap_spawn(&t, sleep_60ms, NULL,
+                                    &(atap_spawn_opts){.timeout_ns = ATAP_SEC(30),
+                                                       .blocking = true}),
+                         0);
+        atap_release(t);
+    }
+    sleep_us(10000); /* running, their limits filed */
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_JOINED, hold_150ms), 0);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_JOINED, NULL), 0);
+    assert_int_equal(atap_init(NULL), 0);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 /* Repeats whose handles are released after shutdown give back their
  * schedules at once (with their scratch outputs), not at the next start:
  * seen in the allocator's count of bytes in use (glibc; skipped where the
@@ -806,6 +840,7 @@ int main(void)
         T(test_schedule_manager_gone_during_arm),
         T(test_schedule_taken_output_not_freed),
         T(test_schedule_limit_under_way_at_shutdown),
+        T(test_schedule_limits_end_while_manager_stops),
         T(test_schedule_released_after_shutdown_frees),
     };
 #undef T
