@@ -112,9 +112,12 @@ static bool manager_life(void)
     return false;
 }
 
+_Thread_local bool atap__manager_thread;
+
 static void *manager_main(void *arg)
 {
     (void)arg;
+    atap__manager_thread = true;
 #if defined(__linux__)
     pthread_setname_np(pthread_self(), "atap-manager");
 #elif defined(__APPLE__)
@@ -161,6 +164,7 @@ static void *supervisor_main(void *arg)
     void *died;
 
     (void)arg;
+    atap__manager_thread = true;
     while (!ld_acquire(&mgr.stop)) {
         uint64_t born = atap__now_ns();
 

@@ -16,6 +16,10 @@ void atap__manager_stop(void);
 /* Makes the manager look at its timers now (any thread). */
 void atap__manager_wake(void);
 
+/* Set on the manager's and the supervisor's threads: a callback they run
+ * (an arg_free, an out_free) must not wait for the runtime to stop. */
+extern _Thread_local bool atap__manager_thread;
+
 bool atap__manager_alive(void); /* a manager is running */
 bool atap__manager_gone(void);  /* the supervisor gave up */
 bool atap__manager_stopped(void); /* stopped, its timer structure gone */

@@ -99,6 +99,8 @@ int atap_init(const atap_config *config)
             break;
         if (expected == RUNNING)
             return ATAP_EALREADY;
+        if (atap__self || atap__manager_thread)
+            return ATAP_EINVAL; /* the shutdown under way waits for this thread */
         poll_pause(); /* a start or a shutdown is under way: wait it out */
     }
     rc = atap__pool_start(cfg.workers_per_core ? cfg.workers_per_core : DEFAULT_WORKERS_PER_CORE,
@@ -114,8 +116,8 @@ int atap_shutdown(void)
 {
     int expected;
 
-    if (atap__self)
-        return ATAP_EINVAL; /* it would wait for the task calling it */
+    if (atap__self || atap__manager_thread)
+        return ATAP_EINVAL; /* it would wait for the thread calling it */
     for (;;) {
         expected = RUNNING;
         if (atomic_compare_exchange_strong(&lifecycle, &expected, STOPPING))

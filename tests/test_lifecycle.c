@@ -363,6 +363,33 @@ static void test_lifecycle_shutdown_inside_task_einval(void **state)
     assert_int_equal(atap_shutdown(), 0);
 }
 
+/* A task that calls atap_init while a shutdown waits for it: refused,
+ * since waiting out that shutdown would wait for the task itself. */
+static atomic_int init_in_task_rc = 1;
+
+static int task_init_during_shutdown(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (atap_initialised() && now_ns() < end)
+        sleep_us(1000);
+    atomic_store(&init_in_task_rc, atap_init(NULL));
+    return 0;
+}
+
+static void test_lifecycle_init_inside_task_during_shutdown_einval(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    atomic_store(&init_in_task_rc, 1);
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, task_init_during_shutdown, NULL, NULL), 0);
+    atap_release(t);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atomic_load(&init_in_task_rc), ATAP_EINVAL);
+    assert_false(atap_initialised());
+}
+
 static void test_lifecycle_initialised_reflects_state(void **state)
 {
     (void)state;
@@ -636,6 +663,8 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycle_spawn_after_shutdown, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_reinit_old_handles_read, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_shutdown_inside_task_einval, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_init_inside_task_during_shutdown_einval,
+                                  ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_initialised_reflects_state, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_status, ensure_stopped),
         cmocka_unit_test(test_lifecycle_strerror_and_version),
