@@ -569,6 +569,7 @@ ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);
  * and atap_resume_reason() / atap_resume_events() saying why.
  * Returns 0; ATAP_EINVAL for a NULL ctx (atap_block, or outside a task), no
  * events or unknown bits, a negative fd, or a second park call in one run.
+ * An fd that is not open resumes at once with ATAP_ERROR.
  * Blocks: no.
  */
 ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns);
@@ -583,7 +584,10 @@ ATAP_EXPORT int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns);
  * libatap catches signo for the rest of the process (its handler only sets
  * a flag and writes a byte to a pipe); a signal that arrives while no task
  * is parked on it is dropped. Returns as atap_park_fd; ATAP_EINVAL also for
- * a signo out of range, SIGKILL or SIGSTOP, or inside atap_block.
+ * a signo out of range, SIGKILL or SIGSTOP, a signal the C library keeps
+ * for itself, a fault signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ * SIGSYS: a handler that returns from one would re-run the fault), or
+ * inside atap_block.
  */
 ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
 

@@ -219,14 +219,16 @@ static int rewatch(struct fdw *f)
     return 0;
 }
 
+/* fd_lock held. NULL (the park then resumes with ATAP_ERROR) for no
+ * memory, or a closed fd beyond the table. */
 static struct fdw *fdw_of(int fd)
 {
     if ((size_t)fd >= fdcap) {
-        size_t cap = fdcap ? fdcap : 64;
+        size_t cap = fdcap;
         struct fdw **t;
 
-        while (cap <= (size_t)fd)
-            cap *= 2;
+        if (!atap__fd_open(fd) || !atap__grow_cap(&cap, (size_t)fd))
+            return NULL;
         if (!(t = realloc(fdtab, cap * sizeof *t)))
             return NULL;
         memset(t + fdcap, 0, (cap - fdcap) * sizeof *t);
@@ -1246,9 +1248,26 @@ int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns)
     return ask(ctx, PK_UNTIL, -1, 0, deadline_ns);
 }
 
+/* A signal a park may catch: not one that cannot be caught, not one the C
+ * library keeps for itself (sigaction refuses those), and not a fault: a
+ * handler that returns from SIGSEGV re-runs the faulting instruction, for
+ * ever, and the handler stays for the life of the process. */
+static bool catchable(int signo)
+{
+    struct sigaction old;
+
+    switch (signo) {
+    case SIGKILL: case SIGSTOP: case SIGSEGV: case SIGBUS: case SIGFPE: case SIGILL:
+    case SIGTRAP: case SIGSYS:
+        return false;
+    default:
+        return signo > 0 && signo < NSIG && sigaction(signo, NULL, &old) == 0;
+    }
+}
+
 int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns)
 {
-    if (signo <= 0 || signo >= NSIG || signo == SIGKILL || signo == SIGSTOP)
+    if (!catchable(signo))
         return ATAP_EINVAL;
     if (ctx && ctx->in_block)
         return ATAP_EINVAL; /* a handler of ours needs the manager */

@@ -5,11 +5,36 @@
 #ifndef ATAP_PARK_INT_H
 #define ATAP_PARK_INT_H
 
+#include <fcntl.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "atap.h"
 #include "timer.h"
+
+/* Whether fd is open now. A table indexed by fd (park.c's fdw table, the
+ * kqueue path lists in sources.c) grows only for an open one: a closed fd,
+ * however large, must not cost a table that size. */
+static inline bool atap__fd_open(int fd)
+{
+    return fd >= 0 && fcntl(fd, F_GETFD) != -1;
+}
+
+/* Doubles *cap (from 64) until it exceeds key; false when that many
+ * pointer entries could not be counted in a size_t. */
+static inline bool atap__grow_cap(size_t *cap, size_t key)
+{
+    size_t c = *cap ? *cap : 64;
+
+    while (c <= key) {
+        if (c > SIZE_MAX / 2 / sizeof(void *))
+            return false;
+        c *= 2;
+    }
+    *cap = c;
+    return true;
+}
 
 enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
 enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };

@@ -153,16 +153,20 @@ static void path_forget(int wd)
 #endif
 }
 
-/* src_lock held: wd_waiters has room for list `key`. 0 or -ENOMEM. */
+/* src_lock held: wd_waiters has room for list `key` (an inotify watch, or
+ * on kqueue the fd itself: grown only for an open one). 0, -EBADF or
+ * -ENOMEM. */
 static int wd_room(int key)
 {
-    size_t cap = wdcap ? wdcap : 64;
+    size_t cap = wdcap;
     struct park **t;
 
     if ((size_t)key < wdcap)
         return 0;
-    while (cap <= (size_t)key)
-        cap *= 2;
+    if (!PATHS_BY_INOTIFY && !atap__fd_open(key))
+        return -EBADF;
+    if (!atap__grow_cap(&cap, (size_t)key))
+        return -ENOMEM;
     if (!(t = realloc(wd_waiters, cap * sizeof *t)))
         return -ENOMEM;
     memset(t + wdcap, 0, (cap - wdcap) * sizeof *t);

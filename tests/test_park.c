@@ -666,6 +666,45 @@ static void test_park_fd_ready_at_once(void **state)
     assert_no_failures();
 }
 
+static size_t resident_now(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, resident = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%lu %lu", &size, &resident) != 2)
+        resident = 0;
+    fclose(f);
+    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A park on a closed fd, however large its number, resumes at once with
+ * ATAP_ERROR, and costs no table that size (it used to grow the fd table
+ * to the fd's number: 400 MB here). */
+static void test_park_fd_closed_huge_fd(void **state)
+{
+    (void)state;
+    const int fd = 50 * 1000 * 1000;
+    struct fd_parker *f = &g_fdp[0];
+    size_t before = resident_now();
+
+    assert_int_equal(fcntl(fd, F_GETFD), -1); /* not open */
+    for (int timed = 0; timed < 2; timed++) {
+        fd_parker_init(f, fd, timed ? ATAP_SEC(60) : ATAP_FOREVER);
+        atap_task t = spawn8(task_park_fd_once, f);
+        uint64_t v;
+        assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+        assert_int_equal(atomic_load(&f->resumed), 1);
+        assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&f->events) & ATAP_ERROR);
+        atap_release(t);
+    }
+    if (before && resident_now() > before + ((size_t)64 << 20))
+        fail_msg("resident memory grew by %zu MB", (resident_now() - before) >> 20);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
 /* One byte per resume, parking again until it has counted `want`. */
 struct reader {
     int fd;
@@ -1824,6 +1863,7 @@ int main(void)
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),
+        T(test_park_fd_closed_huge_fd),
         T(test_park_fd_repeatedly),
         T(test_park_holds_no_thread),
         T(test_park_fd_deadline_in_slot),

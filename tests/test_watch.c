@@ -442,9 +442,16 @@ static int task_bad_signal_calls(atap_ctx *ctx, void *arg, void *out)
     atomic_fetch_add(&g_bad.runs, 1);
     if (atap_resumed(ctx))
         return 0;
-    const int bad[] = {0, -1, SIGKILL, SIGSTOP, NSIG, NSIG + 5, 100000};
+    /* Faults among them: a handler that returns from one re-runs it. */
+    const int bad[] = {0,       -1,      SIGKILL, SIGSTOP, NSIG,   NSIG + 5,
+                       100000,  SIGSEGV, SIGBUS,  SIGFPE,  SIGILL, SIGTRAP, SIGSYS};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(atap_park_signal(ctx, bad[i], ATAP_FOREVER) == ATAP_EINVAL);
+#ifdef SIGRTMIN
+    /* The ones the C library keeps for itself (glibc: 32 and 33). */
+    for (int sig = 32; sig < SIGRTMIN; sig++)
+        CHECK(atap_park_signal(ctx, sig, ATAP_FOREVER) == ATAP_EINVAL);
+#endif
     CHECK(atap_park_signal(ctx, SIGUSR1, ATAP_MS(5)) == 0);
     CHECK(atap_park_signal(ctx, SIGUSR1, ATAP_MS(5)) == ATAP_EINVAL); /* a second one */
     CHECK(atap_park_until(ctx, atap_now()) == ATAP_EINVAL);
