@@ -332,6 +332,15 @@ bool atap__gate_publish(struct atap_slot *s, uint32_t gen, bool *kept)
     return ok;
 }
 
+/* A cancel, a timeout or a failure ended the task (a run's end that was
+ * not a publish). */
+static bool ended(struct atap_slot *s, uint32_t gen)
+{
+    uint32_t cur = ld_acquire(&s->word), st = word_state(cur);
+
+    return word_gen(cur) != gen || st == ST_CANCELLED || st == ST_TIMED_OUT || st == ST_FAILED;
+}
+
 bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     struct gate *g = atap__sched_gate(s);
@@ -339,7 +348,13 @@ bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     spin_lock(&g->lock);
     g->claimed = false;
-    if (g->state == G_OWED)
+    /* The word is read under the lock: a cancel that stopped the run while
+     * it ran is seen here, or else its atap__gate_cancelled comes after
+     * this and finds IDLE; one of the two ends the task (it used to wait
+     * IDLE, RUN held, its forwards open, until its last handle went). */
+    if (ended(s, gen))
+        next = g->state = G_DONE;
+    else if (g->state == G_OWED)
         next = g->state = G_BUSY;
     else if (g->state == G_DONE || spent(g))
         next = g->state = G_DONE;

@@ -710,6 +710,8 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
         atap__exec_wake(p);
     if (atap__timer_disarm(atap__manager_timers(), &pc->start))
         atap__exec_release_run(p, pc->index, pgen);
+    else if (pc->gate) /* back to waiting for a give: its gate holds RUN */
+        atap__gate_cancelled(p, pc->index, pgen);
 }
 
 /* A run's output becomes the series' output, unless the series ended. */

@@ -1041,6 +1041,68 @@ static void test_dataflow_receive_all_member_fails(void **state)
     waited_to_live_back();
 }
 
+/* A waiting task stopped while a run is under way (a cancel, its timeout)
+ * or whose at-rate run fails after the series went back to waiting has
+ * ended: its forwards close at once, with its handle still held, and a
+ * receiver fed by it alone reads ATAP_EFAILED. They used to stay open
+ * until the task's last handle went. */
+static atomic_int stop_started;
+
+static int task_until_cancelled(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    atomic_store(&stop_started, 1);
+    while (!atap_cancelled(ctx))
+        sleep_us(1000);
+    sleep_us(20000); /* returns a while after the stop */
+    memset(out, 0, 8);
+    return 0;
+}
+
+static int task_fail_late(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    sleep_us(50000);
+    return 1;
+}
+
+static void test_dataflow_waiting_task_stopped_mid_run_closes(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        atap_spawn_opts o = {.out_size = 8};
+        atap_fn *fn = task_until_cancelled;
+        if (k == 1)
+            o.timeout_ns = ATAP_MS(20);
+        if (k == 2) {
+            fn = task_fail_late;
+            o.kind = ATAP_AT_RATE;
+            o.every_ns = ATAP_MS(10);
+            o.runs = 1;
+        }
+        atomic_store(&stop_started, 0);
+        atap_task a, r;
+        uint64_t v = 7;
+        assert_int_equal(atap_spawn_waiting(&a, fn, NULL, sizeof v, &o), 0);
+        assert_int_equal(atap_receive_any(&r, probe_run, probe_new(8, 1, 0), &a, 1,
+                                          &(atap_spawn_opts){.out_size = 8}),
+                         0);
+        assert_int_equal(atap_give(a, &v, sizeof v), 0);
+        if (k == 0) {
+            assert_true(wait_atomic_at_least(&stop_started, 1, ATAP_SEC(10)));
+            assert_int_equal(atap_cancel(a), 0);
+        }
+        int rc = atap_join_for(r, &v, 8, ATAP_SEC(3));
+        if (rc != ATAP_EFAILED)
+            fail_msg("case %d: the receiver read %d (%s), wanted ATAP_EFAILED", k, rc,
+                     atap_strerror(rc));
+        assert_true(atap_finished(a));
+        atap_release(a);
+        atap_release(r);
+    }
+    waited_to_live_back();
+}
+
 /* receive_any: every member's output is a run of its own; it finishes when
  * no member can publish again. */
 static void test_dataflow_receive_any(void **state)
@@ -2014,6 +2076,7 @@ int main(void)
         T(test_dataflow_receive_all_nested),
         T(test_dataflow_receive_all_waits_for_all_again),
         T(test_dataflow_receive_all_member_fails),
+        T(test_dataflow_waiting_task_stopped_mid_run_closes),
         T(test_dataflow_receive_any),
         T(test_dataflow_receiver_bad_arguments),
         T(test_dataflow_forward_repeat_source),
