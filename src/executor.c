@@ -118,8 +118,9 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     /* The caller owns RUN, so the slot is this task's: a waiting task
      * takes no more gives from here (its gate would hand RUN out again). */
-    if (unlikely(s->ext != NULL) && refs_gen(r) == gen && (r & REFS_RUN))
-        atap__sched_ending(s);
+    if (unlikely(s->ext != NULL) && refs_gen(r) == gen && (r & REFS_RUN) &&
+        atap__sched_ending(s))
+        return; /* an at-rate series' runs under way: the last one drops it */
     do {
         if (refs_gen(r) != gen || !(r & REFS_RUN))
             return;
@@ -656,7 +657,7 @@ void atap__exec_fail_held(uint32_t ref)
     uint32_t gen = word_gen(ld_relaxed(&s->word));
 
     /* Ends as a run that failed ends: a series ends with its run, and an
-     * at-rate run tells its series (which it holds a listener on). On the
+     * at-rate run tells its series (which keeps its RUN for it). On the
      * dying thread itself, so the run's own writes are ours to read. */
     atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);
 }
@@ -752,7 +753,7 @@ int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
         return rc;
     }
     s->arg_free = NULL; /* the series owns arg */
-    hold_listener(p); /* the series stays until this run has published */
+    atap__sched_run_started(p); /* the series keeps RUN until this run is done */
     st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN); /* no handle */
     st_release(&s->word, make_word(gen, ST_PENDING));
     atap__sched_start(s, index, gen, o.blocking);

@@ -49,7 +49,8 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
 /* Drops the RUN reference (idempotent per generation); may free the slot. */
 void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen);
 
-/* Drops one listener (a handle, or an at-rate run holding its series). */
+/* Drops one listener (a handle, or a hold: a waker's, a forward's on the
+ * task it feeds). */
 void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* Starts one run of the at-rate series p: a slot of its own with no handle,
  * publishing into p. 0 or -ENOMEM. */

@@ -39,6 +39,16 @@
  * reference; a give that starts something hands it to atap__sched_kick, and
  * where a repeat would end its series (finish) the gate decides whether the
  * task waits again, starts again, or ends.
+ *
+ * An at-rate series starts each run in a slot of its own (no handle), and
+ * runs overlap. The series' RUN reference outlives its runs: `inflight`
+ * counts the runs started and not yet done, and RUN_OWED is set by whoever
+ * drops the series' RUN (atap__sched_ending, from atap__exec_release_run).
+ * If runs are under way that drop waits, and the last run to finish makes
+ * it (rate_run_done). Both sides are RMWs on the one word, so exactly one
+ * of them sees the other: the dropper a count of 0, or the last run
+ * RUN_OWED | 1. Until then the series' slot, its forwards and its output
+ * stay for the runs to publish to, and its handles count only handles.
  */
 #include "schedule.h"
 
@@ -86,7 +96,10 @@ struct sched {
     uint64_t pubs;               /* outputs published (under out_lock) */
     void *input;                 /* an at-rate run of a waiting series: its value */
     size_t input_size;
+    _Atomic uint32_t inflight;   /* at-rate: runs under way | RUN_OWED (top comment) */
 };
+
+#define RUN_OWED 0x80000000u
 
 /* Each run rewrites the output, so runs write to scratch and publish. */
 static bool rewrites(const struct sched *c)
@@ -316,6 +329,7 @@ static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 
 static void rate_tick(struct sched *c);
 static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc);
+static void run_gone(struct atap_slot *s, struct sched *c, uint32_t gen);
 
 /* Runs the manager's fires queue up here and go to the pool in one batch
  * after the pass (atap__sched_flush): one CAS and one wake check for a
@@ -443,7 +457,10 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
     }
     do {
         if (!may_claim(c, word_state(cur))) { /* ended while queued */
-            atap__exec_release_run(s, c->index, gen);
+            if (c->parent)
+                run_gone(s, c, gen); /* an at-rate run: its series counts it */
+            else
+                atap__exec_release_run(s, c->index, gen);
             return false;
         }
     } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
@@ -514,12 +531,23 @@ void atap__sched_mark_finished(struct atap_slot *s)
     st_release(&sched_of(s)->finished, true);
 }
 
-void atap__sched_ending(struct atap_slot *s)
+bool atap__sched_ending(struct atap_slot *s)
 {
     struct sched *c = sched_of(s);
 
     if (c->gate)
         atap__gate_end(c->gate);
+    /* Acq_rel: a run that finished before this saw no RUN_OWED and left
+     * the drop to us; what it wrote to the series comes before our free. */
+    return c->kind == ATAP_AT_RATE &&
+           (atomic_fetch_or_explicit(&c->inflight, RUN_OWED, memory_order_acq_rel) & ~RUN_OWED);
+}
+
+void atap__sched_run_started(struct atap_slot *p)
+{
+    /* Relaxed: the caller holds the series' RUN, and whoever drops it gets
+     * it from us through an ordered hand-off (a timer, a gate, this thread). */
+    atomic_fetch_add_explicit(&sched_of(p)->inflight, 1, memory_order_relaxed);
 }
 
 /* The publisher's side of out_lock: waits out the readers, keeps new ones
@@ -740,11 +768,25 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
     return ok;
 }
 
+/* An at-rate run is over: its slot goes, and the last run done after the
+ * series' RUN was dropped drops it now (top comment). Past the RMW the
+ * series may be freed: nothing of it is read after. */
+static void run_gone(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    uint32_t pindex = c->parent - 1, pgen = c->parent_gen;
+    struct atap_slot *p = atap__table_at(pindex);
+    struct sched *pc = sched_of(p);
+
+    atap__exec_release_run(s, c->index, gen); /* no handle: this frees s and c */
+    if (atomic_fetch_sub_explicit(&pc->inflight, 1, memory_order_acq_rel) == (RUN_OWED | 1))
+        atap__exec_release_run(p, pindex, pgen);
+}
+
 static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc)
 {
     struct atap_slot *p = atap__table_at(c->parent - 1);
     struct sched *pc = sched_of(p);
-    uint32_t cur = ld_acquire(&s->word), pindex, pgen;
+    uint32_t cur = ld_acquire(&s->word);
 
     if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
         if (rc == 0)
@@ -765,10 +807,7 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
         s->filled = 1; /* nobody will read it: dropped at free */
         atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
     }
-    pindex = c->parent - 1;
-    pgen = c->parent_gen;
-    atap__exec_release_run(s, c->index, gen); /* no handle: this frees s and c */
-    atap__exec_release_listener(p, pindex, pgen);
+    run_gone(s, c, gen);
 }
 
 /* ---- cancelling, reading ------------------------------------------------- */

@@ -1103,6 +1103,51 @@ static void test_dataflow_waiting_task_stopped_mid_run_closes(void **state)
     waited_to_live_back();
 }
 
+/* An at-rate series' runs overlap, and the series' end (its run count
+ * reached) comes as its last run starts: forwards out of it stay open until
+ * the runs under way have published, so a receiver gets every output. They
+ * closed at the series' end, and the last outputs were lost. */
+static atomic_int rate_count;
+
+static int task_rate_count(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    sleep_us(20000); /* still running when the series ends */
+    uint64_t v = (uint64_t)atomic_fetch_add(&rate_count, 1) + 1;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static void test_dataflow_at_rate_forwards_every_run(void **state)
+{
+    (void)state;
+    static const unsigned runs[] = {1, 3};
+    for (int k = 0; k < 2; k++) {
+        atomic_store(&rate_count, 0);
+        probe *p = probe_new(8, 1, 0);
+        atap_task src, r;
+        assert_int_equal(atap_spawn(&src, task_rate_count, NULL,
+                                    &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                       .every_ns = ATAP_MS(5), .runs = runs[k]}),
+                         0);
+        assert_int_equal(atap_receive_any(&r, probe_run, p, &src, 1,
+                                          &(atap_spawn_opts){.out_size = 8}),
+                         0);
+        assert_true(wait_finished(r, ATAP_SEC(10)));
+        uint64_t v = 0;
+        int rc = atap_join(r, &v, 8);
+        /* its last run was for the series' last output (outputs that come
+         * while it runs may be coalesced: the newest wins) */
+        if (rc != 0 || v != runs[k] || atomic_load(&p->runs) < 1)
+            fail_msg("runs=%u: the receiver read %d (%s), value %llu, after %d runs", runs[k],
+                     rc, atap_strerror(rc), (unsigned long long)v, atomic_load(&p->runs));
+        assert_true(join8(src) == runs[k]);
+        atap_release(src);
+        atap_release(r);
+    }
+    waited_to_live_back();
+}
+
 /* receive_any: every member's output is a run of its own; it finishes when
  * no member can publish again. */
 static void test_dataflow_receive_any(void **state)
@@ -2077,6 +2122,7 @@ int main(void)
         T(test_dataflow_receive_all_waits_for_all_again),
         T(test_dataflow_receive_all_member_fails),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
+        T(test_dataflow_at_rate_forwards_every_run),
         T(test_dataflow_receive_any),
         T(test_dataflow_receiver_bad_arguments),
         T(test_dataflow_forward_repeat_source),

@@ -505,6 +505,33 @@ static void test_schedule_at_rate_cancel_and_timeout(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* Released while a run is under way, an at-rate series' handle reads as
+ * any released handle does (no task), though the series stays for its run
+ * to publish to: the run's hold used to count as a listener, so the
+ * released handle still read, could be dup'ed, and a second release freed
+ * the series under its run. */
+static void test_schedule_at_rate_released_during_run(void **state)
+{
+    (void)state;
+    flight f = {.hold_ns = ATAP_MS(200)};
+    atap_task t, d;
+    uint64_t v;
+    assert_int_equal(atap_spawn(&t, flown, &f,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(20), .runs = 1}),
+                     0);
+    assert_true(wait_atomic_at_least(&f.started, 1, ATAP_SEC(10)));
+    atap_release(t);
+    assert_int_equal(atap_state_of(t), ATAP_FAILED); /* no task */
+    assert_true(atap_finished(t));
+    assert_int_equal(atap_join(t, &v, 8), ATAP_ENOTASK);
+    assert_int_equal(atap_cancel(t), ATAP_ENOTASK);
+    assert_int_equal(atap_dup(t, &d), ATAP_ENOTASK);
+    atap_release(t); /* a handle with no task: ignored */
+    assert_true(wait_live_back(ATAP_SEC(10))); /* the run ended, the series went */
+    assert_int_equal(atomic_load(&f.in_flight), 0);
+}
+
 /* A period so long that the next start is past the clock's end: one run,
  * then none (the sum used to wrap and start the runs back to back). */
 static void test_schedule_at_rate_huge_period_runs_once(void **state)
@@ -833,6 +860,7 @@ int main(void)
         T(test_schedule_at_rate_skips_missed_periods),
         T(test_schedule_at_rate_cancel_and_timeout),
         T(test_schedule_at_rate_huge_period_runs_once),
+        T(test_schedule_at_rate_released_during_run),
         T(test_schedule_series_keeps_fail_code),
         T(test_schedule_one_shot_taken_reads_taken),
         T(test_schedule_shutdown_writes_off_delays),
