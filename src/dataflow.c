@@ -299,11 +299,54 @@ void *atap__gate_snapshot(struct gate *g, size_t *size)
 
 /* Lets go of a task whose gate went DONE while it held RUN: never given
  * anything, it reads FAILED; otherwise its last output stays. */
-static void let_go(struct atap_slot *s, uint32_t index, uint32_t gen)
+static void let_go_now(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     atap__exec_stop(s, gen, ST_PENDING, ST_FAILED);
     atap__sched_mark_finished(s);
     atap__exec_release_run(s, index, gen);
+}
+
+/*
+ * A let-go closes the task's forwards, and a closed forward may let go of
+ * the task it fed (its last member, or its last listener, gone): along a
+ * chain of forwards that nests once per link, and a long chain would run
+ * the thread out of stack. So a let-go asked for inside another on the same
+ * thread is only noted (the gate is DONE and its RUN is ours already: no
+ * one else acts on the task meanwhile), and the outermost one does them in
+ * turn. With no memory to note it in, it is done at once.
+ */
+struct let_go_list {
+    unsigned depth, n, cap;
+    uint64_t *v; /* gen << 32 | index */
+};
+static _Thread_local struct let_go_list later;
+
+static void let_go(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    if (later.depth > 0) {
+        if (later.n == later.cap) {
+            unsigned cap = later.cap ? later.cap * 2 : 64;
+            uint64_t *v = realloc(later.v, cap * sizeof *v);
+
+            if (!v) {
+                let_go_now(s, index, gen);
+                return;
+            }
+            later.v = v;
+            later.cap = cap;
+        }
+        later.v[later.n++] = (uint64_t)gen << 32 | index;
+        return;
+    }
+    later.depth = 1;
+    let_go_now(s, index, gen);
+    while (later.n > 0) {
+        uint64_t x = later.v[--later.n];
+
+        let_go_now(atap__table_at((uint32_t)x), (uint32_t)x, (uint32_t)(x >> 32));
+    }
+    free(later.v);
+    later = (struct let_go_list){0};
 }
 
 /* Under the lock: nothing could start the task again. */

@@ -1148,6 +1148,43 @@ static void test_dataflow_at_rate_forwards_every_run(void **state)
     waited_to_live_back();
 }
 
+/* A long chain of forwards S -> T0 -> ... -> Tn, every T's handle gone:
+ * letting go of S lets go of each in turn. Each let-go used to run the next
+ * one inside it, one stack frame set per link, and 60,000 links ran the
+ * thread out of stack (a segfault). */
+static int task_pass_on(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    size_t n = 0;
+    const void *in = atap_input(ctx, &n);
+    if (in && n == 8)
+        memcpy(out, in, 8);
+    return 0;
+}
+
+static void test_dataflow_long_forward_chain_lets_go(void **state)
+{
+    (void)state;
+    const int n = (int)scaled(60000, 60000);
+    atap_task src, prev, t;
+    assert_int_equal(atap_spawn_waiting(&src, task_pass_on, NULL, 8,
+                                        &(atap_spawn_opts){.out_size = 8}),
+                     0);
+    prev = src;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(atap_spawn_waiting(&t, task_pass_on, NULL, 8,
+                                            &(atap_spawn_opts){.out_size = 8}),
+                         0);
+        assert_int_equal(atap_forward(prev, t), 0);
+        if (i > 0)
+            atap_release(prev);
+        prev = t;
+    }
+    atap_release(prev);
+    atap_release(src); /* the source's last handle: it is let go, then the chain */
+    assert_true(wait_live_back(ATAP_SEC(60)));
+}
+
 /* receive_any: every member's output is a run of its own; it finishes when
  * no member can publish again. */
 static void test_dataflow_receive_any(void **state)
@@ -2123,6 +2160,7 @@ int main(void)
         T(test_dataflow_receive_all_member_fails),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
         T(test_dataflow_at_rate_forwards_every_run),
+        T(test_dataflow_long_forward_chain_lets_go),
         T(test_dataflow_receive_any),
         T(test_dataflow_receiver_bad_arguments),
         T(test_dataflow_forward_repeat_source),
