@@ -556,7 +556,9 @@ ATAP_EXPORT int atap_sleep_relaxed(uint64_t ns);
  * (> 0, ATAP_HANGUP / ATAP_ERROR included when the kernel says so);
  * ATAP_ENOTREADY when the time ran out; inside a task ATAP_ECANCELLED /
  * ATAP_ETIMEDOUT as atap_sleep; ATAP_EINVAL for no events or unknown bits;
- * -EBADF and other -errno from the kernel.
+ * -EBADF and other -errno from the kernel. A timeout of 0 looks once. fd
+ * must stay open until it returns (closing it meanwhile from another thread
+ * is the caller's race, as with poll(2)).
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);

@@ -36,16 +36,15 @@ int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
     for (;;) {
         uint64_t now = atap__now_ns(), left;
 
-        if (now >= deadline)
-            return fd >= 0 ? ATAP_ENOTREADY : 0;
-        left = deadline - now;
-        if (fd >= 0) {
+        if (fd >= 0) { /* looks once even when the time is up (a timeout of 0) */
             struct pollfd pfd = {.fd = fd,
                                  .events = (short)(((events & ATAP_READABLE) ? POLLIN : 0) |
                                                    ((events & ATAP_WRITABLE) ? POLLOUT : 0))};
-            int ms = deadline == ATAP__FOREVER ? -1
-                     : left / 1000000u >= INT32_MAX ? INT32_MAX
-                                                   : (int)((left + 999999u) / 1000000u);
+            int ms = now >= deadline ? 0
+                     : deadline == ATAP__FOREVER ? -1
+                     : (deadline - now) / 1000000u >= INT32_MAX
+                         ? INT32_MAX
+                         : (int)((deadline - now + 999999u) / 1000000u);
             int n = poll(&pfd, 1, ms);
 
             if (n < 0 && errno != EINTR)
@@ -58,8 +57,13 @@ int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
                              ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0) |
                              ((pfd.revents & POLLERR) ? ATAP_ERROR : 0));
             }
+            if (n == 0 && now >= deadline)
+                return ATAP_ENOTREADY;
             continue;
         }
+        if (now >= deadline)
+            return 0;
+        left = deadline - now;
         if (precise && left <= SPIN_NS) {
             while (atap__now_ns() < deadline)
                 cpu_relax();
@@ -108,7 +112,9 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
     st_seqcst(&w->kwait, (uint64_t)ctx->gen << 32 | ctx->index);
     if (fd >= 0 && (rc = atap__poller_watch(kq, fd, events, kq)) < 0) {
         st_release(&w->kwait, 0);
-        return rc;
+        /* EPERM: a file the kernel's poller does not take (a regular file,
+         * always ready); poll(2) says so, as outside a task. */
+        return rc == -EPERM ? atap__plain_wait(0, false, fd, events) : rc;
     }
     for (;;) {
         uint64_t now, left;
@@ -116,8 +122,11 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
 
         if ((rc = stopped(ctx)) != 0)
             break;
-        if ((now = atap__now_ns()) >= deadline) {
-            rc = fd >= 0 ? ATAP_ENOTREADY : 0;
+        if ((now = atap__now_ns()) >= deadline && fd < 0)
+            break; /* rc is 0 */
+        if (now >= deadline) { /* one look before giving up (a timeout of 0) */
+            n = atap__poller_wait(kq, &ev, 1, 0);
+            rc = n > 0 ? (int)ev.events : n < 0 ? n : ATAP_ENOTREADY;
             break;
         }
         left = deadline - now;

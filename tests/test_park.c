@@ -349,6 +349,7 @@ struct wfd_arg {
     int silent_wfd; /* its write end: writable */
     int late_rfd;   /* a byte comes 30 ms after `armed` */
     int hup_rfd;    /* its write end is closed */
+    int file_fd;    /* a regular file: always ready */
     atomic_int armed;
 };
 
@@ -359,6 +360,13 @@ static void wait_fd_cases(struct wfd_arg *a, bool late)
 {
     int rc = atap_wait_fd(a->data_rfd, ATAP_READABLE, ATAP_SEC(10));
     CHECK(rc > 0 && (rc & ATAP_READABLE));
+    rc = atap_wait_fd(a->data_rfd, ATAP_READABLE, 0); /* a timeout of 0 looks once */
+    CHECK(rc > 0 && (rc & ATAP_READABLE));
+
+    /* a regular file is always ready, inside a task as outside (epoll
+     * refuses such files: that used to come back as -EPERM in a task) */
+    rc = atap_wait_fd(a->file_fd, ATAP_READABLE | ATAP_WRITABLE, ATAP_SEC(10));
+    CHECK(rc > 0 && (rc & ATAP_READABLE) && (rc & ATAP_WRITABLE));
 
     uint64_t t0 = atap_now();
     rc = atap_wait_fd(a->silent_rfd, ATAP_READABLE, ATAP_MS(20));
@@ -435,6 +443,9 @@ static void test_park_wait_fd_results(void **state)
     a->silent_wfd = silent[1];
     a->late_rfd = late[0];
     a->hup_rfd = hup[0];
+    FILE *file = tmpfile();
+    assert_non_null(file);
+    a->file_fd = fileno(file);
     atomic_store(&a->armed, 0);
 
     /* inside a task */
@@ -461,6 +472,7 @@ static void test_park_wait_fd_results(void **state)
     close_pipe(silent);
     close_pipe(late);
     close(hup[0]);
+    fclose(file);
 }
 
 /* ---- 5. park_until: resumed at its deadline, never early --------------- */
