@@ -609,7 +609,9 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
  * made or removed also changes its parent's link count, ATAP_PATH_ATTRIB);
  * -ENOTSUP there with the poll backend. Returns as atap_park_fd;
  * ATAP_EINVAL also inside atap_block. A closed fd resumes at once with
- * ATAP_ERROR.
+ * ATAP_ERROR. When the kernel lost changes (inotify's queue overflowed;
+ * on kqueue, a manager restart) every path park resumes as if its file
+ * was written, changed and had its entries changed: look at it again.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
 

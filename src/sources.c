@@ -38,8 +38,10 @@
 
 #include "atap.h"
 #include "atomics.h"
+#include "faults.h"
 #include "manager.h"
 #include "poller.h"
+#include "testing.h"
 
 _Static_assert(ATAP_PATH_WRITE == ATAP__PATH_WRITE && ATAP_PATH_ATTRIB == ATAP__PATH_ATTRIB &&
                    ATAP_PATH_GONE == ATAP__PATH_GONE,
@@ -251,17 +253,32 @@ static void claim_list(struct park **head, unsigned got, struct park **ready)
     }
 }
 
+/* src_lock held: changes were lost (inotify's queue overflowed, or on
+ * kqueue a manager died holding them): every path park resumes as if its
+ * file changed in each way it can (not GONE: that one is never guessed),
+ * and looks again. */
+static void claim_all_paths(struct park **ready)
+{
+    for (size_t key = 0; key < wdcap; key++)
+        if (wd_waiters[key])
+            claim_list(&wd_waiters[key], ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES,
+                       ready);
+}
+
 static void source_event(struct source *f)
 {
     struct park *ready = NULL, *p;
     char buf[4096] __attribute__((aligned(8)));
     ssize_t n;
 
+    TEST_HOOK(ATAP__TEST_SOURCE_READ);
     pthread_mutex_lock(&src_lock);
     while ((n = read(f->fd, buf, sizeof buf)) > 0) {
 #if defined(__linux__)
         for (ssize_t at = 0; f == &path_source && at < n;) {
             const struct inotify_event *e = (const void *)(buf + at);
+            if (e->mask & IN_Q_OVERFLOW)
+                claim_all_paths(&ready);
             if (e->wd >= 0 && (size_t)e->wd < wdcap) {
                 claim_list(&wd_waiters[e->wd], changes_of(e->mask), &ready);
                 if ((e->mask & IN_IGNORED) == 0 && !wd_waiters[e->wd])
@@ -342,19 +359,24 @@ bool atap__source_paths(void)
 
 /* Between two managers' lives: each source reads what it holds (a signal's
  * pending flag outlives its pipe byte, and inotify keeps what was not read)
- * and is watched again; on kqueue every path watch is added again (a vnode
- * change is an edge: one the dead manager held is gone). */
+ * and is watched again. On kqueue a vnode change is an edge, and one the
+ * dead manager held is gone: every path park resumes and looks again
+ * (claim_all_paths), and the watches go with their last waiters. */
 void atap__sources_rearm(void)
 {
+    struct park *ready = NULL, *p;
     bool sig, path;
 
     pthread_mutex_lock(&src_lock);
-    for (size_t key = 0; !PATHS_BY_INOTIFY && key < wdcap; key++)
-        if (wd_waiters[key])
-            atap__poller_watch_path(atap__manager_poller(), (int)key, vnode_udata((int)key));
+    if (!PATHS_BY_INOTIFY)
+        claim_all_paths(&ready);
     sig = sig_source.fd >= 0;
     path = path_source.fd >= 0;
     pthread_mutex_unlock(&src_lock);
+    while ((p = ready) != NULL) {
+        ready = p->fd_next;
+        atap__park_complete(p, BY_READY);
+    }
     if (sig)
         source_event(&sig_source);
     if (path)

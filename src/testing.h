@@ -36,12 +36,15 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_PARK_ARMING   a park record just marked ARMING, before it is
  *                            registered and armed (park.c);
  *   ATAP__TEST_MANAGER_JOINED  a shutdown that has joined the supervisor,
- *                            before it takes the timers back (manager.c). */
+ *                            before it takes the timers back (manager.c);
+ *   ATAP__TEST_SOURCE_READ   the manager about to read a signal or path
+ *                            source's queue (sources.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
     ATAP__TEST_PARK_ARMING,
     ATAP__TEST_MANAGER_JOINED,
+    ATAP__TEST_SOURCE_READ,
     ATAP__TEST_POINTS
 };
 

@@ -27,6 +27,7 @@
 
 #include "manager.h" /* atap__manager_restarts */
 #include "test_util.h"
+#include "testing.h" /* atap__test_on */
 
 /* ---- setup: a runtime and a temp directory ------------------------------- */
 
@@ -486,6 +487,76 @@ static void test_watch_signal_bad_arguments(void **state)
 }
 
 /* ---- path changes ------------------------------------------------------------------ */
+
+/* Too many changes at once overflow inotify's queue: the changes past the
+ * overflow are lost, and every path park resumes (it used to wait for its
+ * timeout, or for ever). The manager is held (a test hook) while the queue
+ * fills, then the watched file is written. */
+static atomic_int ovf_held;
+
+static void hold_source_read(void)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&ovf_held, &expected, 1)) {
+        sleep_ms(1500);
+        atomic_store(&ovf_held, 2);
+    }
+}
+
+static void test_watch_path_queue_overflow(void **state)
+{
+    (void)state;
+    unsigned long most = 0;
+    FILE *q = fopen("/proc/sys/fs/inotify/max_queued_events", "r");
+    if (!q || fscanf(q, "%lu", &most) != 1 || most > 200000) {
+        if (q)
+            fclose(q);
+        skip(); /* not a kernel queue this test can fill */
+    }
+    fclose(q);
+    const char *dir = in_dir("ovf");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    const char *x = in_dir("ovf_x");
+    make_file(x);
+    int dfd = open_ro(dir), xfd = open_ro(x);
+    struct parker *c = parker_init(0, ON_PATH, dfd, ATAP_PATH_ENTRIES, ATAP_SEC(30), 1);
+    struct parker *a = parker_init(1, ON_PATH, xfd, ATAP_PATH_WRITE, ATAP_SEC(10), 1);
+    atap_task tc = spawn_parker(c), ta = spawn_parker(a);
+    assert_true(wait_parked(&c->parks, 1, ATAP_SEC(20)));
+    assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+
+    atomic_store(&ovf_held, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_SOURCE_READ, hold_source_read), 0);
+    char name[160];
+    snprintf(name, sizeof name, "%s/f", dir);
+    int fd = open(name, O_CREAT | O_WRONLY | O_CLOEXEC, 0644); /* wakes the manager */
+    assert_true(fd >= 0);
+    close(fd);
+    assert_true(wait_atomic_at_least(&ovf_held, 1, ATAP_SEC(20)));
+    uint64_t t0 = now_ns();
+    for (unsigned long i = 0; i < most / 2 + 1000 && atomic_load(&ovf_held) == 1; i++) {
+        assert_int_equal(unlink(name), 0);
+        fd = open(name, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+        assert_true(fd >= 0);
+        close(fd);
+    }
+    bool filled = atomic_load(&ovf_held) == 1;
+    append_byte(x); /* lost past the overflow */
+    assert_true(wait_atomic_at_least(&ovf_held, 2, ATAP_SEC(20)));
+    assert_int_equal(atap__test_on(ATAP__TEST_SOURCE_READ, NULL), 0);
+    if (filled) { /* the queue filled while the manager was held */
+        expect_resumes(a, 1);
+        assert_int_equal(atomic_load(&a->reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&a->resumed_at) - t0 < ATAP_SEC(8)); /* not its timeout */
+    }
+    join_parker(ta);
+    join_parker(tc);
+    atap_release(ta);
+    atap_release(tc);
+    close(dfd);
+    close(xfd);
+    waited_to_live_back();
+}
 
 static void test_watch_path_write(void **state)
 {
@@ -952,6 +1023,7 @@ int main(void)
         T(test_watch_signal_unparked_is_dropped),
         T(test_watch_signal_bad_arguments),
         T(test_watch_path_write),
+        T(test_watch_path_queue_overflow),
         T(test_watch_path_attrib),
         T(test_watch_path_directory_entries),
         T(test_watch_path_gone),
