@@ -1131,6 +1131,8 @@ void atap__park_destroy(struct park *p)
         free(p);
         return;
     }
+    if (atap__manager_accepting()) /* let go of at the next run (schedule.c) */
+        atap__timer_forget(atap__manager_timers(), &p->timer);
     do
         p->grave_next = head;
     while (!atomic_compare_exchange_weak_explicit(&graveyard, &head, p, memory_order_release,

@@ -218,6 +218,13 @@ void atap__sched_destroy(struct atap_slot *s)
         sched_free(c);
         return;
     }
+    /* Records left filed for a disarmed deadline (a cancelled delay, a run
+     * that beat its timeout) are let go of at the manager's next run, not
+     * at that deadline: the reaper frees c then. */
+    if (atap__manager_accepting()) {
+        atap__timer_forget(atap__manager_timers(), &c->start);
+        atap__timer_forget(atap__manager_timers(), &c->limit);
+    }
     do
         c->grave_next = head;
     while (!atomic_compare_exchange_weak_explicit(&graveyard, &head, c, memory_order_release,

@@ -675,6 +675,21 @@ uint64_t atap__timers_run(struct atap_timers *ts, uint64_t now_ns)
 
 size_t atap__timers_pending(struct atap_timers *ts) { return ts->held; }
 
+void atap__timer_forget(struct atap_timers *ts, struct atap_timer *t)
+{
+    uint32_t s = ld_acquire(&t->state);
+
+    /* Never armed (seq 0): never filed. Armed: not ours to drop. QUEUED:
+     * the inbox has it, and absorb_rec unlinks it. Otherwise QUEUED by CAS
+     * (acq_rel, as arm's) and pushed: absorb_rec then unlinks it, and
+     * seeing no ARMED files nothing. No wake: the next run is soon enough. */
+    do {
+        if ((s & SEQ_MASK) == 0 || (s & (ARMED | QUEUED)))
+            return;
+    } while (!cas_acqrel(&t->state, &s, s | QUEUED));
+    push(ts, t);
+}
+
 bool atap__timer_held(struct atap_timer *t)
 {
     return t->link.next != NULL || (ld_acquire(&t->state) & QUEUED);

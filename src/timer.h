@@ -9,7 +9,7 @@
  * records (56 bytes each) and one fixed wheel (65 KiB).
  *
  * Who calls what:
- *   any thread    atap__timer_arm, atap__timer_disarm
+ *   any thread    atap__timer_arm, atap__timer_disarm, atap__timer_forget
  *   manager only  atap__timers_run, _pending, _take_all, _destroy,
  *                 atap__timer_held: the one thread that owns the structure
  *                 (handing it to another thread needs a happens-before, such
@@ -130,6 +130,12 @@ size_t atap__timers_pending(struct atap_timers *ts);
 
 /* Manager only. Whether the structure may still point at t. */
 bool atap__timer_held(struct atap_timer *t);
+
+/* Any thread, for a record whose owner is going and that is not armed:
+ * asks the manager to let go of it at its next run (through the inbox),
+ * rather than when it would meet it (a disarmed deadline an hour out is
+ * met an hour later). Nothing if it is armed or already in the inbox. */
+void atap__timer_forget(struct atap_timers *ts, struct atap_timer *t);
 
 /* Manager only (the restart path). Takes in the inbox, then empties the
  * structure, handing each still-armed record to each(t, arg) exactly once.
