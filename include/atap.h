@@ -96,8 +96,9 @@ typedef struct atap_config {
  * ATAP_EINVAL for a config whose size is larger than this library knows
  * with unknown bytes set, or a worker_stack below 16 KiB; -errno when a
  * thread cannot be started (the runtime is then left stopped); ATAP_EINVAL
- * from one of the runtime's own threads (a task, or an arg_free / out_free
- * it calls) while a shutdown is under way, which waits for that thread.
+ * while a shutdown is under way that waits for the calling thread: a task,
+ * or an arg_free / out_free that the runtime's own threads or that
+ * shutdown call runs.
  * If a shutdown is in progress it is waited out first.
  * Blocks: briefly. Threads: any thread that is not a worker of this runtime.
  */
@@ -109,9 +110,9 @@ ATAP_EXPORT int atap_init(const atap_config *config);
  * joined. Safe to call twice, and concurrently (the second caller waits for
  * the first). Handles stay valid: their outputs can be read after it, and
  * after a later atap_init. It never returns while a task never ends.
- * Returns 0; ATAP_EINVAL when called from one of the runtime's own threads:
- * inside a task, or from an arg_free / out_free the runtime calls (it would
- * wait for itself).
+ * Returns 0; ATAP_EINVAL when it would wait for the calling thread: inside
+ * a task, or from an arg_free / out_free run by the runtime's own threads
+ * (the manager's, a worker's) or by a shutdown under way on this thread.
  * Blocks: yes. Threads: any non-worker thread.
  */
 ATAP_EXPORT int atap_shutdown(void);

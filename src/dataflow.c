@@ -301,7 +301,10 @@ void *atap__gate_snapshot(struct gate *g, size_t *size)
  * anything, it reads FAILED; otherwise its last output stays. */
 static void let_go_now(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    atap__exec_stop(s, gen, ST_PENDING, ST_FAILED);
+    /* An at-rate series may have runs under way that will publish: its
+     * RUN's drop decides once they are done (atap__sched_ending). */
+    if (!atap__sched_at_rate(s))
+        atap__exec_stop(s, gen, ST_PENDING, ST_FAILED);
     atap__sched_mark_finished(s);
     atap__exec_release_run(s, index, gen);
 }
@@ -313,7 +316,9 @@ static void let_go_now(struct atap_slot *s, uint32_t index, uint32_t gen)
  * the thread out of stack. So a let-go asked for inside another on the same
  * thread is only noted (the gate is DONE and its RUN is ours already: no
  * one else acts on the task meanwhile), and the outermost one does them in
- * turn. With no memory to note it in, it is done at once.
+ * turn. With no memory to note it in, it is done at once. So the tasks down
+ * a chain are let go of after the outer one's arg_free / out_free ran, not
+ * inside it: such a callback must not wait for one of them.
  */
 struct let_go_list {
     unsigned depth, n, cap;

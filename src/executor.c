@@ -119,7 +119,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
     /* The caller owns RUN, so the slot is this task's: a waiting task
      * takes no more gives from here (its gate would hand RUN out again). */
     if (unlikely(s->ext != NULL) && refs_gen(r) == gen && (r & REFS_RUN) &&
-        atap__sched_ending(s))
+        atap__sched_ending(s, gen))
         return; /* an at-rate series' runs under way: the last one drops it */
     do {
         if (refs_gen(r) != gen || !(r & REFS_RUN))

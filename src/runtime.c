@@ -86,6 +86,17 @@ static int read_config(const atap_config *in, atap_config *out)
     return 0;
 }
 
+/* Set on the thread inside atap_shutdown: an arg_free or out_free the
+ * shutdown itself runs (a delay written off, a waiting task let go). */
+static _Thread_local bool in_shutdown;
+
+/* A thread the runtime waits for while it stops: a pool thread, the
+ * manager or its supervisor, or the one running atap_shutdown. */
+static bool on_runtime_thread(void)
+{
+    return atap__self || atap__manager_thread || in_shutdown;
+}
+
 int atap_init(const atap_config *config)
 {
     atap_config cfg;
@@ -99,7 +110,7 @@ int atap_init(const atap_config *config)
             break;
         if (expected == RUNNING)
             return ATAP_EALREADY;
-        if (atap__self || atap__manager_thread)
+        if (on_runtime_thread())
             return ATAP_EINVAL; /* the shutdown under way waits for this thread */
         poll_pause(); /* a start or a shutdown is under way: wait it out */
     }
@@ -116,7 +127,7 @@ int atap_shutdown(void)
 {
     int expected;
 
-    if (atap__self || atap__manager_thread)
+    if (on_runtime_thread())
         return ATAP_EINVAL; /* it would wait for the thread calling it */
     for (;;) {
         expected = RUNNING;
@@ -126,6 +137,7 @@ int atap_shutdown(void)
             return 0;
         poll_pause(); /* another start or shutdown: wait for it to finish */
     }
+    in_shutdown = true; /* a callback it runs here must not wait for it */
     while (ld_seqcst(&inflight) != 0)
         poll_pause();
     /* The manager first: what it would still start (delays, gaps, periods)
@@ -139,6 +151,7 @@ int atap_shutdown(void)
     atap__sched_reap(true);
     atap__park_reap(true);
     st_seqcst(&lifecycle, STOPPED);
+    in_shutdown = false;
     return 0;
 }
 

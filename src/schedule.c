@@ -44,11 +44,13 @@
  * runs overlap. The series' RUN reference outlives its runs: `inflight`
  * counts the runs started and not yet done, and RUN_OWED is set by whoever
  * drops the series' RUN (atap__sched_ending, from atap__exec_release_run).
- * If runs are under way that drop waits, and the last run to finish makes
- * it (rate_run_done). Both sides are RMWs on the one word, so exactly one
- * of them sees the other: the dropper a count of 0, or the last run
- * RUN_OWED | 1. Until then the series' slot, its forwards and its output
- * stay for the runs to publish to, and its handles count only handles.
+ * If runs are under way that drop waits, and the last run to end makes it
+ * (run_gone, from the run's end or from a claim that finds it ended). Both
+ * sides are RMWs on the one word, so exactly one of them sees the other:
+ * the dropper a count of 0, or the last run RUN_OWED | 1. Until then the
+ * series' slot, its forwards and its output stay for the runs to publish
+ * to, its handles count only handles, and it is not finished for readers
+ * (series_over); a run that fails meanwhile leaves the output standing.
  */
 #include "schedule.h"
 
@@ -538,16 +540,36 @@ void atap__sched_mark_finished(struct atap_slot *s)
     st_release(&sched_of(s)->finished, true);
 }
 
-bool atap__sched_ending(struct atap_slot *s)
+bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
 {
     struct sched *c = sched_of(s);
 
     if (c->gate)
         atap__gate_end(c->gate);
+    if (c->kind != ATAP_AT_RATE)
+        return false;
     /* Acq_rel: a run that finished before this saw no RUN_OWED and left
      * the drop to us; what it wrote to the series comes before our free. */
-    return c->kind == ATAP_AT_RATE &&
-           (atomic_fetch_or_explicit(&c->inflight, RUN_OWED, memory_order_acq_rel) & ~RUN_OWED);
+    if (atomic_fetch_or_explicit(&c->inflight, RUN_OWED, memory_order_acq_rel) & ~RUN_OWED)
+        return true;
+    /* RUN goes now. A waiting series let go of (dataflow.c) with nothing
+     * published since its give reads FAILED, as a let-go task does: known
+     * only now, once no run under way can still publish. */
+    if (c->gate)
+        atap__exec_stop(s, gen, ST_PENDING, ST_FAILED);
+    return false;
+}
+
+bool atap__sched_at_rate(struct atap_slot *s)
+{
+    return sched_of(s)->kind == ATAP_AT_RATE;
+}
+
+/* No run follows and, at a rate, none is under way: the output stands. */
+static bool series_over(struct sched *c)
+{
+    return ld_acquire(&c->finished) &&
+           (c->kind != ATAP_AT_RATE || (ld_acquire(&c->inflight) & ~RUN_OWED) == 0);
 }
 
 void atap__sched_run_started(struct atap_slot *p)
@@ -735,10 +757,15 @@ int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t pa
 static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint32_t to)
 {
     uint32_t cur = ld_acquire(&p->word), st;
+    /* The series already ran out (its RUN went, or waits for its runs): a
+     * run under way that fails or times out leaves an output that stands,
+     * and ends only a series that has none. */
+    bool ran_out = ld_acquire(&pc->finished);
 
     do {
         st = word_state(cur);
-        if (word_gen(cur) != pgen || (st != ST_PENDING && st != ST_READY && st != ST_TAKEN))
+        if (word_gen(cur) != pgen ||
+            (st != ST_PENDING && (ran_out || (st != ST_READY && st != ST_TAKEN))))
             return;
     } while (!cas_acqrel(&p->word, &cur, make_word(pgen, to)));
     if (cur & ST_WAITERS)
@@ -801,12 +828,13 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
         rate_end(p, pc, c->parent_gen, ST_TIMED_OUT);
     } else if (rc != 0) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_FAILED);
-        /* The series reads the code of its first run to fail with one:
-         * written before rate_end's release CAS publishes FAILED, and only
-         * once, so that every reader reads the same code. */
-        if (s->fail_code)
-            __atomic_compare_exchange_n(&p->fail_code, &(uint8_t){0}, s->fail_code, false,
-                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        /* The series reads the code of its first run to fail: written
+         * once (a plain failure as EFAILED's code), and before rate_end's
+         * release CAS publishes FAILED, so every reader reads the same. */
+        __atomic_compare_exchange_n(&p->fail_code, &(uint8_t){0},
+                                    s->fail_code ? s->fail_code
+                                                 : (uint8_t)fail_code_of(ATAP_EFAILED),
+                                    false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
         rate_end(p, pc, c->parent_gen, ST_FAILED);
     } else if (rate_publish(p, pc, c->parent_gen, slot_out(s))) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_TAKEN); /* the series has it now */
@@ -851,15 +879,14 @@ bool atap__sched_finished(struct atap_slot *s, uint32_t state)
 
     if (state == ST_CANCELLED || state == ST_TIMED_OUT || state == ST_FAILED)
         return true;
-    return state_terminal(state) &&
-           ((c->kind == ATAP_ONCE && !c->gate) || ld_acquire(&c->finished));
+    return state_terminal(state) && ((c->kind == ATAP_ONCE && !c->gate) || series_over(c));
 }
 
 bool atap__sched_ran_out(struct atap_slot *s)
 {
     struct sched *c = sched_of(s);
 
-    return (c->kind != ATAP_ONCE || c->gate) && ld_acquire(&c->finished);
+    return (c->kind != ATAP_ONCE || c->gate) && series_over(c);
 }
 
 void atap__sched_read_lock(struct atap_slot *s)

@@ -39,11 +39,13 @@ uint64_t atap__sched_pubs(struct atap_slot *s);
 void atap__sched_restarting(struct atap_slot *s, uint32_t gen);
 /* No run follows (a waiting task let go): atap_finished turns true. */
 void atap__sched_mark_finished(struct atap_slot *s);
-/* The task's RUN reference is about to go for good: its gate takes no
- * more gives. True when it must stay for now: an at-rate series with runs
- * under way keeps it until the last of them is done (schedule.c), and the
- * caller leaves it alone. */
-bool atap__sched_ending(struct atap_slot *s);
+/* The task's RUN reference (generation gen) is about to go for good: its
+ * gate takes no more gives. True when it must stay for now: an at-rate
+ * series with runs under way keeps it until the last of them is done
+ * (schedule.c), and the caller leaves it alone. */
+bool atap__sched_ending(struct atap_slot *s, uint32_t gen);
+/* The task is an at-rate series (its runs overlap, in slots of their own). */
+bool atap__sched_at_rate(struct atap_slot *s);
 /* The slot is published PENDING with its RUN reference: queue it, or arm
  * its start delay. */
 void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking);
@@ -56,10 +58,10 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen);
 void *atap__sched_output(struct atap_slot *s);
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc);
 
-/* An at-rate run (spawned by atap__exec_spawn_run) belongs to its series
- * p. 0 or -ENOMEM (a waiting series' run copies its value). */
 /* An at-rate series is about to queue one more run (its RUN held). */
 void atap__sched_run_started(struct atap_slot *p);
+/* An at-rate run (spawned by atap__exec_spawn_run) belongs to its series
+ * p. 0 or -ENOMEM (a waiting series' run copies its value). */
 int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
                            uint32_t parent_gen);
 

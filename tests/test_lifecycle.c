@@ -390,6 +390,35 @@ static void test_lifecycle_init_inside_task_during_shutdown_einval(void **state)
     assert_false(atap_initialised());
 }
 
+/* An arg_free the shutdown runs on its own thread (a delay written off)
+ * that calls atap_shutdown or atap_init: refused, not a wait for itself. */
+static atomic_int reenter_shutdown_rc = 1, reenter_init_rc = 1;
+
+static void arg_free_reenters(void *arg)
+{
+    (void)arg;
+    atomic_store(&reenter_shutdown_rc, atap_shutdown());
+    atomic_store(&reenter_init_rc, atap_init(NULL));
+}
+
+static void test_lifecycle_callback_inside_shutdown_einval(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    atomic_store(&reenter_shutdown_rc, 1);
+    atomic_store(&reenter_init_rc, 1);
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, task_value, (void *)(uintptr_t)1,
+                                &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(60),
+                                                   .arg_free = arg_free_reenters}),
+                     0);
+    atap_release(t); /* the write-off at shutdown is its last step: arg_free then */
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atomic_load(&reenter_shutdown_rc), ATAP_EINVAL);
+    assert_int_equal(atomic_load(&reenter_init_rc), ATAP_EINVAL);
+    assert_false(atap_initialised());
+}
+
 static void test_lifecycle_initialised_reflects_state(void **state)
 {
     (void)state;
@@ -665,6 +694,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycle_shutdown_inside_task_einval, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_init_inside_task_during_shutdown_einval,
                                   ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_callback_inside_shutdown_einval, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_initialised_reflects_state, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_status, ensure_stopped),
         cmocka_unit_test(test_lifecycle_strerror_and_version),

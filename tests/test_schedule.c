@@ -522,6 +522,8 @@ static void test_schedule_at_rate_released_during_run(void **state)
                      0);
     assert_true(wait_atomic_at_least(&f.started, 1, ATAP_SEC(10)));
     atap_release(t);
+    if (atomic_load(&f.in_flight) != 1)
+        skip(); /* the run is over already (a loaded machine): nothing to see */
     assert_int_equal(atap_state_of(t), ATAP_FAILED); /* no task */
     assert_true(atap_finished(t));
     assert_int_equal(atap_join(t, &v, 8), ATAP_ENOTASK);
@@ -548,6 +550,85 @@ static void test_schedule_at_rate_huge_period_runs_once(void **state)
     assert_int_equal(atomic_load(&f.started), 1);
     assert_false(atap_finished(t));
     assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* Two overlapping runs: the first outputs 5 at once, the second fails a
+ * while after the series ran out of runs. The series is not finished while
+ * that run is out, and its failure leaves the output that stands. */
+static atomic_int late_n, late_done;
+
+static int first_ok_then_late_fail(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    if (atomic_fetch_add(&late_n, 1) == 0) {
+        uint64_t v = 5;
+        memcpy(out, &v, sizeof v);
+        return 0;
+    }
+    sleep_ms(150);
+    atomic_store(&late_done, 1);
+    return 1;
+}
+
+static void test_schedule_at_rate_ran_out_keeps_output(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t v = 0;
+    atomic_store(&late_n, 0);
+    atomic_store(&late_done, 0);
+    assert_int_equal(atap_spawn(&t, first_ok_then_late_fail, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(2), .runs = 2}),
+                     0);
+    assert_true(wait_atomic_at_least(&late_n, 2, ATAP_SEC(10)));
+    assert_int_equal(atap_join_for(t, &v, 8, ATAP_SEC(10)), 0); /* the first output */
+    assert_true(v == 5);
+    bool fin = atap_finished(t);
+    if (!atomic_load(&late_done))
+        assert_false(fin); /* a run is still out */
+    assert_true(wait_atomic_at_least(&late_done, 1, ATAP_SEC(10)));
+    assert_true(wait_finished(t, ATAP_SEC(10)));
+    sleep_ms(20); /* the failed run's end is done with the series */
+    v = 0;
+    assert_int_equal(atap_join(t, &v, 8), 0); /* its failure left the output */
+    assert_true(v == 5);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* Overlapping runs failing with different codes: every reader reads the
+ * first one, before and after the other fails. */
+static atomic_int codes_n;
+
+static int fail_plain_then_closed(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    if (atomic_fetch_add(&codes_n, 1) == 0) {
+        sleep_ms(10);
+        return 1;
+    }
+    sleep_ms(100);
+    return ATAP_ECLOSED;
+}
+
+static void test_schedule_at_rate_fail_code_stays(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t v;
+    atomic_store(&codes_n, 0);
+    assert_int_equal(atap_spawn(&t, fail_plain_then_closed, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(2), .runs = 2}),
+                     0);
+    int first = atap_join_for(t, &v, 8, ATAP_SEC(10));
+    if (first != ATAP_EFAILED && first != ATAP_ECLOSED)
+        fail_msg("the first join read %d (%s)", first, atap_strerror(first));
+    sleep_ms(250); /* the other run failed too */
+    assert_int_equal(atap_join(t, &v, 8), first);
     atap_release(t);
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
@@ -770,9 +851,12 @@ static void test_schedule_limit_under_way_at_shutdown(void **state)
  * hook holds it between joining the supervisor and taking the timers
  * back): their schedules must wait for that take, not be freed under it
  * (a use after free the sanitizer stages see). */
+static atomic_int limits_started;
+
 static int sleep_60ms(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx, (void)arg, (void)out;
+    atomic_fetch_add(&limits_started, 1);
     sleep_ms(60);
     return 0;
 }
@@ -783,6 +867,7 @@ static void test_schedule_limits_end_while_manager_stops(void **state)
 {
     (void)state;
     enum { N = 8 };
+    atomic_store(&limits_started, 0);
     for (int i = 0; i < N; i++) {
         atap_task t;
         assert_int_equal(atap_spawn(&t, sleep_60ms, NULL,
@@ -791,7 +876,8 @@ static void test_schedule_limits_end_while_manager_stops(void **state)
                          0);
         atap_release(t);
     }
-    sleep_us(10000); /* running, their limits filed */
+    assert_true(wait_atomic_at_least(&limits_started, N, ATAP_SEC(10)));
+    sleep_us(5000); /* their limits filed */
     assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_JOINED, hold_150ms), 0);
     assert_int_equal(atap_shutdown(), 0);
     assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_JOINED, NULL), 0);
@@ -902,6 +988,8 @@ int main(void)
         T(test_schedule_at_rate_huge_period_runs_once),
         T(test_schedule_at_rate_released_during_run),
         T(test_schedule_series_keeps_fail_code),
+        T(test_schedule_at_rate_ran_out_keeps_output),
+        T(test_schedule_at_rate_fail_code_stays),
         T(test_schedule_one_shot_taken_reads_taken),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),
