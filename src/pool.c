@@ -1026,6 +1026,8 @@ void atap__pool_stop(void)
 
 unsigned atap__pool_live_workers(void) { return ld_relaxed(&pool.nlive); }
 
+bool atap__pool_stopped(void) { return ld_seqcst(&pool.stopping); }
+
 static void count_records(struct worker *recs, unsigned n, size_t *busy, uint64_t *done,
                           size_t *queued)
 {

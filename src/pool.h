@@ -109,6 +109,9 @@ bool atap__pool_help_once(struct worker *w, uint32_t awaited);
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);
 unsigned atap__pool_live_workers(void);
+/* A shutdown's drain is over and the pool's threads are told to stop:
+ * work queued now would not run (until the next atap_init). */
+bool atap__pool_stopped(void);
 
 /* The manager's pool policy, every tick: wakes idle workers for work that
  * waits, grows the pool when every worker is stuck, reaps idle workers

@@ -414,8 +414,12 @@ void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     struct sched *c = sched_of(s);
 
-    /* Shutting down (or stopped): nothing new starts, as with a spawn. */
-    if (!atap_initialised()) {
+    /* The pool is gone (a shutdown's last let-go, or none running): nothing
+     * starts. During a shutdown's drain a give is admitted as a spawn is
+     * (from a task, or before the drain began) and its run is part of the
+     * work drained; a delay or period arms on a closed manager and is
+     * written off. */
+    if (atap__pool_stopped()) {
         atap__exec_end(s, index, gen, ST_FAILED);
         return;
     }

@@ -419,6 +419,54 @@ static void test_lifecycle_callback_inside_shutdown_einval(void **state)
     assert_false(atap_initialised());
 }
 
+/* A task running in a shutdown's drain gives to a waiting task: the give
+ * is taken and its run is part of the drain, as a spawn from a task would
+ * be. It used to end the waiting task FAILED, its standing output lost. */
+static int task_double_input(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    size_t n = 0;
+    const uint64_t *in = atap_input(ctx, &n);
+    uint64_t v = in && n == 8 ? *in * 2 : 0;
+    memcpy(out, &v, sizeof v);
+    return 0;
+}
+
+static atap_task drain_target;
+static atomic_int drain_give_rc = 1;
+
+static int task_give_in_drain(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    uint64_t end = now_ns() + ATAP_SEC(20), v = 5;
+    while (atap_initialised() && now_ns() < end)
+        sleep_us(1000);
+    atomic_store(&drain_give_rc, atap_give(drain_target, &v, sizeof v));
+    return 0;
+}
+
+static void test_lifecycle_give_during_drain_runs(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    uint64_t v = 1;
+    assert_int_equal(atap_spawn_waiting(&drain_target, task_double_input, NULL, 8,
+                                        &(atap_spawn_opts){.out_size = 8}),
+                     0);
+    assert_int_equal(atap_give(drain_target, &v, sizeof v), 0);
+    assert_true(join8(drain_target) == 2);
+    atomic_store(&drain_give_rc, 1);
+    atap_task g;
+    assert_int_equal(atap_spawn(&g, task_give_in_drain, NULL, NULL), 0);
+    atap_release(g);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atomic_load(&drain_give_rc), 0);
+    v = 0;
+    assert_int_equal(atap_join(drain_target, &v, sizeof v), 0);
+    assert_true(v == 10);
+    atap_release(drain_target);
+}
+
 static void test_lifecycle_initialised_reflects_state(void **state)
 {
     (void)state;
@@ -695,6 +743,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycle_init_inside_task_during_shutdown_einval,
                                   ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_callback_inside_shutdown_einval, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_give_during_drain_runs, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_initialised_reflects_state, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_status, ensure_stopped),
         cmocka_unit_test(test_lifecycle_strerror_and_version),
