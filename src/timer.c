@@ -46,7 +46,8 @@
  * with deadline <= now is in near. A record fires only from near's head,
  * only when its deadline <= now, and only through the CAS: never early,
  * and in deadline order, at the first run after it was absorbed with
- * now >= its deadline.
+ * now >= its deadline, or, when that run's budget of fires ran out first
+ * (FIRE_BUDGET), at the runs right after, which it asks for at once.
  *
  * The sleep: run returns the exact earliest deadline (near's head, or the
  * next ring slot's `ring_min`, exact unless a record left it, then early),
@@ -88,6 +89,7 @@
 #define PRELOAD_TICKS 16    /* ~1 ms: how soon a ring slot is moved to near early */
 #define LEAD_BUDGET 1024    /* records a run re-files from the levels, ~0.1 ms */
 #define FIRE_CHUNK 32       /* due records cut off near at a time */
+#define FIRE_BUDGET 16384   /* fires a run makes at most (~50 ms), then it returns */
 #define PRELOAD_WAKE_MIN 64 /* records in a ring slot worth a wake to preload it */
 
 _Static_assert(TIMER_TICK_SHIFT + TIMER_LEVEL_BITS * TIMER_LEVELS >= 64,
@@ -516,11 +518,16 @@ static struct atap_tlink *take_due(struct atap_timers *ts, uint64_t now)
  * first, so firing one record writes to no other (the callbacks only reach
  * the inbox and state words), and the first fires do not wait for the walk
  * over all the others. */
+/* Fires what is due, FIRE_BUDGET at most: a burst (a million delays due
+ * at once after a restart) is fired over several runs, each returning a
+ * time already past, so the manager's other work (fd events, parks, the
+ * pool's tick) goes on between them. */
 static void fire_due(struct atap_timers *ts, uint64_t now)
 {
     struct atap_tlink *l, *next;
+    size_t fired = 0;
 
-    while ((l = take_due(ts, now)) != NULL) {
+    while (fired < FIRE_BUDGET && (l = take_due(ts, now)) != NULL) {
         for (; l; l = next) {
             struct atap_timer *t = rec_of(l);
             uint32_t armed = t->eseq | ARMED;
@@ -533,6 +540,7 @@ static void fire_due(struct atap_timers *ts, uint64_t now)
             if (atomic_compare_exchange_strong_explicit(&t->state, &armed, t->eseq,
                                                         memory_order_acq_rel, memory_order_relaxed))
                 t->fire(t);
+            fired++;
         }
     }
 }

@@ -634,7 +634,11 @@ static void test_timer_arms_from_many_threads(void **state)
         atap__timers_run(ts, now);
     for (int i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
-    assert_true(atap__timers_run(ts, T0 + SEC) == UINT64_MAX);
+    /* A run fires a budget at most, and then asks to run again at once. */
+    uint64_t next;
+    for (int k = 0; (next = atap__timers_run(ts, T0 + SEC)) != UINT64_MAX && k < 1000; k++)
+        assert_true(next <= T0 + SEC);
+    assert_true(next == UINT64_MAX);
     for (size_t i = 0; i < n; i++) {
         int f = atomic_load(&r[i].fired);
         assert_true(f == (disarmed[i] ? 0 : 1));
@@ -865,6 +869,79 @@ static void test_timer_destroy_lets_go(void **state)
     free(r);
 }
 
+/* A burst due at once is fired over several runs, each firing a bounded
+ * number and asking to run again at once (a time already past), in
+ * deadline order across them, each record once. */
+static void test_timer_burst_fired_over_runs(void **state)
+{
+    (void)state;
+    size_t n = 100000, runs = 0, most = 0, before;
+    struct rec *r = recs_new(n);
+    struct atap_timers *ts = timers_new(T0);
+    uint64_t seed = 11, next, now = T0 + MIN;
+
+    g_order = calloc(n, sizeof *g_order);
+    g_order_cap = n;
+    assert_non_null(g_order);
+    clock_reset(T0, false);
+    for (size_t i = 0; i < n; i++)
+        arm(ts, &r[i], T0 + 1 + rng_next(&seed) % (30 * SEC));
+    do {
+        before = g_nfired;
+        next = run_at(ts, now);
+        most = g_nfired - before > most ? g_nfired - before : most;
+        runs++;
+        if (next != UINT64_MAX)
+            assert_true(next <= now); /* more is due: at once */
+    } while (next != UINT64_MAX && runs < 1000);
+    assert_true(next == UINT64_MAX);
+    assert_int_equal(g_nfired, n);
+    assert_true(runs > 1);      /* it took several runs */
+    assert_true(most < n / 2);  /* none fired the whole burst */
+    for (size_t i = 1; i < n; i++)
+        assert_true(g_order[i - 1] <= g_order[i]);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(atomic_load(&r[i].fired), 1);
+    assert_no_failures();
+    free(g_order);
+    g_order = NULL;
+    g_order_cap = 0;
+    timers_free(ts);
+    free(r);
+}
+
+/* A disarmed record filed far out is let go of at the next run once its
+ * owner asks (atap__timer_forget), not when the wheel meets it. */
+static void test_timer_forget_lets_go_at_next_run(void **state)
+{
+    (void)state;
+    struct rec *r = recs_new(3);
+    struct atap_timers *ts = timers_new(T0);
+
+    clock_reset(T0, true);
+    arm(ts, &r[0], T0 + HOUR);
+    arm(ts, &r[1], T0 + DAY);
+    run_at(ts, T0); /* filed */
+    assert_true(atap__timer_disarm(ts, &r[0].t));
+    assert_true(atap__timer_disarm(ts, &r[1].t));
+    run_at(ts, T0 + MS);
+    assert_true(atap__timer_held(&r[0].t)); /* still filed for its old deadline */
+    atap__timer_forget(ts, &r[0].t);
+    atap__timer_forget(ts, &r[2].t); /* never armed: nothing to do */
+    assert_false(atap__timer_held(&r[2].t));
+    run_at(ts, T0 + 2 * MS);
+    assert_false(atap__timer_held(&r[0].t));
+    assert_true(atap__timer_held(&r[1].t)); /* not asked: met at its deadline */
+    /* an armed record is not the caller's to drop */
+    arm(ts, &r[0], T0 + SEC);
+    atap__timer_forget(ts, &r[0].t);
+    run_at(ts, T0 + 2 * SEC);
+    assert_int_equal(atomic_load(&r[0].fired), 1);
+    assert_no_failures();
+    timers_free(ts);
+    free(r);
+}
+
 static void test_timer_million_pending(void **state)
 {
     (void)state;
@@ -914,6 +991,8 @@ int main(void)
         cmocka_unit_test(test_timer_wake_hint),
         cmocka_unit_test(test_timer_take_all),
         cmocka_unit_test(test_timer_destroy_lets_go),
+        cmocka_unit_test(test_timer_burst_fired_over_runs),
+        cmocka_unit_test(test_timer_forget_lets_go_at_next_run),
         cmocka_unit_test(test_timer_million_pending),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
