@@ -780,8 +780,12 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
         atap__gate_cancelled(p, pc->index, pgen);
 }
 
-/* A run's output becomes the series' output, unless the series ended. */
-static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, void *out)
+/* A run's output becomes the series' output, unless the series ended.
+ * *copied: the bytes are the series' now, even if the state moved on
+ * before they could be published (a cancel, another run's end, a give's
+ * restart): the series lets go of them, never the run. */
+static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, void *out,
+                         bool *copied)
 {
     uint32_t cur, st;
     bool ok;
@@ -797,6 +801,7 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
             p->out_free(slot_out(p));
         memcpy(slot_out(p), out, p->out_size);
         p->filled = 1;
+        *copied = true;
     }
     if (ok)
         pc->pubs++;
@@ -825,6 +830,7 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
     struct atap_slot *p = atap__table_at(c->parent - 1);
     struct sched *pc = sched_of(p);
     uint32_t cur = ld_acquire(&s->word);
+    bool copied = false;
 
     if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
         if (rc == 0)
@@ -840,7 +846,7 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
                                                  : (uint8_t)fail_code_of(ATAP_EFAILED),
                                     false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
         rate_end(p, pc, c->parent_gen, ST_FAILED);
-    } else if (rate_publish(p, pc, c->parent_gen, slot_out(s))) {
+    } else if (rate_publish(p, pc, c->parent_gen, slot_out(s), &copied) || copied) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_TAKEN); /* the series has it now */
     } else {
         s->filled = 1; /* nobody will read it: dropped at free */

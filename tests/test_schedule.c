@@ -633,6 +633,57 @@ static void test_schedule_at_rate_fail_code_stays(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* A run's output copied into its at-rate series while a cancel ends the
+ * series (the old output's out_free is slow, so the cancel lands between
+ * the copy and the publish): the series owns the copy and lets go of it
+ * once. The run used to let go of it as well (two out_frees). */
+static atomic_int pub_runs, pub_in_free, pub_freed[8];
+
+static void pub_out_free(void *out)
+{
+    uint64_t id;
+    memcpy(&id, out, sizeof id);
+    if (id == 0) {
+        atomic_store(&pub_in_free, 1);
+        sleep_ms(200);
+    }
+    if (id < 8)
+        atomic_fetch_add(&pub_freed[id], 1);
+}
+
+static int pub_run(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    uint64_t id = (uint64_t)atomic_fetch_add(&pub_runs, 1);
+    memcpy(out, &id, sizeof id);
+    return 0;
+}
+
+static void test_schedule_at_rate_publish_cancelled_frees_once(void **state)
+{
+    (void)state;
+    atap_task t;
+    atomic_store(&pub_runs, 0);
+    atomic_store(&pub_in_free, 0);
+    for (int i = 0; i < 8; i++)
+        atomic_store(&pub_freed[i], 0);
+    assert_int_equal(atap_spawn(&t, pub_run, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .out_free = pub_out_free,
+                                                   .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(100), .runs = 3}),
+                     0);
+    /* run 1 publishes: it lets go of run 0's output first, slowly */
+    assert_true(wait_atomic_at_least(&pub_in_free, 1, ATAP_SEC(10)));
+    assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    int runs = atomic_load(&pub_runs);
+    assert_true(runs >= 2 && runs <= 8);
+    for (int i = 0; i < runs; i++)
+        if (atomic_load(&pub_freed[i]) != 1)
+            fail_msg("output %d let go of %d times", i, atomic_load(&pub_freed[i]));
+}
+
 static int fail_closed(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx, (void)arg, (void)out;
@@ -990,6 +1041,7 @@ int main(void)
         T(test_schedule_series_keeps_fail_code),
         T(test_schedule_at_rate_ran_out_keeps_output),
         T(test_schedule_at_rate_fail_code_stays),
+        T(test_schedule_at_rate_publish_cancelled_frees_once),
         T(test_schedule_one_shot_taken_reads_taken),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),
