@@ -611,8 +611,9 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
  * -ENOTSUP there with the poll backend. Returns as atap_park_fd;
  * ATAP_EINVAL also inside atap_block. A closed fd resumes at once with
  * ATAP_ERROR. When the kernel lost changes (inotify's queue overflowed;
- * on kqueue, a manager restart) every path park resumes as if its file
- * was written, changed and had its entries changed: look at it again.
+ * on kqueue, a manager restart) every path park resumes, with events
+ * saying its file may have been written, changed and had its entries
+ * changed (never ATAP_PATH_GONE): look at it again.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
 

@@ -484,6 +484,8 @@ bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t 
 {
     uint32_t cur = ld_relaxed(&s->word);
 
+    if (unlikely(to == ST_FAILED && s->ext != NULL))
+        atap__sched_failing(s);
     do {
         if (word_gen(cur) != gen || word_state(cur) != from)
             return false;
@@ -504,6 +506,8 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
 {
     uint32_t cur = ld_relaxed(&s->word);
 
+    if (unlikely(to == ST_FAILED && s->ext != NULL))
+        atap__sched_failing(s);
     do {
         if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
             word_state(cur) == ST_CANCELLED || word_state(cur) == ST_TIMED_OUT ||

@@ -102,7 +102,9 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
 {
     struct worker *w = atap__self;
     struct atap_ctx *ctx = w ? w->cur : NULL;
-    struct atap_poller_event ev;
+    /* Room for two: a wake left over in kq (the top comment) must not
+     * crowd out the fd's event on a look with no time left. */
+    struct atap_poller_event ev[2];
     struct atap_poller *kq;
     int rc = 0;
 
@@ -125,8 +127,8 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
         if ((now = atap__now_ns()) >= deadline && fd < 0)
             break; /* rc is 0 */
         if (now >= deadline) { /* one look before giving up (a timeout of 0) */
-            n = atap__poller_wait(kq, &ev, 1, 0);
-            rc = n > 0 ? (int)ev.events : n < 0 ? n : ATAP_ENOTREADY;
+            n = atap__poller_wait(kq, ev, 2, 0);
+            rc = n > 0 ? (int)ev[0].events : n < 0 ? n : ATAP_ENOTREADY;
             break;
         }
         left = deadline - now;
@@ -135,11 +137,11 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
                 cpu_relax();
             break;
         }
-        n = atap__poller_wait(kq, &ev, 1,
+        n = atap__poller_wait(kq, ev, 2,
                               deadline == ATAP__FOREVER ? ATAP__FOREVER
                                                         : left - (precise ? SPIN_NS : 0));
         if (n > 0) {
-            rc = (int)ev.events;
+            rc = (int)ev[0].events;
             break;
         }
         if (n < 0) {

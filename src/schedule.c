@@ -564,6 +564,17 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
     return false;
 }
 
+void atap__sched_failing(struct atap_slot *s)
+{
+    /* An at-rate series' code is written once, by whichever comes first:
+     * a run that failed (rate_run_done) or this; before FAILED is
+     * published, so every reader reads the one code. */
+    if (sched_of(s)->kind == ATAP_AT_RATE)
+        __atomic_compare_exchange_n(&s->fail_code, &(uint8_t){0},
+                                    (uint8_t)fail_code_of(ATAP_EFAILED), false, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+}
+
 bool atap__sched_at_rate(struct atap_slot *s)
 {
     return sched_of(s)->kind == ATAP_AT_RATE;
@@ -868,8 +879,9 @@ bool atap__sched_cancellable(struct atap_slot *s, uint32_t state)
 
     if (state == ST_PENDING || state == ST_RUNNING)
         return true;
+    /* A series between runs, or at a rate with a run still out. */
     return (c->kind != ATAP_ONCE || c->gate) && (state == ST_READY || state == ST_TAKEN) &&
-           !ld_acquire(&c->finished);
+           !series_over(c);
 }
 
 void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)

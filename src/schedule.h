@@ -44,6 +44,9 @@ void atap__sched_mark_finished(struct atap_slot *s);
  * series with runs under way keeps it until the last of them is done
  * (schedule.c), and the caller leaves it alone. */
 bool atap__sched_ending(struct atap_slot *s, uint32_t gen);
+/* The task is about to read FAILED (not through a run of its own): an
+ * at-rate series fixes its code first (schedule.c). */
+void atap__sched_failing(struct atap_slot *s);
 /* The task is an at-rate series (its runs overlap, in slots of their own). */
 bool atap__sched_at_rate(struct atap_slot *s);
 /* The slot is published PENDING with its RUN reference: queue it, or arm

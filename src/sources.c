@@ -236,13 +236,14 @@ out:
 }
 
 /* src_lock held: claims every waiter on *head wanting any of `got` (all
- * when got is 0), moving them to *ready. */
-static void claim_list(struct park **head, unsigned got, struct park **ready)
+ * when got is 0, or when `every`), moving them to *ready; each reads got. */
+static void claim_list(struct park **head, unsigned got, bool every, struct park **ready)
 {
     struct park *p, **at;
 
     for (at = head; (p = *at) != NULL;) {
-        if ((!got || (p->events & got)) && (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY) == 1)) {
+        if ((every || !got || (p->events & got)) &&
+            (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY) == 1)) {
             *at = p->fd_next;
             p->on_fd = false;
             p->fd_next = *ready;
@@ -254,15 +255,19 @@ static void claim_list(struct park **head, unsigned got, struct park **ready)
 }
 
 /* src_lock held: changes were lost (inotify's queue overflowed, or on
- * kqueue a manager died holding them): every path park resumes as if its
- * file changed in each way it can (not GONE: that one is never guessed),
- * and looks again. */
+ * kqueue a manager died holding them): every path park resumes, told its
+ * file may have changed in each way but GONE (never guessed), and looks
+ * again; a watch nobody waits on now goes. */
 static void claim_all_paths(struct park **ready)
 {
-    for (size_t key = 0; key < wdcap; key++)
-        if (wd_waiters[key])
-            claim_list(&wd_waiters[key], ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES,
-                       ready);
+    for (size_t key = 0; key < wdcap; key++) {
+        if (!wd_waiters[key])
+            continue;
+        claim_list(&wd_waiters[key], ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES, true,
+                   ready);
+        if (!wd_waiters[key])
+            path_forget((int)key);
+    }
 }
 
 static void source_event(struct source *f)
@@ -280,7 +285,7 @@ static void source_event(struct source *f)
             if (e->mask & IN_Q_OVERFLOW)
                 claim_all_paths(&ready);
             if (e->wd >= 0 && (size_t)e->wd < wdcap) {
-                claim_list(&wd_waiters[e->wd], changes_of(e->mask), &ready);
+                claim_list(&wd_waiters[e->wd], changes_of(e->mask), false, &ready);
                 if ((e->mask & IN_IGNORED) == 0 && !wd_waiters[e->wd])
                     path_forget(e->wd); /* nobody waits on it now */
             }
@@ -290,7 +295,7 @@ static void source_event(struct source *f)
     }
     for (int signo = 1; f == &sig_source && signo < NSIG; signo++)
         if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
-            claim_list(&sig_waiters[signo], 0, &ready);
+            claim_list(&sig_waiters[signo], 0, false, &ready);
     source_watch(f); /* one-shot: again */
     pthread_mutex_unlock(&src_lock);
     while ((p = ready) != NULL) {
@@ -313,7 +318,7 @@ static void vnode_event(int fd, unsigned got)
 #endif
     pthread_mutex_lock(&src_lock);
     if (got && (size_t)fd < wdcap && wd_waiters[fd]) {
-        claim_list(&wd_waiters[fd], got, &ready);
+        claim_list(&wd_waiters[fd], got, false, &ready);
         if (wd_waiters[fd]) /* one-shot: again, for those still waiting */
             atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd));
     }

@@ -405,6 +405,69 @@ static int task_wait_fd_cases(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* A wake left in a worker's own poller (a cancel that reached an
+ * atap_sleep in its last, spinning half millisecond) must not hide a ready
+ * fd from a later wait with no time to wait: it used to read ENOTREADY. */
+static int leftover_pipe[2];
+static atomic_int lw_started, lw_ready;
+static pthread_t lw_thread;
+static atap_task lw_b;
+
+static int task_sleep_until_cancelled(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    lw_thread = pthread_self();
+    atomic_store(&lw_started, 1);
+    while (atap_sleep(300000) == 0) /* < 500 us: it spins, the poller is not read */
+        ;
+    return 0;
+}
+
+static int task_wait_after_leftover(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    atap_task b;
+    int r[2] = {0, 0};
+    if (atap_spawn(&b, task_sleep_until_cancelled, NULL, NULL) != 0 || atap_dup(b, &lw_b) != 0)
+        return 1;
+    atomic_store(&lw_ready, 1);
+    (void)atap_join(b, NULL, 0); /* helps: runs b on this thread if nobody took it */
+    atap_release(b);
+    r[0] = pthread_equal(lw_thread, pthread_self());
+    r[1] = atap_wait_fd(leftover_pipe[0], ATAP_READABLE, 0);
+    memcpy(out, r, sizeof r);
+    return 0;
+}
+
+static void test_park_wait_fd_zero_after_leftover_wake(void **state)
+{
+    (void)state;
+    int same = 0, bad = 0;
+    make_pipe(leftover_pipe);
+    assert_true(put_byte(leftover_pipe[1]));
+    for (int i = 0; i < 40; i++) {
+        atap_task a;
+        int r[2];
+        atomic_store(&lw_started, 0);
+        atomic_store(&lw_ready, 0);
+        assert_int_equal(atap_spawn(&a, task_wait_after_leftover, NULL,
+                                    &(atap_spawn_opts){.out_size = sizeof r}),
+                         0);
+        assert_true(wait_atomic_at_least(&lw_ready, 1, ATAP_SEC(10)));
+        assert_true(wait_atomic_at_least(&lw_started, 1, ATAP_SEC(10)));
+        sleep_ms(2);
+        assert_int_equal(atap_cancel(lw_b), 0);
+        atap_release(lw_b);
+        assert_int_equal(atap_join(a, r, sizeof r), 0);
+        atap_release(a);
+        same += r[0] != 0;
+        bad += r[0] != 0 && r[1] <= 0;
+    }
+    print_message("%d of 40 on the thread the wake was left on\n", same);
+    assert_int_equal(bad, 0);
+    close_pipe(leftover_pipe);
+}
+
 /* Writes a byte delay_ms after *armed reaches at_least (at once if NULL). */
 struct late_writer {
     atomic_int *armed;
@@ -1876,6 +1939,7 @@ int main(void)
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),
         T(test_park_fd_closed_huge_fd),
+        T(test_park_wait_fd_zero_after_leftover_wake),
         T(test_park_fd_repeatedly),
         T(test_park_holds_no_thread),
         T(test_park_fd_deadline_in_slot),

@@ -684,6 +684,52 @@ static void test_schedule_at_rate_publish_cancelled_frees_once(void **state)
             fail_msg("output %d let go of %d times", i, atomic_load(&pub_freed[i]));
 }
 
+/* An at-rate series written off at shutdown (FAILED, its next period
+ * never to come) while a run is out that then fails with a code of its
+ * own: readers read EFAILED before that run ends and after it alike. */
+static atomic_int wo_started;
+static int wo_join_rc = 1;
+static atap_task wo_task;
+
+static int slow_then_closed(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_fetch_add(&wo_started, 1);
+    sleep_ms(300);
+    return ATAP_ECLOSED;
+}
+
+static void *wo_joiner(void *arg)
+{
+    (void)arg;
+    uint64_t v;
+    wo_join_rc = atap_join(wo_task, &v, 8);
+    return NULL;
+}
+
+static void test_schedule_at_rate_written_off_code_stays(void **state)
+{
+    (void)state;
+    uint64_t v;
+    pthread_t th;
+    atomic_store(&wo_started, 0);
+    assert_int_equal(atap_spawn(&wo_task, slow_then_closed, NULL,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_SEC(10)}),
+                     0);
+    assert_true(wait_atomic_at_least(&wo_started, 1, ATAP_SEC(10)));
+    assert_int_equal(pthread_create(&th, NULL, wo_joiner, NULL), 0);
+    sleep_ms(20);
+    assert_int_equal(atap_shutdown(), 0); /* the period is written off; the run ends in the drain */
+    pthread_join(th, NULL);
+    int after = atap_join(wo_task, &v, 8);
+    if (wo_join_rc != ATAP_EFAILED || after != ATAP_EFAILED)
+        fail_msg("read %d (%s) while the run was out, %d (%s) after", wo_join_rc,
+                 atap_strerror(wo_join_rc), after, atap_strerror(after));
+    atap_release(wo_task);
+    assert_int_equal(atap_init(NULL), 0);
+}
+
 static int fail_closed(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx, (void)arg, (void)out;
@@ -1042,6 +1088,7 @@ int main(void)
         T(test_schedule_at_rate_ran_out_keeps_output),
         T(test_schedule_at_rate_fail_code_stays),
         T(test_schedule_at_rate_publish_cancelled_frees_once),
+        T(test_schedule_at_rate_written_off_code_stays),
         T(test_schedule_one_shot_taken_reads_taken),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),

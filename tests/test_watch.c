@@ -521,9 +521,11 @@ static void test_watch_path_queue_overflow(void **state)
     int dfd = open_ro(dir), xfd = open_ro(x);
     struct parker *c = parker_init(0, ON_PATH, dfd, ATAP_PATH_ENTRIES, ATAP_SEC(30), 1);
     struct parker *a = parker_init(1, ON_PATH, xfd, ATAP_PATH_WRITE, ATAP_SEC(10), 1);
-    atap_task tc = spawn_parker(c), ta = spawn_parker(a);
+    struct parker *g = parker_init(2, ON_PATH, xfd, ATAP_PATH_GONE, ATAP_SEC(10), 1);
+    atap_task tc = spawn_parker(c), ta = spawn_parker(a), tg = spawn_parker(g);
     assert_true(wait_parked(&c->parks, 1, ATAP_SEC(20)));
     assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+    assert_true(wait_parked(&g->parks, 1, ATAP_SEC(20)));
 
     atomic_store(&ovf_held, 0);
     assert_int_equal(atap__test_on(ATAP__TEST_SOURCE_READ, hold_source_read), 0);
@@ -548,11 +550,19 @@ static void test_watch_path_queue_overflow(void **state)
         expect_resumes(a, 1);
         assert_int_equal(atomic_load(&a->reason), ATAP_RESUME_READY);
         assert_true(atomic_load(&a->resumed_at) - t0 < ATAP_SEC(8)); /* not its timeout */
+        /* one that waits for GONE alone resumes too, told nothing is gone */
+        expect_resumes(g, 1);
+        assert_int_equal(atomic_load(&g->reason), ATAP_RESUME_READY);
+        assert_false((unsigned)atomic_load(&g->events) & ATAP_PATH_GONE);
+    } else {
+        print_message("the queue did not fill: nothing checked\n");
     }
     join_parker(ta);
     join_parker(tc);
+    join_parker(tg);
     atap_release(ta);
     atap_release(tc);
+    atap_release(tg);
     close(dfd);
     close(xfd);
     waited_to_live_back();
