@@ -10,7 +10,8 @@
  * which read our RMW or a later value, so it sees us counted, and then bumps
  * settle_seq and wakes it: a member that settles after our look changes the
  * value we sleep on. No settle is missed; a settle of an unrelated task only
- * costs a look.
+ * costs a look. Inside a worker it helps between looks, as a join does, and
+ * sleeps in slices to look for work again.
  */
 #include "atap.h"
 #include "atomics.h"
@@ -19,6 +20,8 @@
 #include "pool.h"
 #include "slot.h"
 #include "wait.h"
+
+#define HELP_SLICE_NS 10000000u /* a worker waiting here looks for work this often */
 
 _Atomic uint32_t atap__first_waiters;
 static _Atomic uint32_t settle_seq;
@@ -64,7 +67,7 @@ static bool all_inside(const atap_task *ts, size_t n)
 int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
                     size_t *winner)
 {
-    uint64_t deadline, now;
+    uint64_t deadline, now, left;
     size_t k;
 
     if (!ts || !winner || n == 0 || (unsigned)policy > ATAP_RELEASE)
@@ -76,14 +79,22 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
         add_seqcst(&atap__first_waiters, 1);
         for (;;) {
             uint32_t seq = ld_acquire(&settle_seq);
+            struct worker *w = atap__self;
 
             if ((k = first_settled(ts, n, true)) < n)
                 break;
             now = atap__now_ns();
             if (now >= deadline)
                 break;
-            atap__word_wait(&settle_seq, seq, deadline == ATAP__FOREVER ? ATAP__FOREVER
-                                                                           : deadline - now);
+            /* Inside a worker, help as a join does (read.c): the first
+             * member if it is still in this worker's queue (its LIFO slot
+             * wakes nobody), else other queued work; then look again. */
+            if (w && !w->blocking && atap__pool_help_once(w, (uint32_t)ts[0].id + 1))
+                continue;
+            left = deadline == ATAP__FOREVER ? ATAP__FOREVER : deadline - now;
+            if (w && left > HELP_SLICE_NS) /* a worker looks for work again */
+                left = HELP_SLICE_NS;
+            atap__word_wait(&settle_seq, seq, left);
         }
         sub_seqcst(&atap__first_waiters, 1);
         if (k == n)

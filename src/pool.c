@@ -314,9 +314,16 @@ static void notify(void)
 static void leave_search(struct worker *w)
 {
     w->searching = false;
-    /* The last searcher out hands the search on if work remains. */
-    if (sub_seqcst(&pool.nsearching, 1) == 1 && work_visible(false))
-        notify();
+    /* The last searcher out hands the search on if work remains. The fence
+     * orders the decrement before the look (store, then loads, against a
+     * queuer's push, fence, then its load of nsearching: one of the two
+     * sees the other, as in park_worker); the RMW alone does not order the
+     * relaxed and acquire loads after it. */
+    if (sub_seqcst(&pool.nsearching, 1) == 1) {
+        fence_seqcst();
+        if (work_visible(false))
+            notify();
+    }
 }
 
 static void unlink_from(struct worker **list, _Atomic unsigned *count, struct worker *w)
@@ -782,8 +789,12 @@ static void thread_died(void *arg)
 
     while (w->nheld > 0)
         atap__exec_fail_held(w->held[--w->nheld]);
-    if (ld_relaxed(&w->busy) && w->blocking)
+    if (ld_relaxed(&w->busy) && w->blocking) {
+        /* As a run's end does (blocker_loop): a drain that read the
+         * blocking queue before what this run queued sees the epoch move. */
+        add_seqcst(&pool.epoch, 1);
         sub_seqcst(&pool.bbusy, 1);
+    }
     st_relaxed(&w->busy, false);
     if (w->searching)
         sub_seqcst(&pool.nsearching, 1);
@@ -893,7 +904,9 @@ static void reap(uint64_t now, unsigned live)
     pthread_mutex_unlock(&pool.lock);
 }
 
-void atap__pool_tick(uint64_t now)
+/* What keeps work moving, every tick, and during a shutdown's drain (the
+ * manager is stopped by then): returns the live worker count. */
+static unsigned keep_going(void)
 {
     unsigned live, stuck = count_stuck(&live);
     size_t queued = atap__inj_len(&pool.inj);
@@ -913,6 +926,13 @@ void atap__pool_tick(uint64_t now)
         add_worker();
     if (ld_relaxed(&pool.blive) == 0 && !atap__inj_empty(&pool.binj))
         wake_blocker();
+    return live;
+}
+
+void atap__pool_tick(uint64_t now)
+{
+    unsigned live = keep_going();
+
     reap(now, live);
     if (++pool.ticks % TRIM_EVERY_TICKS == 0 && ld_relaxed(&pool.nidle) == live &&
         !work_visible(true))
@@ -1011,8 +1031,13 @@ void atap__pool_stop(void)
 {
     struct timespec poll = {0, 1000000};
 
-    while (!quiescent())
+    /* The manager is stopped: its tick's hand-offs (a task left in a LIFO
+     * slot, a pool too stuck to finish) are made here, as often. */
+    for (unsigned i = 1; !quiescent(); i++) {
         nanosleep(&poll, NULL);
+        if (i % 10 == 0)
+            keep_going();
+    }
     pthread_mutex_lock(&pool.lock);
     st_seqcst(&pool.stopping, true);
     unpark_all(PARK_STOP);

@@ -467,6 +467,64 @@ static void test_lifecycle_give_during_drain_runs(void **state)
     atap_release(drain_target);
 }
 
+/* A task running in a shutdown's drain spawns a child (into its worker's
+ * LIFO slot, which wakes nobody: the manager's tick hands such work on,
+ * and the manager is stopped by then) and waits for it: by join_first
+ * (which now helps), or by spinning on a flag the child sets (the drain
+ * now hands the slot to an idle peer itself). Both used to hang the
+ * shutdown. */
+static atomic_int lifo_child_ran, lifo_parent_rc = 1;
+
+static int task_set_flag(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_store(&lifo_child_ran, 1);
+    return 0;
+}
+
+static int task_lifo_in_drain(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (atap_initialised() && now_ns() < end)
+        sleep_us(1000);
+    sleep_ms(50); /* the other workers have parked */
+    atap_task x;
+    if (atap_spawn(&x, task_set_flag, NULL, NULL) != 0)
+        return 1;
+    int rc = 0;
+    if (arg == NULL) {
+        size_t winner = 9;
+        rc = atap_join_first(&x, 1, ATAP_PASS_BACK, ATAP_SEC(30), &winner);
+    } else {
+        end = now_ns() + ATAP_SEC(30);
+        while (!atomic_load(&lifo_child_ran) && now_ns() < end)
+            sleep_us(200); /* not a join: nothing here runs x */
+        rc = atomic_load(&lifo_child_ran) ? 0 : ATAP_ENOTREADY;
+    }
+    atap_release(x);
+    atomic_store(&lifo_parent_rc, rc);
+    return 0;
+}
+
+static void test_lifecycle_lifo_task_in_drain_runs(void **state)
+{
+    (void)state;
+    for (int spin = 0; spin < 2; spin++) {
+        assert_int_equal(atap_init(NULL), 0);
+        atomic_store(&lifo_child_ran, 0);
+        atomic_store(&lifo_parent_rc, 1);
+        atap_task t;
+        assert_int_equal(atap_spawn(&t, task_lifo_in_drain, spin ? (void *)1 : NULL, NULL), 0);
+        atap_release(t);
+        uint64_t t0 = now_ns();
+        assert_int_equal(atap_shutdown(), 0);
+        assert_int_equal(atomic_load(&lifo_parent_rc), 0);
+        assert_int_equal(atomic_load(&lifo_child_ran), 1);
+        assert_true(now_ns() - t0 < ATAP_SEC(20)); /* not the 30 s give-up */
+    }
+}
+
 static void test_lifecycle_initialised_reflects_state(void **state)
 {
     (void)state;
@@ -744,6 +802,7 @@ int main(void)
                                   ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_callback_inside_shutdown_einval, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_give_during_drain_runs, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_lifo_task_in_drain_runs, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_initialised_reflects_state, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_status, ensure_stopped),
         cmocka_unit_test(test_lifecycle_strerror_and_version),
