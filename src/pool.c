@@ -103,13 +103,24 @@ static struct {
     unsigned bcap;
     size_t stack;
     _Atomic uint64_t deaths;
+    /* Threads whose records were taken again before they were joined (pool
+     * lock): joined later, never under the lock (claim_record says why). */
+    pthread_t zombies[POOL_MAX_THREADS];
+    unsigned nzombies;
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void *thread_main(void *arg);
 
 /* ---- starting threads (pool lock held) --------------------------------- */
 
-/* A record to start a thread in: a FREE one, or a DEAD one once joined. */
+/*
+ * A record to start a thread in: a FREE one, or a DEAD one. A DEAD record's
+ * thread no longer touches it (the record reads DEAD last; its later
+ * destructors run as an outside thread's), but it may still be running
+ * them, and one may spawn, which takes this lock: joining it here would
+ * deadlock. So its thread goes on the zombie list, joined with no lock
+ * held (reap_zombies, join_all); only with that list full is it joined here.
+ */
 static struct worker *claim_record(struct worker *recs, _Atomic unsigned *nrec, struct worker *self)
 {
     unsigned n = ld_relaxed(nrec);
@@ -120,7 +131,10 @@ static struct worker *claim_record(struct worker *recs, _Atomic unsigned *nrec, 
         if (st == W_FREE)
             return &recs[i];
         if (st == W_DEAD && &recs[i] != self) {
-            pthread_join(recs[i].thread, NULL);
+            if (pool.nzombies < POOL_MAX_THREADS)
+                pool.zombies[pool.nzombies++] = recs[i].thread;
+            else
+                pthread_join(recs[i].thread, NULL);
             st_relaxed(&recs[i].status, W_FREE);
             return &recs[i];
         }
@@ -929,11 +943,36 @@ static unsigned keep_going(void)
     return live;
 }
 
+/* Joins the zombies (pool lock not held: a destructor still running on
+ * one may take it). With glibc only those already gone, so the manager
+ * never waits on one; elsewhere all, each long past its DEAD mark. */
+static void reap_zombies(void)
+{
+    pthread_t got[64];
+    unsigned n = 0;
+
+    pthread_mutex_lock(&pool.lock);
+#if defined(__GLIBC__)
+    for (unsigned i = 0; i < pool.nzombies;)
+        if (pthread_tryjoin_np(pool.zombies[i], NULL) == 0)
+            pool.zombies[i] = pool.zombies[--pool.nzombies];
+        else
+            i++;
+#else
+    while (pool.nzombies > 0 && n < 64)
+        got[n++] = pool.zombies[--pool.nzombies];
+#endif
+    pthread_mutex_unlock(&pool.lock);
+    for (unsigned i = 0; i < n; i++)
+        pthread_join(got[i], NULL);
+}
+
 void atap__pool_tick(uint64_t now)
 {
     unsigned live = keep_going();
 
     reap(now, live);
+    reap_zombies();
     if (++pool.ticks % TRIM_EVERY_TICKS == 0 && ld_relaxed(&pool.nidle) == live &&
         !work_visible(true))
         atap__table_trim(NULL);
@@ -1045,6 +1084,8 @@ void atap__pool_stop(void)
     /* Joining takes no lock a dying or exiting thread still needs. */
     join_all(workers, &pool.nrec);
     join_all(blockers, &pool.brec);
+    for (; pool.nzombies > 0; pool.nzombies--) /* every thread is told to stop: none races this */
+        pthread_join(pool.zombies[pool.nzombies - 1], NULL);
 }
 
 /* ---- stats ------------------------------------------------------------- */

@@ -1013,6 +1013,66 @@ static void test_tasks_pthread_exit(void **state)
     assert_true(wait_live_back(ATAP_SEC(20)));
 }
 
+/* A thread-local destructor on a dying worker that takes its time and then
+ * spawns, while a second death starts a replacement in the first one's
+ * record: the replacement used to join the first thread under the pool's
+ * lock, and the destructor's spawn waited for that lock (a deadlock of the
+ * whole pool). */
+static pthread_key_t slow_dtor_key;
+static pthread_once_t slow_dtor_once = PTHREAD_ONCE_INIT;
+static atomic_int slow_dtor_spawned, slow_dtor_ran;
+
+static void slow_dtor(void *v)
+{
+    (void)v;
+    sleep_ms(200);
+    atap_task t;
+    if (atap_spawn(&t, task_count, &slow_dtor_ran, NULL) == 0) {
+        atap_release(t);
+        atomic_store(&slow_dtor_spawned, 1);
+    }
+}
+
+static void make_slow_dtor_key(void) { (void)pthread_key_create(&slow_dtor_key, slow_dtor); }
+
+static int task_exits_with_key(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    pthread_setspecific(slow_dtor_key, (void *)1);
+    pthread_exit(NULL);
+}
+
+static int task_exits_later(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    sleep_ms(50);
+    pthread_exit(NULL);
+}
+
+static void test_tasks_pthread_exit_slow_destructor(void **state)
+{
+    (void)state;
+    pthread_once(&slow_dtor_once, make_slow_dtor_key);
+    atomic_store(&slow_dtor_spawned, 0);
+    atomic_store(&slow_dtor_ran, 0);
+    atap_task a, b;
+    assert_int_equal(atap_spawn(&a, task_exits_with_key, NULL, NULL), 0);
+    sleep_ms(10);
+    assert_int_equal(atap_spawn(&b, task_exits_later, NULL, NULL), 0);
+    assert_int_equal(atap_join_for(a, NULL, 0, ATAP_SEC(30)), ATAP_EFAILED);
+    assert_int_equal(atap_join_for(b, NULL, 0, ATAP_SEC(30)), ATAP_EFAILED);
+    assert_true(wait_atomic_at_least(&slow_dtor_spawned, 1, ATAP_SEC(20)));
+    assert_true(wait_atomic_at_least(&slow_dtor_ran, 1, ATAP_SEC(20)));
+    atap_task c = spawn8(task_value, (void *)(uintptr_t)9);
+    uint64_t v = 0;
+    assert_int_equal(atap_join_for(c, &v, sizeof v, ATAP_SEC(20)), 0);
+    assert_true(v == 9);
+    atap_release(a);
+    atap_release(b);
+    atap_release(c);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
 static void test_tasks_pthread_exit_blocking(void **state)
 {
     (void)state;
@@ -1219,6 +1279,7 @@ int main(void)
         T(test_tasks_deep_recursion_adds_workers),
         T(test_tasks_pthread_exit),
         T(test_tasks_pthread_exit_blocking),
+        T(test_tasks_pthread_exit_slow_destructor),
         T(test_tasks_run_exactly_once),
         T(test_tasks_spawn_from_task),
         T(test_tasks_spawn_from_task_checks_options),
