@@ -20,8 +20,10 @@
  * the claim, reads why, and sets the record IDLE), while STOP / OFF end the
  * run as a failed one (a cancel's or timeout's state stands). A timer fire
  * from an earlier park of the same record (its disarm lost) may still come:
- * it claims only when the current park's deadline has passed, which is then
- * the right answer anyway. After ARMED the parker looks at the task's state
+ * it claims only the park whose deadline it read as passed. The claim word
+ * carries the park's number (bumped by the parker before ARMING, after the
+ * deadline), and the fire reads the word, then the deadline, then claims by
+ * CAS from exactly the word it read: a later park changed the word. After ARMED the parker looks at the task's state
  * once more (seq_cst, against the canceller's fence) so a cancel that came
  * while the park was being set up is not missed.
  *
@@ -123,17 +125,25 @@ static bool reg_closed;
 /* 1: claimed from ARMED, the caller completes; -1: claimed from ARMING, the
  * parker completes; 0: not parked, or someone else claimed it. seq_cst:
  * the load pairs with the parker's store of ARMING (see interrupt). */
-int atap__park_claim(struct park *p, int by)
+/* Claims the park the claim word c (read by the caller) belongs to; with
+ * `exact`, only that one: not a later park of the record. */
+static int claim_from(struct park *p, uint32_t c, int by, bool exact)
 {
-    uint32_t c = ld_seqcst(&p->claim);
+    uint32_t seq = c & ~0xffu;
 
     for (;;) {
-        if (c != P_ARMING && c != P_ARMED)
+        if ((exact && (c & ~0xffu) != seq) || (P_STATE(c) != P_ARMING && P_STATE(c) != P_ARMED))
             return 0;
-        if (atomic_compare_exchange_weak_explicit(&p->claim, &c, P_CLAIMED | (uint32_t)by,
+        if (atomic_compare_exchange_weak_explicit(&p->claim, &c,
+                                                  (c & ~0xffu) | P_CLAIMED | (uint32_t)by,
                                                   memory_order_acq_rel, memory_order_acquire))
-            return c == P_ARMED ? 1 : -1;
+            return P_STATE(c) == P_ARMED ? 1 : -1;
     }
+}
+
+int atap__park_claim(struct park *p, int by)
+{
+    return claim_from(p, ld_seqcst(&p->claim), by, false);
 }
 
 static void fd_remove(struct park *p);
@@ -171,7 +181,7 @@ void atap__park_complete(struct park *p, int by)
      * room), as a task woken and then stopped does (run_observed). */
     if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE &&
         atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
-        st_release(&p->claim, P_CLAIMED | BY_READY);
+        st_release(&p->claim, (ld_relaxed(&p->claim) & ~0xffu) | P_CLAIMED | BY_READY);
         by = BY_READY;
     }
     if (by == BY_READY || by == BY_DEADLINE) {
@@ -197,7 +207,7 @@ static unsigned wanted(const struct fdw *f)
      * watching its events for it would report a level-ready fd again and
      * again meanwhile. */
     for (struct park *p = f->waiters; p; p = p->fd_next)
-        if (ld_relaxed(&p->claim) < P_CLAIMED)
+        if (P_STATE(ld_relaxed(&p->claim)) < P_CLAIMED)
             ev |= p->events;
     for (uint32_t x = f->tails; x; x = ld_relaxed(link_of(x - 1))) {
         uint32_t c = ld_relaxed(&atap__table_at(x - 1)->out.park.claim);
@@ -475,9 +485,15 @@ static void fire_deadline(struct atap_timer *t)
 {
     struct park *p = (struct park *)((char *)t - offsetof(struct park, timer));
 
-    /* A fire left from an earlier park of this record comes to nothing
-     * unless this park's deadline has passed too. */
-    if (atap__now_ns() >= ld_acquire(&p->deadline) && atap__park_claim(p, BY_DEADLINE) == 1)
+    /* A fire left from an earlier park of this record claims only a park
+     * whose deadline has passed: the deadline read after the claim word
+     * (acquire) is that park's or a later one's, and a later park changed
+     * the word, so the CAS from it fails. */
+    uint32_t c = ld_acquire(&p->claim);
+    uint64_t deadline = ld_acquire(&p->deadline);
+
+    TEST_HOOK(ATAP__TEST_PARK_FIRE);
+    if (atap__now_ns() >= deadline && claim_from(p, c, BY_DEADLINE, true) == 1)
         atap__park_complete(p, BY_DEADLINE);
 }
 
@@ -891,8 +907,10 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     p->timed = ctx->deadline != ATAP__FOREVER;
     st_relaxed(&p->got, 0);
     st_release(&p->deadline, ctx->deadline);
-    /* seq_cst: a canceller that finds ARMING claims it (see the top). */
-    st_seqcst(&p->claim, P_ARMING);
+    /* seq_cst: a canceller that finds ARMING claims it (see the top). A
+     * new number: a fire read the deadline of an earlier park. */
+    p->seq += P_SEQ_ONE;
+    st_seqcst(&p->claim, p->seq | P_ARMING);
     TEST_HOOK(ATAP__TEST_PARK_ARMING);
     pthread_mutex_lock(&reg_lock);
     if (!(closed = reg_closed)) {
@@ -906,23 +924,24 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     pthread_mutex_unlock(&reg_lock);
     if (closed)
         atap__park_claim(p, BY_OFF); /* no manager will run again */
-    if (p->kind != PK_UNTIL && p->kind != PK_WAKE && ld_relaxed(&p->claim) == P_ARMING &&
+    if (p->kind != PK_UNTIL && p->kind != PK_WAKE && ld_relaxed(&p->claim) == (p->seq | P_ARMING) &&
         fd_add(p) < 0) {
         st_relaxed(&p->got, ATAP_ERROR); /* not watchable: its next read says why */
         atap__park_claim(p, BY_READY);
     }
-    if (p->timed && ld_relaxed(&p->claim) == P_ARMING) {
+    if (p->timed && ld_relaxed(&p->claim) == (p->seq | P_ARMING)) {
         p->ever_timed = true;
         if (atap__timer_arm(atap__manager_timers(), &p->timer, ctx->deadline))
             atap__manager_wake();
+        TEST_HOOK(ATAP__TEST_PARK_TIMED);
     }
-    c = P_ARMING;
+    c = p->seq | P_ARMING;
     /* seq_cst: store against store with a waker (its woken store, then its
      * claim load) and with a canceller (its state change and fence, then its
      * claim), each read back below. */
-    if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, P_ARMED, memory_order_seq_cst,
-                                                 memory_order_acquire)) {
-        atap__park_complete(p, (int)(c & ~P_CLAIMED)); /* claimed while we armed it */
+    if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, p->seq | P_ARMED,
+                                                 memory_order_seq_cst, memory_order_acquire)) {
+        atap__park_complete(p, (int)(P_STATE(c) & ~P_CLAIMED)); /* claimed while we armed it */
     } else if (ctx->park_kind == PK_WAKE && ld_seqcst(&p->woken)) {
         /* A wake that came before the park was armed (atap__park_wake).
          * The flag goes only with a claim won: a stop that claims first
@@ -963,7 +982,7 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
     }
     if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(atap__side_park(side))))
         return false;
-    c = ld_acquire(&p->claim);
+    c = P_STATE(ld_acquire(&p->claim));
     if (c != (P_CLAIMED | BY_READY) && c != (P_CLAIMED | BY_DEADLINE))
         return false;
     ctx->gen = p->gen;
@@ -1209,12 +1228,12 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
     if (live && (side = ld_acquire(&s->side)) != NULL &&
         (p = ld_acquire(atap__side_park(side)))) {
         atomic_store_explicit(&p->woken, 1, memory_order_seq_cst);
-        c = ld_seqcst(&p->claim);
+        c = P_STATE(ld_seqcst(&p->claim));
         if (c == P_ARMED && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
             int r = atap__park_claim(p, BY_READY);
             if (r == 1)
                 atap__park_complete(p, BY_READY);
-            c = r ? P_CLAIMED | BY_READY : ld_acquire(&p->claim);
+            c = r ? P_CLAIMED | BY_READY : P_STATE(ld_acquire(&p->claim));
         }
         /* Taken down by a cancel, a timeout or a shutdown: it will not look
          * again, so the wake did not reach anyone. */

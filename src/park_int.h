@@ -37,13 +37,17 @@ static inline bool atap__grow_cap(size_t *cap, size_t key)
 }
 
 enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
+/* A record's claim word: its park's number << 8 | one of these (park.c). */
 enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
+#define P_STATE(c) ((c) & 0xffu)
+#define P_SEQ_ONE 0x100u
 enum { BY_READY = ATAP_RESUME_READY, BY_DEADLINE = ATAP_RESUME_DEADLINE, BY_STOP = 3, BY_OFF = 4 };
 
 /* A task's park record (park.c's top comment has the protocol). */
 struct park {
     struct atap_timer timer;
-    _Atomic uint32_t claim;
+    _Atomic uint32_t claim; /* park number << 8 | state */
+    uint32_t seq;           /* the number of the park under way (parker only) */
     uint32_t index, gen;
     uint8_t kind;
     bool timed, on_fd, listed;

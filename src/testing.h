@@ -38,13 +38,19 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_MANAGER_JOINED  a shutdown that has joined the supervisor,
  *                            before it takes the timers back (manager.c);
  *   ATAP__TEST_SOURCE_READ   the manager about to read a signal or path
- *                            source's queue (sources.c). */
+ *                            source's queue (sources.c);
+ *   ATAP__TEST_PARK_TIMED    a park record's timer just armed, the park
+ *                            still ARMING (park.c);
+ *   ATAP__TEST_PARK_FIRE     a park record's timer fired, its claim word
+ *                            and deadline read, before it claims (park.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
     ATAP__TEST_PARK_ARMING,
     ATAP__TEST_MANAGER_JOINED,
     ATAP__TEST_SOURCE_READ,
+    ATAP__TEST_PARK_TIMED,
+    ATAP__TEST_PARK_FIRE,
     ATAP__TEST_POINTS
 };
 

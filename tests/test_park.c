@@ -25,6 +25,7 @@
 
 #include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
 #include "test_util.h"
+#include "testing.h" /* atap__test_on */
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -466,6 +467,92 @@ static void test_park_wait_fd_zero_after_leftover_wake(void **state)
     print_message("%d of 40 on the thread the wake was left on\n", same);
     assert_int_equal(bad, 0);
     close_pipe(leftover_pipe);
+}
+
+/* A timer fire left from an earlier park of a record (it won against that
+ * park's disarm: the park was claimed by its fd while still ARMING) must
+ * not claim the task's next park: it read the old deadline, and used to end
+ * the next park DEADLINE long before its own timeout. Two test hooks widen
+ * the windows: the first park stays ARMING a while after its timer is
+ * armed, and the fire pauses between its reads and its claim. */
+struct stale_fire {
+    int p1[2], p2[2];
+    atomic_int parks, reason2;
+    atomic_u64 parked2_at, resumed2_at;
+};
+static struct stale_fire g_sf;
+static atomic_int sf_hold_arm, sf_hold_fire;
+
+static void sf_arm_hook(void)
+{
+    int one = 1;
+    if (atomic_compare_exchange_strong(&sf_hold_arm, &one, 0))
+        sleep_ms(30); /* ARMING still: the fd's event claims it meanwhile */
+}
+
+static void sf_fire_hook(void)
+{
+    int one = 1;
+    if (atomic_compare_exchange_strong(&sf_hold_fire, &one, 0))
+        sleep_ms(60); /* meanwhile the task resumes and parks again */
+}
+
+static int task_stale_fire(atap_ctx *ctx, void *arg, void *out)
+{
+    struct stale_fire *f = arg;
+    (void)out; /* 40 bytes: the park takes a record, not the slot's tail */
+    int n = atomic_fetch_add(&f->parks, 1);
+    char c;
+    if (n == 0) { /* park 1: 3 ms, on a pipe that is ready */
+        CHECK(atap_park_fd(ctx, f->p1[0], ATAP_READABLE, ATAP_MS(3)) == 0);
+        return ATAP_PARKED;
+    }
+    if (n == 1) { /* park 2: 5 s, on an empty pipe written at 300 ms */
+        CHECK(read(f->p1[0], &c, 1) == 1 || atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE);
+        atomic_store(&f->parked2_at, now_ns());
+        CHECK(atap_park_fd(ctx, f->p2[0], ATAP_READABLE, ATAP_SEC(5)) == 0);
+        return ATAP_PARKED;
+    }
+    atomic_store(&f->resumed2_at, now_ns());
+    atomic_store(&f->reason2, atap_resume_reason(ctx));
+    return 0;
+}
+
+static void test_park_stale_fire_never_claims_next_park(void **state)
+{
+    (void)state;
+    struct stale_fire *f = &g_sf;
+    make_pipe(f->p1);
+    make_pipe(f->p2);
+    atomic_store(&f->parks, 0);
+    atomic_store(&f->reason2, 0);
+    atomic_store(&f->parked2_at, 0);
+    assert_true(put_byte(f->p1[1])); /* ready before the park */
+    atomic_store(&sf_hold_arm, 1);
+    atomic_store(&sf_hold_fire, 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_PARK_TIMED, sf_arm_hook), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_PARK_FIRE, sf_fire_hook), 0);
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, task_stale_fire, f, &(atap_spawn_opts){.out_size = 40}), 0);
+    assert_true(wait_atomic_at_least(&f->parks, 2, ATAP_SEC(10)));
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (atomic_load(&f->parked2_at) == 0 && now_ns() < end)
+        sleep_us(100);
+    sleep_ms(300);
+    assert_true(put_byte(f->p2[1]));
+    unsigned char out[40];
+    assert_int_equal(atap_join_for(t, out, sizeof out, ATAP_SEC(20)), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_PARK_TIMED, NULL), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_PARK_FIRE, NULL), 0);
+    int reason = atomic_load(&f->reason2);
+    uint64_t after = atomic_load(&f->resumed2_at) - atomic_load(&f->parked2_at);
+    if (reason != ATAP_RESUME_READY)
+        fail_msg("park 2 (5 s) resumed by %d after %llu ms", reason,
+                 (unsigned long long)(after / 1000000));
+    atap_release(t);
+    close_pipe(f->p1);
+    close_pipe(f->p2);
+    assert_no_failures();
 }
 
 /* Writes a byte delay_ms after *armed reaches at_least (at once if NULL). */
@@ -1940,6 +2027,7 @@ int main(void)
         T(test_park_fd_ready_at_once),
         T(test_park_fd_closed_huge_fd),
         T(test_park_wait_fd_zero_after_leftover_wake),
+        T(test_park_stale_fire_never_claims_next_park),
         T(test_park_fd_repeatedly),
         T(test_park_holds_no_thread),
         T(test_park_fd_deadline_in_slot),
