@@ -269,8 +269,8 @@ ATAP_EXPORT uint64_t atap_now(void);
  * A repeat has one handle for the whole series: atap_join reads the latest
  * output (waiting while a run is under way), atap_take moves one out for the
  * next run to replace, atap_cancel ends the series, and atap_finished turns
- * true once the series is over (runs used up or deadline passed; the last
- * output stays readable). A manager restart loses no delay, gap, period or
+ * true once the series is over (runs used up or deadline passed, and at a
+ * rate no run still under way; the last output stays readable). A manager restart loses no delay, gap, period or
  * run timeout and fires none twice (the new manager's timers are rebuilt
  * from the task table): what spans a restart comes late, never early. A
  * delay or gap still pending at shutdown, or when the manager is gone for
@@ -333,7 +333,9 @@ ATAP_EXPORT int atap_wait(atap_task task, atap_state *state);
 /*
  * Cancels the task: a queued task never runs; a running one's output is
  * dropped; every listener then reads ATAP_ECANCELLED. A task that already
- * settled (its output landed, or it failed) is left alone.
+ * settled (its output landed, or it failed) is left alone; a repeat or an
+ * at-rate series is cancelled between runs too, and while a run of a
+ * series that ran out is still under way, its standing output then goes.
  * Returns 0 (also when there was nothing left to cancel); ATAP_ENOTASK.
  * The handle stays valid and must still be released.
  * Blocks: no. Threads: any.
@@ -489,7 +491,8 @@ typedef enum atap_join_policy {
  * stores its index in *winner. The winner's handle stays the caller's; the
  * losers are dealt with by policy. A task that settles while the wait is
  * being set up is still found; among several settled at once the lowest
- * index wins.
+ * index wins. Inside a task the worker runs queued work while it waits (as
+ * atap_join does), so it can return late by one helped task's run at most.
  * Returns 0; ATAP_ENOTREADY if timeout_ns passed first (then no handle is
  * touched; ATAP_FOREVER waits without limit); ATAP_EINVAL for n = 0, NULL
  * tasks or winner, an unknown policy, or, inside a task, when every task

@@ -37,7 +37,10 @@ static inline bool atap__grow_cap(size_t *cap, size_t key)
 }
 
 enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
-/* A record's claim word: its park's number << 8 | one of these (park.c). */
+/* A record's claim word: its park's number << 8 | one of these (park.c).
+ * The number wraps after 2^24 parks of one record: a timer fire would have
+ * to stall between its reads and its claim across all of them to mistake
+ * one park for another. */
 enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
 #define P_STATE(c) ((c) & 0xffu)
 #define P_SEQ_ONE 0x100u

@@ -119,7 +119,9 @@ static void *thread_main(void *arg);
  * destructors run as an outside thread's), but it may still be running
  * them, and one may spawn, which takes this lock: joining it here would
  * deadlock. So its thread goes on the zombie list, joined with no lock
- * held (reap_zombies, join_all); only with that list full is it joined here.
+ * held (reap_zombies, atap__pool_stop). With the list full (no tick has
+ * joined any for a long while) the record is taken only if its thread has
+ * already gone (glibc's tryjoin), else passed over.
  */
 static struct worker *claim_record(struct worker *recs, _Atomic unsigned *nrec, struct worker *self)
 {
@@ -133,8 +135,13 @@ static struct worker *claim_record(struct worker *recs, _Atomic unsigned *nrec, 
         if (st == W_DEAD && &recs[i] != self) {
             if (pool.nzombies < POOL_MAX_THREADS)
                 pool.zombies[pool.nzombies++] = recs[i].thread;
+#if defined(__GLIBC__)
+            else if (pthread_tryjoin_np(recs[i].thread, NULL) != 0)
+                continue;
+#else
             else
-                pthread_join(recs[i].thread, NULL);
+                continue;
+#endif
             st_relaxed(&recs[i].status, W_FREE);
             return &recs[i];
         }
@@ -945,7 +952,8 @@ static unsigned keep_going(void)
 
 /* Joins the zombies (pool lock not held: a destructor still running on
  * one may take it). With glibc only those already gone, so the manager
- * never waits on one; elsewhere all, each long past its DEAD mark. */
+ * never waits on one; elsewhere all, each long past its DEAD mark (a
+ * destructor there that waits for the manager would hold the tick up). */
 static void reap_zombies(void)
 {
     pthread_t got[64];

@@ -43,22 +43,31 @@ static void poll_pause(void)
     nanosleep(&ms, NULL);
 }
 
+/* Admissions this (outside) thread holds: one inside another (a give's
+ * start, say) is let in whatever the lifecycle, since the outer one already
+ * keeps a shutdown waiting. */
+static _Thread_local unsigned admitted;
+
 bool atap__spawn_enter(bool *outside)
 {
     *outside = atap__self == NULL;
     if (!*outside)
         return true;
     add_seqcst(&inflight, 1);
-    if (ld_seqcst(&lifecycle) == RUNNING)
+    if (admitted > 0 || ld_seqcst(&lifecycle) == RUNNING) {
+        admitted++;
         return true;
+    }
     sub_seqcst(&inflight, 1);
     return false;
 }
 
 void atap__spawn_exit(bool outside)
 {
-    if (outside)
+    if (outside) {
+        admitted--;
         sub_seqcst(&inflight, 1);
+    }
 }
 
 /* Reads a config of any size: known fields copied, unknown ones must be 0. */

@@ -413,16 +413,19 @@ void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool b
 void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     struct sched *c = sched_of(s);
+    bool outside;
 
-    /* The pool is gone (a shutdown's last let-go, or none running): nothing
-     * starts. During a shutdown's drain a give is admitted as a spawn is
-     * (from a task, or before the drain began) and its run is part of the
-     * work drained; a delay or period arms on a closed manager and is
-     * written off. */
-    if (atap__pool_stopped()) {
+    /* A start is admitted as a spawn is: from a pool thread always (a busy
+     * one keeps a shutdown's drain from ending, so its run is part of the
+     * work drained), from any other thread only while the runtime runs (a
+     * shutdown waits for it to be queued). Refused, or with the pool gone
+     * (a shutdown's last let-go), nothing starts. A delay or period armed
+     * on a closed manager is written off. */
+    if (atap__pool_stopped() || !atap__spawn_enter(&outside)) {
         atap__exec_end(s, index, gen, ST_FAILED);
         return;
     }
+    TEST_HOOK(ATAP__TEST_KICK);
     /* The gate was idle: nothing else touches the series' counters now
      * (its lock ordered the last run's writes before ours). */
     c->done = 0;
@@ -435,6 +438,7 @@ void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
     } else {
         atap__pool_submit(index + 1, s->priority, c->blocking);
     }
+    atap__spawn_exit(outside);
 }
 
 /* ---- a run -------------------------------------------------------------- */

@@ -42,7 +42,9 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_PARK_TIMED    a park record's timer just armed, the park
  *                            still ARMING (park.c);
  *   ATAP__TEST_PARK_FIRE     a park record's timer fired, its claim word
- *                            and deadline read, before it claims (park.c). */
+ *                            and deadline read, before it claims (park.c);
+ *   ATAP__TEST_KICK          a waiting task's start admitted, before it is
+ *                            queued or armed (schedule.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
@@ -51,6 +53,7 @@ enum {
     ATAP__TEST_SOURCE_READ,
     ATAP__TEST_PARK_TIMED,
     ATAP__TEST_PARK_FIRE,
+    ATAP__TEST_KICK,
     ATAP__TEST_POINTS
 };
 

@@ -117,8 +117,9 @@ bool atap__timer_arm(struct atap_timers *ts, struct atap_timer *t, uint64_t dead
  * taken by take_all). Exactly one of {fire, disarm} wins an arming. */
 bool atap__timer_disarm(struct atap_timers *ts, struct atap_timer *t);
 
-/* Manager only. Takes in what was armed, fires every timer whose deadline is
- * <= now_ns (t->fire(t) on this thread, in deadline order), and returns the
+/* Manager only. Takes in what was armed, fires the timers whose deadline is
+ * <= now_ns (t->fire(t) on this thread, in deadline order; a budget of them
+ * a run, timer.c's FIRE_BUDGET, the rest at the next), and returns the
  * deadline to sleep until: UINT64_MAX when nothing is pending; a value <=
  * now_ns means run again at once. Publishes it for arm()'s wake test. A fire
  * callback may arm and disarm any record, but not call run or take_all. */

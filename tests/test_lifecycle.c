@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "testing.h" /* atap__test_on */
 
 static int ensure_stopped(void **state)
 {
@@ -525,6 +526,57 @@ static void test_lifecycle_lifo_task_in_drain_runs(void **state)
     }
 }
 
+/* A thread outside the pool forwards a standing output to a waiting task
+ * just as a shutdown begins (a hook holds the start between its admission
+ * and its queueing): the shutdown waits for the start, and the drain runs
+ * it. Checked only against the pool's state, the start was queued after
+ * the drain had ended, and the task stayed PENDING for good. */
+static atap_task fwd_src, fwd_dst;
+static atomic_int fwd_in_kick, fwd_rc = 1;
+static _Thread_local bool on_forward_thread;
+
+static void hold_outside_kick(void)
+{
+    int zero = 0;
+    if (on_forward_thread && atomic_compare_exchange_strong(&fwd_in_kick, &zero, 1))
+        sleep_ms(200);
+}
+
+static void *forward_thread(void *arg)
+{
+    (void)arg;
+    on_forward_thread = true;
+    atomic_store(&fwd_rc, atap_forward(fwd_src, fwd_dst));
+    return NULL;
+}
+
+static void test_lifecycle_outside_start_during_shutdown(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_init(NULL), 0);
+    fwd_src = spawn8(task_value, (void *)(uintptr_t)7);
+    assert_true(join8(fwd_src) == 7);
+    assert_int_equal(atap_spawn_waiting(&fwd_dst, task_double_input, NULL, 8,
+                                        &(atap_spawn_opts){.out_size = 8}),
+                     0);
+    atomic_store(&fwd_in_kick, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_KICK, hold_outside_kick), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, forward_thread, NULL), 0);
+    assert_true(wait_atomic_at_least(&fwd_in_kick, 1, ATAP_SEC(10)));
+    assert_int_equal(atap_shutdown(), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(atap__test_on(ATAP__TEST_KICK, NULL), 0);
+    assert_int_equal(atomic_load(&fwd_rc), 0);
+    uint64_t v = 0;
+    int rc = atap_join_for(fwd_dst, &v, sizeof v, ATAP_SEC(2));
+    if (rc != 0 || v != 14)
+        fail_msg("the forwarded task read %d (%s), value %llu", rc, atap_strerror(rc),
+                 (unsigned long long)v);
+    atap_release(fwd_src);
+    atap_release(fwd_dst);
+}
+
 static void test_lifecycle_initialised_reflects_state(void **state)
 {
     (void)state;
@@ -803,6 +855,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycle_callback_inside_shutdown_einval, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_give_during_drain_runs, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_lifo_task_in_drain_runs, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_outside_start_during_shutdown, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_initialised_reflects_state, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_status, ensure_stopped),
         cmocka_unit_test(test_lifecycle_strerror_and_version),
