@@ -90,11 +90,28 @@ static void pop(atap_chan *ch, void *out)
     ch->len--;
 }
 
+static struct waiter *take_one(struct waiters *l);
+
+/* The waiter's task still waits (parked, or between its park and its
+ * wake): not ended by a cancel, a run timeout or a failure. */
+static bool waiter_live(const struct waiter *w)
+{
+    uint32_t word = atomic_load_explicit(&atap__table_at(w->index)->word, memory_order_acquire);
+
+    return word_gen(word) == w->gen && word_state(word) != ST_FREE &&
+           !state_terminal(word_state(word));
+}
+
 static int wait_on(struct waiters *l, atap_ctx *ctx)
 {
-    struct waiter *w = malloc(sizeof *w);
+    struct waiter *w;
 
-    if (!w)
+    /* Waiters whose tasks ended while parked (a short receive timeout on a
+     * quiet channel, say) go as new ones come, not only when a wake
+     * reaches them: the list stays as long as the tasks that wait. */
+    while (l->head && !waiter_live(l->head))
+        free(take_one(l));
+    if (!(w = malloc(sizeof *w)))
         return -ENOMEM;
     w->next = NULL;
     w->index = ctx->index;
@@ -244,12 +261,16 @@ void atap_chan_close_receiver(atap_chan *ch)
 {
     struct waiter *wake = NULL;
     unsigned char *dropped = NULL;
-    size_t ndropped = 0;
+    size_t ndropped = 0, elem;
+    void (*elem_free)(void *);
     bool gone;
 
     if (!ch)
         return;
     pthread_mutex_lock(&ch->lock);
+    /* Read under the lock: once it is let go the last sender may free ch. */
+    elem = ch->elem;
+    elem_free = ch->elem_free;
     if (--ch->receivers == 0) {
         /* Nothing can be received now: values left go, senders hear. */
         if (ch->len && ch->elem_free && (dropped = malloc(ch->len * ch->elem)))
@@ -265,7 +286,7 @@ void atap_chan_close_receiver(atap_chan *ch)
     gone = ch->senders == 0 && ch->receivers == 0;
     pthread_mutex_unlock(&ch->lock);
     for (size_t i = 0; i < ndropped; i++)
-        ch->elem_free(dropped + i * ch->elem);
+        elem_free(dropped + i * elem);
     free(dropped);
     wake_list(wake);
     if (gone)

@@ -31,7 +31,7 @@ static int sleep_run(atap_ctx *ctx, void *arg, void *out)
     if (now < z->deadline) {
         uint64_t wake = z->precise ? z->deadline - SPIN_NS : z->deadline;
         if (atap_park_until(ctx, wake) != 0)
-            return 1;
+            return ATAP_EFAILED;
         return ATAP_PARKED;
     }
     slept = now - z->start;
