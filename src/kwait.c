@@ -124,12 +124,12 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
 
         if ((rc = stopped(ctx)) != 0)
             break;
-        if ((now = atap__now_ns()) >= deadline && fd < 0)
-            break; /* rc is 0 */
-        if (now >= deadline) { /* one look before giving up (a timeout of 0) */
-            n = atap__poller_wait(kq, ev, 2, 0);
-            rc = n > 0 ? (int)ev[0].events : n < 0 ? n : ATAP_ENOTREADY;
-            break;
+        if ((now = atap__now_ns()) >= deadline) {
+            if (fd >= 0) { /* one look before giving up (a timeout of 0) */
+                n = atap__poller_wait(kq, ev, 2, 0);
+                rc = n > 0 ? (int)ev[0].events : n < 0 ? n : ATAP_ENOTREADY;
+            }
+            break; /* a sleep: rc is 0 */
         }
         left = deadline - now;
         if (precise && left <= SPIN_NS) {

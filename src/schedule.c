@@ -568,15 +568,21 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
     return false;
 }
 
+/* An at-rate series' fail code is written once, by whichever comes first:
+ * a run that failed (rate_run_done, its own code) or another path to FAILED
+ * (atap__sched_failing, EFAILED's); each before the CAS that publishes
+ * FAILED (a release), so every reader, reading after it, reads the one
+ * code. Relaxed: the publishing CAS orders it; runs race only each other. */
+static void series_fail_code(struct atap_slot *p, uint8_t code)
+{
+    __atomic_compare_exchange_n(&p->fail_code, &(uint8_t){0}, code, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+}
+
 void atap__sched_failing(struct atap_slot *s)
 {
-    /* An at-rate series' code is written once, by whichever comes first:
-     * a run that failed (rate_run_done) or this; before FAILED is
-     * published, so every reader reads the one code. */
     if (sched_of(s)->kind == ATAP_AT_RATE)
-        __atomic_compare_exchange_n(&s->fail_code, &(uint8_t){0},
-                                    (uint8_t)fail_code_of(ATAP_EFAILED), false, __ATOMIC_RELAXED,
-                                    __ATOMIC_RELAXED);
+        series_fail_code(s, (uint8_t)fail_code_of(ATAP_EFAILED));
 }
 
 bool atap__sched_at_rate(struct atap_slot *s)
@@ -853,13 +859,9 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
         rate_end(p, pc, c->parent_gen, ST_TIMED_OUT);
     } else if (rc != 0) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_FAILED);
-        /* The series reads the code of its first run to fail: written
-         * once (a plain failure as EFAILED's code), and before rate_end's
-         * release CAS publishes FAILED, so every reader reads the same. */
-        __atomic_compare_exchange_n(&p->fail_code, &(uint8_t){0},
-                                    s->fail_code ? s->fail_code
-                                                 : (uint8_t)fail_code_of(ATAP_EFAILED),
-                                    false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        /* The series reads its first failed run's code (a plain failure's
+         * as EFAILED's), fixed before rate_end publishes FAILED. */
+        series_fail_code(p, s->fail_code ? s->fail_code : (uint8_t)fail_code_of(ATAP_EFAILED));
         rate_end(p, pc, c->parent_gen, ST_FAILED);
     } else if (rate_publish(p, pc, c->parent_gen, slot_out(s), &copied) || copied) {
         atap__exec_stop(s, gen, ST_RUNNING, ST_TAKEN); /* the series has it now */

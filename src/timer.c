@@ -517,8 +517,7 @@ static struct atap_tlink *take_due(struct atap_timers *ts, uint64_t now)
 /* Fires near's due records, a chunk at a time: a chunk is cut off whole
  * first, so firing one record writes to no other (the callbacks only reach
  * the inbox and state words), and the first fires do not wait for the walk
- * over all the others. */
-/* Fires what is due, FIRE_BUDGET at most: a burst (a million delays due
+ * over all the others. FIRE_BUDGET at most: a burst (a million delays due
  * at once after a restart) is fired over several runs, each returning a
  * time already past, so the manager's other work (fd events, parks, the
  * pool's tick) goes on between them. */
