@@ -39,6 +39,12 @@
  * A worker's park word: RUNNING, IDLE (on the list, may sleep), NOTIFIED
  * (taken off the list by a waker, counted as searching) or STOP.
  *
+ * Records: a thread's record reads DEAD last thing, and its thread may
+ * still run thread-local destructors after that (one may spawn, and take
+ * the pool lock). A DEAD record is taken again without joining its thread
+ * under the lock: the thread goes on a zombie list, joined off the lock by
+ * the tick (with glibc only once it is gone) and at stop.
+ *
  * Thread death: a task that calls pthread_exit unwinds its thread through
  * the cleanup handler pushed in thread_main. It fails every task the thread
  * was inside (held[], outermost first, including runs nested by helping),
@@ -50,7 +56,9 @@
  * Shutdown drains: it waits until every worker is idle, every queue empty
  * and no blocking task runs, checked under an epoch that moves whenever a
  * thread may start running (taken off an idle list, or started), then stops
- * and joins every thread (quiescent() says why one look is enough).
+ * and joins every thread (quiescent() says why one look is enough). The
+ * manager is stopped by then, so the drain makes the tick's hand-offs itself
+ * (keep_going).
  */
 #include "pool.h"
 

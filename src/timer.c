@@ -24,7 +24,10 @@
  * Arm: clear ARMED if set, store the deadline, CAS in seq + 1 | QUEUED |
  * ARMED, push unless QUEUED was already set (then the record is in the inbox
  * and the manager reads the new deadline when it drains it). Disarm: one CAS
- * clearing ARMED; the manager drops the stale entry when it meets it.
+ * clearing ARMED; the manager drops the stale entry when it meets it, or,
+ * when the record's owner is going (atap__timer_forget), at its next run:
+ * forget sets QUEUED on a record neither armed nor queued and pushes it,
+ * and the drain unlinks it and, finding no ARMED, files nothing.
  *
  * The wheel (manager only), in ticks of 2^16 ns. A record is in at most one
  * place (`link.next == NULL`: none), filed by its deadline's tick:

@@ -16,7 +16,9 @@
  * mutex, and parks again if it must, so a wake that finds nothing to do is
  * harmless. A waiter whose task has ended (cancelled while parked) is
  * skipped: the wake reports it woke nothing, and the next one is tried, so
- * a value is never left with a live receiver asleep.
+ * a value is never left with a live receiver asleep; and such waiters at
+ * the head of a list go whenever a new one joins it, so a list is never
+ * much longer than the tasks that wait on it.
  */
 #include <errno.h>
 #include <pthread.h>
