@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Usage: bench/run.sh [workload...]
 # Builds libatap's atap_bench (Release) and the peer programs of
-# ../shared/bench-peers, runs the peers (their run.sh) and atap_bench on each
-# workload with the same n, REPS times each, prints every result line, and
-# ends with a Markdown table of medians and atap's ratio to each peer
-# (bench/ratio.py).
+# ../shared/bench-peers, runs the peers (their run.sh, one run at a time) and
+# atap_bench on each workload with the same n, REPS rounds of every runtime
+# in turn, prints every result line, and ends with a Markdown table of
+# medians and atap's ratio to each peer (bench/ratio.py).
+# Before every run, of every runtime, bench/warm_memory writes WARM_MB of
+# fresh memory and gives it back, so that each run starts with the same free
+# memory, backed by the host (see bench/warm_memory.c: on a VM that reports
+# free memory to its host, a first touch otherwise costs what the host
+# charges at that moment, and which run pays depended on what ran before).
 #   workloads: spawn_many spawn_local fib chain ping_pong timers idle_memory
 #              live_memory (the default is all; live_memory is atap only)
 #   REPS=3                          repetitions
 #   PEERS="tbb omp uv tokio naive"  which peers ("" for atap alone)
 #   N_<workload>=<size>             e.g. N_fib=25 N_spawn_many=100000
 #   TIMEOUT=300                     seconds per run
+#   WARM_MB=256                     memory warmed before each run (0: none)
 #   ATAP_BENCH_BUILD=build/bench    libatap's build folder
 #   PEERS_BUILD=build/bench-peers   the peers' build folder
 #   ATAP_BENCH_PEERS_DIR=../shared/bench-peers   the peer harness
@@ -24,6 +30,7 @@ export PEERS_BUILD=${PEERS_BUILD:-$root/build/bench-peers}
 export REPS=${REPS:-3}
 export PEERS=${PEERS-"tbb omp uv tokio naive"}
 export TIMEOUT=${TIMEOUT:-300}
+WARM_MB=${WARM_MB:-256}
 all="spawn_many spawn_local fib chain ping_pong timers idle_memory live_memory"
 [ $# -gt 0 ] && workloads="$*" || workloads=$all
 
@@ -46,7 +53,7 @@ grep -qw hypervisor /proc/cpuinfo && cpu="$cpu (VM)"
 mem=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
 echo "machine: nproc=$(nproc), CPU \"$cpu\", $mem, $(uname -sr), $(gcc --version | head -1)"
 echo "libatap: $(git -C "$root" describe --always --dirty 2>/dev/null || echo "no commit yet")," \
-     "REPS=$REPS, PEERS=\"$PEERS\", $(date -u '+%Y-%m-%d %H:%M UTC')"
+     "REPS=$REPS, PEERS=\"$PEERS\", WARM_MB=$WARM_MB, $(date -u '+%Y-%m-%d %H:%M UTC')"
 
 # Build libatap's bench and the peers (build output goes to logs / stderr).
 mkdir -p "$B"
@@ -54,7 +61,7 @@ echo "run.sh: building atap_bench in $B (log: $B/build.log)" >&2
 if ! { cmake -S "$root" -B "$B" -DCMAKE_BUILD_TYPE=Release -DATAP_BUILD_BENCH=ON \
          -DATAP_BUILD_TESTS=OFF -DATAP_BUILD_EXAMPLES=OFF \
          -DATAP_BENCH_PEERS_DIR="$peers_dir" &&
-       cmake --build "$B" --target atap_bench -j "$(nproc)"; } >"$B/build.log" 2>&1; then
+       cmake --build "$B" --target atap_bench warm_memory -j "$(nproc)"; } >"$B/build.log" 2>&1; then
     tail -n 30 "$B/build.log" >&2
     echo "run.sh: building atap_bench failed" >&2
     exit 1
@@ -68,20 +75,36 @@ fi
 results="$B/results.txt"
 : >"$results"
 err="$B/atap_bench.err"
+warm() { [ "$WARM_MB" -gt 0 ] && "$B/bench/warm_memory" "$WARM_MB"; }
+# One run of atap_bench, reported as the peers' run.sh reports one: its
+# line (na= when not applicable), or a status=FAILED line.
+run_atap() {
+    local out rc
+    out=$(timeout "$TIMEOUT" "$exe" "$1" "$2" 2>"$err")
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then
+        out="peer=atap workload=$1 n=$2 status=FAILED rc=$rc err=\"$(head -c 200 "$err" | tr '\n' ' ')\""
+    fi
+    echo "$out"
+}
 for w in $workloads; do
     var="N_$w"
     n=${!var:-$(default_n "$w")}
-    if [ "$w" != live_memory ] && [ -n "$PEERS" ]; then
-        env "N_$w=$n" "$peers_dir/run.sh" "$w" | tee -a "$results"
-    fi
+    runtimes=atap
+    [ "$w" != live_memory ] && runtimes="$PEERS atap"
+    done_with="" # runtimes that said n/a or failed: not run again
     for ((r = 1; r <= REPS; r++)); do
-        out=$(timeout "$TIMEOUT" "$exe" "$w" "$n" 2>"$err")
-        rc=$?
-        if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then
-            out="peer=atap workload=$w n=$n status=FAILED rc=$rc err=\"$(head -c 200 "$err" | tr '\n' ' ')\""
-        fi
-        echo "$out" | tee -a "$results"
-        [ $rc -eq 0 ] || break # not applicable or failed: not repeated
+        for p in $runtimes; do
+            case " $done_with " in *" $p "*) continue ;; esac
+            warm
+            if [ "$p" = atap ]; then
+                out=$(run_atap "$w" "$n")
+            else
+                out=$(env "N_$w=$n" PEERS="$p" REPS=1 "$peers_dir/run.sh" "$w")
+            fi
+            echo "$out" | tee -a "$results"
+            case "$out" in *na=*|*status=*) done_with="$done_with $p" ;; esac
+        done
     done
 done
 rm -f "$err"
