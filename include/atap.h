@@ -718,7 +718,8 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *     call does not wake it, so an event that wakes it first is one it dies
  *     holding. Up to 5 in a row it is restarted (after 10 ms x the
  *     count); past that its supervisor gives up, atap_status says so, and
- *     the pool carries on without it.
+ *     runs the pool's tick itself (the pool grows, hands work over and
+ *     reaps as before; only timers are gone).
  *   atap_inject_thread_deaths: the next `workers` workers and `blocking`
  *     blocking threads to pass a check die, idle, holding a task, or part way
  *     through helping, as if the task had called pthread_exit.

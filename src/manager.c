@@ -2,13 +2,15 @@
  * The manager: the one thread that owns time. It sleeps in the event backend
  * until the earliest timer or a wake, fires the timers that are due, and
  * every MANAGER_TICK applies the pool policy (atap__pool_tick). It never
- * runs a task. The pool finds its own work whether a manager runs or not:
- * without one the runtime stops adapting, it does not stop working.
+ * runs a task. The pool finds its own work whether a manager runs or not,
+ * and its tick goes on without one (below).
  *
  * A supervisor thread runs the manager and restarts it when it dies: after
  * RESTART_BACKOFF x consecutive failures; the count starts over once a
  * manager has lived RESTART_WINDOW; past RESTART_LIMIT failures within that
- * window the supervisor gives up. The timer structure and the poller belong
+ * window the supervisor gives up on the manager (timers are then written
+ * off, see close_timers) and runs the pool's tick itself until the
+ * shutdown (gone_ticks). The timer structure and the poller belong
  * to the runtime and outlive one manager's life, but a new manager does not
  * trust what the last one left filed: before each new life the supervisor
  * (the only thread that may touch the structure while no manager runs)
@@ -157,6 +159,25 @@ static void find_timers(atap__timer_visit *visit, void *cookie, void *arg)
     atap__park_find_timers(visit, cookie);
 }
 
+/* No manager will run again: the supervisor keeps the tick's duties that
+ * need no timer until the shutdown. The pool's policy (a worker for stuck
+ * ones, a LIFO task handed to an idle peer, idle threads reaped) and the
+ * reaping of schedules and parks the closed timers let go. Exclusive with
+ * the drain's keep_going as the manager's tick is: the shutdown joins this
+ * thread before it drains. Reaping: emptied, but an arm racing the close
+ * may still sit in the inbox (its caller disarmed it): each pass frees
+ * only what nothing holds; the rest goes at shutdown, after the structure
+ * is let go. */
+static void gone_ticks(void)
+{
+    do {
+        atap__sched_reap(false);
+        atap__park_reap(false);
+        atap__pool_tick(atap__now_ns());
+        backoff(MANAGER_TICK_NS);
+    } while (!ld_acquire(&mgr.stop));
+}
+
 static void *supervisor_main(void *arg)
 {
     unsigned failures = 0;
@@ -182,12 +203,7 @@ static void *supervisor_main(void *arg)
             FORGET_FAULTS(); /* what was owed died with the supervisor */
             close_timers();
             st_release(&mgr.state, M_GONE);
-            /* Emptied, but an arm racing the close may still sit in the
-             * inbox (its caller disarmed it): free only what nothing holds;
-             * the rest goes at shutdown, after the structure is let go. No
-             * manager runs now, so the reaping is the supervisor's. */
-            atap__sched_reap(false);
-            atap__park_reap(false);
+            gone_ticks(); /* no manager runs now: its tick is ours */
             return NULL;
         }
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);

@@ -24,7 +24,8 @@
  * than a join, the manager's tick hands the slot to an idle peer, and a
  * worker blocked in a join too deep to help wakes one itself.
  *
- * Growth and reaping (the manager's tick, atap__pool_tick): one more worker
+ * Growth and reaping (the manager's tick, atap__pool_tick; the supervisor's
+ * once the manager is gone for good, manager.c): one more worker
  * when every worker is stuck (inside a task, nothing finished for a tick)
  * and work waits, up to the target, past it only under overload, never past
  * the ceiling; the idle worker that idled longest goes after 500 ms (50 ms

@@ -93,15 +93,20 @@ static int parent_spins(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-static void test_manager_rebalances_lifo(void **state)
+static void lifo_handed_over(void)
 {
-    (void)state;
     atomic_store(&g_child_ran, 0);
     atap_task t;
     assert_int_equal(atap_spawn(&t, parent_spins, NULL, NULL), 0);
     assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(30)), 0);
     atap_release(t);
     assert_no_failures();
+}
+
+static void test_manager_rebalances_lifo(void **state)
+{
+    (void)state;
+    lifo_handed_over();
 }
 
 /* Tasks that hold their workers: the pool grows past the floor until all
@@ -117,9 +122,8 @@ static int hold(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-static void test_manager_grows_and_reaps(void **state)
+static void grows_and_reaps(void)
 {
-    (void)state;
     int n = (int)(2 * cores() + 1); /* more than the floor, within the target */
     atap_task *ts = calloc((size_t)n, sizeof *ts);
 
@@ -140,6 +144,26 @@ static void test_manager_grows_and_reaps(void **state)
     while (pool_stats().workers > cores() && now_ns() < end)
         sleep_us(20000);
     assert_int_equal(pool_stats().workers, cores());
+}
+
+static void test_manager_grows_and_reaps(void **state)
+{
+    (void)state;
+    grows_and_reaps();
+}
+
+/* With the manager gone for good its tick goes on without it: a task left
+ * in a LIFO slot is still handed over, the pool still grows past stuck
+ * workers and reaps back to the floor. */
+static void test_manager_gone_keeps_the_pool_going(void **state)
+{
+    (void)state;
+    atap_inject_manager_faults(16);
+    assert_true(wait_manager(false, ATAP_SEC(10)));
+    sleep_us(300000); /* the backoffs, then it stays gone */
+    assert_false(status_now().manager_alive);
+    lifo_handed_over();
+    grows_and_reaps();
 }
 
 static double cpu_seconds(void)
@@ -206,6 +230,7 @@ int main(void)
         T(test_manager_gives_up),
         T(test_manager_rebalances_lifo),
         T(test_manager_grows_and_reaps),
+        T(test_manager_gone_keeps_the_pool_going),
         T(test_manager_idle_cpu),
         T(test_manager_idle_cpu_with_timers_pending),
     };
