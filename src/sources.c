@@ -296,7 +296,8 @@ static void source_event(struct source *f)
     for (int signo = 1; f == &sig_source && signo < NSIG; signo++)
         if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
             claim_list(&sig_waiters[signo], 0, false, &ready);
-    source_watch(f); /* one-shot: again */
+    if (!FAULT_WATCH_FAILS()) /* one-shot: again */
+        source_watch(f);
     pthread_mutex_unlock(&src_lock);
     while ((p = ready) != NULL) {
         ready = p->fd_next;
@@ -319,7 +320,7 @@ static void vnode_event(int fd, unsigned got)
     pthread_mutex_lock(&src_lock);
     if (got && (size_t)fd < wdcap && wd_waiters[fd]) {
         claim_list(&wd_waiters[fd], got, false, &ready);
-        if (wd_waiters[fd]) /* one-shot: again, for those still waiting */
+        if (wd_waiters[fd] && !FAULT_WATCH_FAILS()) /* one-shot: again, for those still waiting */
             atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd));
     }
     pthread_mutex_unlock(&src_lock);
