@@ -642,7 +642,8 @@ ATAP_EXPORT bool atap_resumed(atap_ctx *ctx);
  * else 0. */
 ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
 /* Inside a task resumed by its event: the ATAP_READABLE... bits an fd
- * reported, or the ATAP_PATH_* changes seen; 0 for a signal. */
+ * reported, or the ATAP_PATH_* changes seen; 0 for a signal (ATAP_ERROR
+ * for a park that could not be set up). */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
 /* ---------------------------------------------------------------------- */

@@ -1,7 +1,8 @@
 /*
  * Parks on a signal (atap_park_signal) and on changes to a file or a
  * directory (atap_park_path): what resumes them, with which reason and
- * events, several parks on one source, timeouts, cancels, bad arguments.
+ * events, several parks on one source, timeouts, cancels, bad arguments,
+ * and a source whose watch cannot be renewed (atap_inject_watch_failures).
  *
  * A park is armed after its run returns ATAP_PARKED, on the worker, before
  * the worker counts itself idle: the tests raise a signal or change a file
