@@ -593,7 +593,13 @@ ATAP_EXPORT int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns);
  * a signo out of range, SIGKILL or SIGSTOP, a signal the C library keeps
  * for itself, a fault signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
  * SIGSYS: a handler that returns from one would re-run the fault), or
- * inside atap_block.
+ * inside atap_block. A park the kernel will not let libatap set up (its
+ * pipe, or the manager's watch on it, refused) resumes at once with
+ * atap_resume_events() ATAP_ERROR. If the watch cannot be renewed after a
+ * signal (the kernel out of memory), the manager reads the pipe at each of
+ * its ticks (every 10 ms) and tries again until a watch holds: no signal
+ * is lost and no park is left waiting, the resume only comes up to a tick
+ * late.
  */
 ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
 
@@ -613,10 +619,16 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
  * made or removed also changes its parent's link count, ATAP_PATH_ATTRIB);
  * -ENOTSUP there with the poll backend. Returns as atap_park_fd;
  * ATAP_EINVAL also inside atap_block. A closed fd resumes at once with
- * ATAP_ERROR. When the kernel lost changes (inotify's queue overflowed;
- * on kqueue, a manager restart) every path park resumes, with events
- * saying its file may have been written, changed and had its entries
- * changed (never ATAP_PATH_GONE): look at it again.
+ * ATAP_ERROR, as does a park the kernel will not let libatap watch. If
+ * the watch on inotify cannot be renewed after a change (the kernel out of
+ * memory), the manager reads inotify's queue at each of its ticks (every
+ * 10 ms) and tries again until a watch holds: no change is lost, the
+ * resume only comes up to a tick late. When the kernel lost changes
+ * (inotify's queue overflowed; on kqueue, a manager restart, or a file's
+ * watch the kernel would not renew, which that file's parks take as lost
+ * changes) every path park concerned resumes, with events saying its file
+ * may have been written, changed and had its entries changed (never
+ * ATAP_PATH_GONE): look at it again.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
 
@@ -630,7 +642,8 @@ ATAP_EXPORT bool atap_resumed(atap_ctx *ctx);
  * else 0. */
 ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
 /* Inside a task resumed by its event: the ATAP_READABLE... bits an fd
- * reported, or the ATAP_PATH_* changes seen; 0 for a signal. */
+ * reported, or the ATAP_PATH_* changes seen; 0 for a signal (ATAP_ERROR
+ * for a park that could not be set up). */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
 /* ---------------------------------------------------------------------- */
@@ -730,12 +743,16 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *   atap_inject_arm_pause: the next repeat or delayed task to hand its run
  *     to a timer stops for ms milliseconds right after (0 clears it), so a
  *     test can make the manager go while that hand-over is under way.
+ *   atap_inject_watch_failures: the next n times a signal or path source
+ *     is watched again after a report, the watch fails as if the kernel
+ *     had no memory (-ENOMEM; 0 clears what is still owed).
  */
 ATAP_EXPORT void atap_inject_manager_faults(unsigned n);
 ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);
 ATAP_EXPORT void atap_inject_spawn_refusals(unsigned n);
 ATAP_EXPORT void atap_inject_help_depth(unsigned depth);
 ATAP_EXPORT void atap_inject_arm_pause(unsigned ms);
+ATAP_EXPORT void atap_inject_watch_failures(unsigned n);
 #endif
 
 #define ATAP_US(n) ((uint64_t)(n) * 1000u)

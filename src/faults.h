@@ -16,6 +16,7 @@
 #ifdef ATAP_FAULT_INJECTION
 extern _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
 extern _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit, atap__owed_arm_pause_ms;
+extern _Atomic unsigned atap__owed_watch_failures;
 
 /* Takes one owed fault, if any. */
 static inline bool atap__fault_take(_Atomic unsigned *owed)
@@ -32,6 +33,8 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
 #define FAULT_WORKER_DIES(blocking)                                                                \
     atap__fault_take((blocking) ? &atap__owed_blocking_deaths : &atap__owed_worker_deaths)
 #define FAULT_SPAWN_REFUSED() atap__fault_take(&atap__owed_spawn_refusals)
+/* A source's watch renewed after a report fails (sources.c). */
+#define FAULT_WATCH_FAILS() atap__fault_take(&atap__owed_watch_failures)
 /* Read under the pool lock before an idle thread sleeps: the injecting call
  * adds, then takes the lock to wake the idle, so one of the two sees it. */
 #define FAULT_DEATH_OWED(blocking)                                                                 \
@@ -53,6 +56,7 @@ extern void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
 #else
 #define FAULT_WORKER_DIES(blocking) ((void)(blocking), false)
 #define FAULT_SPAWN_REFUSED() false
+#define FAULT_WATCH_FAILS() false
 #define FAULT_DEATH_OWED(blocking) ((void)(blocking), false)
 #define HELP_LIMIT() HELP_DEPTH
 #define FAULT_ARM_PAUSE_MS() 0u

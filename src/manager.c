@@ -1,9 +1,10 @@
 /*
  * The manager: the one thread that owns time. It sleeps in the event backend
  * until the earliest timer or a wake, fires the timers that are due, and
- * every MANAGER_TICK applies the pool policy (atap__pool_tick). It never
- * runs a task. The pool finds its own work whether a manager runs or not,
- * and its tick goes on without one (below).
+ * every MANAGER_TICK applies the pool policy (atap__pool_tick) and reads
+ * any signal or path source whose watch failed (atap__sources_retry). It
+ * never runs a task. The pool finds its own work whether a manager runs or
+ * not, and its tick goes on without one (below).
  *
  * A supervisor thread runs the manager and restarts it when it dies: after
  * RESTART_BACKOFF x consecutive failures; the count starts over once a
@@ -99,6 +100,7 @@ static bool manager_life(void)
         atap__park_reap(false);
         if (now >= next_tick) {
             atap__pool_tick(now);
+            atap__sources_retry(); /* a source whose watch failed (sources.c) */
             next_tick = now + MANAGER_TICK_NS;
         }
         wake_at = wake_at < next_tick ? wake_at : next_tick;

@@ -60,6 +60,9 @@ void atap__park_find_timers(atap__timer_visit *visit, void *cookie);
 /* Between two managers' lives: every parked fd and source is watched
  * again, so nothing the dead manager was told and did not hand out is lost. */
 void atap__park_rearm(void);
+/* Manager, each tick (sources.c): a signal or path source whose watch
+ * failed is read as if reported and watched again. */
+void atap__sources_retry(void);
 /* No manager will run again (shutdown, or its supervisor gave up): every
  * park is written off as FAILED, and later parks fail at once. */
 void atap__park_close_all(void);

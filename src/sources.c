@@ -16,7 +16,22 @@
  * under it (atap__park_claim, which exactly one claimant wins) and
  * completed after it (atap__park_complete, which may take the park off its
  * list again, through atap__source_remove).
+ *
+ * A watch that fails (the kernel out of memory, say) is never left at
+ * that: the source is marked deaf (src_lock), since nothing says it will be
+ * reported again, and every manager tick (atap__sources_retry) reads a deaf
+ * source as if it had been reported, then watches it again, until a watch
+ * holds. Nothing it holds is lost meanwhile (the pipe and inotify keep what
+ * is not read, and a signal's pending flag outlives its byte): its parks
+ * are resumed by their events, late by a tick at most, through the same
+ * claims as ever. A park's own watch (at its join) that fails marks the
+ * source deaf the same way, for the parks already waiting, and resumes
+ * that park at once with ATAP_ERROR (park.c). A kqueue path watch that
+ * cannot be renewed is a change lost, not a queue to read later: the
+ * file's parks resume as for any lost change (claim_all_paths) and look
+ * again, and their next parks watch it anew.
  */
+#include "park.h"
 #include "park_int.h"
 
 #include <errno.h>
@@ -47,9 +62,11 @@ _Static_assert(ATAP_PATH_WRITE == ATAP__PATH_WRITE && ATAP_PATH_ATTRIB == ATAP__
                    ATAP_PATH_GONE == ATAP__PATH_GONE,
                "public path bits are the poller's");
 
-/* A source's fd (-1 until first used); its address is the poller's udata. */
+/* A source's fd (-1 until first used); its address is the poller's udata.
+ * deaf (src_lock): its last watch failed, so the tick reads it (see the top). */
 struct source {
     int fd;
+    bool deaf;
 };
 
 static pthread_mutex_t src_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -61,6 +78,12 @@ static int sig_pipe[2] = {-1, -1};
 static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
 static struct park **wd_waiters; /* by inotify watch descriptor (kqueue: by fd) */
 static size_t wdcap;
+/* Some source may be deaf: set under src_lock by the watch that failed, and
+ * cleared under it by the tick that then reads the deaf ones, so a deaf
+ * source has it set or is being read. The tick's unlocked look at it is
+ * only a filter: what is deaf is read under src_lock, and a set it misses
+ * (relaxed, no order needed) it meets at the next tick. */
+static _Atomic bool sources_deaf;
 
 /* src_lock held: the list p waits on. */
 static struct park **list_of(struct park *p)
@@ -101,8 +124,10 @@ static int open_pipe(int fds[2])
 #endif
 }
 
-/* src_lock held: the source's fd exists and is watched (one-shot). */
-static int source_watch(struct source *f)
+/* src_lock held: the source's fd exists and is watched (one-shot); or it
+ * is deaf, if it exists (see the top). again: a watch renewed after a
+ * report, where a fault may be injected. */
+static int source_watch(struct source *f, bool again)
 {
     int rc;
 
@@ -121,7 +146,12 @@ static int source_watch(struct source *f)
 #endif
         }
     }
-    return atap__poller_watch(atap__manager_poller(), f->fd, ATAP__POLL_READ, f);
+    rc = again && FAULT_WATCH_FAILS()
+             ? -ENOMEM
+             : atap__poller_watch(atap__manager_poller(), f->fd, ATAP__POLL_READ, f);
+    if ((f->deaf = rc != 0))
+        st_relaxed(&sources_deaf, true);
+    return rc;
 }
 
 #if defined(__linux__)
@@ -184,7 +214,7 @@ int atap__source_add(struct park *p)
 
     pthread_mutex_lock(&src_lock);
     if ((p->kind == PK_SIGNAL || PATHS_BY_INOTIFY) &&
-        (rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source)) != 0)
+        (rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source, false)) != 0)
         goto out;
     /* A signal that came while nobody waited for it is dropped, not kept
      * for this park (a byte of it may still be in the pipe: harmless). */
@@ -296,7 +326,7 @@ static void source_event(struct source *f)
     for (int signo = 1; f == &sig_source && signo < NSIG; signo++)
         if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
             claim_list(&sig_waiters[signo], 0, false, &ready);
-    source_watch(f); /* one-shot: again */
+    source_watch(f, true); /* one-shot: again (failed: deaf, see the top) */
     pthread_mutex_unlock(&src_lock);
     while ((p = ready) != NULL) {
         ready = p->fd_next;
@@ -319,8 +349,19 @@ static void vnode_event(int fd, unsigned got)
     pthread_mutex_lock(&src_lock);
     if (got && (size_t)fd < wdcap && wd_waiters[fd]) {
         claim_list(&wd_waiters[fd], got, false, &ready);
-        if (wd_waiters[fd]) /* one-shot: again, for those still waiting */
-            atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd));
+        /* One-shot: again, for those still waiting. Not renewed, the watch
+         * hears nothing more: lost changes (see the top); those claimed
+         * while arming leave through their parkers, the last one taking
+         * the watch with it (atap__source_remove). */
+        if (wd_waiters[fd] &&
+            (FAULT_WATCH_FAILS()
+                 ? -ENOMEM
+                 : atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd))) != 0) {
+            claim_list(&wd_waiters[fd], ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES,
+                       true, &ready);
+            if (!wd_waiters[fd])
+                path_forget(fd);
+        }
     }
     pthread_mutex_unlock(&src_lock);
     while ((p = ready) != NULL) {
@@ -382,6 +423,26 @@ void atap__sources_rearm(void)
         ready = p->fd_next;
         atap__park_complete(p, BY_READY);
     }
+    if (sig)
+        source_event(&sig_source);
+    if (path)
+        source_event(&path_source);
+}
+
+/* The manager, each tick: every deaf source is read as if reported, and
+ * watched again (see the top). The flag is cleared before the reads, under
+ * src_lock: a read whose watch fails again sets it again. */
+void atap__sources_retry(void)
+{
+    bool sig, path;
+
+    if (!ld_relaxed(&sources_deaf))
+        return;
+    pthread_mutex_lock(&src_lock);
+    st_relaxed(&sources_deaf, false);
+    sig = sig_source.deaf;
+    path = path_source.deaf;
+    pthread_mutex_unlock(&src_lock);
     if (sig)
         source_event(&sig_source);
     if (path)

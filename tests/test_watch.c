@@ -1,7 +1,8 @@
 /*
  * Parks on a signal (atap_park_signal) and on changes to a file or a
  * directory (atap_park_path): what resumes them, with which reason and
- * events, several parks on one source, timeouts, cancels, bad arguments.
+ * events, several parks on one source, timeouts, cancels, bad arguments,
+ * and a source whose watch cannot be renewed (atap_inject_watch_failures).
  *
  * A park is armed after its run returns ATAP_PARKED, on the worker, before
  * the worker counts itself idle: the tests raise a signal or change a file
@@ -25,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "faults.h"  /* atap__owed_watch_failures */
 #include "manager.h" /* atap__manager_restarts */
 #include "test_util.h"
 #include "testing.h" /* atap__test_on */
@@ -51,6 +53,7 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 
 static int teardown_watch(void **state)
 {
+    atap_inject_watch_failures(0);
     int rc = teardown_runtime(state);
     if (g_dir[0] != '\0')
         nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
@@ -913,6 +916,154 @@ static void test_watch_path_cancel(void **state)
     assert_no_failures();
 }
 
+/* ---- a source whose watch cannot be renewed ------------------------------------ */
+
+/* Injects n failures of the next source re-watches, once what an earlier
+ * test left in the sources has been read (an inotify watch removed queues a
+ * report of its own, which could take the fault). */
+static void inject_watch_failures(unsigned n)
+{
+    sleep_ms(50);
+    atap_inject_watch_failures(n);
+}
+
+/* Fewer than owed_before faults are owed now (within 10 s): the report
+ * that resumed the first park spent one, and the source was deaf. */
+static void fault_taken_at(unsigned owed_before, int line)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    while (atomic_load(&atap__owed_watch_failures) >= owed_before) {
+        if (now_ns() > end)
+            fail_msg("line %d: %u faults still owed, wanted fewer than %u", line,
+                     atomic_load(&atap__owed_watch_failures), owed_before);
+        sleep_ms(1);
+    }
+}
+#define fault_taken(owed_before) fault_taken_at((owed_before), __LINE__)
+
+/* A signal source whose watch fails once after a report (the kernel out of
+ * memory) still resumes a task already parked on another signal, which has
+ * no timeout: the manager reads the deaf source at its next tick. It used
+ * to stay parked until some later park watched the pipe again. */
+static void test_watch_signal_rewatch_fails(void **state)
+{
+    (void)state;
+    catch_signals();
+    struct parker *a = parker_init(0, ON_SIGNAL, SIGUSR1, 0, ATAP_FOREVER, 1);
+    struct parker *b = parker_init(1, ON_SIGNAL, SIGUSR2, 0, ATAP_FOREVER, 1);
+    atap_task ta = spawn_parker(a), tb = spawn_parker(b);
+    assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+    assert_true(wait_parked(&b->parks, 1, ATAP_SEC(20)));
+
+    inject_watch_failures(1);
+    raise_signal(SIGUSR1); /* resumes a; the pipe's watch is not renewed */
+    assert_int_equal(join_parker(ta), 1);
+    assert_int_equal(atomic_load(&a->reason), ATAP_RESUME_READY);
+    fault_taken(1);
+    uint64_t raised = now_ns();
+    raise_signal(SIGUSR2); /* nothing parks meanwhile to watch the pipe again */
+    assert_int_equal(join_parker(tb), 1);
+    assert_int_equal(atomic_load(&b->reason), ATAP_RESUME_READY);
+    assert_int_equal(atomic_load(&b->events), 0);
+    assert_true(now_ns() - raised < ATAP_SEC(5)); /* a tick or so, not a timeout */
+    atap_release(ta);
+    atap_release(tb);
+
+    /* Failing at every try: each tick still reads the pipe (and tries
+     * again), so every signal reaches its parks. */
+    a = parker_init(0, ON_SIGNAL, SIGUSR1, 0, ATAP_FOREVER, 1);
+    b = parker_init(1, ON_SIGNAL, SIGUSR2, 0, ATAP_SEC(60), 1);
+    ta = spawn_parker(a);
+    tb = spawn_parker(b);
+    assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+    assert_true(wait_parked(&b->parks, 1, ATAP_SEC(20)));
+    inject_watch_failures(1000000);
+    raise_signal(SIGUSR1);
+    assert_int_equal(join_parker(ta), 1);
+    fault_taken(1000000);
+    raise_signal(SIGUSR2);
+    assert_int_equal(join_parker(tb), 1);
+    assert_int_equal(atomic_load(&b->reason), ATAP_RESUME_READY);
+    fault_taken(1000000 - 2); /* the ticks go on trying */
+    atap_inject_watch_failures(0);
+    atap_release(ta);
+    atap_release(tb);
+
+    /* and the source is heard as ever */
+    a = parker_init(0, ON_SIGNAL, SIGUSR2, 0, ATAP_FOREVER, 1);
+    ta = spawn_parker(a);
+    assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+    raise_signal(SIGUSR2);
+    assert_int_equal(join_parker(ta), 1);
+    assert_int_equal(atomic_load(&a->reason), ATAP_RESUME_READY);
+    atap_release(ta);
+    waited_to_live_back();
+    assert_no_failures();
+}
+
+/* The same for the inotify source: a change to one file resumes its park,
+ * the watch is not renewed, and a change to another file must still resume
+ * the park waiting on that one (a long timeout, not met). */
+static void test_watch_path_rewatch_fails(void **state)
+{
+    (void)state;
+    const char *fa = in_dir("ra"), *fb = in_dir("rb");
+    make_file(fa);
+    make_file(fb);
+    int afd = open_ro(fa), bfd = open_ro(fb);
+    struct parker *a = parker_init(0, ON_PATH, afd, ATAP_PATH_WRITE, ATAP_FOREVER, 1);
+    struct parker *b = parker_init(1, ON_PATH, bfd, ATAP_PATH_WRITE, ATAP_SEC(60), 1);
+    atap_task ta = spawn_parker(a), tb = spawn_parker(b);
+    assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+    assert_true(wait_parked(&b->parks, 1, ATAP_SEC(20)));
+
+    inject_watch_failures(1);
+    append_byte(fa); /* resumes a; inotify's watch is not renewed */
+    assert_int_equal(join_parker(ta), 1);
+    assert_true((unsigned)atomic_load(&a->events) & ATAP_PATH_WRITE);
+    fault_taken(1);
+    uint64_t changed = now_ns();
+    append_byte(fb);
+    assert_int_equal(join_parker(tb), 1);
+    assert_int_equal(atomic_load(&b->reason), ATAP_RESUME_READY);
+    assert_true((unsigned)atomic_load(&b->events) & ATAP_PATH_WRITE);
+    assert_true(now_ns() - changed < ATAP_SEC(5));
+    atap_release(ta);
+    atap_release(tb);
+
+    /* Failing at every try: the ticks read inotify's queue meanwhile. */
+    a = parker_init(0, ON_PATH, afd, ATAP_PATH_WRITE, ATAP_FOREVER, 1);
+    b = parker_init(1, ON_PATH, bfd, ATAP_PATH_ATTRIB, ATAP_FOREVER, 1);
+    ta = spawn_parker(a);
+    tb = spawn_parker(b);
+    assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+    assert_true(wait_parked(&b->parks, 1, ATAP_SEC(20)));
+    inject_watch_failures(1000000);
+    append_byte(fa);
+    assert_int_equal(join_parker(ta), 1);
+    fault_taken(1000000);
+    assert_int_equal(chmod(fb, 0600), 0);
+    assert_int_equal(join_parker(tb), 1);
+    assert_true((unsigned)atomic_load(&b->events) & ATAP_PATH_ATTRIB);
+    fault_taken(1000000 - 2); /* the ticks go on trying */
+    atap_inject_watch_failures(0);
+    atap_release(ta);
+    atap_release(tb);
+
+    /* and heard as ever once the watch holds */
+    a = parker_init(0, ON_PATH, afd, ATAP_PATH_WRITE, ATAP_FOREVER, 1);
+    ta = spawn_parker(a);
+    assert_true(wait_parked(&a->parks, 1, ATAP_SEC(20)));
+    append_byte(fa);
+    assert_int_equal(join_parker(ta), 1);
+    assert_int_equal(atomic_load(&a->reason), ATAP_RESUME_READY);
+    atap_release(ta);
+    close(afd);
+    close(bfd);
+    waited_to_live_back();
+    assert_no_failures();
+}
+
 static struct {
     int fd;
     atomic_int runs;
@@ -1042,6 +1193,8 @@ int main(void)
         T(test_watch_path_cancel),
         T(test_watch_path_bad_arguments),
         T(test_watch_restart_rearms),
+        T(test_watch_signal_rewatch_fails),
+        T(test_watch_path_rewatch_fails),
     };
 #undef T
     const char *only = getenv("ATAP_TEST_FILTER"); /* e.g. "*signal*" */
