@@ -729,12 +729,18 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *   atap_inject_arm_pause: the next repeat or delayed task to hand its run
  *     to a timer stops for ms milliseconds right after (0 clears it), so a
  *     test can make the manager go while that hand-over is under way.
+ *   atap_inject_alloc_failures: the next n allocations at the sites that
+ *     have a fallback for no memory fail as if memory had run out (0 clears
+ *     what is still owed): a receive_all round's next buffer, a delivery's
+ *     list of the tasks it started, the values a channel's last receiver
+ *     drops.
  */
 ATAP_EXPORT void atap_inject_manager_faults(unsigned n);
 ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);
 ATAP_EXPORT void atap_inject_spawn_refusals(unsigned n);
 ATAP_EXPORT void atap_inject_help_depth(unsigned depth);
 ATAP_EXPORT void atap_inject_arm_pause(unsigned ms);
+ATAP_EXPORT void atap_inject_alloc_failures(unsigned n);
 #endif
 
 #define ATAP_US(n) ((uint64_t)(n) * 1000u)

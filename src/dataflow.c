@@ -60,6 +60,7 @@
 
 #include "atap.h"
 #include "executor.h"
+#include "faults.h"
 #include "park.h"
 #include "pool.h"
 #include "schedule.h"
@@ -126,7 +127,7 @@ static void kicks_add(struct kicks *k, uint32_t index, uint32_t gen)
     }
     if (k->n - 8 == k->cap) {
         unsigned cap = k->cap ? k->cap * 2 : 32;
-        uint64_t *m = realloc(k->more, cap * sizeof *m);
+        uint64_t *m = FAULT_REALLOC(k->more, cap * sizeof *m);
         if (!m) { /* no memory to wait: kick it now, under the source's
                      locks (a kick queues or arms it; only once the runtime
                      is stopping does it end the task instead) */
@@ -574,7 +575,7 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
             g->nfilled++;
         }
         if (g->nfilled == g->n) {
-            full = g->spare ? g->spare : malloc(g->in_size ? g->in_size : 1);
+            full = g->spare ? g->spare : FAULT_MALLOC(g->in_size ? g->in_size : 1);
             g->spare = NULL; /* no memory: the next delivery tries again */
         }
         if (full) {

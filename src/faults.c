@@ -17,6 +17,7 @@
 _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
 _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit = HELP_DEPTH;
 _Atomic unsigned atap__owed_arm_pause_ms;
+_Atomic unsigned atap__owed_alloc_failures;
 
 void atap_inject_thread_deaths(unsigned workers, unsigned blocking)
 {
@@ -38,6 +39,11 @@ void atap_inject_help_depth(unsigned depth)
 void atap_inject_arm_pause(unsigned ms)
 {
     st_relaxed(&atap__owed_arm_pause_ms, ms);
+}
+
+void atap_inject_alloc_failures(unsigned n)
+{
+    st_relaxed(&atap__owed_alloc_failures, n);
 }
 
 void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);

@@ -1041,6 +1041,49 @@ static void test_dataflow_receive_all_member_fails(void **state)
     waited_to_live_back();
 }
 
+/* ---- no memory, and what runs where (ATAP__TEST_ALLOC) ------------------- */
+
+static atomic_int allocs;
+
+static void count_alloc(void)
+{
+    atomic_fetch_add(&allocs, 1);
+}
+
+/* A round made whole when no buffer can be had for the next one waits,
+ * whole: the next delivery tries again, and the round it completes (with
+ * the newest bytes) is the one the receiver runs on. */
+static void test_dataflow_receive_all_no_memory_next_delivery_retries(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atap_task m = spawn_probe(p, (atap_spawn_opts){0}), r;
+    summer *s = summer_new(1);
+    uint64_t in = 5;
+
+    assert_int_equal(atap_receive_all(&r, sum_run, s, &m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
+    atomic_store(&allocs, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, count_alloc), 0);
+    atap_inject_alloc_failures(1);
+    assert_int_equal(atap_give(m, &in, 8), 0);
+    JOIN_UNTIL(m, 5);
+    assert_true(wait_atomic_at_least(&allocs, 1, ATAP_SEC(10))); /* the round's buffer: refused */
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&s->runs), 0);
+
+    in = 7;
+    assert_int_equal(atap_give(m, &in, 8), 0);
+    JOIN_UNTIL(r, 7);
+    SETTLE_EXACT(&s->runs, 1);
+    assert_int_equal(atomic_load(&s->bad_size), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, NULL), 0);
+    atap_inject_alloc_failures(0);
+    atap_release(m);
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    atap_release(r);
+    waited_to_live_back();
+}
+
 /* A waiting task stopped while a run is under way (a cancel, its timeout)
  * or whose at-rate run fails after the series went back to waiting has
  * ended: its forwards close at once, with its handle still held, and a
@@ -2201,6 +2244,7 @@ int main(void)
         T(test_dataflow_receive_all_nested),
         T(test_dataflow_receive_all_waits_for_all_again),
         T(test_dataflow_receive_all_member_fails),
+        T(test_dataflow_receive_all_no_memory_next_delivery_retries),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
         T(test_dataflow_at_rate_forwards_every_run),
         T(test_dataflow_long_forward_chain_lets_go),

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "../executor.h"
+#include "../faults.h"
 #include "../park.h"
 #include "../slot.h"
 #include "../table.h"
@@ -275,7 +276,7 @@ void atap_chan_close_receiver(atap_chan *ch)
     elem_free = ch->elem_free;
     if (--ch->receivers == 0) {
         /* Nothing can be received now: values left go, senders hear. */
-        if (ch->len && ch->elem_free && (dropped = malloc(ch->len * ch->elem)))
+        if (ch->len && ch->elem_free && (dropped = FAULT_MALLOC(ch->len * ch->elem)))
             for (; ch->len; ndropped++)
                 pop(ch, dropped + ndropped * ch->elem);
         while (ch->len && !dropped) {
