@@ -558,16 +558,36 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     return rc;
 }
 
-/* receive_all: member `place` published bytes for this round. */
+/* Under the lock: member r's bytes would make the round whole. */
+static bool makes_whole(const struct gate *g, const struct reg *r)
+{
+    bool mine = !(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64)));
+
+    return g->nfilled + mine == g->n;
+}
+
+/*
+ * receive_all: member `place` published bytes for this round. A round made
+ * whole needs a buffer for the next one: the spare, else one allocated as
+ * offer does, with the lock let go (anyone on the gate spins meanwhile).
+ * The gate may move while the lock is out (another member, a cancel), so
+ * everything after the lock is taken again looks at it afresh; a buffer
+ * allocated and not needed then becomes the spare, or goes after the lock.
+ */
 static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const struct reg *r,
                    const void *bytes, size_t size, struct kicks *kicks)
 {
     struct gate *g = atap__sched_gate(s);
-    unsigned char *full = NULL, *old = NULL;
+    unsigned char *full = NULL, *fresh = NULL, *old = NULL;
     bool kick = false, old_owned = false;
     struct retired ret;
 
     spin_lock(&g->lock);
+    if (g->state != G_DONE && !g->last && !g->spare && makes_whole(g, r)) {
+        spin_unlock(&g->lock);
+        fresh = FAULT_MALLOC(g->in_size ? g->in_size : 1);
+        spin_lock(&g->lock);
+    }
     if (g->state != G_DONE && !g->last) {
         memcpy(g->gathering + r->offset, bytes, size);
         if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64)))) {
@@ -575,8 +595,12 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
             g->nfilled++;
         }
         if (g->nfilled == g->n) {
-            full = g->spare ? g->spare : FAULT_MALLOC(g->in_size ? g->in_size : 1);
-            g->spare = NULL; /* no memory: the next delivery tries again */
+            /* Neither (no memory): the next delivery tries again. */
+            full = g->spare ? g->spare : fresh;
+            if (full == g->spare)
+                g->spare = NULL;
+            else
+                fresh = NULL;
         }
         if (full) {
             /* The round is whole: it becomes the value, and a new round
@@ -589,8 +613,13 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
                 g->last = true;
         }
     }
+    if (fresh && !g->spare) { /* not needed after all: kept for the next round */
+        g->spare = fresh;
+        fresh = NULL;
+    }
     ret = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
+    free(fresh);
     let_go_value(g, ret);
     if (kick)
         kicks_add(kicks, index, gen);

@@ -1084,6 +1084,54 @@ static void test_dataflow_receive_all_no_memory_next_delivery_retries(void **sta
     waited_to_live_back();
 }
 
+/* A receive_all round made whole with no spare buffer allocates the next
+ * round's with the gate's spin lock let go: at that allocation a cancel of
+ * the receiver, which takes the lock, goes through (and the round, which
+ * then finds the gate DONE, starts nothing). The malloc used to be made
+ * under the lock, and everyone on the gate spun through it. */
+static atap_task *lock_target;
+static atomic_int lock_armed, lock_free;
+static side_call lock_call;
+
+static void cancel_lock_target(void *arg)
+{
+    (void)arg;
+    CHECK(atap_cancel(*lock_target) == 0);
+}
+
+static void cancel_at_alloc(void)
+{
+    if (atomic_exchange(&lock_armed, 0))
+        atomic_store(&lock_free, side_call_returns(&lock_call, cancel_lock_target, NULL,
+                                                   ATAP_SEC(2)));
+}
+
+static void test_dataflow_receive_all_round_buffer_off_the_gate_lock(void **state)
+{
+    (void)state;
+    atap_task m = spawn8(task_value, (void *)(uintptr_t)3), r = ATAP_NO_TASK;
+    summer *s = summer_new(1);
+    uint64_t v;
+
+    assert_true(join8(m) == 3); /* readable: the registration delivers it, here */
+    lock_target = &r;
+    atomic_store(&lock_free, 0);
+    atomic_store(&lock_armed, 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, cancel_at_alloc), 0);
+    assert_int_equal(atap_receive_all(&r, sum_run, s, &m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, NULL), 0);
+    side_call_join(&lock_call);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&lock_armed), 0); /* the round's buffer was allocated */
+    assert_true(atomic_load(&lock_free));
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    assert_int_equal(atap_join(r, &v, 8), ATAP_ECANCELLED);
+    assert_int_equal(atomic_load(&s->runs), 0);
+    atap_release(m);
+    atap_release(r);
+    waited_to_live_back();
+}
+
 /* A waiting task stopped while a run is under way (a cancel, its timeout)
  * or whose at-rate run fails after the series went back to waiting has
  * ended: its forwards close at once, with its handle still held, and a
@@ -2245,6 +2293,7 @@ int main(void)
         T(test_dataflow_receive_all_waits_for_all_again),
         T(test_dataflow_receive_all_member_fails),
         T(test_dataflow_receive_all_no_memory_next_delivery_retries),
+        T(test_dataflow_receive_all_round_buffer_off_the_gate_lock),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
         T(test_dataflow_at_rate_forwards_every_run),
         T(test_dataflow_long_forward_chain_lets_go),
