@@ -731,9 +731,8 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *     test can make the manager go while that hand-over is under way.
  *   atap_inject_alloc_failures: the next n allocations at the sites that
  *     have a fallback for no memory fail as if memory had run out (0 clears
- *     what is still owed): a receive_all round's next buffer, a delivery's
- *     list of the tasks it started, the values a channel's last receiver
- *     drops.
+ *     what is still owed): a receive_all round's next buffer, the values
+ *     a channel's last receiver drops.
  */
 ATAP_EXPORT void atap_inject_manager_faults(unsigned n);
 ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);

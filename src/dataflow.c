@@ -47,7 +47,7 @@
  * every output published after it registered, plus the one readable when
  * it did, exactly once. Lock order: output lock, then list mutex, then a
  * target's gate; a target started by a delivery is kicked after the
- * delivery, with no gate lock held.
+ * delivery, with neither the list mutex nor a gate lock held (struct kicks).
  *
  * atap_join_first and atap_join_all are join.c's.
  */
@@ -91,6 +91,9 @@ struct gate {
     size_t n, nfilled, nclosed;
     uint64_t *filled;      /* n bits */
     unsigned char *gathering;
+    /* on a delivery's list of targets to kick (struct kicks) */
+    struct gate *kick_next;
+    uint32_t kick_gen;
 };
 
 struct reg {
@@ -110,45 +113,41 @@ struct side {
     struct park *_Atomic park; /* park.c */
 };
 
-/* Targets a delivery started, kicked once the locks are let go. */
+/*
+ * Targets a delivery started, kicked once the list mutex and the gates'
+ * locks are let go. They are chained through their gates, so noting one
+ * takes no memory and cannot fail: a list that had to grow used to kick,
+ * when it could not, right there under the source's locks. A gate is on
+ * one list at most, since only the give that moved it IDLE -> BUSY notes
+ * it, and it cannot be IDLE again before its run, which our kick starts:
+ * so its kick_ fields are this thread's alone until then. RUN, ours to
+ * hand over meanwhile, keeps the slot and its gate.
+ */
 struct kicks {
-    unsigned n, cap;
-    uint64_t *more;
-    uint64_t some[8];
+    struct gate *head, *tail;
 };
 
-static void kicks_add(struct kicks *k, uint32_t index, uint32_t gen)
+static void kicks_add(struct kicks *k, struct gate *g, uint32_t gen)
 {
-    uint64_t v = (uint64_t)gen << 32 | index;
-
-    if (k->n < 8) {
-        k->some[k->n++] = v;
-        return;
-    }
-    if (k->n - 8 == k->cap) {
-        unsigned cap = k->cap ? k->cap * 2 : 32;
-        uint64_t *m = FAULT_REALLOC(k->more, cap * sizeof *m);
-        if (!m) { /* no memory to wait: kick it now, under the source's
-                     locks (a kick queues or arms it; only once the runtime
-                     is stopping does it end the task instead) */
-            atap__sched_kick(atap__table_at(index), index, gen);
-            return;
-        }
-        k->more = m;
-        k->cap = cap;
-    }
-    k->more[k->n++ - 8] = v;
+    g->kick_next = NULL;
+    g->kick_gen = gen;
+    if (k->tail)
+        k->tail->kick_next = g;
+    else
+        k->head = g;
+    k->tail = g;
 }
 
 static void kicks_run(struct kicks *k)
 {
-    for (unsigned i = 0; i < k->n; i++) {
-        uint64_t v = i < 8 ? k->some[i] : k->more[i - 8];
-        uint32_t index = (uint32_t)v;
+    struct gate *next;
 
-        atap__sched_kick(atap__table_at(index), index, (uint32_t)(v >> 32));
+    for (struct gate *g = k->head; g; g = next) {
+        uint32_t index = g->index, gen = g->kick_gen;
+
+        next = g->kick_next; /* read before: once kicked it may run, end and go */
+        atap__sched_kick(atap__table_at(index), index, gen);
     }
-    free(k->more);
 }
 
 /* ---- the gate ------------------------------------------------------------ */
@@ -551,7 +550,7 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     let_go_value(g, r);
     if (kick) {
         if (kicks)
-            kicks_add(kicks, index, gen);
+            kicks_add(kicks, g, gen);
         else
             atap__sched_kick(s, index, gen);
     }
@@ -574,8 +573,8 @@ static bool makes_whole(const struct gate *g, const struct reg *r)
  * everything after the lock is taken again looks at it afresh; a buffer
  * allocated and not needed then becomes the spare, or goes after the lock.
  */
-static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const struct reg *r,
-                   const void *bytes, size_t size, struct kicks *kicks)
+static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const void *bytes,
+                   size_t size, struct kicks *kicks)
 {
     struct gate *g = atap__sched_gate(s);
     unsigned char *full = NULL, *fresh = NULL, *old = NULL;
@@ -622,7 +621,7 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
     free(fresh);
     let_go_value(g, ret);
     if (kick)
-        kicks_add(kicks, index, gen);
+        kicks_add(kicks, g, gen);
 }
 
 /* A member of receive_all / receive_any (or a forward) can publish no
@@ -698,7 +697,7 @@ static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
         return;
     r->seen = pub;
     if (g->role == ROLE_ALL)
-        gather(t, r->to, r->to_gen, r, out, size, kicks);
+        gather(t, r->to_gen, r, out, size, kicks);
     else
         offer(t, r->to, r->to_gen, out, false, kicks);
 }

@@ -54,19 +54,13 @@ extern void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
     } while (0)
 /* An allocation at an instrumented site: the ATAP__TEST_ALLOC hook runs
  * first (where the site stands, locks and all), then an owed failure, if
- * any, makes it NULL as malloc / realloc out of memory would. */
+ * any, makes it NULL as malloc out of memory would. */
 static inline void *atap__fault_malloc(size_t n)
 {
     TEST_HOOK(ATAP__TEST_ALLOC);
     return atap__fault_take(&atap__owed_alloc_failures) ? NULL : malloc(n);
 }
-static inline void *atap__fault_realloc(void *p, size_t n)
-{
-    TEST_HOOK(ATAP__TEST_ALLOC);
-    return atap__fault_take(&atap__owed_alloc_failures) ? NULL : realloc(p, n);
-}
 #define FAULT_MALLOC(n) atap__fault_malloc(n)
-#define FAULT_REALLOC(p, n) atap__fault_realloc((p), (n))
 #else
 #define FAULT_WORKER_DIES(blocking) ((void)(blocking), false)
 #define FAULT_SPAWN_REFUSED() false
@@ -75,7 +69,6 @@ static inline void *atap__fault_realloc(void *p, size_t n)
 #define FAULT_ARM_PAUSE_MS() 0u
 #define TEST_HOOK(point) ((void)0)
 #define FAULT_MALLOC(n) malloc(n)
-#define FAULT_REALLOC(p, n) realloc((p), (n))
 #endif
 
 #endif

@@ -1132,6 +1132,63 @@ static void test_dataflow_receive_all_round_buffer_off_the_gate_lock(void **stat
     waited_to_live_back();
 }
 
+/* A delivery that starts many targets kicks each after the source's locks
+ * are let go, memory or not: at the first kick a forward from the source,
+ * which takes its forward list's mutex, goes through. The kick list used
+ * to hold 8 and grow by realloc; with the realloc failing (the injected
+ * failure, which nothing takes now that the list never grows) it kicked
+ * right away, under that mutex. */
+static atap_task lock_source, lock_fed;
+
+static void forward_lock_source(void *arg)
+{
+    (void)arg;
+    CHECK(atap_forward(lock_source, lock_fed) == 0);
+}
+
+static void forward_at_kick(void)
+{
+    if (atomic_exchange(&lock_armed, 0))
+        atomic_store(&lock_free, side_call_returns(&lock_call, forward_lock_source, NULL,
+                                                   ATAP_SEC(2)));
+}
+
+static void test_dataflow_kicks_without_memory_after_the_locks(void **state)
+{
+    (void)state;
+    enum { N = 12 }; /* past the 8 a kick list holds without growing */
+    probe *p = probe_new(8, 1, 0);
+    gate *g = gate_new(42);
+    atap_task to[N];
+
+    lock_source = spawn8(task_gated, g); /* a one-shot: closing its list delivers */
+    for (int i = 0; i < N; i++) {
+        to[i] = spawn_probe(p, (atap_spawn_opts){0});
+        assert_int_equal(atap_forward(lock_source, to[i]), 0);
+    }
+    lock_fed = spawn_probe(p, (atap_spawn_opts){0});
+    atomic_store(&lock_free, 0);
+    atomic_store(&lock_armed, 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_KICK, forward_at_kick), 0);
+    atap_inject_alloc_failures(1);
+    atomic_store(&g->open, 1);
+    for (int i = 0; i < N; i++)
+        JOIN_UNTIL(to[i], 42);
+    JOIN_UNTIL(lock_fed, 42);
+    assert_int_equal(atap__test_on(ATAP__TEST_KICK, NULL), 0);
+    atap_inject_alloc_failures(0);
+    side_call_join(&lock_call);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&lock_armed), 0);
+    assert_true(atomic_load(&lock_free));
+    SETTLE_EXACT(&p->done, N + 1);
+    atap_release(lock_source);
+    for (int i = 0; i < N; i++)
+        atap_release(to[i]);
+    atap_release(lock_fed);
+    waited_to_live_back();
+}
+
 /* A waiting task stopped while a run is under way (a cancel, its timeout)
  * or whose at-rate run fails after the series went back to waiting has
  * ended: its forwards close at once, with its handle still held, and a
@@ -2294,6 +2351,7 @@ int main(void)
         T(test_dataflow_receive_all_member_fails),
         T(test_dataflow_receive_all_no_memory_next_delivery_retries),
         T(test_dataflow_receive_all_round_buffer_off_the_gate_lock),
+        T(test_dataflow_kicks_without_memory_after_the_locks),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
         T(test_dataflow_at_rate_forwards_every_run),
         T(test_dataflow_long_forward_chain_lets_go),
