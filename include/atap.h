@@ -746,6 +746,10 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *   atap_inject_watch_failures: the next n times a signal or path source
  *     is watched again after a report, the watch fails as if the kernel
  *     had no memory (-ENOMEM; 0 clears what is still owed).
+ *   atap_inject_alloc_failures: the next n allocations at the sites that
+ *     have a fallback for no memory fail as if memory had run out (0 clears
+ *     what is still owed): a receive_all round's next buffer, the values
+ *     a channel's last receiver drops.
  */
 ATAP_EXPORT void atap_inject_manager_faults(unsigned n);
 ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);
@@ -753,6 +757,7 @@ ATAP_EXPORT void atap_inject_spawn_refusals(unsigned n);
 ATAP_EXPORT void atap_inject_help_depth(unsigned depth);
 ATAP_EXPORT void atap_inject_arm_pause(unsigned ms);
 ATAP_EXPORT void atap_inject_watch_failures(unsigned n);
+ATAP_EXPORT void atap_inject_alloc_failures(unsigned n);
 #endif
 
 #define ATAP_US(n) ((uint64_t)(n) * 1000u)

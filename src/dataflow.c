@@ -47,7 +47,7 @@
  * every output published after it registered, plus the one readable when
  * it did, exactly once. Lock order: output lock, then list mutex, then a
  * target's gate; a target started by a delivery is kicked after the
- * delivery, with no gate lock held.
+ * delivery, with neither the list mutex nor a gate lock held (struct kicks).
  *
  * atap_join_first and atap_join_all are join.c's.
  */
@@ -60,6 +60,7 @@
 
 #include "atap.h"
 #include "executor.h"
+#include "faults.h"
 #include "park.h"
 #include "pool.h"
 #include "schedule.h"
@@ -90,6 +91,9 @@ struct gate {
     size_t n, nfilled, nclosed;
     uint64_t *filled;      /* n bits */
     unsigned char *gathering;
+    /* on a delivery's list of targets to kick (struct kicks) */
+    struct gate *kick_next;
+    uint32_t kick_gen;
 };
 
 struct reg {
@@ -109,45 +113,41 @@ struct side {
     struct park *_Atomic park; /* park.c */
 };
 
-/* Targets a delivery started, kicked once the locks are let go. */
+/*
+ * Targets a delivery started, kicked once the list mutex and the gates'
+ * locks are let go. They are chained through their gates, so noting one
+ * takes no memory and cannot fail: a list that had to grow used to kick,
+ * when it could not, right there under the source's locks. A gate is on
+ * one list at most, since only the give that moved it IDLE -> BUSY notes
+ * it, and it cannot be IDLE again before its run, which our kick starts:
+ * so its kick_ fields are this thread's alone until then. RUN, ours to
+ * hand over meanwhile, keeps the slot and its gate.
+ */
 struct kicks {
-    unsigned n, cap;
-    uint64_t *more;
-    uint64_t some[8];
+    struct gate *head, *tail;
 };
 
-static void kicks_add(struct kicks *k, uint32_t index, uint32_t gen)
+static void kicks_add(struct kicks *k, struct gate *g, uint32_t gen)
 {
-    uint64_t v = (uint64_t)gen << 32 | index;
-
-    if (k->n < 8) {
-        k->some[k->n++] = v;
-        return;
-    }
-    if (k->n - 8 == k->cap) {
-        unsigned cap = k->cap ? k->cap * 2 : 32;
-        uint64_t *m = realloc(k->more, cap * sizeof *m);
-        if (!m) { /* no memory to wait: kick it now, under the source's
-                     locks (a kick queues or arms it; only once the runtime
-                     is stopping does it end the task instead) */
-            atap__sched_kick(atap__table_at(index), index, gen);
-            return;
-        }
-        k->more = m;
-        k->cap = cap;
-    }
-    k->more[k->n++ - 8] = v;
+    g->kick_next = NULL;
+    g->kick_gen = gen;
+    if (k->tail)
+        k->tail->kick_next = g;
+    else
+        k->head = g;
+    k->tail = g;
 }
 
 static void kicks_run(struct kicks *k)
 {
-    for (unsigned i = 0; i < k->n; i++) {
-        uint64_t v = i < 8 ? k->some[i] : k->more[i - 8];
-        uint32_t index = (uint32_t)v;
+    struct gate *next;
 
-        atap__sched_kick(atap__table_at(index), index, (uint32_t)(v >> 32));
+    for (struct gate *g = k->head; g; g = next) {
+        uint32_t index = g->index, gen = g->kick_gen;
+
+        next = g->kick_next; /* read before: once kicked it may run, end and go */
+        atap__sched_kick(atap__table_at(index), index, gen);
     }
-    free(k->more);
 }
 
 /* ---- the gate ------------------------------------------------------------ */
@@ -550,23 +550,43 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     let_go_value(g, r);
     if (kick) {
         if (kicks)
-            kicks_add(kicks, index, gen);
+            kicks_add(kicks, g, gen);
         else
             atap__sched_kick(s, index, gen);
     }
     return rc;
 }
 
-/* receive_all: member `place` published bytes for this round. */
-static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const struct reg *r,
-                   const void *bytes, size_t size, struct kicks *kicks)
+/* Under the lock: member r's bytes would make the round whole. */
+static bool makes_whole(const struct gate *g, const struct reg *r)
+{
+    bool mine = !(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64)));
+
+    return g->nfilled + mine == g->n;
+}
+
+/*
+ * receive_all: member `place` published bytes for this round. A round made
+ * whole needs a buffer for the next one: the spare, else one allocated as
+ * offer does, with the lock let go (anyone on the gate spins meanwhile).
+ * The gate may move while the lock is out (another member, a cancel), so
+ * everything after the lock is taken again looks at it afresh; a buffer
+ * allocated and not needed then becomes the spare, or goes after the lock.
+ */
+static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const void *bytes,
+                   size_t size, struct kicks *kicks)
 {
     struct gate *g = atap__sched_gate(s);
-    unsigned char *full = NULL, *old = NULL;
+    unsigned char *full = NULL, *fresh = NULL, *old = NULL;
     bool kick = false, old_owned = false;
     struct retired ret;
 
     spin_lock(&g->lock);
+    if (g->state != G_DONE && !g->last && !g->spare && makes_whole(g, r)) {
+        spin_unlock(&g->lock);
+        fresh = FAULT_MALLOC(g->in_size ? g->in_size : 1);
+        spin_lock(&g->lock);
+    }
     if (g->state != G_DONE && !g->last) {
         memcpy(g->gathering + r->offset, bytes, size);
         if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64)))) {
@@ -574,8 +594,12 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
             g->nfilled++;
         }
         if (g->nfilled == g->n) {
-            full = g->spare ? g->spare : malloc(g->in_size ? g->in_size : 1);
-            g->spare = NULL; /* no memory: the next delivery tries again */
+            /* Neither (no memory): the next delivery tries again. */
+            full = g->spare ? g->spare : fresh;
+            if (full == g->spare)
+                g->spare = NULL;
+            else
+                fresh = NULL;
         }
         if (full) {
             /* The round is whole: it becomes the value, and a new round
@@ -588,11 +612,16 @@ static void gather(struct atap_slot *s, uint32_t index, uint32_t gen, const stru
                 g->last = true;
         }
     }
+    if (fresh && !g->spare) { /* not needed after all: kept for the next round */
+        g->spare = fresh;
+        fresh = NULL;
+    }
     ret = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
+    free(fresh);
     let_go_value(g, ret);
     if (kick)
-        kicks_add(kicks, index, gen);
+        kicks_add(kicks, g, gen);
 }
 
 /* A member of receive_all / receive_any (or a forward) can publish no
@@ -668,7 +697,7 @@ static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
         return;
     r->seen = pub;
     if (g->role == ROLE_ALL)
-        gather(t, r->to, r->to_gen, r, out, size, kicks);
+        gather(t, r->to_gen, r, out, size, kicks);
     else
         offer(t, r->to, r->to_gen, out, false, kicks);
 }

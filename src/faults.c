@@ -18,6 +18,7 @@ _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
 _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit = HELP_DEPTH;
 _Atomic unsigned atap__owed_arm_pause_ms;
 _Atomic unsigned atap__owed_watch_failures;
+_Atomic unsigned atap__owed_alloc_failures;
 
 void atap_inject_thread_deaths(unsigned workers, unsigned blocking)
 {
@@ -44,6 +45,11 @@ void atap_inject_arm_pause(unsigned ms)
 void atap_inject_watch_failures(unsigned n)
 {
     st_relaxed(&atap__owed_watch_failures, n);
+}
+
+void atap_inject_alloc_failures(unsigned n)
+{
+    st_relaxed(&atap__owed_alloc_failures, n);
 }
 
 void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);

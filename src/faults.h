@@ -7,6 +7,7 @@
 #define ATAP_FAULTS_H
 
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "atomics.h"
 #include "testing.h"
@@ -17,6 +18,7 @@
 extern _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
 extern _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit, atap__owed_arm_pause_ms;
 extern _Atomic unsigned atap__owed_watch_failures;
+extern _Atomic unsigned atap__owed_alloc_failures;
 
 /* Takes one owed fault, if any. */
 static inline bool atap__fault_take(_Atomic unsigned *owed)
@@ -53,6 +55,15 @@ extern void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
         if (unlikely(hook_ != NULL))                                                               \
             hook_();                                                                               \
     } while (0)
+/* An allocation at an instrumented site: the ATAP__TEST_ALLOC hook runs
+ * first (where the site stands, locks and all), then an owed failure, if
+ * any, makes it NULL as malloc out of memory would. */
+static inline void *atap__fault_malloc(size_t n)
+{
+    TEST_HOOK(ATAP__TEST_ALLOC);
+    return atap__fault_take(&atap__owed_alloc_failures) ? NULL : malloc(n);
+}
+#define FAULT_MALLOC(n) atap__fault_malloc(n)
 #else
 #define FAULT_WORKER_DIES(blocking) ((void)(blocking), false)
 #define FAULT_SPAWN_REFUSED() false
@@ -61,6 +72,7 @@ extern void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
 #define HELP_LIMIT() HELP_DEPTH
 #define FAULT_ARM_PAUSE_MS() 0u
 #define TEST_HOOK(point) ((void)0)
+#define FAULT_MALLOC(n) malloc(n)
 #endif
 
 #endif

@@ -44,7 +44,9 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_PARK_FIRE     a park record's timer fired, its claim word
  *                            and deadline read, before it claims (park.c);
  *   ATAP__TEST_KICK          a waiting task's start admitted, before it is
- *                            queued or armed (schedule.c). */
+ *                            queued or armed (schedule.c);
+ *   ATAP__TEST_ALLOC         an allocation at a site atap_inject_alloc_failures
+ *                            reaches, before it is made (faults.h). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
@@ -54,6 +56,7 @@ enum {
     ATAP__TEST_PARK_TIMED,
     ATAP__TEST_PARK_FIRE,
     ATAP__TEST_KICK,
+    ATAP__TEST_ALLOC,
     ATAP__TEST_POINTS
 };
 

@@ -991,7 +991,7 @@ static void test_channel_timed_out_waiters_pruned(void **state)
  * channel, freed by the sender's close, is not read meanwhile (it was:
  * ASan saw a use after free). The first elem_free holds until the other
  * close is done. */
-static atomic_int uaf_frees, uaf_go, uaf_closed;
+static atomic_int uaf_frees, uaf_go, uaf_closed, uaf_in_time;
 static atap_chan *uaf_ch;
 
 static void uaf_elem_free(void *v)
@@ -1002,6 +1002,7 @@ static void uaf_elem_free(void *v)
         uint64_t end = now_ns() + ATAP_SEC(5);
         while (!atomic_load(&uaf_closed) && now_ns() < end)
             sleep_us(100);
+        atomic_store(&uaf_in_time, atomic_load(&uaf_closed)); /* the lock was not ours */
     }
 }
 
@@ -1016,21 +1017,103 @@ static void *uaf_close_sender(void *arg)
     return NULL;
 }
 
-static void test_channel_close_receiver_vs_last_sender(void **state)
+/* no_memory: the values cannot be copied out (atap_inject_alloc_failures). */
+static void close_receiver_vs_last_sender(bool no_memory)
 {
-    (void)state;
     atomic_store(&uaf_frees, 0);
     atomic_store(&uaf_go, 0);
     atomic_store(&uaf_closed, 0);
+    atomic_store(&uaf_in_time, 0);
     uaf_ch = open_chan(sizeof(uint64_t), 0, uaf_elem_free);
     send_u64(uaf_ch, 1);
     send_u64(uaf_ch, 2);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, uaf_close_sender, NULL), 0);
+    atap_inject_alloc_failures(no_memory ? 1 : 0);
     atap_chan_close_receiver(uaf_ch);
+    atap_inject_alloc_failures(0);
     pthread_join(th, NULL);
     assert_int_equal(atomic_load(&uaf_frees), 2);
     assert_int_equal(atomic_load(&uaf_closed), 1);
+    assert_int_equal(atomic_load(&uaf_in_time), 1);
+}
+
+static void test_channel_close_receiver_vs_last_sender(void **state)
+{
+    (void)state;
+    close_receiver_vs_last_sender(false);
+}
+
+/* With no memory to copy the values out, the last receiver's close still
+ * calls elem_free with the channel's lock let go: at the first call
+ * atap_chan_len, which takes the lock, returns; each value goes once,
+ * read right from a ring that wrapped; the channel takes values again
+ * once a receiver is added. It used to call elem_free under the lock.
+ * And the last sender's close may free the channel meanwhile, as above. */
+static atap_chan *nomem_ch;
+static atomic_int nomem_armed, nomem_free;
+static side_call nomem_call;
+
+static void len_of_nomem_ch(void *arg)
+{
+    (void)arg;
+    (void)atap_chan_len(nomem_ch);
+}
+
+static void probing_u64_free(void *value)
+{
+    u64_free(value);
+    if (atomic_exchange(&nomem_armed, 0))
+        atomic_store(&nomem_free, side_call_returns(&nomem_call, len_of_nomem_ch, NULL,
+                                                    ATAP_SEC(2)));
+}
+
+static void test_channel_close_receiver_no_memory_drops_off_the_lock(void **state)
+{
+    (void)state;
+    uint64_t v = 0;
+
+    reset_counts();
+    nomem_ch = open_chan(sizeof(uint64_t), 4, probing_u64_free);
+    for (uint64_t i = 1; i <= 4; i++)
+        send_u64(nomem_ch, i);
+    atap_task r = spawn_recv(nomem_ch);
+    assert_int_equal(atap_take(r, &v, sizeof v), 0);
+    assert_true(v == 1);
+    atap_release(r);
+    waited_to_live_back(); /* its receiver end gone */
+    send_u64(nomem_ch, 5); /* the ring wraps: 5 2 3 4, from the second */
+    atomic_store(&nomem_free, 0);
+    atomic_store(&nomem_armed, 1);
+    atap_inject_alloc_failures(1);
+    atap_chan_close_receiver(nomem_ch); /* the last; our sender end keeps it */
+    atap_inject_alloc_failures(0);
+    side_call_join(&nomem_call);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&nomem_armed), 0);
+    assert_true(atomic_load(&nomem_free));
+    assert_int_equal(atomic_load(&g_frees), 4);
+    assert_int_equal(atomic_load(&g_freed[1]), 0);
+    for (int i = 2; i <= 5; i++)
+        assert_int_equal(atomic_load(&g_freed[i]), 1);
+    assert_int_equal(atap_chan_len(nomem_ch), 0);
+    v = 6;
+    assert_int_equal(atap_chan_send(nomem_ch, &v), ATAP_ECLOSED);
+    assert_int_equal(atomic_load(&g_freed[6]), 1);
+
+    assert_int_equal(atap_chan_add_receiver(nomem_ch), 0);
+    for (uint64_t i = 7; i <= 10; i++)
+        send_u64(nomem_ch, i);
+    v = 11;
+    assert_int_equal(atap_chan_send(nomem_ch, &v), ATAP_ENOTREADY); /* still bounded at 4 */
+    assert_int_equal(atap_chan_len(nomem_ch), 4);
+    atap_chan_close_receiver(nomem_ch);
+    assert_int_equal(atomic_load(&g_frees), 9);
+    for (int i = 7; i <= 10; i++)
+        assert_int_equal(atomic_load(&g_freed[i]), 1);
+    atap_chan_close_sender(nomem_ch);
+
+    close_receiver_vs_last_sender(true);
 }
 
 /* ---- 11. bad arguments --------------------------------------------------------- */
@@ -1700,6 +1783,7 @@ int main(void)
         T(test_channel_task_timeouts),
         T(test_channel_timed_out_waiters_pruned),
         T(test_channel_close_receiver_vs_last_sender),
+        T(test_channel_close_receiver_no_memory_drops_off_the_lock),
         T(test_channel_bad_arguments),
         T(test_channel_spawn_without_runtime),
         T(test_channel_leak_check),

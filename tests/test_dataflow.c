@@ -1041,6 +1041,154 @@ static void test_dataflow_receive_all_member_fails(void **state)
     waited_to_live_back();
 }
 
+/* ---- no memory, and what runs where (ATAP__TEST_ALLOC) ------------------- */
+
+static atomic_int allocs;
+
+static void count_alloc(void)
+{
+    atomic_fetch_add(&allocs, 1);
+}
+
+/* A round made whole when no buffer can be had for the next one waits,
+ * whole: the next delivery tries again, and the round it completes (with
+ * the newest bytes) is the one the receiver runs on. */
+static void test_dataflow_receive_all_no_memory_next_delivery_retries(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atap_task m = spawn_probe(p, (atap_spawn_opts){0}), r;
+    summer *s = summer_new(1);
+    uint64_t in = 5;
+
+    assert_int_equal(atap_receive_all(&r, sum_run, s, &m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
+    atomic_store(&allocs, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, count_alloc), 0);
+    atap_inject_alloc_failures(1);
+    assert_int_equal(atap_give(m, &in, 8), 0);
+    JOIN_UNTIL(m, 5);
+    assert_true(wait_atomic_at_least(&allocs, 1, ATAP_SEC(10))); /* the round's buffer: refused */
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&s->runs), 0);
+
+    in = 7;
+    assert_int_equal(atap_give(m, &in, 8), 0);
+    JOIN_UNTIL(r, 7);
+    SETTLE_EXACT(&s->runs, 1);
+    assert_int_equal(atomic_load(&s->bad_size), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, NULL), 0);
+    atap_inject_alloc_failures(0);
+    atap_release(m);
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    atap_release(r);
+    waited_to_live_back();
+}
+
+/* A receive_all round made whole with no spare buffer allocates the next
+ * round's with the gate's spin lock let go: at that allocation a cancel of
+ * the receiver, which takes the lock, goes through (and the round, which
+ * then finds the gate DONE, starts nothing). The malloc used to be made
+ * under the lock, and everyone on the gate spun through it. */
+static atap_task *lock_target;
+static atomic_int lock_armed, lock_free;
+static side_call lock_call;
+
+static void cancel_lock_target(void *arg)
+{
+    (void)arg;
+    CHECK(atap_cancel(*lock_target) == 0);
+}
+
+static void cancel_at_alloc(void)
+{
+    if (atomic_exchange(&lock_armed, 0))
+        atomic_store(&lock_free, side_call_returns(&lock_call, cancel_lock_target, NULL,
+                                                   ATAP_SEC(2)));
+}
+
+static void test_dataflow_receive_all_round_buffer_off_the_gate_lock(void **state)
+{
+    (void)state;
+    atap_task m = spawn8(task_value, (void *)(uintptr_t)3), r = ATAP_NO_TASK;
+    summer *s = summer_new(1);
+    uint64_t v;
+
+    assert_true(join8(m) == 3); /* readable: the registration delivers it, here */
+    lock_target = &r;
+    atomic_store(&lock_free, 0);
+    atomic_store(&lock_armed, 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, cancel_at_alloc), 0);
+    assert_int_equal(atap_receive_all(&r, sum_run, s, &m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, NULL), 0);
+    side_call_join(&lock_call);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&lock_armed), 0); /* the round's buffer was allocated */
+    assert_true(atomic_load(&lock_free));
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    assert_int_equal(atap_join(r, &v, 8), ATAP_ECANCELLED);
+    assert_int_equal(atomic_load(&s->runs), 0);
+    atap_release(m);
+    atap_release(r);
+    waited_to_live_back();
+}
+
+/* A delivery that starts many targets kicks each after the source's locks
+ * are let go, memory or not: at the first kick a forward from the source,
+ * which takes its forward list's mutex, goes through. The kick list used
+ * to hold 8 and grow by realloc; with the realloc failing (the injected
+ * failure, which nothing takes now that the list never grows) it kicked
+ * right away, under that mutex. */
+static atap_task lock_source, lock_fed;
+
+static void forward_lock_source(void *arg)
+{
+    (void)arg;
+    CHECK(atap_forward(lock_source, lock_fed) == 0);
+}
+
+static void forward_at_kick(void)
+{
+    if (atomic_exchange(&lock_armed, 0))
+        atomic_store(&lock_free, side_call_returns(&lock_call, forward_lock_source, NULL,
+                                                   ATAP_SEC(2)));
+}
+
+static void test_dataflow_kicks_without_memory_after_the_locks(void **state)
+{
+    (void)state;
+    enum { N = 12 }; /* past the 8 a kick list holds without growing */
+    probe *p = probe_new(8, 1, 0);
+    gate *g = gate_new(42);
+    atap_task to[N];
+
+    lock_source = spawn8(task_gated, g); /* a one-shot: closing its list delivers */
+    for (int i = 0; i < N; i++) {
+        to[i] = spawn_probe(p, (atap_spawn_opts){0});
+        assert_int_equal(atap_forward(lock_source, to[i]), 0);
+    }
+    lock_fed = spawn_probe(p, (atap_spawn_opts){0});
+    atomic_store(&lock_free, 0);
+    atomic_store(&lock_armed, 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_KICK, forward_at_kick), 0);
+    atap_inject_alloc_failures(1);
+    atomic_store(&g->open, 1);
+    for (int i = 0; i < N; i++)
+        JOIN_UNTIL(to[i], 42);
+    JOIN_UNTIL(lock_fed, 42);
+    assert_int_equal(atap__test_on(ATAP__TEST_KICK, NULL), 0);
+    atap_inject_alloc_failures(0);
+    side_call_join(&lock_call);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&lock_armed), 0);
+    assert_true(atomic_load(&lock_free));
+    SETTLE_EXACT(&p->done, N + 1);
+    atap_release(lock_source);
+    for (int i = 0; i < N; i++)
+        atap_release(to[i]);
+    atap_release(lock_fed);
+    waited_to_live_back();
+}
+
 /* A waiting task stopped while a run is under way (a cancel, its timeout)
  * or whose at-rate run fails after the series went back to waiting has
  * ended: its forwards close at once, with its handle still held, and a
@@ -2201,6 +2349,9 @@ int main(void)
         T(test_dataflow_receive_all_nested),
         T(test_dataflow_receive_all_waits_for_all_again),
         T(test_dataflow_receive_all_member_fails),
+        T(test_dataflow_receive_all_no_memory_next_delivery_retries),
+        T(test_dataflow_receive_all_round_buffer_off_the_gate_lock),
+        T(test_dataflow_kicks_without_memory_after_the_locks),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
         T(test_dataflow_at_rate_forwards_every_run),
         T(test_dataflow_long_forward_chain_lets_go),

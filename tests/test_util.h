@@ -472,4 +472,55 @@ static inline void barrier_wait(test_barrier *b)
         sched_yield();
 }
 
+/* ---- does a call go through from where this thread stands? ------------ */
+
+/*
+ * For a callback or hook that runs inside the library (on any thread):
+ * side_call_returns runs fn(arg) on a thread of its own and waits up to
+ * timeout_ns for it to return. True if it did, so nothing fn needs (a lock
+ * of the library's, say) is held where the caller stands. Either way
+ * side_call_join must follow once the caller has moved on: a call that
+ * could not finish goes on when what it waited for is let go.
+ */
+typedef struct side_call {
+    pthread_t th;
+    void (*fn)(void *);
+    void *arg;
+    atomic_int done;
+    bool started;
+} side_call;
+
+static inline void *side_call_main(void *p)
+{
+    side_call *c = p;
+    c->fn(c->arg);
+    atomic_store_explicit(&c->done, 1, memory_order_release);
+    return NULL;
+}
+
+static inline bool side_call_returns(side_call *c, void (*fn)(void *), void *arg,
+                                     uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+
+    c->fn = fn;
+    c->arg = arg;
+    atomic_store(&c->done, 0);
+    if (!(c->started = pthread_create(&c->th, NULL, side_call_main, c) == 0))
+        return false;
+    while (!atomic_load_explicit(&c->done, memory_order_acquire)) {
+        if (now_ns() > end)
+            return false;
+        sleep_us(100);
+    }
+    return true;
+}
+
+static inline void side_call_join(side_call *c)
+{
+    if (c->started)
+        pthread_join(c->th, NULL);
+    c->started = false;
+}
+
 #endif

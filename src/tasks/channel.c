@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "../executor.h"
+#include "../faults.h"
 #include "../park.h"
 #include "../slot.h"
 #include "../table.h"
@@ -262,8 +263,8 @@ void atap_chan_close_sender(atap_chan *ch)
 void atap_chan_close_receiver(atap_chan *ch)
 {
     struct waiter *wake = NULL;
-    unsigned char *dropped = NULL;
-    size_t ndropped = 0, elem;
+    unsigned char *drop = NULL;
+    size_t ndrop = 0, drop_cap = 0, drop_head = 0, elem;
     void (*elem_free)(void *);
     bool gone;
 
@@ -274,22 +275,34 @@ void atap_chan_close_receiver(atap_chan *ch)
     elem = ch->elem;
     elem_free = ch->elem_free;
     if (--ch->receivers == 0) {
-        /* Nothing can be received now: values left go, senders hear. */
-        if (ch->len && ch->elem_free && (dropped = malloc(ch->len * ch->elem)))
-            for (; ch->len; ndropped++)
-                pop(ch, dropped + ndropped * ch->elem);
-        while (ch->len && !dropped) {
-            if (ch->elem_free)
-                ch->elem_free(at(ch, 0)); /* no memory to move them out: here */
-            pop(ch, NULL);
+        /* Nothing can be received now: values left go, senders hear. The
+         * values are moved out, to go to elem_free after the lock (a user
+         * callback, never under it): copied, or with no memory for that,
+         * the ring itself is taken. Nothing is pushed into the ring with
+         * no receiver; a send after one is added again starts a new ring. */
+        if (ch->len && elem_free) {
+            if ((drop = FAULT_MALLOC(ch->len * elem)) != NULL) {
+                for (drop_cap = ch->len; ch->len; ndrop++)
+                    pop(ch, drop + ndrop * elem);
+            } else {
+                drop = ch->ring;
+                drop_cap = ch->ring_cap;
+                drop_head = ch->head;
+                ndrop = ch->len;
+                ch->ring = NULL;
+                ch->ring_cap = ch->head = ch->len = 0;
+            }
         }
+        while (ch->len)
+            pop(ch, NULL);
         wake = take_all(&ch->send_wait);
     }
     gone = ch->senders == 0 && ch->receivers == 0;
     pthread_mutex_unlock(&ch->lock);
-    for (size_t i = 0; i < ndropped; i++)
-        elem_free(dropped + i * elem);
-    free(dropped);
+    /* Ours alone now: a copy, or a ring ch no longer points to. */
+    for (size_t i = 0; i < ndrop; i++)
+        elem_free(drop + ((drop_head + i) % drop_cap) * elem);
+    free(drop);
     wake_list(wake);
     if (gone)
         chan_free(ch);
