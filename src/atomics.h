@@ -62,18 +62,23 @@ typedef struct atap_spin {
     _Atomic uint32_t held;
 } atap_spin;
 
+/* One round of waiting for a lock's holder: a pause for the first 64,
+ * then the CPU given up each time (the holder may be preempted). */
+static inline void spin_pause(unsigned *spins)
+{
+    if (++*spins < 64)
+        cpu_relax();
+    else
+        sched_yield();
+}
+
 static inline void spin_lock(atap_spin *l)
 {
     unsigned spins = 0;
 
-    while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire) != 0) {
-        while (ld_relaxed(&l->held) != 0) {
-            if (++spins < 64)
-                cpu_relax();
-            else
-                sched_yield();
-        }
-    }
+    while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire) != 0)
+        while (ld_relaxed(&l->held) != 0)
+            spin_pause(&spins);
 }
 
 static inline void spin_unlock(atap_spin *l)

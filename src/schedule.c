@@ -24,9 +24,11 @@
  *
  * A repeat's run writes into `scratch`; publishing copies it to the slot's
  * output under `out_lock` (a spin reader-writer word: readers count up, the
- * publisher holds WRITER), so a join or take never reads a half-written
- * output, and a take that moved an output out is never overwritten by the
- * copy it saw (it checks READY and moves to TAKEN under the read lock).
+ * publisher holds WRITER; either side waiting pauses, then yields, since
+ * the publisher also delivers the output to forwards under it), so a join
+ * or take never reads a half-written output, and a take that moved an
+ * output out is never overwritten by the copy it saw (it checks READY and
+ * moves to TAKEN under the read lock).
  *
  * When the manager stops taking timers (shutdown, or its supervisor gave
  * up), an arm that lands afterwards is disarmed again by its caller, and
@@ -609,11 +611,12 @@ void atap__sched_run_started(struct atap_slot *p)
 static void out_write_lock(struct sched *c)
 {
     uint32_t unlocked = 0;
+    unsigned spins = 0;
 
     while (!atomic_compare_exchange_weak_explicit(&c->out_lock, &unlocked, OUT_WRITER,
                                                   memory_order_acquire, memory_order_relaxed)) {
         unlocked = 0;
-        cpu_relax();
+        spin_pause(&spins);
     }
 }
 
@@ -921,6 +924,7 @@ void atap__sched_read_lock(struct atap_slot *s)
 {
     struct sched *c = sched_of(s);
     uint32_t cur = ld_relaxed(&c->out_lock);
+    unsigned spins = 0;
 
     if (c->kind == ATAP_ONCE && !c->gate)
         return;
@@ -929,7 +933,7 @@ void atap__sched_read_lock(struct atap_slot *s)
             atomic_compare_exchange_weak_explicit(&c->out_lock, &cur, cur + 1,
                                                   memory_order_acquire, memory_order_relaxed))
             return;
-        cpu_relax();
+        spin_pause(&spins); /* a writer may be delivering forwards */
         cur = ld_relaxed(&c->out_lock);
     }
 }
