@@ -5,7 +5,7 @@
  *
  * The gate. A task that waits for gives has a `struct gate` (through its
  * schedule) holding its values and what a give may start, all under the
- * gate's mutex, a leaf lock: nothing else is taken while it is held.
+ * gate's spin lock, a leaf lock: nothing else is taken while it is held.
  *   IDLE  nothing under way; the gate holds the task's RUN reference.
  *   BUSY  a run or a series is queued, armed or running; RUN is with it.
  *         `claimed` once the run took its value: until then a give only
