@@ -744,8 +744,11 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *     to a timer stops for ms milliseconds right after (0 clears it), so a
  *     test can make the manager go while that hand-over is under way.
  *   atap_inject_watch_failures: the next n times a signal or path source
- *     is watched again after a report, the watch fails as if the kernel
- *     had no memory (-ENOMEM; 0 clears what is still owed).
+ *     is watched again after a report, or a parked fd is watched again for
+ *     the parks still waiting on it (after a report, a park leaving, or a
+ *     manager restart), the watch fails as if the kernel had no memory
+ *     (-ENOMEM; 0 clears what is still owed). A park's own first watch of
+ *     an fd never fails so.
  */
 ATAP_EXPORT void atap_inject_manager_faults(unsigned n);
 ATAP_EXPORT void atap_inject_thread_deaths(unsigned workers, unsigned blocking);

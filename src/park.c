@@ -80,6 +80,7 @@
 #include "atomics.h"
 #include "dataflow.h"
 #include "executor.h"
+#include "faults.h"
 #include "manager.h"
 #include "poller.h"
 #include "pool.h"
@@ -217,14 +218,16 @@ static unsigned wanted(const struct fdw *f)
     return ev;
 }
 
-/* fd_lock held: the fd's watch follows its waiters. */
-static int rewatch(struct fdw *f)
+/* fd_lock held: the fd's watch follows its waiters. again: a watch renewed
+ * for the parks already waiting (after a report, or a park leaving), where
+ * a fault may be injected; not a joining park's own. */
+static int rewatch(struct fdw *f, bool again)
 {
     struct atap_poller *mp = atap__manager_poller();
     unsigned ev = wanted(f);
 
     if (ev)
-        return atap__poller_watch(mp, f->fd, ev, f);
+        return again && FAULT_WATCH_FAILS() ? -ENOMEM : atap__poller_watch(mp, f->fd, ev, f);
     atap__poller_unwatch(mp, f->fd); /* -EBADF for a closed fd: nothing to undo */
     return 0;
 }
@@ -293,7 +296,7 @@ static void tail_unlink(uint32_t index)
             x = ld_relaxed(link_of(x - 1));
         st_relaxed(link_of(x - 1), ld_relaxed(link_of(index)));
     }
-    rewatch(f);
+    rewatch(f, true);
 }
 
 /* The one claimant's work for a tail fd park (linked: still on its list). */
@@ -339,7 +342,7 @@ static void tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
         linked = true;
-        if (rewatch(f) < 0) { /* not watchable: its next read says why */
+        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             linked = false;
             by = BY_READY;
@@ -377,10 +380,10 @@ static int fd_add(struct park *p)
         p->fd_next = f->waiters;
         f->waiters = p;
         p->on_fd = true;
-        if ((rc = rewatch(f)) < 0) {
+        if ((rc = rewatch(f, false)) < 0) {
             f->waiters = p->fd_next;
             p->on_fd = false;
-            rewatch(f);
+            rewatch(f, true);
         }
     }
     pthread_mutex_unlock(&fd_lock);
@@ -401,7 +404,7 @@ static void fd_remove(struct park *p)
             at = &(*at)->fd_next;
         *at = p->fd_next;
         p->on_fd = false;
-        rewatch(fdtab[p->fd]);
+        rewatch(fdtab[p->fd], true);
     }
     pthread_mutex_unlock(&fd_lock);
 }
@@ -457,7 +460,7 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
     if (f->waiters || f->tails) /* one-shot: the rest are watched again; with
                                    none left the watch is spent already, and
                                    the fd may be closed */
-        rewatch(f);
+        rewatch(f, true);
     pthread_mutex_unlock(&fd_lock);
     while (tready) {
         uint32_t next = ld_relaxed(link_of(tready - 1));
@@ -609,7 +612,7 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
         atomic_fetch_or_explicit(&s->out.park.claim, T_LINKED, memory_order_relaxed);
-        if (rewatch(f) < 0) { /* not watchable: its next read says why */
+        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             by = BY_READY, got = ATAP_ERROR;
         }
@@ -1056,7 +1059,7 @@ void atap__park_rearm(void)
     pthread_mutex_lock(&fd_lock);
     for (size_t fd = 0; fd < fdcap; fd++)
         if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails))
-            rewatch(fdtab[fd]);
+            rewatch(fdtab[fd], true);
     pthread_mutex_unlock(&fd_lock);
     atap__sources_rearm();
 }
