@@ -575,7 +575,11 @@ ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);
  * and atap_resume_reason() / atap_resume_events() saying why.
  * Returns 0; ATAP_EINVAL for a NULL ctx (atap_block, or outside a task), no
  * events or unknown bits, a negative fd, or a second park call in one run.
- * An fd that is not open resumes at once with ATAP_ERROR.
+ * An fd that is not open resumes at once with ATAP_ERROR. If the watch on
+ * fd cannot be renewed for the tasks still parked on it (the kernel out of
+ * memory), the manager tries again at each of its ticks (every 10 ms)
+ * until a watch holds, and meanwhile looks at fd itself at each tick: no
+ * readiness is lost, the resume only comes up to a tick late.
  * Blocks: no.
  */
 ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns);
@@ -744,8 +748,12 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *     to a timer stops for ms milliseconds right after (0 clears it), so a
  *     test can make the manager go while that hand-over is under way.
  *   atap_inject_watch_failures: the next n times a signal or path source
- *     is watched again after a report, the watch fails as if the kernel
- *     had no memory (-ENOMEM; 0 clears what is still owed).
+ *     is watched again after a report, or a parked fd is watched again for
+ *     the parks still waiting on it (after a report, a park leaving, a
+ *     manager restart, or a manager tick trying again a watch that
+ *     failed), the watch fails as if the kernel had no memory (-ENOMEM; 0
+ *     clears what is still owed). A park's own first watch of an fd never
+ *     fails so.
  *   atap_inject_alloc_failures: the next n allocations at the sites that
  *     have a fallback for no memory fail as if memory had run out (0 clears
  *     what is still owed): a receive_all round's next buffer, the values

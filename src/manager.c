@@ -1,8 +1,9 @@
 /*
  * The manager: the one thread that owns time. It sleeps in the event backend
  * until the earliest timer or a wake, fires the timers that are due, and
- * every MANAGER_TICK applies the pool policy (atap__pool_tick) and reads
- * any signal or path source whose watch failed (atap__sources_retry). It
+ * every MANAGER_TICK applies the pool policy (atap__pool_tick), reads any
+ * signal or path source whose watch failed (atap__sources_retry) and
+ * watches again any parked fd whose watch failed (atap__park_retry). It
  * never runs a task. The pool finds its own work whether a manager runs or
  * not, and its tick goes on without one (below).
  *
@@ -101,6 +102,7 @@ static bool manager_life(void)
         if (now >= next_tick) {
             atap__pool_tick(now);
             atap__sources_retry(); /* a source whose watch failed (sources.c) */
+            atap__park_retry();    /* a parked fd whose watch failed */
             next_tick = now + MANAGER_TICK_NS;
         }
         wake_at = wake_at < next_tick ? wake_at : next_tick;

@@ -41,6 +41,34 @@
  * the process's life, since the poller may still report it): its waiter
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
+ *
+ * An fd whose watch fails (the kernel out of memory, say) is deaf: after a
+ * report its one-shot watch is spent, so nothing says the parks still
+ * waiting on it will be told of it again. rewatch() puts such an fdw on
+ * deaf_fds, under fd_lock, the lock of its waiter list and of every watch
+ * of it, and every manager tick (atap__park_retry) watches each deaf fd
+ * again, under fd_lock too. A watch that holds is level-triggered: it
+ * reports what is ready now, so nothing is lost, only late by a tick at
+ * most. One that fails again leaves the fd deaf for the next tick, and the
+ * tick looks at the fd itself (poll(2), which does not wait) and claims
+ * the parks it finds ready as a report would have (a closed fd reads ERR:
+ * its parks resume with ATAP_ERROR rather than wait for a watch that can
+ * never hold). The tick claims through the same CAS as anyone, so a park a
+ * cancel, a deadline or a report took is not claimed again, and whoever
+ * won takes it off the list under fd_lock, which watches the fd again for
+ * the rest; it runs on the manager thread, as reports do, so it may take a
+ * timed park out of the wheel. A mark never outlives its fd's parks: any
+ * watch of the fd that holds, or that finds nobody left to watch for, and
+ * a report that leaves nobody on the fd, take it off the list; and the
+ * list holds only fds whose last watch failed, so a tick with none deaf
+ * costs one relaxed load. A joining park's own watch that fails resumes
+ * that park at once with ATAP_ERROR, and the watch then renewed for the
+ * others decides whether the fd is deaf. The list outlives a manager's
+ * death: the restart's watch of every parked fd (atap__park_rearm) clears
+ * or keeps each mark, and the next manager's ticks go on. Once no manager
+ * will run again (fd_closed, set with the list emptied under fd_lock) no
+ * fd is marked: every park is being written off, and no tick would retry.
+ * All of this is park.c's, so every backend behaves alike.
  * Parks in the slot itself (below: "the park wheel" for deadlines, "fd
  * parks in the slot tail" for fds) cost nothing beyond the slot; signals,
  * paths, the runtime's own wakes, and tasks whose output fills the tail use
@@ -64,14 +92,15 @@
  *
  * Signals and path changes are sources of their own (sources.c), which
  * claim and complete parks through atap__park_claim / atap__park_complete.
- * Locks: fd_lock (every fd's waiter list), reg_lock (the registry of armed
- * parks), sources.c's src_lock (its lists), never two at once, and none
- * while completing.
+ * Locks: fd_lock (every fd's waiter list, watch and deaf mark), reg_lock
+ * (the registry of armed parks), sources.c's src_lock (its lists), never
+ * two at once, and none while completing.
  */
 #include "park.h"
 #include "park_int.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +109,7 @@
 #include "atomics.h"
 #include "dataflow.h"
 #include "executor.h"
+#include "faults.h"
 #include "manager.h"
 #include "poller.h"
 #include "pool.h"
@@ -96,8 +126,10 @@ _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_W
 
 struct fdw {
     int fd;
-    struct park *waiters; /* parks with a record (park.c's struct park) */
-    uint32_t tails;       /* parks in the slot tail: slot index + 1, on `link` */
+    bool deaf;             /* fd_lock: its last watch failed; on deaf_fds (see the top) */
+    struct fdw *deaf_next; /* deaf_fds, fd_lock */
+    struct park *waiters;  /* parks with a record (park.c's struct park) */
+    uint32_t tails;        /* parks in the slot tail: slot index + 1, on `link` */
 };
 
 /* The claim word of a park in the slot tail: state | events wanted << 8 |
@@ -115,6 +147,11 @@ static bool fd_closed; /* fd_lock: no manager will run again */
 static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct fdw **fdtab;
 static size_t fdcap;
+/* The deaf fds (see the top): written under fd_lock only; the tick's
+ * unlocked look at the head is only a filter (relaxed: what it finds it
+ * reads again under fd_lock, and a head it misses it meets at its next
+ * tick). */
+static struct fdw *_Atomic deaf_fds;
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct park *armed_parks;
@@ -217,16 +254,43 @@ static unsigned wanted(const struct fdw *f)
     return ev;
 }
 
-/* fd_lock held: the fd's watch follows its waiters. */
-static int rewatch(struct fdw *f)
+/* fd_lock held: f goes on deaf_fds, or off it. */
+static void set_deaf(struct fdw *f, bool deaf)
+{
+    struct fdw *x;
+
+    if (f->deaf == deaf)
+        return;
+    f->deaf = deaf;
+    if (deaf) {
+        f->deaf_next = ld_relaxed(&deaf_fds);
+        st_relaxed(&deaf_fds, f);
+    } else if ((x = ld_relaxed(&deaf_fds)) == f) {
+        st_relaxed(&deaf_fds, f->deaf_next);
+    } else { /* deaf fds are few: a walk */
+        while (x->deaf_next != f)
+            x = x->deaf_next;
+        x->deaf_next = f->deaf_next;
+    }
+}
+
+/* fd_lock held: the fd's watch follows its waiters; one that fails leaves
+ * the fd deaf, unless no manager will run again (see the top). again: a
+ * watch renewed for the parks already waiting (after a report, a park
+ * leaving, a restart, a tick's retry), where a fault may be injected; not
+ * a joining park's own. */
+static int rewatch(struct fdw *f, bool again)
 {
     struct atap_poller *mp = atap__manager_poller();
     unsigned ev = wanted(f);
+    int rc = 0;
 
     if (ev)
-        return atap__poller_watch(mp, f->fd, ev, f);
-    atap__poller_unwatch(mp, f->fd); /* -EBADF for a closed fd: nothing to undo */
-    return 0;
+        rc = again && FAULT_WATCH_FAILS() ? -ENOMEM : atap__poller_watch(mp, f->fd, ev, f);
+    else
+        atap__poller_unwatch(mp, f->fd); /* -EBADF for a closed fd: nothing to undo */
+    set_deaf(f, rc != 0 && !fd_closed);
+    return rc;
 }
 
 /* fd_lock held. NULL (the park then resumes with ATAP_ERROR) for no
@@ -293,7 +357,7 @@ static void tail_unlink(uint32_t index)
             x = ld_relaxed(link_of(x - 1));
         st_relaxed(link_of(x - 1), ld_relaxed(link_of(index)));
     }
-    rewatch(f);
+    rewatch(f, true);
 }
 
 /* The one claimant's work for a tail fd park (linked: still on its list). */
@@ -339,7 +403,7 @@ static void tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
         linked = true;
-        if (rewatch(f) < 0) { /* not watchable: its next read says why */
+        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             linked = false;
             by = BY_READY;
@@ -377,10 +441,10 @@ static int fd_add(struct park *p)
         p->fd_next = f->waiters;
         f->waiters = p;
         p->on_fd = true;
-        if ((rc = rewatch(f)) < 0) {
+        if ((rc = rewatch(f, false)) < 0) {
             f->waiters = p->fd_next;
             p->on_fd = false;
-            rewatch(f);
+            rewatch(f, true);
         }
     }
     pthread_mutex_unlock(&fd_lock);
@@ -401,21 +465,27 @@ static void fd_remove(struct park *p)
             at = &(*at)->fd_next;
         *at = p->fd_next;
         p->on_fd = false;
-        rewatch(fdtab[p->fd]);
+        rewatch(fdtab[p->fd], true);
     }
     pthread_mutex_unlock(&fd_lock);
 }
 
 static void unfile(uint32_t index);
 
-void atap__park_event(void *udata, unsigned events, unsigned kind)
-{
-    struct fdw *f = udata;
-    struct park *ready = NULL, *p, **at;
+/* The parks an fd's report claimed, to complete once fd_lock is let go:
+ * records through fd_next, tail parks through their slots' `link` (off
+ * their fd's list now), timed ones apart (the wheel may hold them). */
+struct resumes {
+    struct park *ready;
+    uint32_t tready, ttimed;
+};
 
-    if (atap__source_event(udata, events, kind))
-        return;
-    pthread_mutex_lock(&fd_lock);
+/* fd_lock held: claims for READY every park on f that `events` (as the
+ * poller reports them) makes ready, and moves it to r. */
+static void claim_ready(struct fdw *f, unsigned events, struct resumes *r)
+{
+    struct park *p, **at;
+
     for (at = &f->waiters; (p = *at) != NULL;) {
         /* HUP and ERR mean ready for whatever was asked. */
         /* got first: a claim from ARMING is completed by the parker. */
@@ -423,13 +493,12 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
             (st_relaxed(&p->got, events), atap__park_claim(p, BY_READY) == 1)) {
             *at = p->fd_next;
             p->on_fd = false;
-            p->fd_next = ready;
-            ready = p;
+            p->fd_next = r->ready;
+            r->ready = p;
         } else {
             at = &p->fd_next;
         }
     }
-    uint32_t tready = 0, ttimed = 0;
     for (uint32_t x = f->tails, prev = 0, next; x; x = next) {
         struct atap_slot *t = atap__table_at(x - 1);
         uint32_t c = ld_acquire(&t->out.park.claim);
@@ -444,39 +513,107 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
                 f->tails = next;
             if (c & T_TIMED) {
                 atomic_fetch_and_explicit(&t->out.park.claim, ~T_LINKED, memory_order_relaxed);
-                st_relaxed(link_of(x - 1), ttimed);
-                ttimed = x;
+                st_relaxed(link_of(x - 1), r->ttimed);
+                r->ttimed = x;
             } else {
-                st_relaxed(link_of(x - 1), tready);
-                tready = x;
+                st_relaxed(link_of(x - 1), r->tready);
+                r->tready = x;
             }
         } else {
             prev = x;
         }
     }
-    if (f->waiters || f->tails) /* one-shot: the rest are watched again; with
-                                   none left the watch is spent already, and
-                                   the fd may be closed */
-        rewatch(f);
-    pthread_mutex_unlock(&fd_lock);
-    while (tready) {
-        uint32_t next = ld_relaxed(link_of(tready - 1));
-        tail_fd_complete(tready - 1, BY_READY, false);
-        tready = next;
+}
+
+/* The manager, fd_lock let go: completes what claim_ready claimed. */
+static void complete_ready(struct resumes *r)
+{
+    struct park *p;
+
+    while (r->tready) {
+        uint32_t next = ld_relaxed(link_of(r->tready - 1));
+        tail_fd_complete(r->tready - 1, BY_READY, false);
+        r->tready = next;
     }
-    while (ttimed) { /* the manager holds those it filed; the rest it meets
-                        in its inbox, claimed, and queues then */
-        uint32_t next = ld_relaxed(link_of(ttimed - 1));
-        if (ld_relaxed(&atap__table_at(ttimed - 1)->out.park.claim) & T_FILED) {
-            unfile(ttimed - 1);
-            tail_fd_complete(ttimed - 1, BY_READY, false);
+    while (r->ttimed) { /* the manager holds those it filed; the rest it meets
+                           in its inbox, claimed, and queues then */
+        uint32_t next = ld_relaxed(link_of(r->ttimed - 1));
+        if (ld_relaxed(&atap__table_at(r->ttimed - 1)->out.park.claim) & T_FILED) {
+            unfile(r->ttimed - 1);
+            tail_fd_complete(r->ttimed - 1, BY_READY, false);
         }
-        ttimed = next;
+        r->ttimed = next;
     }
-    while ((p = ready) != NULL) {
-        ready = p->fd_next;
+    while ((p = r->ready) != NULL) {
+        r->ready = p->fd_next;
         atap__park_complete(p, BY_READY);
     }
+}
+
+void atap__park_event(void *udata, unsigned events, unsigned kind)
+{
+    struct fdw *f = udata;
+    struct resumes r = {0};
+
+    if (atap__source_event(udata, events, kind))
+        return;
+    pthread_mutex_lock(&fd_lock);
+    claim_ready(f, events, &r);
+    if (f->waiters || f->tails) /* one-shot: the rest are watched again (failed:
+                                   deaf, see the top); with none left the watch
+                                   is spent already, and the fd may be closed */
+        rewatch(f, true);
+    else
+        set_deaf(f, false); /* nobody left to hear it */
+    pthread_mutex_unlock(&fd_lock);
+    complete_ready(&r);
+}
+
+/* fd_lock held: the events of `want` that fd is ready for now (poll(2),
+ * which does not wait), with HUP and ERR (a closed fd: ERR); 0 for none,
+ * or a look that failed. */
+static unsigned look(int fd, unsigned want)
+{
+    struct pollfd pfd = {.fd = fd,
+                         .events = (short)(((want & ATAP_READABLE) ? POLLIN : 0) |
+                                           ((want & ATAP_WRITABLE) ? POLLOUT : 0))};
+
+    if (poll(&pfd, 1, 0) != 1)
+        return 0;
+    return ((pfd.revents & POLLIN) ? ATAP_READABLE : 0u) |
+           ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0u) |
+           ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0u) |
+           ((pfd.revents & (POLLERR | POLLNVAL)) ? ATAP_ERROR : 0u);
+}
+
+/* The manager, each tick: every deaf fd is watched again (see the top); one
+ * whose watch fails again is looked at, and the parks it finds ready are
+ * claimed as the poller's report would claim them. The list is taken
+ * whole, under fd_lock, before any watch is tried: a watch that fails puts
+ * its fd back on the emptied list, for the next tick. */
+void atap__park_retry(void)
+{
+    struct fdw *f, *next;
+    struct resumes r = {0};
+    unsigned ev;
+
+    if (!ld_relaxed(&deaf_fds))
+        return;
+    pthread_mutex_lock(&fd_lock);
+    f = ld_relaxed(&deaf_fds);
+    st_relaxed(&deaf_fds, NULL);
+    for (next = f; next; next = next->deaf_next)
+        next->deaf = false;
+    for (; f; f = next) {
+        next = f->deaf_next; /* before a failure links f again */
+        if (rewatch(f, true) == 0 || !(ev = look(f->fd, wanted(f))))
+            continue;
+        claim_ready(f, ev, &r);
+        if (!f->waiters && !f->tails)
+            set_deaf(f, false); /* nobody left to hear it */
+    }
+    pthread_mutex_unlock(&fd_lock);
+    complete_ready(&r);
 }
 
 /* ---- the deadline -------------------------------------------------------- */
@@ -609,7 +746,7 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
         atomic_fetch_or_explicit(&s->out.park.claim, T_LINKED, memory_order_relaxed);
-        if (rewatch(f) < 0) { /* not watchable: its next read says why */
+        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             by = BY_READY, got = ATAP_ERROR;
         }
@@ -1056,7 +1193,7 @@ void atap__park_rearm(void)
     pthread_mutex_lock(&fd_lock);
     for (size_t fd = 0; fd < fdcap; fd++)
         if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails))
-            rewatch(fdtab[fd]);
+            rewatch(fdtab[fd], true);
     pthread_mutex_unlock(&fd_lock);
     atap__sources_rearm();
 }
@@ -1081,6 +1218,8 @@ static void tails_close(void)
 
     pthread_mutex_lock(&fd_lock);
     fd_closed = true;
+    while (ld_relaxed(&deaf_fds)) /* no tick will retry them, and none is marked now */
+        set_deaf(ld_relaxed(&deaf_fds), false);
     for (size_t fd = 0; fd < fdcap; fd++) {
         struct fdw *f = fdtab[fd];
         for (uint32_t x = f ? f->tails : 0, prev = 0, next; x; x = next) {

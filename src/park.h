@@ -63,6 +63,9 @@ void atap__park_rearm(void);
 /* Manager, each tick (sources.c): a signal or path source whose watch
  * failed is read as if reported and watched again. */
 void atap__sources_retry(void);
+/* Manager, each tick: a parked fd whose watch failed is watched again, and
+ * looked at while its watch still fails. One relaxed load when none. */
+void atap__park_retry(void);
 /* No manager will run again (shutdown, or its supervisor gave up): every
  * park is written off as FAILED, and later parks fail at once. */
 void atap__park_close_all(void);

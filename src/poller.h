@@ -74,10 +74,10 @@
  * watches, and are reported through the same wait with `kind` set and
  * kind-specific bits in `events`; atap__poller_kinds() says which a backend
  * has. Path changes (ATAP__WATCH_PATH) exist on kqueue (EVFILT_VNODE on the
- * open file itself); on Linux park.c watches paths with an inotify fd of its
- * own, an ordinary fd watch, so epoll and poll do not offer them. Signals go
- * through a self-pipe (park.c) on every backend. Room is left for child
- * exits (ATAP__WATCH_PROC: pidfd, EVFILT_PROC).
+ * open file itself); on Linux sources.c watches paths with an inotify fd of
+ * its own, an ordinary fd watch, so epoll and poll do not offer them.
+ * Signals go through a self-pipe (sources.c) on every backend. Room is left
+ * for child exits (ATAP__WATCH_PROC: pidfd, EVFILT_PROC).
  */
 #ifndef ATAP_POLLER_H
 #define ATAP_POLLER_H

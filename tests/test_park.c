@@ -21,8 +21,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include "faults.h"  /* atap__owed_watch_failures */
 #include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
 #include "test_util.h"
 #include "testing.h" /* atap__test_on */
@@ -2013,6 +2015,296 @@ static void test_park_race_cancel_vs_deadline(void **state)
     assert_no_failures();
 }
 
+/* ---- an fd whose watch cannot be renewed ------------------------------------ */
+
+/* Two tasks parked on one end of a socket pair whose send buffer is full:
+ * A for READABLE, B for WRITABLE. A byte from the peer resumes A, and the
+ * fd's watch for B is then renewed, which the test makes fail
+ * (atap_inject_watch_failures). Draining the peer makes the fd writable:
+ * B must resume. */
+struct ev_parker {
+    int fd;
+    unsigned events;
+    uint64_t timeout;
+    size_t out_size;
+    atomic_int first;
+    atomic_int resumed;
+    atomic_int reason;
+    atomic_int got;
+};
+
+static struct ev_parker g_evp[3];
+
+/* out_size 8 or 40 (40: the park takes a record, not the slot's tail). */
+static int task_park_fd_events(atap_ctx *ctx, void *arg, void *out)
+{
+    struct ev_parker *p = arg;
+
+    if (!atap_resumed(ctx)) {
+        CHECK(atap_park_fd(ctx, p->fd, p->events, p->timeout) == 0);
+        atomic_fetch_add(&p->first, 1);
+        return ATAP_PARKED;
+    }
+    atomic_store(&p->reason, atap_resume_reason(ctx));
+    atomic_store(&p->got, (int)atap_resume_events(ctx));
+    atomic_fetch_add(&p->resumed, 1);
+    memset(out, 0, sizeof(uint64_t));
+    return 0;
+}
+
+static atap_task spawn_ev_parker(struct ev_parker *p, int fd, unsigned events, uint64_t timeout,
+                                 bool record)
+{
+    atap_task t = ATAP_NO_TASK;
+
+    p->fd = fd;
+    p->events = events;
+    p->timeout = timeout;
+    p->out_size = record ? 40 : sizeof(uint64_t);
+    atomic_store(&p->first, 0);
+    atomic_store(&p->resumed, 0);
+    atomic_store(&p->reason, 0);
+    atomic_store(&p->got, 0);
+    assert_int_equal(
+        atap_spawn(&t, task_park_fd_events, p, &(atap_spawn_opts){.out_size = p->out_size}), 0);
+    return t;
+}
+
+/* A socket pair, both ends non-blocking, with sv[0]'s send buffer full:
+ * sv[0] is neither readable nor writable. */
+static void full_socketpair(int sv[2])
+{
+    static char junk[4096];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+    while (write(sv[0], junk, sizeof junk) > 0)
+        ;
+    assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+/* Reads everything sv[1] holds: sv[0] is writable again. */
+static void drain(int fd)
+{
+    char buf[4096];
+
+    while (read(fd, buf, sizeof buf) > 0)
+        ;
+}
+
+static int teardown_rewatch(void **state)
+{
+    atap_inject_watch_failures(0);
+    return teardown_runtime(state);
+}
+
+/* Joins p's task t within 5 s (the tick that renews the watch comes every
+ * 10 ms). */
+static void join_within_5s(atap_task t, const struct ev_parker *p, const char *who, int variant)
+{
+    unsigned char v[40];
+    int rc = atap_join_for(t, v, p->out_size, ATAP_SEC(5));
+
+    if (rc != 0)
+        fail_msg("variant %d: %s joined %d (%s): its fd's failed watch was never renewed", variant,
+                 who, rc, atap_strerror(rc));
+}
+
+/* A (READABLE) and B (WRITABLE, no timeout) parked on one fd; the byte
+ * that resumes A spends its report, and the watch renewed for B fails once
+ * (-ENOMEM). B used to wait for ever (nothing watched the fd again until
+ * some other park on it came or went); now the fd is deaf until the
+ * manager's next tick watches it again, and B resumes when the fd becomes
+ * writable. Variants: each task in the slot's tail or in a park record,
+ * and B also with a deadline (then on the wheel too), never met. */
+static void test_park_fd_rewatch_fails(void **state)
+{
+    (void)state;
+
+    for (int variant = 0; variant < 6; variant++) {
+        struct ev_parker *a = &g_evp[0], *b = &g_evp[1];
+        bool a_record = variant & 1, b_record = variant == 1 || variant == 2 || variant == 5;
+        uint64_t b_timeout = variant >= 4 ? ATAP_SEC(60) : ATAP_FOREVER;
+        int sv[2];
+
+        full_socketpair(sv);
+        atap_task ta = spawn_ev_parker(a, sv[0], ATAP_READABLE, ATAP_FOREVER, a_record);
+        atap_task tb = spawn_ev_parker(b, sv[0], ATAP_WRITABLE, b_timeout, b_record);
+        assert_true(wait_atomic_at_least(&a->first, 1, ATAP_SEC(10)));
+        assert_true(wait_atomic_at_least(&b->first, 1, ATAP_SEC(10)));
+        assert_true(wait_not_busy(ATAP_SEC(10))); /* both armed */
+
+        atap_inject_watch_failures(1);
+        assert_int_equal(write(sv[1], "x", 1), 1); /* resumes A; B's watch is not renewed */
+        join_within_5s(ta, a, "A", variant);
+        assert_int_equal(atomic_load(&a->reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&a->got) & ATAP_READABLE);
+        assert_int_equal(atomic_load(&atap__owed_watch_failures), 0); /* it failed */
+        assert_int_equal(atomic_load(&b->resumed), 0);
+
+        sleep_ms(variant % 3 * 15); /* before the tick, or after */
+        uint64_t drained = now_ns();
+        drain(sv[1]);
+        join_within_5s(tb, b, "B", variant);
+        assert_int_equal(atomic_load(&b->resumed), 1);
+        assert_int_equal(atomic_load(&b->reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&b->got) & ATAP_WRITABLE);
+        assert_true(now_ns() - drained < ATAP_SEC(2)); /* a tick or so, not a timeout */
+        atap_release(ta);
+        atap_release(tb);
+        close(sv[0]);
+        close(sv[1]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* Waits (10 s at most) for fewer than `than` faults to be owed. */
+static void owed_below(unsigned than)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+
+    while (atomic_load(&atap__owed_watch_failures) >= than) {
+        if (now_ns() > end)
+            fail_msg("%u watch faults still owed, wanted fewer than %u",
+                     atomic_load(&atap__owed_watch_failures), than);
+        sleep_ms(1);
+    }
+}
+
+/* The same with every watch renewal failing: each tick tries again and
+ * fails, and looks at the fd itself meanwhile, so B still resumes when the
+ * fd becomes writable; a third park, C, cancelled while the fd is deaf,
+ * ends cancelled. Once B has gone, nobody waits on the fd and the ticks
+ * stop trying (no faults spent); with the faults cleared the fd is heard
+ * as ever. */
+static void test_park_fd_rewatch_always_fails(void **state)
+{
+    (void)state;
+
+    for (int variant = 0; variant < 2; variant++) {
+        struct ev_parker *a = &g_evp[0], *b = &g_evp[1], *c = &g_evp[2];
+        const unsigned many = 1000000;
+        int sv[2];
+        unsigned char v[40];
+
+        full_socketpair(sv);
+        atap_task ta = spawn_ev_parker(a, sv[0], ATAP_READABLE, ATAP_FOREVER, variant);
+        atap_task tb = spawn_ev_parker(b, sv[0], ATAP_WRITABLE, ATAP_FOREVER, variant);
+        atap_task tc = spawn_ev_parker(c, sv[0], ATAP_WRITABLE, ATAP_FOREVER, !variant);
+        assert_true(wait_atomic_at_least(&a->first, 1, ATAP_SEC(10)));
+        assert_true(wait_atomic_at_least(&b->first, 1, ATAP_SEC(10)));
+        assert_true(wait_atomic_at_least(&c->first, 1, ATAP_SEC(10)));
+        assert_true(wait_not_busy(ATAP_SEC(10)));
+
+        atap_inject_watch_failures(many);
+        assert_int_equal(write(sv[1], "x", 1), 1);
+        join_within_5s(ta, a, "A", variant);
+        assert_int_equal(atomic_load(&a->reason), ATAP_RESUME_READY);
+        owed_below(many);                     /* A's report renewed nothing */
+        sleep_ms(30);                         /* a few ticks that try and fail */
+        assert_int_equal(atap_cancel(tc), 0); /* a park leaving the deaf fd */
+        assert_int_equal(atap_join_for(tc, v, c->out_size, ATAP_SEC(5)), ATAP_ECANCELLED);
+        assert_int_equal(atomic_load(&c->resumed), 0);
+        assert_int_equal(atomic_load(&b->resumed), 0);
+
+        uint64_t drained = now_ns();
+        drain(sv[1]);
+        join_within_5s(tb, b, "B", variant);
+        assert_int_equal(atomic_load(&b->reason), ATAP_RESUME_READY);
+        assert_true(atomic_load(&b->got) & ATAP_WRITABLE);
+        assert_true(now_ns() - drained < ATAP_SEC(2));
+        owed_below(many - 2); /* more than A's report and C's leaving: the ticks tried */
+
+        /* nobody waits: the fd is not deaf now, and no tick spends a fault */
+        unsigned owed = atomic_load(&atap__owed_watch_failures);
+        sleep_ms(60);
+        assert_int_equal(atomic_load(&atap__owed_watch_failures), owed);
+        atap_inject_watch_failures(0);
+        atap_release(ta);
+        atap_release(tb);
+        atap_release(tc);
+
+        /* and heard as ever */
+        close(sv[0]);
+        close(sv[1]);
+        full_socketpair(sv);
+        tb = spawn_ev_parker(b, sv[0], ATAP_WRITABLE, ATAP_FOREVER, variant);
+        assert_true(wait_atomic_at_least(&b->first, 1, ATAP_SEC(10)));
+        assert_true(wait_not_busy(ATAP_SEC(10)));
+        drain(sv[1]);
+        join_within_5s(tb, b, "B again", variant);
+        assert_int_equal(atomic_load(&b->reason), ATAP_RESUME_READY);
+        atap_release(tb);
+        close(sv[0]);
+        close(sv[1]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* A and B parked on one fd as above, A resumed, every watch renewal
+ * failing: the fd is deaf. */
+static void park_deaf_pair(int sv[2], atap_task *ta, atap_task *tb, bool record)
+{
+    struct ev_parker *a = &g_evp[0], *b = &g_evp[1];
+
+    full_socketpair(sv);
+    *ta = spawn_ev_parker(a, sv[0], ATAP_READABLE, ATAP_FOREVER, record);
+    *tb = spawn_ev_parker(b, sv[0], ATAP_WRITABLE, ATAP_FOREVER, record);
+    assert_true(wait_atomic_at_least(&a->first, 1, ATAP_SEC(10)));
+    assert_true(wait_atomic_at_least(&b->first, 1, ATAP_SEC(10)));
+    assert_true(wait_not_busy(ATAP_SEC(10)));
+    atap_inject_watch_failures(1000000);
+    assert_int_equal(write(sv[1], "x", 1), 1);
+    join_within_5s(*ta, a, "A", record);
+    owed_below(1000000);
+}
+
+/* A deaf fd across a manager restart: the restart's own watch of it fails
+ * too, and the next manager's ticks keep at it, so B resumes (it used to
+ * wait for ever). Across a shutdown: B is written off like any park, and
+ * the next runtime's ticks try nothing for the old fd (no fault spent). */
+static void test_park_fd_deaf_restart_shutdown(void **state)
+{
+    (void)state;
+    struct ev_parker *b = &g_evp[1];
+    unsigned char v[40];
+    atap_task ta, tb;
+    int sv[2];
+
+    park_deaf_pair(sv, &ta, &tb, false);
+    unsigned restarts0 = atap__manager_restarts();
+    atap_inject_manager_faults(1); /* taken when its next wait returns */
+    assert_true(wait_restarts(restarts0 + 1, ATAP_SEC(10)));
+    assert_true(wait_manager(true, ATAP_SEC(10)));
+    sleep_ms(30);
+    drain(sv[1]);
+    join_within_5s(tb, b, "B after a restart", 0);
+    assert_int_equal(atomic_load(&b->reason), ATAP_RESUME_READY);
+    assert_true(atomic_load(&b->got) & ATAP_WRITABLE);
+    atap_inject_watch_failures(0);
+    atap_release(ta);
+    atap_release(tb);
+    close(sv[0]);
+    close(sv[1]);
+
+    park_deaf_pair(sv, &ta, &tb, true);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_join_for(tb, v, b->out_size, ATAP_SEC(5)), ATAP_EFAILED);
+    assert_int_equal(atomic_load(&b->resumed), 0);
+    atap_release(ta);
+    atap_release(tb);
+    assert_int_equal(atap_init(NULL), 0);
+    unsigned owed = atomic_load(&atap__owed_watch_failures);
+    drain(sv[1]);
+    sleep_ms(60);
+    assert_int_equal(atomic_load(&atap__owed_watch_failures), owed);
+    atap_inject_watch_failures(0);
+    close(sv[0]);
+    close(sv[1]);
+    assert_no_failures();
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -2044,6 +2336,12 @@ int main(void)
         T(test_park_race_deadline_vs_fd),
         T(test_park_race_cancel_vs_deadline),
         T(test_park_race_cancel_fd_deadline),
+        cmocka_unit_test_setup_teardown(test_park_fd_rewatch_fails, setup_runtime,
+                                        teardown_rewatch),
+        cmocka_unit_test_setup_teardown(test_park_fd_rewatch_always_fails, setup_runtime,
+                                        teardown_rewatch),
+        cmocka_unit_test_setup_teardown(test_park_fd_deaf_restart_shutdown, setup_runtime,
+                                        teardown_rewatch),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
