@@ -566,23 +566,54 @@ static bool makes_whole(const struct gate *g, const struct reg *r)
 }
 
 /*
+ * receive_all, under the lock: the round is whole and becomes the value.
+ * The next round needs a buffer unless a member has closed (its place can
+ * never fill again, so no round is whole again: this one is the last): the
+ * spare, else *fresh (taken from the caller). With neither (no memory) the
+ * round stays as it is, and the next delivery, or a member's close, tries
+ * again. False when it stays.
+ */
+static bool round_whole(struct atap_slot *s, uint32_t gen, struct gate *g, unsigned char **fresh,
+                        bool *kick, unsigned char **old, bool *old_owned)
+{
+    unsigned char *round = g->gathering, *next = NULL;
+
+    if (!g->nclosed) {
+        if (g->spare)
+            next = g->spare, g->spare = NULL;
+        else if (*fresh)
+            next = *fresh, *fresh = NULL;
+        else
+            return false;
+    }
+    g->gathering = next;
+    memset(g->filled, 0, (g->n + 63) / 64 * sizeof *g->filled);
+    g->nfilled = 0;
+    offer_locked(s, gen, g, round, false, kick, old, old_owned);
+    if (!next)
+        g->last = true; /* no buffer to gather into: nothing may try */
+    return true;
+}
+
+/*
  * receive_all: member `place` published bytes for this round. A round made
- * whole needs a buffer for the next one: the spare, else one allocated as
- * offer does, with the lock let go (anyone on the gate spins meanwhile).
- * The gate may move while the lock is out (another member, a cancel), so
- * everything after the lock is taken again looks at it afresh; a buffer
- * allocated and not needed then becomes the spare, or goes after the lock.
+ * whole needs a buffer for the next one (round_whole): the spare, else one
+ * allocated as offer does, with the lock let go (anyone on the gate spins
+ * meanwhile). The gate may move while the lock is out (another member, a
+ * cancel), so everything after the lock is taken again looks at it afresh;
+ * a buffer allocated and not needed then becomes the spare, or goes after
+ * the lock.
  */
 static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const void *bytes,
                    size_t size, struct kicks *kicks)
 {
     struct gate *g = atap__sched_gate(s);
-    unsigned char *full = NULL, *fresh = NULL, *old = NULL;
+    unsigned char *fresh = NULL, *old = NULL;
     bool kick = false, old_owned = false;
     struct retired ret;
 
     spin_lock(&g->lock);
-    if (g->state != G_DONE && !g->last && !g->spare && makes_whole(g, r)) {
+    if (g->state != G_DONE && !g->last && !g->spare && !g->nclosed && makes_whole(g, r)) {
         spin_unlock(&g->lock);
         fresh = FAULT_MALLOC(g->in_size ? g->in_size : 1);
         spin_lock(&g->lock);
@@ -593,24 +624,8 @@ static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const
             g->filled[r->place / 64] |= UINT64_C(1) << (r->place % 64);
             g->nfilled++;
         }
-        if (g->nfilled == g->n) {
-            /* Neither (no memory): the next delivery tries again. */
-            full = g->spare ? g->spare : fresh;
-            if (full == g->spare)
-                g->spare = NULL;
-            else
-                fresh = NULL;
-        }
-        if (full) {
-            /* The round is whole: it becomes the value, and a new round
-             * starts empty. A member already closed can't fill the next. */
-            unsigned char *round = g->gathering;
-            g->gathering = full;
-            memset(g->filled, 0, (g->n + 63) / 64 * sizeof *g->filled);
-            g->nfilled = 0;
-            if (offer_locked(s, gen, g, round, false, &kick, &old, &old_owned) == 0 && g->nclosed)
-                g->last = true;
-        }
+        if (g->nfilled == g->n)
+            round_whole(s, gen, g, &fresh, &kick, &old, &old_owned);
     }
     if (fresh && !g->spare) { /* not needed after all: kept for the next round */
         g->spare = fresh;
@@ -625,19 +640,26 @@ static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const
 }
 
 /* A member of receive_all / receive_any (or a forward) can publish no
- * more: the fed task may be done. */
+ * more: the fed task may be done. A receive_all round left whole for want
+ * of memory is the last one now, and needs none: it goes. Called with no
+ * lock held, so what that starts is kicked here. */
 static void member_closed(const struct reg *r)
 {
     struct atap_slot *s = atap__table_at(r->to);
     struct gate *g = atap__sched_gate(s);
-    bool idle = false;
+    unsigned char *none = NULL, *old = NULL;
+    bool idle = false, kick = false, old_owned = false;
+    struct retired ret;
 
     spin_lock(&g->lock);
     if (g->role == ROLE_ALL) {
-        if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64))))
+        if (!(g->filled[r->place / 64] & (UINT64_C(1) << (r->place % 64)))) {
             g->last = true; /* its place can never fill */
-        else
+        } else {
             g->nclosed++;
+            if (g->state != G_DONE && !g->last && g->nfilled == g->n)
+                round_whole(s, r->to_gen, g, &none, &kick, &old, &old_owned);
+        }
     } else if (g->role == ROLE_ANY) {
         g->open--;
     }
@@ -645,7 +667,11 @@ static void member_closed(const struct reg *r)
         g->state = G_DONE;
         idle = true;
     }
+    ret = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
+    let_go_value(g, ret);
+    if (kick)
+        atap__sched_kick(s, r->to, r->to_gen);
     if (idle)
         let_go(s, r->to, r->to_gen);
 }

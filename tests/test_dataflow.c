@@ -1084,6 +1084,55 @@ static void test_dataflow_receive_all_no_memory_next_delivery_retries(void **sta
     waited_to_live_back();
 }
 
+/* A round left whole for want of memory is not left for good when no
+ * delivery comes after it: the close of a member that filled its place
+ * makes it the last round, which needs no buffer, and it goes. And a round
+ * made whole after a member closed is the last from the start: it asks for
+ * no buffer at all (two one-shots that ended before the receiver). */
+static void test_dataflow_receive_all_no_memory_member_closes(void **state)
+{
+    (void)state;
+    probe *p = probe_new(8, 1, 0);
+    atap_task m = spawn_probe(p, (atap_spawn_opts){0}), r;
+    summer *s = summer_new(1);
+    uint64_t in = 5, v;
+
+    assert_int_equal(atap_receive_all(&r, sum_run, s, &m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
+    atomic_store(&allocs, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, count_alloc), 0);
+    atap_inject_alloc_failures(1);
+    assert_int_equal(atap_give(m, &in, 8), 0);
+    JOIN_UNTIL(m, 5);
+    assert_true(wait_atomic_at_least(&allocs, 1, ATAP_SEC(10))); /* the round's buffer: refused */
+    sleep_us(30000);
+    assert_int_equal(atomic_load(&s->runs), 0);
+    atap_release(m); /* nobody can give to it now: it ends, and its place closes */
+    JOIN_UNTIL(r, 5);
+    SETTLE_EXACT(&s->runs, 1);
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    atap_release(r);
+
+    atap_task ms[2];
+    ms[0] = spawn8(task_value, (void *)(uintptr_t)1);
+    ms[1] = spawn8(task_value, (void *)(uintptr_t)2);
+    assert_true(join8(ms[0]) == 1 && join8(ms[1]) == 2);
+    summer *s2 = summer_new(2);
+    atomic_store(&allocs, 0);
+    atap_inject_alloc_failures(1);
+    assert_int_equal(atap_receive_all(&r, sum_run, s2, ms, 2, &(atap_spawn_opts){.out_size = 8}),
+                     0);
+    assert_int_equal(atap_join_for(r, &v, 8, ATAP_SEC(10)), 0);
+    assert_true(v == 3);
+    assert_int_equal(atomic_load(&allocs), 0); /* the last round asked for nothing */
+    atap_inject_alloc_failures(0);
+    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, NULL), 0);
+    assert_true(wait_finished(r, ATAP_SEC(10)));
+    atap_release(r);
+    atap_release(ms[0]);
+    atap_release(ms[1]);
+    waited_to_live_back();
+}
+
 /* A receive_all round made whole with no spare buffer allocates the next
  * round's with the gate's spin lock let go: at that allocation a cancel of
  * the receiver, which takes the lock, goes through (and the round, which
@@ -2350,6 +2399,7 @@ int main(void)
         T(test_dataflow_receive_all_waits_for_all_again),
         T(test_dataflow_receive_all_member_fails),
         T(test_dataflow_receive_all_no_memory_next_delivery_retries),
+        T(test_dataflow_receive_all_no_memory_member_closes),
         T(test_dataflow_receive_all_round_buffer_off_the_gate_lock),
         T(test_dataflow_kicks_without_memory_after_the_locks),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
