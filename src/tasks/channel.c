@@ -67,8 +67,9 @@ static unsigned char *at(atap_chan *ch, size_t i)
 
 static int push(atap_chan *ch, const void *value)
 {
-    if (ch->len == ch->ring_cap) { /* unbounded: grow, keeping the order */
-        size_t cap = ch->ring_cap ? ch->ring_cap * 2 : 16;
+    if (ch->len == ch->ring_cap) { /* grow, keeping the order: unbounded, or a
+                                      bounded ring its last receiver took */
+        size_t cap = ch->ring_cap ? ch->ring_cap * 2 : ch->cap ? ch->cap : 16;
         unsigned char *r;
 
         if (cap > SIZE_MAX / (ch->elem ? ch->elem : 1) || !(r = malloc(cap * (ch->elem ? ch->elem : 1))))
