@@ -1280,8 +1280,8 @@ static void test_park_survives_manager_restart(void **state)
  * kernel reports it afresh. The fault is owed before the byte is written
  * and the injection does not wake the manager, so the wait the byte ends is
  * the one it dies after. Four faults per runtime life (five in a row is the
- * supervisor's limit); half the parks in the slot (no deadline), half with
- * a park record (a deadline a minute away). */
+ * supervisor's limit); half the parks with no deadline, half with one a
+ * minute away (all in the slot's tail: an 8-byte output leaves it free). */
 static void test_park_restart_rearms_fds(void **state)
 {
     (void)state;
