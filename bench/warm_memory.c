@@ -30,7 +30,7 @@ int main(int argc, char **argv)
         return 2;
     }
     size = (size_t)mb << 20;
-    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
         perror("warm_memory: mmap");
         return 1;

@@ -736,7 +736,7 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *     holding. Up to 5 in a row it is restarted (after 10 ms x the
  *     count); past that its supervisor gives up, atap_status says so, and
  *     runs the pool's tick itself (the pool grows, hands work over and
- *     reaps as before; only timers are gone).
+ *     reaps as before; timers and parks are written off: ATAP_EFAILED).
  *   atap_inject_thread_deaths: the next `workers` workers and `blocking`
  *     blocking threads to pass a check die, idle, holding a task, or part way
  *     through helping, as if the task had called pthread_exit.

@@ -87,7 +87,8 @@ struct gate {
     size_t in_size;
     void (*in_free)(void *);
     unsigned char *pending, *current, *spare;
-    /* receive_all: the round being gathered */
+    /* receive_all: the round being gathered (NULL once the last round went:
+     * `last` is set then) */
     size_t n, nfilled, nclosed;
     uint64_t *filled;      /* n bits */
     unsigned char *gathering;
@@ -571,9 +572,9 @@ static bool makes_whole(const struct gate *g, const struct reg *r)
  * never fill again, so no round is whole again: this one is the last): the
  * spare, else *fresh (taken from the caller). With neither (no memory) the
  * round stays as it is, and the next delivery, or a member's close, tries
- * again. False when it stays.
+ * again.
  */
-static bool round_whole(struct atap_slot *s, uint32_t gen, struct gate *g, unsigned char **fresh,
+static void round_whole(struct atap_slot *s, uint32_t gen, struct gate *g, unsigned char **fresh,
                         bool *kick, unsigned char **old, bool *old_owned)
 {
     unsigned char *round = g->gathering, *next = NULL;
@@ -584,7 +585,7 @@ static bool round_whole(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
         else if (*fresh)
             next = *fresh, *fresh = NULL;
         else
-            return false;
+            return;
     }
     g->gathering = next;
     memset(g->filled, 0, (g->n + 63) / 64 * sizeof *g->filled);
@@ -592,12 +593,12 @@ static bool round_whole(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
     offer_locked(s, gen, g, round, false, kick, old, old_owned);
     if (!next)
         g->last = true; /* no buffer to gather into: nothing may try */
-    return true;
 }
 
 /*
  * receive_all: member `place` published bytes for this round. A round made
- * whole needs a buffer for the next one (round_whole): the spare, else one
+ * whole needs a buffer for the next one unless a member has closed
+ * (round_whole): the spare, else one
  * allocated as offer does, with the lock let go (anyone on the gate spins
  * meanwhile). The gate may move while the lock is out (another member, a
  * cancel), so everything after the lock is taken again looks at it afresh;

@@ -11,6 +11,7 @@
 
 #include <sys/resource.h>
 
+#include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
 #include "test_util.h"
 
 
@@ -162,8 +163,12 @@ static void test_manager_gone_keeps_the_pool_going(void **state)
     assert_true(wait_manager(false, ATAP_SEC(10)));
     sleep_us(300000); /* the backoffs, then it stays gone */
     assert_false(status_now().manager_alive);
+    unsigned restarts = atap__manager_restarts();
     lifo_handed_over();
     grows_and_reaps();
+    /* all along with no manager: none came back, so the tick was the supervisor's */
+    assert_false(status_now().manager_alive);
+    assert_int_equal(atap__manager_restarts(), restarts);
 }
 
 static double cpu_seconds(void)
