@@ -1063,9 +1063,7 @@ static void len_of_nomem_ch(void *arg)
 static void probing_u64_free(void *value)
 {
     u64_free(value);
-    if (atomic_exchange(&nomem_armed, 0))
-        atomic_store(&nomem_free, side_call_returns(&nomem_call, len_of_nomem_ch, NULL,
-                                                    ATAP_SEC(2)));
+    side_call_once(&nomem_armed, &nomem_call, len_of_nomem_ch, &nomem_free);
 }
 
 static void test_channel_close_receiver_no_memory_drops_off_the_lock(void **state)

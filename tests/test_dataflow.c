@@ -1150,9 +1150,7 @@ static void cancel_lock_target(void *arg)
 
 static void cancel_at_alloc(void)
 {
-    if (atomic_exchange(&lock_armed, 0))
-        atomic_store(&lock_free, side_call_returns(&lock_call, cancel_lock_target, NULL,
-                                                   ATAP_SEC(2)));
+    side_call_once(&lock_armed, &lock_call, cancel_lock_target, &lock_free);
 }
 
 static void test_dataflow_receive_all_round_buffer_off_the_gate_lock(void **state)
@@ -1197,9 +1195,7 @@ static void forward_lock_source(void *arg)
 
 static void forward_at_kick(void)
 {
-    if (atomic_exchange(&lock_armed, 0))
-        atomic_store(&lock_free, side_call_returns(&lock_call, forward_lock_source, NULL,
-                                                   ATAP_SEC(2)));
+    side_call_once(&lock_armed, &lock_call, forward_lock_source, &lock_free);
 }
 
 static void test_dataflow_kicks_without_memory_after_the_locks(void **state)

@@ -516,6 +516,15 @@ static inline bool side_call_returns(side_call *c, void (*fn)(void *), void *arg
     return true;
 }
 
+/* For a hook: the first call while *armed runs side_call_returns (up to
+ * 2 s) and stores its answer in *returned; later calls do nothing. */
+static inline void side_call_once(atomic_int *armed, side_call *c, void (*fn)(void *),
+                                  atomic_int *returned)
+{
+    if (atomic_exchange(armed, 0))
+        atomic_store(returned, side_call_returns(c, fn, NULL, ATAP_SEC(2)));
+}
+
 static inline void side_call_join(side_call *c)
 {
     if (c->started)
