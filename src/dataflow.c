@@ -115,18 +115,26 @@ struct side {
 };
 
 /*
- * Targets a delivery started, kicked once the list mutex and the gates'
- * locks are let go. They are chained through their gates, so noting one
- * takes no memory and cannot fail: a list that had to grow used to kick,
- * when it could not, right there under the source's locks. A gate is on
- * one list at most, since only the give that moved it IDLE -> BUSY notes
- * it, and it cannot be IDLE again before its run, which our kick starts:
- * so its kick_ fields are this thread's alone until then. RUN, ours to
- * hand over meanwhile, keeps the slot and its gate.
+ * struct kicks (dataflow.h): targets a delivery started, kicked once the
+ * source's locks are let go (its list mutex, the gates' locks, and for a
+ * repeat's publish its output's write lock: the publisher runs them after
+ * that, atap__flow_kicks_run). They are chained through their gates, so
+ * noting one takes no memory and cannot fail: a list that had to grow used
+ * to kick, when it could not, right there under the source's locks. A gate
+ * is on one list at most, since only the give that moved it IDLE -> BUSY
+ * notes it, and it cannot be IDLE again before its run, which our kick
+ * starts: so its kick_ fields are this thread's alone until then. RUN,
+ * ours to hand over meanwhile, keeps the slot and its gate. A later
+ * delivery to a target noted and not yet kicked finds it BUSY and unclaimed
+ * and only replaces its pending value, as it would before the run claims.
+ *
+ * Given values a delivery displaced (a target's pending one, replaced by
+ * the newest) that owe their in_free, a user callback, wait there too, so
+ * that it runs with none of the source's locks held (an in_free that joins
+ * the source would wait on itself). Up to KICK_DROPS a delivery; more (a
+ * delivery displacing given values in more targets than that) are let go
+ * at once, under the locks.
  */
-struct kicks {
-    struct gate *head, *tail;
-};
 
 static void kicks_add(struct kicks *k, struct gate *g, uint32_t gen)
 {
@@ -139,7 +147,7 @@ static void kicks_add(struct kicks *k, struct gate *g, uint32_t gen)
     k->tail = g;
 }
 
-static void kicks_run(struct kicks *k)
+void atap__flow_kicks_run(struct kicks *k)
 {
     struct gate *next;
 
@@ -148,6 +156,10 @@ static void kicks_run(struct kicks *k)
 
         next = g->kick_next; /* read before: once kicked it may run, end and go */
         atap__sched_kick(atap__table_at(index), index, gen);
+    }
+    for (unsigned i = 0; i < k->ndrops; i++) {
+        k->drops[i].in_free(k->drops[i].b);
+        free(k->drops[i].b);
     }
 }
 
@@ -259,6 +271,18 @@ static void let_go_value(struct gate *g, struct retired r)
     if (r.in_free)
         g->in_free(r.b);
     free(r.b);
+}
+
+/* let_go_value for a delivery (kicks) or a give (NULL): a value owing
+ * in_free waits for the delivery's kicks_run, after the source's locks. */
+static void let_go_later(struct kicks *k, struct gate *g, struct retired r)
+{
+    if (k && r.b && r.in_free && k->ndrops < KICK_DROPS) {
+        k->drops[k->ndrops].b = r.b;
+        k->drops[k->ndrops++].in_free = g->in_free;
+        return;
+    }
+    let_go_value(g, r);
 }
 
 void atap__gate_claim(struct gate *g)
@@ -548,7 +572,7 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     rc = offer_locked(s, gen, g, b, owned, &kick, &old, &old_owned);
     r = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
-    let_go_value(g, r);
+    let_go_later(kicks, g, r);
     if (kick) {
         if (kicks)
             kicks_add(kicks, g, gen);
@@ -635,7 +659,7 @@ static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const
     ret = retire_locked(g, old, old_owned);
     spin_unlock(&g->lock);
     free(fresh);
-    let_go_value(g, ret);
+    let_go_later(kicks, g, ret);
     if (kick)
         kicks_add(kicks, g, gen);
 }
@@ -738,9 +762,8 @@ static uint64_t readable(struct atap_slot *s)
     return s->ext ? atap__sched_pubs(s) : 1;
 }
 
-void atap__flow_publish(struct atap_slot *s, uint64_t pub)
+void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
 {
-    struct kicks kicks = {0};
     struct side *rx;
 
     /* Acquire: a registrar's RX (and the rx it installed before) is seen,
@@ -750,9 +773,8 @@ void atap__flow_publish(struct atap_slot *s, uint64_t pub)
     rx = ld_acquire(&s->side);
     pthread_mutex_lock(&rx->lock);
     for (struct reg *r = rx->head; r; r = r->next)
-        deliver(r, pub, slot_out(s), s->out_size, &kicks);
+        deliver(r, pub, slot_out(s), s->out_size, kicks);
     pthread_mutex_unlock(&rx->lock);
-    kicks_run(&kicks);
 }
 
 /* A reg that will get nothing more: its target hears, and its listener
@@ -795,7 +817,7 @@ void atap__flow_close(struct atap_slot *s)
             deliver(r, pub, slot_out(s), s->out_size, &kicks);
     pthread_mutex_unlock(&rx->lock);
     read_unlock(s);
-    kicks_run(&kicks);
+    atap__flow_kicks_run(&kicks);
     for (; list; list = next) {
         next = list->next;
         reg_close(list);
@@ -881,7 +903,7 @@ static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
         deliver(r, pub, slot_out(s), s->out_size, &kicks);
     pthread_mutex_unlock(&rx->lock);
     read_unlock(s);
-    kicks_run(&kicks);
+    atap__flow_kicks_run(&kicks);
     if (!listed)
         reg_close(r);
     return 0;

@@ -48,9 +48,27 @@ void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen);
 
 /* ---- forwards: called by executor.c and schedule.c ---------------------- */
 
+/* What deliveries leave for after the locks (dataflow.c): the targets they
+ * started, to kick, and given values they displaced, whose in_free (a user
+ * callback) must not run under the source's locks. Zeroed to start. */
+#define KICK_DROPS 8
+struct kicks {
+    struct gate *head, *tail;
+    unsigned ndrops;
+    struct {
+        unsigned char *b;
+        void (*in_free)(void *);
+    } drops[KICK_DROPS];
+};
+
 /* Output number `pub` just became readable (caller holds the output's
- * write lock): each forward that has not had it gets it. */
-void atap__flow_publish(struct atap_slot *s, uint64_t pub);
+ * write lock): each forward that has not had it gets it, and what that
+ * leaves for after the locks goes into *kicks, for the caller to run once
+ * it let go of the write lock. */
+void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks);
+/* Kicks the targets in *kicks and lets go of the values it holds. No lock
+ * of the source's may be held. */
+void atap__flow_kicks_run(struct kicks *kicks);
 /* The task's RUN reference went with RX set; the caller holds a listener
  * that keeps the slot: the last output goes to whoever has not had it, and
  * every forward closes. */

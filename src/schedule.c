@@ -630,6 +630,7 @@ static void out_write_unlock(struct sched *c)
  * and only while the run still counts (RUNNING): then READY. */
 static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
+    struct kicks after = {0};
     uint32_t cur;
     bool ok;
 
@@ -645,8 +646,9 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
         c->pubs++; /* counted before readable: see atap__flow_publish */
     if (ok && (ok = c->gate ? atap__gate_publish(s, gen, &c->out_kept)
                             : atap__exec_stop(s, gen, ST_RUNNING, ST_READY)))
-        atap__flow_publish(s, c->pubs); /* still under the lock: this output */
+        atap__flow_publish(s, c->pubs, &after); /* still under the lock: this output */
     out_write_unlock(c);
+    atap__flow_kicks_run(&after); /* what it started, after the lock */
     return ok;
 }
 
@@ -811,6 +813,7 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
 static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, void *out,
                          bool *copied)
 {
+    struct kicks after = {0};
     uint32_t cur, st;
     bool ok;
 
@@ -830,8 +833,9 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
     if (ok)
         pc->pubs++;
     if (ok && (ok = atap__exec_stop(p, pgen, st, ST_READY)))
-        atap__flow_publish(p, pc->pubs);
+        atap__flow_publish(p, pc->pubs, &after);
     out_write_unlock(pc);
+    atap__flow_kicks_run(&after);
     return ok;
 }
 

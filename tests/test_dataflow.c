@@ -1232,6 +1232,63 @@ static void test_dataflow_kicks_without_memory_after_the_locks(void **state)
     waited_to_live_back();
 }
 
+/* A delivery that displaces a given value still pending in its target
+ * (gives don't queue: the newest wins) calls that value's in_free with
+ * none of the source's locks held: from there, a join of the source
+ * returns. It used to run under the source's output and list locks, and
+ * a join of the source waited on the very publish it was called from. */
+static atap_task drop_source;
+static atomic_int drop_armed, drop_free, drop_frees, drop_checked;
+static side_call drop_call;
+
+static void join_drop_source(void *arg)
+{
+    uint64_t v;
+    (void)arg;
+    (void)atap_try_join(drop_source, &v, sizeof v);
+}
+
+static void in_free_joining_source(void *in)
+{
+    (void)in;
+    atomic_fetch_add(&drop_frees, 1);
+    if (atomic_load(&drop_armed)) {
+        side_call_once(&drop_armed, &drop_call, join_drop_source, &drop_free);
+        atomic_store(&drop_checked, 1);
+    }
+}
+
+static void test_dataflow_displaced_value_freed_after_the_locks(void **state)
+{
+    (void)state;
+    probe *ps = probe_new(8, 1, 0), *pt = probe_new(8, 1, 0);
+    atap_task t;
+    uint64_t v1 = 1, v2 = 2, v3 = 3;
+
+    drop_source = spawn_probe(ps, (atap_spawn_opts){0});
+    t = spawn_probe(pt, (atap_spawn_opts){.in_free = in_free_joining_source});
+    assert_int_equal(atap_forward(drop_source, t), 0);
+    atomic_store(&drop_frees, 0);
+    atomic_store(&drop_free, 0);
+    atomic_store(&drop_checked, 0);
+    atomic_store(&pt->hold, 1);
+    assert_int_equal(atap_give(t, &v1, 8), 0); /* its first run: held */
+    assert_true(wait_atomic_at_least(&pt->runs, 1, ATAP_SEC(10)));
+    assert_int_equal(atap_give(t, &v2, 8), 0); /* pending behind it */
+    atomic_store(&drop_armed, 1);
+    assert_int_equal(atap_give(drop_source, &v3, 8), 0); /* publishes 3: v2 goes */
+    assert_true(wait_atomic_at_least(&drop_checked, 1, ATAP_SEC(10)));
+    side_call_join(&drop_call);
+    assert_true(atomic_load(&drop_free)); /* the join returned */
+    atomic_store(&pt->hold, 0);
+    JOIN_UNTIL(t, 3); /* the next run had the delivered 3, not the 2 */
+    assert_no_failures();
+    atap_release(drop_source);
+    atap_release(t);
+    waited_to_live_back();
+    assert_int_equal(atomic_load(&drop_frees), 2); /* v1 and v2, once each */
+}
+
 /* A waiting task stopped while a run is under way (a cancel, its timeout)
  * or whose at-rate run fails after the series went back to waiting has
  * ended: its forwards close at once, with its handle still held, and a
@@ -2396,6 +2453,7 @@ int main(void)
         T(test_dataflow_receive_all_no_memory_member_closes),
         T(test_dataflow_receive_all_round_buffer_off_the_gate_lock),
         T(test_dataflow_kicks_without_memory_after_the_locks),
+        T(test_dataflow_displaced_value_freed_after_the_locks),
         T(test_dataflow_waiting_task_stopped_mid_run_closes),
         T(test_dataflow_at_rate_forwards_every_run),
         T(test_dataflow_long_forward_chain_lets_go),
