@@ -10,8 +10,8 @@
  * A supervisor thread runs the manager and restarts it when it dies: after
  * RESTART_BACKOFF x consecutive failures; the count starts over once a
  * manager has lived RESTART_WINDOW; past RESTART_LIMIT failures within that
- * window the supervisor gives up on the manager (timers are then written
- * off, see close_timers) and runs the pool's tick itself until the
+ * window the supervisor gives up on the manager (timers and parks are then
+ * written off, see close_timers) and runs the pool's tick itself until the
  * shutdown (gone_ticks). The timer structure and the poller belong
  * to the runtime and outlive one manager's life, but a new manager does not
  * trust what the last one left filed: before each new life the supervisor
