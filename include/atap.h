@@ -246,7 +246,11 @@ typedef struct atap_spawn_opts {
     void (*in_free)(void *in);  /* atap_spawn_waiting: called exactly once for
                                    each value passed to atap_give, when the
                                    task no longer needs it (or at once, if
-                                   the give was refused) */
+                                   the give was refused). It may run on the
+                                   thread of a task forwarding into this one,
+                                   with no lock of libatap's held, but before
+                                   that task's next run: it must not wait
+                                   for that task's next output */
 } atap_spawn_opts;
 
 /* CLOCK_MONOTONIC now, in nanoseconds: the clock of until_ns. Threads: any. */

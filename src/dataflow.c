@@ -47,7 +47,8 @@
  * every output published after it registered, plus the one readable when
  * it did, exactly once. Lock order: output lock, then list mutex, then a
  * target's gate; a target started by a delivery is kicked after the
- * delivery, with neither the list mutex nor a gate lock held (struct kicks).
+ * delivery, with none of them held (struct kicks: a repeat's publisher
+ * runs the list once it let go of the output's write lock).
  *
  * atap_join_first and atap_join_all are join.c's.
  */
@@ -131,9 +132,10 @@ struct side {
  * Given values a delivery displaced (a target's pending one, replaced by
  * the newest) that owe their in_free, a user callback, wait there too, so
  * that it runs with none of the source's locks held (an in_free that joins
- * the source would wait on itself). Up to KICK_DROPS a delivery; more (a
- * delivery displacing given values in more targets than that) are let go
- * at once, under the locks.
+ * the source would wait on itself): KICK_DROPS in the list itself, more in
+ * an array grown as needed; with no memory for that, the value is let go
+ * at once, under the locks. Kicks go first: an in_free may wait for a run
+ * the same delivery started.
  */
 
 static void kicks_add(struct kicks *k, struct gate *g, uint32_t gen)
@@ -158,9 +160,12 @@ void atap__flow_kicks_run(struct kicks *k)
         atap__sched_kick(atap__table_at(index), index, gen);
     }
     for (unsigned i = 0; i < k->ndrops; i++) {
-        k->drops[i].in_free(k->drops[i].b);
-        free(k->drops[i].b);
+        struct kick_drop *d = i < KICK_DROPS ? &k->drops[i] : &k->more[i - KICK_DROPS];
+
+        d->in_free(d->b);
+        free(d->b);
     }
+    free(k->more);
 }
 
 /* ---- the gate ------------------------------------------------------------ */
@@ -274,15 +279,31 @@ static void let_go_value(struct gate *g, struct retired r)
 }
 
 /* let_go_value for a delivery (kicks) or a give (NULL): a value owing
- * in_free waits for the delivery's kicks_run, after the source's locks. */
+ * in_free waits for the delivery's kicks_run, after the source's locks
+ * (with no memory to keep it, it goes now). */
 static void let_go_later(struct kicks *k, struct gate *g, struct retired r)
 {
-    if (k && r.b && r.in_free && k->ndrops < KICK_DROPS) {
-        k->drops[k->ndrops].b = r.b;
-        k->drops[k->ndrops++].in_free = g->in_free;
+    struct kick_drop *d;
+
+    if (!k || !r.b || !r.in_free) {
+        let_go_value(g, r);
         return;
     }
-    let_go_value(g, r);
+    if (k->ndrops >= KICK_DROPS && k->ndrops - KICK_DROPS == k->cap) {
+        unsigned cap = k->cap ? k->cap * 2 : KICK_DROPS;
+        struct kick_drop *m = realloc(k->more, cap * sizeof *m);
+
+        if (!m) {
+            let_go_value(g, r);
+            return;
+        }
+        k->more = m;
+        k->cap = cap;
+    }
+    d = k->ndrops < KICK_DROPS ? &k->drops[k->ndrops] : &k->more[k->ndrops - KICK_DROPS];
+    d->b = r.b;
+    d->in_free = g->in_free;
+    k->ndrops++;
 }
 
 void atap__gate_claim(struct gate *g)

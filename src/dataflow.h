@@ -50,15 +50,17 @@ void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen);
 
 /* What deliveries leave for after the locks (dataflow.c): the targets they
  * started, to kick, and given values they displaced, whose in_free (a user
- * callback) must not run under the source's locks. Zeroed to start. */
+ * callback) must not run under the source's locks: KICK_DROPS in place,
+ * more in `more` (malloc'd). Zeroed to start. */
 #define KICK_DROPS 8
+struct kick_drop {
+    unsigned char *b;
+    void (*in_free)(void *);
+};
 struct kicks {
     struct gate *head, *tail;
-    unsigned ndrops;
-    struct {
-        unsigned char *b;
-        void (*in_free)(void *);
-    } drops[KICK_DROPS];
+    unsigned ndrops, cap;
+    struct kick_drop drops[KICK_DROPS], *more;
 };
 
 /* Output number `pub` just became readable (caller holds the output's

@@ -1238,8 +1238,8 @@ static void test_dataflow_kicks_without_memory_after_the_locks(void **state)
  * returns. It used to run under the source's output and list locks, and
  * a join of the source waited on the very publish it was called from. */
 static atap_task drop_source;
-static atomic_int drop_armed, drop_free, drop_frees, drop_checked;
-static side_call drop_call;
+static atomic_int drop_armed, drop_frees, drop_checks, drop_ok, drop_done;
+static side_call drop_calls[16];
 
 static void join_drop_source(void *arg)
 {
@@ -1248,45 +1248,65 @@ static void join_drop_source(void *arg)
     (void)atap_try_join(drop_source, &v, sizeof v);
 }
 
+/* Each call while armed: does a join of the source return, from another
+ * thread, within 2 s? (Joined by the test, not here: under the old code
+ * the source's lock was held here.) */
 static void in_free_joining_source(void *in)
 {
-    (void)in;
+    uint64_t v;
+
+    memcpy(&v, in, sizeof v);
     atomic_fetch_add(&drop_frees, 1);
     if (atomic_load(&drop_armed)) {
-        side_call_once(&drop_armed, &drop_call, join_drop_source, &drop_free);
-        atomic_store(&drop_checked, 1);
+        CHECK(v == 2); /* only the displaced values go while armed */
+        int i = atomic_fetch_add(&drop_checks, 1);
+        if (i < 16 && side_call_returns(&drop_calls[i], join_drop_source, NULL, ATAP_SEC(2)))
+            atomic_fetch_add(&drop_ok, 1);
+        atomic_fetch_add(&drop_done, 1);
     }
 }
 
 static void test_dataflow_displaced_value_freed_after_the_locks(void **state)
 {
     (void)state;
-    probe *ps = probe_new(8, 1, 0), *pt = probe_new(8, 1, 0);
-    atap_task t;
+    enum { N = 10 }; /* past the 8 a kick list keeps in place */
+    probe *ps = probe_new(8, 1, 0), *pt[N];
+    atap_task t[N];
     uint64_t v1 = 1, v2 = 2, v3 = 3;
 
     drop_source = spawn_probe(ps, (atap_spawn_opts){0});
-    t = spawn_probe(pt, (atap_spawn_opts){.in_free = in_free_joining_source});
-    assert_int_equal(atap_forward(drop_source, t), 0);
     atomic_store(&drop_frees, 0);
-    atomic_store(&drop_free, 0);
-    atomic_store(&drop_checked, 0);
-    atomic_store(&pt->hold, 1);
-    assert_int_equal(atap_give(t, &v1, 8), 0); /* its first run: held */
-    assert_true(wait_atomic_at_least(&pt->runs, 1, ATAP_SEC(10)));
-    assert_int_equal(atap_give(t, &v2, 8), 0); /* pending behind it */
+    atomic_store(&drop_checks, 0);
+    atomic_store(&drop_ok, 0);
+    atomic_store(&drop_done, 0);
+    for (int i = 0; i < N; i++) {
+        pt[i] = probe_new(8, 1, 0);
+        /* blocking: ten runs held at once, past what the workers grow to */
+        t[i] = spawn_probe(pt[i],
+                           (atap_spawn_opts){.in_free = in_free_joining_source, .blocking = true});
+        assert_int_equal(atap_forward(drop_source, t[i]), 0);
+        atomic_store(&pt[i]->hold, 1);
+        assert_int_equal(atap_give(t[i], &v1, 8), 0); /* its first run: held */
+        assert_true(wait_atomic_at_least(&pt[i]->runs, 1, ATAP_SEC(10)));
+        assert_int_equal(atap_give(t[i], &v2, 8), 0); /* pending behind it */
+    }
     atomic_store(&drop_armed, 1);
-    assert_int_equal(atap_give(drop_source, &v3, 8), 0); /* publishes 3: v2 goes */
-    assert_true(wait_atomic_at_least(&drop_checked, 1, ATAP_SEC(10)));
-    side_call_join(&drop_call);
-    assert_true(atomic_load(&drop_free)); /* the join returned */
-    atomic_store(&pt->hold, 0);
-    JOIN_UNTIL(t, 3); /* the next run had the delivered 3, not the 2 */
+    assert_int_equal(atap_give(drop_source, &v3, 8), 0); /* publishes 3: each v2 goes */
+    assert_true(wait_atomic_at_least(&drop_done, N, ATAP_SEC(60)));
+    atomic_store(&drop_armed, 0);
+    for (int i = 0; i < N; i++)
+        side_call_join(&drop_calls[i]);
+    assert_int_equal(atomic_load(&drop_ok), N); /* every join returned */
+    for (int i = 0; i < N; i++) {
+        atomic_store(&pt[i]->hold, 0);
+        JOIN_UNTIL(t[i], 3); /* the next run had the delivered 3, not the 2 */
+    }
     assert_no_failures();
     atap_release(drop_source);
-    atap_release(t);
+    for (int i = 0; i < N; i++)
+        atap_release(t[i]);
     waited_to_live_back();
-    assert_int_equal(atomic_load(&drop_frees), 2); /* v1 and v2, once each */
+    assert_int_equal(atomic_load(&drop_frees), 2 * N); /* v1 and v2, once each */
 }
 
 /* A waiting task stopped while a run is under way (a cancel, its timeout)
