@@ -1053,25 +1053,33 @@ static void count_alloc(void)
 /* A round made whole when no buffer can be had for the next one waits,
  * whole: the next delivery tries again, and the round it completes (with
  * the newest bytes) is the one the receiver runs on. */
-static void test_dataflow_receive_all_no_memory_next_delivery_retries(void **state)
+/* receive_all of one waiting member m, given 5 with the next round's
+ * buffer refused: the round is left whole, the receiver r not run. */
+static summer *round_left_whole(atap_task *m, atap_task *r)
 {
-    (void)state;
-    probe *p = probe_new(8, 1, 0);
-    atap_task m = spawn_probe(p, (atap_spawn_opts){0}), r;
     summer *s = summer_new(1);
     uint64_t in = 5;
 
-    assert_int_equal(atap_receive_all(&r, sum_run, s, &m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
+    *m = spawn_probe(probe_new(8, 1, 0), (atap_spawn_opts){0});
+    assert_int_equal(atap_receive_all(r, sum_run, s, m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
     atomic_store(&allocs, 0);
     assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, count_alloc), 0);
     atap_inject_alloc_failures(1);
-    assert_int_equal(atap_give(m, &in, 8), 0);
-    JOIN_UNTIL(m, 5);
+    assert_int_equal(atap_give(*m, &in, 8), 0);
+    JOIN_UNTIL(*m, 5);
     assert_true(wait_atomic_at_least(&allocs, 1, ATAP_SEC(10))); /* the round's buffer: refused */
     sleep_us(30000);
     assert_int_equal(atomic_load(&s->runs), 0);
+    return s;
+}
 
-    in = 7;
+static void test_dataflow_receive_all_no_memory_next_delivery_retries(void **state)
+{
+    (void)state;
+    atap_task m, r;
+    summer *s = round_left_whole(&m, &r);
+    uint64_t in = 7;
+
     assert_int_equal(atap_give(m, &in, 8), 0);
     JOIN_UNTIL(r, 7);
     SETTLE_EXACT(&s->runs, 1);
@@ -1092,20 +1100,10 @@ static void test_dataflow_receive_all_no_memory_next_delivery_retries(void **sta
 static void test_dataflow_receive_all_no_memory_member_closes(void **state)
 {
     (void)state;
-    probe *p = probe_new(8, 1, 0);
-    atap_task m = spawn_probe(p, (atap_spawn_opts){0}), r;
-    summer *s = summer_new(1);
-    uint64_t in = 5, v;
+    atap_task m, r;
+    summer *s = round_left_whole(&m, &r);
+    uint64_t v;
 
-    assert_int_equal(atap_receive_all(&r, sum_run, s, &m, 1, &(atap_spawn_opts){.out_size = 8}), 0);
-    atomic_store(&allocs, 0);
-    assert_int_equal(atap__test_on(ATAP__TEST_ALLOC, count_alloc), 0);
-    atap_inject_alloc_failures(1);
-    assert_int_equal(atap_give(m, &in, 8), 0);
-    JOIN_UNTIL(m, 5);
-    assert_true(wait_atomic_at_least(&allocs, 1, ATAP_SEC(10))); /* the round's buffer: refused */
-    sleep_us(30000);
-    assert_int_equal(atomic_load(&s->runs), 0);
     atap_release(m); /* nobody can give to it now: it ends, and its place closes */
     JOIN_UNTIL(r, 5);
     SETTLE_EXACT(&s->runs, 1);
