@@ -824,10 +824,11 @@ static void read_unlock(struct atap_slot *s)
 void atap__flow_close(struct atap_slot *s)
 {
     struct side *rx = ld_acquire(&s->side);
-    struct kicks kicks = {0};
+    struct kicks kicks;
     struct reg *list, *next;
     uint64_t pub;
 
+    atap__kicks_init(&kicks);
     read_lock(s);
     pthread_mutex_lock(&rx->lock);
     rx->closed = true;
@@ -890,7 +891,7 @@ struct side *atap__side_of(struct atap_slot *s)
  */
 static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
 {
-    struct kicks kicks = {0};
+    struct kicks kicks;
     struct side *rx = atap__side_of(s);
     bool live = true, listed = false;
     uint64_t refs, pub;
@@ -899,6 +900,7 @@ static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
         reg_close(r);
         return -ENOMEM;
     }
+    atap__kicks_init(&kicks);
     refs = ld_relaxed(&s->refs);
     do {
         if (refs_gen(refs) != gen || (refs & REFS_COUNT_MASK) == 0) {

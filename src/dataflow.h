@@ -51,7 +51,7 @@ void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* What deliveries leave for after the locks (dataflow.c): the targets they
  * started, to kick, and given values they displaced, whose in_free (a user
  * callback) must not run under the source's locks: KICK_DROPS in place,
- * more in `more` (malloc'd). Zeroed to start. */
+ * more in `more` (malloc'd). atap__kicks_init makes one empty. */
 #define KICK_DROPS 8
 struct kick_drop {
     unsigned char *b;
@@ -62,6 +62,15 @@ struct kicks {
     unsigned ndrops, cap;
     struct kick_drop drops[KICK_DROPS], *more;
 };
+
+/* An empty list: only the counting fields set (drops[] is filled as used,
+ * so a publish does not clear it each time). */
+static inline void atap__kicks_init(struct kicks *k)
+{
+    k->head = k->tail = NULL;
+    k->ndrops = k->cap = 0;
+    k->more = NULL;
+}
 
 /* Output number `pub` just became readable (caller holds the output's
  * write lock): each forward that has not had it gets it, and what that

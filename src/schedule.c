@@ -630,10 +630,11 @@ static void out_write_unlock(struct sched *c)
  * and only while the run still counts (RUNNING): then READY. */
 static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
-    struct kicks after = {0};
+    struct kicks after;
     uint32_t cur;
     bool ok;
 
+    atap__kicks_init(&after);
     out_write_lock(c);
     cur = ld_acquire(&s->word);
     if ((ok = word_gen(cur) == gen && word_state(cur) == ST_RUNNING) && s->out_size) {
@@ -813,10 +814,11 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
 static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, void *out,
                          bool *copied)
 {
-    struct kicks after = {0};
+    struct kicks after;
     uint32_t cur, st;
     bool ok;
 
+    atap__kicks_init(&after);
     out_write_lock(pc);
     cur = ld_acquire(&p->word);
     st = word_state(cur);
