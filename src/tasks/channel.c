@@ -19,6 +19,11 @@
  * a value is never left with a live receiver asleep; and such waiters at
  * the head of a list go whenever a new one joins it, so a list is never
  * much longer than the tasks that wait on it.
+ *
+ * User callbacks (elem_free) never run under the mutex: the last
+ * receiver's close moves the values left out (a copy, or with no memory
+ * for one the ring itself, leaving the channel an empty ring that a later
+ * send grows again) and frees them after it.
  */
 #include <errno.h>
 #include <pthread.h>
