@@ -153,6 +153,8 @@ void atap__flow_kicks_run(struct kicks *k)
 {
     struct gate *next;
 
+    if (!k->head && !k->ndrops)
+        return; /* the usual publish: no forward started anything */
     for (struct gate *g = k->head; g; g = next) {
         uint32_t index = g->index, gen = g->kick_gen;
 
