@@ -61,6 +61,7 @@ enum {
     ATAP_EBUSY = -10011,     /* atap_trim found nothing worth giving back */
     ATAP_ECLOSED = -10012,   /* a channel or peer closed */
     ATAP_ETOOLONG = -10013,  /* a delimited read hit its limit */
+    ATAP_ELIMIT = -10014,    /* every thread the pool may have is waiting */
 };
 
 /* A task function returns this, after one of the atap_park_* calls, to give
@@ -147,6 +148,11 @@ struct atap_pool_stats {
     uint64_t deaths;         /* threads lost to a task calling pthread_exit;
                                 counted once the replacement, if any, is live */
     uint64_t completed;      /* runs finished since the process started */
+    size_t waiting;          /* workers blocked in a wait inside a task, their
+                                cores lent to the others */
+    size_t ceiling;          /* the most workers the pool may have */
+    uint64_t stalls;         /* times every worker it may have was waiting and
+                                a wait gave up with ATAP_ELIMIT */
 };
 
 /*
@@ -746,8 +752,9 @@ ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
  *     through helping, as if the task had called pthread_exit.
  *   atap_inject_spawn_refusals: the next n thread starts fail as if the
  *     kernel refused them (0 clears what is still owed).
- *   atap_inject_help_depth: joins inside tasks help at most this deep
- *     (0 turns helping off); the default is 64.
+ *   atap_inject_help_depth: a wait inside a task runs at most this many
+ *     tasks nested on its thread's stack (0: none); the default is no
+ *     limit but the stack's room (UINT_MAX).
  *   atap_inject_arm_pause: the next repeat or delayed task to hand its run
  *     to a timer stops for ms milliseconds right after (0 clears it), so a
  *     test can make the manager go while that hand-over is under way.

@@ -541,13 +541,13 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer = w->cur;
     int rc;
 
-    w->held[w->nheld++] = ref;
+    atap__pool_frame_push(w, ref);
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
     w->cur = &ctx;
     rc = s->fn(&ctx, s->arg, slot_out(s));
     w->cur = outer;
-    w->nheld--;
+    atap__pool_frame_pop(w, false);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
     if (unlikely(rc == ATAP_PARKED && ctx.park_kind)) {
         /* A park has claimants of its own: RUNNING from here, so that its
@@ -589,6 +589,8 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
 }
 
 static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur);
+static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
+                        struct atap_ctx *ctx, bool publish);
 
 void atap__exec_run(struct worker *w, uint32_t ref)
 {
@@ -608,14 +610,33 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         run_observed(w, s, ref, cur);
 }
 
+/* The queue entry just taken for a plain task that is no longer PENDING
+ * may be one a claim aside left behind (atap__exec_claim_run): it then
+ * holds a listener, not RUN, and that listener is all it lets go. A
+ * relaxed look is enough to pass over the common case: a claimer whose
+ * STALE this misses finds it again itself (its claim failed) and takes
+ * the entry's part back. */
+static bool drop_stale_entry(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
+    if (likely(!(ld_relaxed(&s->refs) & REFS_STALE)))
+        return false;
+    if (!(atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) & REFS_STALE))
+        return false;
+    release_listener(s, index, gen);
+    return true;
+}
+
 /* A task someone may still cancel, read or wait on, a repeat's run, or one
  * back from a park. cur: its word as exec_run read it. */
 static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur)
 {
     uint32_t gen = word_gen(cur);
-    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer;
-    int rc;
+    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen};
+    bool fresh = false;
 
+    if (unlikely(word_state(cur) != ST_PENDING) && s->ext == NULL &&
+        drop_stale_entry(s, ref - 1, gen))
+        return;
     if (unlikely(word_state(cur) != ST_PENDING) && atap__park_resume(s, &ctx)) {
         /* Back from a park: still RUNNING, unless stopped since. A runtime
          * task woken to act runs anyway, seeing atap_cancelled(), so that
@@ -634,25 +655,82 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
     } else {
         do {
             if (word_state(cur) != ST_PENDING) { /* cancelled while queued */
-                atap__exec_release_run(s, ref - 1, gen);
+                if (!drop_stale_entry(s, ref - 1, gen))
+                    atap__exec_release_run(s, ref - 1, gen);
                 return;
             }
         } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+        fresh = true;
     }
-    w->held[w->nheld++] = ref;
+    run_claimed(w, s, ref, &ctx, fresh);
+}
+
+/* Runs a claimed task (its RUN is ours) on this thread, and what follows.
+ * publish: a plain task taken from a queue, which a waiter may leapfrog
+ * into (pool.c); its slot's link is free to carry where it runs. */
+static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
+                        struct atap_ctx *ctx, bool publish)
+{
+    struct atap_ctx *outer;
+    int rc;
+
+    atap__pool_frame_push(w, ref);
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
+    publish = publish && atap__pool_publish(w, s);
     outer = w->cur;
-    w->cur = &ctx;
-    rc = s->fn(&ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
+    w->cur = ctx;
+    rc = s->fn(ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
     w->cur = outer;
-    w->nheld--;
+    atap__pool_frame_pop(w, publish);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
-    if (unlikely(rc == ATAP_PARKED) && ctx.park_kind) {
-        atap__park_arm(s, &ctx); /* RUN goes with the park */
+    if (unlikely(rc == ATAP_PARKED) && ctx->park_kind) {
+        atap__park_arm(s, ctx); /* RUN goes with the park */
         return;
     }
-    finish_run(s, ref - 1, gen, rc);
+    finish_run(s, ref - 1, ctx->gen, rc);
+}
+
+/*
+ * A claim aside: a pool thread waiting for a plain task (no schedule) that
+ * is still queued claims it where it stands and runs it on its own stack.
+ * The queue entry stays behind, and it carried the task's RUN; so first a
+ * listener is added for the entry with STALE set (one CAS on refs: the
+ * slot now outlives the entry, whatever happens to RUN), then PENDING ->
+ * RUNNING is won as any dequeuer wins it, and RUN is the claimer's. The
+ * entry's dequeuer, finding the task no longer PENDING, takes STALE and
+ * drops that listener instead of RUN (drop_stale_entry). A claim that
+ * loses the word (a dequeuer ran it, a cancel ended it) takes STALE back
+ * and drops its listener, unless the dequeuer, having found the task
+ * ended, took STALE first: it then dropped the listener, and the claimer
+ * drops RUN in its place. One claimer at a time (STALE already set: no).
+ * True when it ran the task.
+ */
+bool atap__exec_claim_run(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
+{
+    uint64_t r = ld_relaxed(&s->refs);
+    uint32_t cur;
+
+    if (s->ext != NULL)
+        return false; /* a schedule claims its runs its own way */
+    do {
+        if (refs_gen(r) != gen || !(r & REFS_RUN) || (r & REFS_STALE) ||
+            (r & REFS_COUNT_MASK) == 0 || (r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
+            return false;
+    } while (!cas_acqrel(&s->refs, &r, (r + 1) | REFS_STALE));
+    cur = ld_acquire(&s->word);
+    do {
+        if (word_gen(cur) != gen || word_state(cur) != ST_PENDING) {
+            if (atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) &
+                REFS_STALE)
+                release_listener(s, ref - 1, gen);
+            else
+                atap__exec_release_run(s, ref - 1, gen);
+            return false;
+        }
+    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+    run_claimed(w, s, ref, &(struct atap_ctx){.slot = s, .index = ref - 1, .gen = gen}, false);
+    return true;
 }
 
 void atap__exec_fail_held(uint32_t ref)

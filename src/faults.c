@@ -34,7 +34,7 @@ void atap_inject_spawn_refusals(unsigned n)
 
 void atap_inject_help_depth(unsigned depth)
 {
-    st_relaxed(&atap__help_limit, depth < HELP_DEPTH ? depth : HELP_DEPTH);
+    st_relaxed(&atap__help_limit, depth);
 }
 
 void atap_inject_arm_pause(unsigned ms)

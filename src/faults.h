@@ -12,7 +12,9 @@
 #include "atomics.h"
 #include "testing.h"
 
-#define HELP_DEPTH 64
+#include <limits.h>
+
+#define HELP_DEPTH UINT_MAX /* tasks run nested by waits: no limit but the stack */
 
 #ifdef ATAP_FAULT_INJECTION
 extern _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;

@@ -10,8 +10,9 @@
  * which read our RMW or a later value, so it sees us counted, and then bumps
  * settle_seq and wakes it: a member that settles after our look changes the
  * value we sleep on. No settle is missed; a settle of an unrelated task only
- * costs a look. Inside a worker it helps between looks, as a join does, and
- * sleeps in slices to look for work again.
+ * costs a look. A pool thread runs work a set of one needs between looks,
+ * as a join does (read.c), and runs nothing for a larger set; it blocks,
+ * lending its core, and sleeps in slices to look again.
  */
 #include "atap.h"
 #include "atomics.h"
@@ -64,6 +65,19 @@ static bool all_inside(const atap_task *ts, size_t n)
     return true;
 }
 
+/* Runs one piece of work the task t needs, on a pool thread (read.c). */
+static bool help_one(struct worker *w, atap_task t)
+{
+    uint32_t index, gen;
+    struct atap_slot *s = atap__exec_live(t, &index, &gen);
+
+    if (!s || !atap__pool_help_once(w, s, index + 1, gen))
+        return false;
+    if (ld_relaxed(&w->blocked))
+        atap__pool_blocked(w, false);
+    return true;
+}
+
 int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
                     size_t *winner)
 {
@@ -86,17 +100,22 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
             now = atap__now_ns();
             if (now >= deadline)
                 break;
-            /* Inside a worker, help as a join does (read.c): the first
-             * member if it is still in this worker's queue (its LIFO slot
-             * wakes nobody), else other queued work; then look again. */
-            if (w && !w->blocking && atap__pool_help_once(w, (uint32_t)ts[0].id + 1))
+            /* A pool thread runs nothing on top of this wait but the one
+             * member of a set of one (read.c's rule): with two or more, no
+             * member is work the wait needs (another may end it first, and
+             * the caller may then do what a member waits for). */
+            if (w && n == 1 && help_one(w, ts[0]))
                 continue;
+            if (w && !w->blocking)
+                atap__pool_blocked(w, true); /* its core is lent meanwhile */
             left = deadline == ATAP__FOREVER ? ATAP__FOREVER : deadline - now;
             if (w && left > HELP_SLICE_NS) /* a worker looks for work again */
                 left = HELP_SLICE_NS;
             atap__word_wait(&settle_seq, seq, left);
         }
         sub_seqcst(&atap__first_waiters, 1);
+        if (atap__self && ld_relaxed(&atap__self->blocked))
+            atap__pool_blocked(atap__self, false);
         if (k == n)
             return ATAP_ENOTREADY;
     }

@@ -64,9 +64,15 @@
 #include "pool.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 #include <time.h>
 #include <unistd.h>
 
@@ -103,7 +109,13 @@ static struct {
     struct worker *idle;
     _Atomic unsigned nrec, nlive, nidle, nsearching, peak, nblocked;
     unsigned floor, target, ceiling; /* fewest, usual most, and most workers */
+    _Atomic bool refused;   /* the last worker start was refused */
+    _Atomic uint64_t stall_at; /* when a waiter last got ATAP_ELIMIT */
+    _Atomic uint64_t stalls;
     uint64_t last_done[POOL_MAX_THREADS]; /* manager: completed at the last tick */
+#if !defined(__linux__)
+    uint64_t last_cpu[POOL_MAX_THREADS]; /* manager: CPU time at the last look */
+#endif
     unsigned ticks;                       /* manager: ticks since start */
     _Atomic uint64_t epoch; /* moves when a thread leaves an idle list or starts */
     _Atomic bool stopping;
@@ -176,8 +188,11 @@ static int start_thread(bool blocking, struct worker *self)
     st_relaxed(&w->park, PARK_RUNNING);
     st_relaxed(&w->busy, false);
     w->blocking = blocking;
-    w->searching = w->in_idle = w->uncounted = w->blocked = false;
-    w->lifo_streak = w->depth = w->nheld = 0;
+    w->searching = w->in_idle = w->uncounted = false;
+    st_relaxed(&w->blocked, false);
+    w->lifo_streak = w->depth = 0;
+    w->held = w->held_inline;
+    w->held_cap = HELD_INLINE;
     w->cur = NULL;
     st_relaxed(&w->kwait, 0); /* kq stays: it belongs to the record */
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
@@ -513,7 +528,8 @@ static uint32_t find_work(struct worker *w)
 }
 
 /* The awaited task, if it sits in w's LIFO slot or at the bottom of w's
- * ring: where a task that spawned it and now joins it left it. */
+ * ring: where a task that spawned it and now joins it left it. Taken from
+ * there, the entry and its RUN are ours, as any dequeue's are. */
 static uint32_t take_awaited(struct worker *w, uint32_t awaited)
 {
     uint32_t x;
@@ -530,63 +546,227 @@ static uint32_t take_awaited(struct worker *w, uint32_t awaited)
     return 0;
 }
 
-bool atap__pool_help_once(struct worker *w, uint32_t awaited)
+/* The link hint a published run leaves in its slot: depth << 11 | worker
+ * index + 1. Only a hint: whatever it reads is checked against pub[]. */
+#define HINT_WORKER_BITS 11
+_Static_assert(POOL_MAX_THREADS < (1u << HINT_WORKER_BITS), "a worker index fits the hint");
+
+bool atap__pool_publish(struct worker *w, struct atap_slot *s)
 {
+    unsigned d = w->depth - 1;
     uint32_t x;
 
-    unsigned limit = HELP_LIMIT();
-
-    if (w->depth >= limit)
+    if (w->blocking || d >= PUB_DEPTH)
         return false;
-    /* Past half the depth only the awaited task itself is run, so the
-     * stack grows down one branch at a time. */
-    x = take_awaited(w, awaited);
-    if (!x && w->depth < limit / 2)
-        x = find_work(w);
-    if (!x)
-        return false;
-    w->depth++;
-    atap__exec_run(w, x);
-    w->depth--;
+    /* What sits in the LIFO slot was spawned before this run: into the
+     * ring below the mark, so that everything at or above the mark was
+     * spawned while this run is on the stack. */
+    if (ld_relaxed(&w->lifo) != 0 &&
+        (x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
+        push_ring(w, x);
+    st_relaxed(&w->pubmark[d], ld_relaxed(&w->ring.bottom));
+    /* Release: a leapfrogger that reads the tag reads this mark or a later
+     * one (and a later one changes the tag before it is used). */
+    st_release(&w->pub[d], (uint64_t)++w->fseq << 32 | w->held[d]);
+    st_relaxed(&s->link, d << HINT_WORKER_BITS | (uint32_t)(w - workers + 1));
     return true;
 }
 
-/* Starts one more worker, up to the ceiling. */
-static void add_worker(void)
+/* Room in held[] for one more run; false with no memory for it. */
+static bool held_room(struct worker *w)
 {
+    unsigned cap = w->held_cap * 2;
+    uint32_t *grown;
+
+    if (w->depth < w->held_cap)
+        return true;
+    if (!(grown = malloc(cap * sizeof *grown)))
+        return false;
+    memcpy(grown, w->held, w->depth * sizeof *grown);
+    if (w->held != w->held_inline)
+        free(w->held);
+    w->held = grown;
+    w->held_cap = cap;
+    return true;
+}
+
+/* The record's held[] back to its inline array (its thread is leaving). */
+static void held_reset(struct worker *w)
+{
+    if (w->held != w->held_inline)
+        free(w->held);
+    w->held = w->held_inline;
+    w->held_cap = HELD_INLINE;
+}
+
+/* Owner's ring v, any thread: the oldest entry if it sits at or above
+ * mark. 0 if none (or a lost race). */
+static uint32_t steal_above(struct ring *r, int64_t mark)
+{
+    int64_t t = ld_acquire(&r->top), b;
+    uint32_t x;
+
+    if (t < mark)
+        return 0;
+    fence_seqcst(); /* as ring_steal: pairs with the fence in ring_pop */
+    b = ld_acquire(&r->bottom);
+    if (t >= b)
+        return 0;
+    x = ld_relaxed(&r->buf[t & RING_MASK]);
+    if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + 1, memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        return 0;
+    return x;
+}
+
+/*
+ * Leapfrogging: the awaited task runs on worker v, published at depth d
+ * (its slot's link says where). Entries of v's ring at or above that run's
+ * mark were spawned while it was on v's stack: by it, or by runs above it,
+ * which are work it needs in turn. One is taken from the top (the oldest,
+ * the largest piece) with one CAS, as a thief takes one, and kept only if
+ * v's pub[d] still holds the same tag afterwards: then the run was on v's
+ * stack all along, so the entry was spawned during it. The order that makes
+ * the second look enough: v unpublishes (pool.h, frame_pop) before it
+ * pushes anything later, and every push is a release store of bottom; the
+ * steal read bottom with acquire past the entry's index, so it saw the
+ * push of that entry or a later store, and with it the unpublishing that
+ * came first. An entry taken and then found not ours goes to the shared
+ * queue: into our own ring it would look spawned by our waiting run.
+ */
+static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref)
+{
+    uint32_t hint = ld_relaxed(&s->link), vi = hint & ((1u << HINT_WORKER_BITS) - 1);
+    uint32_t d = hint >> HINT_WORKER_BITS, x;
+    struct worker *v;
+    uint64_t tag;
+
+    if (vi == 0 || vi > ld_acquire(&pool.nrec) || d >= PUB_DEPTH)
+        return 0;
+    v = &workers[vi - 1];
+    if (v == w || (uint32_t)(tag = ld_acquire(&v->pub[d])) != ref)
+        return 0;
+    if ((x = steal_above(&v->ring, ld_relaxed(&v->pubmark[d]))) == 0)
+        return 0;
+    if (ld_acquire(&v->pub[d]) != tag) {
+        push_shared(&pool.inj, &x, 1);
+        notify();
+        return 0;
+    }
+    return x;
+}
+
+/* Room on this thread's stack for one more run. */
+static inline bool stack_room(const struct worker *w)
+{
+    return (uintptr_t)__builtin_frame_address(0) > w->stack_floor;
+}
+
+/*
+ * What a wait may run. A thread waiting for task A runs, on top of its
+ * waiting frame, only work A needs: A itself while it is queued, or work
+ * spawned while A runs (leapfrogging). Never other work: a frame run on
+ * top of a waiting one cannot return before it, so if it waited for
+ * something the lower frame does after its wait, neither would end, a
+ * deadlock the program did not contain. Work A needs cannot wait for what
+ * the waiting frame does later, unless the program waits in a circle
+ * already (A would wait for it too). The one exception is a task spawned
+ * during A that A never joins and that waits for the waiter's later work;
+ * a program that makes one should not wait for A inside a task.
+ * With nothing safe to run, the waiter blocks, and the pool lends its core
+ * (atap__pool_blocked). Nesting is bounded by the stack, not by a count:
+ * no run starts nested below the thread's stack floor (its stack less a
+ * reserve for the run itself), so a deep chain of joins fills one stack,
+ * then blocks, and the next part of the chain runs on a lent worker's.
+ */
+bool atap__pool_help_once(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
+{
+    uint32_t x = 0;
+
+    if (!stack_room(w) || w->depth > HELP_LIMIT() || !held_room(w))
+        return false;
+    if (!w->blocking && (x = take_awaited(w, ref)) != 0) {
+        atap__exec_run(w, x);
+        return true;
+    }
+    if (atap__exec_claim_run(w, s, ref, gen))
+        return true;
+    if ((x = leapfrog(w, s, ref)) != 0) {
+        atap__exec_run(w, x);
+        return true;
+    }
+    return false;
+}
+
+/* Starts one more worker, up to the ceiling; false if none was started
+ * for want of a thread (the ceiling, or a refused start). */
+static bool add_worker(void)
+{
+    bool ok = true;
+
     pthread_mutex_lock(&pool.lock);
-    if (!ld_relaxed(&pool.stopping) && ld_relaxed(&pool.nlive) < pool.ceiling)
-        start_thread(false, NULL);
+    if (!ld_relaxed(&pool.stopping)) {
+        ok = ld_relaxed(&pool.nlive) < pool.ceiling && start_thread(false, NULL) == 0;
+        st_relaxed(&pool.refused, !ok);
+    }
     pthread_mutex_unlock(&pool.lock);
+    return ok;
+}
+
+/* Workers not blocked in a wait: running, searching or idle. */
+static unsigned unblocked_workers(void)
+{
+    unsigned live = ld_seqcst(&pool.nlive), blocked = ld_seqcst(&pool.nblocked);
+
+    return live > blocked ? live - blocked : 0;
 }
 
 void atap__pool_blocked(struct worker *w, bool blocked)
 {
-    if (blocked && !w->blocked) {
-        w->blocked = true;
+    if (blocked && !ld_relaxed(&w->blocked)) {
+        st_relaxed(&w->blocked, true);
         add_seqcst(&pool.nblocked, 1);
-    } else if (!blocked && w->blocked) {
-        w->blocked = false;
+    } else if (!blocked && ld_relaxed(&w->blocked)) {
+        st_relaxed(&w->blocked, false);
         sub_seqcst(&pool.nblocked, 1);
         return;
     }
     if (!blocked)
         return;
-    /* Looked at on every slice of a blocked wait. What this worker waits
-     * for may sit in its own queues, out of its reach now: an idle worker
-     * can steal it (a LIFO slot woke nobody when it was filled); with none
-     * idle and every worker blocked, one more worker is started. */
+    /* Looked at on every slice of a blocked wait: the core it leaves is
+     * lent. What waits may sit in this worker's own queues, out of its
+     * reach now: an idle worker can steal it (a LIFO slot woke nobody when
+     * it was filled); with none idle and fewer workers left unblocked than
+     * the floor (the cores), one more worker is started. */
+    if (!work_visible(true))
+        return;
     if (ld_relaxed(&pool.nidle) > 0) {
         /* Counted a searcher before it wakes, as notify does: woken first,
          * it could leave the search before it was counted in. */
-        if (work_visible(true)) {
-            add_seqcst(&pool.nsearching, 1);
-            if (!wake_idle())
-                sub_seqcst(&pool.nsearching, 1);
-        }
-    } else if (ld_seqcst(&pool.nblocked) >= ld_seqcst(&pool.nlive) && work_visible(true)) {
+        add_seqcst(&pool.nsearching, 1);
+        if (!wake_idle())
+            sub_seqcst(&pool.nsearching, 1);
+    } else if (unblocked_workers() < pool.floor) {
         add_worker();
     }
+}
+
+#define STALL_GAP_NS 20000000u /* a stall is declared at most this often */
+
+bool atap__pool_stalled(struct worker *w)
+{
+    uint64_t now, last;
+
+    if (!ld_relaxed(&w->blocked) || unblocked_workers() > 0 || !work_visible(true))
+        return false;
+    if (ld_relaxed(&pool.nlive) < pool.ceiling && !ld_relaxed(&pool.refused))
+        return false; /* a worker may still be added */
+    now = atap__now_ns();
+    last = ld_relaxed(&pool.stall_at);
+    if (now - last < STALL_GAP_NS || !cas_acqrel(&pool.stall_at, &last, now))
+        return false;
+    add_relaxed(&pool.stalls, 1);
+    return true;
 }
 
 /* ---- submitting -------------------------------------------------------- */
@@ -817,8 +997,13 @@ static void thread_died(void *arg)
 {
     struct worker *w = arg;
 
-    while (w->nheld > 0)
-        atap__exec_fail_held(w->held[--w->nheld]);
+    /* Innermost first; each published run unpublished as it goes. */
+    while (w->depth > 0) {
+        if (--w->depth < PUB_DEPTH)
+            st_relaxed(&w->pub[w->depth], 0);
+        atap__exec_fail_held(w->held[w->depth]);
+    }
+    held_reset(w);
     if (ld_relaxed(&w->busy) && w->blocking) {
         /* As a run's end does (blocker_loop): a drain that read the
          * blocking queue before what this run queued sees the epoch move. */
@@ -828,7 +1013,7 @@ static void thread_died(void *arg)
     st_relaxed(&w->busy, false);
     if (w->searching)
         sub_seqcst(&pool.nsearching, 1);
-    if (w->blocked)
+    if (ld_relaxed(&w->blocked))
         atap__pool_blocked(w, false);
     if (!w->blocking)
         evacuate(w);
@@ -854,11 +1039,49 @@ static void thread_died(void *arg)
     st_release(&w->status, W_DEAD); /* last: joiners may now join us */
 }
 
+/* The lowest address a run may start nested at on this thread's stack:
+ * its low end plus a reserve for the run itself (an eighth of the stack,
+ * 64 KiB to 1 MiB). glibc says where the stack lies; elsewhere it is taken
+ * to end `size` below here (the thread's first frame). */
+#define STACK_RESERVE_MIN ((size_t)64 << 10)
+#define STACK_RESERVE_MAX ((size_t)1 << 20)
+
+static uintptr_t stack_floor_here(size_t size)
+{
+    char here;
+    uintptr_t top = (uintptr_t)&here, lo = 0;
+    size_t reserve;
+#if defined(__GLIBC__)
+    pthread_attr_t attr;
+    void *addr;
+    size_t got;
+
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        if (pthread_attr_getstack(&attr, &addr, &got) == 0 && (uintptr_t)addr < top) {
+            lo = (uintptr_t)addr;
+            size = got;
+        }
+        pthread_attr_destroy(&attr);
+    }
+#endif
+    if (lo == 0)
+        lo = top > size ? top - size : 0;
+    reserve = size / 8;
+    reserve = reserve < STACK_RESERVE_MIN ? STACK_RESERVE_MIN
+              : reserve > STACK_RESERVE_MAX ? STACK_RESERVE_MAX
+                                           : reserve;
+    return lo + reserve;
+}
+
 static void *thread_main(void *arg)
 {
     struct worker *w = arg;
 
     atap__self = w;
+    w->stack_floor = stack_floor_here(pool.stack);
+#if defined(__linux__)
+    st_relaxed(&w->tid, (int)syscall(SYS_gettid));
+#endif
 #if defined(__linux__)
     pthread_setname_np(pthread_self(), w->blocking ? "atap-blocking" : "atap-worker");
 #elif defined(__APPLE__)
@@ -870,6 +1093,7 @@ static void *thread_main(void *arg)
     else
         worker_loop(w);
     pthread_cleanup_pop(0);
+    held_reset(w);
     atap__self = NULL; /* as in thread_died */
     pthread_mutex_lock(&pool.lock);
     if (!w->uncounted)
@@ -884,7 +1108,53 @@ static void *thread_main(void *arg)
 #define OVERLOAD_RATIO 64            /* queued per worker that counts as overload */
 #define TRIM_EVERY_TICKS 500         /* about 5 s */
 
-/* Workers inside a task that finished nothing since the last tick. */
+/*
+ * Off the CPU: the thread sleeps in the kernel (a task holding it in a
+ * call of its own), as opposed to running, or waiting for a CPU on a busy
+ * machine. Only the first answers growth: more threads would not make a
+ * saturated machine any faster. Linux says so in the thread's stat (S or
+ * D); elsewhere the thread's CPU clock standing still over the tick says
+ * the same.
+ */
+static bool off_cpu(struct worker *w, unsigned i)
+{
+#if defined(__linux__)
+    char path[64], buf[512], *paren;
+    ssize_t got;
+    int fd;
+
+    (void)i;
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", ld_relaxed(&w->tid));
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return true; /* can't tell: as before, stuck */
+    got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (got <= 0)
+        return true;
+    buf[got] = '\0';
+    /* "tid (name) S ...": the state follows the last ')'. */
+    if (!(paren = strrchr(buf, ')')) || paren[1] != ' ')
+        return true;
+    return paren[2] == 'S' || paren[2] == 'D';
+#else
+    clockid_t clock;
+    struct timespec ts;
+    uint64_t cpu;
+
+    if (pthread_getcpuclockid(w->thread, &clock) != 0 || clock_gettime(clock, &ts) != 0)
+        return true;
+    cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (cpu != pool.last_cpu[i]) {
+        pool.last_cpu[i] = cpu;
+        return false;
+    }
+    return true;
+#endif
+}
+
+/* Workers stuck in a task: inside one, nothing finished since the last
+ * tick, and off the CPU; among the live ones not blocked in a wait (those
+ * have lent their cores already), counted in *live. */
 static unsigned count_stuck(unsigned *live)
 {
     unsigned n = ld_acquire(&pool.nrec), stuck = 0;
@@ -893,10 +1163,10 @@ static unsigned count_stuck(unsigned *live)
     for (unsigned i = 0; i < n; i++) {
         uint64_t done = ld_relaxed(&workers[i].completed);
 
-        if (ld_acquire(&workers[i].status) != W_LIVE)
+        if (ld_acquire(&workers[i].status) != W_LIVE || ld_relaxed(&workers[i].blocked))
             continue;
         (*live)++;
-        if (ld_relaxed(&workers[i].busy) && done == pool.last_done[i])
+        if (ld_relaxed(&workers[i].busy) && done == pool.last_done[i] && off_cpu(&workers[i], i))
             stuck++;
         pool.last_done[i] = done;
     }
@@ -938,16 +1208,17 @@ static void reap(uint64_t now, unsigned live)
  * manager is stopped by then): returns the live worker count. */
 static unsigned keep_going(void)
 {
-    unsigned live, stuck = count_stuck(&live);
+    unsigned running, stuck = count_stuck(&running);
     size_t queued = atap__inj_len(&pool.inj);
 
     /* Work in a LIFO slot or a ring woke nobody: hand it to an idle peer. */
     if (ld_relaxed(&pool.nidle) > 0 && ld_relaxed(&pool.nsearching) == 0 && work_visible(true))
         notify();
-    /* Every worker stuck and work waiting: one more, up to the target; past
-     * it only under overload. */
-    if (live > 0 && stuck == live && work_visible(true) &&
-        (live < pool.target || queued >= (size_t)live * OVERLOAD_RATIO))
+    /* Every worker not blocked in a wait stuck (a task holding it in a
+     * call of its own) and work waiting: one more, up to the target; past
+     * it only under overload. Blocked waiters lent their cores already. */
+    if (running > 0 && stuck == running && work_visible(true) &&
+        (running < pool.target || queued >= (size_t)running * OVERLOAD_RATIO))
         add_worker();
     /* Below the floor (a replacement was refused): one more a tick. And a
      * blocking task with no blocking thread to run it (its start was
@@ -956,7 +1227,7 @@ static unsigned keep_going(void)
         add_worker();
     if (ld_relaxed(&pool.blive) == 0 && !atap__inj_empty(&pool.binj))
         wake_blocker();
-    return live;
+    return ld_relaxed(&pool.nlive);
 }
 
 /* Joins the zombies (pool lock not held: a destructor still running on
@@ -1004,15 +1275,22 @@ void atap__pool_wake_all(void)
 
 /* ---- start, drain, stop ------------------------------------------------ */
 
-/* The most workers: what the process may still start, less a reserve for
- * the program's own threads, never below the floor nor above the records. */
-static unsigned thread_ceiling(unsigned floor)
+/* The most workers (atap.h, atap_pool_stats): what the process may still
+ * start (RLIMIT_NPROC less 256 for the program's own threads), and as many
+ * whole worker stacks as a quarter of the machine's memory holds (a worker
+ * blocked deep in a chain of waits has touched all of its own); never
+ * below the floor nor above the records. */
+static unsigned thread_ceiling(unsigned floor, size_t stack)
 {
     struct rlimit rl;
     unsigned long limit = POOL_MAX_THREADS;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
 
     if (getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
         limit = rl.rlim_cur > 256 ? (unsigned long)(rl.rlim_cur - 256) : 0;
+    if (pages > 0 && page > 0 && stack > 0 &&
+        (unsigned long long)pages * (unsigned long long)page / 4 / stack < limit)
+        limit = (unsigned long)((unsigned long long)pages * (unsigned long long)page / 4 / stack);
     if (limit > POOL_MAX_THREADS)
         limit = POOL_MAX_THREADS;
     return limit < floor ? floor : (unsigned)limit;
@@ -1033,7 +1311,7 @@ int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size
 
     pool.bcap = bcap < POOL_MAX_THREADS ? (unsigned)bcap : POOL_MAX_THREADS;
     pool.floor = floor;
-    pool.ceiling = thread_ceiling(floor);
+    pool.ceiling = thread_ceiling(floor, stack);
     pool.target = (unsigned long)cores * workers_per_core < pool.ceiling
                       ? (unsigned)(cores * workers_per_core)
                       : pool.ceiling;
@@ -1156,4 +1434,7 @@ void atap__pool_stats(struct atap_pool_stats *st)
     st->peak_workers = ld_relaxed(&pool.peak);
     st->deaths = ld_acquire(&pool.deaths);
     st->completed = done;
+    st->waiting = ld_relaxed(&pool.nblocked);
+    st->ceiling = pool.ceiling;
+    st->stalls = ld_relaxed(&pool.stalls);
 }

@@ -17,6 +17,9 @@
 
 #define LIFO_STREAK 3
 #define POOL_MAX_THREADS 1024 /* records for workers, and again for blocking threads */
+#define PUB_DEPTH 128         /* runs on a worker's stack a waiter can find (leapfrog) */
+
+#define HELD_INLINE 64         /* runs on a stack recorded without the heap */
 
 /* Lines written by the owner on every task are kept apart from the lines
  * other threads scan (status, ring indices), so an idle thread looking for
@@ -27,6 +30,7 @@ struct worker {
     _Alignas(64) _Atomic int status;    /* W_FREE, W_LIVE, W_DEAD */
     _Atomic uint32_t park;              /* futex word, see pool.c */
     pthread_t thread;
+    _Atomic int tid;                /* the kernel's id of its thread (Linux) */
     _Alignas(64) _Atomic bool busy; /* inside a task (owner-written, read by stats) */
     _Atomic uint64_t completed;
     bool blocking;             /* a blocking thread, not a worker */
@@ -35,11 +39,17 @@ struct worker {
     bool uncounted;            /* already left the live count (idle stop) */
     struct worker *idle_next;  /* idle list link (pool lock) */
     uint64_t idle_since;       /* when it joined the idle list (pool lock) */
-    bool blocked;              /* counted in the pool's blocked count */
+    _Atomic bool blocked;      /* counted in the pool's blocked count
+                                  (owner-written, read by the tick) */
     unsigned lifo_streak;
-    unsigned depth;            /* helping depth: runs nested inside a join */
-    unsigned nheld;            /* tasks this thread is inside, outermost first */
-    uint32_t held[HELP_DEPTH + 2];
+    /* The tasks this thread is inside, outermost first (held[0..depth)):
+     * every run on its stack, nested by waits. Off the stack, so that a
+     * dying thread's cleanup can read them after its stack unwound. */
+    unsigned depth, held_cap;
+    uint32_t *held;            /* held_inline, or a larger heap array */
+    uint32_t held_inline[HELD_INLINE];
+    uintptr_t stack_floor;     /* no run starts nested below this address */
+    uint32_t fseq;             /* runs published so far */
     uint64_t rng;
     struct inj_cursor cursor;
     struct slot_cache cache;
@@ -48,18 +58,44 @@ struct worker {
                                        first use, kept with the record */
     _Atomic uint64_t kwait;         /* gen << 32 | index of the task in a
                                        kernel wait on kq, or 0 */
+    /* The runs a waiter may leapfrog into (pool.c): at depth d, seq << 32 |
+     * ref of the run there, and the ring's bottom when it started. */
+    _Alignas(64) _Atomic uint64_t pub[PUB_DEPTH];
+    _Atomic int64_t pubmark[PUB_DEPTH];
 };
 
 /* The thread is inside the task ref (slot index + 1): running it, or a run
- * further up its helping stack. A wait for such a task could only end once
- * the wait itself returned. */
+ * lower on its stack. A wait for such a task could only end once the wait
+ * itself returned. */
 static inline bool atap__pool_inside(const struct worker *w, uint32_t ref)
 {
-    for (unsigned i = 0; w && i < w->nheld; i++)
+    for (unsigned i = 0; w && i < w->depth; i++)
         if (w->held[i] == ref)
             return true;
     return false;
 }
+
+/* A run of ref starts on w's stack (executor.c), and ends. held[] has room:
+ * a run nests only through atap__pool_help_once, which makes sure. */
+static inline void atap__pool_frame_push(struct worker *w, uint32_t ref)
+{
+    w->held[w->depth++] = ref;
+}
+
+static inline void atap__pool_frame_pop(struct worker *w, bool published)
+{
+    /* Unpublished before anything the lower runs push (release stores):
+     * a leapfrogger that takes such an entry sees this (pool.c). */
+    if (published)
+        atomic_store_explicit(&w->pub[w->depth - 1], 0, memory_order_relaxed);
+    w->depth--;
+}
+
+struct atap_slot;
+/* Publishes the innermost run, of the plain task in slot s just claimed
+ * from a queue, so that a thread waiting for it can find what it spawns.
+ * True if published (atap__pool_frame_pop unpublishes it). */
+bool atap__pool_publish(struct worker *w, struct atap_slot *s);
 
 /* A canceller or a timeout stopped the task gen << 32 | index: a thread in
  * a kernel wait for it is woken (its kq). */
@@ -74,10 +110,15 @@ struct atap_pool_stats;
  * thread. The caller has already refused new outside spawns. */
 void atap__pool_stop(void);
 
-/* A worker waiting inside a task that can no longer help (too deep) counts
- * as blocked; when every worker is blocked and work waits, the pool starts
- * one more, so deep recursion never deadlocks the pool. */
+/* A worker waiting inside a task with nothing it may run counts as
+ * blocked, and the pool lends its core: it wakes an idle worker, or starts
+ * one while fewer than the cores are left running, up to the ceiling. */
 void atap__pool_blocked(struct worker *w, bool blocked);
+
+/* A blocked waiter whose task is still queued asks: is every worker the
+ * pool may have waiting, so that nothing can run that task? True for one
+ * waiter at a time (it then gives up with ATAP_ELIMIT), counted as a stall. */
+bool atap__pool_stalled(struct worker *w);
 
 /* Queues worker tasks (not blocking ones) from outside the pool, each in
  * its priority band, with one wake check for them all. */
@@ -101,10 +142,11 @@ static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int pr
         atap__pool_submit(ref, priority, blocking);
 }
 
-/* Inside a worker joining the task `awaited` (a ref): runs the awaited task
- * if it is still in this worker's queue, else, while not too deep, one other
- * queued task. False when nothing was run. */
-bool atap__pool_help_once(struct worker *w, uint32_t awaited);
+/* A pool thread waiting for the task ref (generation gen, slot s) runs one
+ * piece of work that task needs, if there is one and its stack has room:
+ * the task itself while it is queued, or work it spawned (pool.c, "What a
+ * wait may run"). False when it ran nothing. */
+bool atap__pool_help_once(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen);
 
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);

@@ -56,21 +56,27 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
 
 static int unblocked(struct worker *w, int rc)
 {
-    if (w && w->blocked)
+    if (w && ld_relaxed(&w->blocked))
         atap__pool_blocked(w, false);
     return rc;
 }
 
+#define WAIT_SPINS 64 /* looks for work the awaited task needs before blocking */
+
 /*
- * Waits until the task settles or the deadline passes. Inside a worker the
- * thread runs queued work meanwhile (helping) and sleeps in short slices so
- * it can look for more; elsewhere it sleeps on the word until woken.
+ * Waits until the task settles or the deadline passes. A pool thread runs
+ * meanwhile only work the awaited task needs (atap__pool_help_once: the
+ * task itself while queued, or work it spawned); with none, it looks again
+ * a few times, then blocks, lending its core to the pool, and sleeps in
+ * short slices so that it can look again. Elsewhere it sleeps on the word
+ * until woken.
  */
 static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
                         uint32_t *state)
 {
     struct worker *w = atap__self;
     uint64_t slice = SLICE_MIN_NS, now, left;
+    unsigned spins = 0;
     uint32_t cur;
 
     for (;;) {
@@ -83,23 +89,33 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
         }
         /* Help only while time is left: a timed wait returns at most one
          * helped run past its deadline. */
-        if (w && !w->blocking &&
-            (deadline == ATAP__FOREVER || atap__now_ns() < deadline) &&
-            atap__pool_help_once(w, ref)) {
+        if (w && (deadline == ATAP__FOREVER || atap__now_ns() < deadline) &&
+            atap__pool_help_once(w, s, ref, gen)) {
             unblocked(w, 0);
             slice = SLICE_MIN_NS;
+            spins = 0;
             continue;
         }
         /* About to sleep. A task this thread is inside (itself, or one
-         * further up the helping stack) could only settle once this wait
-         * returns: refuse rather than hang. Looked at here, off the fast
-         * path, since a join that finds its task done never gets here. */
+         * lower on its stack) could only settle once this wait returns:
+         * refuse rather than hang. Looked at here, off the fast path, since
+         * a join that finds its task done never gets here. */
         if (atap__pool_inside(w, ref))
             return unblocked(w, ATAP_EINVAL);
-        /* Too deep to help any more: count as blocked, so that the pool
-         * starts a worker if nobody is left to run what this waits for. */
-        if (w && !w->blocking && w->depth >= HELP_LIMIT() / 2)
+        if (w && spins < WAIT_SPINS) {
+            spins++;
+            for (unsigned k = 0; k < 16; k++)
+                cpu_relax();
+            continue;
+        }
+        /* Nothing it may run: the worker blocks and its core is lent. If
+         * the task is still queued and every worker the pool may have is
+         * blocked so, nothing can run it: give up, rather than hang. */
+        if (w && !w->blocking) {
             atap__pool_blocked(w, true);
+            if (word_state(cur) == ST_PENDING && atap__pool_stalled(w))
+                return unblocked(w, ATAP_ELIMIT);
+        }
         now = deadline == ATAP__FOREVER ? 0 : atap__now_ns();
         if (now >= deadline)
             return unblocked(w, ATAP_ENOTREADY);

@@ -225,6 +225,7 @@ const char *atap_strerror(int code)
     case ATAP_EBUSY: return "nothing worth giving back";
     case ATAP_ECLOSED: return "closed";
     case ATAP_ETOOLONG: return "too long";
+    case ATAP_ELIMIT: return "every thread the pool may have is waiting";
     }
     if (code < 0 && code > -4096)
         return strerror(-code);

@@ -12,7 +12,8 @@
  *         by a listener before it sleeps, and whoever settles the task
  *         wakes only when it was set.
  *
- *   refs  (64 bits) gen << 32 | RUN << 31 | RX << 30 | GATED << 29 | listeners
+ *   refs  (64 bits) gen << 32 | RUN << 31 | RX << 30 | GATED << 29 |
+ *         STALE << 28 | listeners
  *         One per handle, plus RUN while the runtime still owes the task a
  *         run or a clean-up (the queue or the running thread holds it).
  *         Whoever takes refs to (gen, no RUN, 0 listeners) frees the slot,
@@ -22,6 +23,10 @@
  *         that it must close the forwards (never cleared until freed).
  *         GATED: the task waits for gives (dataflow.c), so its last
  *         listener going may let it go; read with the count, no extra load.
+ *         STALE: a waiter claimed the task out of its queue place
+ *         (executor.c, atap__exec_claim_run) and took its RUN; the entry
+ *         left in the queue holds one listener instead, dropped by whoever
+ *         dequeues it (or by the claimer, if the claim failed first).
  *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
  * free list while the slot is free, by the injector while it is queued, and
@@ -58,7 +63,8 @@ struct side;
 #define REFS_RUN (UINT64_C(1) << 31)
 #define REFS_RX (UINT64_C(1) << 30)
 #define REFS_GATED (UINT64_C(1) << 29) /* waits for gives: set at spawn */
-#define REFS_COUNT_MASK (REFS_GATED - 1)
+#define REFS_STALE (UINT64_C(1) << 28) /* a claim aside left a queue entry */
+#define REFS_COUNT_MASK (REFS_STALE - 1)
 
 /* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
@@ -107,13 +113,13 @@ static inline int slot_park_tail(const struct atap_slot *s)
 
 #define INLINE_OUT (SLOT_SIZE - 72)
 
-/* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ETOOLONG as 1 .. 13.
+/* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ELIMIT as 1 .. 14.
  * Not ATAP_ENOTREADY: a reader given it would take the task for unsettled
  * (a join would wait for a run that never comes), so it reads EFAILED. */
 #define ATAP_FAIL_BASE (-10000)
 static inline int fail_code_of(int rc)
 {
-    return rc <= ATAP_ENOTINIT && rc >= ATAP_ETOOLONG && rc != ATAP_ENOTREADY
+    return rc <= ATAP_ENOTINIT && rc >= ATAP_ELIMIT && rc != ATAP_ENOTREADY
                ? ATAP_FAIL_BASE - rc
                : 0;
 }

@@ -658,7 +658,7 @@ static int task_deep(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-static void test_tasks_deep_recursion_adds_workers(void **state)
+static void test_tasks_deep_recursion_runs_on_one_stack(void **state)
 {
     (void)state;
     uint64_t levels = 1000, v = 0;
@@ -667,9 +667,11 @@ static void test_tasks_deep_recursion_adds_workers(void **state)
     assert_true(v == levels + 1);
     atap_release(t);
     struct atap_pool_stats st = pool_stats();
-    /* At the deepest point all 1001 levels are live frames, and a worker
-     * holds at most 65 (its own task and 64 helped ones): 16 workers. */
-    assert_true(st.peak_workers >= 16);
+    /* Each level runs its child, still queued, on its own stack: the
+     * 1001 frames fit on one worker's, and the pool needs no more. (Longer
+     * chains: test_waits.c.) */
+    if (st.peak_workers > cores() + 1)
+        fail_msg("1,000 nested joins took %zu workers", st.peak_workers);
 }
 
 /* ---- block ------------------------------------------------------------- */
@@ -1276,7 +1278,7 @@ int main(void)
         T(test_tasks_blocking_run_concurrently),
         T(test_tasks_priorities),
         T(test_tasks_fib_helping),
-        T(test_tasks_deep_recursion_adds_workers),
+        T(test_tasks_deep_recursion_runs_on_one_stack),
         T(test_tasks_pthread_exit),
         T(test_tasks_pthread_exit_blocking),
         T(test_tasks_pthread_exit_slow_destructor),
