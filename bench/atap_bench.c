@@ -10,6 +10,14 @@
  *                (joining inside a task helps: the worker runs its children)
  *   fib          fib(n): each call with n >= 2 spawns fib(n-1) as a task,
  *                computes fib(n-2) inline, joins; no cutoff
+ *   tree         the peers' unbalanced tree (common.h, README.md there): a
+ *                task per node, which does its work (32 rounds of
+ *                splitmix64), spawns a task per child, joins and releases
+ *                them, and outputs its subtree's {nodes, depth, checksum};
+ *                the root, spawned by the main thread, has n children.
+ *                ns_per_op = seconds / nodes; extras nodes= depth=
+ *                checksum= (as the peers') and peak_workers= (the pool's
+ *                most workers at once, read after the run)
  *   chain        task i spawns task i+1 (handle released at once); task n
  *                signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
@@ -126,6 +134,55 @@ static long fib(long n) {
 static int fib_task(atap_ctx *ctx, void *arg, void *out) {
     (void)ctx;
     long r = fib((long)(intptr_t)arg);
+    memcpy(out, &r, sizeof r);
+    return 0;
+}
+
+/* tree: a node's state and depth, its task's arg. A child's lives in its
+ * parent's frame (or, for the root's n, its array) until it is joined. */
+struct tree_node {
+    uint64_t s;
+    long depth;
+};
+static const atap_spawn_opts opts_tree = {.out_size = sizeof(tree_result)};
+
+static int tree_task(atap_ctx *ctx, void *arg, void *out);
+
+/* node's work, then its k children spawned (kid[i], h[i]), joined, added. */
+static tree_result tree_sub(const struct tree_node *node, long k, struct tree_node *kid,
+                            atap_task *h) {
+    tree_result r = {1, node->depth, tree_work(node->s)};
+    for (long i = 0; i < k; i++) {
+        kid[i] = (struct tree_node){tree_child(node->s, i), node->depth + 1};
+        must(atap_spawn(&h[i], tree_task, &kid[i], &opts_tree), "atap_spawn");
+    }
+    for (long i = 0; i < k; i++) {
+        tree_result c;
+        join_release(h[i], &c, sizeof c);
+        tree_add(&r, c);
+    }
+    return r;
+}
+
+static int tree_task(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx;
+    const struct tree_node *node = arg;
+    struct tree_node kid[2];
+    atap_task h[2];
+    tree_result r = tree_sub(node, tree_kids(node->s), kid, h);
+    memcpy(out, &r, sizeof r);
+    return 0;
+}
+
+/* The root: the same with N children. */
+static int tree_root_task(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)arg;
+    struct tree_node root = {tree_root(), 0}, *kid = malloc((size_t)N * sizeof *kid);
+    atap_task *h = malloc((size_t)N * sizeof *h);
+    check(kid && h, "malloc tree children");
+    tree_result r = tree_sub(&root, N, kid, h);
+    free(kid);
+    free(h);
     memcpy(out, &r, sizeof r);
     return 0;
 }
@@ -317,6 +374,13 @@ int main(int argc, char **argv) {
         if (N == 30) check(r == 832040, "fib(30) == 832040");
         ops = (double)fib_spawned_tasks((int)N);
         snprintf(extra, sizeof extra, " result=%ld tasks=%.0f", r, ops);
+    } else if (!strcmp(w, "tree")) {
+        tree_result r;
+        atap_task t;
+        must(atap_spawn(&t, tree_root_task, NULL, &opts_tree), "atap_spawn");
+        join_release(t, &r, sizeof r);
+        ops = (double)r.nodes;
+        tree_fields(r, extra, sizeof extra);
     } else if (!strcmp(w, "timers")) {
         uint64_t seed = BENCH_LCG_SEED, created;
         t_asked = calloc((size_t)N, sizeof *t_asked);
@@ -440,6 +504,9 @@ int main(int argc, char **argv) {
         snprintf(t, sizeof t, "%zu", st.peak_workers);
         setenv("BENCH_THREADS", t, 1);
     }
+    if (!strcmp(w, "tree"))
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " peak_workers=%zu",
+                 st.peak_workers);
     report(peer, w, N, ns, per_op ? per_op : ns / ops, extra);
 
     if (h && !strcmp(w, "live_memory"))

@@ -7,19 +7,21 @@ For each workload: the median over the repetitions of atap and of every peer,
 then atap's ratio to each peer (atap / peer: below 1 means atap is better)
 and to the best peer. The figure is ns_per_op for the speed workloads,
 bytes_per_task for idle_memory and live_memory, and seconds for timers.
+tree runs that disagree on nodes= depth= checksum= are listed after the table.
 """
 import os
 import statistics
 import sys
 
 WORKLOADS = ["spawn_many", "spawn_local", "fib", "chain", "ping_pong", "timers",
-             "idle_memory", "live_memory"]
+             "idle_memory", "tree", "live_memory"]
 METRIC = {"timers": "seconds", "idle_memory": "bytes_per_task", "live_memory": "bytes_per_task"}
 UNIT = {
     "spawn_many": "ns/task", "spawn_local": "ns/task", "fib": "ns/spawned task",
     "chain": "ns/hop", "ping_pong": "ns/round trip", "timers": "wall s",
-    "idle_memory": "bytes/parked task", "live_memory": "bytes/live task",
+    "idle_memory": "bytes/parked task", "tree": "ns/node", "live_memory": "bytes/live task",
 }
+TREE_KEYS = ("nodes", "depth", "checksum")
 
 
 def parse(lines):
@@ -105,6 +107,12 @@ def main():
     notes = [(w, p, rs[0]["na"]) for (w, p), rs in runs.items() if rs and "na" in rs[0]]
     fails = [(w, p, " ".join(f"{k}={v}" for k, v in r.items() if k not in ("peer", "workload")))
              for (w, p), rs in runs.items() for r in rs if "status" in r]
+    trees = {(p, tuple(r.get(k) for k in TREE_KEYS)) for (w, p), rs in runs.items()
+             if w == "tree" for r in rs if "nodes" in r}
+    if len({sig for _, sig in trees}) > 1:
+        out.append("\ntree MISMATCH (runtimes disagree on the tree):\n")
+        out += [f"- {p}: " + " ".join(f"{k}={v}" for k, v in zip(TREE_KEYS, sig))
+                for p, sig in sorted(trees)]
     if notes:
         out.append("\nNot applicable:\n")
         out += [f"- {p} / {w}: {why}" for w, p, why in notes]

@@ -11,7 +11,11 @@
 # free memory to its host, a first touch otherwise costs what the host
 # charges at that moment, and which run pays depended on what ran before).
 #   workloads: spawn_many spawn_local fib chain ping_pong timers idle_memory
-#              live_memory (the default is all; live_memory is atap only)
+#              tree live_memory (the default is all; live_memory is atap
+#              only). tree: n = the root's children (2000); every runtime
+#              must print the same nodes= depth= checksum= (bench/ratio.py
+#              lists a mismatch); the peers' run.sh gives the omp peer its
+#              OMP_STACKSIZE=256M for it
 #   REPS=3                          repetitions
 #   PEERS="tbb omp uv tokio naive"  which peers ("" for atap alone)
 #   N_<workload>=<size>             e.g. N_fib=25 N_spawn_many=100000
@@ -31,7 +35,7 @@ export REPS=${REPS:-3}
 export PEERS=${PEERS-"tbb omp uv tokio naive"}
 export TIMEOUT=${TIMEOUT:-300}
 WARM_MB=${WARM_MB:-256}
-all="spawn_many spawn_local fib chain ping_pong timers idle_memory live_memory"
+all="spawn_many spawn_local fib chain ping_pong timers idle_memory tree live_memory"
 [ $# -gt 0 ] && workloads="$*" || workloads=$all
 
 for w in $workloads; do
@@ -42,6 +46,7 @@ done
 default_n() {
     case $1 in
         fib) echo 30 ;;
+        tree) echo 2000 ;;
         chain|ping_pong|timers) echo 100000 ;;
         *) echo 1000000 ;;
     esac
