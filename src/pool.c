@@ -546,10 +546,14 @@ static uint32_t take_awaited(struct worker *w, uint32_t awaited)
     return 0;
 }
 
-/* The link hint a published run leaves in its slot: depth << 11 | worker
- * index + 1. Only a hint: whatever it reads is checked against pub[]. */
+/* The link hint a published run leaves in its slot: LINK_HINT | depth << 11
+ * | worker index + 1. Only a hint: whatever it reads is checked against
+ * pub[]. LINK_HINT (injector.h) tells it from a queue link: a popper of the
+ * shared queue may still walk through a slot popped under it, and stops
+ * at a hint rather than follow it (its CAS fails then anyway). */
 #define HINT_WORKER_BITS 11
 _Static_assert(POOL_MAX_THREADS < (1u << HINT_WORKER_BITS), "a worker index fits the hint");
+_Static_assert(PUB_DEPTH < (1u << (31 - HINT_WORKER_BITS)), "a depth fits the hint");
 
 bool atap__pool_publish(struct worker *w, struct atap_slot *s)
 {
@@ -568,7 +572,7 @@ bool atap__pool_publish(struct worker *w, struct atap_slot *s)
     /* Release: a leapfrogger that reads the tag reads this mark or a later
      * one (and a later one changes the tag before it is used). */
     st_release(&w->pub[d], (uint64_t)++w->fseq << 32 | w->held[d]);
-    st_relaxed(&s->link, d << HINT_WORKER_BITS | (uint32_t)(w - workers + 1));
+    st_relaxed(&s->link, LINK_HINT | d << HINT_WORKER_BITS | (uint32_t)(w - workers + 1));
     return true;
 }
 
@@ -634,18 +638,26 @@ static uint32_t steal_above(struct ring *r, int64_t mark)
  * came first. An entry taken and then found not ours goes to the shared
  * queue: into our own ring it would look spawned by our waiting run.
  */
-static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref)
+struct found {
+    struct worker *v; /* the worker the task runs on, published at depth d */
+    uint32_t d;
+    uint64_t tag;
+};
+
+static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, struct found *at)
 {
     uint32_t hint = ld_relaxed(&s->link), vi = hint & ((1u << HINT_WORKER_BITS) - 1);
-    uint32_t d = hint >> HINT_WORKER_BITS, x;
+    uint32_t d = (hint & ~LINK_HINT) >> HINT_WORKER_BITS, x;
     struct worker *v;
     uint64_t tag;
 
-    if (vi == 0 || vi > ld_acquire(&pool.nrec) || d >= PUB_DEPTH)
+    at->v = NULL;
+    if (!(hint & LINK_HINT) || vi == 0 || vi > ld_acquire(&pool.nrec) || d >= PUB_DEPTH)
         return 0;
     v = &workers[vi - 1];
     if (v == w || (uint32_t)(tag = ld_acquire(&v->pub[d])) != ref)
         return 0;
+    *at = (struct found){.v = v, .d = d, .tag = tag};
     if ((x = steal_above(&v->ring, ld_relaxed(&v->pubmark[d]))) == 0)
         return 0;
     if (ld_acquire(&v->pub[d]) != tag) {
@@ -654,6 +666,28 @@ static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref)
         return 0;
     }
     return x;
+}
+
+/*
+ * The task the run found at `at` needs in turn: what the innermost wait on
+ * that worker's stack waits for, if that wait is the run's own or one
+ * above it (at its depth or deeper: the run cannot return before it). The
+ * wait is read between two looks at the run's tag: the run was on the
+ * stack all along, so the wait began during it (a wait that ended put the
+ * record back to a lower one first, and a later one, read with acquire,
+ * would show the run gone). A listener is taken on the task found, so that
+ * its slot stays its own while it is looked at. 0 if none.
+ */
+static uint64_t needed_next(const struct found *at, struct atap_slot **next)
+{
+    struct worker *v = at->v;
+    uint64_t task = ld_acquire(&v->awaiting);
+    uint32_t depth = ld_relaxed(&v->awaiting_at);
+
+    if (task == 0 || depth < at->d || ld_acquire(&v->pub[at->d]) != at->tag)
+        return 0;
+    *next = atap__table_at((uint32_t)task - 1);
+    return atap__exec_try_hold(*next, (uint32_t)(task >> 32)) ? task : 0;
 }
 
 /* Room on this thread's stack for one more run. */
@@ -679,9 +713,15 @@ static inline bool stack_room(const struct worker *w)
  * reserve for the run itself), so a deep chain of joins fills one stack,
  * then blocks, and the next part of the chain runs on a lent worker's.
  */
+#define CHASE_HOPS 4 /* waits followed from the awaited task (needed_next) */
+
 bool atap__pool_help_once(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
 {
-    uint32_t x = 0;
+    struct atap_slot *held = NULL;
+    uint32_t x = 0, held_ref = 0, held_gen = 0;
+    bool ran = false;
+    struct found at;
+    uint64_t next;
 
     if (!stack_room(w) || w->depth > HELP_LIMIT() || !held_room(w))
         return false;
@@ -689,13 +729,27 @@ bool atap__pool_help_once(struct worker *w, struct atap_slot *s, uint32_t ref, u
         atap__exec_run(w, x);
         return true;
     }
-    if (atap__exec_claim_run(w, s, ref, gen))
-        return true;
-    if ((x = leapfrog(w, s, ref)) != 0) {
-        atap__exec_run(w, x);
-        return true;
+    /* The awaited task, then, while it runs blocked in a wait of its own,
+     * what that wait is for, and so on. */
+    for (unsigned hop = 0; hop < CHASE_HOPS && !ran; hop++) {
+        if ((ran = atap__exec_claim_run(w, s, ref, gen)))
+            break;
+        if ((x = leapfrog(w, s, ref, &at)) != 0) {
+            atap__exec_run(w, x);
+            ran = true;
+            break;
+        }
+        if (!at.v || (next = needed_next(&at, &s)) == 0)
+            break;
+        if (held)
+            atap__exec_release_listener(held, held_ref - 1, held_gen);
+        held = s;
+        ref = held_ref = (uint32_t)next;
+        gen = held_gen = (uint32_t)(next >> 32);
     }
-    return false;
+    if (held)
+        atap__exec_release_listener(held, held_ref - 1, held_gen);
+    return ran;
 }
 
 /* Starts one more worker, up to the ceiling; false if none was started
@@ -721,7 +775,7 @@ static unsigned unblocked_workers(void)
     return live > blocked ? live - blocked : 0;
 }
 
-void atap__pool_blocked(struct worker *w, bool blocked)
+void atap__pool_blocked(struct worker *w, bool blocked, bool long_wait)
 {
     if (blocked && !ld_relaxed(&w->blocked)) {
         st_relaxed(&w->blocked, true);
@@ -736,8 +790,11 @@ void atap__pool_blocked(struct worker *w, bool blocked)
     /* Looked at on every slice of a blocked wait: the core it leaves is
      * lent. What waits may sit in this worker's own queues, out of its
      * reach now: an idle worker can steal it (a LIFO slot woke nobody when
-     * it was filled); with none idle and fewer workers left unblocked than
-     * the floor (the cores), one more worker is started. */
+     * it was filled). With none idle, one more worker is started: at once
+     * when no worker is left unblocked (nothing else would ever run the
+     * work), else once the wait has lasted (long_wait) and fewer workers
+     * than the floor (the cores) are left unblocked, so that short waits,
+     * the common case in a tree of joins, start no thread. */
     if (!work_visible(true))
         return;
     if (ld_relaxed(&pool.nidle) > 0) {
@@ -746,8 +803,11 @@ void atap__pool_blocked(struct worker *w, bool blocked)
         add_seqcst(&pool.nsearching, 1);
         if (!wake_idle())
             sub_seqcst(&pool.nsearching, 1);
-    } else if (unblocked_workers() < pool.floor) {
-        add_worker();
+    } else {
+        unsigned left = unblocked_workers();
+
+        if (left == 0 || (long_wait && left < pool.floor))
+            add_worker();
     }
 }
 
@@ -1014,7 +1074,7 @@ static void thread_died(void *arg)
     if (w->searching)
         sub_seqcst(&pool.nsearching, 1);
     if (ld_relaxed(&w->blocked))
-        atap__pool_blocked(w, false);
+        atap__pool_blocked(w, false, false);
     if (!w->blocking)
         evacuate(w);
     pthread_mutex_lock(&pool.lock);

@@ -62,7 +62,28 @@ struct worker {
      * ref of the run there, and the ring's bottom when it started. */
     _Alignas(64) _Atomic uint64_t pub[PUB_DEPTH];
     _Atomic int64_t pubmark[PUB_DEPTH];
+    /* The innermost wait under way on its stack (read.c): gen << 32 | ref
+     * of the task it waits for, or 0; and the depth of the run waiting. */
+    _Atomic uint64_t awaiting;
+    _Atomic uint32_t awaiting_at;
 };
+
+/* A pool thread's wait for the task gen << 32 | ref starts (the run at
+ * depth - 1 waits); it returns *saved to atap__pool_wait_end. */
+static inline void atap__pool_wait_begin(struct worker *w, uint64_t task, uint64_t saved[2])
+{
+    saved[0] = atomic_load_explicit(&w->awaiting, memory_order_relaxed);
+    saved[1] = atomic_load_explicit(&w->awaiting_at, memory_order_relaxed);
+    atomic_store_explicit(&w->awaiting_at, w->depth - 1, memory_order_relaxed);
+    /* Release: who reads the task reads its depth (or a later one). */
+    atomic_store_explicit(&w->awaiting, task, memory_order_release);
+}
+
+static inline void atap__pool_wait_end(struct worker *w, const uint64_t saved[2])
+{
+    atomic_store_explicit(&w->awaiting_at, (uint32_t)saved[1], memory_order_relaxed);
+    atomic_store_explicit(&w->awaiting, saved[0], memory_order_release);
+}
 
 /* The thread is inside the task ref (slot index + 1): running it, or a run
  * lower on its stack. A wait for such a task could only end once the wait
@@ -112,8 +133,9 @@ void atap__pool_stop(void);
 
 /* A worker waiting inside a task with nothing it may run counts as
  * blocked, and the pool lends its core: it wakes an idle worker, or starts
- * one while fewer than the cores are left running, up to the ceiling. */
-void atap__pool_blocked(struct worker *w, bool blocked);
+ * one (up to the ceiling) when none is left unblocked, or, once the wait
+ * has lasted (long_wait), while fewer than the cores are. */
+void atap__pool_blocked(struct worker *w, bool blocked, bool long_wait);
 
 /* A blocked waiter whose task is still queued asks: is every worker the
  * pool may have waiting, so that nothing can run that task? True for one

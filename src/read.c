@@ -57,11 +57,14 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
 static int unblocked(struct worker *w, int rc)
 {
     if (w && ld_relaxed(&w->blocked))
-        atap__pool_blocked(w, false);
+        atap__pool_blocked(w, false, false);
     return rc;
 }
 
 #define WAIT_SPINS 64 /* looks for work the awaited task needs before blocking */
+#define LONG_WAIT_SLICE_NS 800000u /* a wait that got to slices this long (about
+                                      750 us in) has lasted: its core is lent
+                                      even to a new worker */
 
 /*
  * Waits until the task settles or the deadline passes. A pool thread runs
@@ -71,10 +74,27 @@ static int unblocked(struct worker *w, int rc)
  * short slices so that it can look again. Elsewhere it sleeps on the word
  * until woken.
  */
+static int wait_loop(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
+                     uint64_t deadline, uint32_t *state);
+
 static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
                         uint32_t *state)
 {
     struct worker *w = atap__self;
+    uint64_t saved[2];
+    int rc;
+
+    if (w)
+        atap__pool_wait_begin(w, (uint64_t)gen << 32 | ref, saved);
+    rc = wait_loop(w, s, ref, gen, deadline, state);
+    if (w)
+        atap__pool_wait_end(w, saved);
+    return rc;
+}
+
+static int wait_loop(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
+                     uint64_t deadline, uint32_t *state)
+{
     uint64_t slice = SLICE_MIN_NS, now, left;
     unsigned spins = 0;
     uint32_t cur;
@@ -112,7 +132,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
          * the task is still queued and every worker the pool may have is
          * blocked so, nothing can run it: give up, rather than hang. */
         if (w && !w->blocking) {
-            atap__pool_blocked(w, true);
+            atap__pool_blocked(w, true, slice >= LONG_WAIT_SLICE_NS);
             if (word_state(cur) == ST_PENDING && atap__pool_stalled(w))
                 return unblocked(w, ATAP_ELIMIT);
         }

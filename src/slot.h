@@ -31,7 +31,11 @@
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
  * free list while the slot is free, by the injector while it is queued, and
  * by an fd's waiter list while the task is parked on it in the tail; a slot
- * is only ever one of those. The park wheel links through the tail.
+ * is only ever one of those. The park wheel links through the tail. While
+ * a plain task runs, `link` holds where (LINK_HINT | ...: pool.c's
+ * leapfrogging), never a slot index + 1: a queue that still walks through
+ * it (injector.c) tells the two apart by LINK_HINT, which no index + 1 has
+ * (TABLE_MAX_INDEX < 2^31).
  */
 #ifndef ATAP_SLOT_H
 #define ATAP_SLOT_H
@@ -45,6 +49,7 @@
 struct side;
 
 #define SLOT_SIZE 120u
+#define LINK_HINT (UINT32_C(1) << 31) /* `link` holds a running task's hint */
 
 #define ST_FREE 0u
 #define ST_PENDING 1u
