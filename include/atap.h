@@ -19,6 +19,24 @@
  *     even if the slot has been reused since. Releasing a handle while
  *     another thread is still inside a call on that same handle is the
  *     caller's race, as with free(); give each thread its own atap_dup().
+ *   - A wait inside a task never makes a deadlock the program does not
+ *     contain (a circle of tasks, each waiting for the next). While a pool
+ *     thread waits for task A (atap_join, atap_take, atap_wait, and
+ *     atap_join_first on one task), it runs, on its own stack, only work A
+ *     needs: A itself while it is still queued (any pool thread waiting for
+ *     A may claim it, blocking threads included), work spawned while A
+ *     runs, and, while A waits in turn, what A waits for. Never other work:
+ *     a task run on top of a waiting one cannot return before it, so it
+ *     must not be one that could wait for what the waiting task does after
+ *     its wait. (The one case this rule does not cover: a task spawned
+ *     while A runs that A never waits for, and that itself waits for what
+ *     the task waiting for A does later. Join what you spawn, or don't wait
+ *     for A inside a task.) With nothing it may run, the thread blocks and
+ *     the pool lends its core to another worker. Nesting is bounded by the
+ *     thread's stack: past its room, the next run starts on another
+ *     worker's. If every worker the pool may have (atap_pool_stats'
+ *     ceiling) is blocked so and the awaited task is still queued, the wait
+ *     gives up with ATAP_ELIMIT.
  */
 #ifndef ATAP_H
 #define ATAP_H
@@ -298,21 +316,26 @@ ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_s
 /*
  * Waits for the task to settle and copies its output (size bytes, which
  * must equal its out_size) into out; the output stays for other readers.
- * Inside a task, the worker runs queued work while it waits (helping).
+ * Inside a task, the thread runs only work the awaited task needs while it
+ * waits (the task itself if still queued, work it spawned, what it waits
+ * for): see "A wait inside a task" at the top of this file for why that
+ * is safe. Outside the pool, the calling thread sleeps.
  * Returns 0; ATAP_EINVAL for a size that is not the task's out_size, a
  * NULL out with a nonzero size, or a task that is waiting for itself (a
- * task joining its own handle, which could never settle); ATAP_ENOTASK for
- * a handle with no task;
+ * task joining its own handle, or one lower on the same thread's stack,
+ * which could never settle); ATAP_ENOTASK for a handle with no task;
  * ATAP_ETAKEN, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED for a task
- * that settled without a readable output.
+ * that settled without a readable output; ATAP_ELIMIT inside a task when
+ * the task is still queued and every worker the pool may have is blocked
+ * in such a wait (nothing could ever run it).
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_join(atap_task task, void *out, size_t size);
 
 /* atap_join, giving up after timeout_ns with ATAP_ENOTREADY. It returns as
  * soon as the task settles. A timeout of 0 is atap_try_join. Inside a task
- * it helps only while time is left, so it can return late by one helped
- * task's run at most. */
+ * it runs work the awaited task needs only while time is left, so it can
+ * return late by one such run at most. */
 ATAP_EXPORT int atap_join_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
 
 /* atap_join without waiting: ATAP_ENOTREADY if not settled yet. */
@@ -501,8 +524,10 @@ typedef enum atap_join_policy {
  * stores its index in *winner. The winner's handle stays the caller's; the
  * losers are dealt with by policy. A task that settles while the wait is
  * being set up is still found; among several settled at once the lowest
- * index wins. Inside a task the worker runs queued work while it waits (as
- * atap_join does), so it can return late by one helped task's run at most.
+ * index wins. Inside a task, a wait on one task runs work it needs as
+ * atap_join does (so it can return late by one such run at most); a wait
+ * on two or more runs nothing on top of itself (no member is work it needs:
+ * another may settle first), and lends its core while it sleeps.
  * Returns 0; ATAP_ENOTREADY if timeout_ns passed first (then no handle is
  * touched; ATAP_FOREVER waits without limit); ATAP_EINVAL for n = 0, NULL
  * tasks or winner, an unknown policy, or, inside a task, when every task

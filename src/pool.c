@@ -22,14 +22,27 @@
  * while a worker sleeps. A task put into a worker's LIFO slot wakes nobody:
  * its spawner runs it next. If the spawner then waits for something other
  * than a join, the manager's tick hands the slot to an idle peer, and a
- * worker blocked in a join too deep to help wakes one itself.
+ * worker blocked in a wait wakes one itself (atap__pool_blocked).
+ *
+ * Waits inside tasks (atap__pool_help_once, "What a wait may run" below):
+ * a waiting thread runs only work the awaited task needs, nested on its
+ * stack while the stack has room; else it blocks, counted in nblocked, and
+ * its core is lent: an idle worker is woken, or one more started when no
+ * worker is left unblocked, or when the wait has lasted and fewer than the
+ * floor are. Every worker the pool may have blocked with the awaited task
+ * still queued is a stall (atap__pool_stalled): one waiter at a time gives
+ * up with ATAP_ELIMIT. A run on a worker publishes itself (pub[], and a
+ * hint in its slot's link) so that a waiter can take what it spawns.
  *
  * Growth and reaping (the manager's tick, atap__pool_tick; the supervisor's
- * once the manager is gone for good, manager.c): one more worker
- * when every worker is stuck (inside a task, nothing finished for a tick)
- * and work waits, up to the target, past it only under overload, never past
- * the ceiling; the idle worker that idled longest goes after 500 ms (50 ms
- * above the target), never below the floor. Blocking threads stop on their
+ * once the manager is gone for good, manager.c): one more worker when
+ * every worker not blocked in a wait is stuck (inside a task, nothing
+ * finished for a tick, and off the CPU: sleeping in a call of its own, not
+ * merely waiting for a CPU on a busy machine) and work waits, up to the
+ * target, past it only under overload, never past the ceiling (the memory
+ * and the process's thread limit: thread_ceiling); the idle worker that
+ * idled longest goes after 500 ms (50 ms above the target), never below
+ * the floor. Blocking threads stop on their
  * own after 500 ms idle, with no floor. The live counts (nlive, blive) are
  * the truth, changed under the pool lock: a thread told to go is counted
  * out by whoever decides it (reap, a blocking thread timing out) and marked
@@ -698,8 +711,11 @@ static inline bool stack_room(const struct worker *w)
 
 /*
  * What a wait may run. A thread waiting for task A runs, on top of its
- * waiting frame, only work A needs: A itself while it is queued, or work
- * spawned while A runs (leapfrogging). Never other work: a frame run on
+ * waiting frame, only work A needs: A itself while it is queued (taken
+ * from this worker's own queues, or claimed aside wherever it sits:
+ * executor.c), work spawned while A runs (leapfrogging), and, while A's
+ * run is held up by a wait of its own, the same for what that wait is for
+ * (needed_next), a few hops deep. Never other work: a frame run on
  * top of a waiting one cannot return before it, so if it waited for
  * something the lower frame does after its wait, neither would end, a
  * deadlock the program did not contain. Work A needs cannot wait for what
