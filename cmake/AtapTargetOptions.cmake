@@ -81,3 +81,16 @@ endfunction()
 function(atap_enable_fault_injection target)
     target_compile_definitions(${target} PUBLIC ATAP_FAULT_INJECTION=1)
 endfunction()
+
+# A C++ program of libatap's own (examples/cpp_tour, tests/test_hpp): C++11,
+# the oldest standard atap.h and atap.hpp support, with -Wall -Wextra
+# -pedantic (and -Werror when ATAP_WERROR is on), and the sanitizer.
+function(atap_configure_cxx_program target)
+    set_target_properties(${target} PROPERTIES
+        CXX_STANDARD 11 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+    if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+        target_compile_options(${target} PRIVATE -Wall -Wextra -pedantic
+            $<$<BOOL:${ATAP_WERROR}>:-Werror>)
+    endif()
+    atap_apply_sanitizer(${target})
+endfunction()
