@@ -41,15 +41,13 @@ endfunction()
 # C11, hidden visibility (only ATAP_EXPORT symbols leave a shared library),
 # ATAP_BUILDING, _GNU_SOURCE on Linux (futex, madvise, pthread_setname_np),
 # pthreads and the warnings. Used for atap and for the test-only copies.
+# No fault injection: see atap_enable_fault_injection().
 function(atap_configure_library target)
     target_include_directories(${target} PUBLIC "$<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>")
     target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/src")
     target_compile_definitions(${target} PRIVATE ATAP_BUILDING)
     if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
         target_compile_definitions(${target} PRIVATE _GNU_SOURCE)
-    endif()
-    if(ATAP_FAULT_INJECTION)
-        target_compile_definitions(${target} PUBLIC ATAP_FAULT_INJECTION=1)
     endif()
     if(ATAP_POLLER_SELECTED)
         string(TOUPPER "${ATAP_POLLER_SELECTED}" _poller)
@@ -73,5 +71,26 @@ function(atap_configure_program target)
         target_compile_definitions(${target} PRIVATE _GNU_SOURCE)
     endif()
     atap_apply_warnings(${target})
+    atap_apply_sanitizer(${target})
+endfunction()
+
+# Builds the atap_inject_* calls and the fault checks into a library built by
+# atap_configure_library(), and declares them to whatever links it (atap.h
+# shows them under ATAP_FAULT_INJECTION). For the test suite's own copy of
+# the library; never for one that is installed.
+function(atap_enable_fault_injection target)
+    target_compile_definitions(${target} PUBLIC ATAP_FAULT_INJECTION=1)
+endfunction()
+
+# A C++ program of libatap's own (examples/cpp_tour, tests/test_hpp): C++11,
+# the oldest standard atap.h and atap.hpp support, with -Wall -Wextra
+# -pedantic (and -Werror when ATAP_WERROR is on), and the sanitizer.
+function(atap_configure_cxx_program target)
+    set_target_properties(${target} PROPERTIES
+        CXX_STANDARD 11 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+    if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+        target_compile_options(${target} PRIVATE -Wall -Wextra -pedantic
+            $<$<BOOL:${ATAP_WERROR}>:-Werror>)
+    endif()
     atap_apply_sanitizer(${target})
 endfunction()

@@ -199,7 +199,14 @@ typedef struct atap_task {
     uint64_t id;
 } atap_task;
 
+/* The handle that names no task. In C a compound literal; in C++, which has
+ * none, a value-initialised atap_task. Either way an rvalue of type
+ * atap_task whose id is 0. */
+#ifdef __cplusplus
+#define ATAP_NO_TASK (atap_task())
+#else
 #define ATAP_NO_TASK ((atap_task){0})
+#endif
 
 /* The running task's view of itself; valid only during the call. */
 typedef struct atap_ctx atap_ctx;
@@ -276,6 +283,33 @@ typedef struct atap_spawn_opts {
                                    that task's next run: it must not wait
                                    for that task's next output */
 } atap_spawn_opts;
+
+/*
+ * Zeroed options (every field at its default), written the same way in C
+ * and C++ and clean at -Wall -Wextra -pedantic in both, where C++ has no
+ * compound literal and g++ warns (-Wmissing-field-initializers) about a C++20
+ * designated initializer that leaves fields out:
+ *
+ *     atap_spawn_opts opts = ATAP_SPAWN_OPTS_INIT;
+ *     opts.out_size = sizeof(long);
+ *     atap_spawn(&t, fn, arg, &opts);
+ *
+ * C may go on writing &(atap_spawn_opts){ .out_size = ... } instead.
+ */
+#ifdef __cplusplus
+#define ATAP_SPAWN_OPTS_INIT {}
+#else
+#define ATAP_SPAWN_OPTS_INIT {0}
+#endif
+
+/* Zeroed options with out_size set: a plain one-shot with an output of
+ * out_size bytes (atap_spawn_opts o = atap_spawn_opts_out(sizeof(long));). */
+static inline atap_spawn_opts atap_spawn_opts_out(size_t out_size)
+{
+    atap_spawn_opts opts = ATAP_SPAWN_OPTS_INIT;
+    opts.out_size = out_size;
+    return opts;
+}
 
 /* CLOCK_MONOTONIC now, in nanoseconds: the clock of until_ns. Threads: any. */
 ATAP_EXPORT uint64_t atap_now(void);
