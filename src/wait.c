@@ -10,9 +10,14 @@
 #include <time.h>
 
 #if defined(__linux__)
-#include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+/* The futex ops, by value (the kernel's ABI): musl's headers have no
+ * linux/futex.h without the kernel headers installed. */
+#ifndef FUTEX_WAIT_PRIVATE
+#define FUTEX_WAIT_PRIVATE (0 | 128) /* FUTEX_WAIT | FUTEX_PRIVATE_FLAG */
+#define FUTEX_WAKE_PRIVATE (1 | 128) /* FUTEX_WAKE | FUTEX_PRIVATE_FLAG */
+#endif
 #elif defined(__APPLE__)
 /* libSystem's private but stable address wait (what libc++ uses). */
 extern int __ulock_wait(uint32_t op, void *addr, uint64_t value, uint32_t timeout_us);

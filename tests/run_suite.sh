@@ -8,7 +8,9 @@
 #   asan   clang, ASan + UBSan
 #   tsan   clang, TSan. clang on purpose: TSan does not model atomic_thread_fence
 #          and gcc 12's TSan reports false races on correct fence code; clang 14's does not.
-# Every stage builds with -Werror. ATAP_SUITE="plain asan tsan" picks the stages,
+#   consumers  tests/consumers.sh: libatap as its users get it (installs, find_package,
+#          pkg-config, add_subdirectory, C and C++ consumers, exported symbols)
+# Every stage builds with -Werror. ATAP_SUITE="plain asan tsan consumers" picks the stages,
 # ATAP_JOBS (default 2) the parallelism. Exits nonzero if any stage fails; the
 # last line is "N passed, N failed", CTest's counts summed over the stages (a
 # stage that fails to configure or build, or whose tour fails, adds one failure).
@@ -16,7 +18,7 @@ set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_root=${ATAP_BUILD_ROOT:-$root/build}
-stages=${ATAP_SUITE:-plain asan tsan}
+stages=${ATAP_SUITE:-plain asan tsan consumers}
 jobs=${ATAP_JOBS:-2}
 
 # A sanitizer report must fail the run.
@@ -77,7 +79,7 @@ run_stage() {
     echo "=== $name: $cc, ATAP_SANITIZER=$san, build in $dir ==="
     if ! cmake -S "$root" -B "$dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DATAP_SANITIZER="$san" -DATAP_WERROR=ON -DATAP_BUILD_TESTS=ON \
-        -DATAP_BUILD_EXAMPLES=ON -DATAP_BUILD_BENCH=OFF ||
+        -DATAP_BUILD_EXAMPLES=ON -DATAP_BUILD_BENCH=OFF -DATAP_FAULT_INJECTION=OFF ||
         ! cmake --build "$dir" -j "$jobs"; then
         echo "=== $name: configure or build FAILED ==="
         failed=$((failed + 1))
@@ -102,6 +104,25 @@ run_stage() {
     return $ok
 }
 
+# The consumers stage: its own script, whose last line is "N passed, N failed".
+run_consumers() {
+    local log=$build_root/consumers.log counts
+    mkdir -p "$build_root"
+    echo "=== consumers: tests/consumers.sh ==="
+    bash "$root/tests/consumers.sh" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    counts=$(sed -nE 's/^([0-9]+) passed, ([0-9]+) failed$/\1 \2/p' "$log" | tail -n 1)
+    if [ -n "$counts" ]; then
+        read -r p f <<<"$counts"
+        passed=$((passed + p))
+        failed=$((failed + f))
+    else
+        failed=$((failed + 1))
+        rc=1
+    fi
+    return $rc
+}
+
 bad_stages=()
 install_deps || { echo "run_suite: could not install the test dependencies" >&2; echo "0 passed, 1 failed"; exit 1; }
 for stage in $stages; do
@@ -110,7 +131,8 @@ for stage in $stages; do
         plain) run_stage plain gcc none ;;
         asan) run_stage asan clang address ;;
         tsan) run_stage tsan clang thread ;;
-        *) echo "run_suite: unknown stage '$stage' (plain, asan, tsan)" >&2; failed=$((failed + 1)); false ;;
+        consumers) run_consumers ;;
+        *) echo "run_suite: unknown stage '$stage' (plain, asan, tsan, consumers)" >&2; failed=$((failed + 1)); false ;;
     esac || bad_stages+=("$stage")
     echo "=== $stage: done in $((SECONDS - start)) s ==="
 done
