@@ -611,7 +611,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
 }
 
 /* The queue entry just taken for a plain task that is no longer PENDING
- * may be one a claim aside left behind (atap__exec_claim_run): it then
+ * may be one a claim aside left behind (atap__exec_claim): it then
  * holds a listener, not RUN, and that listener is all it lets go. A
  * relaxed look is enough to pass over the common case: a claimer whose
  * STALE this misses finds it again itself (its claim failed) and takes
@@ -693,7 +693,7 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
 
 /*
  * A claim aside: a pool thread waiting for a plain task (no schedule) that
- * is still queued claims it where it stands and runs it on its own stack.
+ * is still queued claims it where it stands, to run it on its own stack.
  * The queue entry stays behind, and it carried the task's RUN; so first a
  * listener is added for the entry with STALE set (one CAS on refs: the
  * slot now outlives the entry, whatever happens to RUN), then PENDING ->
@@ -704,15 +704,17 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
  * and drops its listener, unless the dequeuer, having found the task
  * ended, took STALE first: it then dropped the listener, and the claimer
  * drops RUN in its place. One claimer at a time (STALE already set: no).
- * True when it ran the task.
+ * True when it claimed the task: atap__exec_run_claimed runs it.
  */
-bool atap__exec_claim_run(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
+bool atap__exec_claim(struct atap_slot *s, uint32_t ref, uint32_t gen)
 {
     uint64_t r = ld_relaxed(&s->refs);
     uint32_t cur;
 
-    if (s->ext != NULL)
-        return false; /* a schedule claims its runs its own way */
+    /* A schedule claims its runs its own way; and a task no longer queued
+     * is not worth a CAS on refs (the usual case of a waiter's look). */
+    if (s->ext != NULL || word_state(ld_relaxed(&s->word)) != ST_PENDING)
+        return false;
     do {
         if (refs_gen(r) != gen || !(r & REFS_RUN) || (r & REFS_STALE) ||
             (r & REFS_COUNT_MASK) == 0 || (r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
@@ -729,8 +731,16 @@ bool atap__exec_claim_run(struct worker *w, struct atap_slot *s, uint32_t ref, u
             return false;
         }
     } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
-    run_claimed(w, s, ref, &(struct atap_ctx){.slot = s, .index = ref - 1, .gen = gen}, false);
     return true;
+}
+
+void atap__exec_run_claimed(struct worker *w, uint32_t ref)
+{
+    struct atap_slot *s = atap__table_at(ref - 1);
+    /* Ours since the claim: its generation stays. */
+    uint32_t gen = word_gen(ld_relaxed(&s->word));
+
+    run_claimed(w, s, ref, &(struct atap_ctx){.slot = s, .index = ref - 1, .gen = gen}, false);
 }
 
 void atap__exec_fail_held(uint32_t ref)

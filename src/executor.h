@@ -32,10 +32,11 @@ struct atap_ctx {
 void atap__exec_run(struct worker *w, uint32_t ref);
 
 /* A pool thread waiting for the queued plain task ref (of generation gen)
- * claims it out of its queue place and runs it here; false if it could not
- * (the task has a schedule, is no longer queued, or another claim is under
- * way). See executor.c. */
-bool atap__exec_claim_run(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen);
+ * claims it out of its queue place; false if it could not (the task has a
+ * schedule, is no longer queued, or another claim is under way). Its RUN is
+ * then the caller's, and atap__exec_run_claimed runs it. See executor.c. */
+bool atap__exec_claim(struct atap_slot *s, uint32_t ref, uint32_t gen);
+void atap__exec_run_claimed(struct worker *w, uint32_t ref);
 
 /* The tail of a run: publish (rc 0) or fail, then the run's RUN reference
  * goes, or a repeat goes round. For a parked run taken down, too. */

@@ -69,13 +69,15 @@ static bool all_inside(const atap_task *ts, size_t n)
 /* Runs one piece of work the task t needs, on a pool thread (read.c). */
 static bool help_one(struct worker *w, atap_task t)
 {
-    uint32_t index, gen;
+    uint32_t index, gen, x;
     struct atap_slot *s = atap__exec_live(t, &index, &gen);
+    bool claimed;
 
-    if (!s || !atap__pool_help_once(w, s, index + 1, gen))
+    if (!s || (x = atap__pool_help_pick(w, s, index + 1, gen, &claimed)) == 0)
         return false;
     if (ld_relaxed(&w->blocked))
         atap__pool_blocked(w, false, false);
+    atap__pool_help_run(w, x, claimed);
     return true;
 }
 

@@ -24,7 +24,7 @@
  * than a join, the manager's tick hands the slot to an idle peer, and a
  * worker blocked in a wait wakes one itself (atap__pool_blocked).
  *
- * Waits inside tasks (atap__pool_help_once, "What a wait may run" below):
+ * Waits inside tasks (atap__pool_help_pick, "What a wait may run" below):
  * a waiting thread runs only work the awaited task needs, nested on its
  * stack while the stack has room; else it blocks, counted in nblocked, and
  * its core is lent: an idle worker is woken, or one more started when no
@@ -697,7 +697,7 @@ static uint64_t needed_next(const struct found *at, struct atap_slot **next)
     uint64_t task = ld_acquire(&v->awaiting);
     uint32_t depth = ld_relaxed(&v->awaiting_at);
 
-    if (task == 0 || depth < at->d || ld_acquire(&v->pub[at->d]) != at->tag)
+    if (task == 0 || depth <= at->d || ld_acquire(&v->pub[at->d]) != at->tag)
         return 0;
     *next = atap__table_at((uint32_t)task - 1);
     return atap__exec_try_hold(*next, (uint32_t)(task >> 32)) ? task : 0;
@@ -731,30 +731,28 @@ static inline bool stack_room(const struct worker *w)
  */
 #define CHASE_HOPS 4 /* waits followed from the awaited task (needed_next) */
 
-bool atap__pool_help_once(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
+uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
+                              bool *claimed)
 {
     struct atap_slot *held = NULL;
     uint32_t x = 0, held_ref = 0, held_gen = 0;
-    bool ran = false;
     struct found at;
     uint64_t next;
 
+    *claimed = false;
     if (!stack_room(w) || w->depth > HELP_LIMIT() || !held_room(w))
-        return false;
-    if (!w->blocking && (x = take_awaited(w, ref)) != 0) {
-        atap__exec_run(w, x);
-        return true;
-    }
+        return 0;
+    if (!w->blocking && (x = take_awaited(w, ref)) != 0)
+        return x;
     /* The awaited task, then, while it runs blocked in a wait of its own,
      * what that wait is for, and so on. */
-    for (unsigned hop = 0; hop < CHASE_HOPS && !ran; hop++) {
-        if ((ran = atap__exec_claim_run(w, s, ref, gen)))
-            break;
-        if ((x = leapfrog(w, s, ref, &at)) != 0) {
-            atap__exec_run(w, x);
-            ran = true;
+    for (unsigned hop = 0; hop < CHASE_HOPS; hop++) {
+        if ((*claimed = atap__exec_claim(s, ref, gen))) {
+            x = ref;
             break;
         }
+        if ((x = leapfrog(w, s, ref, &at)) != 0)
+            break;
         if (!at.v || (next = needed_next(&at, &s)) == 0)
             break;
         if (held)
@@ -763,9 +761,18 @@ bool atap__pool_help_once(struct worker *w, struct atap_slot *s, uint32_t ref, u
         ref = held_ref = (uint32_t)next;
         gen = held_gen = (uint32_t)(next >> 32);
     }
+    /* A claimed task holds a listener of its own (its queue entry's). */
     if (held)
         atap__exec_release_listener(held, held_ref - 1, held_gen);
-    return ran;
+    return x;
+}
+
+void atap__pool_help_run(struct worker *w, uint32_t x, bool claimed)
+{
+    if (claimed)
+        atap__exec_run_claimed(w, x);
+    else
+        atap__exec_run(w, x);
 }
 
 /* Starts one more worker, up to the ceiling; false if none was started

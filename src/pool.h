@@ -63,18 +63,19 @@ struct worker {
     _Alignas(64) _Atomic uint64_t pub[PUB_DEPTH];
     _Atomic int64_t pubmark[PUB_DEPTH];
     /* The innermost wait under way on its stack (read.c): gen << 32 | ref
-     * of the task it waits for, or 0; and the depth of the run waiting. */
+     * of the task it waits for, or 0; and the runs on the stack then (the
+     * waiting one is held[awaiting_at - 1]; 0 outside any run). */
     _Atomic uint64_t awaiting;
     _Atomic uint32_t awaiting_at;
 };
 
-/* A pool thread's wait for the task gen << 32 | ref starts (the run at
- * depth - 1 waits); it returns *saved to atap__pool_wait_end. */
+/* A pool thread's wait for the task gen << 32 | ref starts (the innermost
+ * run waits); it returns *saved to atap__pool_wait_end. */
 static inline void atap__pool_wait_begin(struct worker *w, uint64_t task, uint64_t saved[2])
 {
     saved[0] = atomic_load_explicit(&w->awaiting, memory_order_relaxed);
     saved[1] = atomic_load_explicit(&w->awaiting_at, memory_order_relaxed);
-    atomic_store_explicit(&w->awaiting_at, w->depth - 1, memory_order_relaxed);
+    atomic_store_explicit(&w->awaiting_at, w->depth, memory_order_relaxed);
     /* Release: who reads the task reads its depth (or a later one). */
     atomic_store_explicit(&w->awaiting, task, memory_order_release);
 }
@@ -97,7 +98,7 @@ static inline bool atap__pool_inside(const struct worker *w, uint32_t ref)
 }
 
 /* A run of ref starts on w's stack (executor.c), and ends. held[] has room:
- * a run nests only through atap__pool_help_once, which makes sure. */
+ * a run nests only through atap__pool_help_pick, which makes sure. */
 static inline void atap__pool_frame_push(struct worker *w, uint32_t ref)
 {
     w->held[w->depth++] = ref;
@@ -164,11 +165,15 @@ static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int pr
         atap__pool_submit(ref, priority, blocking);
 }
 
-/* A pool thread waiting for the task ref (generation gen, slot s) runs one
- * piece of work that task needs, if there is one and its stack has room:
- * the task itself while it is queued, or work it spawned (pool.c, "What a
- * wait may run"). False when it ran nothing. */
-bool atap__pool_help_once(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen);
+/* A pool thread waiting for the task ref (generation gen, slot s) picks
+ * one piece of work that task needs, if there is one and its stack has
+ * room: the task itself while it is queued, work it spawned, what it waits
+ * for (pool.c, "What a wait may run"). Returns its ref, or 0 for none;
+ * *claimed says it was claimed aside. The caller owns its run, and runs it
+ * with atap__pool_help_run once it no longer shows itself waiting. */
+uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
+                              bool *claimed);
+void atap__pool_help_run(struct worker *w, uint32_t x, bool claimed);
 
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);

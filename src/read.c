@@ -54,74 +54,88 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
     }
 }
 
-static int unblocked(struct worker *w, int rc)
-{
-    if (w && ld_relaxed(&w->blocked))
-        atap__pool_blocked(w, false, false);
-    return rc;
-}
-
 #define WAIT_SPINS 64 /* looks for work the awaited task needs before blocking */
 #define LONG_WAIT_SLICE_NS 800000u /* a wait that got to slices this long (about
                                       750 us in) has lasted: its core is lent
                                       even to a new worker */
 
-/*
- * Waits until the task settles or the deadline passes. A pool thread runs
- * meanwhile only work the awaited task needs (atap__pool_help_once: the
- * task itself while queued, or work it spawned); with none, it looks again
- * a few times, then blocks, lending its core to the pool, and sleeps in
- * short slices so that it can look again. Elsewhere it sleeps on the word
- * until woken.
- */
-static int wait_loop(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
-                     uint64_t deadline, uint32_t *state);
-
-static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
-                        uint32_t *state)
-{
-    struct worker *w = atap__self;
+/* A pool thread's wait: whether it shows the task it waits for to others
+ * (atap__pool_wait_begin: only while it runs nothing, the only time a
+ * waiter for a task lower on its stack needs to know) and what to put
+ * back then. */
+struct waiting {
+    struct worker *w;
+    bool shown;
     uint64_t saved[2];
-    int rc;
+};
 
-    if (w)
-        atap__pool_wait_begin(w, (uint64_t)gen << 32 | ref, saved);
-    rc = wait_loop(w, s, ref, gen, deadline, state);
-    if (w)
-        atap__pool_wait_end(w, saved);
+static void show(struct waiting *wt, uint32_t ref, uint32_t gen)
+{
+    if (!wt->shown) {
+        atap__pool_wait_begin(wt->w, (uint64_t)gen << 32 | ref, wt->saved);
+        wt->shown = true;
+    }
+}
+
+/* Runs nothing, waits no more (rc), or runs a piece of work (rc 0): no
+ * longer shown, no longer blocked. */
+static int unblocked(struct waiting *wt, int rc)
+{
+    if (wt->shown) {
+        atap__pool_wait_end(wt->w, wt->saved);
+        wt->shown = false;
+    }
+    if (wt->w && ld_relaxed(&wt->w->blocked))
+        atap__pool_blocked(wt->w, false, false);
     return rc;
 }
 
-static int wait_loop(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
-                     uint64_t deadline, uint32_t *state)
+/*
+ * Waits until the task settles or the deadline passes. A pool thread runs
+ * meanwhile only work the awaited task needs (atap__pool_help_pick: the
+ * task itself while queued, work it spawned, what it waits for); with
+ * none, it looks again a few times, then blocks, lending its core to the
+ * pool, and sleeps in short slices so that it can look again. Elsewhere it
+ * sleeps on the word until woken.
+ */
+static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
+                        uint32_t *state)
 {
+    struct waiting wt = {.w = atap__self};
+    struct worker *w = wt.w;
     uint64_t slice = SLICE_MIN_NS, now, left;
     unsigned spins = 0;
-    uint32_t cur;
+    bool looked = false, claimed;
+    uint32_t cur, x;
 
     for (;;) {
         cur = ld_acquire(&s->word);
         if (!word_is(cur, gen))
-            return unblocked(w, ATAP_ENOTASK);
+            return unblocked(&wt, ATAP_ENOTASK);
         if (state_terminal(word_state(cur))) {
             *state = word_state(cur);
-            return unblocked(w, 0);
+            return unblocked(&wt, 0);
         }
         /* Help only while time is left: a timed wait returns at most one
          * helped run past its deadline. */
         if (w && (deadline == ATAP__FOREVER || atap__now_ns() < deadline) &&
-            atap__pool_help_once(w, s, ref, gen)) {
-            unblocked(w, 0);
+            (x = atap__pool_help_pick(w, s, ref, gen, &claimed)) != 0) {
+            unblocked(&wt, 0); /* what it runs may wait in turn */
+            atap__pool_help_run(w, x, claimed);
             slice = SLICE_MIN_NS;
             spins = 0;
             continue;
         }
         /* About to sleep. A task this thread is inside (itself, or one
          * lower on its stack) could only settle once this wait returns:
-         * refuse rather than hang. Looked at here, off the fast path, since
-         * a join that finds its task done never gets here. */
-        if (atap__pool_inside(w, ref))
-            return unblocked(w, ATAP_EINVAL);
+         * refuse rather than hang. Looked at once, off the fast path: a
+         * join that finds its task done never gets here, and what lies
+         * below this wait on the stack does not change while it lasts. */
+        if (!looked && atap__pool_inside(w, ref))
+            return unblocked(&wt, ATAP_EINVAL);
+        looked = true;
+        if (w)
+            show(&wt, ref, gen);
         if (w && spins < WAIT_SPINS) {
             spins++;
             for (unsigned k = 0; k < 16; k++)
@@ -134,11 +148,11 @@ static int wait_loop(struct worker *w, struct atap_slot *s, uint32_t ref, uint32
         if (w && !w->blocking) {
             atap__pool_blocked(w, true, slice >= LONG_WAIT_SLICE_NS);
             if (word_state(cur) == ST_PENDING && atap__pool_stalled(w))
-                return unblocked(w, ATAP_ELIMIT);
+                return unblocked(&wt, ATAP_ELIMIT);
         }
         now = deadline == ATAP__FOREVER ? 0 : atap__now_ns();
         if (now >= deadline)
-            return unblocked(w, ATAP_ENOTREADY);
+            return unblocked(&wt, ATAP_ENOTREADY);
         if (!(cur & ST_WAITERS) && !cas_acqrel(&s->word, &cur, cur | ST_WAITERS))
             continue;
         left = deadline - now;

@@ -24,7 +24,7 @@
  *         GATED: the task waits for gives (dataflow.c), so its last
  *         listener going may let it go; read with the count, no extra load.
  *         STALE: a waiter claimed the task out of its queue place
- *         (executor.c, atap__exec_claim_run) and took its RUN; the entry
+ *         (executor.c, atap__exec_claim) and took its RUN; the entry
  *         left in the queue holds one listener instead, dropped by whoever
  *         dequeues it (or by the claimer, if the claim failed first).
  *
