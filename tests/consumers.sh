@@ -112,7 +112,8 @@ package_clean() { ! grep -rn ATAP_FAULT_INJECTION "$tmp/$1/lib/cmake/atap"; }
 exports_atap_only() {
     local so bad
     so=$(ls "$tmp/shared/lib/"libatap.so.*.*.* | head -n 1) || return 1
-    nm -D --defined-only "$so" | grep -q ' T atap_init$' || { echo "no atap_init in $so"; return 1; }
+    # (grep -q would stop reading early: nm's SIGPIPE fails the pipe under pipefail)
+    nm -D --defined-only "$so" | grep ' T atap_init$' >/dev/null || { echo "no atap_init in $so"; return 1; }
     bad=$(nm -D --defined-only "$so" | awk '$2 != "A" && $3 !~ /^atap_[^_]/ || $3 ~ /^atap_inject_/')
     [ -z "$bad" ] || { echo "$so exports:"; echo "$bad"; return 1; }
 }
@@ -140,7 +141,7 @@ pc_shared() {
     # shellcheck disable=SC2046
     cc "$src/consumer.c" $(pkg-config --cflags --libs atap) -o "$tmp/pc-shared" &&
         LD_LIBRARY_PATH=$tmp/shared/lib "$tmp/pc-shared" &&
-        LD_LIBRARY_PATH=$tmp/shared/lib ldd "$tmp/pc-shared" | grep -q "$tmp/shared/lib/libatap.so"
+        [[ $(LD_LIBRARY_PATH=$tmp/shared/lib ldd "$tmp/pc-shared") == *"$tmp/shared/lib/libatap.so"* ]]
 }
 pc_static_moved() {
     mv "$tmp/static" "$tmp/static-moved" || return 1
@@ -149,7 +150,7 @@ pc_static_moved() {
     # shellcheck disable=SC2046
     c++ -std=c++11 "$src/consumer.cpp" $(pkg-config --static --cflags --libs atap) -o "$tmp/pc-static" &&
         "$tmp/pc-static" &&
-        ! ldd "$tmp/pc-static" | grep -q libatap
+        [[ $(ldd "$tmp/pc-static") != *libatap* ]]
 }
 check "pkg-config --cflags --libs atap (shared install): C consumer runs" pc_shared
 check "pkg-config --static (static install, prefix moved): C++ consumer runs" pc_static_moved
