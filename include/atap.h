@@ -240,7 +240,16 @@ typedef struct atap_spawn_opts {
     uint64_t for_ns;            /* REPEAT / AT_RATE: no run starts later than
                                    this long after the first one started */
     uint64_t until_ns;          /* REPEAT / AT_RATE: no run starts after this
-                                   moment (one or the other deadline) */
+                                   moment, the first one included (one or the
+                                   other deadline). A series whose first run
+                                   cannot start by then (until_ns passed, or
+                                   after_ns ends past it) never runs: it ran
+                                   out with nothing to read, settled at spawn
+                                   as ATAP_TAKEN, finished, and a join or take
+                                   reads ATAP_EFINISHED. A waiting series
+                                   given a value past it runs nothing and
+                                   takes no more gives (its last series'
+                                   output, if any, stays readable) */
     uint32_t gives;             /* atap_spawn_waiting: how many gives may start
                                    something (0: no limit) */
     void (*in_free)(void *in);  /* atap_spawn_waiting: called exactly once for

@@ -296,6 +296,136 @@ static void test_schedule_deadline_stops_the_series(void **state)
     }
 }
 
+/* Deadlines bind the first run too: a series whose deadline has passed at
+ * spawn, or whose start delay ends past it, never runs. Its handle settles
+ * at spawn as a series that ran out with nothing readable: ATAP_TAKEN, a
+ * join reads ATAP_EFINISHED, atap_finished is true. */
+static void test_schedule_deadline_binds_the_first_run(void **state)
+{
+    (void)state;
+    struct {
+        atap_kind kind;
+        uint64_t every, after;
+        int64_t until_from_now; /* until_ns = now + this (negative: passed) */
+    } cases[] = {
+        {ATAP_REPEAT, 0, 0, -(int64_t)ATAP_MS(1)},
+        {ATAP_REPEAT, ATAP_MS(10), 0, -(int64_t)ATAP_MS(1)},
+        {ATAP_AT_RATE, ATAP_MS(10), 0, -(int64_t)ATAP_MS(1)},
+        {ATAP_REPEAT, 0, ATAP_MS(150), (int64_t)ATAP_MS(30)},
+        {ATAP_REPEAT, ATAP_MS(10), ATAP_MS(150), (int64_t)ATAP_MS(30)},
+        {ATAP_AT_RATE, ATAP_MS(10), ATAP_MS(150), (int64_t)ATAP_MS(30)},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        log *l = log_new(0);
+        uint64_t v = 0;
+        atap_state st;
+        atap_task t = spawn_logged(l, (atap_spawn_opts){
+                                          .kind = cases[k].kind,
+                                          .every_ns = cases[k].every,
+                                          .after_ns = cases[k].after,
+                                          .until_ns = (uint64_t)((int64_t)atap_now() +
+                                                                 cases[k].until_from_now),
+                                      });
+        /* Settled at spawn: nothing can ever start. */
+        if (!atap_finished(t))
+            fail_msg("case %zu: not finished at spawn", k);
+        assert_int_equal(atap_try_join(t, &v, 8), ATAP_EFINISHED);
+        assert_int_equal(atap_join(t, &v, 8), ATAP_EFINISHED);
+        assert_int_equal(atap_take(t, &v, 8), ATAP_EFINISHED);
+        assert_int_equal(atap_wait(t, &st), 0);
+        assert_int_equal(st, ATAP_TAKEN);
+        assert_int_equal(atap_state_of(t), ATAP_TAKEN);
+        assert_int_equal(atap_cancel(t), 0); /* nothing left to cancel */
+        assert_int_equal(atap_join(t, &v, 8), ATAP_EFINISHED);
+        sleep_ms(200); /* past the start delay: still nothing runs */
+        if (atomic_load(&l->runs) != 0)
+            fail_msg("case %zu: %d runs past the deadline", k, atomic_load(&l->runs));
+        atap_release(t);
+        free(l);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* A waiting series given a value past its until_ns: nothing of it runs,
+ * and since no series could ever start again, it takes no more gives. A
+ * series that ran before keeps its last output readable. */
+static void test_schedule_deadline_binds_a_waiting_series(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        log *l = log_new(0);
+        atap_task t;
+        uint64_t v = 0;
+        uint64_t until = atap_now() + (k == 0 ? 0 : ATAP_MS(200));
+        assert_int_equal(atap_spawn_waiting(&t, logged, l, 0,
+                                            &(atap_spawn_opts){.out_size = 8,
+                                                               .kind = ATAP_REPEAT,
+                                                               .every_ns = ATAP_MS(20),
+                                                               .until_ns = until}),
+                         0);
+        if (k == 1) { /* one series in time: runs, ends at its deadline */
+            assert_int_equal(atap_give(t, NULL, 0), 0);
+            while (atap_now() <= until)
+                sleep_ms(10);
+            assert_true(wait_atomic_at_least(&l->runs, 1, ATAP_SEC(10)));
+            sleep_ms(100); /* its last run is over */
+        }
+        int runs = atomic_load(&l->runs);
+        int rc = atap_give(t, NULL, 0);
+        assert_true(rc == 0 || rc == ATAP_EFINISHED);
+        assert_true(wait_finished(t, ATAP_SEC(10)));
+        assert_int_equal(atap_give(t, NULL, 0), ATAP_EFINISHED);
+        rc = atap_join(t, &v, 8);
+        if (k == 0) {
+            assert_int_equal(rc, ATAP_EFINISHED);
+        } else {
+            assert_int_equal(rc, 0);
+            assert_int_equal(v, (uint64_t)runs); /* the last run's output */
+        }
+        sleep_ms(50);
+        assert_int_equal(atomic_load(&l->runs), runs);
+        for (int i = 0; i < runs && i < MAX_RUNS; i++) /* 100 ms: claim to fn's clock */
+            assert_true(atomic_load(&l->start[i]) <= until + ATAP_MS(100));
+        atap_release(t);
+        free(l);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* A first run still queued at its deadline (no delay, a deadline 20 ms
+ * away, every worker busy until 300 ms past it): claimed past the deadline, it
+ * never starts, and the series settles as one that ran out. */
+static void test_schedule_deadline_binds_a_queued_first_run(void **state)
+{
+    (void)state;
+    /* One worker a core: the pool's target is what it starts with, so it
+     * grows no worker while the blockers hold them all. */
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers_per_core = 1}),
+                     0);
+    blockers *b = blockers_start(); /* every worker held */
+    log *l = log_new(0);
+    uint64_t v;
+    uint64_t until = atap_now() + ATAP_MS(20);
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .until_ns = until});
+    while (atap_now() <= until + ATAP_MS(300))
+        sleep_ms(5);
+    blockers_stop(b);
+    int rc = atap_join(t, &v, 8);
+    assert_true(wait_finished(t, ATAP_SEC(10)));
+    /* The pool may have grown a worker that ran it in time; any run that
+     * started did so by the deadline, and none means nothing readable. */
+    int runs = atomic_load(&l->runs);
+    for (int i = 0; i < runs && i < MAX_RUNS; i++) /* 100 ms: claim to fn's clock */
+        if (atomic_load(&l->start[i]) > until + ATAP_MS(100))
+            fail_msg("run %d started %llu ns past the deadline", i,
+                     (unsigned long long)(atomic_load(&l->start[i]) - until));
+    assert_int_equal(rc, runs ? 0 : ATAP_EFINISHED);
+    atap_release(t);
+    free(l);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 /* Count and deadline: whichever comes first ends it. */
 static void test_schedule_count_or_deadline(void **state)
 {
@@ -1075,6 +1205,9 @@ int main(void)
         T(test_schedule_repeat_runs),
         T(test_schedule_repeat_gap),
         T(test_schedule_deadline_stops_the_series),
+        T(test_schedule_deadline_binds_the_first_run),
+        T(test_schedule_deadline_binds_a_queued_first_run),
+        T(test_schedule_deadline_binds_a_waiting_series),
         T(test_schedule_count_or_deadline),
         T(test_schedule_repeat_cancel),
         T(test_schedule_repeat_reads_latest),
