@@ -222,7 +222,11 @@ typedef enum atap_kind {
 typedef struct atap_spawn_opts {
     size_t out_size;            /* output bytes (0: no output) */
     void (*out_free)(void *out);/* for an output nobody took: when the task is
-                                   freed, or replaced by a repeat's next one */
+                                   freed, replaced by a repeat's next one, or
+                                   dropped (its run was cancelled or timed
+                                   out). Every output a run makes (the run
+                                   returned 0) is taken or passed to
+                                   out_free, exactly once */
     void (*arg_free)(void *arg);/* called once, when the task is gone */
     int priority;               /* -128..127, higher starts first; 0 default */
     bool blocking;              /* run on the blocking threads */

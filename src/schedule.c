@@ -36,7 +36,9 @@
  * the publisher also delivers the output to forwards under it), so a join
  * or take never reads a half-written output, and a take that moved an
  * output out is never overwritten by the copy it saw (it checks READY and
- * moves to TAKEN under the read lock).
+ * moves to TAKEN under the read lock). A run stopped meanwhile (cancelled,
+ * timed out) publishes nothing, and its scratch output goes to out_free
+ * at once: every output is taken or let go of, exactly once.
  *
  * When the manager stops taking timers (shutdown, or its supervisor gave
  * up), an arm that lands afterwards is disarmed again by its caller, and
@@ -676,12 +678,15 @@ static void out_write_unlock(struct sched *c)
 }
 
 /* A repeat's new output replaces the one standing, under the write lock,
- * and only while the run still counts (RUNNING): then READY. */
+ * and only while the run still counts (RUNNING): then READY. Otherwise
+ * (cancelled or timed out during the run) the output stays in scratch,
+ * and nothing else will ever read or let go of it: it goes to out_free
+ * here, after the lock (every output is taken or let go of, once). */
 static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
     struct kicks after;
     uint32_t cur;
-    bool ok;
+    bool ok, dropped;
 
     atap__kicks_init(&after);
     out_write_lock(c);
@@ -692,12 +697,17 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
         memcpy(slot_out(s), c->scratch, s->out_size);
         s->filled = 1;
     }
+    /* Not copied: the scratch output is nobody's but ours. (Copied, it is
+     * the slot's: filled, let go of at free if no publish follows.) */
+    dropped = !ok && s->out_size && s->out_free;
     if (ok)
         c->pubs++; /* counted before readable: see atap__flow_publish */
     if (ok && (ok = c->gate ? atap__gate_publish(s, gen, &c->out_kept)
                             : atap__exec_stop(s, gen, ST_RUNNING, ST_READY)))
         atap__flow_publish(s, c->pubs, &after); /* still under the lock: this output */
     out_write_unlock(c);
+    if (dropped)
+        s->out_free(c->scratch);
     atap__flow_kicks_run(&after); /* what it started, after the lock */
     return ok;
 }

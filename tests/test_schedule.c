@@ -1191,6 +1191,174 @@ static void test_schedule_cancelled_far_gap_freed_soon(void **state)
                  given, N, (size_t)N * SIZE * 2);
 }
 
+/* ---- every output reaches its reader or its out_free, exactly once ---- */
+
+/* An output owns heap memory (so LeakSanitizer sees one that is dropped)
+ * and carries a number of its own; each is let go of exactly once: moved
+ * out by a take, or passed to out_free. */
+#define ACC_IDS 4096
+typedef struct acc_out {
+    uint64_t id;
+    void *mem;
+} acc_out;
+
+static atomic_int acc_made, acc_taken, acc_freed, acc_next;
+static atomic_int acc_seen[ACC_IDS]; /* times each output was let go of */
+
+typedef struct acc_task {
+    atomic_int started, active; /* runs begun; runs under way */
+    int slow_from;              /* runs from this one on are slow */
+    uint64_t slow_ns;           /* a slow run holds this long, or until stopped */
+} acc_task;
+
+static void acc_let_go(acc_out *o, atomic_int *counter)
+{
+    atomic_fetch_add(counter, 1);
+    if (o->id < ACC_IDS)
+        atomic_fetch_add(&acc_seen[o->id], 1);
+    free(o->mem);
+}
+
+static void acc_out_free(void *out)
+{
+    acc_let_go(out, &acc_freed);
+}
+
+static int acc_run(atap_ctx *ctx, void *arg, void *out)
+{
+    acc_task *a = arg;
+    int i = atomic_fetch_add(&a->started, 1);
+
+    atomic_fetch_add(&a->active, 1);
+    if (i >= a->slow_from) {
+        uint64_t t0 = now_ns();
+        while (now_ns() - t0 < a->slow_ns && !atap_cancelled(ctx))
+            sleep_us(500);
+    }
+    acc_out o = {.id = (uint64_t)atomic_fetch_add(&acc_next, 1), .mem = malloc(32)};
+    assert_non_null(o.mem);
+    memcpy(out, &o, sizeof o);
+    atomic_fetch_add(&acc_made, 1);
+    atomic_fetch_sub(&a->active, 1);
+    return 0;
+}
+
+static void acc_take(atap_task t, uint64_t timeout_ns)
+{
+    acc_out o;
+
+    if (atap_take_for(t, &o, sizeof o, timeout_ns) == 0)
+        acc_let_go(&o, &acc_taken);
+}
+
+enum { ACC_ONCE, ACC_REPEAT, ACC_AT_RATE, ACC_WAIT_ONCE, ACC_WAIT_REPEAT, ACC_KINDS };
+enum { ACC_CANCEL, ACC_TIMEOUT, ACC_RUNS, ACC_RELEASE, ACC_SHUTDOWN, ACC_STOPS };
+static const char *const acc_kind_name[] = {"once", "repeat", "at-rate", "waiting once",
+                                            "waiting repeat"};
+static const char *const acc_stop_name[] = {"cancel mid-run", "timeout mid-run", "runs limit",
+                                            "release mid-run", "shutdown mid-run"};
+
+static bool acc_scenario(int kind, int stop)
+{
+    bool waiting = kind == ACC_WAIT_ONCE || kind == ACC_WAIT_REPEAT;
+    bool series = kind == ACC_REPEAT || kind == ACC_AT_RATE || kind == ACC_WAIT_REPEAT;
+    acc_task *a = calloc(1, sizeof *a);
+    atap_spawn_opts o = {.out_size = sizeof(acc_out), .out_free = acc_out_free};
+    atap_task t;
+
+    assert_non_null(a);
+    a->slow_from = stop == ACC_RUNS ? 1 << 30 : series ? 3 : 0;
+    /* A cancel of an at-rate series does not reach the runs under way (each
+     * in a slot of its own): they run their time out. */
+    a->slow_ns = stop == ACC_RELEASE || stop == ACC_SHUTDOWN ||
+                         (kind == ACC_AT_RATE && stop == ACC_CANCEL)
+                     ? ATAP_MS(300)
+                     : ATAP_SEC(3);
+    o.kind = kind == ACC_AT_RATE ? ATAP_AT_RATE : series ? ATAP_REPEAT : ATAP_ONCE;
+    o.every_ns = kind == ACC_AT_RATE ? ATAP_MS(10) : series ? ATAP_MS(2) : 0;
+    if (stop == ACC_TIMEOUT)
+        o.timeout_ns = ATAP_MS(150);
+    if (series && stop == ACC_RUNS)
+        o.runs = 3;
+    if (series && stop == ACC_RELEASE) /* the slow run is the last */
+        o.runs = (uint32_t)a->slow_from + 1;
+    if (waiting && stop == ACC_RUNS) /* then it takes no more gives */
+        o.gives = kind == ACC_WAIT_ONCE ? 2 : 1;
+    if (waiting) {
+        assert_int_equal(atap_spawn_waiting(&t, acc_run, a, 0, &o), 0);
+        assert_int_equal(atap_give(t, NULL, 0), 0);
+        if (kind == ACC_WAIT_ONCE && stop == ACC_RUNS) {
+            assert_true(wait_atomic_at_least(&a->started, 1, ATAP_SEC(10)));
+            assert_int_equal(atap_give(t, NULL, 0), 0);
+        }
+    } else {
+        assert_int_equal(atap_spawn(&t, acc_run, a, &o), 0);
+    }
+    if (series && a->slow_from > 1) { /* one taken between runs */
+        assert_true(wait_atomic_at_least(&a->started, 1, ATAP_SEC(10)));
+        acc_take(t, ATAP_SEC(2));
+    }
+    if (stop != ACC_RUNS && stop != ACC_TIMEOUT) /* a slow run under way */
+        assert_true(wait_atomic_at_least(&a->started, a->slow_from + 1, ATAP_SEC(10)));
+    switch (stop) {
+    case ACC_CANCEL:
+        assert_int_equal(atap_cancel(t), 0);
+        break;
+    case ACC_TIMEOUT:
+    case ACC_RUNS:
+        assert_true(wait_finished(t, ATAP_SEC(20)));
+        acc_take(t, 0);
+        break;
+    case ACC_SHUTDOWN:
+        assert_int_equal(atap_shutdown(), 0);
+        acc_take(t, 0);
+        atap_release(t);
+        assert_int_equal(atap_init(NULL), 0);
+        break;
+    default:
+        break;
+    }
+    if (stop != ACC_SHUTDOWN)
+        atap_release(t);
+    if (!wait_live_back(ATAP_SEC(20)))
+        fail_msg("%s, %s: the task never went (%zu live)", acc_kind_name[kind],
+                 acc_stop_name[stop], pool_stats().live);
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (atomic_load(&a->active) != 0 && now_ns() < end)
+        sleep_us(500);
+    int made = atomic_load(&acc_made), taken = atomic_load(&acc_taken),
+        freed = atomic_load(&acc_freed);
+    free(a);
+    if (made == taken + freed)
+        return true;
+    print_message("%s, %s: %d outputs made, %d taken, %d passed to out_free\n",
+                  acc_kind_name[kind], acc_stop_name[stop], made, taken, freed);
+    return false;
+}
+
+/* For every kind of task and every way it stops, each output a run made
+ * (a run that returned 0) is taken or passed to out_free, exactly once. */
+static void test_schedule_every_output_accounted(void **state)
+{
+    (void)state;
+    int wrong = 0;
+    for (int kind = 0; kind < ACC_KINDS; kind++) {
+        for (int stop = 0; stop < ACC_STOPS; stop++) {
+            atomic_store(&acc_made, 0);
+            atomic_store(&acc_taken, 0);
+            atomic_store(&acc_freed, 0);
+            wrong += !acc_scenario(kind, stop);
+        }
+    }
+    if (wrong)
+        fail_msg("%d of %d combinations lose or repeat an output", wrong, ACC_KINDS * ACC_STOPS);
+    int n = atomic_load(&acc_next);
+    assert_true(n < ACC_IDS);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&acc_seen[i]) != 1)
+            fail_msg("output %d let go of %d times", i, atomic_load(&acc_seen[i]));
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -1231,6 +1399,7 @@ int main(void)
         T(test_schedule_limits_end_while_manager_stops),
         T(test_schedule_released_after_shutdown_frees),
         T(test_schedule_cancelled_far_gap_freed_soon),
+        T(test_schedule_every_output_accounted),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
