@@ -699,7 +699,8 @@ ATAP_EXPORT int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise,
  * sends return (or end with) ATAP_ECLOSED. The channel is freed when both
  * counts reach 0. elem_free (may be NULL) is called on each value the
  * channel drops, and on a received output nobody took (a receive task
- * cancelled or timed out just after it took its value counts as one).
+ * cancelled or timed out just after it took its value counts as one),
+ * each time at an address aligned for any type (alignof(max_align_t)).
  * Threads: any; an end must not be used after it is closed.
  */
 typedef struct atap_chan atap_chan;
