@@ -363,12 +363,13 @@ static void test_schedule_deadline_binds_a_waiting_series(void **state)
                                                                .every_ns = ATAP_MS(20),
                                                                .until_ns = until}),
                          0);
-        if (k == 1) { /* one series in time: runs, ends at its deadline */
+        if (k == 1) { /* one series in time: runs (unless a loaded machine
+                         kept its first run past the deadline too), ends */
             assert_int_equal(atap_give(t, NULL, 0), 0);
-            while (atap_now() <= until)
+            while (atap_now() <= until + ATAP_MS(300)) /* its last run is over */
                 sleep_ms(10);
-            assert_true(wait_atomic_at_least(&l->runs, 1, ATAP_SEC(10)));
-            sleep_ms(100); /* its last run is over */
+            while (atap_state_of(t) == ATAP_RUNNING)
+                sleep_ms(10);
         }
         int runs = atomic_load(&l->runs);
         int rc = atap_give(t, NULL, 0);
@@ -376,7 +377,7 @@ static void test_schedule_deadline_binds_a_waiting_series(void **state)
         assert_true(wait_finished(t, ATAP_SEC(10)));
         assert_int_equal(atap_give(t, NULL, 0), ATAP_EFINISHED);
         rc = atap_join(t, &v, 8);
-        if (k == 0) {
+        if (runs == 0) {
             assert_int_equal(rc, ATAP_EFINISHED);
         } else {
             assert_int_equal(rc, 0);
