@@ -412,9 +412,11 @@ ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
  * at spawn. What a give starts depends on opts->kind:
  *   ATAP_ONCE: one run. A give while a run is under way owes one more run
  *     (with the newest value); gives don't queue, so the newest value wins.
- *   ATAP_REPEAT / ATAP_AT_RATE: a whole series (runs, for_ns and until_ns
- *     count afresh from each series). A give during a series only changes
- *     the value the rest of the series is handed.
+ *   ATAP_REPEAT / ATAP_AT_RATE: a whole series (runs and for_ns count
+ *     afresh from each series; until_ns is one moment for them all: a give
+ *     past it starts nothing, and the task then takes no more gives). A
+ *     give during a series only changes the value the rest of the series
+ *     is handed.
  * opts->after_ns is waited out after each give that starts something.
  * opts->gives (0: no limit) counts the gives that start something; once
  * they are used up and the last run is over the task is finished, and a
