@@ -253,7 +253,11 @@ typedef enum atap_kind {
 typedef struct atap_spawn_opts {
     size_t out_size;            /* output bytes (0: no output) */
     void (*out_free)(void *out);/* for an output nobody took: when the task is
-                                   freed, or replaced by a repeat's next one */
+                                   freed, replaced by a repeat's next one, or
+                                   dropped (its run was cancelled or timed
+                                   out). Every output a run makes (the run
+                                   returned 0) is taken or passed to
+                                   out_free, exactly once */
     void (*arg_free)(void *arg);/* called once, when the task is gone */
     int priority;               /* -128..127, higher starts first; 0 default */
     bool blocking;              /* run on the blocking threads */
@@ -271,7 +275,16 @@ typedef struct atap_spawn_opts {
     uint64_t for_ns;            /* REPEAT / AT_RATE: no run starts later than
                                    this long after the first one started */
     uint64_t until_ns;          /* REPEAT / AT_RATE: no run starts after this
-                                   moment (one or the other deadline) */
+                                   moment, the first one included (one or the
+                                   other deadline). A series whose first run
+                                   cannot start by then (until_ns passed, or
+                                   after_ns ends past it) never runs: it ran
+                                   out with nothing to read, settled at spawn
+                                   as ATAP_TAKEN, finished, and a join or take
+                                   reads ATAP_EFINISHED. A waiting series
+                                   given a value past it runs nothing and
+                                   takes no more gives (its last series'
+                                   output, if any, stays readable) */
     uint32_t gives;             /* atap_spawn_waiting: how many gives may start
                                    something (0: no limit) */
     void (*in_free)(void *in);  /* atap_spawn_waiting: called exactly once for
@@ -462,9 +475,11 @@ ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
  * at spawn. What a give starts depends on opts->kind:
  *   ATAP_ONCE: one run. A give while a run is under way owes one more run
  *     (with the newest value); gives don't queue, so the newest value wins.
- *   ATAP_REPEAT / ATAP_AT_RATE: a whole series (runs, for_ns and until_ns
- *     count afresh from each series). A give during a series only changes
- *     the value the rest of the series is handed.
+ *   ATAP_REPEAT / ATAP_AT_RATE: a whole series (runs and for_ns count
+ *     afresh from each series; until_ns is one moment for them all: a give
+ *     past it starts nothing, and the task then takes no more gives). A
+ *     give during a series only changes the value the rest of the series
+ *     is handed.
  * opts->after_ns is waited out after each give that starts something.
  * opts->gives (0: no limit) counts the gives that start something; once
  * they are used up and the last run is over the task is finished, and a
@@ -751,7 +766,8 @@ ATAP_EXPORT int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise,
  * sends return (or end with) ATAP_ECLOSED. The channel is freed when both
  * counts reach 0. elem_free (may be NULL) is called on each value the
  * channel drops, and on a received output nobody took (a receive task
- * cancelled or timed out just after it took its value counts as one).
+ * cancelled or timed out just after it took its value counts as one),
+ * each time at an address aligned for any type (alignof(max_align_t)).
  * Threads: any; an end must not be used after it is closed.
  */
 typedef struct atap_chan atap_chan;

@@ -22,13 +22,23 @@
  * only a scheduled task's queue entry ever does it from READY or TAKEN.
  * `finished` is set before the RUN reference is dropped and never cleared.
  *
+ * Deadlines bind every run, the first included: no claim and no at-rate
+ * fire starts a run past `deadline`. A series whose first run could not
+ * start by then (until_ns passed at spawn or at a give, a start delay
+ * that ends past it, a queue wait that took it past) ran out unrun: it is
+ * marked finished, then PENDING -> TAKEN (a series that ran out with
+ * nothing to read: ATAP_EFINISHED to readers), at spawn when the delay
+ * already says so (starts_too_late), else where the run would start.
+ *
  * A repeat's run writes into `scratch`; publishing copies it to the slot's
  * output under `out_lock` (a spin reader-writer word: readers count up, the
  * publisher holds WRITER; either side waiting pauses, then yields, since
  * the publisher also delivers the output to forwards under it), so a join
  * or take never reads a half-written output, and a take that moved an
  * output out is never overwritten by the copy it saw (it checks READY and
- * moves to TAKEN under the read lock).
+ * moves to TAKEN under the read lock). A run stopped meanwhile (cancelled,
+ * timed out) publishes nothing, and its scratch output goes to out_free
+ * at once: every output is taken or let go of, exactly once.
  *
  * When the manager stops taking timers (shutdown, or its supervisor gave
  * up), an arm that lands afterwards is disarmed again by its caller, and
@@ -394,13 +404,16 @@ void atap__sched_write_off(struct atap_timer *t, void *arg)
     /* A limit timer's run is under way: its runner ends it. */
 }
 
+static bool starts_too_late(struct atap_slot *s, struct sched *c, uint32_t gen);
+
 void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking)
 {
     struct sched *c = sched_of(s);
 
-    (void)gen;
     if (c->gate)
         return; /* its first give starts it (atap__sched_kick) */
+    if (starts_too_late(s, c, gen))
+        return; /* settled at spawn: nothing will ever run */
     if (c->kind == ATAP_AT_RATE) { /* the series itself never runs: its timer
                                       starts a fresh run every period */
         c->next_start = atap__deadline(atap__now_ns(), c->after);
@@ -432,7 +445,9 @@ void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
      * (its lock ordered the last run's writes before ours). */
     c->done = 0;
     c->deadline = c->for_ns ? UINT64_MAX : c->deadline;
-    if (c->kind == ATAP_AT_RATE) {
+    if (starts_too_late(s, c, gen)) {
+        /* Nothing of this series will run, nor of any later one. */
+    } else if (c->kind == ATAP_AT_RATE) {
         c->next_start = atap__deadline(atap__now_ns(), c->after);
         arm(c, &c->start, c->next_start);
     } else if (c->after) {
@@ -462,16 +477,52 @@ static void finish(struct atap_slot *s, struct sched *c, uint32_t gen)
     atap__exec_release_run(s, c->index, gen);
 }
 
+/* The deadline came before the series' first run (until_ns passed, or a
+ * start delay or a queue wait took it past): no run starts, and the series
+ * ran out with nothing of its own to read: TAKEN, which a reader of a
+ * series that ran out reads as ATAP_EFINISHED (atap__sched_ran_out), or
+ * READY again when a give's restart kept the last series' output. Only an
+ * absolute deadline (until_ns) gets here (for_ns counts from the first
+ * run), so no later series could run either: a waiting task's gate takes
+ * no more gives. Marked finished before the state moves, so no reader sees
+ * TAKEN without it. The caller holds RUN, and the state is PENDING unless
+ * a cancel came first (then it stays so). */
+static void ran_out_unrun(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    bool kept = c->out_kept;
+
+    c->out_kept = false;
+    if (c->gate)
+        atap__gate_end(c->gate);
+    st_release(&c->finished, true);
+    atap__exec_stop(s, gen, ST_PENDING, kept ? ST_READY : ST_TAKEN);
+    finish(s, c, gen);
+}
+
+/* A series whose first run could only start past its deadline, given the
+ * start delay still to wait: true when it was ended so (ran_out_unrun). */
+static bool starts_too_late(struct atap_slot *s, struct sched *c, uint32_t gen)
+{
+    if (c->deadline == UINT64_MAX || atap__deadline(atap__now_ns(), c->after) <= c->deadline)
+        return false;
+    ran_out_unrun(s, c, gen);
+    return true;
+}
+
 bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
 {
     struct sched *c = sched_of(s);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
     /* The clock only for what needs it: a deadline, a limit. */
-    uint64_t now = c->done > 0 || c->for_ns || c->timeout ? atap__now_ns() : 0;
+    uint64_t now = c->deadline != UINT64_MAX || c->for_ns || c->timeout ? atap__now_ns() : 0;
 
-    /* A repeat's next run that would start past its deadline never starts. */
-    if (c->done > 0 && now > c->deadline && may_claim(c, word_state(cur))) {
-        finish(s, c, gen);
+    /* A run that would start past the deadline never starts, the first
+     * one included (it waited in the queue past it). */
+    if (now > c->deadline && may_claim(c, word_state(cur))) {
+        if (c->done == 0)
+            ran_out_unrun(s, c, gen);
+        else
+            finish(s, c, gen);
         return false;
     }
     do {
@@ -627,12 +678,15 @@ static void out_write_unlock(struct sched *c)
 }
 
 /* A repeat's new output replaces the one standing, under the write lock,
- * and only while the run still counts (RUNNING): then READY. */
+ * and only while the run still counts (RUNNING): then READY. Otherwise
+ * (cancelled or timed out during the run) the output stays in scratch,
+ * and nothing else will ever read or let go of it: it goes to out_free
+ * here, after the lock (every output is taken or let go of, once). */
 static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
     struct kicks after;
     uint32_t cur;
-    bool ok;
+    bool ok, dropped;
 
     atap__kicks_init(&after);
     out_write_lock(c);
@@ -643,12 +697,17 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
         memcpy(slot_out(s), c->scratch, s->out_size);
         s->filled = 1;
     }
+    /* Not copied: the scratch output is nobody's but ours. (Copied, it is
+     * the slot's: filled, let go of at free if no publish follows.) */
+    dropped = !ok && s->out_size && s->out_free;
     if (ok)
         c->pubs++; /* counted before readable: see atap__flow_publish */
     if (ok && (ok = c->gate ? atap__gate_publish(s, gen, &c->out_kept)
                             : atap__exec_stop(s, gen, ST_RUNNING, ST_READY)))
         atap__flow_publish(s, c->pubs, &after); /* still under the lock: this output */
     out_write_unlock(c);
+    if (dropped)
+        s->out_free(c->scratch);
     atap__flow_kicks_run(&after); /* what it started, after the lock */
     return ok;
 }
@@ -741,8 +800,11 @@ static void rate_tick(struct sched *c)
     }
     if (c->done == 0 && c->for_ns)
         c->deadline = atap__deadline(now, c->for_ns);
-    if (c->done > 0 && now > c->deadline) {
-        finish(s, c, gen);
+    if (now > c->deadline) { /* the first period too (a late fire) */
+        if (c->done == 0)
+            ran_out_unrun(s, c, gen);
+        else
+            finish(s, c, gen);
         return;
     }
     c->done++;

@@ -1114,6 +1114,92 @@ static void test_channel_close_receiver_no_memory_drops_off_the_lock(void **stat
     close_receiver_vs_last_sender(true);
 }
 
+/* ---- values handed to elem_free are aligned for any type ---------------------- */
+
+/* Two element types: one that needs the strictest alignment (a long double
+ * read in elem_free is a misaligned load under UBSan if it is not), and
+ * one of 12 bytes, whose neighbours in a ring would sit 12 bytes apart. */
+typedef struct al_wide {
+    long double x;
+    uint32_t tag;
+} al_wide;
+typedef struct al_odd {
+    uint32_t w[3];
+} al_odd;
+
+static atomic_int al_calls, al_misaligned;
+static atomic_uint_fast64_t al_tags;
+
+static void al_note(const void *p)
+{
+    atomic_fetch_add(&al_calls, 1);
+    if ((uintptr_t)p % _Alignof(max_align_t) != 0)
+        atomic_fetch_add(&al_misaligned, 1);
+}
+
+static void al_wide_free(void *p)
+{
+    al_note(p);
+    if ((uintptr_t)p % _Alignof(max_align_t) == 0) /* read as its type */
+        atomic_fetch_add(&al_tags, (uint64_t)((al_wide *)p)->x + ((al_wide *)p)->tag);
+}
+
+static void al_odd_free(void *p)
+{
+    al_note(p);
+}
+
+/* Every value a channel hands to elem_free: a send task's value never
+ * sent (cancelled), values dropped by the last receiver's close (copied
+ * out, and with no memory for a copy from the ring itself, from a head
+ * that moved on) sit at an address aligned for any type. */
+static void channel_aligned_round(size_t elem, void (*elem_free)(void *), const void *v,
+                                  bool nomem)
+{
+    atap_chan *ch = open_chan(elem, 3, elem_free);
+    atap_task s, r;
+    unsigned char out[sizeof(al_wide)];
+
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(atap_chan_send(ch, v), 0);
+    /* a send task parked on the full channel, cancelled: its value goes */
+    assert_int_equal(atap_chan_spawn_send(&s, ch, v, NULL), 0);
+    sleep_ms(20);
+    assert_int_equal(atap_cancel(s), 0);
+    assert_int_equal(atap_wait(s, NULL), 0);
+    atap_release(s);
+    waited_to_live_back();
+    /* the head moves on, the ring wraps */
+    r = spawn_recv(ch);
+    assert_int_equal(atap_take(r, out, elem), 0);
+    atap_release(r);
+    waited_to_live_back();
+    assert_int_equal(atap_chan_send(ch, v), 0);
+    if (nomem)
+        atap_inject_alloc_failures(1);
+    atap_chan_close_receiver(ch); /* three values dropped */
+    atap_inject_alloc_failures(0);
+    atap_chan_close_sender(ch);
+}
+
+static void test_channel_values_aligned(void **state)
+{
+    (void)state;
+    al_wide w = {.x = 2.0L, .tag = 5};
+    al_odd o = {{1, 2, 3}};
+
+    atomic_store(&al_calls, 0);
+    atomic_store(&al_misaligned, 0);
+    atomic_store(&al_tags, 0);
+    for (int nomem = 0; nomem < 2; nomem++) {
+        channel_aligned_round(sizeof w, al_wide_free, &w, nomem);
+        channel_aligned_round(sizeof o, al_odd_free, &o, nomem);
+    }
+    assert_int_equal(atomic_load(&al_calls), 16);
+    assert_int_equal(atomic_load(&al_misaligned), 0);
+    assert_int_equal(atomic_load(&al_tags), 8 * 7);
+}
+
 /* ---- 11. bad arguments --------------------------------------------------------- */
 
 static void test_channel_bad_arguments(void **state)
@@ -1782,6 +1868,7 @@ int main(void)
         T(test_channel_timed_out_waiters_pruned),
         T(test_channel_close_receiver_vs_last_sender),
         T(test_channel_close_receiver_no_memory_drops_off_the_lock),
+        T(test_channel_values_aligned),
         T(test_channel_bad_arguments),
         T(test_channel_spawn_without_runtime),
         T(test_channel_leak_check),

@@ -834,8 +834,193 @@ static void test_lifecycle_many_restarts(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
-int main(void)
+/* ---- every fd libatap opens is close-on-exec ---------------------------- */
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#define FD_MAX_SEEN 1024
+
+/* The process's open fds and what each names (readlink of /proc/self/fd/N):
+ * false when there is no /proc/self/fd to read. */
+typedef struct fd_set_seen {
+    int n;
+    int fd[FD_MAX_SEEN];
+    char what[FD_MAX_SEEN][64];
+} fd_set_seen;
+
+static bool fds_list(fd_set_seen *out)
 {
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+
+    out->n = 0;
+    if (!d)
+        return false;
+    while ((e = readdir(d)) != NULL && out->n < FD_MAX_SEEN) {
+        char path[64];
+        int fd = atoi(e->d_name);
+        ssize_t len;
+
+        if (e->d_name[0] == '.' || fd == dirfd(d))
+            continue;
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        len = readlink(path, out->what[out->n], sizeof out->what[0] - 1);
+        out->what[out->n][len > 0 ? len : 0] = '\0';
+        out->fd[out->n++] = fd;
+    }
+    closedir(d);
+    return true;
+}
+
+static bool fds_has(const fd_set_seen *s, int fd, const char *what)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->fd[i] == fd && strcmp(s->what[i], what) == 0)
+            return true;
+    return false;
+}
+
+/* The helper mode of this binary (argv[1] "--list-fds"), run by the test
+ * through exec: prints "fd what" for each fd it was born with. */
+static int list_fds_main(void)
+{
+    static fd_set_seen s;
+
+    if (!fds_list(&s))
+        return 2;
+    for (int i = 0; i < s.n; i++)
+        printf("%d %s\n", s.fd[i], s.what[i]);
+    return 0;
+}
+
+static atomic_int fdx_done;
+static int fdx_dir = -1, fdx_pipe[2] = {-1, -1};
+
+/* Parks (or waits in the kernel) on everything that makes libatap open an
+ * fd: a kernel sleep (its thread's event queue), a deadline, an fd, a
+ * signal (the signal pipe), a path (inotify). */
+static int fdx_task(atap_ctx *ctx, void *arg, void *out)
+{
+    int what = (int)(intptr_t)arg, rc = 0;
+
+    (void)out;
+    if (atap_resumed(ctx)) {
+        atomic_fetch_add(&fdx_done, 1);
+        return 0;
+    }
+    switch (what) {
+    case 0:
+        atap_sleep_relaxed(ATAP_MS(5)); /* all of it in the kernel */
+        atomic_fetch_add(&fdx_done, 1);
+        return 0;
+    case 1: rc = atap_park_until(ctx, atap_now() + ATAP_MS(5)); break;
+    case 2: rc = atap_park_fd(ctx, fdx_pipe[0], ATAP_READABLE, ATAP_MS(5)); break;
+    case 3: rc = atap_park_signal(ctx, SIGUSR2, ATAP_MS(5)); break;
+    default: rc = atap_park_path(ctx, fdx_dir, ATAP_PATH_ENTRIES, ATAP_MS(5)); break;
+    }
+    if (rc != 0) { /* -ENOTSUP: a backend without it */
+        atomic_fetch_add(&fdx_done, 1);
+        return 0;
+    }
+    return ATAP_PARKED;
+}
+
+static const char *fdx_self;
+
+static void test_lifecycle_fds_close_on_exec(void **state)
+{
+    (void)state;
+    static fd_set_seen before, during, child;
+    char tmpl[] = "/tmp/atap-cloexec-XXXXXX";
+    atap_task t[6];
+    atap_chan *ch = NULL;
+    int outp[2], status = 0;
+
+    assert_non_null(mkdtemp(tmpl));
+    fdx_dir = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(fdx_dir >= 0);
+    assert_int_equal(pipe2(fdx_pipe, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(outp, O_CLOEXEC), 0);
+    if (!fds_list(&before))
+        skip(); /* no /proc/self/fd */
+    assert_int_equal(atap_init(NULL), 0);
+    atomic_store(&fdx_done, 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(atap_spawn(&t[i], fdx_task, (void *)(intptr_t)i, NULL), 0);
+    assert_int_equal(atap_spawn(&t[5], fdx_task, (void *)(intptr_t)0,
+                                &(atap_spawn_opts){.blocking = true}),
+                     0);
+    assert_int_equal(atap_chan_open(&ch, sizeof(uint64_t), 1, NULL), 0);
+    uint64_t v = 7;
+    atap_task r;
+    assert_int_equal(atap_chan_spawn_recv(&r, ch, NULL), 0);
+    assert_int_equal(atap_chan_send(ch, &v), 0);
+    assert_int_equal(atap_take(r, &v, sizeof v), 0);
+    atap_release(r);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(atap_join(t[i], NULL, 0), 0);
+        atap_release(t[i]);
+    }
+    assert_int_equal(atomic_load(&fdx_done), 6);
+    assert_true(fds_list(&during));
+
+    /* The runtime's fds: open now, not before it started. */
+    int runtime = 0;
+    for (int i = 0; i < during.n; i++)
+        if (!fds_has(&before, during.fd[i], during.what[i]))
+            runtime++;
+    print_message("%d fds opened by the runtime\n", runtime);
+    assert_true(runtime >= 3); /* the manager's poller and wake, a thread's queue, ... */
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (dup2(outp[1], 1) < 0)
+            _exit(126);
+        execl(fdx_self, fdx_self, "--list-fds", (char *)NULL);
+        _exit(127);
+    }
+    close(outp[1]);
+    FILE *f = fdopen(outp[0], "r");
+    assert_non_null(f);
+    child.n = 0;
+    while (child.n < FD_MAX_SEEN &&
+           fscanf(f, "%d %63s", &child.fd[child.n], child.what[child.n]) == 2)
+        child.n++;
+    fclose(f);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_true(child.n >= 3); /* stdin, stdout, stderr at least */
+
+    int leaked = 0;
+    for (int i = 0; i < during.n; i++) {
+        if (fds_has(&before, during.fd[i], during.what[i]))
+            continue;
+        if (fds_has(&child, during.fd[i], during.what[i])) {
+            print_message("fd %d (%s) survives exec\n", during.fd[i], during.what[i]);
+            leaked++;
+        }
+    }
+    atap_chan_close_sender(ch);
+    atap_chan_close_receiver(ch);
+    assert_int_equal(atap_shutdown(), 0);
+    close(fdx_dir);
+    close(fdx_pipe[0]);
+    close(fdx_pipe[1]);
+    rmdir(tmpl);
+    assert_int_equal(leaked, 0);
+}
+
+int main(int argc, char **argv)
+{
+    /* The close-on-exec test execs this binary to list what it inherited. */
+    if (argc > 1 && strcmp(argv[1], "--list-fds") == 0)
+        return list_fds_main();
+    fdx_self = "/proc/self/exe";
     const struct CMUnitTest tests[] = {
         /* must stay first: it needs a process that never ran atap_init */
         cmocka_unit_test_teardown(test_lifecycle_spawn_before_init, ensure_stopped),
@@ -863,6 +1048,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lifecycle_concurrent_init, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_many_restarts, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_shutdown_lets_waiting_tasks_go, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_fds_close_on_exec, ensure_stopped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -296,6 +296,137 @@ static void test_schedule_deadline_stops_the_series(void **state)
     }
 }
 
+/* Deadlines bind the first run too: a series whose deadline has passed at
+ * spawn, or whose start delay ends past it, never runs. Its handle settles
+ * at spawn as a series that ran out with nothing readable: ATAP_TAKEN, a
+ * join reads ATAP_EFINISHED, atap_finished is true. */
+static void test_schedule_deadline_binds_the_first_run(void **state)
+{
+    (void)state;
+    struct {
+        atap_kind kind;
+        uint64_t every, after;
+        int64_t until_from_now; /* until_ns = now + this (negative: passed) */
+    } cases[] = {
+        {ATAP_REPEAT, 0, 0, -(int64_t)ATAP_MS(1)},
+        {ATAP_REPEAT, ATAP_MS(10), 0, -(int64_t)ATAP_MS(1)},
+        {ATAP_AT_RATE, ATAP_MS(10), 0, -(int64_t)ATAP_MS(1)},
+        {ATAP_REPEAT, 0, ATAP_MS(150), (int64_t)ATAP_MS(30)},
+        {ATAP_REPEAT, ATAP_MS(10), ATAP_MS(150), (int64_t)ATAP_MS(30)},
+        {ATAP_AT_RATE, ATAP_MS(10), ATAP_MS(150), (int64_t)ATAP_MS(30)},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        log *l = log_new(0);
+        uint64_t v = 0;
+        atap_state st;
+        atap_task t = spawn_logged(l, (atap_spawn_opts){
+                                          .kind = cases[k].kind,
+                                          .every_ns = cases[k].every,
+                                          .after_ns = cases[k].after,
+                                          .until_ns = (uint64_t)((int64_t)atap_now() +
+                                                                 cases[k].until_from_now),
+                                      });
+        /* Settled at spawn: nothing can ever start. */
+        if (!atap_finished(t))
+            fail_msg("case %zu: not finished at spawn", k);
+        assert_int_equal(atap_try_join(t, &v, 8), ATAP_EFINISHED);
+        assert_int_equal(atap_join(t, &v, 8), ATAP_EFINISHED);
+        assert_int_equal(atap_take(t, &v, 8), ATAP_EFINISHED);
+        assert_int_equal(atap_wait(t, &st), 0);
+        assert_int_equal(st, ATAP_TAKEN);
+        assert_int_equal(atap_state_of(t), ATAP_TAKEN);
+        assert_int_equal(atap_cancel(t), 0); /* nothing left to cancel */
+        assert_int_equal(atap_join(t, &v, 8), ATAP_EFINISHED);
+        sleep_ms(200); /* past the start delay: still nothing runs */
+        if (atomic_load(&l->runs) != 0)
+            fail_msg("case %zu: %d runs past the deadline", k, atomic_load(&l->runs));
+        atap_release(t);
+        free(l);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* A waiting series given a value past its until_ns: nothing of it runs,
+ * and since no series could ever start again, it takes no more gives. A
+ * series that ran before keeps its last output readable. */
+static void test_schedule_deadline_binds_a_waiting_series(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        log *l = log_new(0);
+        atap_task t;
+        uint64_t v = 0;
+        uint64_t until = atap_now() + (k == 0 ? 0 : ATAP_MS(200));
+        assert_int_equal(atap_spawn_waiting(&t, logged, l, 0,
+                                            &(atap_spawn_opts){.out_size = 8,
+                                                               .kind = ATAP_REPEAT,
+                                                               .every_ns = ATAP_MS(20),
+                                                               .until_ns = until}),
+                         0);
+        if (k == 1) { /* one series in time: runs (unless a loaded machine
+                         kept its first run past the deadline too), ends */
+            assert_int_equal(atap_give(t, NULL, 0), 0);
+            while (atap_now() <= until + ATAP_MS(300)) /* its last run is over */
+                sleep_ms(10);
+            while (atap_state_of(t) == ATAP_RUNNING)
+                sleep_ms(10);
+        }
+        int runs = atomic_load(&l->runs);
+        int rc = atap_give(t, NULL, 0);
+        assert_true(rc == 0 || rc == ATAP_EFINISHED);
+        assert_true(wait_finished(t, ATAP_SEC(10)));
+        assert_int_equal(atap_give(t, NULL, 0), ATAP_EFINISHED);
+        rc = atap_join(t, &v, 8);
+        if (runs == 0) {
+            assert_int_equal(rc, ATAP_EFINISHED);
+        } else {
+            assert_int_equal(rc, 0);
+            assert_int_equal(v, (uint64_t)runs); /* the last run's output */
+        }
+        sleep_ms(50);
+        assert_int_equal(atomic_load(&l->runs), runs);
+        for (int i = 0; i < runs && i < MAX_RUNS; i++) /* 100 ms: claim to fn's clock */
+            assert_true(atomic_load(&l->start[i]) <= until + ATAP_MS(100));
+        atap_release(t);
+        free(l);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* A first run still queued at its deadline (no delay, a deadline 20 ms
+ * away, every worker busy until 300 ms past it): claimed past the deadline, it
+ * never starts, and the series settles as one that ran out. */
+static void test_schedule_deadline_binds_a_queued_first_run(void **state)
+{
+    (void)state;
+    /* One worker a core: the pool's target is what it starts with, so it
+     * grows no worker while the blockers hold them all. */
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers_per_core = 1}),
+                     0);
+    blockers *b = blockers_start(); /* every worker held */
+    log *l = log_new(0);
+    uint64_t v;
+    uint64_t until = atap_now() + ATAP_MS(20);
+    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .until_ns = until});
+    while (atap_now() <= until + ATAP_MS(300))
+        sleep_ms(5);
+    blockers_stop(b);
+    int rc = atap_join(t, &v, 8);
+    assert_true(wait_finished(t, ATAP_SEC(10)));
+    /* The pool may have grown a worker that ran it in time; any run that
+     * started did so by the deadline, and none means nothing readable. */
+    int runs = atomic_load(&l->runs);
+    for (int i = 0; i < runs && i < MAX_RUNS; i++) /* 100 ms: claim to fn's clock */
+        if (atomic_load(&l->start[i]) > until + ATAP_MS(100))
+            fail_msg("run %d started %llu ns past the deadline", i,
+                     (unsigned long long)(atomic_load(&l->start[i]) - until));
+    assert_int_equal(rc, runs ? 0 : ATAP_EFINISHED);
+    atap_release(t);
+    free(l);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 /* Count and deadline: whichever comes first ends it. */
 static void test_schedule_count_or_deadline(void **state)
 {
@@ -1061,6 +1192,174 @@ static void test_schedule_cancelled_far_gap_freed_soon(void **state)
                  given, N, (size_t)N * SIZE * 2);
 }
 
+/* ---- every output reaches its reader or its out_free, exactly once ---- */
+
+/* An output owns heap memory (so LeakSanitizer sees one that is dropped)
+ * and carries a number of its own; each is let go of exactly once: moved
+ * out by a take, or passed to out_free. */
+#define ACC_IDS 4096
+typedef struct acc_out {
+    uint64_t id;
+    void *mem;
+} acc_out;
+
+static atomic_int acc_made, acc_taken, acc_freed, acc_next;
+static atomic_int acc_seen[ACC_IDS]; /* times each output was let go of */
+
+typedef struct acc_task {
+    atomic_int started, active; /* runs begun; runs under way */
+    int slow_from;              /* runs from this one on are slow */
+    uint64_t slow_ns;           /* a slow run holds this long, or until stopped */
+} acc_task;
+
+static void acc_let_go(acc_out *o, atomic_int *counter)
+{
+    atomic_fetch_add(counter, 1);
+    if (o->id < ACC_IDS)
+        atomic_fetch_add(&acc_seen[o->id], 1);
+    free(o->mem);
+}
+
+static void acc_out_free(void *out)
+{
+    acc_let_go(out, &acc_freed);
+}
+
+static int acc_run(atap_ctx *ctx, void *arg, void *out)
+{
+    acc_task *a = arg;
+    int i = atomic_fetch_add(&a->started, 1);
+
+    atomic_fetch_add(&a->active, 1);
+    if (i >= a->slow_from) {
+        uint64_t t0 = now_ns();
+        while (now_ns() - t0 < a->slow_ns && !atap_cancelled(ctx))
+            sleep_us(500);
+    }
+    acc_out o = {.id = (uint64_t)atomic_fetch_add(&acc_next, 1), .mem = malloc(32)};
+    assert_non_null(o.mem);
+    memcpy(out, &o, sizeof o);
+    atomic_fetch_add(&acc_made, 1);
+    atomic_fetch_sub(&a->active, 1);
+    return 0;
+}
+
+static void acc_take(atap_task t, uint64_t timeout_ns)
+{
+    acc_out o;
+
+    if (atap_take_for(t, &o, sizeof o, timeout_ns) == 0)
+        acc_let_go(&o, &acc_taken);
+}
+
+enum { ACC_ONCE, ACC_REPEAT, ACC_AT_RATE, ACC_WAIT_ONCE, ACC_WAIT_REPEAT, ACC_KINDS };
+enum { ACC_CANCEL, ACC_TIMEOUT, ACC_RUNS, ACC_RELEASE, ACC_SHUTDOWN, ACC_STOPS };
+static const char *const acc_kind_name[] = {"once", "repeat", "at-rate", "waiting once",
+                                            "waiting repeat"};
+static const char *const acc_stop_name[] = {"cancel mid-run", "timeout mid-run", "runs limit",
+                                            "release mid-run", "shutdown mid-run"};
+
+static bool acc_scenario(int kind, int stop)
+{
+    bool waiting = kind == ACC_WAIT_ONCE || kind == ACC_WAIT_REPEAT;
+    bool series = kind == ACC_REPEAT || kind == ACC_AT_RATE || kind == ACC_WAIT_REPEAT;
+    acc_task *a = calloc(1, sizeof *a);
+    atap_spawn_opts o = {.out_size = sizeof(acc_out), .out_free = acc_out_free};
+    atap_task t;
+
+    assert_non_null(a);
+    a->slow_from = stop == ACC_RUNS ? 1 << 30 : series ? 3 : 0;
+    /* A cancel of an at-rate series does not reach the runs under way (each
+     * in a slot of its own): they run their time out. */
+    a->slow_ns = stop == ACC_RELEASE || stop == ACC_SHUTDOWN ||
+                         (kind == ACC_AT_RATE && stop == ACC_CANCEL)
+                     ? ATAP_MS(300)
+                     : ATAP_SEC(3);
+    o.kind = kind == ACC_AT_RATE ? ATAP_AT_RATE : series ? ATAP_REPEAT : ATAP_ONCE;
+    o.every_ns = kind == ACC_AT_RATE ? ATAP_MS(10) : series ? ATAP_MS(2) : 0;
+    if (stop == ACC_TIMEOUT)
+        o.timeout_ns = ATAP_MS(150);
+    if (series && stop == ACC_RUNS)
+        o.runs = 3;
+    if (series && stop == ACC_RELEASE) /* the slow run is the last */
+        o.runs = (uint32_t)a->slow_from + 1;
+    if (waiting && stop == ACC_RUNS) /* then it takes no more gives */
+        o.gives = kind == ACC_WAIT_ONCE ? 2 : 1;
+    if (waiting) {
+        assert_int_equal(atap_spawn_waiting(&t, acc_run, a, 0, &o), 0);
+        assert_int_equal(atap_give(t, NULL, 0), 0);
+        if (kind == ACC_WAIT_ONCE && stop == ACC_RUNS) {
+            assert_true(wait_atomic_at_least(&a->started, 1, ATAP_SEC(10)));
+            assert_int_equal(atap_give(t, NULL, 0), 0);
+        }
+    } else {
+        assert_int_equal(atap_spawn(&t, acc_run, a, &o), 0);
+    }
+    if (series && a->slow_from > 1) { /* one taken between runs */
+        assert_true(wait_atomic_at_least(&a->started, 1, ATAP_SEC(10)));
+        acc_take(t, ATAP_SEC(2));
+    }
+    if (stop != ACC_RUNS && stop != ACC_TIMEOUT) /* a slow run under way */
+        assert_true(wait_atomic_at_least(&a->started, a->slow_from + 1, ATAP_SEC(10)));
+    switch (stop) {
+    case ACC_CANCEL:
+        assert_int_equal(atap_cancel(t), 0);
+        break;
+    case ACC_TIMEOUT:
+    case ACC_RUNS:
+        assert_true(wait_finished(t, ATAP_SEC(20)));
+        acc_take(t, 0);
+        break;
+    case ACC_SHUTDOWN:
+        assert_int_equal(atap_shutdown(), 0);
+        acc_take(t, 0);
+        atap_release(t);
+        assert_int_equal(atap_init(NULL), 0);
+        break;
+    default:
+        break;
+    }
+    if (stop != ACC_SHUTDOWN)
+        atap_release(t);
+    if (!wait_live_back(ATAP_SEC(20)))
+        fail_msg("%s, %s: the task never went (%zu live)", acc_kind_name[kind],
+                 acc_stop_name[stop], pool_stats().live);
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (atomic_load(&a->active) != 0 && now_ns() < end)
+        sleep_us(500);
+    int made = atomic_load(&acc_made), taken = atomic_load(&acc_taken),
+        freed = atomic_load(&acc_freed);
+    free(a);
+    if (made == taken + freed)
+        return true;
+    print_message("%s, %s: %d outputs made, %d taken, %d passed to out_free\n",
+                  acc_kind_name[kind], acc_stop_name[stop], made, taken, freed);
+    return false;
+}
+
+/* For every kind of task and every way it stops, each output a run made
+ * (a run that returned 0) is taken or passed to out_free, exactly once. */
+static void test_schedule_every_output_accounted(void **state)
+{
+    (void)state;
+    int wrong = 0;
+    for (int kind = 0; kind < ACC_KINDS; kind++) {
+        for (int stop = 0; stop < ACC_STOPS; stop++) {
+            atomic_store(&acc_made, 0);
+            atomic_store(&acc_taken, 0);
+            atomic_store(&acc_freed, 0);
+            wrong += !acc_scenario(kind, stop);
+        }
+    }
+    if (wrong)
+        fail_msg("%d of %d combinations lose or repeat an output", wrong, ACC_KINDS * ACC_STOPS);
+    int n = atomic_load(&acc_next);
+    assert_true(n < ACC_IDS);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&acc_seen[i]) != 1)
+            fail_msg("output %d let go of %d times", i, atomic_load(&acc_seen[i]));
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -1075,6 +1374,9 @@ int main(void)
         T(test_schedule_repeat_runs),
         T(test_schedule_repeat_gap),
         T(test_schedule_deadline_stops_the_series),
+        T(test_schedule_deadline_binds_the_first_run),
+        T(test_schedule_deadline_binds_a_queued_first_run),
+        T(test_schedule_deadline_binds_a_waiting_series),
         T(test_schedule_count_or_deadline),
         T(test_schedule_repeat_cancel),
         T(test_schedule_repeat_reads_latest),
@@ -1098,6 +1400,7 @@ int main(void)
         T(test_schedule_limits_end_while_manager_stops),
         T(test_schedule_released_after_shutdown_frees),
         T(test_schedule_cancelled_far_gap_freed_soon),
+        T(test_schedule_every_output_accounted),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,9 +24,15 @@
  * receiver's close moves the values left out (a copy, or with no memory
  * for one the ring itself, leaving the channel an empty ring that a later
  * send grows again) and frees them after it.
+ *
+ * Every value handed to elem_free is aligned for any type: the ring and a
+ * close's copy keep their values `stride` apart (elem rounded up to
+ * alignof(max_align_t)) in malloc'd memory, and a send task keeps its
+ * value at an aligned offset of its malloc'd argument.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +56,7 @@ struct waiters {
 struct atap_chan {
     pthread_mutex_t lock;
     size_t elem, cap; /* cap 0: unbounded */
+    size_t stride;    /* a value's place in the ring: elem, aligned up */
     void (*elem_free)(void *);
     unsigned char *ring;
     size_t ring_cap, head, len;
@@ -60,14 +67,16 @@ struct atap_chan {
 struct send_arg {
     atap_chan *ch;
     bool sent;
-    unsigned char value[];
+    _Alignas(max_align_t) unsigned char value[]; /* elem_free may read it as its type */
 };
+
+#define VALUE_ALIGN _Alignof(max_align_t)
 
 /* ---- the ring and the waiters (lock held) -------------------------------- */
 
 static unsigned char *at(atap_chan *ch, size_t i)
 {
-    return ch->ring + ((ch->head + i) % ch->ring_cap) * ch->elem;
+    return ch->ring + ((ch->head + i) % ch->ring_cap) * ch->stride;
 }
 
 static int push(atap_chan *ch, const void *value)
@@ -77,10 +86,10 @@ static int push(atap_chan *ch, const void *value)
         size_t cap = ch->ring_cap ? ch->ring_cap * 2 : ch->cap ? ch->cap : 16;
         unsigned char *r;
 
-        if (cap > SIZE_MAX / (ch->elem ? ch->elem : 1) || !(r = malloc(cap * (ch->elem ? ch->elem : 1))))
+        if (cap > SIZE_MAX / ch->stride || !(r = malloc(cap * ch->stride)))
             return -ENOMEM;
         for (size_t i = 0; i < ch->len; i++)
-            memcpy(r + i * ch->elem, at(ch, i), ch->elem);
+            memcpy(r + i * ch->stride, at(ch, i), ch->elem);
         free(ch->ring);
         ch->ring = r;
         ch->ring_cap = cap;
@@ -202,21 +211,25 @@ static void chan_free(atap_chan *ch)
 int atap_chan_open(atap_chan **out, size_t elem_size, size_t capacity, void (*elem_free)(void *))
 {
     atap_chan *ch;
+    size_t stride;
 
     if (!out)
         return ATAP_EINVAL;
     *out = NULL;
-    if (elem_size == 0 || elem_size > UINT32_MAX ||
-        (capacity && capacity > SIZE_MAX / elem_size))
+    if (elem_size == 0 || elem_size > UINT32_MAX)
+        return ATAP_EINVAL;
+    stride = (elem_size + VALUE_ALIGN - 1) / VALUE_ALIGN * VALUE_ALIGN; /* <= 2^32 + 15 */
+    if (capacity && capacity > SIZE_MAX / stride)
         return ATAP_EINVAL;
     if (!(ch = calloc(1, sizeof *ch)))
         return -ENOMEM;
     pthread_mutex_init(&ch->lock, NULL);
     ch->elem = elem_size;
+    ch->stride = stride;
     ch->cap = capacity;
     ch->elem_free = elem_free;
     ch->senders = ch->receivers = 1;
-    if (capacity && !(ch->ring = malloc(capacity * elem_size))) {
+    if (capacity && !(ch->ring = malloc(capacity * stride))) {
         pthread_mutex_destroy(&ch->lock);
         free(ch);
         return -ENOMEM;
@@ -270,7 +283,7 @@ void atap_chan_close_receiver(atap_chan *ch)
 {
     struct waiter *wake = NULL;
     unsigned char *drop = NULL;
-    size_t ndrop = 0, drop_cap = 0, drop_head = 0, elem;
+    size_t ndrop = 0, drop_cap = 0, drop_head = 0, stride;
     void (*elem_free)(void *);
     bool gone;
 
@@ -278,7 +291,7 @@ void atap_chan_close_receiver(atap_chan *ch)
         return;
     pthread_mutex_lock(&ch->lock);
     /* Read under the lock: once it is let go the last sender may free ch. */
-    elem = ch->elem;
+    stride = ch->stride;
     elem_free = ch->elem_free;
     if (--ch->receivers == 0) {
         /* Nothing can be received now: values left go, senders hear. The
@@ -287,9 +300,9 @@ void atap_chan_close_receiver(atap_chan *ch)
          * the ring itself is taken. Nothing is pushed into the ring with
          * no receiver; a send after one is added again starts a new ring. */
         if (ch->len && elem_free) {
-            if ((drop = FAULT_MALLOC(ch->len * elem)) != NULL) {
+            if ((drop = FAULT_MALLOC(ch->len * stride)) != NULL) {
                 for (drop_cap = ch->len; ch->len; ndrop++)
-                    pop(ch, drop + ndrop * elem);
+                    pop(ch, drop + ndrop * stride);
             } else {
                 drop = ch->ring;
                 drop_cap = ch->ring_cap;
@@ -307,7 +320,7 @@ void atap_chan_close_receiver(atap_chan *ch)
     pthread_mutex_unlock(&ch->lock);
     /* Ours alone now: a copy, or a ring ch no longer points to. */
     for (size_t i = 0; i < ndrop; i++)
-        elem_free(drop + ((drop_head + i) % drop_cap) * elem);
+        elem_free(drop + ((drop_head + i) % drop_cap) * stride);
     free(drop);
     wake_list(wake);
     if (gone)
