@@ -88,9 +88,9 @@ static inline struct atap_slot *atap__table_at(uint32_t index)
     return atomic_load_explicit(&atap__table_blocks[b], memory_order_acquire) + off;
 }
 
-/* A trim never lowers the span below this (1 MiB of slots); a stash may
+/* A trim never lowers the span below this (about 2 MiB of slots); a stash may
  * always keep slots below it. */
-#define TRIM_KEEP 8192u
+#define TRIM_KEEP 16384u
 
 /* The shared paths of the two below (table.c). */
 int atap__table_alloc_shared(struct slot_cache *cache, uint32_t *index, uint32_t *gen);
