@@ -23,7 +23,7 @@
 #include "wait.h"
 
 #define HELP_SLICE_NS 10000000u /* a worker waiting here looks for work this often */
-#define LONG_WAIT_NS 750000u     /* a wait this long lends its core to a new worker */
+#define LONG_WAIT_NS 5000000u    /* a wait this long lends its core to a new worker */
 
 _Atomic uint32_t atap__first_waiters;
 static _Atomic uint32_t settle_seq;
