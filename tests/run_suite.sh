@@ -10,6 +10,8 @@
 #          and gcc 12's TSan reports false races on correct fence code; clang 14's does not.
 #   consumers  tests/consumers.sh: libatap as its users get it (installs, find_package,
 #          pkg-config, add_subdirectory, C and C++ consumers, exported symbols)
+# ATAP_LOAD=N runs N busy loops beside the whole suite (0 by default), to show
+# that it holds on a loaded machine (4 x cores is a heavily loaded one).
 # Every stage builds with -Werror. ATAP_SUITE="plain asan tsan consumers" picks the stages,
 # ATAP_JOBS (default 2) the parallelism. Exits nonzero if any stage fails; the
 # last line is "N passed, N failed", CTest's counts summed over the stages (a
@@ -122,6 +124,16 @@ run_consumers() {
     fi
     return $rc
 }
+
+# The load, if asked for: busy loops, ended with the script.
+loaders=()
+stop_load() { [ ${#loaders[@]} -eq 0 ] || kill "${loaders[@]}" 2>/dev/null; }
+trap stop_load EXIT
+for ((i = 0; i < ${ATAP_LOAD:-0}; i++)); do
+    (while :; do :; done) &
+    loaders+=($!)
+done
+[ ${#loaders[@]} -eq 0 ] || echo "run_suite: ${#loaders[@]} busy loops beside the suite (ATAP_LOAD)"
 
 bad_stages=()
 install_deps || { echo "run_suite: could not install the test dependencies" >&2; echo "0 passed, 1 failed"; exit 1; }

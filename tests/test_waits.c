@@ -428,6 +428,83 @@ static void test_waits_waiting_workers_lend_their_cores(void **state)
     assert_no_failures();
 }
 
+/* ---- growth answers workers off the CPU, not slow ones ------------------ */
+
+typedef struct hog {
+    atomic_int started;
+    uint64_t until;
+    bool sleep; /* in the kernel (off the CPU), or spinning on it */
+} hog;
+
+static int task_hog(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    hog *h = arg;
+    atomic_fetch_add(&h->started, 1);
+    while (now_ns() < h->until && !released_all())
+        if (h->sleep)
+            sleep_us(1000);
+        else
+            for (volatile int k = 0; k < 1000; k++)
+                ;
+    return 0;
+}
+
+/* Every worker inside a task for a while, one more task queued behind
+ * them: returns when that task ran, or 0 if it never did before the hogs
+ * ended; *peak: the pool's peak workers then. */
+static uint64_t queued_behind_hogs(bool sleep, uint64_t for_ns, size_t *peak)
+{
+    size_t n = pool_stats().workers;
+    hog h = {.until = now_ns() + for_ns, .sleep = sleep};
+    atap_task *ts = calloc(n, sizeof *ts), late;
+    atomic_int ran;
+    uint64_t at = 0;
+
+    atomic_init(&h.started, 0);
+    atomic_init(&ran, 0);
+    assert_non_null(ts);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(atap_spawn(&ts[i], task_hog, &h, NULL), 0);
+    assert_true(wait_atomic_at_least(&h.started, (int)n, ATAP_SEC(10)));
+    assert_int_equal(atap_spawn(&late, task_count, &ran, NULL), 0);
+    while (now_ns() < h.until && !atomic_load(&ran))
+        sleep_us(500);
+    if (atomic_load(&ran) && now_ns() < h.until)
+        at = now_ns();
+    *peak = pool_stats().peak_workers;
+    assert_int_equal(atap_join_for(late, NULL, 0, ATAP_SEC(30)), 0);
+    atap_release(late);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(atap_join_for(ts[i], NULL, 0, ATAP_SEC(30)), 0);
+        atap_release(ts[i]);
+    }
+    free(ts);
+    return at;
+}
+
+/* Workers busy on the CPU (or waiting for one on a loaded machine) are not
+ * stuck: the pool does not grow for them, however long they run. */
+static void test_waits_busy_workers_get_no_growth(void **state)
+{
+    (void)state;
+    size_t before = pool_stats().workers, peak = 0;
+    (void)queued_behind_hogs(false, ATAP_MS(400), &peak);
+    if (peak > before)
+        fail_msg("workers spinning on the CPU grew the pool from %zu to %zu", before, peak);
+}
+
+/* Workers asleep in the kernel inside their tasks are stuck: the pool
+ * grows, and the task queued behind them runs before they wake. */
+static void test_waits_sleeping_workers_get_growth(void **state)
+{
+    (void)state;
+    size_t before = pool_stats().workers, peak = 0;
+    uint64_t at = queued_behind_hogs(true, ATAP_SEC(3), &peak);
+    assert_true(at != 0);
+    assert_true(peak > before);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -440,6 +517,8 @@ int main(void)
         T(test_waits_waiting_workers_lend_their_cores),
         T(test_waits_chain_of_10000_joins_bounded_pool),
         T(test_waits_chain_of_100000_joins_ends),
+        T(test_waits_busy_workers_get_no_growth),
+        T(test_waits_sleeping_workers_get_growth),
 #ifdef ATAP_FAULT_INJECTION
         cmocka_unit_test_setup_teardown(test_waits_ceiling_reached_is_an_error,
                                         setup_small_stacks, teardown_runtime),
