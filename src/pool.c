@@ -206,6 +206,7 @@ static int start_thread(bool blocking, struct worker *self)
     w->lifo_streak = w->depth = 0;
     w->held = w->held_inline;
     w->held_cap = HELD_INLINE;
+    st_relaxed(&w->awaiting, 0);
     w->cur = NULL;
     st_relaxed(&w->kwait, 0); /* kq stays: it belongs to the record */
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
@@ -1080,7 +1081,10 @@ static void thread_died(void *arg)
 {
     struct worker *w = arg;
 
-    /* Innermost first; each published run unpublished as it goes. */
+    /* It waits no more, and no run of it is on a stack: nothing of its
+     * record may lead a waiter anywhere (the record is reused). Innermost
+     * first; each published run unpublished as it goes. */
+    st_release(&w->awaiting, 0);
     while (w->depth > 0) {
         if (--w->depth < PUB_DEPTH)
             st_relaxed(&w->pub[w->depth], 0);
