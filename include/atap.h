@@ -372,7 +372,10 @@ ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_s
  * task joining its own handle, or one lower on the same thread's stack,
  * which could never settle); ATAP_ENOTASK for a handle with no task;
  * ATAP_ETAKEN, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED for a task
- * that settled without a readable output; ATAP_ELIMIT inside a task when
+ * that settled without a readable output (or the code its function
+ * returned, see atap_fn); ATAP_EFINISHED for a series (repeat, at-rate,
+ * waiting task) that ran out and whose last output was taken, or that never
+ * ran; ATAP_ELIMIT inside a task when
  * the task is still queued and every worker the pool may have is blocked
  * in such a wait (nothing could ever run it).
  * Blocks: yes. Threads: any.
