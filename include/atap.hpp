@@ -79,6 +79,17 @@ class handle {
     bool finished() const noexcept { return atap_finished(t_); }
     int wait(atap_state *state = nullptr) const noexcept { return atap_wait(t_, state); }
 
+  protected:
+    /* Another listener on the same task (atap_dup), owned by *copy. */
+    int dup_into(handle &copy) const noexcept
+    {
+        atap_task t;
+        int rc = atap_dup(t_, &t);
+        if (rc == 0)
+            copy.reset(t);
+        return rc;
+    }
+
   private:
     atap_task t_;
 };
@@ -151,14 +162,7 @@ class task : public detail::handle {
     int take(R &out) const noexcept { return atap_take(get(), &out, sizeof out); }
 
     /* Another listener on the same task (atap_dup), owned by *copy. */
-    int dup(task &copy) const noexcept
-    {
-        atap_task t;
-        int rc = atap_dup(get(), &t);
-        if (rc == 0)
-            copy.reset(t);
-        return rc;
-    }
+    int dup(task &copy) const noexcept { return dup_into(copy); }
 };
 
 /* A task with no output: join waits for it to settle. */
@@ -175,14 +179,7 @@ class task<void> : public detail::handle {
     }
     int try_join() const noexcept { return atap_try_join(get(), nullptr, 0); }
 
-    int dup(task &copy) const noexcept
-    {
-        atap_task t;
-        int rc = atap_dup(get(), &t);
-        if (rc == 0)
-            copy.reset(t);
-        return rc;
-    }
+    int dup(task &copy) const noexcept { return dup_into(copy); }
 };
 
 /*

@@ -100,13 +100,17 @@ static inline unsigned ring_take_oldest(struct ring *r, uint32_t *out, unsigned 
     return n;
 }
 
-/* Any thread. Returns the entry, 0 when empty, or UINT32_MAX to retry
- * (lost a race). */
-static inline uint32_t ring_steal(struct ring *r)
+/* Any thread. Returns the oldest entry if its index is `from` or above,
+ * 0 when there is none, or UINT32_MAX to retry (lost a race). Indices only
+ * grow, so `from` (a bottom read earlier) parts what was pushed before it
+ * from what came after (pool.c's leapfrogging). */
+static inline uint32_t ring_steal_from(struct ring *r, int64_t from)
 {
     int64_t t = ld_acquire(&r->top), b;
     uint32_t x;
 
+    if (t < from)
+        return 0;
     fence_seqcst(); /* pairs with the fence in ring_pop */
     b = ld_acquire(&r->bottom);
     if (t >= b)
@@ -116,6 +120,12 @@ static inline uint32_t ring_steal(struct ring *r)
                                                  memory_order_relaxed))
         return UINT32_MAX;
     return x;
+}
+
+/* Any thread: ring_steal_from, from the oldest entry there is. */
+static inline uint32_t ring_steal(struct ring *r)
+{
+    return ring_steal_from(r, INT64_MIN);
 }
 
 #endif

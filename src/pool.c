@@ -617,26 +617,6 @@ static void held_reset(struct worker *w)
     w->held_cap = HELD_INLINE;
 }
 
-/* Owner's ring v, any thread: the oldest entry if it sits at or above
- * mark. 0 if none (or a lost race). */
-static uint32_t steal_above(struct ring *r, int64_t mark)
-{
-    int64_t t = ld_acquire(&r->top), b;
-    uint32_t x;
-
-    if (t < mark)
-        return 0;
-    fence_seqcst(); /* as ring_steal: pairs with the fence in ring_pop */
-    b = ld_acquire(&r->bottom);
-    if (t >= b)
-        return 0;
-    x = ld_relaxed(&r->buf[t & RING_MASK]);
-    if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + 1, memory_order_seq_cst,
-                                                 memory_order_relaxed))
-        return 0;
-    return x;
-}
-
 /*
  * Leapfrogging: the awaited task runs on worker v, published at depth d
  * (its slot's link says where). Entries of v's ring at or above that run's
@@ -672,7 +652,7 @@ static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, st
     if (v == w || (uint32_t)(tag = ld_acquire(&v->pub[d])) != ref)
         return 0;
     *at = (struct found){.v = v, .d = d, .tag = tag};
-    if ((x = steal_above(&v->ring, ld_relaxed(&v->pubmark[d]))) == 0)
+    if ((x = ring_steal_from(&v->ring, ld_relaxed(&v->pubmark[d]))) == 0 || x == UINT32_MAX)
         return 0;
     if (ld_acquire(&v->pub[d]) != tag) {
         push_shared(&pool.inj, &x, 1);
