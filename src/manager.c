@@ -32,7 +32,10 @@
  * supervisor's backoff sleep, and joins the supervisor (which joined the
  * manager): nothing of the manager runs after it returns. The poller is
  * opened once and kept for the process's life, so a wake from any thread at
- * any moment (even racing a shutdown) pokes a live object.
+ * any moment (even racing a shutdown) pokes a live object. The one
+ * exception is the child of a fork, whose only thread closes the parent's
+ * poller fds and forgets the poller before anything can wake it
+ * (atap__manager_forget, runtime.c); its next start opens its own.
  */
 #include "manager.h"
 

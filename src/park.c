@@ -38,7 +38,8 @@
  * won, so the flag is always left to whoever ends the park.
  *
  * Several parks on one fd share a `struct fdw` (one per fd number, kept for
- * the process's life, since the poller may still report it): its waiter
+ * the process's life, since the poller may still report it; a fork's child
+ * forgets them with the poller, atap__park_forget): its waiter
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
  *

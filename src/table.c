@@ -3,7 +3,9 @@
  *
  * Layout: TABLE_BLOCKS blocks; block b holds 256 << b slots and is mapped
  * the first time an index in it is handed out. A block is never unmapped or
- * moved, so a slot's address is fixed for the life of the process and any
+ * moved (but in the child of a fork, which starts a new table before any
+ * thread can read one: atap__table_forget, at the end), so a slot's address
+ * is fixed for the life of the process and any
  * index below TABLE_MAX_INDEX whose block is mapped can be read at any time
  * (stale readers then see a generation that is not theirs). A zeroed slot
  * is a valid free slot with generation 0; it takes the generation `gen_base`
