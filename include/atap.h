@@ -120,6 +120,20 @@ typedef struct atap_config {
  * shutdown call runs.
  * If a shutdown is in progress it is waited out first.
  * Blocks: briefly. Threads: any thread that is not a worker of this runtime.
+ *
+ * fork(): no thread of the runtime comes along into the child, and the
+ * child's runtime reads stopped (atap_initialised false, spawns
+ * ATAP_ENOTINIT, atap_shutdown returns 0 at once). After fork, the child
+ * may call atap_init; the tasks, handles and channels of the parent are not
+ * carried over: a handle from before the fork reads ATAP_ENOTASK (no wait
+ * hangs on it), and no arg_free / out_free of the parent's tasks runs in the
+ * child. The fds the parent's runtime owns are closed in the child, never
+ * used. The reset is a pthread_atfork child handler that the first
+ * atap_init registers. Starting again needs malloc and threads after a fork
+ * of a multithreaded process, which POSIX leaves undefined but glibc, musl
+ * and the BSDs allow. The parent's runtime goes on untouched. Fork only
+ * from outside a task: the child of a fork made inside a task (or an
+ * arg_free / out_free) may only exec or _exit.
  */
 ATAP_EXPORT int atap_init(const atap_config *config);
 
@@ -129,14 +143,17 @@ ATAP_EXPORT int atap_init(const atap_config *config);
  * joined. Safe to call twice, and concurrently (the second caller waits for
  * the first). Handles stay valid: their outputs can be read after it, and
  * after a later atap_init. It never returns while a task never ends.
- * Returns 0; ATAP_EINVAL when it would wait for the calling thread: inside
+ * Returns 0, also at once when no runtime runs (never started, already
+ * stopped, or in the child of a fork: see atap_init); ATAP_EINVAL when it
+ * would wait for the calling thread: inside
  * a task, or from an arg_free / out_free run by the runtime's own threads
  * (the manager's, a worker's) or by a shutdown under way on this thread.
  * Blocks: yes. Threads: any non-worker thread.
  */
 ATAP_EXPORT int atap_shutdown(void);
 
-/* True while the runtime is running (init done, no shutdown begun).
+/* True while the runtime is running (init done, no shutdown begun). False
+ * in the child of a fork until the child's own atap_init (see atap_init).
  * Blocks: no. Threads: any. */
 ATAP_EXPORT bool atap_initialised(void);
 

@@ -400,6 +400,7 @@ static void let_go(struct atap_slot *s, uint32_t index, uint32_t gen)
     }
     free(later.v);
     later = (struct let_go_list){0};
+    st_relaxed(&atap__first_waiters, 0); /* join.c's: waiters the child has not */
 }
 
 /* Under the lock: nothing could start the task again. */
@@ -1108,4 +1109,14 @@ int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *f
                      const atap_spawn_opts *opts)
 {
     return receive(task, fn, arg, from, n, opts, ROLE_ANY);
+}
+
+/* In a fork's child (its one thread; runtime.c): the gates are the parent's
+ * tasks'; let go unfreed, and the lock taken fresh (a thread that is not
+ * here may have held it). */
+void atap__flow_forget(void)
+{
+    all_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    all_gates = NULL;
+    later = (struct let_go_list){0};
 }

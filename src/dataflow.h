@@ -40,6 +40,7 @@ void atap__gate_end(struct gate *g);
 void atap__gate_bind(struct gate *g, uint32_t index);
 /* Shutdown, after the pool drained: idle waiting tasks are let go. */
 void atap__flow_shutdown(void);
+void atap__flow_forget(void); /* in a fork's child only (runtime.c) */
 /* The slot is being freed: the values still held go (in_free). */
 void atap__gate_destroy(struct gate *g);
 /* The caller holds the last listener of a waiting task with RUN still

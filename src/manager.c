@@ -32,12 +32,17 @@
  * supervisor's backoff sleep, and joins the supervisor (which joined the
  * manager): nothing of the manager runs after it returns. The poller is
  * opened once and kept for the process's life, so a wake from any thread at
- * any moment (even racing a shutdown) pokes a live object.
+ * any moment (even racing a shutdown) pokes a live object. The one
+ * exception is the child of a fork, whose only thread closes the parent's
+ * poller fds and forgets the poller before anything can wake it
+ * (atap__manager_forget, runtime.c); its next start opens its own.
  */
 #include "manager.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "atomics.h"
 #include "faults.h"
@@ -308,4 +313,22 @@ struct atap_timers *atap__manager_timers(void)
 struct atap_poller *atap__manager_poller(void)
 {
     return ld_acquire(&mgr.poller);
+}
+
+/* In a fork's child (its one thread; runtime.c): no manager nor supervisor
+ * came along. The poller's fds are the parent's own epoll/kqueue and wake
+ * event, shared across the fork: closed, never used (a watch added here
+ * would land in the parent's interest list), so the next start opens a new
+ * poller. The timer structure's records belong to the parent's tasks: let
+ * go unfreed; the next start initialises it afresh. */
+void atap__manager_forget(void)
+{
+    struct atap_poller *p = ld_relaxed(&mgr.poller);
+    int fds[4], n = p ? atap__poller_fds(p, fds, 4) : 0;
+
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    memset(&mgr, 0, sizeof mgr); /* M_STOPPED, no poller, not closed */
+    FORGET_FAULTS();
+    atap__manager_thread = false;
 }

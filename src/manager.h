@@ -13,6 +13,7 @@ struct atap_timers;
 int atap__manager_start(void);
 /* Stops and joins both; every timer still armed is let go of, unfired. */
 void atap__manager_stop(void);
+void atap__manager_forget(void); /* in a fork's child only (runtime.c) */
 /* Makes the manager look at its timers now (any thread). */
 void atap__manager_wake(void);
 

@@ -38,7 +38,8 @@
  * won, so the flag is always left to whoever ends the park.
  *
  * Several parks on one fd share a `struct fdw` (one per fd number, kept for
- * the process's life, since the poller may still report it): its waiter
+ * the process's life, since the poller may still report it; a fork's child
+ * forgets them with the poller, atap__park_forget): its waiter
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
  *
@@ -1460,4 +1461,28 @@ int atap_resume_reason(atap_ctx *ctx)
 unsigned atap_resume_events(atap_ctx *ctx)
 {
     return ctx && ctx->resumed == ATAP_RESUME_READY ? ctx->events : 0;
+}
+
+/* In a fork's child (its one thread; runtime.c): every park, fd watch and
+ * wheel entry is the parent's tasks', whose slots the child no longer has.
+ * All of it goes back to the state before the first start, unfreed (the
+ * parent's memory); the locks are taken fresh, since a thread that is not
+ * here may have held them and nothing they guarded is kept. */
+void atap__park_forget(void)
+{
+    fd_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    reg_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    fd_closed = false;
+    fdtab = NULL;
+    fdcap = 0;
+    st_relaxed(&deaf_fds, NULL);
+    armed_parks = NULL;
+    reg_closed = false;
+    st_relaxed(&inbox, 0);
+    memset(stop_bits, 0, sizeof stop_bits);
+    st_relaxed(&stops_pending, false);
+    memset(&wheel, 0, sizeof wheel);
+    nresumed = 0;
+    st_relaxed(&graveyard, NULL);
+    mourning = NULL;
 }

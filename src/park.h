@@ -48,6 +48,7 @@ uint64_t atap__park_wheel_run(uint64_t now);
 /* Manager: frees the park records let go of that its timer structure no
  * longer holds (all: it holds none; also shutdown's last step). */
 void atap__park_reap(bool all);
+void atap__park_forget(void); /* in a fork's child only (runtime.c) */
 /* The slot is being freed: its park record goes (through the manager if
  * its timer may still be held). NULL is ignored. */
 struct park;
@@ -63,6 +64,7 @@ void atap__park_rearm(void);
 /* Manager, each tick (sources.c): a signal or path source whose watch
  * failed is read as if reported and watched again. */
 void atap__sources_retry(void);
+void atap__sources_forget(void); /* in a fork's child only (runtime.c) */
 /* Manager, each tick: a parked fd whose watch failed is watched again, and
  * looked at while its watch still fails. One relaxed load when none. */
 void atap__park_retry(void);

@@ -166,7 +166,8 @@ int atap__poller_wake(struct atap_poller *p);
 /* "epoll", "kqueue" or "poll". */
 const char *atap__poller_name(void);
 
-/* For tests: the fds the poller owns (at most max). How many, or -EINVAL. */
+/* The fds the poller owns (at most max). How many, or -EINVAL. For tests,
+ * and for a fork's child, which closes the parent's without using them. */
 int atap__poller_fds(struct atap_poller *p, int *fds, int max);
 
 /* ---- for the backend files only ----------------------------------------- */

@@ -1505,3 +1505,38 @@ void atap__pool_stats(struct atap_pool_stats *st)
     st->ceiling = pool.ceiling;
     st->stalls = ld_relaxed(&pool.stalls);
 }
+
+/* ---- after fork() ---------------------------------------------------------- */
+
+/*
+ * In the child of a fork (runtime.c's atfork handler, the child's only
+ * thread): no pool thread came along, so every record, count and queue
+ * goes back to its state before the first start. Each record's own event
+ * queue shares its epoll/kqueue and wake fds with the parent's thread: they
+ * are closed, never used. What the records and queues held (heap `held`
+ * arrays, queued tasks) is left behind unfreed: the parent's, not ours. The
+ * lock may have been held by a thread that is not here: the child takes a
+ * fresh one (nothing it guarded is kept).
+ */
+static void forget_records(struct worker *recs, unsigned n)
+{
+    int fds[4];
+
+    for (unsigned i = 0; i < n && i < POOL_MAX_THREADS; i++) {
+        struct atap_poller *kq = ld_relaxed(&recs[i].kq);
+        int nfd = kq ? atap__poller_fds(kq, fds, 4) : 0;
+
+        for (int f = 0; f < nfd; f++)
+            close(fds[f]);
+    }
+    memset(recs, 0, sizeof workers);
+}
+
+void atap__pool_forget(void)
+{
+    forget_records(workers, ld_relaxed(&pool.nrec));
+    forget_records(blockers, ld_relaxed(&pool.brec));
+    memset(&pool, 0, sizeof pool);
+    pool.lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    atap__self = NULL;
+}

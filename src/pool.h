@@ -132,6 +132,10 @@ struct atap_pool_stats;
  * thread. The caller has already refused new outside spawns. */
 void atap__pool_stop(void);
 
+/* In a fork's child only (its one thread): back to before the first start,
+ * the parent's threads' fds closed, nothing freed (pool.c). */
+void atap__pool_forget(void);
+
 /* A worker waiting inside a task with nothing it may run counts as
  * blocked, and the pool lends its core: it wakes an idle worker, or starts
  * one (up to the ceiling) when none is left unblocked, or, once the wait

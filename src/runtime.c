@@ -8,8 +8,37 @@
  * STOPPING and backs out, or the shutdown sees it in flight and waits for
  * it to finish queueing before draining the pool. Spawns from inside a task
  * are part of the work being drained and are always let in.
+ *
+ * fork(): only the forking thread goes on in the child, so a runtime the
+ * parent runs has no thread there. A pthread_atfork child handler
+ * (registered by the first atap_init) puts every layer back to "stopped",
+ * as before the first init: the lifecycle and admission counts, the pool's
+ * records, counts and queues, the manager and supervisor state, the timer
+ * structure, parks, sources and gates, and a new, empty table whose
+ * generations start above all of the parent's (table.c), so a handle from
+ * before the fork reads ATAP_ENOTASK and nothing waits on a task that can
+ * never run. The fds the parent's runtime owns (its pollers' epoll/kqueue
+ * and wake fds, per-thread event queues, the signal pipe, inotify) are the
+ * parent's open files, shared across the fork: the child closes them and
+ * never uses them. The parent's memory (records, outputs, arguments) is
+ * left unfreed: no destructor of the parent's runs in the child.
+ *
+ * Locks: the child takes fresh ones (each module's forget stores an
+ * initialiser), rather than taking every lock in a prepare handler. Taking
+ * them in prepare would make fork wait for pool threads that may hold a
+ * lock across a blocking step, and order the library's locks against the
+ * program's own atfork handlers; and the child keeps nothing a lock guarded,
+ * so a lock that a vanished thread held has nothing consistent to protect.
+ * The handler makes only plain stores, close() and munmap() (all
+ * async-signal-safe) and pthread_setspecific. The parent handler is none:
+ * the parent is untouched. Starting again (atap_init) then needs malloc
+ * and pthread_create, which POSIX does not promise after a multithreaded
+ * fork but glibc, musl and the BSDs provide (atap.h says so).
+ * A fork made inside a task or a callback leaves a child that is still in
+ * the middle of the parent's task: such a child may only exec or _exit.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -106,6 +135,31 @@ static bool on_runtime_thread(void)
     return atap__self || atap__manager_thread || in_shutdown;
 }
 
+/* The child of a fork: see the top comment. Table last: the others only
+ * drop what points at its slots. */
+static void fork_child(void)
+{
+    atap__pool_forget();
+    atap__manager_forget();
+    atap__park_forget();
+    atap__sources_forget();
+    atap__sched_forget();
+    atap__flow_forget();
+    atap__table_forget();
+    st_relaxed(&inflight, 0);
+    admitted = 0;
+    in_shutdown = false;
+    st_seqcst(&lifecycle, STOPPED);
+}
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static int atfork_rc;
+
+static void atfork_register(void)
+{
+    atfork_rc = -pthread_atfork(NULL, NULL, fork_child);
+}
+
 int atap_init(const atap_config *config)
 {
     atap_config cfg;
@@ -113,6 +167,9 @@ int atap_init(const atap_config *config)
 
     if ((rc = read_config(config, &cfg)) != 0)
         return rc;
+    pthread_once(&atfork_once, atfork_register);
+    if (atfork_rc != 0)
+        return atfork_rc;
     for (;;) {
         expected = STOPPED;
         if (atomic_compare_exchange_strong(&lifecycle, &expected, STARTING))

@@ -1013,3 +1013,12 @@ void atap__sched_read_unlock(struct atap_slot *s)
     if (c->kind != ATAP_ONCE || c->gate)
         atomic_fetch_sub_explicit(&c->out_lock, 1, memory_order_release);
 }
+
+/* In a fork's child (its one thread; runtime.c): the schedules are the
+ * parent's tasks'; let go unfreed, back to the state before the first start. */
+void atap__sched_forget(void)
+{
+    st_relaxed(&graveyard, NULL);
+    mourning = NULL;
+    nfired = 0;
+}

@@ -96,6 +96,7 @@ void atap__sched_destroy(struct atap_slot *s);
 /* Manager only (or with no manager running and the structure emptied, with
  * all): frees the schedules let go of that nothing holds any more. */
 void atap__sched_reap(bool all);
+void atap__sched_forget(void); /* in a fork's child only (runtime.c) */
 
 /* The manager's timers are being let go of (shutdown, or the manager gone
  * for good): each task they would have started again ends FAILED. For

@@ -448,3 +448,29 @@ void atap__sources_retry(void)
     if (path)
         source_event(&path_source);
 }
+
+/* In a fork's child (its one thread; runtime.c): the signal pipe and the
+ * inotify fd are shared with the parent (a byte the child's handler wrote
+ * would wake the parent's manager): closed, and the handler's fd set to -1
+ * first, so a signal now writes nowhere. The waiters are the parent's
+ * tasks'. A handler installed for the parent stays installed (sig_caught
+ * says so) and only marks its signal pending. The lock is taken fresh. */
+void atap__sources_forget(void)
+{
+    st_release(&sig_write_fd, -1);
+    for (int i = 0; i < 2; i++)
+        if (sig_pipe[i] >= 0)
+            close(sig_pipe[i]);
+    sig_pipe[0] = sig_pipe[1] = -1;
+    if (path_source.fd >= 0)
+        close(path_source.fd);
+    sig_source = (struct source){.fd = -1};
+    path_source = (struct source){.fd = -1};
+    memset(sig_waiters, 0, sizeof sig_waiters);
+    for (int i = 0; i < NSIG; i++)
+        st_relaxed(&sig_pending[i], 0);
+    wd_waiters = NULL;
+    wdcap = 0;
+    st_relaxed(&sources_deaf, false);
+    src_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+}

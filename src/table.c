@@ -3,7 +3,9 @@
  *
  * Layout: TABLE_BLOCKS blocks; block b holds 256 << b slots and is mapped
  * the first time an index in it is handed out. A block is never unmapped or
- * moved, so a slot's address is fixed for the life of the process and any
+ * moved (but in the child of a fork, which starts a new table before any
+ * thread can read one: atap__table_forget, at the end), so a slot's address
+ * is fixed for the life of the process and any
  * index below TABLE_MAX_INDEX whose block is mapped can be read at any time
  * (stale readers then see a generation that is not theirs). A zeroed slot
  * is a valid free slot with generation 0; it takes the generation `gen_base`
@@ -436,4 +438,56 @@ int atap__test_flush_caches(void)
         }
     }
     return 0;
+}
+
+/*
+ * In a fork's child (its one thread; runtime.c): the parent's tasks are not
+ * carried over, so the table starts anew. gen_base moves past the highest
+ * generation any slot below the span carries, then every block is unmapped
+ * (no other thread is here to read one) and the span, free list, stashes
+ * and counts go back to zero. A handle from before the fork then names a
+ * slot with no block behind it, or, once a new block is mapped there, a
+ * slot whose generation starts at the new gen_base: ATAP_ENOTASK either
+ * way. Past GEN_MAX, slots are handed out at GEN_MAX and retired when freed
+ * (after about 2^27 forks of a busy table: memory, never a wrong read).
+ * The outputs and arguments of the parent's tasks are not freed.
+ */
+void atap__table_forget(void)
+{
+    uint32_t span = ld_relaxed(&table.next), top = 0, base = ld_relaxed(&table.gen_base);
+
+    span = span < TABLE_MAX_INDEX ? span : TABLE_MAX_INDEX;
+    for (uint32_t i = 0; i < span; i++) {
+        struct atap_slot *s = atap__table_slot(i);
+        uint32_t g = s ? word_gen(ld_relaxed(&s->word)) : 0;
+
+        top = g > top ? g : top;
+    }
+    base = top + 1 > base ? top + 1 : base;
+    for (unsigned b = 0; b < TABLE_BLOCKS; b++) {
+        struct atap_slot *p = ld_relaxed(&atap__table_blocks[b]);
+
+        if (p)
+            munmap(p, block_bytes(b));
+        st_relaxed(&atap__table_blocks[b], NULL);
+    }
+    st_relaxed(&table.free_head, 0);
+    st_relaxed(&table.next, 0);
+    st_relaxed(&table.peak, 0);
+    st_relaxed(&table.gen_base, base < GEN_MAX ? base : GEN_MAX);
+    st_relaxed(&table.allocs, 0);
+    st_relaxed(&table.frees, 0);
+    atomic_flag_clear_explicit(&table.trimming, memory_order_relaxed);
+    st_relaxed(&table.ncaches, 0);
+    for (size_t i = 0; i < sizeof table.caches / sizeof table.caches[0]; i++)
+        st_relaxed(&table.caches[i], NULL);
+    /* The stashes: every thread that held one is gone but this one, whose
+     * key still names its stash: unset, so its exit gives back nothing. */
+    if (atap__table_outside_mine)
+        pthread_setspecific(outside_key, NULL);
+    atap__table_outside_mine = NULL;
+    outside_none = false;
+    memset(outside, 0, sizeof outside);
+    for (unsigned i = 0; i < OUTSIDE_STASHES; i++)
+        st_relaxed(&outside_used[i], false);
 }

@@ -154,4 +154,8 @@ size_t atap__table_span(void);
 size_t atap__table_peak(void);
 int atap__table_trim(size_t *released);
 
+/* In a fork's child only (its one thread; runtime.c): a new, empty table
+ * whose generations start above every one the parent handed out. */
+void atap__table_forget(void);
+
 #endif

@@ -22,7 +22,8 @@
  * the manager has let go of it: a fired record is let go before its
  * callback runs; a disarmed one when the manager next meets it (its old
  * deadline, a cascade, or the inbox); any record at take_all or destroy.
- * libatap's records live in table slots, which are never unmapped, so this
+ * libatap's records live in table slots, which are never unmapped (a fork's
+ * child forgets the structure before its new table), so this
  * always holds there; anyone else checks atap__timer_held() on the manager
  * thread before freeing a record.
  */
