@@ -5,9 +5,11 @@
  * long as it reads; the generation is checked against the word first, so a
  * stale handle reads ATAP_ENOTASK. Waiting follows executor.c's rule: set
  * WAITERS, then sleep on the word with the word the kernel compares; the
- * settler wakes when it sees WAITERS. Inside a worker the wait helps: it
- * runs queued work (the awaited task first) and sleeps in short slices so
- * that it can look for more. An output is copied only while the word reads
+ * settler wakes when it sees WAITERS. On a pool thread the wait runs only
+ * work the awaited task needs (pool.c, "What a wait may run"), shows what
+ * it waits for while it runs nothing (so that a waiter for a task lower on
+ * its stack can follow it), blocks lending its core, and sleeps in short
+ * slices so that it can look again. An output is copied only while the word reads
  * READY (acquire: the run's output write came before its release of READY);
  * take moves it to TAKEN by CAS first, so only one taker copies it.
  */
