@@ -589,8 +589,9 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
 }
 
 static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur);
+enum { PUBLISH_NONE, PUBLISH_RUN, PUBLISH_HINT };
 static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
-                        struct atap_ctx *ctx, bool publish);
+                        struct atap_ctx *ctx, int publish);
 
 void atap__exec_run(struct worker *w, uint32_t ref)
 {
@@ -662,27 +663,30 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
         } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
         fresh = true;
     }
-    run_claimed(w, s, ref, &ctx, fresh);
+    run_claimed(w, s, ref, &ctx, fresh ? PUBLISH_HINT : PUBLISH_NONE);
 }
 
 /* Runs a claimed task (its RUN is ours) on this thread, and what follows.
- * publish: a plain task taken from a queue, which a waiter may leapfrog
- * into (pool.c); its slot's link is free to carry where it runs. */
+ * publish: a plain task just claimed, which a waiter may leapfrog into
+ * (pool.c); PUBLISH_HINT: taken from a queue, so its slot's link is free
+ * to carry where it runs (a claim aside may have left an entry linked
+ * through it). */
 static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
-                        struct atap_ctx *ctx, bool publish)
+                        struct atap_ctx *ctx, int publish)
 {
     struct atap_ctx *outer;
+    bool published;
     int rc;
 
     atap__pool_frame_push(w, ref);
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
-    publish = publish && atap__pool_publish(w, s);
+    published = publish != PUBLISH_NONE && atap__pool_publish(w, s, publish == PUBLISH_HINT);
     outer = w->cur;
     w->cur = ctx;
     rc = s->fn(ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
     w->cur = outer;
-    atap__pool_frame_pop(w, publish);
+    atap__pool_frame_pop(w, published);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
     if (unlikely(rc == ATAP_PARKED) && ctx->park_kind) {
         atap__park_arm(s, ctx); /* RUN goes with the park */
@@ -740,7 +744,8 @@ void atap__exec_run_claimed(struct worker *w, uint32_t ref)
     /* Ours since the claim: its generation stays. */
     uint32_t gen = word_gen(ld_relaxed(&s->word));
 
-    run_claimed(w, s, ref, &(struct atap_ctx){.slot = s, .index = ref - 1, .gen = gen}, false);
+    run_claimed(w, s, ref, &(struct atap_ctx){.slot = s, .index = ref - 1, .gen = gen},
+                PUBLISH_RUN);
 }
 
 void atap__exec_fail_held(uint32_t ref)

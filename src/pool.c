@@ -569,7 +569,13 @@ static uint32_t take_awaited(struct worker *w, uint32_t awaited)
 _Static_assert(POOL_MAX_THREADS < (1u << HINT_WORKER_BITS), "a worker index fits the hint");
 _Static_assert(PUB_DEPTH < (1u << (31 - HINT_WORKER_BITS)), "a depth fits the hint");
 
-bool atap__pool_publish(struct worker *w, struct atap_slot *s)
+struct found {
+    struct worker *v; /* the worker the task runs on, published at depth d */
+    uint32_t d;
+    uint64_t tag;
+};
+
+bool atap__pool_publish(struct worker *w, struct atap_slot *s, bool hint)
 {
     unsigned d = w->depth - 1;
     uint32_t x;
@@ -586,8 +592,38 @@ bool atap__pool_publish(struct worker *w, struct atap_slot *s)
     /* Release: a leapfrogger that reads the tag reads this mark or a later
      * one (and a later one changes the tag before it is used). */
     st_release(&w->pub[d], (uint64_t)++w->fseq << 32 | w->held[d]);
-    st_relaxed(&s->link, LINK_HINT | d << HINT_WORKER_BITS | (uint32_t)(w - workers + 1));
+    if (hint)
+        st_relaxed(&s->link, LINK_HINT | d << HINT_WORKER_BITS | (uint32_t)(w - workers + 1));
     return true;
+}
+
+/* A run of ref published on a worker other than w: found through its
+ * slot's hint, else by looking through every worker's pub[] (a run claimed
+ * aside leaves no hint), up to the first unpublished depth. Only a place
+ * to look: the caller checks the tag again after taking anything. */
+static bool find_run(struct worker *w, struct atap_slot *s, uint32_t ref, struct found *at)
+{
+    uint32_t hint = ld_relaxed(&s->link), vi = hint & ((1u << HINT_WORKER_BITS) - 1);
+    uint32_t d = (hint & ~LINK_HINT) >> HINT_WORKER_BITS, n = ld_acquire(&pool.nrec);
+    uint64_t tag;
+
+    if ((hint & LINK_HINT) && vi != 0 && vi <= n && d < PUB_DEPTH && &workers[vi - 1] != w &&
+        (uint32_t)(tag = ld_acquire(&workers[vi - 1].pub[d])) == ref) {
+        *at = (struct found){.v = &workers[vi - 1], .d = d, .tag = tag};
+        return true;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        struct worker *v = &workers[i];
+
+        if (v == w || ld_acquire(&v->status) != W_LIVE)
+            continue;
+        for (d = 0; d < PUB_DEPTH && (tag = ld_acquire(&v->pub[d])) != 0; d++)
+            if ((uint32_t)tag == ref) {
+                *at = (struct found){.v = v, .d = d, .tag = tag};
+                return true;
+            }
+    }
+    return false;
 }
 
 /* Room in held[] for one more run; false with no memory for it. */
@@ -632,27 +668,27 @@ static void held_reset(struct worker *w)
  * came first. An entry taken and then found not ours goes to the shared
  * queue: into our own ring it would look spawned by our waiting run.
  */
-struct found {
-    struct worker *v; /* the worker the task runs on, published at depth d */
-    uint32_t d;
-    uint64_t tag;
-};
 
 static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, struct found *at)
 {
-    uint32_t hint = ld_relaxed(&s->link), vi = hint & ((1u << HINT_WORKER_BITS) - 1);
-    uint32_t d = (hint & ~LINK_HINT) >> HINT_WORKER_BITS, x;
     struct worker *v;
     uint64_t tag;
+    uint32_t d, x;
 
     at->v = NULL;
-    if (!(hint & LINK_HINT) || vi == 0 || vi > ld_acquire(&pool.nrec) || d >= PUB_DEPTH)
+    if (!find_run(w, s, ref, at))
         return 0;
-    v = &workers[vi - 1];
-    if (v == w || (uint32_t)(tag = ld_acquire(&v->pub[d])) != ref)
-        return 0;
-    *at = (struct found){.v = v, .d = d, .tag = tag};
+    v = at->v;
+    d = at->d;
+    tag = at->tag;
+    /* The ring's oldest at or above the mark, else the LIFO slot: it holds
+     * nothing from before the run either (atap__pool_publish emptied it),
+     * and the same second look covers it (filling it is a release store;
+     * taking it, an exchange). */
     if ((x = ring_steal_from(&v->ring, ld_relaxed(&v->pubmark[d]))) == 0 || x == UINT32_MAX)
+        x = ld_relaxed(&v->lifo) ? atomic_exchange_explicit(&v->lifo, 0, memory_order_acq_rel)
+                                 : 0;
+    if (x == 0)
         return 0;
     if (ld_acquire(&v->pub[d]) != tag) {
         push_shared(&pool.inj, &x, 1);

@@ -114,10 +114,11 @@ static inline void atap__pool_frame_pop(struct worker *w, bool published)
 }
 
 struct atap_slot;
-/* Publishes the innermost run, of the plain task in slot s just claimed
- * from a queue, so that a thread waiting for it can find what it spawns.
- * True if published (atap__pool_frame_pop unpublishes it). */
-bool atap__pool_publish(struct worker *w, struct atap_slot *s);
+/* Publishes the innermost run, of the plain task in slot s just claimed,
+ * so that a thread waiting for it can find what it spawns; hint: its slot's
+ * link is free to say where (claimed from a queue, not aside). True if
+ * published (atap__pool_frame_pop unpublishes it). */
+bool atap__pool_publish(struct worker *w, struct atap_slot *s, bool hint);
 
 /* A canceller or a timeout stopped the task gen << 32 | index: a thread in
  * a kernel wait for it is woken (its kq). */
