@@ -655,10 +655,12 @@ static void held_reset(struct worker *w)
 
 /*
  * Leapfrogging: the awaited task runs on worker v, published at depth d
- * (its slot's link says where). Entries of v's ring at or above that run's
- * mark were spawned while it was on v's stack: by it, or by runs above it,
- * which are work it needs in turn. One is taken from the top (the oldest,
- * the largest piece) with one CAS, as a thief takes one, and kept only if
+ * (its slot's link says where, or v's pub[] does: find_run). Entries of v's
+ * ring at or above that run's mark were spawned while it was on v's stack:
+ * by it, or by runs above it, which are work it needs in turn; so was what
+ * v's LIFO slot holds. One is taken from the ring's top (the oldest, the
+ * largest piece) with one CAS, as a thief takes one, else the LIFO slot's
+ * by exchange, and kept only if
  * v's pub[d] still holds the same tag afterwards: then the run was on v's
  * stack all along, so the entry was spawned during it. The order that makes
  * the second look enough: v unpublishes (pool.h, frame_pop) before it
