@@ -23,7 +23,6 @@
 #include "wait.h"
 
 #define HELP_SLICE_NS 10000000u /* a worker waiting here looks for work this often */
-#define LONG_WAIT_NS 5000000u    /* a wait this long lends its core to a new worker */
 
 _Atomic uint32_t atap__first_waiters;
 static _Atomic uint32_t settle_seq;
@@ -76,7 +75,7 @@ static bool help_one(struct worker *w, atap_task t)
     if (!s || (x = atap__pool_help_pick(w, s, index + 1, gen, &claimed)) == 0)
         return false;
     if (ld_relaxed(&w->blocked))
-        atap__pool_blocked(w, false, false);
+        atap__pool_blocked(w, false);
     atap__pool_help_run(w, x, claimed);
     return true;
 }
@@ -84,7 +83,7 @@ static bool help_one(struct worker *w, atap_task t)
 int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
                     size_t *winner)
 {
-    uint64_t deadline, now, left, start;
+    uint64_t deadline, now, left;
     size_t k;
 
     if (!ts || !winner || n == 0 || (unsigned)policy > ATAP_RELEASE)
@@ -92,8 +91,7 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
     if ((k = first_settled(ts, n, false)) == n) {
         if (atap__self && all_inside(ts, n))
             return ATAP_EINVAL;
-        start = atap__now_ns();
-        deadline = atap__deadline(start, timeout_ns);
+        deadline = atap__deadline(atap__now_ns(), timeout_ns);
         add_seqcst(&atap__first_waiters, 1);
         for (;;) {
             uint32_t seq = ld_acquire(&settle_seq);
@@ -111,7 +109,7 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
             if (w && n == 1 && help_one(w, ts[0]))
                 continue;
             if (w && !w->blocking)
-                atap__pool_blocked(w, true, now - start >= LONG_WAIT_NS); /* core lent */
+                atap__pool_blocked(w, true); /* its core is lent meanwhile */
             left = deadline == ATAP__FOREVER ? ATAP__FOREVER : deadline - now;
             if (w && left > HELP_SLICE_NS) /* a worker looks for work again */
                 left = HELP_SLICE_NS;
@@ -119,7 +117,7 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
         }
         sub_seqcst(&atap__first_waiters, 1);
         if (atap__self && ld_relaxed(&atap__self->blocked))
-            atap__pool_blocked(atap__self, false, false);
+            atap__pool_blocked(atap__self, false);
         if (k == n)
             return ATAP_ENOTREADY;
     }

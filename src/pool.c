@@ -28,16 +28,16 @@
  * a waiting thread runs only work the awaited task needs, nested on its
  * stack while the stack has room; else it blocks, counted in nblocked, and
  * its core is lent: an idle worker is woken, or one more started when no
- * worker is left unblocked, or when the wait has lasted and fewer than the
- * floor are. Every worker the pool may have blocked with the awaited task
+ * worker is left unblocked, else by the tick, which counts a blocked
+ * worker as stuck. Every worker the pool may have blocked with the awaited task
  * still queued is a stall (atap__pool_stalled): one waiter at a time gives
  * up with ATAP_ELIMIT. A run on a worker publishes itself (pub[], and a
  * hint in its slot's link) so that a waiter can take what it spawns.
  *
  * Growth and reaping (the manager's tick, atap__pool_tick; the supervisor's
  * once the manager is gone for good, manager.c): one more worker when
- * every worker not blocked in a wait is stuck (inside a task, nothing
- * finished for a tick, and off the CPU: sleeping in a call of its own, not
+ * every worker is stuck (blocked in a wait, or inside a task with nothing
+ * finished for a tick and off the CPU: sleeping in a call of its own, not
  * merely waiting for a CPU on a busy machine) and work waits, up to the
  * target, past it only under overload, never past the ceiling (the memory
  * and the process's thread limit: thread_ceiling); the idle worker that
@@ -817,7 +817,7 @@ static unsigned unblocked_workers(void)
     return live > blocked ? live - blocked : 0;
 }
 
-void atap__pool_blocked(struct worker *w, bool blocked, bool long_wait)
+void atap__pool_blocked(struct worker *w, bool blocked)
 {
     if (blocked && !ld_relaxed(&w->blocked)) {
         st_relaxed(&w->blocked, true);
@@ -832,11 +832,11 @@ void atap__pool_blocked(struct worker *w, bool blocked, bool long_wait)
     /* Looked at on every slice of a blocked wait: the core it leaves is
      * lent. What waits may sit in this worker's own queues, out of its
      * reach now: an idle worker can steal it (a LIFO slot woke nobody when
-     * it was filled). With none idle, one more worker is started: at once
+     * it was filled). With none idle, one more worker is started at once
      * when no worker is left unblocked (nothing else would ever run the
-     * work), else once the wait has lasted (long_wait) and fewer workers
-     * than the floor (the cores) are left unblocked, so that short waits,
-     * the common case in a tree of joins, start no thread. */
+     * work); while one still runs, the tick lends the core as it does for
+     * stuck workers (a blocked one counts as stuck: count_stuck). More
+     * threads than cores, all running, only slow a tree of joins down. */
     if (!work_visible(true))
         return;
     if (ld_relaxed(&pool.nidle) > 0) {
@@ -845,11 +845,8 @@ void atap__pool_blocked(struct worker *w, bool blocked, bool long_wait)
         add_seqcst(&pool.nsearching, 1);
         if (!wake_idle())
             sub_seqcst(&pool.nsearching, 1);
-    } else {
-        unsigned left = unblocked_workers();
-
-        if (left == 0 || (long_wait && left < pool.floor))
-            add_worker();
+    } else if (unblocked_workers() == 0) {
+        add_worker();
     }
 }
 
@@ -1119,7 +1116,7 @@ static void thread_died(void *arg)
     if (w->searching)
         sub_seqcst(&pool.nsearching, 1);
     if (ld_relaxed(&w->blocked))
-        atap__pool_blocked(w, false, false);
+        atap__pool_blocked(w, false);
     if (!w->blocking)
         evacuate(w);
     pthread_mutex_lock(&pool.lock);
@@ -1257,9 +1254,9 @@ static bool off_cpu(struct worker *w, unsigned i)
 #endif
 }
 
-/* Workers stuck in a task: inside one, nothing finished since the last
- * tick, and off the CPU; among the live ones not blocked in a wait (those
- * have lent their cores already), counted in *live. */
+/* Workers stuck in a task: blocked in a wait inside it, or inside one
+ * with nothing finished since the last tick and off the CPU; among the
+ * live ones, counted in *live. */
 static unsigned count_stuck(unsigned *live)
 {
     unsigned n = ld_acquire(&pool.nrec), stuck = 0;
@@ -1268,10 +1265,11 @@ static unsigned count_stuck(unsigned *live)
     for (unsigned i = 0; i < n; i++) {
         uint64_t done = ld_relaxed(&workers[i].completed);
 
-        if (ld_acquire(&workers[i].status) != W_LIVE || ld_relaxed(&workers[i].blocked))
+        if (ld_acquire(&workers[i].status) != W_LIVE)
             continue;
         (*live)++;
-        if (ld_relaxed(&workers[i].busy) && done == pool.last_done[i] && off_cpu(&workers[i], i))
+        if (ld_relaxed(&workers[i].blocked) ||
+            (ld_relaxed(&workers[i].busy) && done == pool.last_done[i] && off_cpu(&workers[i], i)))
             stuck++;
         pool.last_done[i] = done;
     }
@@ -1319,9 +1317,9 @@ static unsigned keep_going(void)
     /* Work in a LIFO slot or a ring woke nobody: hand it to an idle peer. */
     if (ld_relaxed(&pool.nidle) > 0 && ld_relaxed(&pool.nsearching) == 0 && work_visible(true))
         notify();
-    /* Every worker not blocked in a wait stuck (a task holding it in a
+    /* Every worker stuck (blocked in a wait, or a task holding it in a
      * call of its own) and work waiting: one more, up to the target; past
-     * it only under overload. Blocked waiters lent their cores already. */
+     * it only under overload. */
     if (running > 0 && stuck == running && work_visible(true) &&
         (running < pool.target || queued >= (size_t)running * OVERLOAD_RATIO))
         add_worker();

@@ -139,9 +139,9 @@ void atap__pool_forget(void);
 
 /* A worker waiting inside a task with nothing it may run counts as
  * blocked, and the pool lends its core: it wakes an idle worker, or starts
- * one (up to the ceiling) when none is left unblocked, or, once the wait
- * has lasted (long_wait), while fewer than the cores are. */
-void atap__pool_blocked(struct worker *w, bool blocked, bool long_wait);
+ * one (up to the ceiling) when none is left unblocked; the tick counts it
+ * as stuck. */
+void atap__pool_blocked(struct worker *w, bool blocked);
 
 /* A blocked waiter whose task is still queued asks: is every worker the
  * pool may have waiting, so that nothing can run that task? True for one

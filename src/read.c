@@ -57,9 +57,6 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
 }
 
 #define WAIT_SPINS 64 /* looks for work the awaited task needs before blocking */
-#define LONG_WAIT_NS 5000000u /* blocked this long, a wait has lasted: its core
-                                 is lent even to a new worker (a short one
-                                 starts no thread: atap__pool_blocked) */
 
 /* A pool thread's wait: whether it shows the task it waits for to others
  * (atap__pool_wait_begin: only while it runs nothing, the only time a
@@ -88,7 +85,7 @@ static int unblocked(struct waiting *wt, int rc)
         wt->shown = false;
     }
     if (wt->w && ld_relaxed(&wt->w->blocked))
-        atap__pool_blocked(wt->w, false, false);
+        atap__pool_blocked(wt->w, false);
     return rc;
 }
 
@@ -105,7 +102,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
 {
     struct waiting wt = {.w = atap__self};
     struct worker *w = wt.w;
-    uint64_t slice = SLICE_MIN_NS, now, left, blocked_at = 0;
+    uint64_t slice = SLICE_MIN_NS, now, left;
     unsigned spins = 0;
     bool looked = false, claimed;
     uint32_t cur, x;
@@ -126,7 +123,6 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
             atap__pool_help_run(w, x, claimed);
             slice = SLICE_MIN_NS;
             spins = 0;
-            blocked_at = 0;
             continue;
         }
         /* About to sleep. A task this thread is inside (itself, or one
@@ -149,10 +145,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
          * the task is still queued and every worker the pool may have is
          * blocked so, nothing can run it: give up, rather than hang. */
         if (w && !w->blocking) {
-            now = atap__now_ns();
-            if (blocked_at == 0)
-                blocked_at = now;
-            atap__pool_blocked(w, true, now - blocked_at >= LONG_WAIT_NS);
+            atap__pool_blocked(w, true);
             if (word_state(cur) == ST_PENDING && atap__pool_stalled(w))
                 return unblocked(&wt, ATAP_ELIMIT);
         }
