@@ -50,6 +50,7 @@ struct worker {
     uint32_t held_inline[HELD_INLINE];
     uintptr_t stack_floor;     /* no run starts nested below this address */
     uint32_t fseq;             /* runs published so far */
+    unsigned index;            /* its place among the workers (or blocking threads) */
     uint64_t rng;
     struct inj_cursor cursor;
     struct slot_cache cache;
@@ -148,6 +149,13 @@ void atap__pool_blocked(struct worker *w, bool blocked);
  * waiter at a time (it then gives up with ATAP_ELIMIT), counted as a stall. */
 bool atap__pool_stalled(struct worker *w);
 
+/* For help.c: the worker records (records in use, the i-th, whether one
+ * has a live thread), and a worker's push into its own ring. */
+unsigned atap__pool_records(void);
+struct worker *atap__pool_record(unsigned i);
+bool atap__pool_live(struct worker *w);
+void atap__pool_push_ring(struct worker *w, uint32_t ref);
+
 /* Queues worker tasks (not blocking ones) from outside the pool, each in
  * its priority band, with one wake check for them all. */
 void atap__pool_submit_batch(const uint32_t *refs, unsigned n);
@@ -173,7 +181,7 @@ static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int pr
 /* A pool thread waiting for the task ref (generation gen, slot s) picks
  * one piece of work that task needs, if there is one and its stack has
  * room: the task itself while it is queued, work it spawned, what it waits
- * for (pool.c, "What a wait may run"). Returns its ref, or 0 for none;
+ * for (help.c). Returns its ref, or 0 for none;
  * *claimed says it was claimed aside. The caller owns its run, and runs it
  * with atap__pool_help_run once it no longer shows itself waiting. */
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,

@@ -6,7 +6,7 @@
  * stale handle reads ATAP_ENOTASK. Waiting follows executor.c's rule: set
  * WAITERS, then sleep on the word with the word the kernel compares; the
  * settler wakes when it sees WAITERS. On a pool thread the wait runs only
- * work the awaited task needs (pool.c, "What a wait may run"), shows what
+ * work the awaited task needs (help.c), shows what
  * it waits for while it runs nothing (so that a waiter for a task lower on
  * its stack can follow it), blocks lending its core, and sleeps in short
  * slices so that it can look again. An output is copied only while the word reads
