@@ -47,7 +47,7 @@ static uint32_t take_awaited(struct worker *w, uint32_t awaited)
 
 /* The link hint a published run leaves in its slot: LINK_HINT | depth << 11
  * | worker index + 1. Only a hint: whatever it reads is checked against
- * pub[]. LINK_HINT (injector.h) tells it from a queue link: a popper of the
+ * pub[]. LINK_HINT (slot.h) tells it from a queue link: a popper of the
  * shared queue may still walk through a slot popped under it, and stops
  * at a hint rather than follow it (its CAS fails then anyway). */
 #define HINT_WORKER_BITS 11
@@ -129,7 +129,6 @@ static bool held_room(struct worker *w)
     w->held_cap = cap;
     return true;
 }
-
 
 /*
  * Leapfrogging: the awaited task runs on worker v, published at depth d
