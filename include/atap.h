@@ -362,7 +362,10 @@ ATAP_EXPORT uint64_t atap_now(void);
  * output (waiting while a run is under way), atap_take moves one out for the
  * next run to replace, atap_cancel ends the series, and atap_finished turns
  * true once the series is over (runs used up or deadline passed, and at a
- * rate no run still under way; the last output stays readable). A manager restart loses no delay, gap, period or
+ * rate no run still under way; the last output stays readable). Whatever
+ * ends an at-rate series otherwise (a cancel, a run that fails or passes
+ * its timeout, a shutdown) stops its runs under way as atap_cancel does;
+ * inside a run, atap_self names the series. A manager restart loses no delay, gap, period or
  * run timeout and fires none twice (the new manager's timers are rebuilt
  * from the task table): what spans a restart comes late, never early. A
  * delay or gap still pending at shutdown, or when the manager is gone for
@@ -436,6 +439,9 @@ ATAP_EXPORT int atap_wait(atap_task task, atap_state *state);
  * settled (its output landed, or it failed) is left alone; a repeat or an
  * at-rate series is cancelled between runs too, and while a run of a
  * series that ran out is still under way, its standing output then goes.
+ * A cancel of an at-rate series reaches each of its runs under way before
+ * it returns: a queued run never starts, a running one reads
+ * atap_cancelled() and its kernel wait ends, a parked one is taken down.
  * Returns 0 (also when there was nothing left to cancel); ATAP_ENOTASK.
  * The handle stays valid and must still be released.
  * Blocks: no. Threads: any.
@@ -481,8 +487,11 @@ ATAP_EXPORT int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size);
  * stop early. False for NULL. Blocks: no. */
 ATAP_EXPORT bool atap_cancelled(atap_ctx *ctx);
 
-/* Inside a task: its own handle (not a new listener: do not release it).
- * ATAP_NO_TASK inside atap_block or for NULL. */
+/* Inside a task: its own handle (not a new listener: do not release it);
+ * inside a run of an at-rate series, the series' handle (so a run can end
+ * its series; a join on it from the run reads ATAP_EINVAL, as a task
+ * waiting for itself). ATAP_NO_TASK inside atap_block or for NULL.
+ * Blocks: no. Threads: the task's own. */
 ATAP_EXPORT atap_task atap_self(atap_ctx *ctx);
 
 /* ---------------------------------------------------------------------- */

@@ -761,13 +761,10 @@ void atap__exec_fail_held(uint32_t ref)
 
 /* ---- cancelling ------------------------------------------------------- */
 
-int atap_cancel(atap_task t)
+int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    uint32_t gen, cur;
-    struct atap_slot *s = lookup(t, &gen);
+    uint32_t cur = ld_acquire(&s->word);
 
-    if (!s || !handle_live(s, gen, &cur))
-        return ATAP_ENOTASK;
     do {
         if (!word_is(cur, gen))
             return ATAP_ENOTASK;
@@ -778,10 +775,20 @@ int atap_cancel(atap_task t)
     if (cur & ST_WAITERS)
         atap__exec_wake(s);
     if (word_state(cur) == ST_RUNNING) /* in a kernel wait or a park, maybe */
-        atap__park_interrupt(s, (uint32_t)t.id, gen);
+        atap__park_interrupt(s, index, gen);
     if (unlikely(s->ext != NULL))
-        atap__sched_cancelled(s, (uint32_t)t.id, gen);
+        atap__sched_cancelled(s, index, gen);
     return 0;
+}
+
+int atap_cancel(atap_task t)
+{
+    uint32_t gen, cur;
+    struct atap_slot *s = lookup(t, &gen);
+
+    if (!s || !handle_live(s, gen, &cur))
+        return ATAP_ENOTASK;
+    return atap__exec_cancel(s, (uint32_t)t.id, gen);
 }
 
 bool atap_cancelled(atap_ctx *ctx)
@@ -800,10 +807,32 @@ struct atap_slot *atap__exec_ctx_slot(atap_ctx *ctx)
     return ctx ? ctx->slot : NULL;
 }
 
+bool atap__exec_inside(const struct worker *w, uint32_t ref)
+{
+    uint32_t index, gen;
+
+    if (atap__pool_inside(w, ref))
+        return true;
+    /* An at-rate run is inside its series too: the series settles only
+     * once its runs are done. */
+    for (unsigned i = 0; w && i < w->depth; i++) {
+        struct atap_slot *s = atap__table_at(w->held[i] - 1);
+
+        if (s->ext != NULL && atap__sched_series(s, &index, &gen) && index + 1 == ref)
+            return true;
+    }
+    return false;
+}
+
 atap_task atap_self(atap_ctx *ctx)
 {
+    uint32_t index, gen;
+
     if (!ctx || !ctx->slot)
         return ATAP_NO_TASK;
+    /* An at-rate run has no handle of its own: it names its series. */
+    if (unlikely(ctx->slot->ext != NULL) && atap__sched_series(ctx->slot, &index, &gen))
+        return make_task(index, gen);
     return make_task(ctx->index, ctx->gen);
 }
 

@@ -84,6 +84,13 @@ void atap__exec_hold(struct atap_slot *s);
  * (it holds RUN or a listener); false otherwise. Release it with
  * atap__exec_release_listener. */
 bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen);
+/* atap_cancel's work on a task the caller holds (a handle, a hold, or its
+ * series' list of runs): 0, or ATAP_ENOTASK when gen is gone. */
+int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen);
+/* The pool thread w is inside the task ref (slot index + 1): running it or
+ * one of its at-rate runs, here or lower on its stack. A wait for it could
+ * only end once the wait itself returned. */
+bool atap__exec_inside(const struct worker *w, uint32_t ref);
 /* The running task's slot (NULL inside atap_block or for NULL). */
 struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);
 

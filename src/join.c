@@ -60,7 +60,7 @@ static size_t first_settled(const atap_task *ts, size_t n, bool mark)
 static bool all_inside(const atap_task *ts, size_t n)
 {
     for (size_t k = 0; k < n; k++)
-        if (!atap__pool_inside(atap__self, (uint32_t)ts[k].id + 1))
+        if (!atap__exec_inside(atap__self, (uint32_t)ts[k].id + 1))
             return false;
     return true;
 }

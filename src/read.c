@@ -130,7 +130,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
          * refuse rather than hang. Looked at once, off the fast path: a
          * join that finds its task done never gets here, and what lies
          * below this wait on the stack does not change while it lasts. */
-        if (!looked && atap__pool_inside(w, ref))
+        if (!looked && atap__exec_inside(w, ref))
             return unblocked(&wt, ATAP_EINVAL);
         looked = true;
         if (w)

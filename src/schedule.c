@@ -63,6 +63,23 @@
  * series' slot, its forwards and its output stay for the runs to publish
  * to, its handles count only handles, and it is not finished for readers
  * (series_over); a run that fails meanwhile leaves the output standing.
+ *
+ * Whatever stops an at-rate series (a cancel, a run that fails or passes
+ * its timeout, a write-off at shutdown or when the manager is gone) stops
+ * each of its runs, wherever it is: a queued run never starts, a running
+ * one reads atap_cancelled and its kernel wait is cut short, a parked one
+ * is taken down. The series keeps its runs on a list under runs_lock: a run
+ * is linked once published PENDING and before it is queued (sched_start),
+ * and run_gone unlinks it before its slot goes. A stopper moves the series
+ * to its end state first; then, under the lock, it sets runs_stopped and
+ * takes a hold on each run no stop took yet (stop_seen), and cancels them
+ * after the lock as atap_cancel would (a park taken down may end its run on
+ * the spot, and the run's end takes the lock: hence the holds, and the
+ * batches). A run linked before a stopper's pass is on the list it walks;
+ * one linked after finds runs_stopped and ends unqueued: the lock orders
+ * the two. atap_cancel returns after its pass, so no queued run starts
+ * after it returned. Lock order: runs_lock is taken with nothing else held
+ * and nothing is taken under it.
  */
 #include "schedule.h"
 
@@ -111,6 +128,15 @@ struct sched {
     void *input;                 /* an at-rate run of a waiting series: its value */
     size_t input_size;
     _Atomic uint32_t inflight;   /* at-rate: runs under way | RUN_OWED (top comment) */
+    /* At a rate, the runs under way, for a stop to reach (see "Stopping
+     * the runs"): a series' list and its lock; a run's links in it. */
+    atap_spin runs_lock;
+    bool runs_stopped;             /* series, under runs_lock: link no more */
+    struct sched *run_list;        /* series: the first run linked */
+    struct sched *run_prev, *run_next;
+    uint32_t run_gen;              /* run: its slot's generation */
+    bool linked;                   /* run: on its series' list (its own thread's) */
+    bool stop_seen;                /* run, under runs_lock: a stop took it */
 };
 
 #define RUN_OWED 0x80000000u
@@ -351,6 +377,7 @@ static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 static void rate_tick(struct sched *c);
 static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc);
 static void run_gone(struct atap_slot *s, struct sched *c, uint32_t gen);
+static void rate_stop_runs(struct sched *pc);
 
 /* Runs the manager's fires queue up here and go to the pool in one batch
  * after the pass (atap__sched_flush): one CAS and one wake check for a
@@ -406,10 +433,28 @@ void atap__sched_write_off(struct atap_timer *t, void *arg)
 
 static bool starts_too_late(struct atap_slot *s, struct sched *c, uint32_t gen);
 
+/* An at-rate run's series: its slot, and its schedule. */
+static struct atap_slot *series_slot(struct sched *c)
+{
+    return atap__table_at(c->parent - 1);
+}
+
+static struct sched *series_of(struct sched *c)
+{
+    return sched_of(series_slot(c));
+}
+
+static bool rate_link(struct sched *c, uint32_t gen);
+
 void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking)
 {
     struct sched *c = sched_of(s);
 
+    if (c->parent && !rate_link(c, gen)) { /* an at-rate run of a stopped series */
+        atap__exec_stop(s, gen, ST_PENDING, ST_CANCELLED);
+        run_gone(s, c, gen);
+        return;
+    }
     if (c->gate)
         return; /* its first give starts it (atap__sched_kick) */
     if (starts_too_late(s, c, gen))
@@ -525,6 +570,10 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
             finish(s, c, gen);
         return false;
     }
+    /* An at-rate run of a series stopped meanwhile never starts. A stop
+     * that comes after this look reaches the run through its list. */
+    if (c->parent && state_stopped(word_state(ld_acquire(&series_slot(c)->word))))
+        atap__exec_stop(s, gen, ST_PENDING, ST_CANCELLED);
     do {
         if (!may_claim(c, word_state(cur))) { /* ended while queued */
             if (c->parent)
@@ -609,6 +658,11 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
         atap__gate_end(c->gate);
     if (c->kind != ATAP_AT_RATE)
         return false;
+    /* Ended otherwise than by running out (a write-off at shutdown, or with
+     * the manager gone): its runs under way stop too. Before RUN_OWED is
+     * set, while our RUN keeps c. */
+    if ((ld_acquire(&c->inflight) & ~RUN_OWED) != 0 && state_stopped(word_state(ld_acquire(&s->word))))
+        rate_stop_runs(c);
     /* Acq_rel: a run that finished before this saw no RUN_OWED and left
      * the drop to us; what it wrote to the series comes before our free. */
     if (atomic_fetch_or_explicit(&c->inflight, RUN_OWED, memory_order_acq_rel) & ~RUN_OWED)
@@ -845,6 +899,71 @@ int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t pa
     return 0;
 }
 
+
+/* Run c, published PENDING and not yet queued, joins its series' list:
+ * false if the series was stopped (the run must not start). */
+static bool rate_link(struct sched *c, uint32_t gen)
+{
+    struct sched *pc = series_of(c);
+    bool stopped;
+
+    spin_lock(&pc->runs_lock);
+    if (!(stopped = pc->runs_stopped)) {
+        c->run_gen = gen;
+        c->run_prev = NULL;
+        c->run_next = pc->run_list;
+        if (pc->run_list)
+            pc->run_list->run_prev = c;
+        pc->run_list = c;
+        c->linked = true; /* read by run_gone, which the queue orders after */
+    }
+    spin_unlock(&pc->runs_lock);
+    return !stopped;
+}
+
+/* The series pc has been moved to its end state: every run of it under way
+ * is cancelled, and none linked later starts (top comment). Idempotent. */
+#define STOP_BATCH 16
+static void rate_stop_runs(struct sched *pc)
+{
+    struct atap_slot *slot[STOP_BATCH];
+    uint32_t index[STOP_BATCH], gen[STOP_BATCH];
+    unsigned n;
+
+    do {
+        n = 0;
+        spin_lock(&pc->runs_lock);
+        pc->runs_stopped = true;
+        for (struct sched *r = pc->run_list; r && n < STOP_BATCH; r = r->run_next) {
+            if (r->stop_seen)
+                continue;
+            r->stop_seen = true;
+            /* Linked, so its RUN is not dropped yet: the hold lands. */
+            slot[n] = atap__table_at(r->index);
+            if (atap__exec_try_hold(slot[n], r->run_gen)) {
+                index[n] = r->index;
+                gen[n++] = r->run_gen;
+            }
+        }
+        spin_unlock(&pc->runs_lock);
+        for (unsigned k = 0; k < n; k++) {
+            atap__exec_cancel(slot[k], index[k], gen[k]);
+            atap__exec_release_listener(slot[k], index[k], gen[k]);
+        }
+    } while (n == STOP_BATCH);
+}
+
+bool atap__sched_series(struct atap_slot *s, uint32_t *index, uint32_t *gen)
+{
+    struct sched *c = sched_of(s);
+
+    if (!c->parent)
+        return false;
+    *index = c->parent - 1;
+    *gen = c->parent_gen;
+    return true;
+}
+
 /* Ends the series from one of its runs (a failure or a timeout): the
  * pending period is disarmed, and whoever wins that owns the series' RUN. */
 static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint32_t to)
@@ -863,6 +982,7 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
     } while (!cas_acqrel(&p->word, &cur, make_word(pgen, to)));
     if (cur & ST_WAITERS)
         atap__exec_wake(p);
+    rate_stop_runs(pc);
     if (atap__timer_disarm(atap__manager_timers(), &pc->start))
         atap__exec_release_run(p, pc->index, pgen);
     else if (pc->gate) /* back to waiting for a give: its gate holds RUN */
@@ -912,6 +1032,17 @@ static void run_gone(struct atap_slot *s, struct sched *c, uint32_t gen)
     struct atap_slot *p = atap__table_at(pindex);
     struct sched *pc = sched_of(p);
 
+    if (c->linked) {
+        spin_lock(&pc->runs_lock);
+        if (c->run_prev)
+            c->run_prev->run_next = c->run_next;
+        else
+            pc->run_list = c->run_next;
+        if (c->run_next)
+            c->run_next->run_prev = c->run_prev;
+        spin_unlock(&pc->runs_lock);
+        c->linked = false;
+    }
     atap__exec_release_run(s, c->index, gen); /* no handle: this frees s and c */
     if (atomic_fetch_sub_explicit(&pc->inflight, 1, memory_order_acq_rel) == (RUN_OWED | 1))
         atap__exec_release_run(p, pindex, pgen);
@@ -924,7 +1055,10 @@ static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, in
     uint32_t cur = ld_acquire(&s->word);
     bool copied = false;
 
-    if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
+    if (word_state(cur) == ST_CANCELLED) { /* its series stopped (rate_stop_runs) */
+        if (rc == 0)
+            s->filled = 1; /* nobody will read it: dropped at free */
+    } else if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
         if (rc == 0)
             s->filled = 1; /* dropped at free */
         rate_end(p, pc, c->parent_gen, ST_TIMED_OUT);
@@ -965,6 +1099,8 @@ void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     struct sched *c = sched_of(s);
 
+    if (c->kind == ATAP_AT_RATE)
+        rate_stop_runs(c); /* before RUN can go: the caller's hold keeps c */
     /* A pending delay or gap: whoever wins fire-or-disarm owns RUN. */
     if (atap__timer_disarm(atap__manager_timers(), &c->start))
         atap__exec_release_run(s, index, gen);

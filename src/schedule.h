@@ -68,6 +68,9 @@ void atap__sched_run_started(struct atap_slot *p);
 int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
                            uint32_t parent_gen);
 
+/* An at-rate run's series (its handle's index and generation): false for
+ * any other scheduled task. */
+bool atap__sched_series(struct atap_slot *s, uint32_t *index, uint32_t *gen);
 /* The run timeout of a scheduled task. */
 uint64_t atap__sched_timeout(struct atap_slot *s);
 

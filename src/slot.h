@@ -138,6 +138,8 @@ static inline uint32_t refs_gen(uint64_t r) { return (uint32_t)(r >> 32); }
 
 /* Settled: nothing is running or queued for this run. */
 static inline int state_terminal(uint32_t s) { return s >= ST_READY; }
+/* Ended otherwise than with an output: cancelled, failed, timed out. */
+static inline int state_stopped(uint32_t s) { return s >= ST_CANCELLED; }
 
 /* `ext` is read plainly by whoever the slot's protocols make its owner, and
  * by the supervisor's rebuild of the timers (atap__sched_find_timers) from

@@ -887,6 +887,252 @@ static void test_schedule_series_keeps_fail_code(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* ---- what stops an at-rate series stops its runs ------------------------ */
+
+/* An at-rate run that sleeps (a kernel wait) or spins for hold_ns, and
+ * notes what it saw: whether it started after `stopped_at` (when the stop
+ * returned) without seeing atap_cancelled, what its sleep returned. */
+typedef struct rate {
+    atomic_int started, ended, unstopped_late, sleep_ok, saw_cancel;
+    atomic_int self_mismatch, self_cancel_rc, self_join_rc;
+    _Atomic uint64_t stopped_at; /* UINT64_MAX until the stop returned */
+    _Atomic uint64_t self_id;    /* atap_self's, as the first run saw it */
+    uint64_t hold_ns;
+    bool spin;          /* spin on the CPU (hold the worker) instead of sleeping */
+    int cancel_self_at; /* this run (1, 2, ...) cancels the series itself */
+    int fd;             /* rate_parks: parks on this fd */
+} rate;
+
+static void rate_init(rate *r, uint64_t hold_ns, bool spin)
+{
+    memset(r, 0, sizeof *r);
+    atomic_store(&r->stopped_at, UINT64_MAX);
+    r->hold_ns = hold_ns;
+    r->spin = spin;
+    atomic_store(&r->self_cancel_rc, 1);
+    atomic_store(&r->self_join_rc, 1);
+}
+
+static int rate_run(atap_ctx *ctx, void *arg, void *out)
+{
+    rate *r = arg;
+    int i = atomic_fetch_add(&r->started, 1) + 1;
+    uint64_t t0 = now_ns();
+    bool cancelled_at_start = atap_cancelled(ctx);
+    atap_task self = atap_self(ctx);
+
+    uint64_t first = 0;
+    if (!atomic_compare_exchange_strong(&r->self_id, &first, self.id) && first != self.id)
+        atomic_fetch_add(&r->self_mismatch, 1);
+    if (i == 1) /* its own series could only settle once this returns */
+        atomic_store(&r->self_join_rc, atap_join_for(self, &(uint64_t){0}, 8, ATAP_SEC(2)));
+    if (i == r->cancel_self_at) {
+        atomic_store(&r->self_cancel_rc, atap_cancel(self));
+        atomic_store(&r->stopped_at, now_ns());
+    }
+    if (r->spin) {
+        while (now_ns() - t0 < r->hold_ns && !atomic_load(&g_release_all))
+            ;
+    } else if (atap_sleep(r->hold_ns) == 0) {
+        atomic_fetch_add(&r->sleep_ok, 1);
+    }
+    if (atap_cancelled(ctx))
+        atomic_fetch_add(&r->saw_cancel, 1);
+    /* Read last: by now the stop that came before t0, if any, is noted. */
+    if (t0 > atomic_load(&r->stopped_at) && !cancelled_at_start)
+        atomic_fetch_add(&r->unstopped_late, 1);
+    memcpy(out, &(uint64_t){(uint64_t)i}, 8);
+    atomic_fetch_add(&r->ended, 1);
+    return 0;
+}
+
+static atap_task rate_spawn(rate *r, atap_spawn_opts o)
+{
+    o.kind = ATAP_AT_RATE;
+    o.out_size = 8;
+    atap_task t;
+    assert_int_equal(atap_spawn(&t, rate_run, r, &o), 0);
+    return t;
+}
+
+/* Every run's atap_self named the series t. */
+static void rate_check_self(rate *r, atap_task t)
+{
+    assert_int_equal(atomic_load(&r->self_mismatch), 0);
+    assert_true(atomic_load(&r->self_id) == t.id);
+}
+
+/* Every run has ended, and stays so (no run starts late). */
+static bool rate_all_ended(rate *r, uint64_t timeout_ns)
+{
+    uint64_t until = now_ns() + timeout_ns;
+
+    for (;;) {
+        int s = atomic_load(&r->started);
+        if (s == atomic_load(&r->ended)) {
+            sleep_ms(50);
+            if (s == atomic_load(&r->started) && s == atomic_load(&r->ended))
+                return true;
+        }
+        if (now_ns() > until)
+            return false;
+        sleep_ms(2);
+    }
+}
+
+/* A cancel reaches the runs under way: their kernel waits end at once with
+ * ATAP_ECANCELLED and they read atap_cancelled (each run was a slot of its
+ * own, which a cancel of the series never reached: a 30 s sleep ran out). */
+static void test_schedule_at_rate_cancel_reaches_runs(void **state)
+{
+    (void)state;
+    rate r;
+    rate_init(&r, ATAP_SEC(30), false);
+    atap_task t = rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(5)});
+    assert_true(wait_atomic_at_least(&r.started, 3, ATAP_SEC(10)));
+    uint64_t t0 = now_ns();
+    assert_int_equal(atap_cancel(t), 0);
+    atomic_store(&r.stopped_at, now_ns());
+    assert_int_equal(atap_join(t, &(uint64_t){0}, 8), ATAP_ECANCELLED);
+    assert_true(rate_all_ended(&r, ATAP_SEC(10)));
+    assert_true(now_ns() - t0 < ATAP_SEC(10)); /* not the 30 s of a sleep */
+    assert_int_equal(atomic_load(&r.sleep_ok), 0);
+    assert_int_equal(atomic_load(&r.saw_cancel), atomic_load(&r.started));
+    assert_int_equal(atomic_load(&r.unstopped_late), 0);
+    rate_check_self(&r, t);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* With the pool full (runs of 150 ms every 5 ms), the queued runs never
+ * start once the cancel has returned: 12-13 of them used to, up to 230 ms
+ * later. A run that starts after it reads atap_cancelled at once. */
+static void test_schedule_at_rate_cancel_stops_queued_runs(void **state)
+{
+    (void)state;
+    rate r;
+    rate_init(&r, ATAP_MS(150), true);
+    atap_task t = rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(5)});
+    assert_true(wait_atomic_at_least(&r.started, 4, ATAP_SEC(10)));
+    sleep_ms(100); /* the queue fills */
+    assert_int_equal(atap_cancel(t), 0);
+    atomic_store(&r.stopped_at, now_ns());
+    assert_int_equal(atap_join(t, &(uint64_t){0}, 8), ATAP_ECANCELLED);
+    assert_true(rate_all_ended(&r, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&r.unstopped_late), 0);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* atap_self inside a run names the series: a run can end its own series,
+ * and a run's join on it is a task waiting for itself (ATAP_EINVAL), not a
+ * hang. */
+static void test_schedule_at_rate_self_names_the_series(void **state)
+{
+    (void)state;
+    rate r;
+    rate_init(&r, ATAP_MS(1), false);
+    r.cancel_self_at = 3;
+    atap_task t = rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(10)});
+    assert_true(wait_atomic_at_least(&r.started, 3, ATAP_SEC(20)));
+    assert_true(rate_all_ended(&r, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&r.self_cancel_rc), 0);
+    assert_int_equal(atap_join(t, &(uint64_t){0}, 8), ATAP_ECANCELLED);
+    assert_int_equal(atomic_load(&r.self_join_rc), ATAP_EINVAL);
+    rate_check_self(&r, t);
+    assert_true(atomic_load(&r.started) >= 3);
+    assert_int_equal(atomic_load(&r.unstopped_late), 0);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* A run past its timeout ends the series TIMED_OUT, and that stops every
+ * other run under way too. */
+static void test_schedule_at_rate_timeout_stops_every_run(void **state)
+{
+    (void)state;
+    rate r;
+    rate_init(&r, ATAP_SEC(30), false);
+    atap_task t = rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(10),
+                                                   .timeout_ns = ATAP_MS(100)});
+    uint64_t t0 = now_ns();
+    assert_int_equal(atap_join_for(t, &(uint64_t){0}, 8, ATAP_SEC(20)), ATAP_ETIMEDOUT);
+    atomic_store(&r.stopped_at, now_ns());
+    assert_true(rate_all_ended(&r, ATAP_SEC(10)));
+    assert_true(now_ns() - t0 < ATAP_SEC(20));
+    assert_int_equal(atomic_load(&r.sleep_ok), 0);
+    assert_true(atomic_load(&r.started) >= 2);
+    /* Every run was stopped. (The join may read TIMED_OUT a moment before
+     * the stop reaches a run claimed just then: no assertion on when a run
+     * began, unlike after atap_cancel, which returns once they are reached.) */
+    assert_int_equal(atomic_load(&r.saw_cancel), atomic_load(&r.started));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* A run parked on an fd is taken down by a cancel of its series: a cancel
+ * and a release leave nothing live (two slots used to stay until shutdown). */
+static int rate_parks(atap_ctx *ctx, void *arg, void *out)
+{
+    rate *r = arg;
+    (void)out;
+    if (!atap_resumed(ctx))
+        atomic_fetch_add(&r->started, 1);
+    int rc = atap_park_fd(ctx, r->fd, ATAP_READABLE,
+                          ATAP_FOREVER);
+    if (rc != 0) {
+        atomic_fetch_add(&r->self_mismatch, 1);
+        atomic_fetch_add(&r->ended, 1);
+        return rc;
+    }
+    return ATAP_PARKED;
+}
+
+static void test_schedule_at_rate_cancel_takes_down_parked_runs(void **state)
+{
+    (void)state;
+    rate r;
+    int fds[2];
+    atap_task t;
+    rate_init(&r, 0, false);
+    assert_int_equal(pipe(fds), 0);
+    r.fd = fds[0];
+    size_t before = pool_stats().live;
+    assert_int_equal(atap_spawn(&t, rate_parks, &r,
+                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(10), .runs = 2}),
+                     0);
+    assert_true(wait_atomic_at_least(&r.started, 2, ATAP_SEC(10)));
+    assert_true(pool_stats().live >= before + 3); /* the series and its two runs */
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join(t, &(uint64_t){0}, 8), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&r.self_mismatch), 0);
+    close(fds[0]);
+    close(fds[1]);
+}
+
+/* A shutdown writes an at-rate series off, and that stops its runs: their
+ * kernel waits end, and the shutdown does not wait out a 30 s sleep. */
+static void test_schedule_at_rate_shutdown_stops_runs(void **state)
+{
+    (void)state;
+    rate r;
+    rate_init(&r, ATAP_SEC(30), false);
+    atap_task t = rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(10)});
+    assert_true(wait_atomic_at_least(&r.started, 2, ATAP_SEC(10)));
+    uint64_t t0 = now_ns();
+    assert_int_equal(atap_shutdown(), 0);
+    assert_true(now_ns() - t0 < ATAP_SEC(20));
+    assert_int_equal(atomic_load(&r.started), atomic_load(&r.ended));
+    assert_int_equal(atomic_load(&r.sleep_ok), 0);
+    assert_int_equal(atap_join(t, &(uint64_t){0}, 8), ATAP_EFAILED);
+    atap_release(t);
+    assert_int_equal(atap_init(NULL), 0);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 /* A one-shot task with a delay or a timeout is still a one-shot: its
  * output taken, later readers read ATAP_ETAKEN (ATAP_EFINISHED is for a
  * series that ran out). */
@@ -1269,12 +1515,7 @@ static bool acc_scenario(int kind, int stop)
 
     assert_non_null(a);
     a->slow_from = stop == ACC_RUNS ? 1 << 30 : series ? 3 : 0;
-    /* A cancel of an at-rate series does not reach the runs under way (each
-     * in a slot of its own): they run their time out. */
-    a->slow_ns = stop == ACC_RELEASE || stop == ACC_SHUTDOWN ||
-                         (kind == ACC_AT_RATE && stop == ACC_CANCEL)
-                     ? ATAP_MS(300)
-                     : ATAP_SEC(3);
+    a->slow_ns = stop == ACC_RELEASE || stop == ACC_SHUTDOWN ? ATAP_MS(300) : ATAP_SEC(3);
     o.kind = kind == ACC_AT_RATE ? ATAP_AT_RATE : series ? ATAP_REPEAT : ATAP_ONCE;
     o.every_ns = kind == ACC_AT_RATE ? ATAP_MS(10) : series ? ATAP_MS(2) : 0;
     if (stop == ACC_TIMEOUT)
@@ -1391,6 +1632,12 @@ int main(void)
         T(test_schedule_at_rate_fail_code_stays),
         T(test_schedule_at_rate_publish_cancelled_frees_once),
         T(test_schedule_at_rate_written_off_code_stays),
+        T(test_schedule_at_rate_cancel_reaches_runs),
+        T(test_schedule_at_rate_cancel_stops_queued_runs),
+        T(test_schedule_at_rate_self_names_the_series),
+        T(test_schedule_at_rate_timeout_stops_every_run),
+        T(test_schedule_at_rate_cancel_takes_down_parked_runs),
+        T(test_schedule_at_rate_shutdown_stops_runs),
         T(test_schedule_one_shot_taken_reads_taken),
         T(test_schedule_shutdown_writes_off_delays),
         T(test_schedule_manager_gone_fails_repeats),

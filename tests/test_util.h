@@ -532,4 +532,16 @@ static inline void side_call_join(side_call *c)
     c->started = false;
 }
 
+/* ATAP_TEST_FILTER=pattern runs only the tests whose names match (cmocka's
+ * filter: '*' and '?' wildcards), in any file that includes cmocka.h first. */
+#ifdef cmocka_unit_test
+__attribute__((constructor)) static void test_filter_from_env(void)
+{
+    const char *f = getenv("ATAP_TEST_FILTER");
+
+    if (f && *f)
+        cmocka_set_test_filter(f);
+}
+#endif
+
 #endif
