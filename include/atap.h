@@ -405,10 +405,13 @@ ATAP_EXPORT int atap_join(atap_task task, void *out, size_t size);
 /* atap_join, giving up after timeout_ns with ATAP_ENOTREADY. It returns as
  * soon as the task settles. A timeout of 0 is atap_try_join. Inside a task
  * it runs work the awaited task needs only while time is left, so it can
- * return late by one such run at most. */
+ * return late by one such run at most. Returns as atap_join, and
+ * ATAP_ENOTREADY. Blocks: up to timeout_ns. Threads: any. */
 ATAP_EXPORT int atap_join_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
 
-/* atap_join without waiting: ATAP_ENOTREADY if not settled yet. */
+/* atap_join without waiting: returns as atap_join, or ATAP_ENOTREADY if
+ * the task has not settled yet (never ATAP_ELIMIT).
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_try_join(atap_task task, void *out, size_t size);
 
 /*
@@ -419,10 +422,14 @@ ATAP_EXPORT int atap_try_join(atap_task task, void *out, size_t size);
  */
 ATAP_EXPORT int atap_take(atap_task task, void *out, size_t size);
 
-/* atap_take with a timeout; giving up (ATAP_ENOTREADY) leaves the output. */
+/* atap_take with a timeout; giving up (ATAP_ENOTREADY) leaves the output.
+ * Returns as atap_take, and ATAP_ENOTREADY. Blocks: up to timeout_ns.
+ * Threads: any. */
 ATAP_EXPORT int atap_take_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
 
-/* atap_take without waiting: ATAP_ENOTREADY if not settled yet. */
+/* atap_take without waiting: returns as atap_take, or ATAP_ENOTREADY if
+ * the task has not settled yet (never ATAP_ELIMIT).
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_try_take(atap_task task, void *out, size_t size);
 
 /*
@@ -483,8 +490,10 @@ ATAP_EXPORT void atap_release(atap_task task);
  */
 ATAP_EXPORT int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size);
 
-/* Inside a task: true once the task has been cancelled, so long loops can
- * stop early. False for NULL. Blocks: no. */
+/* Inside a task: true once the task has been cancelled or has passed its
+ * run timeout (for an at-rate run: once its series was stopped), so long
+ * loops can stop early. False for NULL and inside atap_block.
+ * Blocks: no. Threads: the task's own. */
 ATAP_EXPORT bool atap_cancelled(atap_ctx *ctx);
 
 /* Inside a task: its own handle (not a new listener: do not release it);
@@ -544,7 +553,7 @@ ATAP_EXPORT int atap_give(atap_task task, const void *value, size_t size);
  * Inside a run of a waiting task: the value this run was handed, and its
  * size in *size (may be NULL). Valid until the run returns. NULL (size 0)
  * for a task that waits for nothing, and outside a task.
- * Blocks: no.
+ * Blocks: no. Threads: the task's own.
  */
 ATAP_EXPORT const void *atap_input(atap_ctx *ctx, size_t *size);
 
@@ -571,6 +580,8 @@ ATAP_EXPORT int atap_receive_all(atap_task *task, atap_fn *fn, void *arg, const 
  * owed one) on its own: the members' out_size must all be the same, and it
  * is the task's in_size. Outputs don't queue: the newest wins. The task
  * finishes when no member can publish again.
+ * Returns as atap_receive_all, and ATAP_EINVAL when the members' out_size
+ * differ. Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *from,
                                  size_t n, const atap_spawn_opts *opts);
@@ -801,14 +812,21 @@ ATAP_EXPORT int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise,
  */
 typedef struct atap_chan atap_chan;
 
-/* Opens a channel; capacity 0: unbounded. Returns 0 and *chan; ATAP_EINVAL
- * for NULL chan or elem_size 0 (or above 4 GiB - 1); -ENOMEM. */
+/* Opens a channel; capacity 0: unbounded. A channel needs no runtime until
+ * a send or receive task is spawned on it, so it may be opened before
+ * atap_init (and outlive a shutdown). Returns 0 and *chan; ATAP_EINVAL for
+ * NULL chan, elem_size 0 (or above 4 GiB - 1) or a capacity whose ring
+ * would not fit in memory; -ENOMEM. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_chan_open(atap_chan **chan, size_t elem_size, size_t capacity,
                                void (*elem_free)(void *value));
-/* One more sender / receiver end. 0 or ATAP_EINVAL. */
+/* One more sender / receiver end. Returns 0; ATAP_EINVAL for NULL chan or
+ * a count at its limit (SIZE_MAX). Blocks: no (a short lock). Threads: any. */
 ATAP_EXPORT int atap_chan_add_sender(atap_chan *chan);
 ATAP_EXPORT int atap_chan_add_receiver(atap_chan *chan);
-/* Lets go of one sender / receiver end (see above). NULL is ignored. */
+/* Lets go of one sender / receiver end: the last sender's close lets the
+ * receivers drain and then read ATAP_ECLOSED, the last receiver's drops
+ * what is queued (elem_free on each, on the calling thread, after the
+ * channel's lock). NULL is ignored. Blocks: no. Threads: any. */
 ATAP_EXPORT void atap_chan_close_sender(atap_chan *chan);
 ATAP_EXPORT void atap_chan_close_receiver(atap_chan *chan);
 
@@ -817,25 +835,33 @@ ATAP_EXPORT void atap_chan_close_receiver(atap_chan *chan);
  * Returns 0; ATAP_ECLOSED when no receiver is left (elem_free is then
  * called on value); ATAP_ENOTREADY when a bounded channel is full (the
  * value stays the caller's: atap_chan_spawn_send waits for room);
- * ATAP_EINVAL; -ENOMEM. Blocks: no.
+ * ATAP_EINVAL for NULL chan or value; -ENOMEM (the value stays the
+ * caller's). Blocks: no (a short lock). Threads: any.
  */
 ATAP_EXPORT int atap_chan_send(atap_chan *chan, const void *value);
 
 /* Spawns a task that sends a copy of value, parking while the channel is
- * full; no output. It ends ATAP_ECLOSED (the value dropped) if every
- * receiver goes first. opts: kind ONCE, no out_size, arg_free, out_free,
- * gives or in_free; priority, timeout_ns and after_ns apply. Returns as
- * atap_spawn (on failure the value stays the caller's). */
+ * full; no output. It ends ATAP_ECLOSED if every receiver goes first. A
+ * copy that was never sent (the task ended ATAP_ECLOSED, was cancelled,
+ * timed out or failed before its send) goes to elem_free once, when the
+ * task's argument is let go: as the task ends if it has no handle left,
+ * else at the release of its last handle. opts: kind ONCE, no out_size,
+ * arg_free, out_free, gives or in_free; priority, timeout_ns and after_ns
+ * apply. Returns as atap_spawn, and ATAP_EINVAL for NULL chan or value or
+ * options outside those (on failure the value stays the caller's).
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_chan_spawn_send(atap_task *task, atap_chan *chan, const void *value,
                                      const atap_spawn_opts *opts);
 
 /* Spawns a task that receives the next value (its output, elem_size bytes),
  * parking until one comes; it ends ATAP_ECLOSED once the channel is drained
  * and no sender is left. opts as atap_chan_spawn_send (out_size 0 or
- * elem_size). Returns as atap_spawn. */
+ * elem_size). Returns as atap_spawn, and ATAP_EINVAL for NULL chan or
+ * options outside those. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_chan_spawn_recv(atap_task *task, atap_chan *chan, const atap_spawn_opts *opts);
 
-/* Values queued now (a snapshot). */
+/* Values queued now (a snapshot); 0 for NULL. Blocks: no (a short lock).
+ * Threads: any. */
 ATAP_EXPORT size_t atap_chan_len(atap_chan *chan);
 
 #ifdef ATAP_FAULT_INJECTION

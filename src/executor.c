@@ -295,7 +295,7 @@ static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_
 {
     uint8_t flags = o->blocking ? SF_BLOCKING : 0;
 
-    if (o->out_size > INLINE_OUT) {
+    if (!slot_out_inline(o->out_size)) {
         if (!(s->out.heap = malloc(o->out_size)))
             return -ENOMEM;
         flags |= SF_OUT_HEAP;
@@ -374,7 +374,7 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
 static inline bool quick(const atap_spawn_opts *o)
 {
     return plain(o) && (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking) == 0 &&
-           o->out_size <= INLINE_OUT && o->priority >= ATAP_PRIORITY_MIN &&
+           slot_out_inline(o->out_size) && o->priority >= ATAP_PRIORITY_MIN &&
            o->priority <= ATAP_PRIORITY_MAX;
 }
 

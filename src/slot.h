@@ -118,6 +118,22 @@ static inline int slot_park_tail(const struct atap_slot *s)
 
 #define INLINE_OUT (SLOT_SIZE - 72)
 
+/*
+ * Inline outputs are aligned for any type of their size. out.bytes is at
+ * offset 72 of a 120-byte slot: 16-aligned on every other slot, 8 mod 16
+ * on the rest. A type's alignment divides its size, so only an output
+ * whose size is a multiple of 16 may need more than 8: on those slots it
+ * starts 8 bytes in (slot_out), and one of INLINE_OUT bytes, which would
+ * not fit so, lives on the heap instead (slot_out_inline).
+ */
+_Static_assert(_Alignof(max_align_t) <= 16, "inline outputs align to at most 16");
+_Static_assert(INLINE_OUT % 16 == 0, "the one size that does not fit shifted is INLINE_OUT");
+
+static inline int slot_out_inline(size_t n)
+{
+    return n < INLINE_OUT;
+}
+
 /* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ELIMIT as 1 .. 14.
  * Not ATAP_ENOTREADY: a reader given it would take the task for unsettled
  * (a join would wait for a run that never comes), so it reads EFAILED. */
@@ -159,7 +175,11 @@ static inline void *slot_out(struct atap_slot *s)
 {
     if (s->out_size == 0)
         return NULL;
-    return (s->flags & SF_OUT_HEAP) ? s->out.heap : (void *)s->out.bytes;
+    if (s->flags & SF_OUT_HEAP)
+        return s->out.heap;
+    /* 8 more on a slot whose output area is 8 mod 16, for a size that is
+     * a multiple of 16 (see slot_out_inline). */
+    return (void *)(s->out.bytes + ((s->out_size & 15) == 0 ? ((uintptr_t)s->out.bytes & 8) : 0));
 }
 
 static inline atap_task make_task(uint32_t index, uint32_t gen)

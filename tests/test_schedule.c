@@ -174,21 +174,21 @@ static void test_schedule_timeout_survives_manager_restart(void **state)
 
 /* Every wait comes back after a restart, rebuilt from the task table: the
  * new manager's structure holds what the table's schedules show armed
- * (atap__manager_refiled counts them), and only that. 100 delays 300 ms and
- * more away, 16 repeats with 40 ms gaps and 24 run timeouts 150 ms and more
+ * (atap__manager_refiled counts them), and only that. 100 delays 2 s and
+ * more away, 16 repeats with 40 ms gaps and 12 run timeouts 1 s and more
  * away are all armed when two faults strike; each delay then runs once and
  * never early, each gap is at least 40 ms, each run times out, never early. */
 static void test_schedule_restart_rebuilds_waits(void **state)
 {
     (void)state;
-    enum { ND = 100, NR = 16, NT = 24 };
+    enum { ND = 100, NR = 16, NT = 12 }; /* NT: within the blocking threads of one core */
     log *ld[ND], *lr[NR], *lt = log_new(ATAP_SEC(5));
     atap_task d[ND], r[NR], t[NT];
     uint64_t t0 = now_ns(), v;
 
     for (int i = 0; i < ND; i++) {
         ld[i] = log_new(0);
-        d[i] = spawn_logged(ld[i], (atap_spawn_opts){.after_ns = ATAP_MS(300) + (uint64_t)i * ATAP_MS(2)});
+        d[i] = spawn_logged(ld[i], (atap_spawn_opts){.after_ns = ATAP_SEC(2) + (uint64_t)i * ATAP_MS(2)});
     }
     for (int i = 0; i < NR; i++) {
         lr[i] = log_new(ATAP_MS(1));
@@ -196,14 +196,20 @@ static void test_schedule_restart_rebuilds_waits(void **state)
                                                      .runs = 6});
     }
     for (int i = 0; i < NT; i++)
-        t[i] = spawn_logged(lt, (atap_spawn_opts){.timeout_ns = ATAP_MS(150) + (uint64_t)i * ATAP_MS(3),
+        t[i] = spawn_logged(lt, (atap_spawn_opts){.timeout_ns = ATAP_SEC(1) + (uint64_t)i * ATAP_MS(3),
                                                   .blocking = true});
+    /* Every timeout is armed once its run has started. */
+    assert_true(wait_atomic_at_least(&lt->runs, NT, ATAP_SEC(10)));
+    sleep_us(50000); /* and taken in by the manager (one still in its inbox is not refiled) */
     unsigned restarts0 = atap__manager_restarts();
-    sleep_us(20000);
     atap_inject_manager_faults(2);
     assert_true(wait_restarts(restarts0 + 2, ATAP_SEC(10)));
     assert_int_equal(atap__manager_restarts(), restarts0 + 2);
-    assert_true(now_ns() < t0 + ATAP_MS(150)); /* else the figures below mean little */
+    if (now_ns() >= t0 + ATAP_SEC(1)) { /* a stalled machine: the figures below mean little */
+        print_message("the restarts came %llu ms after the spawns\n",
+                      (unsigned long long)((now_ns() - t0) / 1000000));
+        skip();
+    }
     size_t refiled = atap__manager_refiled();
     if (refiled < ND + NT)
         fail_msg("the rebuild filed %zu records, wanted the %d delays and %d timeouts at least",
@@ -211,7 +217,7 @@ static void test_schedule_restart_rebuilds_waits(void **state)
     for (int i = 0; i < ND; i++) {
         assert_int_equal(atap_join_for(d[i], &v, 8, ATAP_SEC(10)), 0);
         assert_int_equal(atomic_load(&ld[i]->runs), 1);
-        assert_true(atomic_load(&ld[i]->start[0]) >= t0 + ATAP_MS(300) + (uint64_t)i * ATAP_MS(2));
+        assert_true(atomic_load(&ld[i]->start[0]) >= t0 + ATAP_SEC(2) + (uint64_t)i * ATAP_MS(2));
         atap_release(d[i]);
     }
     for (int i = 0; i < NT; i++) {
@@ -286,9 +292,12 @@ static void test_schedule_deadline_stops_the_series(void **state)
             o.until_ns = atap_now() + ATAP_MS(200);
         atap_task t = spawn_logged(l, o);
         assert_true(wait_finished(t, ATAP_SEC(10)));
-        assert_int_equal(atomic_load(&l->runs), 2);
-        assert_true(join8(t) == 2);
-        for (int i = 0; i < 2; i++) /* until: from t0; for: from the first start */
+        /* Two runs fit (0 and about 150 ms), a third would start past the
+         * deadline. A stalled machine may push the second past it too. */
+        int runs = atomic_load(&l->runs);
+        assert_true(runs == 1 || runs == 2);
+        assert_true(join8(t) == (uint64_t)runs);
+        for (int i = 0; i < runs; i++) /* until: from t0; for: from the first start */
             assert_true(atomic_load(&l->start[i]) <=
                         (k == 0 ? atomic_load(&l->start[0]) : t0) + ATAP_MS(200));
         atap_release(t);
@@ -440,7 +449,8 @@ static void test_schedule_count_or_deadline(void **state)
     while ((!atap_finished(ta) || !atap_finished(tb)) && now_ns() < end)
         sleep_us(1000);
     assert_int_equal(atomic_load(&a->runs), 3);
-    assert_true(atomic_load(&b->runs) >= 2 && atomic_load(&b->runs) <= 4);
+    /* 50 ms hold 3 starts 20 ms apart (fewer on a stalled machine). */
+    assert_true(atomic_load(&b->runs) >= 1 && atomic_load(&b->runs) <= 3);
     atap_release(ta);
     atap_release(tb);
     free(a);
@@ -586,12 +596,12 @@ static void test_schedule_at_rate_skips_missed_periods(void **state)
     sleep_us(50000);
     atap_inject_manager_faults(3); /* down for 10 + 20 + 30 ms of backoff at least */
     sleep_us(250000);
+    assert_true(wait_atomic_at_least(&f.started, 2, ATAP_SEC(10))); /* a loaded machine */
     assert_int_equal(atap_cancel(t), 0);
     uint64_t periods = (now_ns() - t0) / ATAP_MS(20) + 1;
     int started = atomic_load(&f.started);
     if ((uint64_t)started > periods)
         fail_msg("%d runs started in %llu periods", started, (unsigned long long)periods);
-    assert_true(started >= 2);
     /* Made-up periods would start back to back once the manager is back
      * (3 or more at once). Skipped ones leave at most two close together:
      * the overdue period, fired late, and the next one on the grid. */
@@ -1054,17 +1064,18 @@ static void test_schedule_at_rate_timeout_stops_every_run(void **state)
     rate r;
     rate_init(&r, ATAP_SEC(30), false);
     atap_task t = rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(10),
-                                                   .timeout_ns = ATAP_MS(100)});
+                                                   .timeout_ns = ATAP_MS(300)});
     uint64_t t0 = now_ns();
     assert_int_equal(atap_join_for(t, &(uint64_t){0}, 8, ATAP_SEC(20)), ATAP_ETIMEDOUT);
     atomic_store(&r.stopped_at, now_ns());
     assert_true(rate_all_ended(&r, ATAP_SEC(10)));
     assert_true(now_ns() - t0 < ATAP_SEC(20));
     assert_int_equal(atomic_load(&r.sleep_ok), 0);
-    assert_true(atomic_load(&r.started) >= 2);
-    /* Every run was stopped. (The join may read TIMED_OUT a moment before
-     * the stop reaches a run claimed just then: no assertion on when a run
-     * began, unlike after atap_cancel, which returns once they are reached.) */
+    /* Every run was stopped: about 30 start before the first times out (on
+     * a stalled machine maybe only that one). The join may read TIMED_OUT
+     * a moment before the stop reaches a run claimed just then: so no
+     * assertion on when a run began, unlike after atap_cancel, which
+     * returns once its runs are reached. */
     assert_int_equal(atomic_load(&r.saw_cancel), atomic_load(&r.started));
     atap_release(t);
     assert_true(wait_live_back(ATAP_SEC(10)));

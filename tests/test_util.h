@@ -412,6 +412,22 @@ static inline bool wait_manager(bool alive, uint64_t timeout_ns)
     return false;
 }
 
+#ifdef ATAP_MANAGER_H
+/* Waits until the supervisor has given up on the manager for good (not just
+ * a manager down between restarts); false on timeout. */
+static inline bool wait_manager_gone(uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+
+    while (!atap__manager_gone()) {
+        if (now_ns() > end)
+            return false;
+        sleep_us(1000);
+    }
+    return true;
+}
+#endif
+
 /* Polls atap_finished until it is true; true if it got there in time. */
 static inline bool wait_finished(atap_task t, uint64_t timeout_ns)
 {
