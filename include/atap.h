@@ -261,6 +261,25 @@ struct atap_pool_stats {
  */
 ATAP_EXPORT int atap_pool_stats(struct atap_pool_stats *stats);
 
+/*
+ * Writes the pool's stats as one line, for a log, like snprintf: at most
+ * n bytes including the terminating NUL (the line is cut short to fit),
+ * and returns the length the whole line has, without the NUL, so a return
+ * >= n means it was cut. buf may be NULL when n is 0 (to ask the length).
+ * stats: a snapshot taken earlier with atap_pool_stats, so the line shows
+ * the numbers the caller looked at; NULL takes one now. The line is
+ * "name=value" pairs, one per field of struct atap_pool_stats, named as
+ * the fields and in their order, separated by single spaces, no newline:
+ *
+ *     workers=4 busy=1 blocking_threads=0 blocking_busy=0 queued=0 live=3
+ *     slots=64 peak_slots=64 peak_workers=4 deaths=0 completed=120
+ *     waiting=0 ceiling=1024 stalls=0          (one line, wrapped here)
+ *
+ * New fields are added at the end. Works whether or not the runtime runs.
+ * Returns the length (>= 0); ATAP_EINVAL for a NULL buf with n > 0.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats);
 
 /*
  * Gives the pages behind the table's unused top back to the kernel
@@ -304,13 +323,21 @@ typedef struct atap_ctx atap_ctx;
 typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
 
 typedef enum atap_state {
-    ATAP_PENDING = 1,   /* waiting to be claimed by a worker */
-    ATAP_RUNNING = 2,   /* running now */
+    ATAP_PENDING = 1,   /* waiting to be claimed by a worker (or for its
+                           start delay) */
+    ATAP_RUNNING = 2,   /* running now (a kernel wait, atap_sleep or
+                           atap_wait_fd, holds its thread: RUNNING) */
     ATAP_READY = 3,     /* output written and readable */
     ATAP_TAKEN = 4,     /* output moved out by a take */
     ATAP_CANCELLED = 5, /* cancelled; no output will be published */
     ATAP_FAILED = 6,    /* failed, or no task behind the handle */
     ATAP_TIMED_OUT = 7, /* a run passed its timeout */
+    ATAP_WAITING = 8,   /* holds no thread until something comes: parked
+                           (atap_park_*, or a built-in task such as a sleep
+                           or a channel's receive, waiting for its event),
+                           or waiting for a give (atap_spawn_waiting, a
+                           receiver) with no run under way and no output
+                           standing. Only atap_state_of reports it */
 } atap_state;
 
 #define ATAP_PRIORITY_MIN (-128)
@@ -507,8 +534,12 @@ ATAP_EXPORT int atap_wait(atap_task task, atap_state *state);
  */
 ATAP_EXPORT int atap_cancel(atap_task task);
 
-/* The task's state now; ATAP_FAILED for a handle with no task.
- * Blocks: no. Threads: any. */
+/* The task's state now (a snapshot: it may change as it returns);
+ * ATAP_FAILED for a handle with no task. A task that is neither queued nor
+ * running, because it waits for an event (a park) or for a give, reads
+ * ATAP_WAITING, not ATAP_RUNNING or ATAP_PENDING; one waiting for a give
+ * with an output standing from its last run reads ATAP_READY (or TAKEN),
+ * as before. Blocks: no. Threads: any. */
 ATAP_EXPORT atap_state atap_state_of(atap_task task);
 
 /* True when the task has settled and will not run again (also for a handle

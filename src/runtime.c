@@ -51,6 +51,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -342,6 +343,27 @@ int atap_pool_stats(struct atap_pool_stats *stats)
     stats->slots = atap__table_span();
     stats->peak_slots = atap__table_peak();
     return 0;
+}
+
+int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats)
+{
+    struct atap_pool_stats now;
+    const struct atap_pool_stats *st = stats;
+
+    if (!buf && n > 0)
+        return ATAP_EINVAL;
+    if (!st) {
+        atap_pool_stats(&now);
+        st = &now;
+    }
+    return snprintf(buf, n,
+                    "workers=%zu busy=%zu blocking_threads=%zu blocking_busy=%zu queued=%zu "
+                    "live=%zu slots=%zu peak_slots=%zu peak_workers=%zu deaths=%llu "
+                    "completed=%llu waiting=%zu ceiling=%zu stalls=%llu",
+                    st->workers, st->busy, st->blocking_threads, st->blocking_busy, st->queued,
+                    st->live, st->slots, st->peak_slots, st->peak_workers,
+                    (unsigned long long)st->deaths, (unsigned long long)st->completed,
+                    st->waiting, st->ceiling, (unsigned long long)st->stalls);
 }
 
 int atap_trim(size_t *released)
