@@ -42,7 +42,10 @@
  * and the process's thread limit: thread_ceiling); the idle worker that
  * idled longest goes after 500 ms (50 ms above the target), never below
  * the floor. Blocking threads stop on their
- * own after 500 ms idle, with no floor. The live counts (nlive, blive) are
+ * own after 500 ms idle, with no floor, and number at most the cap. The
+ * floor (the workers started at init), the target and the cap come from
+ * atap_config or the environment (runtime.c), else from the CPUs the
+ * process may run on (cpus.c), never the machine's core count. The live counts (nlive, blive) are
  * the truth, changed under the pool lock: a thread told to go is counted
  * out by whoever decides it (reap, a blocking thread timing out) and marked
  * `uncounted`, so neither its exit nor its death counts it out again, and a
