@@ -223,7 +223,8 @@ ATAP_EXPORT bool atap_initialised(void);
 
 /* Named like stat(): struct atap_status and the call atap_status(). */
 struct atap_status {
-    bool initialised;   /* atap_init has completed and no shutdown begun */
+    bool initialised;   /* atap_init has completed and the last user's
+                           shutdown not begun */
     bool shutting_down; /* a shutdown is draining the pool */
     bool manager_alive; /* the manager thread (time, pool policy) is running */
     bool healthy;       /* initialised, manager alive, workers alive */
