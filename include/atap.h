@@ -216,9 +216,8 @@ ATAP_EXPORT int atap_init(const atap_config *config);
 ATAP_EXPORT int atap_shutdown(void);
 
 /* True while the runtime is running (init done, its last user's shutdown
- * not begun). False
- * in the child of a fork until the child's own atap_init (see atap_init).
- * Blocks: no. Threads: any. */
+ * not begun). False in the child of a fork until the child's own
+ * atap_init (see atap_init). Blocks: no. Threads: any. */
 ATAP_EXPORT bool atap_initialised(void);
 
 /* Named like stat(): struct atap_status and the call atap_status(). */
