@@ -495,8 +495,9 @@ int main(int argc, char **argv) {
     }
     uint64_t ns = now_ns() - t0;
 
-    /* threads= reports the workers that actually ran (libatap has no knob
-     * for BENCH_THREADS: it starts one worker per online core). */
+    /* threads= reports the workers that actually ran (this bench starts the
+     * default pool, one worker per CPU the process may run on; it does not
+     * pass BENCH_THREADS on as atap_config.workers). */
     struct atap_pool_stats st;
     must(atap_pool_stats(&st), "atap_pool_stats");
     if ((int)st.peak_workers != bench_threads()) {

@@ -67,7 +67,7 @@ extern "C" {
 
 enum {
     ATAP_ENOTINIT = -10001,  /* no runtime is running */
-    ATAP_EALREADY = -10002,  /* atap_init while running; nothing changed */
+    ATAP_EALREADY = -10002,  /* kept for old code: atap_init now counts users */
     ATAP_ENOTREADY = -10003, /* not settled yet; or a timed wait ran out */
     ATAP_ETAKEN = -10004,    /* the output was moved out by a take */
     ATAP_EFINISHED = -10005, /* a bounded series ran out / no more gives */
@@ -101,30 +101,86 @@ ATAP_EXPORT const char *atap_version_string(void);
 /* Runtime                                                                 */
 /* ---------------------------------------------------------------------- */
 
+/* The most worker threads, and again the most blocking threads, a pool can
+ * have: the upper bound of atap_config.workers, .blocking_threads and of
+ * ATAP_WORKERS, ATAP_BLOCKING_THREADS. */
+#define ATAP_THREADS_MAX 1024
+
+/*
+ * How the runtime starts. Zero it and set what you need; every field's 0
+ * is its default:
+ *
+ *     atap_config cfg = {.size = sizeof cfg, .workers = 2};
+ *
+ * "CPUs" below are the CPUs this process may run on, not the machine's
+ * cores: on Linux the affinity mask (taskset, cpusets) and, where there is
+ * one, the cgroup v2 CPU quota (cpu.max of the process's cgroup or one
+ * above it, rounded up: 1.5 CPUs counts 2), whichever is smaller.
+ * Elsewhere the online CPUs.
+ *
+ * Threads. The pool starts `workers` workers (its base count) and never
+ * goes below it. It grows past it only while workers are blocked (in a
+ * wait inside a task, or stuck in a call of their own) and work waits: up
+ * to workers_per_core a CPU (its target), past that only under overload,
+ * never past atap_pool_stats' ceiling. Blocking threads start on demand
+ * and stop when idle: at most `blocking_threads`.
+ *
+ * The environment. ATAP_WORKERS and ATAP_BLOCKING_THREADS set `workers`
+ * and `blocking_threads` for a program that does not: the config wins.
+ * Each is read (getenv) by the atap_init that starts the runtime, and only
+ * when the config leaves its field at 0. Unset or empty: no say. Otherwise
+ * decimal digits only, 0 (the default) to ATAP_THREADS_MAX; anything else
+ * (a sign, blanks, a suffix, a larger number) makes that atap_init fail
+ * with ATAP_EINVAL, so a typo is seen rather than ignored.
+ */
 typedef struct atap_config {
-    size_t size;                /* sizeof(atap_config); 0 is taken as current */
-    unsigned workers_per_core;  /* pool target per core; 0: default 4 */
-    unsigned blocking_per_core; /* blocking threads per core; 0: default 8 */
+    size_t size;                /* sizeof(atap_config); 0 is taken as current.
+                                   A smaller size (a caller built against an
+                                   older atap.h) leaves the later fields 0 */
+    unsigned workers_per_core;  /* pool target per CPU; 0: default 4 */
+    unsigned blocking_per_core; /* blocking threads per CPU when
+                                   blocking_threads is 0; 0: default 8 */
     size_t worker_stack;        /* bytes; 0: default 8 MiB; else >= 16 KiB */
+    unsigned workers;           /* the base count of workers, 1 to
+                                   ATAP_THREADS_MAX; 0: ATAP_WORKERS if set,
+                                   else one per CPU */
+    unsigned blocking_threads;  /* the most blocking threads, 1 to
+                                   ATAP_THREADS_MAX; 0: ATAP_BLOCKING_THREADS
+                                   if set, else blocking_per_core a CPU */
 } atap_config;
 
 /*
- * Starts the runtime: the worker pool (one worker per online core) and its
- * bookkeeping. config may be NULL for the defaults.
- * Returns 0; ATAP_EALREADY if it is running (nothing changes);
- * ATAP_EINVAL for a config whose size is larger than this library knows
- * with unknown bytes set, or a worker_stack below 16 KiB; -errno when a
- * thread cannot be started (the runtime is then left stopped); ATAP_EINVAL
- * while a shutdown is under way that waits for the calling thread: a task,
- * or an arg_free / out_free that the runtime's own threads or that
- * shutdown call runs.
- * If a shutdown is in progress it is waited out first.
- * Blocks: briefly. Threads: any thread that is not a worker of this runtime.
+ * Starts the runtime, or counts one more user of the one running.
+ * config may be NULL for the defaults (atap_config says what they are).
+ *
+ * Several users. A program may hold several users of libatap (a library
+ * and the application, say), each pairing its own atap_init with one
+ * atap_shutdown, as curl_global_init counts. The atap_init that finds no
+ * runtime starts one with its config; while it runs, every other atap_init
+ * returns 0 and counts one more user, and the running config stands: the
+ * later one's is checked (ATAP_EINVAL as below, nothing counted) but not
+ * applied, and the environment is not read again. The runtime stops at the
+ * atap_shutdown that lets its last user go. An atap_init that finds a
+ * shutdown under way waits for it, then starts the runtime afresh.
+ *
+ * Returns 0 (started, or counted); ATAP_EINVAL for a config whose size is
+ * larger than this library knows with unknown bytes set, a worker_stack
+ * below 16 KiB, workers or blocking_threads above ATAP_THREADS_MAX, or, at
+ * the start, a malformed ATAP_WORKERS / ATAP_BLOCKING_THREADS (see
+ * atap_config); -errno when a thread cannot be started (the runtime is
+ * then left stopped, no user counted); ATAP_EINVAL while a shutdown is
+ * under way that waits for the calling thread: a task, or an arg_free /
+ * out_free that the runtime's own threads or that shutdown call runs;
+ * -EOVERFLOW past a billion users. It no longer returns ATAP_EALREADY.
+ * Blocks: briefly; while a shutdown is under way, until it is done.
+ * Threads: any, a task included while the runtime runs (it counts a user
+ * like any other caller).
  *
  * fork(): no thread of the runtime comes along into the child, and the
- * child's runtime reads stopped (atap_initialised false, spawns
- * ATAP_ENOTINIT, atap_shutdown returns 0 at once). After fork, the child
- * may call atap_init; the tasks, handles and channels of the parent are not
+ * child's runtime reads stopped, with no users (atap_initialised false,
+ * spawns ATAP_ENOTINIT, atap_shutdown returns 0 at once). After fork, the
+ * child may call atap_init, which starts its own runtime as its first user;
+ * the tasks, handles and channels of the parent are not
  * carried over: a handle from before the fork reads ATAP_ENOTASK (no wait
  * hangs on it), and no arg_free / out_free of the parent's tasks runs in the
  * child. The fds the parent's runtime owns are closed in the child, never
@@ -138,28 +194,36 @@ typedef struct atap_config {
 ATAP_EXPORT int atap_init(const atap_config *config);
 
 /*
- * Stops the runtime: new spawns fail with ATAP_ENOTINIT, queued work still
- * runs, running tasks finish, then every thread the runtime started is
- * joined. Safe to call twice, and concurrently (the second caller waits for
- * the first). Handles stay valid: their outputs can be read after it, and
- * after a later atap_init. It never returns while a task never ends.
- * Returns 0, also at once when no runtime runs (never started, already
- * stopped, or in the child of a fork: see atap_init); ATAP_EINVAL when it
- * would wait for the calling thread: inside
- * a task, or from an arg_free / out_free run by the runtime's own threads
- * (the manager's, a worker's) or by a shutdown under way on this thread.
- * Blocks: yes. Threads: any non-worker thread.
+ * Lets one user go (see atap_init). While other users remain, that is all:
+ * the runtime runs on, and this returns 0 at once, from any thread, a task
+ * included. The shutdown that lets the last user go stops the runtime: new
+ * spawns fail with ATAP_ENOTINIT, queued work still runs, running tasks
+ * finish, then every thread the runtime started is joined. Handles stay
+ * valid: their outputs can be read after it, and after a later atap_init.
+ * It never returns while a task never ends.
+ * A call with no user left to let go changes nothing and returns 0: when no
+ * runtime runs (never started, already stopped, or in the child of a fork:
+ * see atap_init), or, after waiting for it, while the last user's shutdown
+ * is under way on another thread. Calling it more often than atap_init
+ * lets go of another user's count: pair them.
+ * Returns 0; ATAP_EINVAL (nothing changed) when it would stop the runtime
+ * and so wait for the calling thread: inside a task, or from an arg_free /
+ * out_free run by the runtime's own threads (the manager's, a worker's) or
+ * by a shutdown under way on this thread.
+ * Blocks: yes, when it stops the runtime. Threads: any; the last user's
+ * shutdown from outside the runtime's threads.
  */
 ATAP_EXPORT int atap_shutdown(void);
 
-/* True while the runtime is running (init done, no shutdown begun). False
- * in the child of a fork until the child's own atap_init (see atap_init).
- * Blocks: no. Threads: any. */
+/* True while the runtime is running (init done, its last user's shutdown
+ * not begun). False in the child of a fork until the child's own
+ * atap_init (see atap_init). Blocks: no. Threads: any. */
 ATAP_EXPORT bool atap_initialised(void);
 
 /* Named like stat(): struct atap_status and the call atap_status(). */
 struct atap_status {
-    bool initialised;   /* atap_init has completed and no shutdown begun */
+    bool initialised;   /* atap_init has completed and the last user's
+                           shutdown not begun */
     bool shutting_down; /* a shutdown is draining the pool */
     bool manager_alive; /* the manager thread (time, pool policy) is running */
     bool healthy;       /* initialised, manager alive, workers alive */
@@ -196,6 +260,26 @@ struct atap_pool_stats {
  * Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_pool_stats(struct atap_pool_stats *stats);
+
+/*
+ * Writes the pool's stats as one line, for a log, like snprintf: at most
+ * n bytes including the terminating NUL (the line is cut short to fit),
+ * and returns the length the whole line has, without the NUL, so a return
+ * >= n means it was cut. buf may be NULL when n is 0 (to ask the length).
+ * stats: a snapshot taken earlier with atap_pool_stats, so the line shows
+ * the numbers the caller looked at; NULL takes one now. The line is
+ * "name=value" pairs, one per field of struct atap_pool_stats, named as
+ * the fields and in their order, separated by single spaces, no newline:
+ *
+ *     workers=4 busy=1 blocking_threads=0 blocking_busy=0 queued=0 live=3
+ *     slots=64 peak_slots=64 peak_workers=4 deaths=0 completed=120
+ *     waiting=0 ceiling=1024 stalls=0          (one line, wrapped here)
+ *
+ * New fields are added at the end. Works whether or not the runtime runs.
+ * Returns the length (>= 0); ATAP_EINVAL for a NULL buf with n > 0.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats);
 
 /*
  * Gives the pages behind the table's unused top back to the kernel
@@ -239,13 +323,21 @@ typedef struct atap_ctx atap_ctx;
 typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
 
 typedef enum atap_state {
-    ATAP_PENDING = 1,   /* waiting to be claimed by a worker */
-    ATAP_RUNNING = 2,   /* running now */
+    ATAP_PENDING = 1,   /* waiting to be claimed by a worker (or for its
+                           start delay) */
+    ATAP_RUNNING = 2,   /* running now (a kernel wait, atap_sleep or
+                           atap_wait_fd, holds its thread: RUNNING) */
     ATAP_READY = 3,     /* output written and readable */
     ATAP_TAKEN = 4,     /* output moved out by a take */
     ATAP_CANCELLED = 5, /* cancelled; no output will be published */
     ATAP_FAILED = 6,    /* failed, or no task behind the handle */
     ATAP_TIMED_OUT = 7, /* a run passed its timeout */
+    ATAP_WAITING = 8,   /* holds no thread until something comes: parked
+                           (atap_park_*, or a built-in task such as a sleep
+                           or a channel's receive, waiting for its event),
+                           or waiting for a give (atap_spawn_waiting, a
+                           receiver) with no run under way and no output
+                           standing. Only atap_state_of reports it */
 } atap_state;
 
 #define ATAP_PRIORITY_MIN (-128)
@@ -455,8 +547,12 @@ ATAP_EXPORT int atap_wait(atap_task task, atap_state *state);
  */
 ATAP_EXPORT int atap_cancel(atap_task task);
 
-/* The task's state now; ATAP_FAILED for a handle with no task.
- * Blocks: no. Threads: any. */
+/* The task's state now (a snapshot: it may change as it returns);
+ * ATAP_FAILED for a handle with no task. A task that is neither queued nor
+ * running, because it waits for an event (a park) or for a give, reads
+ * ATAP_WAITING, not ATAP_RUNNING or ATAP_PENDING; one waiting for a give
+ * with an output standing from its last run reads ATAP_READY (or TAKEN),
+ * as before. Blocks: no. Threads: any. */
 ATAP_EXPORT atap_state atap_state_of(atap_task task);
 
 /* True when the task has settled and will not run again (also for a handle

@@ -476,6 +476,19 @@ void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
         atap__exec_release_run(s, index, gen);
 }
 
+bool atap__flow_waiting(struct atap_slot *s)
+{
+    struct gate *g = atap__sched_gate(s);
+    bool idle;
+
+    if (!g)
+        return false;
+    spin_lock(&g->lock);
+    idle = g->state == G_IDLE;
+    spin_unlock(&g->lock);
+    return idle;
+}
+
 void atap__gate_end(struct gate *g)
 {
     spin_lock(&g->lock);

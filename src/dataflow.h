@@ -34,6 +34,9 @@ bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen);
 bool atap__gate_publish(struct atap_slot *s, uint32_t gen, bool *kept);
 /* A cancel won: a gate holding RUN between gives lets the task go. */
 void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);
+/* atap_state_of (the caller holds a listener): true when the task waits
+ * for gives with nothing under way (its gate IDLE). A snapshot. */
+bool atap__flow_waiting(struct atap_slot *s);
 /* The task's RUN reference is going: no more gives. */
 void atap__gate_end(struct gate *g);
 /* The gate belongs to the slot at index from now on (spawn, admitted). */

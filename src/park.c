@@ -1165,6 +1165,25 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
     atap__pool_interrupt((uint64_t)gen << 32 | index);
 }
 
+bool atap__park_parked(struct atap_slot *s)
+{
+    struct side *side;
+    struct park *p;
+    uint32_t c;
+
+    /* A free slot's tail reads "not parked" (executor.c's destroy), and the
+     * listener the caller holds keeps this task's side record. */
+    if (slot_park_tail(s)) {
+        c = ld_acquire(&s->out.park.claim) & T_STATE;
+        if (c == P_ARMING || c == P_ARMED)
+            return true;
+    }
+    if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(atap__side_park(side))))
+        return false;
+    c = P_STATE(ld_acquire(&p->claim));
+    return c == P_ARMING || c == P_ARMED;
+}
+
 /* ---- the manager's side -------------------------------------------------- */
 
 void atap__park_open(void)

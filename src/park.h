@@ -30,6 +30,10 @@ void atap__park_block(struct atap_ctx *ctx);
  * park it sleeps in is taken down, a kernel wait it is in is woken. */
 void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen);
 
+/* atap_state_of (the caller holds a listener): true while the task is
+ * parked, or being parked (the claim ARMING or ARMED). A snapshot. */
+bool atap__park_parked(struct atap_slot *s);
+
 /* For the runtime's own tasks (channels): the running task's park record
  * exists (false: no memory); it parks until atap__park_wake (or the
  * deadline); wake it. */

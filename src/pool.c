@@ -42,7 +42,10 @@
  * and the process's thread limit: thread_ceiling); the idle worker that
  * idled longest goes after 500 ms (50 ms above the target), never below
  * the floor. Blocking threads stop on their
- * own after 500 ms idle, with no floor. The live counts (nlive, blive) are
+ * own after 500 ms idle, with no floor, and number at most the cap. The
+ * floor (the workers started at init), the target and the cap come from
+ * atap_config or the environment (runtime.c), else from the CPUs the
+ * process may run on (cpus.c), never the machine's core count. The live counts (nlive, blive) are
  * the truth, changed under the pool lock: a thread told to go is counted
  * out by whoever decides it (reap, a blocking thread timing out) and marked
  * `uncounted`, so neither its exit nor its death counts it out again, and a
@@ -90,6 +93,7 @@
 
 #include "atap.h"
 #include "atomics.h"
+#include "cpus.h"
 #include "executor.h"
 #include "poller.h"
 #include "slot.h"
@@ -1161,25 +1165,26 @@ static unsigned thread_ceiling(unsigned floor, size_t stack)
     return limit < floor ? floor : (unsigned)limit;
 }
 
-static unsigned online_cores(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
+static unsigned at_most(unsigned long n, unsigned max) { return n < max ? (unsigned)n : max; }
 
-    return n > 0 ? (unsigned)n : 1;
-}
-
-int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size_t stack)
+/* The base count (the floor) is conf->workers, or one worker per CPU the
+ * process may run on (cpus.c); the target is workers_per_cpu a CPU, never
+ * below the floor nor above the ceiling; blocking threads are capped at
+ * conf->blocking, or blocking_per_cpu a CPU. */
+int atap__pool_start(const struct atap__pool_conf *conf)
 {
-    unsigned cores = online_cores(), floor = cores < POOL_MAX_THREADS ? cores : POOL_MAX_THREADS;
-    unsigned long bcap = (unsigned long)cores * blocking_per_core;
+    unsigned cpus = atap__cpus();
+    unsigned floor = at_most(conf->workers ? conf->workers : cpus, POOL_MAX_THREADS);
+    unsigned long bcap = conf->blocking ? conf->blocking
+                                        : (unsigned long)cpus * conf->blocking_per_cpu;
+    unsigned long target = (unsigned long)cpus * conf->workers_per_cpu;
+    size_t stack = conf->stack;
     int rc = 0;
 
-    pool.bcap = bcap < POOL_MAX_THREADS ? (unsigned)bcap : POOL_MAX_THREADS;
+    pool.bcap = at_most(bcap, POOL_MAX_THREADS);
     pool.floor = floor;
     pool.ceiling = thread_ceiling(floor, stack);
-    pool.target = (unsigned long)cores * workers_per_core < pool.ceiling
-                      ? (unsigned)(cores * workers_per_core)
-                      : pool.ceiling;
+    pool.target = target < floor ? floor : at_most(target, pool.ceiling);
     pool.ticks = 0;
     st_relaxed(&pool.peak, 0); /* peaks are per run of the runtime */
     pool.stack = stack;

@@ -128,7 +128,18 @@ void atap__pool_interrupt(uint64_t key);
 /* The worker or blocking thread running on this thread, or NULL. */
 extern _Thread_local struct worker *atap__self;
 
-int atap__pool_start(unsigned workers_per_core, unsigned blocking_per_core, size_t stack);
+/* How runtime.c asks the pool to start (atap_config and the environment
+ * already resolved): workers and blocking are absolute counts, 0 for
+ * "per CPU" (cpus.c). */
+struct atap__pool_conf {
+    unsigned workers;          /* the base count of workers; 0: one per CPU */
+    unsigned workers_per_cpu;  /* the target, a CPU */
+    unsigned blocking;         /* the most blocking threads; 0: per CPU */
+    unsigned blocking_per_cpu; /* the most blocking threads, a CPU */
+    size_t stack;              /* a thread's stack, bytes */
+};
+
+int atap__pool_start(const struct atap__pool_conf *conf);
 struct atap_pool_stats;
 /* Waits until no work is queued or running, then stops and joins every
  * thread. The caller has already refused new outside spawns. */

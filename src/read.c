@@ -17,8 +17,10 @@
 
 #include "atap.h"
 #include "atomics.h"
+#include "dataflow.h"
 #include "executor.h"
 #include "handle.h"
+#include "park.h"
 #include "pool.h"
 #include "schedule.h"
 #include "slot.h"
@@ -288,14 +290,22 @@ int atap_wait(atap_task t, atap_state *state)
     return rc;
 }
 
+/* The word says PENDING or RUNNING both for a task queued or on a thread
+ * and for one that holds none: parked (its RUN is with the park) or
+ * waiting for a give (with the gate). Those read ATAP_WAITING: a look at
+ * the park's claim and the gate after the word, a snapshot like the word. */
 atap_state atap_state_of(atap_task t)
 {
-    uint32_t gen, cur;
+    uint32_t gen, cur, st;
     struct atap_slot *s = lookup(t, &gen);
 
     if (!s || !handle_live(s, gen, &cur))
         return ATAP_FAILED;
-    return (atap_state)word_state(cur);
+    st = word_state(cur);
+    if ((st == ST_PENDING || st == ST_RUNNING) &&
+        (atap__park_parked(s) || (s->ext != NULL && atap__flow_waiting(s))))
+        return ATAP_WAITING;
+    return (atap_state)st;
 }
 
 bool atap_finished(atap_task t)

@@ -2,6 +2,16 @@
  * The runtime's lifecycle: STOPPED -> STARTING -> RUNNING -> STOPPING ->
  * STOPPED, one word, every transition a seq_cst CAS or store.
  *
+ * Users: the same word counts the atap_init calls not yet paired with an
+ * atap_shutdown (users << 2 | state), so that several libraries in one
+ * program can each init and shut down. The init that finds STOPPED starts
+ * the runtime (STARTING, then RUNNING with one user); one that finds
+ * RUNNING adds a user by CAS; a shutdown that finds more than one user
+ * takes one away by CAS; the one that finds the last user moves the word
+ * to STOPPING (no users) and stops. Count and state change in one CAS, so
+ * an init can never count itself into a runtime that a last shutdown has
+ * begun to stop: it finds STOPPING, waits it out, and starts afresh.
+ *
  * Admission: a spawn from outside the pool counts itself in `inflight`
  * (seq_cst) before it reads the lifecycle (seq_cst); a shutdown stores
  * STOPPING (seq_cst) before it reads `inflight`. So either the spawn sees
@@ -12,7 +22,9 @@
  * fork(): only the forking thread goes on in the child, so a runtime the
  * parent runs has no thread there. A pthread_atfork child handler
  * (registered by the first atap_init) puts every layer back to "stopped",
- * as before the first init: the lifecycle and admission counts, the pool's
+ * as before the first init: the lifecycle, its count of users (0: the
+ * child's own atap_init starts a runtime and is its first user) and the
+ * admission counts, the pool's
  * records, counts and queues, the manager and supervisor state, the timer
  * structure, parks, sources and gates, and a new, empty table whose
  * generations start above all of the parent's (table.c), so a handle from
@@ -39,6 +51,8 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -52,17 +66,24 @@
 #include "schedule.h"
 #include "table.h"
 
-#define STOPPED 0
-#define STARTING 1
-#define RUNNING 2
-#define STOPPING 3
+#define STOPPED 0u
+#define STARTING 1u
+#define RUNNING 2u
+#define STOPPING 3u
+#define STATE_MASK 3u
+#define USER_ONE 4u                      /* one user, in the lifecycle word */
+#define USERS_FULL (UINT32_MAX - 7u)     /* past this, an init is refused */
 
 #define DEFAULT_WORKERS_PER_CORE 4u
 #define DEFAULT_BLOCKING_PER_CORE 8u
 #define DEFAULT_STACK ((size_t)8 << 20)
 #define MIN_STACK ((size_t)16 << 10)
 
-static _Atomic int lifecycle = STOPPED;
+_Static_assert(POOL_MAX_THREADS == ATAP_THREADS_MAX, "atap.h says how many threads a pool has");
+
+static _Atomic uint32_t lifecycle = STOPPED;
+
+static uint32_t life_state(uint32_t w) { return w & STATE_MASK; }
 static _Atomic unsigned inflight;
 
 static void poll_pause(void)
@@ -83,7 +104,7 @@ bool atap__spawn_enter(bool *outside)
     if (!*outside)
         return true;
     add_seqcst(&inflight, 1);
-    if (admitted > 0 || ld_seqcst(&lifecycle) == RUNNING) {
+    if (admitted > 0 || life_state(ld_seqcst(&lifecycle)) == RUNNING) {
         admitted++;
         return true;
     }
@@ -121,6 +142,48 @@ static int read_config(const atap_config *in, atap_config *out)
     memcpy(out, in, size);
     if (out->worker_stack && out->worker_stack < MIN_STACK)
         return ATAP_EINVAL;
+    if (out->workers > ATAP_THREADS_MAX || out->blocking_threads > ATAP_THREADS_MAX)
+        return ATAP_EINVAL;
+    return 0;
+}
+
+/* An environment override (ATAP_WORKERS, ATAP_BLOCKING_THREADS): unset or
+ * empty leaves *n alone; else decimal digits only, 0 (the default) up to
+ * ATAP_THREADS_MAX, or ATAP_EINVAL (a sign, a blank, a suffix, too large). */
+static int env_count(const char *name, unsigned *n)
+{
+    const char *v = getenv(name);
+    unsigned long got = 0;
+
+    if (!v || !*v)
+        return 0;
+    for (; *v; v++) {
+        if (*v < '0' || *v > '9')
+            return ATAP_EINVAL;
+        got = got * 10 + (unsigned long)(*v - '0');
+        if (got > ATAP_THREADS_MAX)
+            return ATAP_EINVAL;
+    }
+    *n = (unsigned)got;
+    return 0;
+}
+
+/* What the pool starts with: the config's counts, else the environment's,
+ * else per CPU (config wins, atap.h). The environment is read only where
+ * the config leaves a count at 0. */
+static int pool_conf(const atap_config *cfg, struct atap__pool_conf *pc)
+{
+    int rc;
+
+    pc->workers = cfg->workers;
+    pc->blocking = cfg->blocking_threads;
+    if ((!pc->workers && (rc = env_count("ATAP_WORKERS", &pc->workers)) != 0) ||
+        (!pc->blocking && (rc = env_count("ATAP_BLOCKING_THREADS", &pc->blocking)) != 0))
+        return rc;
+    pc->workers_per_cpu = cfg->workers_per_core ? cfg->workers_per_core : DEFAULT_WORKERS_PER_CORE;
+    pc->blocking_per_cpu =
+        cfg->blocking_per_core ? cfg->blocking_per_core : DEFAULT_BLOCKING_PER_CORE;
+    pc->stack = cfg->worker_stack ? cfg->worker_stack : DEFAULT_STACK;
     return 0;
 }
 
@@ -149,7 +212,7 @@ static void fork_child(void)
     st_relaxed(&inflight, 0);
     admitted = 0;
     in_shutdown = false;
-    st_seqcst(&lifecycle, STOPPED);
+    st_seqcst(&lifecycle, STOPPED); /* and no users: the parent's are not the child's */
 }
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -160,10 +223,25 @@ static void atfork_register(void)
     atfork_rc = -pthread_atfork(NULL, NULL, fork_child);
 }
 
+/* The init that found STOPPED (the word reads STARTING): starts the pool
+ * and the manager, then RUNNING with one user, or STOPPED on a failure. */
+static int start(const atap_config *cfg)
+{
+    struct atap__pool_conf pc;
+    int rc;
+
+    if ((rc = pool_conf(cfg, &pc)) == 0 && (rc = atap__pool_start(&pc)) == 0 &&
+        (rc = atap__manager_start()) != 0)
+        atap__pool_stop();
+    st_seqcst(&lifecycle, rc == 0 ? RUNNING | USER_ONE : STOPPED);
+    return rc;
+}
+
 int atap_init(const atap_config *config)
 {
     atap_config cfg;
-    int expected, rc;
+    uint32_t w;
+    int rc;
 
     if ((rc = read_config(config, &cfg)) != 0)
         return rc;
@@ -171,38 +249,27 @@ int atap_init(const atap_config *config)
     if (atfork_rc != 0)
         return atfork_rc;
     for (;;) {
-        expected = STOPPED;
-        if (atomic_compare_exchange_strong(&lifecycle, &expected, STARTING))
-            break;
-        if (expected == RUNNING)
-            return ATAP_EALREADY;
-        if (on_runtime_thread())
+        w = ld_seqcst(&lifecycle);
+        if (life_state(w) == RUNNING) {
+            /* Running: one more user; the running config stands. */
+            if (w >= USERS_FULL)
+                return -EOVERFLOW;
+            if (cas_seqcst(&lifecycle, &w, w + USER_ONE))
+                return 0;
+        } else if (life_state(w) == STOPPED) {
+            if (cas_seqcst(&lifecycle, &w, STARTING))
+                return start(&cfg);
+        } else if (on_runtime_thread()) {
             return ATAP_EINVAL; /* the shutdown under way waits for this thread */
-        poll_pause(); /* a start or a shutdown is under way: wait it out */
+        } else {
+            poll_pause(); /* a start or a shutdown is under way: wait it out */
+        }
     }
-    rc = atap__pool_start(cfg.workers_per_core ? cfg.workers_per_core : DEFAULT_WORKERS_PER_CORE,
-                          cfg.blocking_per_core ? cfg.blocking_per_core : DEFAULT_BLOCKING_PER_CORE,
-                          cfg.worker_stack ? cfg.worker_stack : DEFAULT_STACK);
-    if (rc == 0 && (rc = atap__manager_start()) != 0)
-        atap__pool_stop();
-    st_seqcst(&lifecycle, rc == 0 ? RUNNING : STOPPED);
-    return rc;
 }
 
-int atap_shutdown(void)
+/* The last user's shutdown (the word reads STOPPING): drains, then stops. */
+static void stop(void)
 {
-    int expected;
-
-    if (on_runtime_thread())
-        return ATAP_EINVAL; /* it would wait for the thread calling it */
-    for (;;) {
-        expected = RUNNING;
-        if (atomic_compare_exchange_strong(&lifecycle, &expected, STOPPING))
-            break;
-        if (expected == STOPPED)
-            return 0;
-        poll_pause(); /* another start or shutdown: wait for it to finish */
-    }
     in_shutdown = true; /* a callback it runs here must not wait for it */
     while (ld_seqcst(&inflight) != 0)
         poll_pause();
@@ -218,18 +285,44 @@ int atap_shutdown(void)
     atap__park_reap(true);
     st_seqcst(&lifecycle, STOPPED);
     in_shutdown = false;
-    return 0;
+}
+
+int atap_shutdown(void)
+{
+    uint32_t w;
+
+    for (;;) {
+        w = ld_seqcst(&lifecycle);
+        if (life_state(w) == STOPPED)
+            return 0; /* no user left to let go */
+        if (life_state(w) == RUNNING && w >= RUNNING + 2 * USER_ONE) {
+            /* Not the last user: only the count goes, from any thread. */
+            if (cas_seqcst(&lifecycle, &w, w - USER_ONE))
+                return 0;
+            continue;
+        }
+        if (on_runtime_thread())
+            return ATAP_EINVAL; /* it would wait for the thread calling it */
+        if (life_state(w) == RUNNING) {
+            if (cas_seqcst(&lifecycle, &w, STOPPING)) {
+                stop();
+                return 0;
+            }
+        } else {
+            poll_pause(); /* another start or shutdown: wait for it to finish */
+        }
+    }
 }
 
 bool atap_initialised(void)
 {
-    return ld_seqcst(&lifecycle) == RUNNING;
+    return life_state(ld_seqcst(&lifecycle)) == RUNNING;
 }
 
 int atap_status(struct atap_status *status)
 {
     struct atap_pool_stats st;
-    int life = ld_seqcst(&lifecycle);
+    uint32_t life = life_state(ld_seqcst(&lifecycle));
 
     if (!status)
         return ATAP_EINVAL;
@@ -250,6 +343,27 @@ int atap_pool_stats(struct atap_pool_stats *stats)
     stats->slots = atap__table_span();
     stats->peak_slots = atap__table_peak();
     return 0;
+}
+
+int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats)
+{
+    struct atap_pool_stats now;
+    const struct atap_pool_stats *st = stats;
+
+    if (!buf && n > 0)
+        return ATAP_EINVAL;
+    if (!st) {
+        atap_pool_stats(&now);
+        st = &now;
+    }
+    return snprintf(buf, n,
+                    "workers=%zu busy=%zu blocking_threads=%zu blocking_busy=%zu queued=%zu "
+                    "live=%zu slots=%zu peak_slots=%zu peak_workers=%zu deaths=%llu "
+                    "completed=%llu waiting=%zu ceiling=%zu stalls=%llu",
+                    st->workers, st->busy, st->blocking_threads, st->blocking_busy, st->queued,
+                    st->live, st->slots, st->peak_slots, st->peak_workers,
+                    (unsigned long long)st->deaths, (unsigned long long)st->completed,
+                    st->waiting, st->ceiling, (unsigned long long)st->stalls);
 }
 
 int atap_trim(size_t *released)

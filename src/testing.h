@@ -60,6 +60,13 @@ enum {
     ATAP__TEST_POINTS
 };
 
+/* The CPUs this process may run on (cpus.c): the pool's default base
+ * count of workers, and what its target and blocking cap are counted in.
+ * atap__cgroup_cpus reads a cgroup v2 quota from a listing and a mount of
+ * the test's own making (cpus.h). */
+unsigned atap__cpus(void);
+unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount);
+
 /* Sets the hook at point (NULL: none). ATAP_EINVAL for an unknown point,
  * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */
 int atap__test_on(int point, void (*hook)(void));

@@ -263,7 +263,7 @@ static void test_channel_receivers_park_before_send(void **state)
     for (int i = 0; i < N; i++) {
         assert_false(atap_finished(ts[i]));
         assert_int_equal(atap_try_join(ts[i], &(uint64_t){0}, sizeof(uint64_t)), ATAP_ENOTREADY);
-        assert_int_equal(atap_state_of(ts[i]), ATAP_RUNNING);
+        assert_int_equal(atap_state_of(ts[i]), ATAP_WAITING); /* parked: no thread held */
     }
     assert_int_equal(atap_chan_len(ch), 0);
 

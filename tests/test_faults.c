@@ -83,7 +83,7 @@ static void test_faults_workers_die_holding_tasks(void **state)
     assert_true(failed <= 3);
     assert_true(wait_live_back(ATAP_SEC(20)));
     struct atap_pool_stats st = pool_stats();
-    assert_true(st.workers >= (size_t)sysconf(_SC_NPROCESSORS_ONLN));
+    assert_true(st.workers >= (size_t)cores());
     /* and it still runs work */
     atap_task t = spawn8(spin_a_little, (void *)(uintptr_t)5);
     assert_true(join8(t) == 5);
@@ -99,9 +99,9 @@ static void test_faults_worker_dies_idle(void **state)
     atap_inject_thread_deaths(1, 0);
     assert_true(wait_deaths(d0 + 1, ATAP_SEC(20)));
     uint64_t end = now_ns() + ATAP_SEC(10);
-    while (pool_stats().workers < (size_t)sysconf(_SC_NPROCESSORS_ONLN) && now_ns() < end)
+    while (pool_stats().workers < (size_t)cores() && now_ns() < end)
         sleep_us(500);
-    assert_true(pool_stats().workers >= (size_t)sysconf(_SC_NPROCESSORS_ONLN));
+    assert_true(pool_stats().workers >= (size_t)cores());
     atap_task t = spawn8(spin_a_little, (void *)(uintptr_t)9);
     assert_true(join8(t) == 9);
     atap_release(t);
@@ -184,12 +184,12 @@ static void test_faults_worker_dies_mid_help(void **state)
 static void test_faults_spawn_refused(void **state)
 {
     (void)state;
-    unsigned cores = (unsigned)sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned ncores = cores();
     uint64_t d0 = deaths();
 
-    atap_inject_spawn_refusals(cores);
-    atap_inject_thread_deaths(cores, 0); /* every worker dies, none replaced */
-    assert_true(wait_deaths(d0 + cores, ATAP_SEC(20)));
+    atap_inject_spawn_refusals(ncores);
+    atap_inject_thread_deaths(ncores, 0); /* every worker dies, none replaced */
+    assert_true(wait_deaths(d0 + ncores, ATAP_SEC(20)));
     atap_task t = spawn8(spin_a_little, (void *)(uintptr_t)3);
     assert_int_equal(atap_join_for(t, NULL, 0, 0) == ATAP_EINVAL, 1); /* size check first */
     uint64_t v = 0;
@@ -205,13 +205,13 @@ static void test_faults_spawn_refused(void **state)
 static void test_faults_no_worker_left_delayed_task(void **state)
 {
     (void)state;
-    unsigned cores = (unsigned)sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned ncores = cores();
     size_t floor = pool_stats().workers;
     uint64_t d0 = deaths();
 
-    atap_inject_spawn_refusals(cores);
-    atap_inject_thread_deaths(cores, 0);
-    assert_true(wait_deaths(d0 + cores, ATAP_SEC(20)));
+    atap_inject_spawn_refusals(ncores);
+    atap_inject_thread_deaths(ncores, 0);
+    assert_true(wait_deaths(d0 + ncores, ATAP_SEC(20)));
     atap_inject_spawn_refusals(0); /* the kernel starts threads again */
     atap_task t;
     assert_int_equal(atap_spawn(&t, spin_a_little, (void *)(uintptr_t)5,

@@ -966,7 +966,7 @@ static int task_exits_thread(atap_ctx *ctx, void *arg, void *out)
 static void test_tasks_pthread_exit(void **state)
 {
     (void)state;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long ncores = (long)cores();
     struct atap_pool_stats s0 = pool_stats();
     enum { N = 1000 };
     atap_task dying = spawn8(task_exits_thread, NULL);
@@ -989,9 +989,9 @@ static void test_tasks_pthread_exit(void **state)
     assert_true(pool_stats().deaths == s0.deaths + 1);
     /* the worker was replaced: the floor is back */
     end = now_ns() + ATAP_SEC(10);
-    while (pool_stats().workers < (size_t)cores && now_ns() < end)
+    while (pool_stats().workers < (size_t)ncores && now_ns() < end)
         sleep_us(500);
-    assert_true(pool_stats().workers >= (size_t)cores);
+    assert_true(pool_stats().workers >= (size_t)ncores);
     atap_release(dying);
 
     /* a few deaths in a row, with work queued behind each */

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "atap.h"
+#include "testing.h" /* atap__cpus */
 
 /* ---- which sanitizer, if any, this file is built with ---------------- */
 
@@ -454,11 +455,11 @@ static inline bool wait_restarts(unsigned want, uint64_t timeout_ns)
 }
 #endif
 
-/* Online cores: the pool's floor of workers. */
+/* The CPUs this process may run on (affinity, cgroup quota): the pool's
+ * floor of workers with the default config and no ATAP_WORKERS. */
 static inline unsigned cores(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1u : (unsigned)n;
+    return atap__cpus();
 }
 
 /* ---- a reusable barrier (pthread_barrier is not everywhere) ------------- */
