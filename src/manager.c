@@ -84,7 +84,18 @@ void atap_inject_manager_faults(unsigned n)
 }
 #define MANAGER_FALLS_APART() atap__fault_take(&owed_faults)
 #define FORGET_FAULTS() st_relaxed(&owed_faults, 0)
+
+/* How long a life must last to start the count of failures over (testing.h):
+ * a test that kills the manager many times in a row sets it to 0. */
+static _Atomic uint64_t restart_window = RESTART_WINDOW_NS;
+
+uint64_t atap__test_restart_window(uint64_t ns)
+{
+    return atomic_exchange_explicit(&restart_window, ns, memory_order_relaxed);
+}
+#define RESTART_WINDOW() ld_relaxed(&restart_window)
 #else
+#define RESTART_WINDOW() RESTART_WINDOW_NS
 #define FORGET_FAULTS() ((void)0)
 #define MANAGER_FALLS_APART() false
 #endif
@@ -207,7 +218,7 @@ static void *supervisor_main(void *arg)
             break; /* stopped */
         st_release(&mgr.state, M_RESTARTING);
         add_relaxed(&mgr.restarts, 1);
-        failures = atap__now_ns() - born >= RESTART_WINDOW_NS ? 1 : failures + 1;
+        failures = atap__now_ns() - born >= RESTART_WINDOW() ? 1 : failures + 1;
         if (failures > RESTART_LIMIT) {
             FORGET_FAULTS(); /* what was owed died with the supervisor */
             close_timers();
