@@ -746,6 +746,15 @@ static void nproc_lower(void)
     REQUIRE(setrlimit(RLIMIT_NPROC, &low) == 0);
 }
 
+/* At most `room` threads more than run now. */
+static void nproc_allow(unsigned room)
+{
+    struct rlimit low = g_nproc;
+
+    low.rlim_cur = (rlim_t)count_threads() + room;
+    REQUIRE(setrlimit(RLIMIT_NPROC, &low) == 0);
+}
+
 static void nproc_raise(void)
 {
     REQUIRE(setrlimit(RLIMIT_NPROC, &g_nproc) == 0);
@@ -788,9 +797,17 @@ static int child_threads_kernel_refuses(void)
 
     if (!nproc_setup())
         return child_skip("RLIMIT_NPROC cannot be made to bind here (not root, no hard room)");
-    nproc_lower();
-    REQUIRE_RC(atap_init(NULL), -EAGAIN);
-    REQUIRE(!atap_initialised() && pool_stats().workers == 0);
+    /* init refused its first worker, ..., its last worker, the supervisor,
+     * the manager (the supervisor's first start of it): each time -EAGAIN,
+     * the runtime stopped, no thread of its left */
+    for (unsigned room = 0; room <= cores() + 1; room++) {
+        int threads = count_threads();
+
+        nproc_allow(room);
+        REQUIRE_RC(atap_init(NULL), -EAGAIN);
+        REQUIRE(!atap_initialised() && pool_stats().workers == 0);
+        REQUIRE(count_threads() == threads);
+    }
     nproc_raise();
     REQUIRE_RC(atap_init(NULL), 0);
     REQUIRE(wait_manager(true, ATAP_SEC(5)));
