@@ -963,6 +963,108 @@ static void test_limits_memory(void **state)
     run_in_child(child_memory, 120);
 }
 
+/* Takes every byte malloc can still give this thread under the limit, as
+ * a list threaded through the blocks; heap_give_back frees them. */
+static void *heap_take_all(void)
+{
+    static const size_t sizes[] = {(size_t)1 << 20, (size_t)64 << 10, 4096, 256, 64, 16};
+    void *list = NULL, *b;
+
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        while ((b = malloc(sizes[i])) != NULL) {
+            *(void **)b = list;
+            list = b;
+        }
+    return list;
+}
+
+static void heap_give_back(void *list)
+{
+    while (list) {
+        void *next = *(void **)list;
+        free(list);
+        list = next;
+    }
+}
+
+static int task_in(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    return 0;
+}
+
+/* With nothing left to malloc on the spawning thread: every call that
+ * needs memory says -ENOMEM and leaves nothing behind; a spawn that needs
+ * none goes through; memory back, they all do. */
+static int child_memory_heap(void)
+{
+    struct rlimit old, low;
+    atap_task t[8];
+    atap_chan *ch = NULL;
+    uint64_t v = 5;
+    void *hog;
+
+    REQUIRE_RC(atap_init(NULL), 0);
+    spawn_join_works();
+    REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)(statm_bytes(0) + ((size_t)16 << 20));
+    REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+    hog = heap_take_all();
+    for (int round = 0; round < 2; round++) {
+        int want = round == 0 ? -ENOMEM : 0;
+
+        REQUIRE_RC(atap_spawn(&t[0], task_noop, NULL, &(atap_spawn_opts){.after_ns = ATAP_MS(1)}),
+                   want);
+        REQUIRE_RC(atap_spawn(&t[1], task_noop, NULL, &(atap_spawn_opts){.out_size = 4096}), want);
+        REQUIRE_RC(atap_spawn(&t[2], task_noop, NULL,
+                              &(atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 2}),
+                   want);
+        REQUIRE_RC(atap_spawn(&t[3], task_noop, NULL, &(atap_spawn_opts){.timeout_ns = ATAP_SEC(9)}),
+                   want);
+        REQUIRE_RC(atap_spawn_waiting(&t[4], task_in, NULL, sizeof v, NULL), want);
+        REQUIRE_RC(atap_spawn_sleep(&t[5], ATAP_MS(1), false, NULL), want);
+        REQUIRE_RC(atap_chan_open(&ch, sizeof v, 0, NULL), want);
+        REQUIRE_RC(atap_spawn(&t[6], task_noop, NULL, NULL), 0); /* a slot, nothing more */
+        if (round == 0) {
+            for (int i = 0; i < 6; i++)
+                REQUIRE(t[i].id == 0);
+            REQUIRE(ch == NULL);
+            REQUIRE_RC(atap_join_for(t[6], NULL, 0, ATAP_SEC(20)), 0);
+            atap_release(t[6]);
+            heap_give_back(hog);
+            REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+            continue;
+        }
+        REQUIRE_RC(atap_give(t[4], &v, sizeof v), 0);
+        REQUIRE_RC(atap_chan_send(ch, &v), 0);
+        for (int i = 0; i < 7; i++) {
+            static unsigned char out[4096];
+            size_t size = i == 1 ? sizeof out : i == 5 ? sizeof(uint64_t) : 0;
+
+            REQUIRE_RC(atap_join_for(t[i], size ? out : NULL, size, ATAP_SEC(20)), 0);
+            atap_release(t[i]);
+        }
+        REQUIRE(atap_chan_len(ch) == 1);
+        atap_chan_close_sender(ch);
+        atap_chan_close_receiver(ch);
+    }
+    REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+    REQUIRE_RC(atap_shutdown(), 0);
+    return child_done();
+}
+
+static void test_limits_memory_heap(void **state)
+{
+    (void)state;
+    if (UNDER_SANITIZER) {
+        print_message("RLIMIT_AS is not tried under a sanitizer: its shadow memory reserves "
+                      "more address space than any limit worth testing\n");
+        skip();
+    }
+    run_in_child(child_memory_heap, 60);
+}
+
 /* Allocation failures where libatap has a fallback (atap_inject_alloc_failures),
  * so they run under every build: the values a channel's last receiver drops
  * are each still let go of exactly once. */
@@ -1284,6 +1386,7 @@ int main(void)
         cmocka_unit_test(test_limits_threads_blocking),
         cmocka_unit_test(test_limits_threads_kernel_refuses),
         cmocka_unit_test(test_limits_memory),
+        cmocka_unit_test(test_limits_memory_heap),
         cmocka_unit_test(test_limits_memory_injected),
         cmocka_unit_test(test_limits_million_cycles),
         cmocka_unit_test(test_limits_manager_kills),
