@@ -1174,6 +1174,16 @@ static void test_limits_memory_injected(void **state)
  * another 44,677, 1-4 MB either way. So the loop keeps the backlog under
  * CYCLE_BACKLOG, and a slot or anything else kept per cycle still shows. */
 #define CYCLE_BACKLOG 1024
+/* Under TSan the RSS is mostly TSan's own (shadow, sync and history memory),
+ * which warms up from about 25 MB to 28-33 MB over the first million cycles
+ * and then stays (3,000,000 cycles end where 1,000,000 do), while plain and
+ * ASan builds stay within 1-3 %: the 10 % bound holds there, and under TSan
+ * a bound of 50 % still catches a leak of the runtime's own. */
+#if defined(TEST_TSAN)
+#define RSS_ROOM_PERCENT 50
+#else
+#define RSS_ROOM_PERCENT 10
+#endif
 static int child_cycles(void)
 {
     size_t n = env_size("LIMITS_CYCLES", 1000000), tenth = n / 10;
@@ -1201,7 +1211,7 @@ static int child_cycles(void)
            "peak slots %zu\n",
            n, (now_ns() - t0) / 1e9, rss_first >> 10, tenth, rss_last >> 10, st.peak_slots);
     REQUIRE(st.live == 0);
-    REQUIRE(rss_last * 10 <= rss_first * 11);
+    REQUIRE(rss_last * 100 <= rss_first * (100 + RSS_ROOM_PERCENT));
     spawn_join_works();
     REQUIRE_RC(atap_shutdown(), 0);
     return child_done();
