@@ -800,6 +800,46 @@ static atap_task spawn_delayed(struct delayed *d, uint64_t delay)
 
 static struct delayed g_dl[3];
 
+/* Every worker held and no thread to be had from the kernel: neither the
+ * pool's growth nor a blocking thread starts (the tasks wait, nothing
+ * hangs); once threads may start, both run. */
+static void growth_refused_by_kernel(void)
+{
+    size_t n = pool_stats().workers;
+    atap_task h[64], x, b;
+    uint64_t v;
+
+    REQUIRE(n > 0 && n < 64);
+    atomic_store(&g_hold_open, 0);
+    atomic_store(&g_hold_started, 0);
+    for (size_t i = 0; i < n; i++)
+        REQUIRE_RC(atap_spawn(&h[i], task_hold, NULL, NULL), 0);
+    uint64_t end = now_ns() + ATAP_SEC(20);
+    while (atomic_load(&g_hold_started) < (int)n && now_ns() < end)
+        sleep_ms(1);
+    REQUIRE(atomic_load(&g_hold_started) == (int)n);
+    nproc_lower();
+    REQUIRE_RC(atap_spawn(&x, task_value, (void *)3, &(atap_spawn_opts){.out_size = sizeof v}), 0);
+    REQUIRE_RC(atap_spawn(&b, task_value, (void *)4,
+                          &(atap_spawn_opts){.out_size = sizeof v, .blocking = true}),
+               0);
+    REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_MS(300)), ATAP_ENOTREADY);
+    REQUIRE_RC(atap_join_for(b, &v, sizeof v, ATAP_MS(10)), ATAP_ENOTREADY);
+    REQUIRE(pool_stats().workers == n && pool_stats().blocking_threads == 0);
+    nproc_raise();
+    REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_SEC(20)), 0);
+    REQUIRE(v == 3);
+    REQUIRE_RC(atap_join_for(b, &v, sizeof v, ATAP_SEC(20)), 0);
+    REQUIRE(v == 4);
+    atap_release(x);
+    atap_release(b);
+    atomic_store(&g_hold_open, 1);
+    for (size_t i = 0; i < n; i++) {
+        REQUIRE_RC(atap_join_for(h[i], NULL, 0, ATAP_SEC(20)), 0);
+        atap_release(h[i]);
+    }
+}
+
 static int child_threads_kernel_refuses(void)
 {
     atap_task d0, d1;
@@ -821,6 +861,7 @@ static int child_threads_kernel_refuses(void)
     nproc_raise();
     REQUIRE_RC(atap_init(NULL), 0);
     REQUIRE(wait_manager(true, ATAP_SEC(5)));
+    growth_refused_by_kernel();
 
     /* The manager dies and may not start again: its supervisor keeps trying
      * (every death counted as the first), the pool goes on without it, and a
