@@ -631,6 +631,33 @@ static int task_hold(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* Holds every worker with task_hold (the pool may grow while they start:
+ * the new ones are held too) into h; returns how many. */
+static size_t hold_all(atap_task *h, size_t max)
+{
+    size_t n = 0, workers;
+    uint64_t end = now_ns() + ATAP_SEC(20);
+
+    atomic_store(&g_hold_open, 0);
+    atomic_store(&g_hold_started, 0);
+    while ((workers = pool_stats().workers) > n || atomic_load(&g_hold_started) < (int)n) {
+        REQUIRE(workers < max && now_ns() < end);
+        while (n < workers)
+            REQUIRE_RC(atap_spawn(&h[n++], task_hold, NULL, NULL), 0);
+        sleep_ms(1);
+    }
+    return n;
+}
+
+static void hold_release(atap_task *h, size_t n)
+{
+    atomic_store(&g_hold_open, 1);
+    for (size_t i = 0; i < n; i++) {
+        REQUIRE_RC(atap_join_for(h[i], NULL, 0, ATAP_SEC(20)), 0);
+        atap_release(h[i]);
+    }
+}
+
 /* Every worker held, thread starts refused: the pool cannot grow, the new
  * task waits (no hang, no crash); refusals over, the tick grows the pool
  * and it runs. Then every worker dies with its replacement refused: a
@@ -644,15 +671,7 @@ static int child_threads_pool_growth(void)
     uint64_t v;
 
     REQUIRE_RC(atap_init(NULL), 0);
-    REQUIRE(atap_pool_stats(&st) == 0);
-    n = st.workers;
-    REQUIRE(n > 0 && n < MAXH);
-    for (size_t i = 0; i < n; i++)
-        REQUIRE_RC(atap_spawn(&h[i], task_hold, NULL, NULL), 0);
-    uint64_t end = now_ns() + ATAP_SEC(20);
-    while (atomic_load(&g_hold_started) < (int)n && now_ns() < end)
-        sleep_ms(1);
-    REQUIRE(atomic_load(&g_hold_started) == (int)n);
+    n = hold_all(h, MAXH);
     atap_inject_spawn_refusals(UINT32_MAX);
     REQUIRE_RC(atap_spawn(&x, task_value, (void *)7, &(atap_spawn_opts){.out_size = sizeof v}), 0);
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_MS(300)), ATAP_ENOTREADY);
@@ -662,16 +681,12 @@ static int child_threads_pool_growth(void)
     REQUIRE(v == 7);
     REQUIRE(atap_pool_stats(&st) == 0 && st.workers > n);
     atap_release(x);
-    atomic_store(&g_hold_open, 1);
-    for (size_t i = 0; i < n; i++) {
-        REQUIRE_RC(atap_join_for(h[i], NULL, 0, ATAP_SEC(20)), 0);
-        atap_release(h[i]);
-    }
+    hold_release(h, n);
 
     /* every worker gone, none may start */
     atap_inject_spawn_refusals(UINT32_MAX);
     atap_inject_thread_deaths((unsigned)pool_stats().workers, 0);
-    end = now_ns() + ATAP_SEC(20);
+    uint64_t end = now_ns() + ATAP_SEC(20);
     while (pool_stats().workers > 0 && now_ns() < end)
         sleep_ms(1);
     REQUIRE(pool_stats().workers == 0);
@@ -805,19 +820,10 @@ static struct delayed g_dl[3];
  * hangs); once threads may start, both run. */
 static void growth_refused_by_kernel(void)
 {
-    size_t n = pool_stats().workers;
     atap_task h[64], x, b;
+    size_t n = hold_all(h, 64);
     uint64_t v;
 
-    REQUIRE(n > 0 && n < 64);
-    atomic_store(&g_hold_open, 0);
-    atomic_store(&g_hold_started, 0);
-    for (size_t i = 0; i < n; i++)
-        REQUIRE_RC(atap_spawn(&h[i], task_hold, NULL, NULL), 0);
-    uint64_t end = now_ns() + ATAP_SEC(20);
-    while (atomic_load(&g_hold_started) < (int)n && now_ns() < end)
-        sleep_ms(1);
-    REQUIRE(atomic_load(&g_hold_started) == (int)n);
     nproc_lower();
     REQUIRE_RC(atap_spawn(&x, task_value, (void *)3, &(atap_spawn_opts){.out_size = sizeof v}), 0);
     REQUIRE_RC(atap_spawn(&b, task_value, (void *)4,
@@ -825,7 +831,9 @@ static void growth_refused_by_kernel(void)
                0);
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_MS(300)), ATAP_ENOTREADY);
     REQUIRE_RC(atap_join_for(b, &v, sizeof v, ATAP_MS(10)), ATAP_ENOTREADY);
-    REQUIRE(pool_stats().workers == n && pool_stats().blocking_threads == 0);
+    /* a start under way is counted before the kernel refuses it: one too
+     * many at most, never too few (pool.c) */
+    REQUIRE(pool_stats().workers <= n + 1 && pool_stats().blocking_threads <= 1);
     nproc_raise();
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_SEC(20)), 0);
     REQUIRE(v == 3);
@@ -833,11 +841,7 @@ static void growth_refused_by_kernel(void)
     REQUIRE(v == 4);
     atap_release(x);
     atap_release(b);
-    atomic_store(&g_hold_open, 1);
-    for (size_t i = 0; i < n; i++) {
-        REQUIRE_RC(atap_join_for(h[i], NULL, 0, ATAP_SEC(20)), 0);
-        atap_release(h[i]);
-    }
+    hold_release(h, n);
 }
 
 static int child_threads_kernel_refuses(void)
