@@ -767,8 +767,9 @@ ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_
  * Sleeps ns nanoseconds: never less. atap_sleep is precise (it spins the
  * last 500 us); atap_sleep_relaxed sleeps all of it in the kernel.
  * Inside a task: returns 0; ATAP_ECANCELLED or ATAP_ETIMEDOUT as soon as
- * the task is cancelled or passes its run timeout (also if it already had).
- * Outside a task: a plain sleep, returns 0.
+ * the task is cancelled or passes its run timeout (also if it already had;
+ * on a thread that could get no fd for its event queue, RLIMIT_NOFILE
+ * reached, within 5 ms). Outside a task: a plain sleep, returns 0.
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_sleep(uint64_t ns);

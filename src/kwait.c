@@ -12,7 +12,9 @@
  * after its CAS), so either the waiter sees the stop or the canceller sees
  * the key; a wake is never lost. A wake left over in kq from an earlier task
  * only makes a later wait look at its own task's state once more and sleep
- * again. Outside a task the waits are plain ones.
+ * again. Outside a task the waits are plain ones. A thread that cannot have
+ * a poller (no fd to be had: RLIMIT_NOFILE) waits in slices instead, looking
+ * at its task's state between them (sliced_wait).
  */
 #include <errno.h>
 #include <poll.h>
@@ -28,6 +30,7 @@
 #include "wait.h"
 
 #define SPIN_NS 500000u /* atap_sleep spins the last 500 us */
+#define SLICE_NS 5000000u /* with no poller: how often a wait looks for a stop */
 #define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
 
 /* Outside a task (or without a poller): a wait nothing interrupts. */
@@ -98,6 +101,25 @@ static struct atap_poller *thread_kq(struct worker *w)
     return kq;
 }
 
+/* A task's wait on a thread with no poller of its own (no fd could be had
+ * for it): plain waits of SLICE_NS at most, looking for a stop between
+ * them, so a cancel or a run timeout still ends it, a slice late at most. */
+static int sliced_wait(const struct atap_ctx *ctx, uint64_t deadline, bool precise, int fd,
+                       unsigned events)
+{
+    for (;;) {
+        uint64_t now = atap__now_ns(), until;
+        int rc = stopped(ctx);
+
+        if (rc != 0)
+            return rc;
+        until = now < deadline && deadline - now > SLICE_NS ? now + SLICE_NS : deadline;
+        rc = atap__plain_wait(until, precise && until == deadline, fd, events);
+        if (until == deadline || (fd >= 0 ? rc != ATAP_ENOTREADY : rc != 0))
+            return rc;
+    }
+}
+
 static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
 {
     struct worker *w = atap__self;
@@ -108,8 +130,10 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
     struct atap_poller *kq;
     int rc = 0;
 
-    if (!ctx || !ctx->slot || !(kq = thread_kq(w)))
+    if (!ctx || !ctx->slot)
         return atap__plain_wait(deadline, precise, fd, events);
+    if (!(kq = thread_kq(w)))
+        return sliced_wait(ctx, deadline, precise, fd, events);
     /* seq_cst, then the state: against the canceller's CAS and fence. */
     st_seqcst(&w->kwait, (uint64_t)ctx->gen << 32 | ctx->index);
     if (fd >= 0 && (rc = atap__poller_watch(kq, fd, events, kq)) < 0) {

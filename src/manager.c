@@ -7,7 +7,10 @@
  * never runs a task. The pool finds its own work whether a manager runs or
  * not, and its tick goes on without one (below).
  *
- * A supervisor thread runs the manager and restarts it when it dies: after
+ * A supervisor thread runs the manager and restarts it when it dies (the
+ * first start it makes is the runtime's: atap__manager_start waits for it,
+ * and fails if the thread is refused, rather than start a runtime whose
+ * supervisor would soon give up on a manager that never ran): after
  * RESTART_BACKOFF x consecutive failures; the count starts over once a
  * manager has lived RESTART_WINDOW; past RESTART_LIMIT failures within that
  * window the supervisor gives up on the manager (timers and parks are then
@@ -73,7 +76,14 @@ static struct {
     _Atomic bool closed;   /* takes no more timers (stopping, or gone) */
     _Atomic unsigned restarts;
     _Atomic size_t refiled; /* by the last rebuild */
+    /* futex word: the first start of the manager, 0 until the supervisor
+     * has tried it, then FIRST_STARTED or FIRST_REFUSED (first_errno) */
+    _Atomic uint32_t first;
+    int first_errno;
 } mgr;
+
+#define FIRST_STARTED 1u
+#define FIRST_REFUSED 2u
 
 #ifdef ATAP_FAULT_INJECTION
 static _Atomic unsigned owed_faults;
@@ -84,7 +94,18 @@ void atap_inject_manager_faults(unsigned n)
 }
 #define MANAGER_FALLS_APART() atap__fault_take(&owed_faults)
 #define FORGET_FAULTS() st_relaxed(&owed_faults, 0)
+
+/* How long a life must last to start the count of failures over (testing.h):
+ * a test that kills the manager many times in a row sets it to 0. */
+static _Atomic uint64_t restart_window = RESTART_WINDOW_NS;
+
+uint64_t atap__test_restart_window(uint64_t ns)
+{
+    return atomic_exchange_explicit(&restart_window, ns, memory_order_relaxed);
+}
+#define RESTART_WINDOW() ld_relaxed(&restart_window)
 #else
+#define RESTART_WINDOW() RESTART_WINDOW_NS
 #define FORGET_FAULTS() ((void)0)
 #define MANAGER_FALLS_APART() false
 #endif
@@ -197,9 +218,18 @@ static void *supervisor_main(void *arg)
     atap__manager_thread = true;
     while (!ld_acquire(&mgr.stop)) {
         uint64_t born = atap__now_ns();
+        int rc;
 
         st_release(&mgr.state, M_RUNNING);
-        if (pthread_create(&manager, NULL, manager_main, NULL) != 0)
+        rc = pthread_create(&manager, NULL, manager_main, NULL);
+        if (ld_relaxed(&mgr.first) == 0) { /* atap__manager_start waits for this */
+            mgr.first_errno = rc;
+            st_release(&mgr.first, rc == 0 ? FIRST_STARTED : FIRST_REFUSED);
+            atap__word_wake(&mgr.first, true);
+            if (rc != 0)
+                return NULL; /* no runtime: its start fails */
+        }
+        if (rc != 0)
             died = (void *)1;
         else
             pthread_join(manager, &died);
@@ -207,7 +237,7 @@ static void *supervisor_main(void *arg)
             break; /* stopped */
         st_release(&mgr.state, M_RESTARTING);
         add_relaxed(&mgr.restarts, 1);
-        failures = atap__now_ns() - born >= RESTART_WINDOW_NS ? 1 : failures + 1;
+        failures = atap__now_ns() - born >= RESTART_WINDOW() ? 1 : failures + 1;
         if (failures > RESTART_LIMIT) {
             FORGET_FAULTS(); /* what was owed died with the supervisor */
             close_timers();
@@ -241,9 +271,20 @@ int atap__manager_start(void)
     st_relaxed(&mgr.restarts, 0);
     st_seqcst(&mgr.closed, false);
     st_release(&mgr.state, M_RUNNING);
+    st_relaxed(&mgr.first, 0);
     if ((rc = pthread_create(&mgr.supervisor, NULL, supervisor_main, NULL)) != 0) {
         st_release(&mgr.state, M_STOPPED);
         return -rc;
+    }
+    /* A manager that could never start would leave a runtime that says it
+     * runs and drops every timer once its supervisor gives up: the start
+     * fails instead, as when the supervisor cannot start. */
+    while (ld_acquire(&mgr.first) == 0)
+        atap__word_wait(&mgr.first, 0, ATAP__FOREVER);
+    if (ld_acquire(&mgr.first) == FIRST_REFUSED) {
+        pthread_join(mgr.supervisor, NULL);
+        st_release(&mgr.state, M_STOPPED);
+        return -mgr.first_errno;
     }
     return 0;
 }

@@ -71,4 +71,10 @@ unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount);
  * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */
 int atap__test_on(int point, void (*hook)(void));
 
+/* Sets how long a manager must live for its supervisor to start counting
+ * quick deaths over (5 s by default; past 5 quick deaths in a row it gives
+ * up); returns the old value. 0: every death counts as the first, so a test
+ * may kill the manager any number of times. Fault injection builds only. */
+uint64_t atap__test_restart_window(uint64_t ns);
+
 #endif
