@@ -49,8 +49,14 @@
 #include "atomics.h"
 
 #define WAKE_IDENT 0
-#define VNODE_NOTES \
-    (NOTE_WRITE | NOTE_EXTEND | NOTE_ATTRIB | NOTE_LINK | NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)
+/* A revoke (revoke(2), a terminal hung up) is a file gone; a kqueue without
+ * revoke (libkqueue on Linux) simply never reports one. */
+#if defined(NOTE_REVOKE)
+#define NOTE_GONE (NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)
+#else
+#define NOTE_GONE (NOTE_DELETE | NOTE_RENAME)
+#endif
+#define VNODE_NOTES (NOTE_WRITE | NOTE_EXTEND | NOTE_ATTRIB | NOTE_LINK | NOTE_GONE)
 
 struct atap_poller {
     int kq;
@@ -124,7 +130,7 @@ static unsigned from_vnode(unsigned notes)
 {
     return ((notes & (NOTE_WRITE | NOTE_EXTEND)) ? ATAP__PATH_WRITE : 0) |
            ((notes & (NOTE_ATTRIB | NOTE_LINK)) ? ATAP__PATH_ATTRIB : 0) |
-           ((notes & (NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)) ? ATAP__PATH_GONE : 0);
+           ((notes & NOTE_GONE) ? ATAP__PATH_GONE : 0);
 }
 
 static unsigned from_kevent(const struct kevent *e)
