@@ -22,7 +22,10 @@
  * and persist) is reported once per arming: it can never spin the loop.
  * With READ|WRITE on one fd, epoll and poll disarm the fd as a whole when
  * either fires; kqueue arms two independent filters, so the direction that
- * did not fire stays armed. The re-watch rule above covers both.
+ * did not fire stays armed. The re-watch rule above covers both. Both
+ * directions ready at once come as one event with both bits, on every
+ * backend (kqueue's two reports are merged when one kernel wait returns
+ * them together; poller_kqueue.c).
  *
  * The reported bits are what the kernel said: READ/WRITE for the directions
  * that are ready, HUP for a hang-up (EOF, peer gone), ERR for an error

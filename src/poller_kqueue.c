@@ -4,14 +4,26 @@
  * A watch is one EV_ONESHOT knote per direction (EVFILT_READ, EVFILT_WRITE)
  * carrying the caller's udata. The kernel deletes a one-shot knote as it
  * reports it, so a hung-up fd (EV_EOF) is reported once per arming. watch()
- * sends both filters in one kevent() call: EV_ADD for each direction asked,
- * EV_DELETE for the other, so a re-watch replaces the interest (EV_ADD on a
- * knote that exists updates its udata). Every change carries EV_RECEIPT, so
- * each gets its own result in the event list and none is cut short by
+ * sends every change in one kevent() call: EV_DELETE for both directions,
+ * then EV_ADD for each direction asked, so a re-watch replaces the interest
+ * and the udata with fresh knotes. (EV_ADD on a knote that exists would
+ * update it on macOS and FreeBSD, but libkqueue on Linux refuses such a
+ * change to a socket's read knote without saying so, leaving the old udata
+ * in place.) Every change carries EV_RECEIPT, so each gets its own result
+ * in the event list, in the order of the changes, and none is cut short by
  * another's error; a delete that finds nothing (ENOENT: never armed, or
- * already fired) is no error. Results are matched by filter, since FreeBSD
- * overwrites a receipt's flags with EV_ERROR alone. As poller.h says, with
- * READ|WRITE the direction that did not fire stays armed.
+ * already fired) is no error. Results are matched to changes by position,
+ * since FreeBSD overwrites a receipt's flags with EV_ERROR alone. As
+ * poller.h says, with READ|WRITE the direction that did not fire stays
+ * armed.
+ *
+ * The two directions are two knotes, so the kernel reports them as two
+ * events; epoll and poll report one fd's readiness as one. once() merges
+ * the READ and WRITE events of one fd that a kernel wait returns together
+ * into one event, so a caller asking for both hears of both, as on the
+ * other backends. Only what one kevent() call returned is merged: a pair
+ * split by the caller's `max` comes as two events, the second one in the
+ * next wait.
  *
  * Path changes: one EVFILT_VNODE knote on the open file itself, EV_ONESHOT
  * and EV_CLEAR, asking for every change this contract reports (the caller
@@ -100,25 +112,26 @@ static int apply(struct atap_poller *p, const struct kevent *ch, int nch, struct
     return n < 0 ? -errno : n;
 }
 
-/* Arms the filters for `events` and deletes the others. 0 or -errno. */
+/* Deletes both filters, then adds those for `events`. 0 or -errno. */
 static int arm(struct atap_poller *p, int fd, unsigned events, void *udata)
 {
     const unsigned short add = EV_ADD | EV_ONESHOT | EV_RECEIPT, del = EV_DELETE | EV_RECEIPT;
-    struct kevent ch[2], res[2];
-    int n, rc = 0;
+    struct kevent ch[4], res[4];
+    int nch = 0, n, rc = 0;
 
-    EV_SET(&ch[0], (uintptr_t)fd, EVFILT_READ, (events & ATAP__POLL_READ) ? add : del, 0, 0, udata);
-    EV_SET(&ch[1], (uintptr_t)fd, EVFILT_WRITE, (events & ATAP__POLL_WRITE) ? add : del, 0, 0,
-           udata);
-    n = apply(p, ch, 2, res, 2);
+    EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_READ, del, 0, 0, NULL);
+    EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_WRITE, del, 0, 0, NULL);
+    if (events & ATAP__POLL_READ)
+        EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_READ, add, 0, 0, udata);
+    if (events & ATAP__POLL_WRITE)
+        EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_WRITE, add, 0, 0, udata);
+    n = apply(p, ch, nch, res, nch);
     if (n < 0)
         return n;
-    for (int i = 0; i < n; i++) {
-        unsigned dir = res[i].filter == EVFILT_READ ? ATAP__POLL_READ : ATAP__POLL_WRITE;
-
+    for (int i = 0; i < n && i < nch; i++) {
         if (!(res[i].flags & EV_ERROR) || res[i].data == 0)
             continue;
-        if (!(events & dir) && res[i].data == ENOENT)
+        if ((ch[i].flags & EV_DELETE) && res[i].data == ENOENT)
             continue; /* nothing to delete */
         if (rc == 0)
             rc = -(int)res[i].data;
@@ -154,6 +167,7 @@ static int once(struct atap_poller *p, struct atap_poller_event *events, int max
                 bool *woke)
 {
     struct timespec ts, *tsp = NULL;
+    uintptr_t fd_of[ATAP__POLLER_BATCH]; /* events[i]'s fd, for the merge */
     int n, out = 0;
 
     if (ns != ATAP__FOREVER) {
@@ -167,10 +181,22 @@ static int once(struct atap_poller *p, struct atap_poller_event *events, int max
     for (int i = 0; i < n; i++) {
         const struct kevent *e = &p->buf[i];
 
+        int j = 0;
+
         if (e->filter == EVFILT_USER) {
             *woke = atap__poller_wake_take(&p->pending);
             continue;
         }
+        if (e->filter == EVFILT_READ || e->filter == EVFILT_WRITE) {
+            /* The fd's other direction, if reported: one event (the top). */
+            while (j < out && (events[j].kind != ATAP__WATCH_FD || fd_of[j] != e->ident))
+                j++;
+            if (j < out) {
+                events[j].events |= from_kevent(e);
+                continue;
+            }
+        }
+        fd_of[out] = e->ident;
         events[out++] = (struct atap_poller_event){
             .udata = (void *)e->udata,
             .events = from_kevent(e),

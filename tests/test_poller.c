@@ -249,6 +249,26 @@ static void test_poller_rewatch_replaces(void **state)
     close_pair(sv);
 }
 
+/* An fd ready both ways, watched for both, is one event with both bits on
+ * every backend (kqueue's two filters are merged). */
+static void test_poller_both_ways_one_event(void **state)
+{
+    struct atap_poller *p = *state;
+    struct atap_poller_event e;
+    int sv[2];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    put_byte(sv[1]); /* sv[0]: readable, and writable */
+    assert_int_equal(atap__poller_watch(p, sv[0], ATAP__POLL_READ | ATAP__POLL_WRITE, TAG(13)), 0);
+    e = wait_one(p);
+    assert_ptr_equal(e.udata, TAG(13));
+    assert_int_equal(e.events & (ATAP__POLL_READ | ATAP__POLL_WRITE),
+                     ATAP__POLL_READ | ATAP__POLL_WRITE);
+    assert_int_equal(atap__poller_unwatch(p, sv[0]), 0);
+    assert_quiet(p, ATAP_MS(20));
+    close_pair(sv);
+}
+
 static void test_poller_timeout_never_early(void **state)
 {
     struct atap_poller *p = *state;
@@ -704,6 +724,7 @@ int main(void)
         T(test_poller_writable),
         T(test_poller_unwatch_stops_reports),
         T(test_poller_rewatch_replaces),
+        T(test_poller_both_ways_one_event),
         T(test_poller_timeout_never_early),
         T(test_poller_wake_from_thread),
         T(test_poller_wakes_coalesce),
