@@ -703,6 +703,7 @@ static void test_park_until_deadline(void **state)
 
 struct fd_parker {
     int fd;
+    unsigned want; /* ATAP_READABLE unless a test says otherwise */
     uint64_t timeout;
     atomic_int first;
     atomic_int resumed;
@@ -722,7 +723,7 @@ static int task_park_fd_once(atap_ctx *ctx, void *arg, void *out)
     if (!atap_resumed(ctx)) {
         CHECK(atap_resume_reason(ctx) == 0);
         atomic_store(&p->parked_at, atap_now());
-        CHECK(atap_park_fd(ctx, p->fd, ATAP_READABLE, p->timeout) == 0);
+        CHECK(atap_park_fd(ctx, p->fd, p->want, p->timeout) == 0);
         atomic_fetch_add(&p->first, 1);
         return ATAP_PARKED;
     }
@@ -737,6 +738,7 @@ static int task_park_fd_once(atap_ctx *ctx, void *arg, void *out)
 static void fd_parker_init(struct fd_parker *p, int fd, uint64_t timeout)
 {
     p->fd = fd;
+    p->want = ATAP_READABLE;
     p->timeout = timeout;
     atomic_store(&p->first, 0);
     atomic_store(&p->resumed, 0);
@@ -831,6 +833,33 @@ static void test_park_fd_ready_at_once(void **state)
                  no_events, rounds);
     assert_true(wait_live_back(ATAP_SEC(10)));
     close_pipe(p);
+    assert_no_failures();
+}
+
+/* A park for both ways on a socket ready both ways resumes with both (kqueue
+ * reports the two directions as two events: they used to resume it with
+ * one of them). Timed and untimed: parks in the slot and on the wheel. */
+static void test_park_fd_both_ways(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(100, 20), sv[2];
+    struct fd_parker *f = &g_fdp[0];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_true(put_byte(sv[1])); /* sv[0]: readable, and writable */
+    for (int i = 0; i < rounds; i++) {
+        fd_parker_init(f, sv[0], i % 2 ? ATAP_SEC(60) : ATAP_FOREVER);
+        f->want = ATAP_READABLE | ATAP_WRITABLE;
+        atap_task t = spawn8(task_park_fd_once, f);
+        uint64_t v;
+        assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+        assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+        assert_int_equal(atomic_load(&f->events) & (ATAP_READABLE | ATAP_WRITABLE),
+                         ATAP_READABLE | ATAP_WRITABLE);
+        atap_release(t);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(sv);
     assert_no_failures();
 }
 
@@ -2321,6 +2350,7 @@ int main(void)
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),
+        T(test_park_fd_both_ways),
         T(test_park_fd_closed_huge_fd),
         T(test_park_wait_fd_zero_after_leftover_wake),
         T(test_park_stale_fire_never_claims_next_park),
