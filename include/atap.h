@@ -641,10 +641,24 @@ ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_
  * spurious (a read may still say EAGAIN).
  */
 
-/* Events for atap_wait_fd and atap_park_fd, and reported back. */
+/*
+ * Events for atap_wait_fd and atap_park_fd, and reported back. ATAP_HANGUP
+ * and ATAP_ERROR are reported only. ATAP_HANGUP: the other end hung up. A
+ * wait for ATAP_READABLE hears of a stream socket's peer that closed or
+ * shut down its writing side (TCP, AF_UNIX), as ATAP_HANGUP | ATAP_READABLE:
+ * once the data ahead is read, a read returns 0 (where poll(2) has no
+ * POLLRDHUP, outside Linux, the poll backend and atap_wait_fd outside a
+ * task report ATAP_READABLE alone). A pipe whose write end closed reports
+ * ATAP_HANGUP, with ATAP_READABLE on kqueue. A full hang-up (both ways
+ * shut, a peer reset; kqueue: a WRITABLE wait whose writes can go nowhere)
+ * is reported whatever was asked. A wait for ATAP_WRITABLE alone is not
+ * told of a half-close (it can still write), unless another task is parked
+ * on the same fd for ATAP_READABLE: a park is resumed by any ATAP_HANGUP
+ * or ATAP_ERROR reported for its fd, whatever it asked for.
+ */
 #define ATAP_READABLE 0x1u
 #define ATAP_WRITABLE 0x2u
-#define ATAP_HANGUP 0x4u /* reported only: the peer is gone (a read returns 0) */
+#define ATAP_HANGUP 0x4u /* reported only: the other end hung up (above) */
 #define ATAP_ERROR 0x8u  /* reported only: the fd has an error */
 
 /*
@@ -666,7 +680,10 @@ ATAP_EXPORT int atap_sleep_relaxed(uint64_t ns);
  * ATAP_ETIMEDOUT as atap_sleep; ATAP_EINVAL for no events or unknown bits;
  * -EBADF and other -errno from the kernel. A timeout of 0 looks once. fd
  * must stay open until it returns (closing it meanwhile from another thread
- * is the caller's race, as with poll(2)).
+ * is the caller's race, as with poll(2)). Asked for both ways, it reports
+ * both when both are ready. A regular file is ready at once, but on kqueue
+ * readable only while its offset is short of its end (an empty file is
+ * not).
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);

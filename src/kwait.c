@@ -37,9 +37,7 @@ int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
         uint64_t now = atap__now_ns(), left;
 
         if (fd >= 0) { /* looks once even when the time is up (a timeout of 0) */
-            struct pollfd pfd = {.fd = fd,
-                                 .events = (short)(((events & ATAP_READABLE) ? POLLIN : 0) |
-                                                   ((events & ATAP_WRITABLE) ? POLLOUT : 0))};
+            struct pollfd pfd = {.fd = fd, .events = atap__poll_interest(events)};
             int ms = now >= deadline ? 0
                      : deadline == ATAP__FOREVER ? -1
                      : (deadline - now) / 1000000u >= INT32_MAX
@@ -52,10 +50,7 @@ int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
             if (n > 0) {
                 if (pfd.revents & POLLNVAL)
                     return -EBADF;
-                return (int)(((pfd.revents & POLLIN) ? ATAP_READABLE : 0) |
-                             ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0) |
-                             ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0) |
-                             ((pfd.revents & POLLERR) ? ATAP_ERROR : 0));
+                return (int)atap__poll_report(pfd.revents);
             }
             if (n == 0 && now >= deadline)
                 return ATAP_ENOTREADY;
@@ -115,8 +110,8 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
     struct atap_ctx *ctx = w ? w->cur : NULL;
     /* Room for a wake left over in kq (the top comment), which must not
      * crowd out the fd's event on a look with no time left, and for the
-     * fd's READ and WRITE as two events (the poller merges those a kernel
-     * wait returns together, but a pair may still straddle two waits). */
+     * fd's READ and WRITE as two events (kqueue's two filters; its poller
+     * merges them, and ORing them here costs nothing). */
     struct atap_poller_event ev[3];
     struct atap_poller *kq;
     int rc = 0;

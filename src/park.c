@@ -602,16 +602,11 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
  * or a look that failed. */
 static unsigned look(int fd, unsigned want)
 {
-    struct pollfd pfd = {.fd = fd,
-                         .events = (short)(((want & ATAP_READABLE) ? POLLIN : 0) |
-                                           ((want & ATAP_WRITABLE) ? POLLOUT : 0))};
+    struct pollfd pfd = {.fd = fd, .events = atap__poll_interest(want)};
 
     if (poll(&pfd, 1, 0) != 1)
         return 0;
-    return ((pfd.revents & POLLIN) ? ATAP_READABLE : 0u) |
-           ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0u) |
-           ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0u) |
-           ((pfd.revents & (POLLERR | POLLNVAL)) ? ATAP_ERROR : 0u);
+    return atap__poll_report(pfd.revents);
 }
 
 /* The manager, each tick: every deaf fd is watched again (see the top); one
