@@ -25,11 +25,15 @@
  * split by the caller's `max` comes as two events, the second one in the
  * next wait.
  *
- * Path changes: one EVFILT_VNODE knote on the open file itself, EV_ONESHOT
+ * Path changes: one EVFILT_VNODE knote on the open file itself, EV_DISPATCH
  * and EV_CLEAR, asking for every change this contract reports (the caller
  * picks what it wanted out of the bits). Its ident is the fd, like the
  * READ / WRITE knotes', but a filter of its own, so the two watches on one
- * fd are independent.
+ * fd are independent. EV_DISPATCH makes it one-shot as poller.h asks: the
+ * kernel disables the knote as it reports it, and the next watch enables it
+ * again (EV_ADD | EV_ENABLE); unwatch deletes it. Not EV_ONESHOT: libkqueue
+ * on Linux turns that into an inotify IN_ONESHOT watch that any close of
+ * the file spends without reporting anything, leaving the watch deaf.
  *
  * Wakes: one EVFILT_USER knote (ident 0, EV_CLEAR) added at open. wake()
  * triggers it (NOTE_TRIGGER); retrieving it resets it (EV_CLEAR), which is
@@ -294,7 +298,7 @@ static int vnode(struct atap_poller *p, int fd, unsigned short flags, void *udat
 
 int atap__poller_watch_path(struct atap_poller *p, int fd, void *udata)
 {
-    return vnode(p, fd, EV_ADD | EV_ONESHOT | EV_CLEAR, udata);
+    return vnode(p, fd, EV_ADD | EV_ENABLE | EV_DISPATCH | EV_CLEAR, udata);
 }
 
 int atap__poller_unwatch_path(struct atap_poller *p, int fd)

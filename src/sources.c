@@ -363,9 +363,9 @@ static void vnode_event(int fd, unsigned got)
                  : atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd))) != 0) {
             claim_list(&wd_waiters[fd], ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES,
                        true, &ready);
-            if (!wd_waiters[fd])
-                path_forget(fd);
         }
+        if (!wd_waiters[fd])
+            path_forget(fd); /* the spent watch goes with its last waiter */
     }
     pthread_mutex_unlock(&src_lock);
     while ((p = ready) != NULL) {
