@@ -737,22 +737,24 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
 /*
  * Inside a task: asks to be run again when the file or directory open as fd
  * changes in one of the ways in `changes` (or the timeout passes), then
- * return ATAP_PARKED. Linux: inotify (an unlinked file reports
- * ATAP_PATH_GONE once its last descriptor closes; before that, an unlink is
- * an ATAP_PATH_ATTRIB change). macOS and the BSDs: kqueue's EVFILT_VNODE on
- * fd (an unlink or a rename reports ATAP_PATH_GONE at once; a subdirectory
- * made or removed also changes its parent's link count, ATAP_PATH_ATTRIB);
- * -ENOTSUP there with the poll backend. Returns as atap_park_fd;
- * ATAP_EINVAL also inside atap_block. A closed fd resumes at once with
- * ATAP_ERROR, as does a park the kernel will not let libatap watch. If
- * the watch on inotify cannot be renewed after a change (the kernel out of
- * memory), the manager reads inotify's queue at each of its ticks (every
- * 10 ms) and tries again until a watch holds: no change is lost, the
- * resume only comes up to a tick late. When the kernel lost changes
- * (inotify's queue overflowed; on kqueue, a manager restart, or a file's
- * watch the kernel would not renew, which that file's parks take as lost
- * changes) every path park concerned resumes, with events saying its file
- * may have been written, changed and had its entries changed (never
+ * return ATAP_PARKED. Linux with the epoll or poll backend: inotify (an
+ * unlinked file reports ATAP_PATH_GONE once its last descriptor closes;
+ * before that, an unlink is an ATAP_PATH_ATTRIB change; closing a file
+ * written through a descriptor is an ATAP_PATH_WRITE change). The kqueue
+ * backend (macOS, the BSDs, Linux with libkqueue): EVFILT_VNODE on fd (an
+ * unlink or a rename reports ATAP_PATH_GONE at once; a subdirectory made
+ * or removed also changes its parent's link count, ATAP_PATH_ATTRIB; a
+ * close is no change); -ENOTSUP with the poll backend outside Linux.
+ * Returns as atap_park_fd; ATAP_EINVAL also inside atap_block. A closed fd
+ * resumes at once with ATAP_ERROR, as does a park the kernel will not let
+ * libatap watch. If the watch on inotify cannot be renewed after a change
+ * (the kernel out of memory), the manager reads inotify's queue at each of
+ * its ticks (every 10 ms) and tries again until a watch holds: no change is
+ * lost, the resume only comes up to a tick late. When the kernel lost
+ * changes (inotify's queue overflowed; on kqueue, a manager restart, or a
+ * file's watch the kernel would not renew, which that file's parks take as
+ * lost changes) every path park concerned resumes, with events saying its
+ * file may have been written, changed and had its entries changed (never
  * ATAP_PATH_GONE): look at it again.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
