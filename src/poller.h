@@ -73,8 +73,9 @@
  * event bits, or one of the poller's own fds; -EBADF for a negative or
  * closed fd; whatever the kernel says otherwise. Regular files: epoll
  * refuses them (-EPERM), macOS's kqueue refuses WRITE on them (-EINVAL),
- * otherwise they are ready at once; file I/O belongs to the blocking threads
- * anyway. FreeBSD's kqueue refuses a WRITE watch on a pipe whose reader is
+ * otherwise they are ready at once, but for kqueue's READ, ready only while
+ * the file's offset is short of its end; file I/O belongs to the blocking
+ * threads anyway. FreeBSD's kqueue refuses a WRITE watch on a pipe whose reader is
  * already gone (-EPIPE): that hang-up comes back from watch, not from wait.
  * Unwatch before close(): epoll and kqueue drop a closed fd's watch
  * silently, poll reports it once as ERR.
