@@ -23,7 +23,9 @@
  * into one event, so a caller asking for both hears of both, as on the
  * other backends. Only what one kevent() call returned is merged: a pair
  * split by the caller's `max` comes as two events, the second one in the
- * next wait.
+ * next wait, and a watch made while another thread waits may wake that
+ * wait between its two filters (park.c looks for the other direction
+ * itself then).
  *
  * Path changes: one EVFILT_VNODE knote on the open file itself, EV_DISPATCH
  * and EV_CLEAR, asking for every change this contract reports (the caller
@@ -184,7 +186,6 @@ static int once(struct atap_poller *p, struct atap_poller_event *events, int max
         return -errno;
     for (int i = 0; i < n; i++) {
         const struct kevent *e = &p->buf[i];
-
         int j = 0;
 
         if (e->filter == EVFILT_USER) {
