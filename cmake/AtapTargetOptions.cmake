@@ -53,6 +53,11 @@ function(atap_configure_library target)
         string(TOUPPER "${ATAP_POLLER_SELECTED}" _poller)
         target_compile_definitions(${target} PRIVATE ATAP_POLLER_${_poller}=1)
     endif()
+    # A user-space kqueue (Linux), when the top-level CMakeLists.txt found one.
+    if(ATAP_POLLER_SELECTED STREQUAL "kqueue" AND ATAP_KQUEUE_LIBRARY)
+        target_include_directories(${target} PRIVATE "${ATAP_KQUEUE_INCLUDE_DIR}")
+        target_link_libraries(${target} PUBLIC "${ATAP_KQUEUE_LIBRARY}")
+    endif()
     set_target_properties(${target} PROPERTIES
         C_STANDARD 11
         C_STANDARD_REQUIRED ON

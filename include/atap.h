@@ -757,10 +757,24 @@ ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_
  * spurious (a read may still say EAGAIN).
  */
 
-/* Events for atap_wait_fd and atap_park_fd, and reported back. */
+/*
+ * Events for atap_wait_fd and atap_park_fd, and reported back. ATAP_HANGUP
+ * and ATAP_ERROR are reported only. ATAP_HANGUP: the other end hung up. A
+ * wait for ATAP_READABLE hears of a stream socket's peer that closed or
+ * shut down its writing side (TCP, AF_UNIX), as ATAP_HANGUP | ATAP_READABLE:
+ * once the data ahead is read, a read returns 0 (where poll(2) has no
+ * POLLRDHUP, outside Linux, the poll backend and atap_wait_fd outside a
+ * task report ATAP_READABLE alone). A pipe whose write end closed reports
+ * ATAP_HANGUP, with ATAP_READABLE on kqueue. A full hang-up (both ways
+ * shut, a peer reset; kqueue: a WRITABLE wait whose writes can go nowhere)
+ * is reported whatever was asked. A wait for ATAP_WRITABLE alone is not
+ * told of a half-close (it can still write), unless another task is parked
+ * on the same fd for ATAP_READABLE: a park is resumed by any ATAP_HANGUP
+ * or ATAP_ERROR reported for its fd, whatever it asked for.
+ */
 #define ATAP_READABLE 0x1u
 #define ATAP_WRITABLE 0x2u
-#define ATAP_HANGUP 0x4u /* reported only: the peer is gone (a read returns 0) */
+#define ATAP_HANGUP 0x4u /* reported only: the other end hung up (above) */
 #define ATAP_ERROR 0x8u  /* reported only: the fd has an error */
 
 /*
@@ -783,7 +797,10 @@ ATAP_EXPORT int atap_sleep_relaxed(uint64_t ns);
  * ATAP_ETIMEDOUT as atap_sleep; ATAP_EINVAL for no events or unknown bits;
  * -EBADF and other -errno from the kernel. A timeout of 0 looks once. fd
  * must stay open until it returns (closing it meanwhile from another thread
- * is the caller's race, as with poll(2)).
+ * is the caller's race, as with poll(2)). Asked for both ways, it reports
+ * both when both are ready. A regular file is ready at once, but on kqueue
+ * readable only while its offset is short of its end (an empty file is
+ * not).
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);
@@ -837,22 +854,24 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
 /*
  * Inside a task: asks to be run again when the file or directory open as fd
  * changes in one of the ways in `changes` (or the timeout passes), then
- * return ATAP_PARKED. Linux: inotify (an unlinked file reports
- * ATAP_PATH_GONE once its last descriptor closes; before that, an unlink is
- * an ATAP_PATH_ATTRIB change). macOS and the BSDs: kqueue's EVFILT_VNODE on
- * fd (an unlink or a rename reports ATAP_PATH_GONE at once; a subdirectory
- * made or removed also changes its parent's link count, ATAP_PATH_ATTRIB);
- * -ENOTSUP there with the poll backend. Returns as atap_park_fd;
- * ATAP_EINVAL also inside atap_block. A closed fd resumes at once with
- * ATAP_ERROR, as does a park the kernel will not let libatap watch. If
- * the watch on inotify cannot be renewed after a change (the kernel out of
- * memory), the manager reads inotify's queue at each of its ticks (every
- * 10 ms) and tries again until a watch holds: no change is lost, the
- * resume only comes up to a tick late. When the kernel lost changes
- * (inotify's queue overflowed; on kqueue, a manager restart, or a file's
- * watch the kernel would not renew, which that file's parks take as lost
- * changes) every path park concerned resumes, with events saying its file
- * may have been written, changed and had its entries changed (never
+ * return ATAP_PARKED. Linux with the epoll or poll backend: inotify (an
+ * unlinked file reports ATAP_PATH_GONE once its last descriptor closes;
+ * before that, an unlink is an ATAP_PATH_ATTRIB change; closing a file
+ * written through a descriptor is an ATAP_PATH_WRITE change). The kqueue
+ * backend (macOS, the BSDs, Linux with libkqueue): EVFILT_VNODE on fd (an
+ * unlink or a rename reports ATAP_PATH_GONE at once; a subdirectory made
+ * or removed also changes its parent's link count, ATAP_PATH_ATTRIB; a
+ * close is no change); -ENOTSUP with the poll backend outside Linux.
+ * Returns as atap_park_fd; ATAP_EINVAL also inside atap_block. A closed fd
+ * resumes at once with ATAP_ERROR, as does a park the kernel will not let
+ * libatap watch. If the watch on inotify cannot be renewed after a change
+ * (the kernel out of memory), the manager reads inotify's queue at each of
+ * its ticks (every 10 ms) and tries again until a watch holds: no change is
+ * lost, the resume only comes up to a tick late. When the kernel lost
+ * changes (inotify's queue overflowed; on kqueue, a manager restart, or a
+ * file's watch the kernel would not renew, which that file's parks take as
+ * lost changes) every path park concerned resumes, with events saying its
+ * file may have been written, changed and had its entries changed (never
  * ATAP_PATH_GONE): look at it again.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);

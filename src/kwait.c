@@ -40,9 +40,7 @@ int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
         uint64_t now = atap__now_ns(), left;
 
         if (fd >= 0) { /* looks once even when the time is up (a timeout of 0) */
-            struct pollfd pfd = {.fd = fd,
-                                 .events = (short)(((events & ATAP_READABLE) ? POLLIN : 0) |
-                                                   ((events & ATAP_WRITABLE) ? POLLOUT : 0))};
+            struct pollfd pfd = {.fd = fd, .events = atap__poll_interest(events)};
             int ms = now >= deadline ? 0
                      : deadline == ATAP__FOREVER ? -1
                      : (deadline - now) / 1000000u >= INT32_MAX
@@ -55,10 +53,7 @@ int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
             if (n > 0) {
                 if (pfd.revents & POLLNVAL)
                     return -EBADF;
-                return (int)(((pfd.revents & POLLIN) ? ATAP_READABLE : 0) |
-                             ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0) |
-                             ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0) |
-                             ((pfd.revents & POLLERR) ? ATAP_ERROR : 0));
+                return (int)atap__poll_report(pfd.revents);
             }
             if (n == 0 && now >= deadline)
                 return ATAP_ENOTREADY;
@@ -120,13 +115,26 @@ static int sliced_wait(const struct atap_ctx *ctx, uint64_t deadline, bool preci
     }
 }
 
+/* What n events of the one fd a thread's poller watches say, together (the
+ * fd's READ and WRITE may come as two events; see kernel_wait). */
+static unsigned fd_events(const struct atap_poller_event *ev, int n)
+{
+    unsigned got = 0;
+
+    for (int i = 0; i < n; i++)
+        got |= ev[i].events;
+    return got;
+}
+
 static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
 {
     struct worker *w = atap__self;
     struct atap_ctx *ctx = w ? w->cur : NULL;
-    /* Room for two: a wake left over in kq (the top comment) must not
-     * crowd out the fd's event on a look with no time left. */
-    struct atap_poller_event ev[2];
+    /* Room for a wake left over in kq (the top comment), which must not
+     * crowd out the fd's event on a look with no time left, and for the
+     * fd's READ and WRITE as two events (kqueue's two filters; its poller
+     * merges them, and ORing them here costs nothing). */
+    struct atap_poller_event ev[3];
     struct atap_poller *kq;
     int rc = 0;
 
@@ -138,9 +146,10 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
     st_seqcst(&w->kwait, (uint64_t)ctx->gen << 32 | ctx->index);
     if (fd >= 0 && (rc = atap__poller_watch(kq, fd, events, kq)) < 0) {
         st_release(&w->kwait, 0);
-        /* EPERM: a file the kernel's poller does not take (a regular file,
-         * always ready); poll(2) says so, as outside a task. */
-        return rc == -EPERM ? atap__plain_wait(0, false, fd, events) : rc;
+        /* A file the kernel's poller does not take (a regular file, always
+         * ready): epoll says EPERM, macOS's kqueue EINVAL for a WRITE watch.
+         * poll(2) says what it is ready for, as outside a task. */
+        return rc == -EPERM || rc == -EINVAL ? atap__plain_wait(0, false, fd, events) : rc;
     }
     for (;;) {
         uint64_t now, left;
@@ -150,8 +159,8 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
             break;
         if ((now = atap__now_ns()) >= deadline) {
             if (fd >= 0) { /* one look before giving up (a timeout of 0) */
-                n = atap__poller_wait(kq, ev, 2, 0);
-                rc = n > 0 ? (int)ev[0].events : n < 0 ? n : ATAP_ENOTREADY;
+                n = atap__poller_wait(kq, ev, 3, 0);
+                rc = n > 0 ? (int)fd_events(ev, n) : n < 0 ? n : ATAP_ENOTREADY;
             }
             break; /* a sleep: rc is 0 */
         }
@@ -161,11 +170,11 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
                 cpu_relax();
             break;
         }
-        n = atap__poller_wait(kq, ev, 2,
+        n = atap__poller_wait(kq, ev, 3,
                               deadline == ATAP__FOREVER ? ATAP__FOREVER
                                                         : left - (precise ? SPIN_NS : 0));
         if (n > 0) {
-            rc = (int)ev[0].events;
+            rc = (int)fd_events(ev, n);
             break;
         }
         if (n < 0) {

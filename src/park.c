@@ -481,17 +481,44 @@ struct resumes {
     uint32_t tready, ttimed;
 };
 
+static unsigned look(int fd, unsigned want);
+
+/* What a park that wants `want` is told of a report of `events` on f. On
+ * kqueue an fd's two directions are two filters, and a watch made while the
+ * manager waits may wake it between the two: a park told of one direction
+ * that wants the other too looks at it itself (poll(2), which does not
+ * wait; at most once per report, *seen keeping what it found), so a park
+ * on both hears of both, as on epoll and poll, where one report says both. */
+static unsigned told(const struct fdw *f, unsigned events, unsigned want, int *seen)
+{
+#if defined(ATAP_POLLER_KQUEUE)
+    unsigned missing = want & EVENT_BITS & ~events;
+
+    if (missing && (want & events & EVENT_BITS)) {
+        if (*seen < 0)
+            *seen = (int)look(f->fd, EVENT_BITS);
+        events |= (unsigned)*seen & missing;
+    }
+#else
+    (void)f, (void)want, (void)seen;
+#endif
+    return events;
+}
+
 /* fd_lock held: claims for READY every park on f that `events` (as the
  * poller reports them) makes ready, and moves it to r. */
 static void claim_ready(struct fdw *f, unsigned events, struct resumes *r)
 {
     struct park *p, **at;
+    int seen = -1;
 
     for (at = &f->waiters; (p = *at) != NULL;) {
+        unsigned got = told(f, events, p->events, &seen);
+
         /* HUP and ERR mean ready for whatever was asked. */
         /* got first: a claim from ARMING is completed by the parker. */
         if (((p->events & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
-            (st_relaxed(&p->got, events), atap__park_claim(p, BY_READY) == 1)) {
+            (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY) == 1)) {
             *at = p->fd_next;
             p->on_fd = false;
             p->fd_next = r->ready;
@@ -507,7 +534,7 @@ static void claim_ready(struct fdw *f, unsigned events, struct resumes *r)
 
         next = ld_relaxed(link_of(x - 1));
         if (((want & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
-            tclaim(t, BY_READY, events) == 1) {
+            tclaim(t, BY_READY, told(f, events, want, &seen)) == 1) {
             if (prev)
                 st_relaxed(link_of(prev - 1), next);
             else
@@ -575,16 +602,11 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
  * or a look that failed. */
 static unsigned look(int fd, unsigned want)
 {
-    struct pollfd pfd = {.fd = fd,
-                         .events = (short)(((want & ATAP_READABLE) ? POLLIN : 0) |
-                                           ((want & ATAP_WRITABLE) ? POLLOUT : 0))};
+    struct pollfd pfd = {.fd = fd, .events = atap__poll_interest(want)};
 
     if (poll(&pfd, 1, 0) != 1)
         return 0;
-    return ((pfd.revents & POLLIN) ? ATAP_READABLE : 0u) |
-           ((pfd.revents & POLLOUT) ? ATAP_WRITABLE : 0u) |
-           ((pfd.revents & POLLHUP) ? ATAP_HANGUP : 0u) |
-           ((pfd.revents & (POLLERR | POLLNVAL)) ? ATAP_ERROR : 0u);
+    return atap__poll_report(pfd.revents);
 }
 
 /* The manager, each tick: every deaf fd is watched again (see the top); one

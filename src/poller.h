@@ -22,13 +22,22 @@
  * and persist) is reported once per arming: it can never spin the loop.
  * With READ|WRITE on one fd, epoll and poll disarm the fd as a whole when
  * either fires; kqueue arms two independent filters, so the direction that
- * did not fire stays armed. The re-watch rule above covers both.
+ * did not fire stays armed. The re-watch rule above covers both. Both
+ * directions ready at once come as one event with both bits, on every
+ * backend (kqueue's two reports are merged when one kernel wait returns
+ * them together; poller_kqueue.c).
  *
  * The reported bits are what the kernel said: READ/WRITE for the directions
- * that are ready, HUP for a hang-up (EOF, peer gone), ERR for an error
- * condition. HUP and ERR may come with or without READ/WRITE depending on
- * the backend and the kind of fd; treat them as "ready for every direction
- * you asked for" (the next read returns 0 or the error).
+ * that are ready, HUP for a hang-up, ERR for an error condition. A READ
+ * watch also asks for the peer's half-close (a stream socket's peer closed
+ * or shut down its writing side: epoll's EPOLLRDHUP, poll's POLLRDHUP where
+ * the C library has it, kqueue's EV_EOF on EVFILT_READ), reported as HUP
+ * with READ; a full hang-up (epoll's EPOLLHUP, poll's POLLHUP, a pipe's
+ * other end closed, kqueue's EV_EOF on EVFILT_WRITE) is HUP whatever was
+ * asked. HUP and ERR may come with or without READ/WRITE depending on the
+ * backend and the kind of fd (a pipe whose writer closed: HUP alone on
+ * epoll and poll, READ|HUP on kqueue); treat them as "ready for every
+ * direction you asked for" (the next read returns 0 or the error).
  *
  * A wake makes the wait in progress, or else the next one, return. It is
  * consumed inside wait and reported as no event: wait returns 0 (or the
@@ -64,8 +73,9 @@
  * event bits, or one of the poller's own fds; -EBADF for a negative or
  * closed fd; whatever the kernel says otherwise. Regular files: epoll
  * refuses them (-EPERM), macOS's kqueue refuses WRITE on them (-EINVAL),
- * otherwise they are ready at once; file I/O belongs to the blocking threads
- * anyway. FreeBSD's kqueue refuses a WRITE watch on a pipe whose reader is
+ * otherwise they are ready at once, but for kqueue's READ, ready only while
+ * the file's offset is short of its end; file I/O belongs to the blocking
+ * threads anyway. FreeBSD's kqueue refuses a WRITE watch on a pipe whose reader is
  * already gone (-EPIPE): that hang-up comes back from watch, not from wait.
  * Unwatch before close(): epoll and kqueue drop a closed fd's watch
  * silently, poll reports it once as ERR.
@@ -83,6 +93,7 @@
 #define ATAP_POLLER_H
 
 #include <errno.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -169,6 +180,31 @@ const char *atap__poller_name(void);
 /* The fds the poller owns (at most max). How many, or -EINVAL. For tests,
  * and for a fork's child, which closes the parent's without using them. */
 int atap__poller_fds(struct atap_poller *p, int *fds, int max);
+
+/* poll(2)'s bits for a READ / WRITE interest, and back: for poller_poll.c
+ * and for the one-off looks outside a poller (kwait.c, park.c). With READ,
+ * the peer's half-close is asked for too (POLLRDHUP, where the C library
+ * has it), and reported as HUP, as epoll's EPOLLRDHUP and kqueue's EV_EOF
+ * are. POLLNVAL (not an open fd) is reported as ERR. */
+#if defined(POLLRDHUP)
+#define ATAP__POLLRDHUP POLLRDHUP
+#else
+#define ATAP__POLLRDHUP 0
+#endif
+
+static inline short atap__poll_interest(unsigned events)
+{
+    return (short)(((events & ATAP__POLL_READ) ? POLLIN | ATAP__POLLRDHUP : 0) |
+                   ((events & ATAP__POLL_WRITE) ? POLLOUT : 0));
+}
+
+static inline unsigned atap__poll_report(short revents)
+{
+    return ((revents & POLLIN) ? ATAP__POLL_READ : 0u) |
+           ((revents & POLLOUT) ? ATAP__POLL_WRITE : 0u) |
+           ((revents & (POLLHUP | ATAP__POLLRDHUP)) ? ATAP__POLL_HUP : 0u) |
+           ((revents & (POLLERR | POLLNVAL)) ? ATAP__POLL_ERR : 0u);
+}
 
 /* ---- for the backend files only ----------------------------------------- */
 

@@ -5,7 +5,8 @@
  * kernel disarms an entry as it reports it (the entry stays in the set with
  * an empty mask, HUP and ERR included, until it is watched again or
  * unwatched), so a hung-up fd is reported once. Re-arming one that fired is
- * EPOLL_CTL_MOD, falling back to ADD for an fd not in the set yet.
+ * EPOLL_CTL_MOD, falling back to ADD for an fd not in the set yet. A READ
+ * watch asks for EPOLLRDHUP too: the peer's half-close is HUP (poller.h).
  *
  * The eventfd is a level-triggered entry tagged with the address of
  * wake_tag, which no caller can hold, so it never collides with a udata.
@@ -101,7 +102,7 @@ static unsigned from_epoll(uint32_t e)
         r |= ATAP__POLL_READ;
     if (e & EPOLLOUT)
         r |= ATAP__POLL_WRITE;
-    if (e & EPOLLHUP)
+    if (e & (EPOLLHUP | EPOLLRDHUP))
         r |= ATAP__POLL_HUP;
     if (e & EPOLLERR)
         r |= ATAP__POLL_ERR;
@@ -206,7 +207,7 @@ int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *uda
     if (events == 0 || (events & ~(ATAP__POLL_READ | ATAP__POLL_WRITE)))
         return -EINVAL;
     if (events & ATAP__POLL_READ)
-        ev.events |= EPOLLIN;
+        ev.events |= EPOLLIN | EPOLLRDHUP; /* the peer's half-close: HUP */
     if (events & ATAP__POLL_WRITE)
         ev.events |= EPOLLOUT;
     /* Re-arming a watch that fired is the common case: MOD first. */

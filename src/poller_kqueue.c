@@ -4,20 +4,38 @@
  * A watch is one EV_ONESHOT knote per direction (EVFILT_READ, EVFILT_WRITE)
  * carrying the caller's udata. The kernel deletes a one-shot knote as it
  * reports it, so a hung-up fd (EV_EOF) is reported once per arming. watch()
- * sends both filters in one kevent() call: EV_ADD for each direction asked,
- * EV_DELETE for the other, so a re-watch replaces the interest (EV_ADD on a
- * knote that exists updates its udata). Every change carries EV_RECEIPT, so
- * each gets its own result in the event list and none is cut short by
+ * sends every change in one kevent() call: EV_DELETE for both directions,
+ * then EV_ADD for each direction asked, so a re-watch replaces the interest
+ * and the udata with fresh knotes. (EV_ADD on a knote that exists would
+ * update it on macOS and FreeBSD, but libkqueue on Linux refuses such a
+ * change to a socket's read knote without saying so, leaving the old udata
+ * in place.) Every change carries EV_RECEIPT, so each gets its own result
+ * in the event list, in the order of the changes, and none is cut short by
  * another's error; a delete that finds nothing (ENOENT: never armed, or
- * already fired) is no error. Results are matched by filter, since FreeBSD
- * overwrites a receipt's flags with EV_ERROR alone. As poller.h says, with
- * READ|WRITE the direction that did not fire stays armed.
+ * already fired) is no error. Results are matched to changes by position,
+ * since FreeBSD overwrites a receipt's flags with EV_ERROR alone. As
+ * poller.h says, with READ|WRITE the direction that did not fire stays
+ * armed.
  *
- * Path changes: one EVFILT_VNODE knote on the open file itself, EV_ONESHOT
+ * The two directions are two knotes, so the kernel reports them as two
+ * events; epoll and poll report one fd's readiness as one. once() merges
+ * the READ and WRITE events of one fd that a kernel wait returns together
+ * into one event, so a caller asking for both hears of both, as on the
+ * other backends. Only what one kevent() call returned is merged: a pair
+ * split by the caller's `max` comes as two events, the second one in the
+ * next wait, and a watch made while another thread waits may wake that
+ * wait between its two filters (park.c looks for the other direction
+ * itself then).
+ *
+ * Path changes: one EVFILT_VNODE knote on the open file itself, EV_DISPATCH
  * and EV_CLEAR, asking for every change this contract reports (the caller
  * picks what it wanted out of the bits). Its ident is the fd, like the
  * READ / WRITE knotes', but a filter of its own, so the two watches on one
- * fd are independent.
+ * fd are independent. EV_DISPATCH makes it one-shot as poller.h asks: the
+ * kernel disables the knote as it reports it, and the next watch enables it
+ * again (EV_ADD | EV_ENABLE); unwatch deletes it. Not EV_ONESHOT: libkqueue
+ * on Linux turns that into an inotify IN_ONESHOT watch that any close of
+ * the file spends without reporting anything, leaving the watch deaf.
  *
  * Wakes: one EVFILT_USER knote (ident 0, EV_CLEAR) added at open. wake()
  * triggers it (NOTE_TRIGGER); retrieving it resets it (EV_CLEAR), which is
@@ -49,8 +67,14 @@
 #include "atomics.h"
 
 #define WAKE_IDENT 0
-#define VNODE_NOTES \
-    (NOTE_WRITE | NOTE_EXTEND | NOTE_ATTRIB | NOTE_LINK | NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)
+/* A revoke (revoke(2), a terminal hung up) is a file gone; a kqueue without
+ * revoke (libkqueue on Linux) simply never reports one. */
+#if defined(NOTE_REVOKE)
+#define NOTE_GONE (NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)
+#else
+#define NOTE_GONE (NOTE_DELETE | NOTE_RENAME)
+#endif
+#define VNODE_NOTES (NOTE_WRITE | NOTE_EXTEND | NOTE_ATTRIB | NOTE_LINK | NOTE_GONE)
 
 struct atap_poller {
     int kq;
@@ -94,25 +118,26 @@ static int apply(struct atap_poller *p, const struct kevent *ch, int nch, struct
     return n < 0 ? -errno : n;
 }
 
-/* Arms the filters for `events` and deletes the others. 0 or -errno. */
+/* Deletes both filters, then adds those for `events`. 0 or -errno. */
 static int arm(struct atap_poller *p, int fd, unsigned events, void *udata)
 {
     const unsigned short add = EV_ADD | EV_ONESHOT | EV_RECEIPT, del = EV_DELETE | EV_RECEIPT;
-    struct kevent ch[2], res[2];
-    int n, rc = 0;
+    struct kevent ch[4], res[4];
+    int nch = 0, n, rc = 0;
 
-    EV_SET(&ch[0], (uintptr_t)fd, EVFILT_READ, (events & ATAP__POLL_READ) ? add : del, 0, 0, udata);
-    EV_SET(&ch[1], (uintptr_t)fd, EVFILT_WRITE, (events & ATAP__POLL_WRITE) ? add : del, 0, 0,
-           udata);
-    n = apply(p, ch, 2, res, 2);
+    EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_READ, del, 0, 0, NULL);
+    EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_WRITE, del, 0, 0, NULL);
+    if (events & ATAP__POLL_READ)
+        EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_READ, add, 0, 0, udata);
+    if (events & ATAP__POLL_WRITE)
+        EV_SET(&ch[nch++], (uintptr_t)fd, EVFILT_WRITE, add, 0, 0, udata);
+    n = apply(p, ch, nch, res, nch);
     if (n < 0)
         return n;
-    for (int i = 0; i < n; i++) {
-        unsigned dir = res[i].filter == EVFILT_READ ? ATAP__POLL_READ : ATAP__POLL_WRITE;
-
+    for (int i = 0; i < n && i < nch; i++) {
         if (!(res[i].flags & EV_ERROR) || res[i].data == 0)
             continue;
-        if (!(events & dir) && res[i].data == ENOENT)
+        if ((ch[i].flags & EV_DELETE) && res[i].data == ENOENT)
             continue; /* nothing to delete */
         if (rc == 0)
             rc = -(int)res[i].data;
@@ -124,7 +149,7 @@ static unsigned from_vnode(unsigned notes)
 {
     return ((notes & (NOTE_WRITE | NOTE_EXTEND)) ? ATAP__PATH_WRITE : 0) |
            ((notes & (NOTE_ATTRIB | NOTE_LINK)) ? ATAP__PATH_ATTRIB : 0) |
-           ((notes & (NOTE_DELETE | NOTE_RENAME | NOTE_REVOKE)) ? ATAP__PATH_GONE : 0);
+           ((notes & NOTE_GONE) ? ATAP__PATH_GONE : 0);
 }
 
 static unsigned from_kevent(const struct kevent *e)
@@ -148,6 +173,7 @@ static int once(struct atap_poller *p, struct atap_poller_event *events, int max
                 bool *woke)
 {
     struct timespec ts, *tsp = NULL;
+    uintptr_t fd_of[ATAP__POLLER_BATCH]; /* events[i]'s fd, for the merge */
     int n, out = 0;
 
     if (ns != ATAP__FOREVER) {
@@ -160,11 +186,22 @@ static int once(struct atap_poller *p, struct atap_poller_event *events, int max
         return -errno;
     for (int i = 0; i < n; i++) {
         const struct kevent *e = &p->buf[i];
+        int j = 0;
 
         if (e->filter == EVFILT_USER) {
             *woke = atap__poller_wake_take(&p->pending);
             continue;
         }
+        if (e->filter == EVFILT_READ || e->filter == EVFILT_WRITE) {
+            /* The fd's other direction, if reported: one event (the top). */
+            while (j < out && (events[j].kind != ATAP__WATCH_FD || fd_of[j] != e->ident))
+                j++;
+            if (j < out) {
+                events[j].events |= from_kevent(e);
+                continue;
+            }
+        }
+        fd_of[out] = e->ident;
         events[out++] = (struct atap_poller_event){
             .udata = (void *)e->udata,
             .events = from_kevent(e),
@@ -262,7 +299,7 @@ static int vnode(struct atap_poller *p, int fd, unsigned short flags, void *udat
 
 int atap__poller_watch_path(struct atap_poller *p, int fd, void *udata)
 {
-    return vnode(p, fd, EV_ADD | EV_ONESHOT | EV_CLEAR, udata);
+    return vnode(p, fd, EV_ADD | EV_ENABLE | EV_DISPATCH | EV_CLEAR, udata);
 }
 
 int atap__poller_unwatch_path(struct atap_poller *p, int fd)

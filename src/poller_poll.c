@@ -145,27 +145,6 @@ static int reserve(struct atap_poller *p, size_t n)
     return 0;
 }
 
-static short to_poll(unsigned events)
-{
-    return (short)(((events & ATAP__POLL_READ) ? POLLIN : 0) |
-                   ((events & ATAP__POLL_WRITE) ? POLLOUT : 0));
-}
-
-static unsigned from_poll(short r)
-{
-    unsigned e = 0;
-
-    if (r & POLLIN)
-        e |= ATAP__POLL_READ;
-    if (r & POLLOUT)
-        e |= ATAP__POLL_WRITE;
-    if (r & POLLHUP)
-        e |= ATAP__POLL_HUP;
-    if (r & (POLLERR | POLLNVAL))
-        e |= ATAP__POLL_ERR;
-    return e;
-}
-
 /* Copies the watches into the waiter's pollfd array. The count, or -ENOMEM. */
 static long snapshot(struct atap_poller *p)
 {
@@ -178,7 +157,8 @@ static long snapshot(struct atap_poller *p)
     }
     p->pfds[0] = (struct pollfd){.fd = p->rfd, .events = POLLIN};
     for (size_t i = 0; i < p->n; i++) {
-        p->pfds[i + 1] = (struct pollfd){.fd = p->ents[i].fd, .events = to_poll(p->ents[i].events)};
+        p->pfds[i + 1] =
+            (struct pollfd){.fd = p->ents[i].fd, .events = atap__poll_interest(p->ents[i].events)};
         p->seqs[i + 1] = p->ents[i].seq;
     }
     p->polling = true;
@@ -202,7 +182,7 @@ static int collect(struct atap_poller *p, long nfds, struct atap_poller_event *e
         if (p->pfds[i].revents == 0 || (j = find_seq(p, p->seqs[i])) < 0)
             continue;
         events[out++] = (struct atap_poller_event){.udata = p->ents[j].udata,
-                                                   .events = from_poll(p->pfds[i].revents),
+                                                   .events = atap__poll_report(p->pfds[i].revents),
                                                    .kind = ATAP__WATCH_FD};
         remove_at(p, (size_t)j);
     }

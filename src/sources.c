@@ -9,8 +9,9 @@
  * a signal handler writes to (the handler only sets the signal's pending
  * flag, release, and writes a byte: async-signal-safe; the reader exchanges
  * the flag, acquire, so a park claimed for a signal sees what came before
- * it), and on Linux an inotify fd. On kqueue a path is watched by the
- * poller itself (EVFILT_VNODE on the open file), its udata naming the fd.
+ * it), and on Linux an inotify fd. With the kqueue backend (Linux with
+ * libkqueue too) a path is watched by the poller itself (EVFILT_VNODE on
+ * the open file), its udata naming the fd.
  * Waiter lists are per signal number and per inotify watch (kqueue: per
  * fd), all under src_lock, a leaf lock: parks found ready are claimed
  * under it (atap__park_claim, which exactly one claimant wins) and
@@ -44,11 +45,14 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#if defined(__linux__)
+/* Chosen by backend, not by system: kqueue's own path watch wherever the
+ * kqueue backend runs (a Linux build with libkqueue included), inotify on
+ * Linux with the others. */
+#if defined(ATAP_POLLER_KQUEUE) || !defined(__linux__)
+#define PATHS_BY_INOTIFY 0 /* the poller's own path watches (kqueue), if any */
+#else
 #include <sys/inotify.h>
 #define PATHS_BY_INOTIFY 1 /* an inotify fd of ours, watched like any fd */
-#else
-#define PATHS_BY_INOTIFY 0 /* the poller's own path watches (kqueue) */
 #endif
 
 #include "atap.h"
@@ -138,7 +142,7 @@ static int source_watch(struct source *f, bool again)
             f->fd = sig_pipe[0];
             st_release(&sig_write_fd, sig_pipe[1]); /* before any handler */
         } else {
-#if defined(__linux__)
+#if PATHS_BY_INOTIFY
             if ((f->fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK)) < 0)
                 return -errno;
 #else
@@ -154,7 +158,7 @@ static int source_watch(struct source *f, bool again)
     return rc;
 }
 
-#if defined(__linux__)
+#if PATHS_BY_INOTIFY
 static uint32_t inotify_mask(unsigned changes)
 {
     return ((changes & ATAP_PATH_WRITE) ? IN_MODIFY | IN_CLOSE_WRITE : 0) |
@@ -178,7 +182,7 @@ static unsigned changes_of(uint32_t mask)
 /* src_lock held: nobody waits on watch wd now. */
 static void path_forget(int wd)
 {
-#if defined(__linux__)
+#if PATHS_BY_INOTIFY
     inotify_rm_watch(path_source.fd, wd);
 #else
     atap__poller_unwatch_path(atap__manager_poller(), wd);
@@ -231,7 +235,7 @@ int atap__source_add(struct park *p)
         }
         sig_caught[key] = true;
     }
-#if defined(__linux__)
+#if PATHS_BY_INOTIFY
     if (p->kind == PK_PATH) {
         char path[64];
         snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
@@ -309,7 +313,7 @@ static void source_event(struct source *f)
     TEST_HOOK(ATAP__TEST_SOURCE_READ);
     pthread_mutex_lock(&src_lock);
     while ((n = read(f->fd, buf, sizeof buf)) > 0) {
-#if defined(__linux__)
+#if PATHS_BY_INOTIFY
         for (ssize_t at = 0; f == &path_source && at < n;) {
             const struct inotify_event *e = (const void *)(buf + at);
             if (e->mask & IN_Q_OVERFLOW)
@@ -359,9 +363,9 @@ static void vnode_event(int fd, unsigned got)
                  : atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd))) != 0) {
             claim_list(&wd_waiters[fd], ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES,
                        true, &ready);
-            if (!wd_waiters[fd])
-                path_forget(fd);
         }
+        if (!wd_waiters[fd])
+            path_forget(fd); /* the spent watch goes with its last waiter */
     }
     pthread_mutex_unlock(&src_lock);
     while ((p = ready) != NULL) {

@@ -21,6 +21,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -352,7 +354,7 @@ struct wfd_arg {
     int silent_wfd; /* its write end: writable */
     int late_rfd;   /* a byte comes 30 ms after `armed` */
     int hup_rfd;    /* its write end is closed */
-    int file_fd;    /* a regular file: always ready */
+    int file_fd;    /* a regular file with a byte to read: ready both ways */
     atomic_int armed;
 };
 
@@ -366,8 +368,10 @@ static void wait_fd_cases(struct wfd_arg *a, bool late)
     rc = atap_wait_fd(a->data_rfd, ATAP_READABLE, 0); /* a timeout of 0 looks once */
     CHECK(rc > 0 && (rc & ATAP_READABLE));
 
-    /* a regular file is always ready, inside a task as outside (epoll
-     * refuses such files: that used to come back as -EPERM in a task) */
+    /* a regular file with data ahead of its offset is ready both ways,
+     * inside a task as outside, on every backend (epoll refuses such files:
+     * that used to come back as -EPERM in a task; kqueue calls a file
+     * readable only short of its end, so the file is not empty) */
     rc = atap_wait_fd(a->file_fd, ATAP_READABLE | ATAP_WRITABLE, ATAP_SEC(10));
     CHECK(rc > 0 && (rc & ATAP_READABLE) && (rc & ATAP_WRITABLE));
 
@@ -598,6 +602,8 @@ static void test_park_wait_fd_results(void **state)
     FILE *file = tmpfile();
     assert_non_null(file);
     a->file_fd = fileno(file);
+    assert_true(put_byte(a->file_fd));
+    assert_int_equal(lseek(a->file_fd, 0, SEEK_SET), 0);
     atomic_store(&a->armed, 0);
 
     /* inside a task */
@@ -699,6 +705,7 @@ static void test_park_until_deadline(void **state)
 
 struct fd_parker {
     int fd;
+    unsigned want; /* ATAP_READABLE unless a test says otherwise */
     uint64_t timeout;
     atomic_int first;
     atomic_int resumed;
@@ -718,7 +725,7 @@ static int task_park_fd_once(atap_ctx *ctx, void *arg, void *out)
     if (!atap_resumed(ctx)) {
         CHECK(atap_resume_reason(ctx) == 0);
         atomic_store(&p->parked_at, atap_now());
-        CHECK(atap_park_fd(ctx, p->fd, ATAP_READABLE, p->timeout) == 0);
+        CHECK(atap_park_fd(ctx, p->fd, p->want, p->timeout) == 0);
         atomic_fetch_add(&p->first, 1);
         return ATAP_PARKED;
     }
@@ -733,6 +740,7 @@ static int task_park_fd_once(atap_ctx *ctx, void *arg, void *out)
 static void fd_parker_init(struct fd_parker *p, int fd, uint64_t timeout)
 {
     p->fd = fd;
+    p->want = ATAP_READABLE;
     p->timeout = timeout;
     atomic_store(&p->first, 0);
     atomic_store(&p->resumed, 0);
@@ -827,6 +835,177 @@ static void test_park_fd_ready_at_once(void **state)
                  no_events, rounds);
     assert_true(wait_live_back(ATAP_SEC(10)));
     close_pipe(p);
+    assert_no_failures();
+}
+
+/* A park for both ways on a socket ready both ways resumes with both (kqueue
+ * reports the two directions as two events: they used to resume it with
+ * one of them). Timed and untimed: parks in the slot and on the wheel. */
+static void test_park_fd_both_ways(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(100, 20), sv[2];
+    struct fd_parker *f = &g_fdp[0];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_true(put_byte(sv[1])); /* sv[0]: readable, and writable */
+    for (int i = 0; i < rounds; i++) {
+        fd_parker_init(f, sv[0], i % 2 ? ATAP_SEC(60) : ATAP_FOREVER);
+        f->want = ATAP_READABLE | ATAP_WRITABLE;
+        atap_task t = spawn8(task_park_fd_once, f);
+        uint64_t v;
+        assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+        assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+        assert_int_equal(atomic_load(&f->events) & (ATAP_READABLE | ATAP_WRITABLE),
+                         ATAP_READABLE | ATAP_WRITABLE);
+        atap_release(t);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(sv);
+    assert_no_failures();
+}
+
+/* ---- 6b. the peer hangs up ------------------------------------------------
+ *
+ * A stream socket's peer that closes, or shuts down its writing side, is
+ * ATAP_HANGUP for a wait on ATAP_READABLE, with ATAP_READABLE (a read
+ * returns 0): epoll's EPOLLRDHUP, poll's POLLRDHUP, kqueue's EV_EOF. A TCP
+ * peer's close used to read as ATAP_READABLE alone. */
+
+/* A connected TCP pair on the loopback. */
+static void tcp_pair(int sv[2])
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(l >= 0);
+    assert_int_equal(bind(l, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&a, &len), 0);
+    sv[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(sv[0] >= 0);
+    assert_int_equal(connect(sv[0], (struct sockaddr *)&a, sizeof a), 0);
+    sv[1] = accept(l, NULL, NULL);
+    assert_true(sv[1] >= 0);
+    close(l);
+}
+
+enum { HUP_UNIX_SHUT, HUP_UNIX_CLOSE, HUP_TCP_SHUT, HUP_TCP_CLOSE, HUP_CASES };
+static const char *const hup_case_name[HUP_CASES] = {
+    "AF_UNIX, shutdown(SHUT_WR)", "AF_UNIX, close", "TCP, shutdown(SHUT_WR)", "TCP, close"};
+
+static void hup_pair(int c, int sv[2])
+{
+    if (c == HUP_TCP_SHUT || c == HUP_TCP_CLOSE)
+        tcp_pair(sv);
+    else
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+}
+
+/* The peer (sv[1]) hangs up in the way case c says. */
+static void hup_peer(int c, int sv[2])
+{
+    if (c == HUP_UNIX_SHUT || c == HUP_TCP_SHUT) {
+        assert_int_equal(shutdown(sv[1], SHUT_WR), 0);
+    } else {
+        close(sv[1]);
+        sv[1] = -1;
+    }
+}
+
+static void check_hup(int c, const char *how, unsigned got)
+{
+    if (!(got & ATAP_HANGUP) || !(got & ATAP_READABLE))
+        fail_msg("%s, %s: reported 0x%x, wanted ATAP_HANGUP | ATAP_READABLE", hup_case_name[c],
+                 how, got);
+}
+
+static void test_park_fd_peer_hangup(void **state)
+{
+    (void)state;
+    struct fd_parker *f = &g_fdp[0];
+
+    for (int c = 0; c < HUP_CASES; c++) {
+        for (int timed = 0; timed < 2; timed++) {
+            int sv[2];
+            uint64_t v;
+
+            hup_pair(c, sv);
+            fd_parker_init(f, sv[0], timed ? ATAP_SEC(60) : ATAP_FOREVER);
+            atap_task t = spawn8(task_park_fd_once, f);
+            assert_true(wait_atomic_at_least(&f->first, 1, ATAP_SEC(10)));
+            sleep_ms(20); /* parked, nothing to read */
+            assert_int_equal(atomic_load(&f->resumed), 0);
+            hup_peer(c, sv);
+            assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+            assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+            check_hup(c, timed ? "a timed park" : "a park", (unsigned)atomic_load(&f->events));
+            atap_release(t);
+            close_pipe(sv);
+        }
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+struct hup_wait {
+    int fd;
+    atomic_int started;
+};
+
+static int task_wait_fd_read(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    struct hup_wait *h = arg;
+    int rc;
+
+    atomic_store(&h->started, 1);
+    rc = atap_wait_fd(h->fd, ATAP_READABLE, ATAP_SEC(10));
+    memcpy(out, &rc, sizeof rc);
+    return 0;
+}
+
+/* The same for atap_wait_fd: in a task (the thread's own poller), the
+ * hang-up coming during the wait and already there; outside a task
+ * (poll(2)). */
+static void test_park_wait_fd_peer_hangup(void **state)
+{
+    (void)state;
+    static struct hup_wait h;
+
+    for (int c = 0; c < HUP_CASES; c++) {
+        int sv[2], rc;
+        atap_task t;
+
+        hup_pair(c, sv);
+        h.fd = sv[0];
+        atomic_store(&h.started, 0);
+        assert_int_equal(atap_spawn(&t, task_wait_fd_read, &h,
+                                    &(atap_spawn_opts){.out_size = sizeof(int)}),
+                         0);
+        assert_true(wait_atomic_at_least(&h.started, 1, ATAP_SEC(10)));
+        sleep_ms(20);
+        hup_peer(c, sv);
+        assert_int_equal(atap_join_for(t, &rc, sizeof rc, ATAP_SEC(10)), 0);
+        atap_release(t);
+        assert_true(rc > 0);
+        check_hup(c, "atap_wait_fd in a task", (unsigned)rc);
+
+        assert_int_equal(atap_spawn(&t, task_wait_fd_read, &h,
+                                    &(atap_spawn_opts){.out_size = sizeof(int)}),
+                         0);
+        assert_int_equal(atap_join_for(t, &rc, sizeof rc, ATAP_SEC(10)), 0);
+        atap_release(t);
+        assert_true(rc > 0);
+        check_hup(c, "atap_wait_fd in a task, after the hang-up", (unsigned)rc);
+
+        rc = atap_wait_fd(sv[0], ATAP_READABLE, ATAP_SEC(10));
+        assert_true(rc > 0);
+        check_hup(c, "atap_wait_fd outside a task", (unsigned)rc);
+        close_pipe(sv);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
     assert_no_failures();
 }
 
@@ -2317,6 +2496,9 @@ int main(void)
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),
+        T(test_park_fd_both_ways),
+        T(test_park_fd_peer_hangup),
+        T(test_park_wait_fd_peer_hangup),
         T(test_park_fd_closed_huge_fd),
         T(test_park_wait_fd_zero_after_leftover_wake),
         T(test_park_stale_fire_never_claims_next_park),

@@ -249,6 +249,26 @@ static void test_poller_rewatch_replaces(void **state)
     close_pair(sv);
 }
 
+/* An fd ready both ways, watched for both, is one event with both bits on
+ * every backend (kqueue's two filters are merged). */
+static void test_poller_both_ways_one_event(void **state)
+{
+    struct atap_poller *p = *state;
+    struct atap_poller_event e;
+    int sv[2];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    put_byte(sv[1]); /* sv[0]: readable, and writable */
+    assert_int_equal(atap__poller_watch(p, sv[0], ATAP__POLL_READ | ATAP__POLL_WRITE, TAG(13)), 0);
+    e = wait_one(p);
+    assert_ptr_equal(e.udata, TAG(13));
+    assert_int_equal(e.events & (ATAP__POLL_READ | ATAP__POLL_WRITE),
+                     ATAP__POLL_READ | ATAP__POLL_WRITE);
+    assert_int_equal(atap__poller_unwatch(p, sv[0]), 0);
+    assert_quiet(p, ATAP_MS(20));
+    close_pair(sv);
+}
+
 static void test_poller_timeout_never_early(void **state)
 {
     struct atap_poller *p = *state;
@@ -405,6 +425,31 @@ static void test_poller_hup_reported_once(void **state)
     assert_int_equal(count_events(p, ATAP_MS(50), &bits), 1);
     assert_true(bits & ATAP__POLL_HUP);
     close_pair(fds);
+}
+
+/* A stream socket's peer that shuts down its writing side (a half-close,
+ * what a TCP peer's close is too) is HUP with READ for a READ watch:
+ * EPOLLRDHUP, POLLRDHUP, EV_EOF. Once per arming, like any hang-up. */
+static void test_poller_peer_half_close(void **state)
+{
+    struct atap_poller *p = *state;
+    unsigned bits = 0;
+    int sv[2];
+
+    if (strcmp(atap__poller_name(), "poll") == 0 && ATAP__POLLRDHUP == 0)
+        skip(); /* poll(2) without POLLRDHUP cannot tell a half-close from data */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(atap__poller_watch(p, sv[0], ATAP__POLL_READ, TAG(14)), 0);
+    assert_quiet(p, ATAP_MS(10));
+    assert_int_equal(shutdown(sv[1], SHUT_WR), 0);
+    assert_int_equal(count_events(p, ATAP_MS(50), &bits), 1);
+    assert_true(bits & ATAP__POLL_HUP);
+    assert_true(bits & ATAP__POLL_READ);
+    bits = 0;
+    assert_int_equal(atap__poller_watch(p, sv[0], ATAP__POLL_READ, TAG(14)), 0);
+    assert_int_equal(count_events(p, ATAP_MS(50), &bits), 1);
+    assert_true(bits & ATAP__POLL_HUP);
+    close_pair(sv);
 }
 
 /* The reader goes away under a writer waiting for room: reported once, as an
@@ -704,12 +749,14 @@ int main(void)
         T(test_poller_writable),
         T(test_poller_unwatch_stops_reports),
         T(test_poller_rewatch_replaces),
+        T(test_poller_both_ways_one_event),
         T(test_poller_timeout_never_early),
         T(test_poller_wake_from_thread),
         T(test_poller_wakes_coalesce),
         T(test_poller_wake_storm_then_quiet),
         T(test_poller_wake_never_lost),
         T(test_poller_hup_reported_once),
+        T(test_poller_peer_half_close),
         T(test_poller_err_reported_once),
         T(test_poller_watch_while_waiting),
         T(test_poller_unwatch_while_waiting),
