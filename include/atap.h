@@ -94,7 +94,8 @@ enum {
  */
 ATAP_EXPORT const char *atap_strerror(int code);
 
-/* "MAJOR.MINOR.PATCH" of the library actually linked. Threads: any. */
+/* "MAJOR.MINOR.PATCH" of the library actually linked. Never NULL.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT const char *atap_version_string(void);
 
 /* ---------------------------------------------------------------------- */
@@ -229,7 +230,7 @@ struct atap_status {
     bool healthy;       /* initialised, manager alive, workers alive */
 };
 
-/* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Threads: any. */
+/* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_status(struct atap_status *status);
 
 struct atap_pool_stats {
@@ -433,7 +434,8 @@ static inline atap_spawn_opts atap_spawn_opts_out(size_t out_size)
     return opts;
 }
 
-/* CLOCK_MONOTONIC now, in nanoseconds: the clock of until_ns. Threads: any. */
+/* CLOCK_MONOTONIC now, in nanoseconds: the clock of until_ns and of
+ * atap_park_until. Works with or without a runtime. Blocks: no. Threads: any. */
 ATAP_EXPORT uint64_t atap_now(void);
 
 /*
@@ -811,19 +813,23 @@ ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);
  * returns ATAP_PARKED. Several tasks may park on one fd. The fd must stay
  * open while the task is parked on it. The next run has atap_resumed() true
  * and atap_resume_reason() / atap_resume_events() saying why.
- * Returns 0; ATAP_EINVAL for a NULL ctx (atap_block, or outside a task), no
- * events or unknown bits, a negative fd, or a second park call in one run.
+ * Inside atap_block the park works too: the calling thread waits for the
+ * event and runs fn again (see atap_block).
+ * Returns 0; ATAP_EINVAL for a NULL ctx (outside a task), no events or
+ * unknown bits, a negative fd, or a second park call in one run.
  * An fd that is not open resumes at once with ATAP_ERROR. If the watch on
  * fd cannot be renewed for the tasks still parked on it (the kernel out of
  * memory), the manager tries again at each of its ticks (every 10 ms)
  * until a watch holds, and meanwhile looks at fd itself at each tick: no
  * readiness is lost, the resume only comes up to a tick late.
- * Blocks: no.
+ * Blocks: no. Threads: the task's own.
  */
 ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns);
 
 /* Inside a task: asks to be run again at deadline_ns (atap_now()'s clock;
- * never earlier), then return ATAP_PARKED. Returns as atap_park_fd. */
+ * never earlier), then return ATAP_PARKED. Inside atap_block the calling
+ * thread sleeps until then. Returns 0; ATAP_EINVAL for a NULL ctx or a
+ * second park call in one run. Blocks: no. Threads: the task's own. */
 ATAP_EXPORT int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns);
 
 /*
@@ -842,6 +848,7 @@ ATAP_EXPORT int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns);
  * its ticks (every 10 ms) and tries again until a watch holds: no signal
  * is lost and no park is left waiting, the resume only comes up to a tick
  * late.
+ * Blocks: no. Threads: the task's own.
  */
 ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
 
@@ -862,7 +869,10 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
  * unlink or a rename reports ATAP_PATH_GONE at once; a subdirectory made
  * or removed also changes its parent's link count, ATAP_PATH_ATTRIB; a
  * close is no change); -ENOTSUP with the poll backend outside Linux.
- * Returns as atap_park_fd; ATAP_EINVAL also inside atap_block. A closed fd
+ * `changes` needs at least one of the bits above (ATAP_PATH_GONE alone
+ * waits for the removal only): 0 or an unknown bit is ATAP_EINVAL.
+ * Returns as atap_park_fd; ATAP_EINVAL also inside atap_block (a path
+ * watch lives on the manager, which atap_block does not use). A closed fd
  * resumes at once with ATAP_ERROR, as does a park the kernel will not let
  * libatap watch. If the watch on inotify cannot be renewed after a change
  * (the kernel out of memory), the manager reads inotify's queue at each of
@@ -873,6 +883,7 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
  * lost changes) every path park concerned resumes, with events saying its
  * file may have been written, changed and had its entries changed (never
  * ATAP_PATH_GONE): look at it again.
+ * Blocks: no. Threads: the task's own.
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
 
@@ -880,14 +891,16 @@ ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t
 #define ATAP_RESUME_READY 1    /* the fd became ready */
 #define ATAP_RESUME_DEADLINE 2 /* the deadline or timeout came first */
 
-/* Inside a task: true when this run follows a park. */
+/* Inside a task: true when this run follows a park; false for NULL.
+ * Blocks: no. Threads: the task's own. */
 ATAP_EXPORT bool atap_resumed(atap_ctx *ctx);
 /* Inside a task: ATAP_RESUME_READY or ATAP_RESUME_DEADLINE after a park,
- * else 0. */
+ * else 0 (also for NULL). Blocks: no. Threads: the task's own. */
 ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
 /* Inside a task resumed by its event: the ATAP_READABLE... bits an fd
  * reported, or the ATAP_PATH_* changes seen; 0 for a signal (ATAP_ERROR
- * for a park that could not be set up). */
+ * for a park that could not be set up); 0 after a deadline or for NULL.
+ * Blocks: no. Threads: the task's own. */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
 /* ---------------------------------------------------------------------- */
