@@ -1953,7 +1953,8 @@ static void start_watchdog(void)
 {
     static uint64_t limit;
     pthread_t th;
-    limit = settle_bound() * 2;
+    const char *env = getenv("FUZZ_WATCHDOG_SECONDS");
+    limit = env && *env ? ATAP_SEC(strtoull(env, NULL, 10)) : settle_bound() * 2;
     if (pthread_create(&th, NULL, watchdog, &limit) == 0)
         pthread_detach(th);
 }
