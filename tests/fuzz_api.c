@@ -42,13 +42,17 @@
  *   FUZZ_SKIP_OUT_ALIGN    a slot's inline output is only 8-byte aligned on
  *                          some slots (the out a task writes, the value
  *                          elem_free gets), where max_align_t asks for 16;
- *   FUZZ_SKIP_FED_STALE    found by this fuzzer: a task fed by a forward or
- *                          a receive_all / receive_any keeps a listener for
- *                          each feed (dataflow.c's reg), so once its last
- *                          handle is released its stale handle still names
- *                          it (atap_cancel returns 0, joins read it) while a
- *                          member can still publish, where atap.h says every
- *                          copy then reads ATAP_ENOTASK.
+ *   FUZZ_SKIP_STALE_HELD   found by this fuzzer: the runtime's own holds on
+ *                          a task count as listeners, so once its last
+ *                          handle is released a stale handle still names
+ *                          it (atap_cancel returns 0 and cancels it, a join
+ *                          reads it, a dup makes a listener), where atap.h
+ *                          says every copy then reads ATAP_ENOTASK: for
+ *                          good on a task fed by a forward or a receive_all
+ *                          / receive_any while a member can still publish
+ *                          (dataflow.c's reg holds a listener), and for a
+ *                          moment on a parked, timed-out or helped task
+ *                          (atap__exec_try_hold's listener).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -77,8 +81,8 @@
 #ifndef FUZZ_SKIP_OUT_ALIGN
 #define FUZZ_SKIP_OUT_ALIGN 0
 #endif
-#ifndef FUZZ_SKIP_FED_STALE
-#define FUZZ_SKIP_FED_STALE 0
+#ifndef FUZZ_SKIP_STALE_HELD
+#define FUZZ_SKIP_STALE_HELD 0
 #endif
 
 #if defined(__has_feature)
@@ -292,6 +296,7 @@ typedef struct ftask {
     bool finished_seen;
     uint64_t in_free_owed;
     bool stale_probed;
+    bool joined; /* an FN_JOIN task waits for it */
 } ftask;
 
 typedef struct hslot {
@@ -328,7 +333,9 @@ static unsigned g_deaths_injected; /* over the process */
 
 static ftask *task_by_uid(uint32_t uid)
 {
-    if (uid < G.uid_base || uid - G.uid_base >= G.ntasks)
+    /* Not against G.ntasks, which the main thread moves on meanwhile: a
+     * task's record was filled before its spawn, which a callback follows. */
+    if (uid < G.uid_base || uid - G.uid_base >= MAX_TASKS)
         return NULL;
     return &G.tasks[uid - G.uid_base];
 }
@@ -847,6 +854,7 @@ static void set_join_other(ftask *t, unsigned b)
     int rc = atap_dup(G.hs[o].h, &t->other_h);
     FZ_CHECK(rc == 0, "atap_dup of a held handle returned %d", rc);
     atomic_fetch_add(&ot->listeners, 1);
+    ot->joined = true; /* a join inside a task may help it (a hold of its own) */
     t->other = ot;
     t->join_mode = (int)(b % 4);
     t->work_ns = ms(b % 16);
@@ -1095,7 +1103,10 @@ static void op_forward(void)
     if (a < 0 || b < 0)
         return;
     ftask *from = G.hs[a].t, *to = G.hs[b].t;
-    if (from->fmt != FMT_REC)
+    /* Forwards only go to a later task: a cycle (a task forwarding into
+     * itself, or round a loop) is a program that never ends, and a shutdown
+     * rightly waits for it forever once its handles are gone. */
+    if (from->fmt != FMT_REC || from->uid >= to->uid)
         return;
     bool valid = to->origin == O_WAITING && to->in_size == from->out_size;
     int nf = atomic_load(&to->nfwd);
@@ -1648,8 +1659,9 @@ static void op_stale(void)
     atap_task h = G.stale[i];
     if (atomic_load(&t->listeners) != 0)
         return; /* a task still holds a listener (a join task until its arg_free) */
-    if (FUZZ_SKIP_FED_STALE && (t->origin == O_RECV_ALL || t->origin == O_RECV_ANY ||
-                                atomic_load(&t->nfwd) > 0))
+    if (FUZZ_SKIP_STALE_HELD &&
+        (t->origin != O_SPAWN || atomic_load(&t->nfwd) > 0 || t->fn == FN_PARK_PIPE ||
+         t->fn == FN_PARK_UNTIL || t->timeout_ns || t->joined || t->kind != ATAP_ONCE))
         return;
     unsigned char buf[REC_BIG];
     int rc;
@@ -1869,7 +1881,12 @@ static void program_end(unsigned b)
     struct atap_pool_stats ps;
     atap_pool_stats(&ps);
     bool deaths = G.deaths || ps.deaths != G.deaths_at_start || g_deaths_injected > ps.deaths;
-    if (!deaths) {
+    if (!deaths) { /* a few seconds' grace: a slot may go just after its last release */
+        uint64_t until = now_ns() + ATAP_SEC(5);
+        while (ps.live != 0 && now_ns() < until) {
+            sleep_ns(ATAP_MS(1));
+            atap_pool_stats(&ps);
+        }
         FZ_CHECK(ps.live == 0, "%zu tasks live after every handle went and a shutdown", ps.live);
     }
     /* The channel: our ends go, and every value is then accounted for. */
@@ -2074,6 +2091,7 @@ int main(int argc, char **argv)
             usage();
         }
     }
+    uint64_t t_start = now_ns();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seconds") || !strcmp(argv[i], "--seed") ||
             !strcmp(argv[i], "--index") || !strcmp(argv[i], "--runs") || !strcmp(argv[i], "--save")) {
@@ -2114,7 +2132,7 @@ int main(int argc, char **argv)
     }
     printf("fuzz_api: %" PRIu64 " programs (%" PRIu64 " files, %" PRIu64 " random from seed %" PRIu64
            ") in %.1f s, all promises kept\n",
-           g_programs, t_files, g_programs - t_files, seed, (double)(now_ns() - start) / 1e9);
+           g_programs, t_files, g_programs - t_files, seed, (double)(now_ns() - t_start) / 1e9);
     return 0;
 }
 #endif
