@@ -1638,6 +1638,7 @@ static void check_all_settled(const char *when)
 static void op_lifecycle(void)
 {
     if (G.running) {
+        snprintf(g_call, sizeof g_call, "atap_shutdown");
         int rc = atap_shutdown();
         step();
         FZ_CHECK(rc == 0, "atap_shutdown returned %d", rc);
@@ -1725,6 +1726,7 @@ static void run_op(unsigned op)
     static int trace = -1;
     if (trace < 0)
         trace = getenv("FUZZ_TRACE") != NULL;
+    snprintf(g_call, sizeof g_call, "operation %u", op % OP_COUNT); /* note_call says more */
     if (trace) {
         const uint8_t *p = g_pc;
         fprintf(stderr, "op %d: %u [", atomic_load(&g_op), op % OP_COUNT);
@@ -1990,6 +1992,7 @@ static void run_program(const uint8_t *data, size_t size)
         step();
     }
     atomic_store(&g_op, MAX_OPS);
+    snprintf(g_call, sizeof g_call, "the program's end (settling, releases, shutdown)");
     program_end(head >> 4);
 }
 
