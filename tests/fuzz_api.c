@@ -179,10 +179,11 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fuzz_fail(const char
         char cwd[1024];
         if (getcwd(cwd, sizeof cwd) == NULL)
             strcpy(cwd, ".");
-        fprintf(stderr, "fuzz_api: program %s (%zu bytes) saved to %s/%s; seed %" PRIu64
-                        " index %" PRId64 "; replay: fuzz_api %s/%s (or --seed %" PRIu64
-                        " --index %" PRId64 ")\n",
-                g_source, g_prog_len, cwd, path, g_seed, g_index, cwd, path, g_seed, g_index);
+        fprintf(stderr, "fuzz_api: program %s (%zu bytes) saved to %s/%s; replay: fuzz_api %s/%s\n",
+                g_source, g_prog_len, cwd, path, cwd, path);
+        if (g_index >= 0)
+            fprintf(stderr, "fuzz_api: or: fuzz_api --seed %" PRIu64 " --index %" PRId64 "\n", g_seed,
+                    g_index);
     }
     fflush(stderr);
     abort();
