@@ -400,7 +400,6 @@ static void let_go(struct atap_slot *s, uint32_t index, uint32_t gen)
     }
     free(later.v);
     later = (struct let_go_list){0};
-    st_relaxed(&atap__first_waiters, 0); /* join.c's: waiters the child has not */
 }
 
 /* Under the lock: nothing could start the task again. */
@@ -1132,4 +1131,5 @@ void atap__flow_forget(void)
     all_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     all_gates = NULL;
     later = (struct let_go_list){0};
+    st_relaxed(&atap__first_waiters, 0); /* join.c's: waiters the child has not */
 }

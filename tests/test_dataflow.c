@@ -1926,6 +1926,54 @@ static void test_dataflow_join_first_settled_wins_at_once(void **state)
     waited_to_live_back();
 }
 
+/* A join_first waiting in another thread, for test_dataflow_join_first_hears_after_let_go. */
+typedef struct first_call {
+    atap_task t;
+    int rc;
+    uint64_t returned;
+} first_call;
+
+static void *join_first_main(void *p)
+{
+    first_call *c = p;
+    size_t w = 99;
+    c->rc = atap_join_first(&c->t, 1, ATAP_PASS_BACK, ATAP_SEC(20), &w);
+    c->returned = now_ns();
+    return NULL;
+}
+
+/* A waiting task let go (its last handle released, nothing given) while a
+ * join_first waits must not leave that join_first deaf to the settle it
+ * waits for: the let-go used to zero join.c's count of waiters, so the
+ * settle bumped nothing and the wait slept on (found by fuzz_api). */
+static void test_dataflow_join_first_hears_after_let_go(void **state)
+{
+    (void)state;
+    gate *g = gate_new(5);
+    first_call c = {.t = spawn8(task_gated, g)};
+    pthread_t th;
+
+    assert_true(wait_atomic_at_least(&g->started, 1, ATAP_SEC(10)));
+    assert_int_equal(pthread_create(&th, NULL, join_first_main, &c), 0);
+    sleep_ms(50); /* join_first counted and asleep */
+    for (int i = 0; i < 4; i++) {
+        atap_task wt;
+        assert_int_equal(atap_spawn_waiting(&wt, task_value, NULL, 8,
+                                            &(atap_spawn_opts){.out_size = 8}),
+                         0);
+        atap_release(wt); /* nothing can give to it: let go */
+    }
+    sleep_ms(20);
+    uint64_t opened = now_ns();
+    atomic_store(&g->open, 1);
+    pthread_join(th, NULL);
+    assert_int_equal(c.rc, 0);
+    assert_true(c.returned - opened < ATAP_SEC(5));
+    assert_int_equal(join8(c.t), 5);
+    atap_release(c.t);
+    waited_to_live_back();
+}
+
 /* A timeout touches no handle; bad arguments are refused. */
 static void test_dataflow_join_first_timeout_and_bad_arguments(void **state)
 {
@@ -2486,6 +2534,7 @@ int main(void)
         T(test_dataflow_join_first_cancel_policy),
         T(test_dataflow_join_first_release_policy),
         T(test_dataflow_join_first_settled_wins_at_once),
+        T(test_dataflow_join_first_hears_after_let_go),
         T(test_dataflow_join_first_timeout_and_bad_arguments),
         T(test_dataflow_join_first_on_itself_einval),
         T(test_dataflow_join_first_settles_during_setup),
