@@ -619,6 +619,29 @@ void atap__exec_run(struct worker *w, uint32_t ref)
  * the entry's part back. */
 static bool drop_stale_entry(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
+    /* Acquire: a resumer that handed this entry its resume (below) made
+     * the park's state ours with its RMW. */
+    if (likely(!(ld_acquire(&s->refs) & REFS_STALE)))
+        return false;
+    if (!(atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) & REFS_STALE))
+        return false;
+    release_listener(s, index, gen);
+    return true;
+}
+
+/*
+ * A parked plain task goes back to a queue (its resume). If a claim aside
+ * left its old queue entry behind (STALE, still queued), that entry takes
+ * the resume instead: the slot's `link` still chains that queue, and a
+ * second entry would tie two queues through it (a cycle no popper leaves).
+ * One RMW decides against the entry's dequeuer (drop_stale_entry): whoever
+ * clears STALE has it. A resumer that does lets go of the entry's listener
+ * (RUN, which the park hands on to the entry, keeps the slot now), and the
+ * dequeuer, finding STALE clear, runs the entry as the resume. True: the
+ * caller must not queue the task.
+ */
+bool atap__exec_resume_stale(struct atap_slot *s, uint32_t index, uint32_t gen)
+{
     if (likely(!(ld_relaxed(&s->refs) & REFS_STALE)))
         return false;
     if (!(atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) & REFS_STALE))
@@ -708,6 +731,10 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
  * and drops its listener, unless the dequeuer, having found the task
  * ended, took STALE first: it then dropped the listener, and the claimer
  * drops RUN in its place. One claimer at a time (STALE already set: no).
+ * While the entry stays queued its slot's `link` is the queue's: a run
+ * claimed so that parks does not park on an fd in the tail (which links
+ * through it), and its resume goes to the entry rather than to a second
+ * one (atap__exec_resume_stale).
  * True when it claimed the task: atap__exec_run_claimed runs it.
  */
 bool atap__exec_claim(struct atap_slot *s, uint32_t ref, uint32_t gen)

@@ -224,7 +224,8 @@ void atap__park_complete(struct park *p, int by)
     }
     if (by == BY_READY || by == BY_DEADLINE) {
         /* Nothing of p is touched after this: the next run owns it. */
-        atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        if (!atap__exec_resume_stale(s, index, gen))
+            atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
         return;
     }
     atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
@@ -372,6 +373,8 @@ static void tail_fd_complete(uint32_t index, int by, bool linked)
         pthread_mutex_unlock(&fd_lock);
     }
     if (by == BY_READY) { /* the claim stays for the resumed run to read */
+        /* (A task claimed aside never parks on an fd in the tail: its link
+         * may still chain a queue; tail_fd_park.) */
         atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
         return;
     }
@@ -684,7 +687,12 @@ static bool tail_park(struct atap_slot *s, const struct atap_ctx *ctx)
 
 static bool tail_fd_park(struct atap_slot *s, const struct atap_ctx *ctx)
 {
-    return ctx->park_kind == PK_FD && slot_park_tail(s);
+    /* Not for a task a claim aside left a queue entry of (STALE): the fd's
+     * list would take over `link` while that queue still chains through it.
+     * STALE is set only while the task is queued, so it cannot appear once
+     * this run has started. */
+    return ctx->park_kind == PK_FD && slot_park_tail(s) &&
+           !(ld_acquire(&s->refs) & REFS_STALE);
 }
 
 /* Pushes slot index on the wheel's inbox: a parker's last touch of the
@@ -817,6 +825,8 @@ static void tail_act(uint32_t index, int by, bool batch)
         pthread_mutex_unlock(&fd_lock);
     }
     if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
+        if (atap__exec_resume_stale(s, index, gen))
+            return; /* its old queue entry runs it */
         if (!batch || (s->flags & SF_BLOCKING)) {
             atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
         } else {

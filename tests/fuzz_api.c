@@ -49,10 +49,6 @@
  *                          through it then races the slot's free (TSan:
  *                          read.c's copy_out against atap__sched_destroy).
  *                          Skipped, no call is made on a stale handle.
- *   FUZZ_SKIP_SHUTDOWN_SPIN  a shutdown in the middle of a program can spin
- *                          for ever with more queue entries than live
- *                          tasks (tests/corpus/fuzz_api-open/): skipped,
- *                          the lifecycle op does nothing.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -75,9 +71,6 @@
 
 #include "atap.h"
 
-#ifndef FUZZ_SKIP_SHUTDOWN_SPIN
-#define FUZZ_SKIP_SHUTDOWN_SPIN 0
-#endif
 #ifndef FUZZ_SKIP_STALE_HELD
 #define FUZZ_SKIP_STALE_HELD 0
 #endif
@@ -1628,8 +1621,6 @@ static void check_all_settled(const char *when)
 
 static void op_lifecycle(void)
 {
-    if (FUZZ_SKIP_SHUTDOWN_SPIN)
-        return;
     if (G.running) {
         snprintf(g_call, sizeof g_call, "atap_shutdown");
         int rc = atap_shutdown();

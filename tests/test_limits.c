@@ -1437,7 +1437,7 @@ static int child_manager_kills(void)
         unsigned r = atap__manager_restarts();
 
         atap_inject_manager_faults(1);
-        if (!wait_restarts(r + 1, ATAP_SEC(10))) {
+        if (!wait_restarts(r + 1, ATAP_SEC(30))) { /* a loaded machine */
             fprintf(stderr, "kill %zu: the manager did not die\n", k);
             REQUIRE(0);
         }
