@@ -930,10 +930,12 @@ typedef struct atap_cmd {
  * and failed is not a failed task. stdout and stderr are the caller's.
  * A cancel, a run timeout (opts->timeout_ns) or the task failing kills the
  * child's whole process group with SIGKILL (grandchildren in it too) and
- * reaps the child, when the task is gone: at once if no handle is left,
- * else at the release of its last handle (release it soon after a cancel:
- * until then the killed child is not yet reaped). The child is never left
- * a zombie of this process.
+ * reaps the child as the task ends, on the thread that ends it (the
+ * atap_cancel caller's, the manager's for a timeout), which so waits the
+ * moment a killed process takes to exit. Releasing the handles of a task
+ * still running leaves it running: it reaps the child when it exits. The
+ * child is never left a zombie of this process. Each such task holds a
+ * second slot (atap_pool_stats' live counts it) until it ends.
  * opts: kind ONCE; no after_ns, arg_free, out_free, gives or in_free;
  * out_size 0 or sizeof(int); priority and timeout_ns apply.
  * Returns 0; ATAP_EINVAL for NULL task, cmd or cmd->program, input_len

@@ -329,9 +329,10 @@ static void test_process_cancel_kills_group(void **state)
     start_stubborn(&t, file, NULL, &child, &grandchild);
     assert_int_equal(atap_cancel(t), 0);
     assert_int_equal(atap_join(t, &o, sizeof o), ATAP_ECANCELLED);
-    atap_release(t);
+    /* killed and reaped by the cancel, the handle still held */
     assert_true(wait_until_reaped(child, ATAP_SEC(10)));
     assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+    atap_release(t);
     assert_int_equal(zombies(), 0);
 }
 
@@ -348,9 +349,9 @@ static void test_process_timeout_kills_group(void **state)
     start_stubborn(&t, file, &(atap_spawn_opts){.timeout_ns = ATAP_MS(400)}, &child, &grandchild);
     assert_int_equal(atap_join(t, &o, sizeof o), ATAP_ETIMEDOUT);
     assert_true(now_ns() - t0 >= ATAP_MS(400));
-    atap_release(t);
     assert_true(wait_until_reaped(child, ATAP_SEC(10)));
     assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+    atap_release(t);
     assert_int_equal(zombies(), 0);
 }
 

@@ -21,11 +21,11 @@
  * looked for every PROC_POLL_NS instead, still parked.
  *
  * The child is reaped exactly once: by the run that sees it exit, or, when
- * the task ends without that (cancelled, timed out, failed), by its
- * arg_free, which first kills the child's whole process group with
- * SIGKILL (a grandchild too) and then waits for the child. arg_free runs
- * when the task is gone for good: at once for a task with no handle left,
- * else at the release of its last handle.
+ * the task ends without that (cancelled, timed out, failed), by the task's
+ * guard (spawn_for), which kills the child's whole process group with
+ * SIGKILL (a grandchild too) and then waits for the child, as the task
+ * ends. c->lock keeps the two apart, and once reaped the pid is never
+ * signalled again (it may be another process's by then).
  *
  * SIGPIPE: a write to a child that closed its stdin is done with SIGPIPE
  * blocked on the writing thread, and the pending SIGPIPE it raised is
@@ -39,8 +39,10 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -66,6 +68,8 @@ extern char **environ;
 #define READ_CHUNK 65536u
 
 struct proc {
+    _Atomic int refs;     /* the task's and its guard's */
+    pthread_mutex_t lock; /* pid's reaping: reaped, and the waitpids */
     pid_t pid;
     bool reaped, capture;
     int status;
@@ -188,17 +192,28 @@ out:
     return rc;
 }
 
-/* Kills the child's process group and reaps the child. */
-static void kill_and_reap(struct proc *c)
+/* Kills the child's process group and reaps the child: at once, bar the
+ * moment a killed process takes to exit. Unless it was reaped already. */
+static void kill_and_reap(pid_t pid)
 {
     int st;
 
-    if (c->reaped || c->pid <= 0)
-        return;
-    kill(-c->pid, SIGKILL);
-    while (waitpid(c->pid, &st, 0) < 0 && errno == EINTR) {
+    kill(-pid, SIGKILL);
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
-    c->reaped = true;
+}
+
+/* The task is over: the child, unless reaped, is killed with its group and
+ * reaped. c->lock: never with the run's waitpid (the run may still be on
+ * its way out of a cancelled run when the guard comes). */
+static void end_child(struct proc *c)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->reaped && c->pid > 0) {
+        kill_and_reap(c->pid);
+        c->reaped = true;
+    }
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* ---- the mux -------------------------------------------------------------- */
@@ -290,11 +305,11 @@ static void mux_drain(struct proc *c)
 #endif
 }
 
-static void proc_free(void *arg)
+static void proc_unref(struct proc *c)
 {
-    struct proc *c = arg;
-
-    kill_and_reap(c);
+    /* acq_rel: the last one out sees all the other did with c */
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
+        return;
     mux_close(c, &c->in_fd);
     mux_close(c, &c->out_fd);
     if (c->pidfd != c->mux)
@@ -302,7 +317,17 @@ static void proc_free(void *arg)
     close_fd(&c->mux);
     free(c->input);
     free(c->buf);
+    pthread_mutex_destroy(&c->lock);
     free(c);
+}
+
+/* The task's arg_free, and its guard's (see spawn_for). */
+static void proc_free(void *arg)
+{
+    struct proc *c = arg;
+
+    end_child(c);
+    proc_unref(c);
 }
 
 /* ---- a run ---------------------------------------------------------------- */
@@ -381,13 +406,21 @@ static int step(struct proc *c)
     }
     if (c->out_fd >= 0)
         return 0;
-    while ((r = waitpid(c->pid, &st, WNOHANG)) < 0 && errno == EINTR) {
+    pthread_mutex_lock(&c->lock);
+    if (c->reaped) {
+        r = -1; /* by the guard: this run was cancelled */
+        errno = ECHILD;
+    } else {
+        while ((r = waitpid(c->pid, &st, WNOHANG)) < 0 && errno == EINTR) {
+        }
+        if (r == c->pid) {
+            c->reaped = true;
+            c->status = st;
+        }
     }
-    if (r == c->pid) {
-        c->reaped = true;
-        c->status = st;
+    pthread_mutex_unlock(&c->lock);
+    if (r == c->pid)
         return 1;
-    }
     return r < 0 ? -errno : 0;
 }
 
@@ -455,13 +488,55 @@ static struct proc *proc_new(void)
 {
     struct proc *c = calloc(1, sizeof *c);
 
-    if (c)
-        c->mux = c->pidfd = c->in_fd = c->out_fd = -1;
+    if (!c)
+        return NULL;
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return NULL;
+    }
+    atomic_init(&c->refs, 1);
+    c->mux = c->pidfd = c->in_fd = c->out_fd = -1;
     return c;
 }
 
-/* Spawns the task for c (its child started): c is the task's from now on,
- * or, on failure, gone with its child killed and reaped. */
+static int guard_run(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    return 0;
+}
+
+/* The guard of task t (see the top of spawn_for): 0 or an error, t then
+ * left as it was. */
+static int guard(atap_task t, struct proc *c, size_t out_size)
+{
+    atap_task g;
+    int rc;
+
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    if ((rc = atap_spawn_waiting(&g, guard_run, c, out_size,
+                                 &(atap_spawn_opts){.arg_free = proc_free})) != 0) {
+        atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
+        return rc;
+    }
+    rc = atap_forward(t, g);
+    atap_release(g); /* forwarded: the forward holds it; not: it goes now */
+    return rc;
+}
+
+/*
+ * Spawns the task for c (its child started): c is the task's from now on,
+ * or, on failure, gone with its child killed and reaped.
+ *
+ * The task's arg_free runs only once its last handle is released, too late
+ * for a cancel or a timeout to kill the child by. So each task has a guard:
+ * a waiting task (atap_spawn_waiting) that does nothing, fed by a forward
+ * from the task and held by nothing else. A forward lasts until its source
+ * can publish no more, that is, the moment the task ends in any way (its
+ * run's RUN goes: a cancel or a timeout takes a park down at once); the
+ * guard, no giver left, is then let go, and its arg_free (proc_free, on the
+ * thread that ended the task) kills and reaps the child unless the task's
+ * own run reaped it. c is counted (refs) by the task and the guard.
+ */
 static int spawn_for(atap_task *task, struct proc *c, atap_fn *fn, size_t out_size,
                      void (*out_free)(void *), atap_spawn_opts o)
 {
@@ -474,8 +549,15 @@ static int spawn_for(atap_task *task, struct proc *c, atap_fn *fn, size_t out_si
     o.out_size = out_size;
     o.out_free = out_free;
     o.arg_free = proc_free;
-    if ((rc = atap_spawn(task, fn, c, &o)) != 0)
+    if ((rc = atap_spawn(task, fn, c, &o)) != 0) {
         proc_free(c);
+        return rc;
+    }
+    if ((rc = guard(*task, c, out_size)) != 0) {
+        atap_cancel(*task);
+        atap_release(*task); /* its arg_free kills and reaps the child */
+        *task = ATAP_NO_TASK;
+    }
     return rc;
 }
 
@@ -544,8 +626,7 @@ int atap_child_start(atap_child *child, const atap_cmd *cmd)
         return rc;
     for (int i = 0; i < 3; i++) {
         if ((rc = set_nonblock(fds[i])) != 0) {
-            struct proc tmp = {.pid = pid};
-            kill_and_reap(&tmp);
+            kill_and_reap(pid);
             for (int j = 0; j < 3; j++)
                 close(fds[j]);
             return rc;
