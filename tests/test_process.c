@@ -377,6 +377,36 @@ static void test_process_released_early(void **state)
     assert_int_equal(zombies(), 0);
 }
 
+/* Without a pidfd (a kernel before 5.3): the exit is looked for every
+ * 10 ms, parked; statuses, output and a cancel as ever. */
+static void test_process_no_pidfd(void **state)
+{
+    (void)state;
+    atap_task t;
+    atap_output o;
+    uint64_t t0;
+
+    atap__test_proc_no_pidfd(true);
+    t0 = now_ns();
+    int st = run_status(&(atap_cmd){.program = "sh", .argv = SH("sleep 0.1; exit 4")});
+    assert_int_equal(WEXITSTATUS(st), 4);
+    assert_true(now_ns() - t0 >= ATAP_MS(100));
+    o = run_output(&(atap_cmd){.program = "sh", .argv = SH("echo a; echo b >&2")});
+    assert_string_equal(o.data, "a\nb\n");
+    free(o.data);
+
+    char file[64];
+    pid_t child, grandchild;
+    snprintf(file, sizeof file, "/tmp/atap_proc_n_%d", (int)getpid());
+    start_stubborn(&t, file, NULL, &child, &grandchild);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_true(wait_until_reaped(child, ATAP_SEC(10)));
+    assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+    atap_release(t);
+    atap__test_proc_no_pidfd(false);
+    assert_int_equal(zombies(), 0);
+}
+
 /* ---- many children, no thread each ---------------------------------- */
 
 #define MANY 50
@@ -645,6 +675,7 @@ int main(void)
         T(test_process_cancel_kills_group),
         T(test_process_timeout_kills_group),
         T(test_process_released_early),
+        T(test_process_no_pidfd),
         T(test_process_many_no_thread_each),
         T(test_process_child_pipes),
         T(test_process_child_signal),

@@ -60,9 +60,17 @@
 #define MUX_KQUEUE 1
 #endif
 
+#include "../testing.h"
 #include "atap.h"
 
 extern char **environ;
+
+static _Atomic bool test_no_pidfd; /* atap__test_proc_no_pidfd */
+
+void atap__test_proc_no_pidfd(bool on)
+{
+    atomic_store_explicit(&test_no_pidfd, on, memory_order_relaxed);
+}
 
 #define PROC_POLL_NS ATAP_MS(10) /* no pidfd: how often the exit is looked for */
 #define READ_CHUNK 65536u
@@ -221,6 +229,10 @@ static void end_child(struct proc *c)
 static int pidfd_of(pid_t pid)
 {
 #if defined(__linux__) && defined(SYS_pidfd_open)
+    if (atomic_load_explicit(&test_no_pidfd, memory_order_relaxed)) {
+        errno = ENOSYS;
+        return -1;
+    }
     /* A pidfd is always close-on-exec. */
     return (int)syscall(SYS_pidfd_open, pid, 0);
 #else
