@@ -935,7 +935,11 @@ typedef struct atap_cmd {
  * moment a killed process takes to exit. Releasing the handles of a task
  * still running leaves it running: it reaps the child when it exits. The
  * child is never left a zombie of this process. Each such task holds a
- * second slot (atap_pool_stats' live counts it) until it ends.
+ * second slot (atap_pool_stats' live counts it) until it ends. The task
+ * reaps its own child (waitpid on its pid): a program that reaps every
+ * child itself (waitpid(-1) in a SIGCHLD handler, or SIGCHLD set to
+ * SIG_IGN, which lets the kernel reap them) takes the status away, and
+ * the task then fails (ATAP_EFAILED).
  * opts: kind ONCE; no after_ns, arg_free, out_free, gives or in_free;
  * out_size 0 or sizeof(int); priority and timeout_ns apply.
  * Returns 0; ATAP_EINVAL for NULL task, cmd or cmd->program, input_len

@@ -63,7 +63,12 @@
 #include "../testing.h"
 #include "atap.h"
 
+#if defined(__APPLE__)
+#include <crt_externs.h>
+#define environ (*_NSGetEnviron()) /* a dylib may not name environ itself */
+#else
 extern char **environ;
+#endif
 
 static _Atomic bool test_no_pidfd; /* atap__test_proc_no_pidfd */
 
@@ -348,8 +353,8 @@ static void proc_free(void *arg)
  * child closed its end. */
 static void feed(struct proc *c)
 {
-    sigset_t pipe_set, old;
-    struct timespec zero = {0, 0};
+    sigset_t pipe_set, old, pending;
+    int sig;
 
     sigemptyset(&pipe_set);
     sigaddset(&pipe_set, SIGPIPE);
@@ -361,8 +366,12 @@ static void feed(struct proc *c)
         } else if (n < 0 && errno == EINTR) {
             continue;
         } else {
-            if (n < 0 && errno == EPIPE)
-                sigtimedwait(&pipe_set, NULL, &zero); /* the SIGPIPE it raised */
+            /* the SIGPIPE it raised, pending while blocked: taken back
+             * (sigpending and sigwait, which macOS has, unlike
+             * sigtimedwait) */
+            if (n < 0 && errno == EPIPE && sigpending(&pending) == 0 &&
+                sigismember(&pending, SIGPIPE))
+                sigwait(&pipe_set, &sig);
             if (n < 0 && errno == EAGAIN)
                 break;
             c->input_off = c->input_len; /* the child will read no more */
