@@ -407,6 +407,27 @@ static void test_process_no_pidfd(void **state)
     assert_int_equal(zombies(), 0);
 }
 
+/* A shutdown ends a parked process task (ATAP_EFAILED): its child is
+ * killed and reaped with it, the handle still held. */
+static void test_process_shutdown_kills(void **state)
+{
+    (void)state;
+    char file[64];
+    atap_task t;
+    pid_t child, grandchild;
+    atap_output o;
+
+    snprintf(file, sizeof file, "/tmp/atap_proc_s_%d", (int)getpid());
+    start_stubborn(&t, file, NULL, &child, &grandchild);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_join(t, &o, sizeof o), ATAP_EFAILED);
+    assert_true(wait_until_reaped(child, ATAP_SEC(10)));
+    assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+    atap_release(t);
+    assert_int_equal(atap_init(NULL), 0); /* for the teardown */
+    assert_int_equal(zombies(), 0);
+}
+
 /* ---- many children, no thread each ---------------------------------- */
 
 #define MANY 50
@@ -676,6 +697,7 @@ int main(void)
         T(test_process_timeout_kills_group),
         T(test_process_released_early),
         T(test_process_no_pidfd),
+        T(test_process_shutdown_kills),
         T(test_process_many_no_thread_each),
         T(test_process_child_pipes),
         T(test_process_child_signal),
