@@ -638,6 +638,34 @@ static void test_signal_repeat_counts_between_runs(void **state)
     atap_release(t);
 }
 
+static _Atomic int g_raise_at_arming;
+
+static void raise_usr1_once(void)
+{
+    if (atomic_exchange(&g_raise_at_arming, 0))
+        raise(SIGUSR1); /* this thread's: handled before raise returns */
+}
+
+/* A delivery between the wait's look at the count and its park joining the
+ * signal's list (where a plain park drops it, nobody waiting yet) resumes
+ * the park at once. The hook raises it at exactly that point. */
+static void test_signal_delivery_while_parking(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t n = 0;
+
+    if (atap__test_on(ATAP__TEST_PARK_ARMING, raise_usr1_once) != 0)
+        skip();
+    atomic_store(&g_raise_at_arming, 1);
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR1, NULL, NULL, NULL), 0);
+    assert_int_equal(atap_join_for(t, &n, sizeof n, ATAP_SEC(10)), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(atomic_load(&g_raise_at_arming), 0);
+    atap__test_on(ATAP__TEST_PARK_ARMING, NULL);
+    atap_release(t);
+}
+
 static void test_signal_refused(void **state)
 {
     (void)state;
@@ -704,6 +732,7 @@ int main(void)
         T(test_signal_wait_counts),
         T(test_signal_repeat_handler),
         T(test_signal_repeat_counts_between_runs),
+        T(test_signal_delivery_while_parking),
         T(test_signal_refused),
         T(test_signal_release_restores_default),
     };
