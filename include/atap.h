@@ -907,9 +907,13 @@ ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
  *   env: the child's whole environment, NULL-terminated "NAME=value"
  *     strings; NULL: the caller's (environ).
  *   input, input_len: bytes written to the child's stdin, which is then
- *     closed (atap_spawn_run, atap_spawn_output). NULL: stdin is /dev/null.
+ *     closed (atap_spawn_run, atap_spawn_output); input_len 0 gives an
+ *     empty stdin. NULL: stdin is /dev/null.
  * The child starts in a process group of its own (its pid is the group's
  * id), with no signal blocked and every signal at its default disposition.
+ * Being in its own group, it is not in a terminal's foreground group: it
+ * gets no Ctrl-C of the terminal's, and a read from the terminal stops
+ * it (SIGTTIN).
  */
 typedef struct atap_cmd {
     const char *program;
@@ -973,7 +977,7 @@ typedef struct atap_output {
  * The output grows in memory without a limit: no memory fails the task
  * (ATAP_EFAILED, the child killed as for a cancel).
  * opts as atap_spawn_run (out_size 0 or sizeof(atap_output)).
- * Returns as atap_spawn_run. Blocks: no. Threads: any.
+ * Returns as atap_spawn_run. Blocks: as atap_spawn_run. Threads: any.
  */
 ATAP_EXPORT int atap_spawn_output(atap_task *task, const atap_cmd *cmd,
                                   const atap_spawn_opts *opts);
