@@ -1464,7 +1464,7 @@ int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns)
  * library keeps for itself (sigaction refuses those), and not a fault: a
  * handler that returns from SIGSEGV re-runs the faulting instruction, for
  * ever, and the handler stays for the life of the process. */
-static bool catchable(int signo)
+bool atap__signal_catchable(int signo)
 {
     struct sigaction old;
 
@@ -1479,11 +1479,20 @@ static bool catchable(int signo)
 
 int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns)
 {
-    if (!catchable(signo))
+    if (!atap__signal_catchable(signo))
         return ATAP_EINVAL;
     if (ctx && ctx->in_block)
         return ATAP_EINVAL; /* a handler of ours needs the manager */
     return ask(ctx, PK_SIGNAL, signo, 0, atap__deadline(atap__now_ns(), timeout_ns));
+}
+
+int atap__park_signal_since(atap_ctx *ctx, int signo, uint64_t seen, uint64_t timeout_ns)
+{
+    unsigned since = ATAP__SIG_SINCE | ((unsigned)seen & ATAP__SIG_SEEN_MASK);
+
+    if (!atap__signal_catchable(signo) || (ctx && ctx->in_block))
+        return ATAP_EINVAL;
+    return ask(ctx, PK_SIGNAL, signo, since, atap__deadline(atap__now_ns(), timeout_ns));
 }
 
 int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)

@@ -77,6 +77,11 @@ static pthread_mutex_t src_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct source sig_source = {.fd = -1}, path_source = {.fd = -1};
 static struct park *sig_waiters[NSIG];
 static _Atomic unsigned char sig_pending[NSIG];
+/* Deliveries of each signal the handler has seen, ever (tasks/signal.c
+ * counts from a snapshot of it). A lock-free atomic, so the handler may
+ * add to it. */
+static _Atomic uint64_t sig_count[NSIG];
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "the handler's count needs lock-free 64-bit atomics");
 static bool sig_caught[NSIG];
 static int sig_pipe[2] = {-1, -1};
 static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
@@ -106,6 +111,9 @@ static void on_signal(int signo)
     int saved = errno;
     char b = 0;
 
+    /* Counted before the pending flag: a reader that finds no flag but a
+     * count newer than it saw (atap__signal_poke) sets it again. */
+    atomic_fetch_add_explicit(&sig_count[signo], 1, memory_order_seq_cst);
     atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
     if (write(atomic_load_explicit(&sig_write_fd, memory_order_acquire), &b, 1) < 0) {
         /* full: a byte is there already */
@@ -211,9 +219,70 @@ static int wd_room(int key)
     return 0;
 }
 
-int atap__source_add(struct park *p)
+/* src_lock held: our handler catches signo. 0 or -errno. */
+static int catch_locked(int signo)
 {
     struct sigaction sa;
+
+    if (sig_caught[signo])
+        return 0;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(signo, &sa, NULL) != 0)
+        return -errno;
+    sig_caught[signo] = true;
+    return 0;
+}
+
+int atap__signal_catch(int signo)
+{
+    int rc;
+
+    pthread_mutex_lock(&src_lock);
+    rc = catch_locked(signo);
+    pthread_mutex_unlock(&src_lock);
+    return rc;
+}
+
+int atap__signal_release(int signo)
+{
+    struct sigaction sa;
+    int rc = 0;
+
+    pthread_mutex_lock(&src_lock);
+    if (sig_caught[signo]) {
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(signo, &sa, NULL) != 0)
+            rc = -errno;
+        else
+            sig_caught[signo] = false;
+    }
+    pthread_mutex_unlock(&src_lock);
+    return rc;
+}
+
+uint64_t atap__signal_count(int signo)
+{
+    return atomic_load_explicit(&sig_count[signo], memory_order_seq_cst);
+}
+
+void atap__signal_poke(int signo)
+{
+    char b = 0;
+    int fd = atomic_load_explicit(&sig_write_fd, memory_order_acquire);
+
+    atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
+    if (fd >= 0 && write(fd, &b, 1) < 0) {
+        /* full: a byte is there already */
+    }
+}
+
+int atap__source_add(struct park *p)
+{
     int rc = 0, key = p->fd;
 
     pthread_mutex_lock(&src_lock);
@@ -224,17 +293,8 @@ int atap__source_add(struct park *p)
      * for this park (a byte of it may still be in the pipe: harmless). */
     if (p->kind == PK_SIGNAL && !sig_waiters[key])
         atomic_store_explicit(&sig_pending[key], 0, memory_order_relaxed);
-    if (p->kind == PK_SIGNAL && !sig_caught[key]) {
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_signal;
-        sa.sa_flags = SA_RESTART;
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(key, &sa, NULL) != 0) {
-            rc = -errno;
-            goto out;
-        }
-        sig_caught[key] = true;
-    }
+    if (p->kind == PK_SIGNAL && (rc = catch_locked(key)) != 0)
+        goto out;
 #if PATHS_BY_INOTIFY
     if (p->kind == PK_PATH) {
         char path[64];
@@ -264,6 +324,13 @@ int atap__source_add(struct park *p)
     p->fd_next = *list_of(p);
     *list_of(p) = p;
     p->on_fd = true;
+    /* A delivery since the parker last looked at the count (before this
+     * park was listed, so its pending flag may have been dropped above):
+     * resume as if it came now. */
+    if (p->kind == PK_SIGNAL && (p->events & ATAP__SIG_SINCE) &&
+        ((unsigned)atomic_load_explicit(&sig_count[key], memory_order_seq_cst) &
+         ATAP__SIG_SEEN_MASK) != (p->events & ATAP__SIG_SEEN_MASK))
+        atap__signal_poke(key);
 out:
     pthread_mutex_unlock(&src_lock);
     return rc;

@@ -10,6 +10,7 @@
 #ifndef ATAP_TESTING_H
 #define ATAP_TESTING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include "atap.h"
 
@@ -76,5 +77,10 @@ int atap__test_on(int point, void (*hook)(void));
  * up); returns the old value. 0: every death counts as the first, so a test
  * may kill the manager any number of times. Fault injection builds only. */
 uint64_t atap__test_restart_window(uint64_t ns);
+
+/* true: process tasks spawned from now on take no pidfd, as on a kernel
+ * without pidfd_open, and look for their child's exit every 10 ms
+ * (tasks/process.c). Linux only; a no-op elsewhere. */
+void atap__test_proc_no_pidfd(bool on);
 
 #endif

@@ -1,0 +1,123 @@
+/*
+ * Signals as tasks: a wait (a handler, as a repeat), a send, and giving a
+ * signal back to its default disposition.
+ *
+ * sources.c's handler counts every delivery of a signal it catches
+ * (atap__signal_count). A wait task takes the signal over at its spawn and
+ * keeps the count it saw then; each run outputs how far the count moved
+ * since, and moves its mark. A run with nothing new parks on the signal
+ * with the count it saw (atap__park_signal_since), so a delivery that
+ * comes between its look and its park resumes it at once instead of being
+ * dropped as an unwatched signal is. Deliveries between a repeat's runs
+ * are so counted by the next run.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "../park.h"
+#include "atap.h"
+
+struct sigwait {
+    int signo;
+    uint64_t seen; /* the count at the last output (at first: at the spawn) */
+    atap_signal_fn *fn;
+    void *fn_arg;
+};
+
+static int wait_run(atap_ctx *ctx, void *arg, void *out)
+{
+    struct sigwait *w = arg;
+    uint64_t now = atap__signal_count(w->signo), n;
+
+    if (now == w->seen) {
+        if (atap__park_signal_since(ctx, w->signo, now, ATAP_FOREVER) != 0)
+            return ATAP_EFAILED;
+        return ATAP_PARKED;
+    }
+    n = now - w->seen;
+    w->seen = now;
+    if (w->fn)
+        w->fn(w->signo, n, w->fn_arg);
+    if (out)
+        memcpy(out, &n, sizeof n);
+    return 0;
+}
+
+int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_fn *fn, void *fn_arg,
+                           const atap_spawn_opts *opts)
+{
+    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    struct sigwait *w;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    if (!atap__signal_catchable(signo) || (o.kind != ATAP_ONCE && o.kind != ATAP_REPEAT) ||
+        (o.out_size != 0 && o.out_size != sizeof(uint64_t)) || o.arg_free || o.out_free ||
+        o.gives || o.in_free)
+        return ATAP_EINVAL;
+    if (!atap_initialised())
+        return ATAP_ENOTINIT;
+    if (!(w = malloc(sizeof *w)))
+        return -ENOMEM;
+    w->signo = signo;
+    w->fn = fn;
+    w->fn_arg = fn_arg;
+    /* Caught first, then counted from: every delivery after this call is
+     * the handler's, and counted. */
+    if ((rc = atap__signal_catch(signo)) != 0) {
+        free(w);
+        return rc;
+    }
+    w->seen = atap__signal_count(signo);
+    o.out_size = sizeof(uint64_t);
+    o.arg_free = free;
+    if ((rc = atap_spawn(task, wait_run, w, &o)) != 0)
+        free(w);
+    return rc;
+}
+
+struct sigsend {
+    int pid, signo;
+};
+
+static int send_run(atap_ctx *ctx, void *arg, void *out)
+{
+    struct sigsend *s = arg;
+
+    (void)ctx, (void)out;
+    return kill((pid_t)s->pid, s->signo) == 0 ? 0 : ATAP_EFAILED;
+}
+
+int atap_spawn_signal_send(atap_task *task, int pid, int signo, const atap_spawn_opts *opts)
+{
+    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    struct sigsend *s;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    if (pid == 0 || pid == -1 || signo < 0 || signo >= NSIG || o.kind != ATAP_ONCE ||
+        o.out_size || o.arg_free || o.out_free || o.gives || o.in_free)
+        return ATAP_EINVAL;
+    if (!(s = malloc(sizeof *s)))
+        return -ENOMEM;
+    s->pid = pid;
+    s->signo = signo;
+    o.arg_free = free;
+    if ((rc = atap_spawn(task, send_run, s, &o)) != 0)
+        free(s);
+    return rc;
+}
+
+int atap_signal_release(int signo)
+{
+    if (!atap__signal_catchable(signo))
+        return ATAP_EINVAL;
+    return atap__signal_release(signo);
+}

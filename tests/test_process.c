@@ -1,0 +1,773 @@
+/*
+ * Child processes and signals as tasks (src/tasks/process.c, signal.c):
+ * statuses, captured output (interleaved, large enough to fill a pipe many
+ * times), input, working directory and environment, a program not found,
+ * a cancel and a timeout killing a child's whole group with no zombie
+ * left, many children waited on with no thread each, a started child's
+ * pipes, wait and signal; signal waits, a repeat as a handler, the
+ * signals refused, and release.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "test_util.h"
+
+#define SH(script) ((const char *const[]){"sh", "-c", (script), NULL})
+
+/* ---- helpers --------------------------------------------------------- */
+
+/* Children of this process that are zombies now (/proc/<pid>/stat: state
+ * Z, ppid ours). */
+static int zombies(void)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+
+    if (!d)
+        return 0;
+    while ((e = readdir(d)) != NULL) {
+        char path[300], buf[512], *p;
+        int ppid = 0;
+        char st = 0;
+        FILE *f;
+
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        if (!(f = fopen(path, "r")))
+            continue;
+        if (fgets(buf, sizeof buf, f) && (p = strrchr(buf, ')')) &&
+            sscanf(p + 1, " %c %d", &st, &ppid) == 2 && st == 'Z' && ppid == getpid())
+            n++;
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Whether pid is a child of ours not yet reaped (looked at, not reaped). */
+static bool unreaped(pid_t pid)
+{
+    siginfo_t si;
+
+    memset(&si, 0, sizeof si);
+    return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+/* Whether pid has gone (no such process, or a zombie another reaps). */
+static bool gone(pid_t pid)
+{
+    char path[64], buf[512], *p, st = 0;
+    FILE *f;
+
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return true;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (!(f = fopen(path, "r")))
+        return true;
+    if (fgets(buf, sizeof buf, f) && (p = strrchr(buf, ')')))
+        sscanf(p + 1, " %c", &st);
+    fclose(f);
+    return st == 'Z' || st == 'X';
+}
+
+static int run_status(const atap_cmd *cmd)
+{
+    atap_task t;
+    int st = -1;
+
+    assert_int_equal(atap_spawn_run(&t, cmd, NULL), 0);
+    assert_int_equal(atap_join(t, &st, sizeof st), 0);
+    atap_release(t);
+    return st;
+}
+
+static atap_output run_output(const atap_cmd *cmd)
+{
+    atap_task t;
+    atap_output o = {0};
+
+    assert_int_equal(atap_spawn_output(&t, cmd, NULL), 0);
+    assert_int_equal(atap_take(t, &o, sizeof o), 0);
+    atap_release(t);
+    return o;
+}
+
+/* Reads "a b" (two pids) from path, waiting up to 10 s for the line. */
+static void read_pids(const char *path, pid_t *a, pid_t *b)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        int x = 0, y = 0, n = f ? fscanf(f, "%d %d", &x, &y) : 0;
+        if (f)
+            fclose(f);
+        if (n == 2) {
+            *a = x;
+            *b = y;
+            return;
+        }
+        assert_true(now_ns() < end);
+        usleep(5000);
+    }
+}
+
+static bool wait_until_reaped(pid_t pid, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+
+    while (unreaped(pid)) {
+        if (now_ns() > end)
+            return false;
+        usleep(2000);
+    }
+    return true;
+}
+
+static bool wait_gone(pid_t pid, uint64_t timeout_ns)
+{
+    uint64_t end = now_ns() + timeout_ns;
+
+    while (!gone(pid)) {
+        if (now_ns() > end)
+            return false;
+        usleep(2000);
+    }
+    return true;
+}
+
+/* ---- run ------------------------------------------------------------- */
+
+static void test_process_run_status(void **state)
+{
+    (void)state;
+    int st = run_status(&(atap_cmd){.program = "/bin/true"});
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+
+    st = run_status(&(atap_cmd){.program = "false"}); /* through PATH */
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+
+    st = run_status(&(atap_cmd){.program = "sh", .argv = SH("exit 7")});
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 7);
+
+    st = run_status(&(atap_cmd){.program = "sh", .argv = SH("kill -USR2 $$")});
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGUSR2);
+
+    /* stdin is /dev/null: a read sees its end at once */
+    st = run_status(&(atap_cmd){.program = "sh", .argv = SH("read x; test $? -ne 0")});
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_int_equal(zombies(), 0);
+}
+
+static void test_process_not_found(void **state)
+{
+    (void)state;
+    atap_task t;
+
+    assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "atap-no-such-program-x"}, NULL),
+                     -ENOENT);
+    assert_int_equal(t.id, 0);
+    assert_int_equal(atap_spawn_output(&t, &(atap_cmd){.program = "/nonexistent/prog"}, NULL),
+                     -ENOENT);
+    assert_int_equal(
+        atap_spawn_run(&t, &(atap_cmd){.program = "true", .dir = "/nonexistent-dir-x"}, NULL),
+        -ENOENT);
+    assert_int_equal(atap_spawn_run(&t, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "true", .input_len = 3}, NULL),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "true"},
+                                    &(atap_spawn_opts){.kind = ATAP_REPEAT}),
+                     ATAP_EINVAL);
+    assert_int_equal(zombies(), 0);
+}
+
+/* ---- output ---------------------------------------------------------- */
+
+static void test_process_output_interleaved(void **state)
+{
+    (void)state;
+    atap_output o = run_output(&(atap_cmd){
+        .program = "sh", .argv = SH("echo one; echo two >&2; echo three; exit 3")});
+
+    assert_true(WIFEXITED(o.status));
+    assert_int_equal(WEXITSTATUS(o.status), 3);
+    assert_int_equal(o.len, strlen("one\ntwo\nthree\n"));
+    assert_string_equal(o.data, "one\ntwo\nthree\n");
+    free(o.data);
+
+    o = run_output(&(atap_cmd){.program = "/bin/true"});
+    assert_int_equal(o.len, 0);
+    assert_non_null(o.data);
+    assert_string_equal(o.data, "");
+    free(o.data);
+}
+
+/* 1.5 MB on stdout and 1.5 MB on stderr, the pipe's 64 KiB many times over:
+ * the child would block for good were the pipe not read as it writes. */
+static void test_process_output_large(void **state)
+{
+    (void)state;
+    atap_output o = run_output(&(atap_cmd){
+        .program = "sh",
+        .argv = SH("head -c 1500000 /dev/zero | tr '\\0' a; "
+                   "head -c 1500000 /dev/zero | tr '\\0' b >&2; echo end")});
+    size_t a = 0, b = 0;
+
+    assert_int_equal(WEXITSTATUS(o.status), 0);
+    assert_int_equal(o.len, 3000004);
+    for (size_t i = 0; i < o.len; i++) {
+        a += o.data[i] == 'a';
+        b += o.data[i] == 'b';
+    }
+    assert_int_equal(a, 1500000);
+    assert_int_equal(b, 1500000);
+    assert_memory_equal(o.data + 3000000, "end\n", 4);
+    free(o.data);
+}
+
+/* Input larger than a pipe holds, echoed back by cat: written and read in
+ * the same parks. */
+static void test_process_input(void **state)
+{
+    (void)state;
+    size_t n = 400000;
+    unsigned char *in = malloc(n);
+    atap_output o;
+
+    assert_non_null(in);
+    for (size_t i = 0; i < n; i++)
+        in[i] = (unsigned char)(i * 7 + i / 251);
+    o = run_output(&(atap_cmd){.program = "cat", .input = in, .input_len = n});
+    assert_int_equal(WEXITSTATUS(o.status), 0);
+    assert_int_equal(o.len, n);
+    assert_memory_equal(o.data, in, n);
+    free(o.data);
+
+    /* run with input: the child reads it */
+    int st = run_status(&(atap_cmd){
+        .program = "sh", .argv = SH("read x; test \"$x\" = hello"), .input = "hello\n",
+        .input_len = 6});
+    assert_int_equal(WEXITSTATUS(st), 0);
+
+    /* a child that never reads its input: no SIGPIPE kills us */
+    o = run_output(&(atap_cmd){.program = "sh", .argv = SH("exec 0<&-; echo done"),
+                               .input = in, .input_len = n});
+    assert_string_equal(o.data, "done\n");
+    free(o.data);
+    free(in);
+}
+
+static void test_process_dir_env(void **state)
+{
+    (void)state;
+    atap_output o = run_output(&(atap_cmd){.program = "pwd", .dir = "/"});
+    assert_string_equal(o.data, "/\n");
+    free(o.data);
+
+    const char *const env[] = {"ATAP_T1=one", "ATAP_T2=two words", NULL};
+    o = run_output(&(atap_cmd){
+        .program = "/bin/sh", .argv = SH("echo \"$ATAP_T1|$ATAP_T2|${HOME-unset}\""), .env = env});
+    assert_string_equal(o.data, "one|two words|unset\n");
+    free(o.data);
+
+    /* env NULL: ours */
+    setenv("ATAP_T3", "inherited", 1);
+    o = run_output(&(atap_cmd){.program = "sh", .argv = SH("echo $ATAP_T3")});
+    assert_string_equal(o.data, "inherited\n");
+    free(o.data);
+    unsetenv("ATAP_T3");
+}
+
+/* ---- cancel and timeout --------------------------------------------- */
+
+/* A child that ignores SIGTERM, with a grandchild (which inherits the
+ * ignore) in its group; both write their pids to a file. */
+static void start_stubborn(atap_task *t, const char *file, const atap_spawn_opts *opts,
+                           pid_t *child, pid_t *grandchild)
+{
+    char script[512];
+
+    unlink(file);
+    snprintf(script, sizeof script,
+             "trap '' TERM; sleep 100 & echo $$ $! > %s.tmp; mv %s.tmp %s; wait", file, file,
+             file);
+    assert_int_equal(atap_spawn_output(t, &(atap_cmd){.program = "sh", .argv = SH(script)}, opts),
+                     0);
+    read_pids(file, child, grandchild);
+    unlink(file);
+    /* it does ignore SIGTERM, grandchild too */
+    assert_int_equal(kill(-*child, SIGTERM), 0);
+    usleep(100000);
+    assert_true(unreaped(*child));
+    assert_false(gone(*grandchild));
+}
+
+static void test_process_cancel_kills_group(void **state)
+{
+    (void)state;
+    char file[64];
+    atap_task t;
+    pid_t child, grandchild;
+    atap_output o;
+
+    snprintf(file, sizeof file, "/tmp/atap_proc_c_%d", (int)getpid());
+    start_stubborn(&t, file, NULL, &child, &grandchild);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join(t, &o, sizeof o), ATAP_ECANCELLED);
+    /* killed and reaped by the cancel, the handle still held */
+    assert_true(wait_until_reaped(child, ATAP_SEC(10)));
+    assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+    atap_release(t);
+    assert_int_equal(zombies(), 0);
+}
+
+/* Reads "a b" from path if it is there (written whole, by a rename). */
+static bool try_read_pids(const char *path, pid_t *a, pid_t *b)
+{
+    FILE *f = fopen(path, "r");
+    int x = 0, y = 0, n = f ? fscanf(f, "%d %d", &x, &y) : 0;
+
+    if (f)
+        fclose(f);
+    *a = x;
+    *b = y;
+    return n == 2;
+}
+
+/* The timeout kills the group. On a loaded machine the shell may not have
+ * written its pids (or set up its grandchild) by the time the timeout
+ * comes: then the timeout doubles and the test goes again, up to 25.6 s. */
+static void test_process_timeout_kills_group(void **state)
+{
+    (void)state;
+    char file[64], script[512];
+    pid_t child = 0, grandchild = 0;
+    uint64_t timeout = ATAP_MS(200);
+    bool seen = false;
+
+    snprintf(file, sizeof file, "/tmp/atap_proc_t_%d", (int)getpid());
+    snprintf(script, sizeof script,
+             "trap '' TERM; sleep 100 & echo $$ $! > %s.tmp; mv %s.tmp %s; wait", file, file,
+             file);
+    while (!seen) {
+        atap_task t;
+        atap_output o;
+        uint64_t t0 = now_ns();
+
+        timeout *= 2;
+        assert_true(timeout <= ATAP_MS(25600));
+        unlink(file);
+        assert_int_equal(atap_spawn_output(&t, &(atap_cmd){.program = "sh", .argv = SH(script)},
+                                           &(atap_spawn_opts){.timeout_ns = timeout}),
+                         0);
+        assert_int_equal(atap_join(t, &o, sizeof o), ATAP_ETIMEDOUT);
+        assert_true(now_ns() - t0 >= timeout);
+        if ((seen = try_read_pids(file, &child, &grandchild))) {
+            /* reaped as the task ended, its handle still held */
+            assert_true(wait_until_reaped(child, ATAP_SEC(10)));
+            assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+        }
+        atap_release(t);
+        unlink(file);
+        assert_int_equal(zombies(), 0);
+    }
+}
+
+/* The task's handle released while the child runs: the task goes on, and
+ * reaps the child when it exits. */
+static void test_process_released_early(void **state)
+{
+    (void)state;
+    char file[64], script[512];
+    atap_task t;
+    pid_t child, other;
+
+    snprintf(file, sizeof file, "/tmp/atap_proc_r_%d", (int)getpid());
+    unlink(file);
+    snprintf(script, sizeof script, "echo $$ $$ > %s.tmp; mv %s.tmp %s; sleep 0.2", file, file,
+             file);
+    assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "sh", .argv = SH(script)}, NULL),
+                     0);
+    read_pids(file, &child, &other);
+    unlink(file);
+    atap_release(t);
+    assert_true(wait_until_reaped(child, ATAP_SEC(10)));
+    assert_int_equal(zombies(), 0);
+}
+
+/* Without a pidfd (a kernel before 5.3): the exit is looked for every
+ * 10 ms, parked; statuses, output and a cancel as ever. */
+static void test_process_no_pidfd(void **state)
+{
+    (void)state;
+    atap_task t;
+    atap_output o;
+    uint64_t t0;
+
+    atap__test_proc_no_pidfd(true);
+    t0 = now_ns();
+    int st = run_status(&(atap_cmd){.program = "sh", .argv = SH("sleep 0.1; exit 4")});
+    assert_int_equal(WEXITSTATUS(st), 4);
+    assert_true(now_ns() - t0 >= ATAP_MS(100));
+    o = run_output(&(atap_cmd){.program = "sh", .argv = SH("echo a; echo b >&2")});
+    assert_string_equal(o.data, "a\nb\n");
+    free(o.data);
+
+    char file[64];
+    pid_t child, grandchild;
+    snprintf(file, sizeof file, "/tmp/atap_proc_n_%d", (int)getpid());
+    start_stubborn(&t, file, NULL, &child, &grandchild);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_true(wait_until_reaped(child, ATAP_SEC(10)));
+    assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+    atap_release(t);
+    atap__test_proc_no_pidfd(false);
+    assert_int_equal(zombies(), 0);
+}
+
+/* A shutdown ends a parked process task (ATAP_EFAILED): its child is
+ * killed and reaped with it, the handle still held. */
+static void test_process_shutdown_kills(void **state)
+{
+    (void)state;
+    char file[64];
+    atap_task t;
+    pid_t child, grandchild;
+    atap_output o;
+
+    snprintf(file, sizeof file, "/tmp/atap_proc_s_%d", (int)getpid());
+    start_stubborn(&t, file, NULL, &child, &grandchild);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_join(t, &o, sizeof o), ATAP_EFAILED);
+    assert_true(wait_until_reaped(child, ATAP_SEC(10)));
+    assert_true(wait_gone(grandchild, ATAP_SEC(10)));
+    atap_release(t);
+    assert_int_equal(atap_init(NULL), 0); /* for the teardown */
+    assert_int_equal(zombies(), 0);
+}
+
+/* ---- many children, no thread each ---------------------------------- */
+
+#define MANY 50
+
+static void test_process_many_no_thread_each(void **state)
+{
+    (void)state;
+    atap_task t[MANY];
+    struct atap_pool_stats before = pool_stats(), during;
+    int st[MANY];
+    uint64_t end;
+
+    for (int i = 0; i < MANY; i++)
+        assert_int_equal(
+            atap_spawn_run(&t[i], &(atap_cmd){.program = "sleep", .argv = (const char *const[]){"sleep", "1", NULL}},
+                           NULL),
+            0);
+    /* every one parked: none holds a thread */
+    end = now_ns() + ATAP_SEC(20);
+    for (int i = 0; i < MANY; i++) {
+        while (atap_state_of(t[i]) != ATAP_WAITING && !atap_finished(t[i])) {
+            assert_true(now_ns() < end);
+            usleep(1000);
+        }
+    }
+    during = pool_stats();
+    assert_true(during.workers + during.blocking_threads <
+                before.workers + before.blocking_threads + 8);
+    assert_int_equal(atap_join_all(t, MANY, st, sizeof st[0], NULL), 0);
+    for (int i = 0; i < MANY; i++) {
+        assert_true(WIFEXITED(st[i]));
+        assert_int_equal(WEXITSTATUS(st[i]), 0);
+        atap_release(t[i]);
+    }
+    during = pool_stats();
+    assert_true(during.peak_workers < before.workers + 8 || during.peak_workers == before.peak_workers);
+    assert_int_equal(zombies(), 0);
+}
+
+/* ---- a started child ------------------------------------------------- */
+
+static void test_process_child_pipes(void **state)
+{
+    (void)state;
+    atap_child c;
+    atap_task w;
+    char buf[64];
+    int st = -1;
+    ssize_t n;
+
+    assert_int_equal(atap_child_start(&c, &(atap_cmd){.program = "sh",
+                                                      .argv = SH("read x; echo \"out:$x\"; "
+                                                                 "echo \"err:$x\" >&2; exit 5")}),
+                     0);
+    assert_true(c.pid > 0);
+    assert_int_equal(fcntl(c.in_fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+    assert_int_equal(fcntl(c.out_fd, F_GETFL) & O_NONBLOCK, O_NONBLOCK);
+    assert_int_equal(atap_spawn_child_wait(&w, c.pid, NULL), 0);
+    assert_int_equal(write(c.in_fd, "hi\n", 3), 3);
+    close(c.in_fd);
+    assert_true(atap_wait_fd(c.out_fd, ATAP_READABLE, ATAP_SEC(10)) > 0);
+    n = read(c.out_fd, buf, sizeof buf - 1);
+    assert_int_equal(n, 7);
+    assert_memory_equal(buf, "out:hi\n", 7);
+    assert_true(atap_wait_fd(c.err_fd, ATAP_READABLE, ATAP_SEC(10)) > 0);
+    n = read(c.err_fd, buf, sizeof buf - 1);
+    assert_int_equal(n, 7);
+    assert_memory_equal(buf, "err:hi\n", 7);
+    assert_int_equal(atap_join(w, &st, sizeof st), 0);
+    assert_int_equal(WEXITSTATUS(st), 5);
+    atap_release(w);
+    close(c.out_fd);
+    close(c.err_fd);
+    assert_false(unreaped(c.pid));
+
+    /* not a child of ours */
+    assert_int_equal(atap_spawn_child_wait(&w, 1, NULL), -ECHILD);
+    assert_int_equal(atap_spawn_child_wait(&w, 0, NULL), ATAP_EINVAL);
+    assert_int_equal(zombies(), 0);
+}
+
+static void test_process_child_signal(void **state)
+{
+    (void)state;
+    atap_child c;
+    atap_task w, s;
+    int st = -1;
+
+    assert_int_equal(
+        atap_child_start(&c, &(atap_cmd){.program = "sleep",
+                                         .argv = (const char *const[]){"sleep", "100", NULL}}),
+        0);
+    assert_int_equal(atap_spawn_child_wait(&w, c.pid, NULL), 0);
+    assert_int_equal(atap_spawn_signal_send(&s, c.pid, SIGTERM, NULL), 0);
+    assert_int_equal(atap_join(s, NULL, 0), 0);
+    atap_release(s);
+    assert_int_equal(atap_join(w, &st, sizeof st), 0);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGTERM);
+    atap_release(w);
+    close(c.in_fd);
+    close(c.out_fd);
+    close(c.err_fd);
+
+    /* a send to a process that is gone fails */
+    assert_int_equal(atap_spawn_signal_send(&s, c.pid, SIGTERM, NULL), 0);
+    assert_int_equal(atap_join(s, NULL, 0), ATAP_EFAILED);
+    atap_release(s);
+    assert_int_equal(atap_spawn_signal_send(&s, 0, SIGTERM, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_signal_send(&s, -1, SIGTERM, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_signal_send(&s, getpid(), NSIG, NULL), ATAP_EINVAL);
+    assert_int_equal(zombies(), 0);
+}
+
+/* ---- signals ---------------------------------------------------------- */
+
+static void test_signal_wait_counts(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t n = 0;
+
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR1, NULL, NULL, NULL), 0);
+    assert_int_equal(kill(getpid(), SIGUSR1), 0);
+    assert_int_equal(atap_join(t, &n, sizeof n), 0);
+    assert_int_equal(n, 1);
+    atap_release(t);
+
+    /* a wait that nothing wakes times out */
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR1, NULL, NULL,
+                                            &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}),
+                     0);
+    assert_int_equal(atap_join(t, &n, sizeof n), ATAP_ETIMEDOUT);
+    atap_release(t);
+}
+
+static _Atomic uint64_t g_handled;
+static _Atomic int g_handled_signo;
+
+static void on_usr2(int signo, uint64_t count, void *arg)
+{
+    (void)arg;
+    atomic_store(&g_handled_signo, signo);
+    atomic_fetch_add(&g_handled, count);
+}
+
+/* As a repeat, a handler: each delivery (sent once the last is handled)
+ * is one batch of 1; the series ends after its runs. */
+static void test_signal_repeat_handler(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t n = 0;
+    atap_state s;
+
+    atomic_store(&g_handled, 0);
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR2, on_usr2, NULL,
+                                            &(atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 3}),
+                     0);
+    for (uint64_t i = 1; i <= 3; i++) {
+        uint64_t end = now_ns() + ATAP_SEC(10);
+        assert_int_equal(kill(getpid(), SIGUSR2), 0);
+        while (atomic_load(&g_handled) < i) {
+            assert_true(now_ns() < end);
+            usleep(1000);
+        }
+        assert_int_equal(atomic_load(&g_handled), i);
+    }
+    assert_int_equal(atap_wait(t, &s), 0);
+    assert_int_equal(atap_join(t, &n, sizeof n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(atomic_load(&g_handled_signo), SIGUSR2);
+    assert_true(atap_finished(t));
+    atap_release(t);
+}
+
+/* Deliveries between a repeat's runs are counted by the next run. */
+static void test_signal_repeat_counts_between_runs(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t end;
+
+    atomic_store(&g_handled, 0);
+    /* a gap of 300 ms between runs: signals sent in it wait for the next */
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR2, on_usr2, NULL,
+                                            &(atap_spawn_opts){.kind = ATAP_REPEAT,
+                                                               .every_ns = ATAP_MS(300)}),
+                     0);
+    assert_int_equal(kill(getpid(), SIGUSR2), 0);
+    end = now_ns() + ATAP_SEC(10);
+    while (atomic_load(&g_handled) < 1) {
+        assert_true(now_ns() < end);
+        usleep(1000);
+    }
+    /* in the gap (or not: each run counts what came since the last), two
+     * deliveries; raise() has this thread handle each before it returns,
+     * so the kernel merges none */
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(raise(SIGUSR2), 0);
+    while (atomic_load(&g_handled) < 3) {
+        assert_true(now_ns() < end);
+        usleep(1000);
+    }
+    assert_int_equal(atomic_load(&g_handled), 3);
+    assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+}
+
+static _Atomic int g_raise_at_arming;
+
+static void raise_usr1_once(void)
+{
+    if (atomic_exchange(&g_raise_at_arming, 0))
+        raise(SIGUSR1); /* this thread's: handled before raise returns */
+}
+
+/* A delivery between the wait's look at the count and its park joining the
+ * signal's list (where a plain park drops it, nobody waiting yet) resumes
+ * the park at once. The hook raises it at exactly that point. */
+static void test_signal_delivery_while_parking(void **state)
+{
+    (void)state;
+    atap_task t;
+    uint64_t n = 0;
+
+    if (atap__test_on(ATAP__TEST_PARK_ARMING, raise_usr1_once) != 0)
+        skip();
+    atomic_store(&g_raise_at_arming, 1);
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR1, NULL, NULL, NULL), 0);
+    assert_int_equal(atap_join_for(t, &n, sizeof n, ATAP_SEC(10)), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(atomic_load(&g_raise_at_arming), 0);
+    atap__test_on(ATAP__TEST_PARK_ARMING, NULL);
+    atap_release(t);
+}
+
+static void test_signal_refused(void **state)
+{
+    (void)state;
+    atap_task t;
+
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGKILL, NULL, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGSTOP, NULL, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_signal_wait(&t, 0, NULL, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_signal_wait(&t, NSIG, NULL, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR1, NULL, NULL,
+                                            &(atap_spawn_opts){.kind = ATAP_AT_RATE,
+                                                               .every_ns = 1000}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_signal_release(SIGKILL), ATAP_EINVAL);
+    assert_int_equal(atap_signal_release(SIGSTOP), ATAP_EINVAL);
+}
+
+static void test_signal_release_restores_default(void **state)
+{
+    (void)state;
+    atap_task t;
+    struct sigaction old;
+
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGWINCH, NULL, NULL, NULL), 0);
+    assert_int_equal(sigaction(SIGWINCH, NULL, &old), 0);
+    assert_true(old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
+    assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+    assert_int_equal(atap_signal_release(SIGWINCH), 0);
+    assert_int_equal(sigaction(SIGWINCH, NULL, &old), 0);
+    assert_true(old.sa_handler == SIG_DFL);
+    assert_int_equal(atap_signal_release(SIGWINCH), 0); /* again: nothing to do */
+
+    /* and taken over again by the next wait */
+    assert_int_equal(atap_spawn_signal_wait(&t, SIGWINCH, NULL, NULL, NULL), 0);
+    assert_int_equal(sigaction(SIGWINCH, NULL, &old), 0);
+    assert_true(old.sa_handler != SIG_DFL);
+    assert_int_equal(kill(getpid(), SIGWINCH), 0);
+    uint64_t n = 0;
+    assert_int_equal(atap_join(t, &n, sizeof n), 0);
+    assert_int_equal(n, 1);
+    atap_release(t);
+    assert_int_equal(atap_signal_release(SIGWINCH), 0);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
+    const struct CMUnitTest tests[] = {
+        T(test_process_run_status),
+        T(test_process_not_found),
+        T(test_process_output_interleaved),
+        T(test_process_output_large),
+        T(test_process_input),
+        T(test_process_dir_env),
+        T(test_process_cancel_kills_group),
+        T(test_process_timeout_kills_group),
+        T(test_process_released_early),
+        T(test_process_no_pidfd),
+        T(test_process_shutdown_kills),
+        T(test_process_many_no_thread_each),
+        T(test_process_child_pipes),
+        T(test_process_child_signal),
+        T(test_signal_wait_counts),
+        T(test_signal_repeat_handler),
+        T(test_signal_repeat_counts_between_runs),
+        T(test_signal_delivery_while_parking),
+        T(test_signal_refused),
+        T(test_signal_release_restores_default),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
