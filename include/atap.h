@@ -1151,6 +1151,31 @@ ATAP_EXPORT int atap_net_run(atap_net_io *io, atap_net_out *out);
  * out may be NULL. Blocks: yes. Threads: any. */
 ATAP_EXPORT int atap_net_join(atap_task task, atap_net_out *out);
 
+/*
+ * Inside a task of your own: runs the prepared operation as far as it can
+ * go now, so that one task (a connection's, say) can do many operations
+ * in turn without a task each and without holding a thread between them.
+ * Returns 0 when the operation is done (*out filled, as a spawned
+ * operation's output); ATAP_PARKED when it parked the calling task on its
+ * fd: return ATAP_PARKED from the task, and when it runs again call
+ * atap_net_step with the same io, which goes on where it stopped. The
+ * calling task's timeout and cancel apply. Prepare the io before each
+ * operation (a done one is not started again). io lives where the task
+ * keeps its state (its arg). A connect's name is not copied and is looked
+ * up on the calling thread: give a numeric host or a Unix path. A task
+ * that ends before its connect is done (cancelled, timed out) lets go of
+ * it with atap_net_abandon(io), from its arg_free say.
+ * Returns 0, ATAP_PARKED, or ATAP_EINVAL for NULL ctx, io or out, or an
+ * unprepared io; a park that cannot be set up ends the operation with its
+ * code in out->rc. Blocks: no. Threads: the task's own.
+ */
+ATAP_EXPORT int atap_net_step(atap_ctx *ctx, atap_net_io *io, atap_net_out *out);
+
+/* Lets go of what an unfinished operation run by atap_net_step holds (a
+ * connect's socket and address list); nothing for the others. io may then
+ * be freed. NULL is ignored. Blocks: no. Threads: any. */
+ATAP_EXPORT void atap_net_abandon(atap_net_io *io);
+
 /* Releases an operation's handle (its last: a task spawned by
  * atap_net_spawn, never atap_dup'd, or every copy released but this one),
  * then waits until the task has let go of io: its run over (a cancelled

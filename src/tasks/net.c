@@ -930,6 +930,20 @@ int atap_net_run(atap_net_io *io, atap_net_out *out)
     return rc != 0 ? rc : out->rc;
 }
 
+int atap_net_step(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    if (!ctx || !io || !out || io->op <= OP_NONE || io->op > OP_RECV_UNTIL ||
+        (is_connect(io) && !io->name))
+        return ATAP_EINVAL;
+    return net_task(ctx, io, out);
+}
+
+void atap_net_abandon(atap_net_io *io)
+{
+    if (io && is_connect(io))
+        connect_cleanup(io);
+}
+
 int atap_net_join(atap_task task, atap_net_out *out)
 {
     atap_net_out local;
