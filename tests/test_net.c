@@ -1056,6 +1056,106 @@ static void test_net_unix_datagram(void **state)
     close(fds[1]);
 }
 
+/* ---- a task of one's own ------------------------------------------------ */
+
+/* Reads "ping" and answers "pong" on one io, stepping through both. */
+struct own {
+    int fd, stage;
+    atap_net_io io;
+    unsigned char buf[4];
+    atomic_int freed;
+};
+
+static int own_task(atap_ctx *ctx, void *arg, void *out)
+{
+    struct own *o = arg;
+    atap_net_out r;
+    int rc;
+
+    for (;;) {
+        if ((rc = atap_net_step(ctx, &o->io, &r)) != 0)
+            return rc;
+        if (r.rc != 0 || o->stage == 1) {
+            memcpy(out, &r, sizeof r);
+            return 0;
+        }
+        CHECK(memcmp(o->buf, "ping", 4) == 0);
+        atap_net_prep_send(&o->io, o->fd, "pong", 4);
+        o->stage = 1;
+    }
+}
+
+static void own_free(void *arg)
+{
+    struct own *o = arg;
+    atap_net_abandon(&o->io);
+    atomic_store(&o->freed, 1);
+}
+
+static void test_net_step_in_own_task(void **state)
+{
+    (void)state;
+    static struct own o; /* outlives a failed test's tasks */
+    int fds[2], lfd, held[16], n_held, fds_before;
+    atap_task t, hang;
+    atap_net_io hio;
+    atap_net_out out;
+    unsigned char buf[4];
+
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    memset(&o, 0, sizeof o);
+    o.fd = fds[0];
+    assert_int_equal(atap_net_prep_recv_exact(&o.io, fds[0], o.buf, 4), 0);
+    assert_int_equal(atap_spawn(&t, own_task, &o, &(atap_spawn_opts){.out_size = sizeof out}), 0);
+    assert_true(wait_parked(t)); /* parked by its step */
+    send_all(fds[1], "pi", 2);
+    sleep_ms(2);
+    send_all(fds[1], "ng", 2);
+    assert_int_equal(atap_join(t, &out, sizeof out), 0);
+    atap_release(t);
+    assert_int_equal(out.rc, 0);
+    assert_int_equal(out.n, 4);
+    assert_int_equal(atap_net_prep_recv_exact(&hio, fds[1], buf, 4), 0);
+    assert_int_equal(atap_net_run(&hio, &out), 0);
+    assert_memory_equal(buf, "pong", 4);
+    close(fds[0]);
+    close(fds[1]);
+    assert_int_equal(atap_net_step(NULL, &hio, &out), ATAP_EINVAL);
+
+    /* A step's connect left hanging, its task cancelled: abandon closes
+     * the socket it was connecting. */
+    fds_before = count_fds();
+    if (!hanging_connect(&lfd, &hang, &hio, held, &n_held, NULL)) {
+        for (int i = 0; i < n_held; i++)
+            close(held[i]);
+        close(lfd);
+        return;
+    }
+    atap_cancel(hang);
+    atap_net_join(hang, &out);
+    atap_net_release(hang, &hio);
+    {
+        char name[64];
+        memset(&o, 0, sizeof o);
+        snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(lfd));
+        assert_int_equal(atap_net_prep_connect(&o.io, name), 0);
+        assert_int_equal(atap_spawn(&t, own_task, &o,
+                                    &(atap_spawn_opts){.out_size = sizeof out, .arg_free = own_free}),
+                         0);
+        assert_true(wait_parked(t));
+        atap_cancel(t);
+        assert_int_equal(atap_join(t, &out, sizeof out), ATAP_ECANCELLED);
+        atap_release(t);
+        assert_true(wait_atomic_at_least(&o.freed, 1, SLOW));
+    }
+    for (int i = 0; i < n_held; i++)
+        close(held[i]);
+    close(lfd);
+    assert_true(wait_live_back(SLOW));
+    if (fds_before >= 0)
+        assert_int_equal(count_fds(), fds_before);
+}
+
 /* ---- the calling thread, and shutdown ----------------------------------- */
 
 /* atap_net_run needs no runtime: a whole exchange on the calling thread. */
@@ -1133,6 +1233,7 @@ int main(void)
         T(test_net_udp),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
+        T(test_net_step_in_own_task),
         T(test_net_run_without_runtime),
     };
 #undef T
