@@ -1,0 +1,957 @@
+/*
+ * Sockets as tasks: TCP, UDP and Unix connect, accept, send, recv,
+ * recv_exact, recv_until, send_to, recv_from, and the plain calls that
+ * never wait (listen, bind, pairs, setters, addresses).
+ *
+ * An operation's whole state is the caller's atap_net_io: the task's arg
+ * is the io itself, so a run that parks and is run again (atap_resumed)
+ * starts from the top of net_task and goes on from io->done. Nothing is
+ * allocated per operation but a connect's address list, which the task's
+ * arg_free (connect_cleanup) lets go with any socket still connecting,
+ * also when a cancel, a timeout or a shutdown took the task down while it
+ * was parked. The output (atap_net_out, 16 bytes) fits the slot's park
+ * tail, so a parked operation costs its slot and nothing else.
+ *
+ * Every fd made here is close-on-exec and non-blocking: atomically with
+ * SOCK_CLOEXEC / SOCK_NONBLOCK / accept4 where the platform has them, by
+ * fcntl right after creation elsewhere. Sends never raise SIGPIPE
+ * (MSG_NOSIGNAL, or SO_NOSIGPIPE on the socket where there is no such
+ * flag). Only this file's public calls are used besides libc: it sits on
+ * the public header and the park API (layer 9).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* accept4, memmem, EAI_NODATA */
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "atap.h"
+
+enum {
+    OP_NONE,
+    OP_CONNECT,
+    OP_UNIX_CONNECT,
+    OP_ACCEPT,
+    OP_SEND,
+    OP_RECV,
+    OP_RECV_EXACT,
+    OP_SEND_TO,
+    OP_RECV_FROM,
+    OP_RECV_UNTIL,
+};
+
+#define HOST_MAX 256 /* the longest DNS name is 253 */
+#define UNIX_RETRY_NS ATAP_MS(1)
+
+#ifdef MSG_NOSIGNAL
+#define SEND_FLAGS MSG_NOSIGNAL
+#else
+#define SEND_FLAGS 0
+#endif
+
+/* ---- sockets and names ------------------------------------------------- */
+
+static int set_fd_flags(int fd)
+{
+#ifdef SO_NOSIGPIPE
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#endif
+#if !defined(SOCK_CLOEXEC) || !defined(SOCK_NONBLOCK)
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 ||
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0)
+        return -errno;
+#else
+    (void)fd;
+#endif
+    return 0;
+}
+
+static int new_socket(int domain, int type)
+{
+    int fd, rc;
+
+#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK)
+    type |= SOCK_CLOEXEC | SOCK_NONBLOCK;
+#endif
+    if ((fd = socket(domain, type, 0)) < 0)
+        return -errno;
+    if ((rc = set_fd_flags(fd)) != 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+/* Splits "host:port" / "[v6]:port" into host (NUL-ended, "" for none) and
+ * a pointer to the port. ATAP_EINVAL for no ':' or a host too long. */
+static int split_name(const char *name, char *host, size_t room, const char **port)
+{
+    const char *colon, *h = name;
+    size_t n;
+
+    if (!name)
+        return ATAP_EINVAL;
+    if (name[0] == '[') {
+        const char *close = strchr(name, ']');
+        if (!close || close[1] != ':')
+            return ATAP_EINVAL;
+        h = name + 1;
+        n = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        if (!(colon = strrchr(name, ':')))
+            return ATAP_EINVAL;
+        n = (size_t)(colon - name);
+    }
+    if (n >= room)
+        return ATAP_EINVAL;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    *port = colon + 1;
+    return 0;
+}
+
+static int parse_port(const char *s, in_port_t *port)
+{
+    unsigned long v = 0;
+
+    if (!*s)
+        return ATAP_EINVAL;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || (v = v * 10 + (unsigned long)(*s - '0')) > 65535)
+            return ATAP_EINVAL;
+    }
+    *port = htons((in_port_t)v);
+    return 0;
+}
+
+int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name)
+{
+    char host[HOST_MAX];
+    const char *port;
+    in_port_t p;
+
+    if (!addr || !len || split_name(name, host, sizeof host, &port) != 0 ||
+        parse_port(port, &p) != 0)
+        return ATAP_EINVAL;
+    if (strchr(host, ':')) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)(void *)addr;
+        memset(a, 0, sizeof *a);
+        a->sin6_family = AF_INET6;
+        a->sin6_port = p;
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+            return ATAP_EINVAL;
+        *len = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)(void *)addr;
+        memset(a, 0, sizeof *a);
+        a->sin_family = AF_INET;
+        a->sin_port = p;
+        if (host[0] == '\0')
+            a->sin_addr.s_addr = htonl(INADDR_ANY);
+        else if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+            return ATAP_EINVAL;
+        *len = sizeof *a;
+    }
+    return 0;
+}
+
+int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path)
+{
+    struct sockaddr_un *a = (struct sockaddr_un *)(void *)addr;
+    size_t n;
+
+    if (!addr || !len || !path || !*path)
+        return ATAP_EINVAL;
+    if ((n = strlen(path)) >= sizeof a->sun_path)
+        return -ENAMETOOLONG;
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    memcpy(a->sun_path, path, n + 1);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+    return 0;
+}
+
+int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf, size_t n)
+{
+    char ip[INET6_ADDRSTRLEN];
+
+    if (!addr || (!buf && n))
+        return ATAP_EINVAL;
+    switch (addr->sa_family) {
+    case AF_INET: {
+        const struct sockaddr_in *a = (const void *)addr;
+        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+        return snprintf(buf, n, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
+    }
+    case AF_INET6: {
+        const struct sockaddr_in6 *a = (const void *)addr;
+        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+        return snprintf(buf, n, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
+    }
+    case AF_UNIX: {
+        const struct sockaddr_un *a = (const void *)addr;
+        size_t off = offsetof(struct sockaddr_un, sun_path);
+        size_t max = len > off ? (size_t)len - off : 0;
+        if (max > sizeof a->sun_path)
+            max = sizeof a->sun_path;
+        return snprintf(buf, n, "%.*s", (int)strnlen(a->sun_path, max), a->sun_path);
+    }
+    default: return ATAP_EINVAL;
+    }
+}
+
+int atap_net_local_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        return -errno;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ATAP_EINVAL;
+}
+
+/* ---- the plain calls --------------------------------------------------- */
+
+/* A socket of type bound to addr; listening when backlog >= 0. */
+static int bound(int *fd, const struct sockaddr *addr, socklen_t len, int type, int backlog)
+{
+    int s, one = 1, rc = 0;
+
+    if ((s = new_socket(addr->sa_family, type)) < 0)
+        return s;
+    if (addr->sa_family != AF_UNIX && type == SOCK_STREAM)
+        (void)setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(s, addr, len) != 0 ||
+        (backlog >= 0 && listen(s, backlog > 0 ? backlog : SOMAXCONN) != 0))
+        rc = -errno;
+    if (rc != 0) {
+        close(s);
+        return rc;
+    }
+    *fd = s;
+    return 0;
+}
+
+int atap_net_listen(int *fd, const char *name, int backlog)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!fd || (rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name)) != 0)
+        return ATAP_EINVAL;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
+}
+
+int atap_net_unix_listen(int *fd, const char *path, int backlog)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!fd)
+        return ATAP_EINVAL;
+    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
+        return rc;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
+}
+
+int atap_net_udp_bind(int *fd, const char *name)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+
+    if (!fd || atap_net_ip_addr((struct sockaddr *)&ss, &len, name) != 0)
+        return ATAP_EINVAL;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
+}
+
+int atap_net_unix_dgram_bind(int *fd, const char *path)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!fd)
+        return ATAP_EINVAL;
+    if (!path) {
+        if ((rc = new_socket(AF_UNIX, SOCK_DGRAM)) < 0)
+            return rc;
+        *fd = rc;
+        return 0;
+    }
+    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
+        return rc;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
+}
+
+int atap_net_dgram_connect(int fd, const char *name)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!name)
+        return ATAP_EINVAL;
+    if (name[0] == '/' || name[0] == '.')
+        rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, name);
+    else
+        rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name);
+    if (rc != 0)
+        return rc;
+    return connect(fd, (struct sockaddr *)&ss, len) == 0 ? 0 : -errno;
+}
+
+int atap_net_pair(int fds[2], int type)
+{
+    int t = type, rc;
+
+    if (!fds || (type != SOCK_STREAM && type != SOCK_DGRAM))
+        return ATAP_EINVAL;
+#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK)
+    t |= SOCK_CLOEXEC | SOCK_NONBLOCK;
+#endif
+    if (socketpair(AF_UNIX, t, 0, fds) != 0)
+        return -errno;
+    if ((rc = set_fd_flags(fds[0])) != 0 || (rc = set_fd_flags(fds[1])) != 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return rc;
+    }
+    return 0;
+}
+
+int atap_net_shutdown_write(int fd)
+{
+    return shutdown(fd, SHUT_WR) == 0 ? 0 : -errno;
+}
+
+int atap_net_set_nodelay(int fd, bool on)
+{
+    int v = on;
+    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v) == 0 ? 0 : -errno;
+}
+
+int atap_net_set_keepalive(int fd, bool on, unsigned idle_s)
+{
+    int v = on;
+
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, sizeof v) != 0)
+        return -errno;
+    if (on && idle_s > 0) {
+        int idle = idle_s > 32767 ? 32767 : (int)idle_s;
+#if defined(TCP_KEEPIDLE)
+        if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0)
+            return -errno;
+#elif defined(TCP_KEEPALIVE)
+        if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPALIVE, &idle, sizeof idle) != 0)
+            return -errno;
+#else
+        (void)idle;
+#endif
+    }
+    return 0;
+}
+
+/* ---- the reader -------------------------------------------------------- */
+
+int atap_net_reader_init(atap_net_reader *r, int fd, void *buf, size_t cap)
+{
+    if (!r || !buf || cap == 0)
+        return ATAP_EINVAL;
+    *r = (atap_net_reader){.fd = fd, .buf = buf, .cap = cap};
+    return 0;
+}
+
+const void *atap_net_reader_data(const atap_net_reader *r, size_t *len)
+{
+    if (len)
+        *len = r ? r->end - r->start : 0;
+    return r ? r->buf + r->start : NULL;
+}
+
+void atap_net_reader_consume(atap_net_reader *r, size_t n)
+{
+    if (!r)
+        return;
+    if (n > r->end - r->start)
+        n = r->end - r->start;
+    r->start += n;
+    if (r->start == r->end)
+        r->start = r->end = 0;
+}
+
+/* ---- preparing --------------------------------------------------------- */
+
+static void prep(atap_net_io *io, int op, int fd, const void *buf, size_t len)
+{
+    *io = (atap_net_io){.fd = fd, .op = op, .buf = (void *)buf, .len = len, .pending = -1};
+}
+
+int atap_net_prep_connect(atap_net_io *io, const char *name)
+{
+    char host[HOST_MAX];
+    const char *port;
+
+    if (!io || split_name(name, host, sizeof host, &port) != 0 || !*port)
+        return ATAP_EINVAL;
+    prep(io, OP_CONNECT, -1, NULL, 0);
+    io->name = name;
+    return 0;
+}
+
+int atap_net_prep_unix_connect(atap_net_io *io, const char *path)
+{
+    if (!io || !path || !*path)
+        return ATAP_EINVAL;
+    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        return -ENAMETOOLONG;
+    prep(io, OP_UNIX_CONNECT, -1, NULL, 0);
+    io->name = path;
+    return 0;
+}
+
+int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *peer, socklen_t *peer_len)
+{
+    if (!io || (peer && !peer_len))
+        return ATAP_EINVAL;
+    prep(io, OP_ACCEPT, lfd, NULL, 0);
+    io->addr = peer;
+    io->addrlen = peer ? peer_len : NULL;
+    return 0;
+}
+
+static int prep_buf(atap_net_io *io, int op, int fd, const void *buf, size_t len)
+{
+    if (!io || (!buf && len))
+        return ATAP_EINVAL;
+    prep(io, op, fd, buf, len);
+    return 0;
+}
+
+int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len)
+{
+    return prep_buf(io, OP_SEND, fd, buf, len);
+}
+
+int atap_net_prep_recv(atap_net_io *io, int fd, void *buf, size_t len)
+{
+    return prep_buf(io, OP_RECV, fd, buf, len);
+}
+
+int atap_net_prep_recv_exact(atap_net_io *io, int fd, void *buf, size_t len)
+{
+    return prep_buf(io, OP_RECV_EXACT, fd, buf, len);
+}
+
+int atap_net_prep_send_to(atap_net_io *io, int fd, const void *buf, size_t len,
+                          const struct sockaddr *to, socklen_t to_len)
+{
+    int rc;
+
+    if (!to || (rc = prep_buf(io, OP_SEND_TO, fd, buf, len)) != 0)
+        return ATAP_EINVAL;
+    io->addr = (struct sockaddr *)to;
+    io->to_len = to_len;
+    return 0;
+}
+
+int atap_net_prep_recv_from(atap_net_io *io, int fd, void *buf, size_t len,
+                            struct sockaddr *from, socklen_t *from_len)
+{
+    int rc;
+
+    if ((from && !from_len) || (rc = prep_buf(io, OP_RECV_FROM, fd, buf, len)) != 0)
+        return ATAP_EINVAL;
+    io->addr = from;
+    io->addrlen = from ? from_len : NULL;
+    return 0;
+}
+
+int atap_net_prep_recv_until(atap_net_io *io, atap_net_reader *reader, const void *delim,
+                             size_t delim_len, size_t limit)
+{
+    if (!io || !reader || !delim || delim_len == 0 || limit < delim_len || limit > reader->cap)
+        return ATAP_EINVAL;
+    prep(io, OP_RECV_UNTIL, reader->fd, delim, delim_len);
+    io->reader = reader;
+    io->limit = limit;
+    return 0;
+}
+
+/* ---- running ----------------------------------------------------------- */
+
+static int finish(atap_net_out *out, size_t n, int rc, int fd)
+{
+    *out = (atap_net_out){.n = (int64_t)n, .rc = rc, .fd = fd};
+    return 0;
+}
+
+/* Parks until fd is ready for ev: the caller returns what this returns. A
+ * park that cannot be set up ends the operation with its code. */
+static int park(atap_ctx *ctx, atap_net_out *out, atap_net_io *io, unsigned ev)
+{
+    int rc = atap_park_fd(ctx, io->pending >= 0 ? io->pending : io->fd, ev, ATAP_FOREVER);
+
+    return rc == 0 ? ATAP_PARKED : finish(out, io->done, rc, -1);
+}
+
+static bool again(int e)
+{
+    return e == EAGAIN || e == EWOULDBLOCK;
+}
+
+static int eai_code(int e)
+{
+    switch (e) {
+    case EAI_NONAME:
+#ifdef EAI_NODATA
+    case EAI_NODATA:
+#endif
+    case EAI_FAIL: return -ENXIO;
+    case EAI_AGAIN: return -EAGAIN;
+    case EAI_MEMORY: return -ENOMEM;
+    case EAI_SYSTEM: return errno ? -errno : -EIO;
+    default: return ATAP_EINVAL; /* EAI_SERVICE, EAI_FAMILY... */
+    }
+}
+
+/* Looks the name up (numeric hosts without a lookup). */
+static int resolve(atap_net_io *io)
+{
+    char host[HOST_MAX];
+    const char *port;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *list = NULL;
+    unsigned char tmp[sizeof(struct in6_addr)];
+    int e;
+
+    if (split_name(io->name, host, sizeof host, &port) != 0)
+        return ATAP_EINVAL;
+    if (inet_pton(AF_INET, host, tmp) == 1 || inet_pton(AF_INET6, host, tmp) == 1)
+        hints.ai_flags |= AI_NUMERICHOST;
+    if ((e = getaddrinfo(host[0] ? host : NULL, port, &hints, &list)) != 0)
+        return eai_code(e);
+    io->list = io->next = list;
+    return 0;
+}
+
+/* The connect under way finished: 1 connected, 0 still going, else the
+ * error it ended with. */
+static int connect_result(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    int err = 0;
+    socklen_t elen = sizeof err;
+
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0)
+        return -errno;
+    if (err != 0)
+        return -err;
+    if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0)
+        return 1;
+    return errno == ENOTCONN ? 0 : -errno;
+}
+
+static void connect_cleanup(void *arg)
+{
+    atap_net_io *io = arg;
+
+    if (io->pending >= 0)
+        close(io->pending);
+    io->pending = -1;
+    if (io->list)
+        freeaddrinfo(io->list);
+    io->list = io->next = NULL;
+}
+
+static int connected(atap_net_io *io, atap_net_out *out)
+{
+    int fd = io->pending;
+
+    io->pending = -1;
+    connect_cleanup(io);
+    return finish(out, 0, 0, fd);
+}
+
+static int tcp_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    int rc;
+
+    if (!io->list && (rc = resolve(io)) != 0)
+        return finish(out, 0, rc, -1);
+    for (;;) {
+        struct addrinfo *ai;
+
+        if (io->pending >= 0) { /* resumed: how did it go? */
+            if ((rc = connect_result(io->pending)) == 1)
+                return connected(io, out);
+            if (rc == 0)
+                return park(ctx, out, io, ATAP_WRITABLE);
+            io->err = rc;
+            close(io->pending);
+            io->pending = -1;
+        }
+        if (!(ai = io->next)) {
+            rc = io->err ? io->err : -ECONNREFUSED;
+            connect_cleanup(io);
+            return finish(out, 0, rc, -1);
+        }
+        io->next = ai->ai_next;
+        if ((rc = new_socket(ai->ai_family, SOCK_STREAM)) < 0) {
+            io->err = rc;
+            continue;
+        }
+        io->pending = rc;
+        if (connect(rc, ai->ai_addr, ai->ai_addrlen) == 0)
+            return connected(io, out);
+        if (errno == EINPROGRESS || errno == EINTR)
+            return park(ctx, out, io, ATAP_WRITABLE);
+        io->err = -errno;
+        close(io->pending);
+        io->pending = -1;
+    }
+}
+
+static int unix_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (io->pending >= 0 && io->err == EINPROGRESS) { /* resumed from WRITABLE */
+        if ((rc = connect_result(io->pending)) == 1)
+            return connected(io, out);
+        if (rc == 0)
+            return park(ctx, out, io, ATAP_WRITABLE);
+        connect_cleanup(io);
+        return finish(out, 0, rc, -1);
+    }
+    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, io->name)) != 0)
+        return finish(out, 0, rc, -1);
+    if (io->pending < 0 && (io->pending = new_socket(AF_UNIX, SOCK_STREAM)) < 0) {
+        rc = io->pending;
+        io->pending = -1;
+        return finish(out, 0, rc, -1);
+    }
+    if (connect(io->pending, (struct sockaddr *)&ss, len) == 0)
+        return connected(io, out);
+    if (errno == EINPROGRESS) {
+        io->err = EINPROGRESS;
+        return park(ctx, out, io, ATAP_WRITABLE);
+    }
+    if (again(errno)) { /* the backlog is full (Linux): try again shortly */
+        if ((rc = atap_park_until(ctx, atap_now() + UNIX_RETRY_NS)) != 0) {
+            connect_cleanup(io);
+            return finish(out, 0, rc, -1);
+        }
+        return ATAP_PARKED;
+    }
+    rc = -errno;
+    connect_cleanup(io);
+    return finish(out, 0, rc, -1);
+}
+
+static int do_accept(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    for (;;) {
+        int fd, rc;
+#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK) && (defined(__linux__) || defined(__FreeBSD__))
+        fd = accept4(io->fd, io->addr, io->addrlen, SOCK_CLOEXEC | SOCK_NONBLOCK);
+#else
+        fd = accept(io->fd, io->addr, io->addrlen);
+#endif
+        if (fd >= 0) {
+            if ((rc = set_fd_flags(fd)) != 0) {
+                close(fd);
+                return finish(out, 0, rc, -1);
+            }
+            return finish(out, 0, 0, fd);
+        }
+        if (again(errno))
+            return park(ctx, out, io, ATAP_READABLE);
+        if (errno != EINTR && errno != ECONNABORTED)
+            return finish(out, 0, -errno, -1);
+    }
+}
+
+/* One send or receive call, with the fallback to write / read for an fd
+ * that is not a socket (a pipe handed in). */
+static ssize_t xfer(atap_net_io *io, bool send_dir)
+{
+    unsigned char *p = (unsigned char *)io->buf + io->done;
+    size_t n = io->len - io->done;
+    ssize_t r;
+
+    if (send_dir) {
+        if (io->op == OP_SEND_TO)
+            return sendto(io->fd, p, n, SEND_FLAGS, io->addr, io->to_len);
+        if ((r = send(io->fd, p, n, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
+            r = write(io->fd, p, n);
+        return r;
+    }
+    if (io->op == OP_RECV_FROM)
+        return recvfrom(io->fd, p, n, 0, io->addr, io->addrlen);
+    if ((r = recv(io->fd, p, n, 0)) < 0 && errno == ENOTSOCK)
+        r = read(io->fd, p, n);
+    return r;
+}
+
+static int do_send(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    bool first = true;
+
+    while (first || io->done < io->len) {
+        ssize_t r = xfer(io, true);
+
+        first = false;
+        if (r >= 0) {
+            io->done += (size_t)r;
+            if (io->op == OP_SEND_TO)
+                break;
+        } else if (again(errno)) {
+            return park(ctx, out, io, ATAP_WRITABLE);
+        } else if (errno != EINTR) {
+            return finish(out, io->done, -errno, -1);
+        }
+        if (atap_cancelled(ctx))
+            return finish(out, io->done, ATAP_ECANCELLED, -1); /* dropped: io->done stands */
+    }
+    return finish(out, io->done, 0, -1);
+}
+
+static int do_recv(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    for (;;) {
+        ssize_t r = xfer(io, false);
+
+        if (r > 0 || (r == 0 && io->op != OP_RECV_EXACT) || (r == 0 && io->len == 0)) {
+            io->done += (size_t)r;
+            if (io->op != OP_RECV_EXACT || io->done == io->len)
+                return finish(out, io->done, 0, -1);
+        } else if (r == 0) {
+            return finish(out, io->done, ATAP_ECLOSED, -1);
+        } else if (again(errno)) {
+            return park(ctx, out, io, ATAP_READABLE);
+        } else if (errno != EINTR) {
+            return finish(out, io->done, -errno, -1);
+        }
+        if (atap_cancelled(ctx))
+            return finish(out, io->done, ATAP_ECANCELLED, -1);
+    }
+}
+
+/* Where the delimiter starts in the first `within` buffered bytes, or
+ * NULL. The search starts where the last one left off (io->done). */
+static const unsigned char *find_delim(atap_net_io *io, size_t within)
+{
+    atap_net_reader *r = io->reader;
+    size_t from = io->done >= io->len ? io->done - (io->len - 1) : 0;
+
+    if (within < io->len || from > within - io->len)
+        return NULL;
+    return memmem(r->buf + r->start + from, within - from, io->buf, io->len);
+}
+
+static int do_recv_until(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    atap_net_reader *r = io->reader;
+
+    for (;;) {
+        size_t have = r->end - r->start, within = have < io->limit ? have : io->limit;
+        const unsigned char *at = find_delim(io, within);
+        ssize_t n;
+
+        if (at)
+            return finish(out, (size_t)(at - (r->buf + r->start)) + io->len, 0, -1);
+        io->done = within;
+        if (have >= io->limit)
+            return finish(out, have, ATAP_ETOOLONG, -1);
+        if (r->end == r->cap) { /* room at the front: limit <= cap */
+            memmove(r->buf, r->buf + r->start, have);
+            r->start = 0;
+            r->end = have;
+        }
+        if ((n = recv(r->fd, r->buf + r->end, r->cap - r->end, 0)) < 0 && errno == ENOTSOCK)
+            n = read(r->fd, r->buf + r->end, r->cap - r->end);
+        if (n > 0)
+            r->end += (size_t)n;
+        else if (n == 0)
+            return finish(out, have, ATAP_ECLOSED, -1);
+        else if (again(errno))
+            return park(ctx, out, io, ATAP_READABLE);
+        else if (errno != EINTR)
+            return finish(out, have, -errno, -1);
+        if (atap_cancelled(ctx))
+            return finish(out, have, ATAP_ECANCELLED, -1);
+    }
+}
+
+static int net_task(atap_ctx *ctx, void *arg, void *out_)
+{
+    atap_net_io *io = arg;
+    atap_net_out *out = out_;
+
+    switch (io->op) {
+    case OP_CONNECT: return tcp_connect(ctx, io, out);
+    case OP_UNIX_CONNECT: return unix_connect(ctx, io, out);
+    case OP_ACCEPT: return do_accept(ctx, io, out);
+    case OP_SEND:
+    case OP_SEND_TO: return do_send(ctx, io, out);
+    case OP_RECV:
+    case OP_RECV_EXACT:
+    case OP_RECV_FROM: return do_recv(ctx, io, out);
+    case OP_RECV_UNTIL: return do_recv_until(ctx, io, out);
+    default: return finish(out, 0, ATAP_EINVAL, -1);
+    }
+}
+
+/* Every run of an io starts afresh. */
+static void restart(atap_net_io *io)
+{
+    io->done = 0;
+    io->err = 0;
+    io->pending = -1;
+    io->list = io->next = NULL;
+}
+
+static bool is_connect(const atap_net_io *io)
+{
+    return io->op == OP_CONNECT || io->op == OP_UNIX_CONNECT;
+}
+
+/* A connect whose host is a name to look up runs on the blocking threads. */
+static bool needs_lookup(const atap_net_io *io)
+{
+    char host[HOST_MAX];
+    const char *port;
+    unsigned char tmp[sizeof(struct in6_addr)];
+
+    if (io->op != OP_CONNECT || split_name(io->name, host, sizeof host, &port) != 0)
+        return false;
+    if (host[0] == '\0' || inet_pton(AF_INET, host, tmp) == 1 ||
+        inet_pton(AF_INET6, host, tmp) == 1)
+        return false;
+    return true;
+}
+
+/* The task's arg_free: the task is gone for good (its run over, its last
+ * handle released), so nothing of libatap's touches io after the store of
+ * busy, which atap_net_release waits for. */
+static void let_go(void *arg)
+{
+    atap_net_io *io = arg;
+
+    if (is_connect(io)) {
+        connect_cleanup(io);
+        free(io->buf); /* the copy of the name: prepare a connect again */
+        io->buf = NULL;
+        io->name = NULL;
+    }
+    __atomic_store_n(&io->busy, 0, __ATOMIC_RELEASE);
+}
+
+int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts)
+{
+    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    if (!io || io->op <= OP_NONE || io->op > OP_RECV_UNTIL ||
+        (o.out_size != 0 && o.out_size != sizeof(atap_net_out)) || o.kind != ATAP_ONCE ||
+        o.arg_free || o.out_free)
+        return ATAP_EINVAL;
+    if (is_connect(io) && !io->name)
+        return ATAP_EINVAL;
+    restart(io);
+    if (is_connect(io)) { /* the name need only live through this call */
+        if (!(io->buf = strdup(io->name)))
+            return -ENOMEM;
+        io->name = io->buf;
+    }
+    o.out_size = sizeof(atap_net_out);
+    o.blocking = needs_lookup(io);
+    o.arg_free = let_go;
+    __atomic_store_n(&io->busy, 1, __ATOMIC_RELAXED); /* published by the spawn */
+    if ((rc = atap_spawn(task, net_task, io, &o)) != 0) {
+        io->busy = 1; /* arg_free is not called on a failed spawn */
+        let_go(io);
+    }
+    return rc;
+}
+
+void atap_net_release(atap_task task, atap_net_io *io)
+{
+    unsigned spins = 0;
+
+    atap_release(task);
+    if (!io)
+        return;
+    while (__atomic_load_n(&io->busy, __ATOMIC_ACQUIRE)) {
+        if (++spins < 64)
+            sched_yield();
+        else
+            atap_sleep_relaxed(ATAP_US(100));
+    }
+}
+
+int atap_net_run(atap_net_io *io, atap_net_out *out)
+{
+    atap_net_out local;
+    int rc;
+
+    if (!io || io->op <= OP_NONE || io->op > OP_RECV_UNTIL || (is_connect(io) && !io->name))
+        return ATAP_EINVAL;
+    if (!out)
+        out = &local;
+    restart(io);
+    rc = atap_block(net_task, io, out, sizeof *out);
+    if (is_connect(io))
+        connect_cleanup(io);
+    return rc != 0 ? rc : out->rc;
+}
+
+int atap_net_step(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    if (!ctx || !io || !out || io->op <= OP_NONE || io->op > OP_RECV_UNTIL ||
+        (is_connect(io) && !io->name))
+        return ATAP_EINVAL;
+    return net_task(ctx, io, out);
+}
+
+void atap_net_abandon(atap_net_io *io)
+{
+    if (io && is_connect(io))
+        connect_cleanup(io);
+}
+
+int atap_net_join(atap_task task, atap_net_out *out)
+{
+    atap_net_out local;
+    int rc;
+
+    if (!out)
+        out = &local;
+    if ((rc = atap_join(task, out, sizeof *out)) != 0)
+        return rc;
+    return out->rc;
+}
