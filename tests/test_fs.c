@@ -29,7 +29,7 @@
 #define CHUNK (64u * 1024u)
 #define GAP ATAP_MS(200) /* a watch repeat's gap: time to take each report */
 
-extern void (*volatile atap__fs_chunk_hook)(uint64_t done);
+extern _Atomic(void (*)(uint64_t)) atap__fs_chunk_hook; /* src/tasks/fs.c */
 
 static char g_dir[256];
 
@@ -55,7 +55,7 @@ static int teardown_fs(void **state)
 {
     atap_fs_out o;
 
-    atap__fs_chunk_hook = NULL;
+    atomic_store(&atap__fs_chunk_hook, NULL);
     chmod(g_dir, 0700);
     atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = g_dir},
                &o, sizeof o);
@@ -577,7 +577,7 @@ static void test_fs_copy_cancel_between_chunks(void **state)
 
     make_large(at("large"));
     hook_reset(UINT64_MAX, 0);
-    atap__fs_chunk_hook = chunk_hook;
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
     /* Held back a little, so the hook knows the task before it runs (if
      * not, it cancels at the first chunk it sees past the fourth). */
     assert_int_equal(atap_fs_spawn(&t,
@@ -591,7 +591,7 @@ static void test_fs_copy_cancel_between_chunks(void **state)
     atap_release(t);
     /* The run ends at its next look, before a fifth chunk. */
     assert_true(wait_live_back(ATAP_SEC(20)));
-    atap__fs_chunk_hook = NULL;
+    atomic_store(&atap__fs_chunk_hook, NULL);
     /* No chunk after the one that cancelled, and the copy holds exactly the
      * chunks done. */
     assert_true(atomic_load(&g_cancel_call) >= 4);
@@ -611,7 +611,7 @@ static void test_fs_copy_and_read_timeout(void **state)
 
     make_large(at("large"));
     hook_reset(UINT64_MAX, 20000); /* 20 ms a chunk */
-    atap__fs_chunk_hook = chunk_hook;
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
     t0 = now_ns();
     assert_int_equal(atap_fs_spawn(&t,
                                    &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"),
@@ -641,7 +641,7 @@ static void test_fs_copy_and_read_timeout(void **state)
     assert_true(atomic_load(&g_hook_calls) < 64);
 
     /* A cancel before the run: nothing is done. */
-    atap__fs_chunk_hook = NULL;
+    atomic_store(&atap__fs_chunk_hook, NULL);
     assert_int_equal(atap_fs_spawn(&t,
                                    &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("never"),
                                                   .data = "x", .len = 1},

@@ -45,11 +45,11 @@
 /* Test hook: called after each chunk of a read, write or copy with the
  * bytes done so far (libatap's own tests slow a copy down or cancel it at
  * a known chunk). NULL outside tests. */
-void (*volatile atap__fs_chunk_hook)(uint64_t done);
+_Atomic(void (*)(uint64_t)) atap__fs_chunk_hook;
 
 static void chunk_done(uint64_t done)
 {
-    void (*hook)(uint64_t) = atap__fs_chunk_hook;
+    void (*hook)(uint64_t) = atomic_load_explicit(&atap__fs_chunk_hook, memory_order_acquire);
 
     if (hook)
         hook(done);
@@ -436,8 +436,8 @@ static int remove_inside(atap_ctx *ctx, int dfd)
         }
         /* A directory (unlink says EISDIR on Linux, EPERM elsewhere). */
         sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (sub < 0) {
-            rc = -errno;
+        if (sub < 0) { /* not a directory after all: the unlink's EPERM stands */
+            rc = errno == ENOTDIR || errno == ELOOP ? -EPERM : -errno;
             break;
         }
         if ((rc = remove_inside(ctx, sub)) != 0)
