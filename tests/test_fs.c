@@ -595,10 +595,68 @@ static void test_fs_copy_cancel_between_chunks(void **state)
     /* No chunk after the one that cancelled, and the copy holds exactly the
      * chunks done. */
     assert_true(atomic_load(&g_cancel_call) >= 4);
+    assert_no_failures();
     assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
     assert_int_equal(stat(at("copy"), &st), 0);
     assert_int_equal((uint64_t)st.st_size, atomic_load(&g_hook_last));
     assert_true(st.st_size > 0 && (uint64_t)st.st_size < 256u * 1024u * 1024u);
+}
+
+/* From another file system (tmpfs under /dev/shm to the test directory):
+ * copy_file_range may refuse (EXDEV), and the copy goes through user space;
+ * the bytes, and a cancel between chunks, are the same either way. */
+static void test_fs_copy_across_file_systems(void **state)
+{
+    (void)state;
+    char other[64], src[96];
+    size_t n = 6 * CHUNK + 5;
+    unsigned char *p;
+    atap_fs_out o;
+    atap_task t;
+    struct stat a, b;
+
+    snprintf(other, sizeof other, "/dev/shm/atap_fs_XXXXXX");
+    if (!mkdtemp(other)) {
+        print_message("no /dev/shm to copy from: skipped\n");
+        return;
+    }
+    snprintf(src, sizeof src, "%s/src", other);
+    p = pattern(n);
+    o = run((atap_fs_req){.op = ATAP_FS_WRITE, .path = src, .data = p, .len = n});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(stat(src, &a), 0);
+    assert_int_equal(stat(g_dir, &b), 0);
+    if (a.st_dev == b.st_dev)
+        print_message("/dev/shm is on the test directory's file system\n");
+    o = run((atap_fs_req){.op = ATAP_FS_COPY, .path = src, .path2 = at("dst")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    o = run((atap_fs_req){.op = ATAP_FS_READ, .path = at("dst")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    assert_memory_equal(o.data, p, n);
+    free(o.data);
+
+    hook_reset(UINT64_MAX, 0);
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_COPY, .path = src,
+                                                      .path2 = at("cut")},
+                                   &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+                     0);
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, 2);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+    assert_int_equal(stat(at("cut"), &a), 0);
+    assert_int_equal((uint64_t)a.st_size, atomic_load(&g_hook_last));
+    assert_true((uint64_t)a.st_size < n);
+    assert_int_equal(unlink(src), 0);
+    assert_int_equal(rmdir(other), 0);
+    free(p);
 }
 
 static void test_fs_copy_and_read_timeout(void **state)
@@ -868,6 +926,7 @@ int main(void)
         T(test_fs_errors),
         T(test_fs_copy),
         T(test_fs_copy_cancel_between_chunks),
+        T(test_fs_copy_across_file_systems),
         T(test_fs_copy_and_read_timeout),
         T(test_fs_watch_file_write_attrib_gone_last),
         T(test_fs_watch_dir_create_write_remove),
