@@ -93,7 +93,8 @@ static int write_all(atap_ctx *ctx, int fd, const unsigned char *data, size_t le
     return 0;
 }
 
-/* Reads up to len bytes at off into buf, in chunks; *done counts them. */
+/* Reads up to len bytes at off (or from the fd's offset when off is
+ * negative) into buf, in chunks; *done counts them. */
 static int read_upto(atap_ctx *ctx, int fd, unsigned char *buf, size_t len, off_t off, size_t *done)
 {
     *done = 0;
@@ -104,7 +105,8 @@ static int read_upto(atap_ctx *ctx, int fd, unsigned char *buf, size_t len, off_
 
         if ((rc = stopped(ctx)) != 0)
             return rc;
-        if ((r = pread(fd, buf + *done, n, off + (off_t)*done)) < 0) {
+        r = off < 0 ? read(fd, buf + *done, n) : pread(fd, buf + *done, n, off + (off_t)*done);
+        if (r < 0) {
             if (errno == EINTR)
                 continue;
             return -errno;
@@ -155,7 +157,8 @@ static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
             cap = ncap;
         }
         want = cap - 1 - len;
-        if ((rc = read_upto(ctx, fd, buf + len, want, (off_t)len, &got)) != 0)
+        /* read, not pread: a FIFO or a device reads too */
+        if ((rc = read_upto(ctx, fd, buf + len, want, -1, &got)) != 0)
             goto out;
         len += got;
         if (got < want)
