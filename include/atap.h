@@ -821,16 +821,16 @@ typedef struct atap_fs_req {
 } atap_fs_req;
 
 /* atap_fs_meta.type */
-#define ATAP_FS_FILE 1
-#define ATAP_FS_DIR 2
-#define ATAP_FS_SYMLINK_TYPE 3 /* only from ATAP_FS_LSTAT */
-#define ATAP_FS_OTHER 4        /* a device, a FIFO, a socket */
+#define ATAP_FS_TYPE_FILE 1
+#define ATAP_FS_TYPE_DIR 2
+#define ATAP_FS_TYPE_LINK 3 /* only from ATAP_FS_LSTAT */
+#define ATAP_FS_TYPE_OTHER 4 /* a device, a FIFO, a socket */
 
 typedef struct atap_fs_meta {
     uint64_t size;    /* bytes */
     int64_t mtime_ns; /* last modification, ns since the Unix epoch */
     uint32_t mode;    /* permission bits (07777) */
-    int type;         /* ATAP_FS_FILE ... */
+    int type;         /* ATAP_FS_TYPE_FILE ... */
 } atap_fs_meta;
 
 /*

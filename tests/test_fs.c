@@ -57,8 +57,9 @@ static int teardown_fs(void **state)
 
     atomic_store(&atap__fs_chunk_hook, NULL);
     chmod(g_dir, 0700);
-    atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = g_dir},
-               &o, sizeof o);
+    atap_block(atap_fs_run,
+               &(atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = g_dir}, &o,
+               sizeof o);
     if (o.rc != 0)
         print_error("could not remove %s: %s\n", g_dir, atap_strerror(o.rc));
     return teardown_runtime(state);
@@ -87,8 +88,8 @@ static int rc_of(atap_fs_req q)
 
 static void put(const char *path, const char *text)
 {
-    atap_fs_out o = run((atap_fs_req){
-        .op = ATAP_FS_WRITE, .path = path, .data = text, .len = strlen(text)});
+    atap_fs_out o =
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = path, .data = text, .len = strlen(text)});
     assert_int_equal(o.rc, 0);
     assert_int_equal(o.n, strlen(text));
 }
@@ -157,12 +158,14 @@ static void test_fs_write_read_append_at(void **state)
     assert_memory_equal(o.data, "3456", 4);
     free(o.data);
     memset(buf, 0, sizeof buf);
-    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("f"), .offset = 8, .len = 8, .buf = buf});
+    o = run(
+        (atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("f"), .offset = 8, .len = 8, .buf = buf});
     assert_int_equal(o.rc, 0);
     assert_int_equal(o.n, 2); /* short at the end */
     assert_ptr_equal(o.data, buf);
     assert_memory_equal(buf, "89", 2);
-    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("f"), .offset = 100, .len = 8, .buf = buf});
+    o = run(
+        (atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("f"), .offset = 100, .len = 8, .buf = buf});
     assert_int_equal(o.rc, 0);
     assert_int_equal(o.n, 0);
 }
@@ -191,8 +194,8 @@ static void test_fs_large_read_write_in_chunks(void **state)
         assert_non_null(strstr(o.data, "Pid:"));
         free(o.data);
     }
-    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("big"), .offset = CHUNK - 10,
-                          .len = 2 * CHUNK});
+    o = run((atap_fs_req){
+        .op = ATAP_FS_READ_AT, .path = at("big"), .offset = CHUNK - 10, .len = 2 * CHUNK});
     assert_int_equal(o.rc, 0);
     assert_int_equal(o.n, 2 * CHUNK);
     assert_memory_equal(o.data, p + CHUNK - 10, 2 * CHUNK);
@@ -219,7 +222,7 @@ static void test_fs_read_buffer_ownership(void **state)
     assert_string_equal(o1.data, "shared");
     atap_release(t);
     assert_string_equal(o2.data, "shared"); /* u still holds it */
-    atap_release(u);                         /* freed here, by out_free */
+    atap_release(u);                        /* freed here, by out_free */
 
     /* Never read at all: freed at the release too. */
     assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("f")}, NULL),
@@ -230,11 +233,12 @@ static void test_fs_read_buffer_ownership(void **state)
 
     /* The data to write is copied at the spawn: the caller's may go at once. */
     char *text = strdup("copied at spawn");
-    assert_int_equal(atap_fs_spawn(&t,
-                                   &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("w"),
-                                                  .data = text, .len = strlen(text)},
-                                   NULL),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn(
+            &t,
+            &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("w"), .data = text, .len = strlen(text)},
+            NULL),
+        0);
     memset(text, 'X', strlen(text));
     free(text);
     assert_int_equal(atap_take(t, &o1, sizeof o1), 0);
@@ -245,8 +249,10 @@ static void test_fs_read_buffer_ownership(void **state)
     /* ... or handed over with data_free, called once. */
     text = strdup("handed over");
     assert_int_equal(atap_fs_spawn(&t,
-                                   &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("w"),
-                                                  .data = text, .len = strlen(text),
+                                   &(atap_fs_req){.op = ATAP_FS_WRITE,
+                                                  .path = at("w"),
+                                                  .data = text,
+                                                  .len = strlen(text),
                                                   .data_free = free},
                                    NULL),
                      0);
@@ -262,28 +268,29 @@ static void test_fs_block_on_calling_thread(void **state)
     atap_fs_out o;
     char buf[4];
 
-    assert_int_equal(atap_block(atap_fs_run,
-                                &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("b"), .data = "blk",
-                                               .len = 3},
-                                &o, sizeof o),
-                     0);
+    assert_int_equal(
+        atap_block(atap_fs_run,
+                   &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("b"), .data = "blk", .len = 3},
+                   &o, sizeof o),
+        0);
     assert_int_equal(o.rc, 0);
-    assert_int_equal(atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("b")},
-                                &o, sizeof o),
-                     0);
+    assert_int_equal(
+        atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("b")}, &o, sizeof o),
+        0);
     assert_int_equal(o.rc, 0);
     assert_string_equal(o.data, "blk");
     free(o.data); /* the caller's */
-    assert_int_equal(atap_block(atap_fs_run,
-                                &(atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("b"), .buf = buf,
-                                               .len = sizeof buf},
-                                &o, sizeof o),
-                     0);
+    assert_int_equal(
+        atap_block(
+            atap_fs_run,
+            &(atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("b"), .buf = buf, .len = sizeof buf},
+            &o, sizeof o),
+        0);
     assert_int_equal(o.n, 3);
     assert_memory_equal(buf, "blk", 3);
-    assert_int_equal(atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("no")},
-                                &o, sizeof o),
-                     0);
+    assert_int_equal(
+        atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("no")}, &o, sizeof o),
+        0);
     assert_int_equal(o.rc, -ENOENT);
     assert_null(o.data);
 }
@@ -299,17 +306,17 @@ static void test_fs_metadata_links_modes(void **state)
 
     put(at("f"), "12345");
     m = meta(at("f"), true, 0);
-    assert_int_equal(m.type, ATAP_FS_FILE);
+    assert_int_equal(m.type, ATAP_FS_TYPE_FILE);
     assert_int_equal(m.size, 5);
     assert_int_equal(stat(at("f"), &st), 0);
     assert_int_equal(m.mode, st.st_mode & 07777);
     assert_true(m.mtime_ns / 1000000000 == (int64_t)st.st_mtime);
-    assert_int_equal(meta(g_dir, true, 0).type, ATAP_FS_DIR);
+    assert_int_equal(meta(g_dir, true, 0).type, ATAP_FS_TYPE_DIR);
 
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = "f", .path2 = at("s")}), 0);
-    assert_int_equal(meta(at("s"), false, 0).type, ATAP_FS_SYMLINK_TYPE);
+    assert_int_equal(meta(at("s"), false, 0).type, ATAP_FS_TYPE_LINK);
     m = meta(at("s"), true, 0);
-    assert_int_equal(m.type, ATAP_FS_FILE);
+    assert_int_equal(m.type, ATAP_FS_TYPE_FILE);
     assert_int_equal(m.size, 5);
     o = run((atap_fs_req){.op = ATAP_FS_READ_LINK, .path = at("s")});
     assert_int_equal(o.rc, 0);
@@ -317,23 +324,26 @@ static void test_fs_metadata_links_modes(void **state)
     assert_string_equal(o.data, "f");
     free(o.data);
     /* A dangling link: lstat sees it, stat does not. */
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = "nowhere", .path2 = at("d")}),
-                     0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = "nowhere", .path2 = at("d")}), 0);
     meta(at("d"), false, 0);
     meta(at("d"), true, -ENOENT);
 
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_LINK, .path = at("f"), .path2 = at("h")}), 0);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_LINK, .path = at("f"), .path2 = at("h")}),
+                     0);
     assert_contents(at("h"), "12345");
     assert_int_equal(stat(at("f"), &st), 0);
     assert_int_equal(st.st_nlink, 2);
 
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_MODE, .path = at("f"), .mode = 0640}), 0);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_MODE, .path = at("f"), .mode = 0640}),
+                     0);
     assert_int_equal(meta(at("f"), true, 0).mode, 0640);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_MODE, .path = at("f"), .mode = 010000}),
                      ATAP_EINVAL);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("f"), .offset = 3}), 0);
     assert_contents(at("f"), "123");
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("f"), .offset = 1000}), 0);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("f"), .offset = 1000}),
+                     0);
     assert_int_equal(meta(at("f"), true, 0).size, 1000);
 }
 
@@ -353,20 +363,22 @@ static void test_fs_directories(void **state)
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("d")}), 0);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("d")}), -EEXIST);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("x/y")}), -ENOENT);
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS,
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
                                          .path = at("x//y/z/")}),
                      0);
-    assert_int_equal(meta(at("x/y/z"), true, 0).type, ATAP_FS_DIR);
+    assert_int_equal(meta(at("x/y/z"), true, 0).type, ATAP_FS_TYPE_DIR);
     /* Already there: no error with parents. */
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS,
-                                         .path = at("x/y")}),
-                     0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS, .path = at("x/y")}),
+        0);
     put(at("file"), "f");
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS,
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
                                          .path = at("file/sub")}),
                      -ENOTDIR);
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS,
-                                         .path = at("file")}),
+    assert_int_equal(rc_of((atap_fs_req){
+                         .op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS, .path = at("file")}),
                      -EEXIST);
 
     put(at("d/b"), "1");
@@ -398,28 +410,31 @@ static void test_fs_directories(void **state)
     meta(at("x/y/z"), true, -ENOENT);
     /* A tree, with a link out of it that must not be followed. */
     put(at("keep"), "kept");
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS,
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
                                          .path = at("d/e/f/g")}),
                      0);
     put(at("d/e/f/g/h"), "deep");
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = g_dir, .path2 = at("d/e/up")}),
-                     0);
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}),
-                     0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = g_dir, .path2 = at("d/e/up")}), 0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}), 0);
     meta(at("d"), false, -ENOENT);
     assert_contents(at("keep"), "kept");
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}),
-                     -ENOENT);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}),
+        -ENOENT);
 
     /* Rename. */
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("keep"), .path2 = at("moved")}),
-                     0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("keep"), .path2 = at("moved")}), 0);
     assert_contents(at("moved"), "kept");
     meta(at("keep"), true, -ENOENT);
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("keep"), .path2 = at("m2")}),
-                     -ENOENT);
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("x"), .path2 = at("moved")}),
-                     -ENOTDIR);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("keep"), .path2 = at("m2")}), -ENOENT);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("x"), .path2 = at("moved")}),
+        -ENOTDIR);
 }
 
 /* ---- errors ---------------------------------------------------------------- */
@@ -433,20 +448,22 @@ static void test_fs_errors(void **state)
     put(at("f"), "x");
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = at("none")}).rc, -ENOENT);
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = g_dir}).rc, -EISDIR);
-    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = g_dir, .len = 4}).rc, -EISDIR);
-    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_WRITE, .path = g_dir, .data = "x", .len = 1}).rc,
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = g_dir, .len = 4}).rc,
                      -EISDIR);
-    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("no/f"), .data = "x", .len = 1}).rc,
-                     -ENOENT);
-    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_WRITE_AT, .path = at("none"), .data = "x",
-                                       .len = 1})
-                         .rc,
-                     -ENOENT); /* write_at does not create */
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = g_dir, .data = "x", .len = 1}).rc, -EISDIR);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("no/f"), .data = "x", .len = 1}).rc,
+        -ENOENT);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE_AT, .path = at("none"), .data = "x", .len = 1}).rc,
+        -ENOENT); /* write_at does not create */
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("none")}).rc, -ENOENT);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .path = at("none")}), -ENOENT);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_MODE, .path = at("none"), .mode = 0600}),
                      -ENOENT);
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = g_dir, .offset = 1}), -EISDIR);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = g_dir, .offset = 1}),
+                     -EISDIR);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_LINK, .path = at("f"), .path2 = at("f")}),
                      -EEXIST);
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_LINK, .path = at("none"), .path2 = at("l")}),
@@ -457,10 +474,10 @@ static void test_fs_errors(void **state)
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_LINK, .path = at("none")}).rc, -ENOENT);
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_COPY, .path = g_dir, .path2 = at("c")}).rc,
                      -EISDIR);
-    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("none"), .path2 = at("c")}).rc,
-                     -ENOENT);
-    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("f"), .path2 = at("no/c")}).rc,
-                     -ENOENT);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("none"), .path2 = at("c")}).rc, -ENOENT);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("f"), .path2 = at("no/c")}).rc, -ENOENT);
 
     /* Requests and options refused at the spawn. */
     assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ}, NULL), ATAP_EINVAL);
@@ -468,9 +485,9 @@ static void test_fs_errors(void **state)
     assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = 99, .path = "x"}, NULL), ATAP_EINVAL);
     assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_RENAME, .path = "x"}, NULL),
                      ATAP_EINVAL);
-    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_WRITE, .path = "x", .len = 3},
-                                   NULL),
-                     ATAP_EINVAL);
+    assert_int_equal(
+        atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_WRITE, .path = "x", .len = 3}, NULL),
+        ATAP_EINVAL);
     assert_int_equal(atap_fs_spawn(NULL, &(atap_fs_req){.op = ATAP_FS_READ, .path = "x"}, NULL),
                      ATAP_EINVAL);
     assert_int_equal(atap_fs_spawn(&t, NULL, NULL), ATAP_EINVAL);
@@ -484,7 +501,8 @@ static void test_fs_errors(void **state)
                                    &(atap_spawn_opts){.out_free = free}),
                      ATAP_EINVAL);
     assert_true(t.id == ATAP_NO_TASK.id);
-    assert_int_equal(atap_block(atap_fs_run, &(atap_fs_req){.op = 99, .path = "x"}, &o, sizeof o), 0);
+    assert_int_equal(atap_block(atap_fs_run, &(atap_fs_req){.op = 99, .path = "x"}, &o, sizeof o),
+                     0);
     assert_int_equal(o.rc, ATAP_EINVAL);
 
     /* Permission denied: root passes every permission check. */
@@ -499,11 +517,13 @@ static void test_fs_errors(void **state)
     assert_int_equal(chmod(at("locked"), 0), 0);
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = at("locked/f")}).rc, -EACCES);
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("locked")}).rc, -EACCES);
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS,
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
                                          .path = at("locked/a/b")}),
                      -EACCES);
-    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("ro"), .data = "x", .len = 1}).rc,
-                     -EACCES);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("ro"), .data = "x", .len = 1}).rc,
+        -EACCES);
     assert_int_equal(chmod(at("locked"), 0700), 0);
 }
 
@@ -516,7 +536,8 @@ static void test_fs_copy(void **state)
     unsigned char *p = pattern(n);
     atap_fs_out o;
 
-    o = run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("src"), .data = p, .len = n, .mode = 0640});
+    o = run(
+        (atap_fs_req){.op = ATAP_FS_WRITE, .path = at("src"), .data = p, .len = n, .mode = 0640});
     assert_int_equal(o.rc, 0);
     assert_int_equal(chmod(at("src"), 0640), 0); /* whatever the umask */
     put(at("dst"), "to be replaced by a longer file");
@@ -572,9 +593,9 @@ static void hook_reset(uint64_t cancel_at, unsigned sleep_each_us)
 static void make_large(const char *path)
 {
     put(path, "head");
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = path,
-                                         .offset = 256u * 1024u * 1024u}),
-                     0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = path, .offset = 256u * 1024u * 1024u}),
+        0);
 }
 
 static void test_fs_copy_cancel_between_chunks(void **state)
@@ -589,11 +610,11 @@ static void test_fs_copy_cancel_between_chunks(void **state)
     atomic_store(&atap__fs_chunk_hook, chunk_hook);
     /* Held back a little, so the hook knows the task before it runs (if
      * not, it cancels at the first chunk it sees past the fourth). */
-    assert_int_equal(atap_fs_spawn(&t,
-                                   &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"),
-                                                  .path2 = at("copy")},
-                                   &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn(&t,
+                      &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"), .path2 = at("copy")},
+                      &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+        0);
     atomic_store(&g_task_id, t.id);
     atomic_store(&g_cancel_at, 4);
     assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
@@ -648,10 +669,10 @@ static void test_fs_copy_across_file_systems(void **state)
 
     hook_reset(UINT64_MAX, 0);
     atomic_store(&atap__fs_chunk_hook, chunk_hook);
-    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_COPY, .path = src,
-                                                      .path2 = at("cut")},
-                                   &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_COPY, .path = src, .path2 = at("cut")},
+                      &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+        0);
     atomic_store(&g_task_id, t.id);
     atomic_store(&g_cancel_at, 2);
     assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
@@ -680,11 +701,11 @@ static void test_fs_copy_and_read_timeout(void **state)
     hook_reset(UINT64_MAX, 20000); /* 20 ms a chunk */
     atomic_store(&atap__fs_chunk_hook, chunk_hook);
     t0 = now_ns();
-    assert_int_equal(atap_fs_spawn(&t,
-                                   &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"),
-                                                  .path2 = at("copy")},
-                                   &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn(&t,
+                      &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"), .path2 = at("copy")},
+                      &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}),
+        0);
     assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ETIMEDOUT);
     assert_true(now_ns() - t0 < ATAP_SEC(10));
     atap_release(t);
@@ -695,9 +716,8 @@ static void test_fs_copy_and_read_timeout(void **state)
 
     /* A whole-file read stops the same way, its buffer freed (ASan). */
     put(at("mid"), "head");
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("mid"),
-                                         .offset = 64 * CHUNK}),
-                     0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("mid"), .offset = 64 * CHUNK}), 0);
     hook_reset(UINT64_MAX, 20000);
     assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("mid")},
                                    &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}),
@@ -709,11 +729,11 @@ static void test_fs_copy_and_read_timeout(void **state)
 
     /* A cancel before the run: nothing is done. */
     atomic_store(&atap__fs_chunk_hook, NULL);
-    assert_int_equal(atap_fs_spawn(&t,
-                                   &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("never"),
-                                                  .data = "x", .len = 1},
-                                   &(atap_spawn_opts){.after_ns = ATAP_SEC(1)}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn(
+            &t, &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("never"), .data = "x", .len = 1},
+            &(atap_spawn_opts){.after_ns = ATAP_SEC(1)}),
+        0);
     assert_int_equal(atap_cancel(t), 0);
     assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
     atap_release(t);
@@ -793,7 +813,8 @@ static void test_fs_watch_file_write_attrib_gone_last(void **state)
     atap_task t;
 
     put(at("w"), "start");
-    assert_int_equal(atap_fs_spawn_watch(&t, at("w"), -1, 0, &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
+    assert_int_equal(atap_fs_spawn_watch(&t, at("w"), -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
                      0);
     wait_waiting(t);
     append_to(at("w"), "+1");
@@ -816,14 +837,15 @@ static void test_fs_watch_dir_create_write_remove(void **state)
     atap_task t;
 
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("d")}), 0);
-    assert_int_equal(atap_fs_spawn_watch(&t, at("d"), -1, 0, &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
+    assert_int_equal(atap_fs_spawn_watch(&t, at("d"), -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
                      0);
     wait_waiting(t);
     put(at("d/new"), "");
     seen = reports_until(t, ATAP_PATH_ENTRIES, all & ~ATAP_PATH_GONE);
     append_to(at("d/new"), "x"); /* the directory's entries do not change */
-    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}),
-                     0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}), 0);
     seen |= reports_until(t, ATAP_PATH_GONE, all);
     assert_true(seen & ATAP_PATH_ENTRIES);
     assert_int_equal(next_report(t, &bits), ATAP_EFINISHED);
@@ -889,8 +911,8 @@ static void test_fs_watch_fd_errors_timeout_cancel(void **state)
     assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0x100, NULL), ATAP_EINVAL);
     assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0, &(atap_spawn_opts){.blocking = true}),
                      ATAP_EINVAL);
-    assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0, &(atap_spawn_opts){.kind = ATAP_AT_RATE,
-                                                                              .every_ns = 1}),
+    assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_AT_RATE, .every_ns = 1}),
                      ATAP_EINVAL);
     assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0, &(atap_spawn_opts){.out_size = 8}),
                      ATAP_EINVAL);
@@ -910,8 +932,8 @@ static void test_fs_watch_fd_errors_timeout_cancel(void **state)
     atap_release(t);
 
     /* Nothing comes: a run timeout ends it; a cancel takes it down. */
-    assert_int_equal(atap_fs_spawn_watch(&t, at("f"), -1, 0, &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn_watch(&t, at("f"), -1, 0, &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}), 0);
     assert_int_equal(atap_take_for(t, &bits, sizeof bits, ATAP_SEC(10)), ATAP_ETIMEDOUT);
     atap_release(t);
     assert_int_equal(atap_fs_spawn_watch(&t, at("f"), -1, 0, NULL), 0);

@@ -57,10 +57,7 @@ static void chunk_done(uint64_t done)
 
 /* ---- small helpers -------------------------------------------------------- */
 
-static int stopped(atap_ctx *ctx)
-{
-    return atap_cancelled(ctx) ? ATAP_ECANCELLED : 0;
-}
+static int stopped(atap_ctx *ctx) { return atap_cancelled(ctx) ? ATAP_ECANCELLED : 0; }
 
 static int open_rd(const char *path, int flags)
 {
@@ -253,10 +250,10 @@ static void meta_of(const struct stat *st, atap_fs_meta *m)
     m->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
 #endif
     m->mode = (uint32_t)(st->st_mode & 07777);
-    m->type = S_ISREG(st->st_mode)   ? ATAP_FS_FILE
-              : S_ISDIR(st->st_mode) ? ATAP_FS_DIR
-              : S_ISLNK(st->st_mode) ? ATAP_FS_SYMLINK_TYPE
-                                     : ATAP_FS_OTHER;
+    m->type = S_ISREG(st->st_mode)   ? ATAP_FS_TYPE_FILE
+              : S_ISDIR(st->st_mode) ? ATAP_FS_TYPE_DIR
+              : S_ISLNK(st->st_mode) ? ATAP_FS_TYPE_LINK
+                                     : ATAP_FS_TYPE_OTHER;
 }
 
 static int op_stat(const atap_fs_req *q, atap_fs_out *o)
@@ -575,18 +572,30 @@ int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
         ;
     else {
         switch (q->op) {
-        case ATAP_FS_READ: rc = op_read(ctx, q, &o); break;
-        case ATAP_FS_READ_AT: rc = op_read_at(ctx, q, &o); break;
+        case ATAP_FS_READ:
+            rc = op_read(ctx, q, &o);
+            break;
+        case ATAP_FS_READ_AT:
+            rc = op_read_at(ctx, q, &o);
+            break;
         case ATAP_FS_WRITE:
         case ATAP_FS_APPEND:
         case ATAP_FS_WRITE_AT:
             rc = q->len && !q->data ? ATAP_EINVAL : op_write(ctx, q, &o);
             break;
         case ATAP_FS_STAT:
-        case ATAP_FS_LSTAT: rc = op_stat(q, &o); break;
-        case ATAP_FS_READ_DIR: rc = op_read_dir(ctx, q, &o); break;
-        case ATAP_FS_CREATE_DIR: rc = op_create_dir(ctx, q); break;
-        case ATAP_FS_REMOVE: rc = op_remove(ctx, q); break;
+        case ATAP_FS_LSTAT:
+            rc = op_stat(q, &o);
+            break;
+        case ATAP_FS_READ_DIR:
+            rc = op_read_dir(ctx, q, &o);
+            break;
+        case ATAP_FS_CREATE_DIR:
+            rc = op_create_dir(ctx, q);
+            break;
+        case ATAP_FS_REMOVE:
+            rc = op_remove(ctx, q);
+            break;
         case ATAP_FS_RENAME:
             rc = !q->path2 ? ATAP_EINVAL : rename(q->path, q->path2) != 0 ? -errno : 0;
             break;
@@ -596,11 +605,18 @@ int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
         case ATAP_FS_LINK:
             rc = !q->path2 ? ATAP_EINVAL : link(q->path, q->path2) != 0 ? -errno : 0;
             break;
-        case ATAP_FS_READ_LINK: rc = op_read_link(q, &o); break;
-        case ATAP_FS_COPY: rc = !q->path2 ? ATAP_EINVAL : op_copy(ctx, q, &o); break;
+        case ATAP_FS_READ_LINK:
+            rc = op_read_link(q, &o);
+            break;
+        case ATAP_FS_COPY:
+            rc = !q->path2 ? ATAP_EINVAL : op_copy(ctx, q, &o);
+            break;
         case ATAP_FS_SET_MODE:
-        case ATAP_FS_SET_LEN: rc = op_set(q); break;
-        default: rc = ATAP_EINVAL;
+        case ATAP_FS_SET_LEN:
+            rc = op_set(q);
+            break;
+        default:
+            rc = ATAP_EINVAL;
         }
     }
     o.rc = rc;
@@ -681,8 +697,7 @@ int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts
     }
     if (req->op != ATAP_FS_READ_AT)
         a->req.buf = NULL;
-    if (!a->req.path || (req->path2 && !a->req.path2) ||
-        (req->len && req->data && !a->req.data)) {
+    if (!a->req.path || (req->path2 && !a->req.path2) || (req->len && req->data && !a->req.data)) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -761,7 +776,8 @@ static int watch_run(atap_ctx *ctx, void *arg, void *out)
         unsigned ev = atap_resume_events(ctx);
         if (ev == ATAP_ERROR)
             return ATAP_EFAILED; /* the kernel would not watch it */
-        w->pending |= ev & (ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES | ATAP_PATH_GONE);
+        w->pending |=
+            ev & (ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES | ATAP_PATH_GONE);
     }
     watch_look(w);
     if ((got = w->pending & w->changes) == 0) {
