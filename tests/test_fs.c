@@ -741,6 +741,59 @@ static void test_fs_copy_and_read_timeout(void **state)
     assert_int_equal(stat(at("never"), &st), -1);
 }
 
+/* A tree removal and a read_dir stop between entries. */
+static void test_fs_tree_cancel_between_entries(void **state)
+{
+    (void)state;
+    atap_fs_out o;
+    atap_task t;
+    char name[32];
+    size_t left, removed;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("t")}), 0);
+    for (int i = 0; i < 50; i++) {
+        snprintf(name, sizeof name, "t/f%02d", i);
+        put(at(name), "x");
+    }
+    hook_reset(UINT64_MAX, 0);
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    assert_int_equal(
+        atap_fs_spawn(&t,
+                      &(atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("t")},
+                      &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+        0);
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, 10);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    assert_no_failures();
+    assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+    /* Exactly the entries the hook saw removed are gone. */
+    removed = atomic_load(&g_hook_calls);
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("t")});
+    assert_int_equal(o.rc, 0);
+    left = o.n;
+    free(o.data);
+    assert_int_equal(left, 50 - removed);
+    assert_true(left > 0);
+
+    hook_reset(UINT64_MAX, 0);
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("t")},
+                                   &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+                     0);
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, 3);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+}
+
 /* ---- watches --------------------------------------------------------------- */
 
 /* Takes the watch's next report; 0 and *bits, or the take's error. */
@@ -959,6 +1012,7 @@ int main(void)
         T(test_fs_copy_cancel_between_chunks),
         T(test_fs_copy_across_file_systems),
         T(test_fs_copy_and_read_timeout),
+        T(test_fs_tree_cancel_between_entries),
         T(test_fs_watch_file_write_attrib_gone_last),
         T(test_fs_watch_dir_create_write_remove),
         T(test_fs_watch_repeat_keeps_changes_between_runs),

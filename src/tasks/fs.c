@@ -43,8 +43,9 @@
 #define WATCH_POLL_NS ATAP_MS(50)
 
 /* Test hook: called after each chunk of a read, write or copy with the
- * bytes done so far (libatap's own tests slow a copy down or cancel it at
- * a known chunk). NULL outside tests. */
+ * bytes done so far, and after each entry of a read_dir or a tree removal
+ * with the entries done so far (libatap's own tests slow an operation down
+ * or cancel it at a known chunk or entry). NULL outside tests. */
 _Atomic(void (*)(uint64_t)) atap__fs_chunk_hook;
 
 static void chunk_done(uint64_t done)
@@ -337,7 +338,7 @@ static int op_read_dir(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         }
         memcpy(names + used, e->d_name, n);
         used += n;
-        count++;
+        chunk_done(++count);
     }
     closedir(d);
     /* One block: the pointers, then the strings they point to. */
@@ -405,8 +406,8 @@ static int op_create_dir(atap_ctx *ctx, const atap_fs_req *q)
 }
 
 /* Removes everything inside the directory open as dfd (which it closes),
- * depth first, links not followed. */
-static int remove_inside(atap_ctx *ctx, int dfd)
+ * depth first, links not followed; *removed counts the entries. */
+static int remove_inside(atap_ctx *ctx, int dfd, uint64_t *removed)
 {
     struct dirent *e;
     int rc = 0;
@@ -428,8 +429,10 @@ static int remove_inside(atap_ctx *ctx, int dfd)
         }
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
-        if (unlinkat(dirfd(d), e->d_name, 0) == 0 || errno == ENOENT)
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0 || errno == ENOENT) {
+            chunk_done(++*removed);
             continue;
+        }
         if (errno != EISDIR && errno != EPERM) {
             rc = -errno;
             break;
@@ -440,12 +443,13 @@ static int remove_inside(atap_ctx *ctx, int dfd)
             rc = errno == ENOTDIR || errno == ELOOP ? -EPERM : -errno;
             break;
         }
-        if ((rc = remove_inside(ctx, sub)) != 0)
+        if ((rc = remove_inside(ctx, sub, removed)) != 0)
             break;
         if (unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
             rc = -errno;
             break;
         }
+        chunk_done(++*removed);
     }
     closedir(d);
     return rc;
@@ -453,6 +457,7 @@ static int remove_inside(atap_ctx *ctx, int dfd)
 
 static int op_remove(atap_ctx *ctx, const atap_fs_req *q)
 {
+    uint64_t removed = 0;
     struct stat st;
     int fd, rc;
 
@@ -463,7 +468,7 @@ static int op_remove(atap_ctx *ctx, const atap_fs_req *q)
     if (q->flags & ATAP_FS_TREE) {
         if ((fd = open(q->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
             return -errno;
-        if ((rc = remove_inside(ctx, fd)) != 0)
+        if ((rc = remove_inside(ctx, fd, &removed)) != 0)
             return rc;
     }
     if (rmdir(q->path) != 0)
