@@ -893,7 +893,9 @@ ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const ata
  * still learns the watch is over). As with any repeat, a run's output is
  * readable between runs only, and the next one replaces it: give every_ns
  * a gap long enough for the reader to take each report (the changes of
- * the gap are not lost, the next run reports them).
+ * the gap are not lost, the next run reports them). Where atap_park_path
+ * cannot watch (-ENOTSUP with the poll backend outside Linux) or the kernel
+ * refuses the watch, the run ends ATAP_EFAILED.
  * opts may be NULL; out_size 0 or sizeof(unsigned); kind ATAP_ONCE or
  * ATAP_REPEAT (with every_ns, runs, for_ns, until_ns as usual); no
  * arg_free, out_free, gives, in_free or blocking.
