@@ -811,8 +811,9 @@ typedef struct atap_fs_req {
     size_t len;
     uint64_t offset;   /* READ_AT, WRITE_AT; SET_LEN: the new length */
     unsigned mode;     /* WRITE, APPEND, CREATE_DIR (0: the default), SET_MODE */
-    /* atap_fs_spawn: called once with `data` when the task no longer reads it
-     * (its argument is let go). NULL: data is copied at the spawn. */
+    /* atap_fs_spawn of a write with data: called once with `data` when the
+     * task no longer reads it (its argument is let go). NULL: data is
+     * copied at the spawn. */
     void (*data_free)(void *data);
     /* atap_fs_spawn: called once with `buf` when the task no longer writes
      * it (its argument is let go): until then buf must stay valid, even

@@ -643,7 +643,7 @@ static void fs_arg_free(void *arg)
 {
     struct fs_arg *a = arg;
 
-    if (a->req.data_free)
+    if (a->req.data_free && a->req.data) /* kept only for the writes */
         a->req.data_free((void *)(uintptr_t)a->req.data);
     else if (a->own_data)
         free((void *)(uintptr_t)a->req.data);
