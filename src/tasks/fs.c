@@ -1,0 +1,847 @@
+/*
+ * File operations and watches as tasks.
+ *
+ * Every operation but the watch is one function, atap_fs_run, over an
+ * atap_fs_req: spawned (atap_fs_spawn) it runs on the blocking threads, since
+ * a regular file is always "ready" and a read of it blocks in the kernel
+ * anyway; run with atap_block it runs on the caller's thread. The
+ * operation's result goes in the output's rc, never in the task's return,
+ * which readers would only see as ATAP_EFAILED: a task ends on its own
+ * terms only by a cancel or a run timeout. Long operations look at
+ * atap_cancelled() before each 64 KiB chunk or directory entry.
+ *
+ * A spawned request is a deep copy (struct fs_arg): the paths, and the data
+ * to write unless the caller handed it over with data_free. Its arg_free
+ * gives back what the caller lent (data_free, buf_done) once the task will
+ * touch it no more.
+ *
+ * The watch parks on atap_park_path. The kernel's reports cover only the
+ * time a run is parked, and a repeat's runs are not always parked (between
+ * runs, or before the first park), so each run also compares the file's
+ * fstat with the one it last reported from, and parks at most WATCH_POLL_NS
+ * at a time to compare again: a change that slipped in before the watch was
+ * set up is found at the next look. ATAP_PATH_GONE comes from the kernel (a
+ * rename, a delete) or from a status with no links left (inotify reports a
+ * delete only once the last descriptor closes, and the watch holds one).
+ */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "../atomics.h"
+#include "atap.h"
+
+#define CHUNK (64u * 1024u)
+#define WATCH_POLL_NS ATAP_MS(50)
+
+/* Test hook: called after each chunk of a read, write or copy with the
+ * bytes done so far, and after each entry of a read_dir or a tree removal
+ * with the entries done so far (libatap's own tests slow an operation down
+ * or cancel it at a known chunk or entry). NULL outside tests. */
+_Atomic(void (*)(uint64_t)) atap__fs_chunk_hook;
+
+static void chunk_done(uint64_t done)
+{
+    void (*hook)(uint64_t) = atomic_load_explicit(&atap__fs_chunk_hook, memory_order_acquire);
+
+    if (hook)
+        hook(done);
+}
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static int stopped(atap_ctx *ctx) { return atap_cancelled(ctx) ? ATAP_ECANCELLED : 0; }
+
+static int open_rd(const char *path, int flags)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | flags);
+    return fd < 0 ? -errno : fd;
+}
+
+/* Writes all of data[0..len) at offset (or at the fd's offset when off is
+ * negative), in chunks. *done counts what was written. */
+static int write_all(atap_ctx *ctx, int fd, const unsigned char *data, size_t len, int64_t off,
+                     size_t *done)
+{
+    *done = 0;
+    while (*done < len) {
+        size_t n = len - *done < CHUNK ? len - *done : CHUNK;
+        ssize_t w;
+        int rc;
+
+        if ((rc = stopped(ctx)) != 0)
+            return rc;
+        w = off < 0 ? write(fd, data + *done, n) : pwrite(fd, data + *done, n, off + (off_t)*done);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        *done += (size_t)w;
+        chunk_done(*done);
+    }
+    return 0;
+}
+
+/* Reads up to len bytes at off (or from the fd's offset when off is
+ * negative) into buf, in chunks; *done counts them. */
+static int read_upto(atap_ctx *ctx, int fd, unsigned char *buf, size_t len, off_t off, size_t *done)
+{
+    *done = 0;
+    while (*done < len) {
+        size_t n = len - *done < CHUNK ? len - *done : CHUNK;
+        ssize_t r;
+        int rc;
+
+        if ((rc = stopped(ctx)) != 0)
+            return rc;
+        r = off < 0 ? read(fd, buf + *done, n) : pread(fd, buf + *done, n, off + (off_t)*done);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            break;
+        *done += (size_t)r;
+        chunk_done(*done);
+    }
+    return 0;
+}
+
+/* ---- reading --------------------------------------------------------------- */
+
+static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+{
+    int fd = open_rd(q->path, 0), rc = 0;
+    size_t cap = 0, len = 0;
+    unsigned char *buf = NULL;
+    struct stat st;
+
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        goto out;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        rc = -EISDIR;
+        goto out;
+    }
+    /* The size is a hint (files grow, /proc says 0): read until a read
+     * comes up short. Room for one byte more than the size (so a file that
+     * did not grow ends with no second allocation), and the NUL after. */
+    cap = S_ISREG(st.st_mode) && st.st_size > 0 && (uint64_t)st.st_size < SIZE_MAX - 2
+              ? (size_t)st.st_size + 2
+              : CHUNK;
+    for (;;) {
+        size_t got, want;
+        if (!buf || len == cap - 1) {
+            unsigned char *b;
+            size_t ncap = buf ? cap * 2 : cap;
+            if (ncap < cap || !(b = realloc(buf, ncap))) {
+                rc = -ENOMEM;
+                goto out;
+            }
+            buf = b;
+            cap = ncap;
+        }
+        want = cap - 1 - len;
+        /* read, not pread: a FIFO or a device reads too */
+        if ((rc = read_upto(ctx, fd, buf + len, want, -1, &got)) != 0)
+            goto out;
+        len += got;
+        if (got < want)
+            break; /* the end of the file */
+    }
+    buf[len] = 0;
+    o->data = buf;
+    o->n = len;
+    buf = NULL;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+static int op_read_at(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+{
+    unsigned char *buf = q->buf;
+    int fd, rc;
+    size_t got;
+
+    if (q->offset > (uint64_t)INT64_MAX)
+        return ATAP_EINVAL;
+    if ((fd = open_rd(q->path, 0)) < 0)
+        return fd;
+    if (!buf && !(buf = malloc(q->len ? q->len : 1))) {
+        close(fd);
+        return -ENOMEM;
+    }
+    rc = read_upto(ctx, fd, buf, q->len, (off_t)q->offset, &got);
+    if (rc == -EISDIR || (rc == 0 && got == 0 && q->len > 0)) {
+        struct stat st; /* pread of a directory says EISDIR on Linux; elsewhere look */
+        if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
+            rc = -EISDIR;
+    }
+    close(fd);
+    if (rc != 0) {
+        if (buf != q->buf)
+            free(buf);
+        return rc;
+    }
+    o->data = buf;
+    o->n = got;
+    return 0;
+}
+
+/* ---- writing --------------------------------------------------------------- */
+
+static int op_write(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+{
+    mode_t mode = q->mode ? (mode_t)q->mode : 0666;
+    int flags = O_WRONLY | O_CLOEXEC, fd, rc, e;
+    int64_t off = -1;
+
+    if (q->op == ATAP_FS_WRITE)
+        flags |= O_CREAT | O_TRUNC;
+    else if (q->op == ATAP_FS_APPEND)
+        flags |= O_CREAT | O_APPEND;
+    else if (q->offset > (uint64_t)INT64_MAX)
+        return ATAP_EINVAL;
+    else
+        off = (int64_t)q->offset;
+    if ((rc = stopped(ctx)) != 0)
+        return rc;
+    if ((fd = open(q->path, flags, mode)) < 0)
+        return -errno;
+    rc = write_all(ctx, fd, q->data, q->len, off, &o->n);
+    e = close(fd) != 0 ? -errno : 0;
+    return rc ? rc : e;
+}
+
+static int op_set(const atap_fs_req *q)
+{
+    if (q->op == ATAP_FS_SET_MODE) {
+        if (q->mode > 07777)
+            return ATAP_EINVAL;
+        return chmod(q->path, (mode_t)q->mode) != 0 ? -errno : 0;
+    }
+    if (q->offset > (uint64_t)INT64_MAX)
+        return ATAP_EINVAL;
+    return truncate(q->path, (off_t)q->offset) != 0 ? -errno : 0;
+}
+
+/* ---- metadata -------------------------------------------------------------- */
+
+static void meta_of(const struct stat *st, atap_fs_meta *m)
+{
+    m->size = (uint64_t)st->st_size;
+#ifdef __APPLE__
+    m->mtime_ns = (int64_t)st->st_mtimespec.tv_sec * 1000000000 + st->st_mtimespec.tv_nsec;
+#else
+    m->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+#endif
+    m->mode = (uint32_t)(st->st_mode & 07777);
+    m->type = S_ISREG(st->st_mode)   ? ATAP_FS_TYPE_FILE
+              : S_ISDIR(st->st_mode) ? ATAP_FS_TYPE_DIR
+              : S_ISLNK(st->st_mode) ? ATAP_FS_TYPE_LINK
+                                     : ATAP_FS_TYPE_OTHER;
+}
+
+static int op_stat(const atap_fs_req *q, atap_fs_out *o)
+{
+    struct stat st;
+
+    if ((q->op == ATAP_FS_STAT ? stat(q->path, &st) : lstat(q->path, &st)) != 0)
+        return -errno;
+    meta_of(&st, &o->meta);
+    o->n = 0;
+    return 0;
+}
+
+static int op_read_link(const atap_fs_req *q, atap_fs_out *o)
+{
+    size_t cap = 256;
+    char *buf = NULL;
+
+    for (;;) {
+        char *b;
+        ssize_t n;
+
+        if (!(b = realloc(buf, cap))) {
+            free(buf);
+            return -ENOMEM;
+        }
+        buf = b;
+        if ((n = readlink(q->path, buf, cap)) < 0) {
+            int rc = -errno;
+            free(buf);
+            return rc;
+        }
+        if ((size_t)n < cap) { /* it fit, with room for the NUL */
+            buf[n] = 0;
+            o->data = buf;
+            o->n = (size_t)n;
+            return 0;
+        }
+        cap *= 2;
+    }
+}
+
+/* ---- directories ----------------------------------------------------------- */
+
+static int op_read_dir(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+{
+    size_t count = 0, bytes = 0, cap = 4096, used = 0;
+    char *names = NULL, *block, **vec;
+    struct dirent *e;
+    int rc = 0;
+    DIR *d;
+
+    /* opendir opens with O_CLOEXEC (glibc, musl, the BSDs and macOS). */
+    if (!(d = opendir(q->path)))
+        return -errno;
+    if (!(names = malloc(cap))) {
+        closedir(d);
+        return -ENOMEM;
+    }
+    for (;;) {
+        size_t n;
+        if ((rc = stopped(ctx)) != 0)
+            break;
+        errno = 0;
+        if (!(e = readdir(d))) {
+            rc = errno ? -errno : 0;
+            break;
+        }
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        n = strlen(e->d_name) + 1;
+        if (used + n > cap) {
+            char *b;
+            while (used + n > cap)
+                cap *= 2;
+            if (!(b = realloc(names, cap))) {
+                rc = -ENOMEM;
+                break;
+            }
+            names = b;
+        }
+        memcpy(names + used, e->d_name, n);
+        used += n;
+        chunk_done(++count);
+    }
+    closedir(d);
+    /* One block: the pointers, then the strings they point to. */
+    bytes = (count + 1) * sizeof(char *);
+    if (rc == 0 && !(block = malloc(bytes + used)))
+        rc = -ENOMEM;
+    if (rc != 0) {
+        free(names);
+        return rc;
+    }
+    vec = (char **)(void *)block;
+    memcpy(block + bytes, names, used);
+    free(names);
+    for (size_t i = 0, at = 0; i < count; i++) {
+        vec[i] = block + bytes + at;
+        at += strlen(vec[i]) + 1;
+    }
+    vec[count] = NULL;
+    o->data = block;
+    o->n = count;
+    return 0;
+}
+
+static int op_create_dir(atap_ctx *ctx, const atap_fs_req *q)
+{
+    mode_t mode = q->mode ? (mode_t)q->mode : 0777;
+    struct stat st;
+    char *p;
+    int rc = 0;
+
+    if (!(q->flags & ATAP_FS_PARENTS) || !*q->path)
+        return mkdir(q->path, mode) != 0 ? -errno : 0;
+    if (!(p = strdup(q->path)))
+        return -ENOMEM;
+    /* Each prefix that ends at a '/' (and the whole path), in turn. */
+    for (char *s = p + 1;; s++) {
+        bool end = *s == 0;
+        if (*s != '/' && !end)
+            continue;
+        if ((rc = stopped(ctx)) != 0)
+            break;
+        *s = 0;
+        if (mkdir(p, mode) != 0) { /* there already (fine if a directory), or not possible */
+            if (errno != EEXIST) {
+                rc = -errno;
+                break;
+            }
+            if (stat(p, &st) != 0) {
+                rc = -errno;
+                break;
+            }
+            if (!S_ISDIR(st.st_mode)) {
+                rc = end ? -EEXIST : -ENOTDIR;
+                break;
+            }
+        }
+        if (end)
+            break;
+        *s = '/';
+        while (s[1] == '/')
+            s++;
+    }
+    free(p);
+    return rc;
+}
+
+/* Removes everything inside the directory open as dfd (which it closes),
+ * depth first, links not followed; *removed counts the entries. */
+static int remove_inside(atap_ctx *ctx, int dfd, uint64_t *removed)
+{
+    struct dirent *e;
+    int rc = 0;
+    DIR *d;
+
+    if (!(d = fdopendir(dfd))) {
+        rc = -errno;
+        close(dfd);
+        return rc;
+    }
+    for (;;) {
+        int sub;
+        if ((rc = stopped(ctx)) != 0)
+            break;
+        errno = 0;
+        if (!(e = readdir(d))) {
+            rc = errno ? -errno : 0;
+            break;
+        }
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) == 0 || errno == ENOENT) {
+            chunk_done(++*removed);
+            continue;
+        }
+        if (errno != EISDIR && errno != EPERM) {
+            rc = -errno;
+            break;
+        }
+        /* A directory (unlink says EISDIR on Linux, EPERM elsewhere). */
+        sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0) { /* not a directory after all: the unlink's EPERM stands */
+            rc = errno == ENOTDIR || errno == ELOOP ? -EPERM : -errno;
+            break;
+        }
+        if ((rc = remove_inside(ctx, sub, removed)) != 0)
+            break;
+        if (unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+            rc = -errno;
+            break;
+        }
+        chunk_done(++*removed);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int op_remove(atap_ctx *ctx, const atap_fs_req *q)
+{
+    uint64_t removed = 0;
+    struct stat st;
+    int fd, rc;
+
+    if (lstat(q->path, &st) != 0)
+        return -errno;
+    if (!S_ISDIR(st.st_mode))
+        return unlink(q->path) != 0 ? -errno : 0;
+    if (q->flags & ATAP_FS_TREE) {
+        if ((fd = open(q->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+            return -errno;
+        if ((rc = remove_inside(ctx, fd, &removed)) != 0)
+            return rc;
+    }
+    if (rmdir(q->path) != 0)
+        return errno == EEXIST ? -ENOTEMPTY : -errno;
+    return 0;
+}
+
+/* ---- copy ------------------------------------------------------------------ */
+
+/* Copies in to out in chunks: copy_file_range while the kernel takes it
+ * (Linux; it may refuse across file systems or on some, before any byte
+ * moved), else read and write through a buffer. */
+static int copy_chunks(atap_ctx *ctx, int in, int out, size_t *copied)
+{
+    unsigned char *buf = NULL;
+    bool kernel = true;
+    int rc = 0;
+
+#ifndef __linux__
+    kernel = false;
+#endif
+    *copied = 0;
+    for (;;) {
+        ssize_t n = 0;
+        if ((rc = stopped(ctx)) != 0)
+            break;
+#ifdef __linux__
+        if (kernel) {
+            n = copy_file_range(in, NULL, out, NULL, CHUNK, 0);
+            if (n < 0 && *copied == 0 &&
+                (errno == ENOSYS || errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP ||
+                 errno == EPERM)) {
+                kernel = false; /* not here: through user space */
+                continue;
+            }
+        }
+#endif
+        if (!kernel) {
+            if (!buf && !(buf = malloc(CHUNK))) {
+                rc = -ENOMEM;
+                break;
+            }
+            n = read(in, buf, CHUNK);
+            for (ssize_t at = 0, w; n > 0 && at < n; at += w) {
+                if ((w = write(out, buf + at, (size_t)(n - at))) < 0) {
+                    if (errno != EINTR)
+                        goto failed;
+                    w = 0;
+                }
+            }
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            goto failed;
+        }
+        if (n == 0)
+            break;
+        *copied += (size_t)n;
+        chunk_done(*copied);
+    }
+    free(buf);
+    return rc;
+failed:
+    rc = -errno;
+    free(buf);
+    return rc;
+}
+
+static int op_copy(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+{
+    int in, out, rc;
+    struct stat st;
+
+    if ((in = open_rd(q->path, 0)) < 0)
+        return in;
+    if (fstat(in, &st) != 0 || S_ISDIR(st.st_mode)) {
+        rc = S_ISDIR(st.st_mode) ? -EISDIR : -errno;
+        close(in);
+        return rc;
+    }
+    if ((out = open(q->path2, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, st.st_mode & 07777)) < 0) {
+        rc = -errno;
+        close(in);
+        return rc;
+    }
+    /* A file that was there keeps its mode through O_TRUNC: set it. */
+    rc = fchmod(out, st.st_mode & 07777) != 0 ? -errno : copy_chunks(ctx, in, out, &o->n);
+    close(in);
+    if (close(out) != 0 && rc == 0)
+        rc = -errno;
+    return rc;
+}
+
+/* ---- the task function ------------------------------------------------------ */
+
+int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
+{
+    const atap_fs_req *q = arg;
+    atap_fs_out o = {0};
+    int rc;
+
+    if (!q || !q->path)
+        rc = ATAP_EINVAL;
+    else if ((rc = stopped(ctx)) != 0)
+        ;
+    else {
+        switch (q->op) {
+        case ATAP_FS_READ:
+            rc = op_read(ctx, q, &o);
+            break;
+        case ATAP_FS_READ_AT:
+            rc = op_read_at(ctx, q, &o);
+            break;
+        case ATAP_FS_WRITE:
+        case ATAP_FS_APPEND:
+        case ATAP_FS_WRITE_AT:
+            rc = q->len && !q->data ? ATAP_EINVAL : op_write(ctx, q, &o);
+            break;
+        case ATAP_FS_STAT:
+        case ATAP_FS_LSTAT:
+            rc = op_stat(q, &o);
+            break;
+        case ATAP_FS_READ_DIR:
+            rc = op_read_dir(ctx, q, &o);
+            break;
+        case ATAP_FS_CREATE_DIR:
+            rc = op_create_dir(ctx, q);
+            break;
+        case ATAP_FS_REMOVE:
+            rc = op_remove(ctx, q);
+            break;
+        case ATAP_FS_RENAME:
+            rc = !q->path2 ? ATAP_EINVAL : rename(q->path, q->path2) != 0 ? -errno : 0;
+            break;
+        case ATAP_FS_SYMLINK:
+            rc = !q->path2 ? ATAP_EINVAL : symlink(q->path, q->path2) != 0 ? -errno : 0;
+            break;
+        case ATAP_FS_LINK:
+            rc = !q->path2 ? ATAP_EINVAL : link(q->path, q->path2) != 0 ? -errno : 0;
+            break;
+        case ATAP_FS_READ_LINK:
+            rc = op_read_link(q, &o);
+            break;
+        case ATAP_FS_COPY:
+            rc = !q->path2 ? ATAP_EINVAL : op_copy(ctx, q, &o);
+            break;
+        case ATAP_FS_SET_MODE:
+        case ATAP_FS_SET_LEN:
+            rc = op_set(q);
+            break;
+        default:
+            rc = ATAP_EINVAL;
+        }
+    }
+    o.rc = rc;
+    if (out)
+        memcpy(out, &o, sizeof o);
+    else if (o.data != q->buf)
+        free(o.data); /* nobody asked for it */
+    return 0;
+}
+
+/* ---- spawning ---------------------------------------------------------------- */
+
+struct fs_arg {
+    atap_fs_req req; /* its paths and (unless handed over) data are ours */
+    bool own_data;
+};
+
+static void fs_arg_free(void *arg)
+{
+    struct fs_arg *a = arg;
+
+    if (a->req.data_free && a->req.data) /* kept only for the writes */
+        a->req.data_free((void *)(uintptr_t)a->req.data);
+    else if (a->own_data)
+        free((void *)(uintptr_t)a->req.data);
+    if (a->req.buf_done && a->req.buf)
+        a->req.buf_done(a->req.buf);
+    free((void *)(uintptr_t)a->req.path);
+    free((void *)(uintptr_t)a->req.path2);
+    free(a);
+}
+
+/* Not used for a READ_AT into the caller's buf: that data is the caller's. */
+static void fs_out_free(void *out)
+{
+    atap_fs_out o;
+
+    memcpy(&o, out, sizeof o);
+    free(o.data);
+}
+
+static bool needs_path2(atap_fs_op op)
+{
+    return op == ATAP_FS_RENAME || op == ATAP_FS_SYMLINK || op == ATAP_FS_LINK ||
+           op == ATAP_FS_COPY;
+}
+
+int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts *opts)
+{
+    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    struct fs_arg *a;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    if (!req || !req->path || req->op < ATAP_FS_READ || req->op > ATAP_FS_SET_LEN ||
+        (needs_path2(req->op) && !req->path2) ||
+        ((req->op == ATAP_FS_WRITE || req->op == ATAP_FS_APPEND || req->op == ATAP_FS_WRITE_AT) &&
+         req->len && !req->data))
+        return ATAP_EINVAL;
+    if ((o.out_size != 0 && o.out_size != sizeof(atap_fs_out)) || o.kind != ATAP_ONCE ||
+        o.arg_free || o.out_free || o.gives || o.in_free)
+        return ATAP_EINVAL;
+    if (!(a = calloc(1, sizeof *a)))
+        return -ENOMEM;
+    a->req = *req;
+    a->req.path = strdup(req->path);
+    a->req.path2 = req->path2 ? strdup(req->path2) : NULL;
+    a->req.data = NULL;
+    if (req->op == ATAP_FS_WRITE || req->op == ATAP_FS_APPEND || req->op == ATAP_FS_WRITE_AT) {
+        if (req->data_free || !req->len) {
+            a->req.data = req->data;
+        } else if ((a->req.data = malloc(req->len)) != NULL) {
+            memcpy((void *)(uintptr_t)a->req.data, req->data, req->len);
+            a->own_data = true;
+        }
+    }
+    if (req->op != ATAP_FS_READ_AT)
+        a->req.buf = NULL;
+    if (!a->req.path || (req->path2 && !a->req.path2) || (req->len && req->data && !a->req.data)) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    o.out_size = sizeof(atap_fs_out);
+    o.out_free = req->op == ATAP_FS_READ_AT && req->buf ? NULL : fs_out_free;
+    o.arg_free = fs_arg_free;
+    o.blocking = true;
+    if ((rc = atap_spawn(task, atap_fs_run, a, &o)) == 0)
+        return 0;
+fail:
+    if (a->own_data)
+        free((void *)(uintptr_t)a->req.data);
+    free((void *)(uintptr_t)a->req.path);
+    free((void *)(uintptr_t)a->req.path2);
+    free(a);
+    return rc;
+}
+
+/* ---- the watch ----------------------------------------------------------------- */
+
+struct watch {
+    int fd;
+    unsigned changes; /* asked for, ATAP_PATH_GONE included */
+    bool dir;
+    bool gone;        /* ATAP_PATH_GONE reported: the next run ends it */
+    unsigned pending; /* seen and not reported yet */
+    struct stat last; /* the status the last look saw */
+};
+
+static bool ts_eq(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/* What changed between two statuses of one file, as ATAP_PATH_* bits. */
+static unsigned diff_of(const struct watch *w, const struct stat *a, const struct stat *b)
+{
+    unsigned bits = 0;
+#ifdef __APPLE__
+    bool mtime = !ts_eq(&a->st_mtimespec, &b->st_mtimespec);
+    bool ctime = !ts_eq(&a->st_ctimespec, &b->st_ctimespec);
+#else
+    bool mtime = !ts_eq(&a->st_mtim, &b->st_mtim);
+    bool ctime = !ts_eq(&a->st_ctim, &b->st_ctim);
+#endif
+
+    if (mtime || a->st_size != b->st_size)
+        bits |= w->dir ? ATAP_PATH_ENTRIES : ATAP_PATH_WRITE;
+    if (a->st_mode != b->st_mode || a->st_uid != b->st_uid || a->st_gid != b->st_gid ||
+        a->st_nlink != b->st_nlink || (ctime && !mtime))
+        bits |= ATAP_PATH_ATTRIB;
+    if (b->st_nlink == 0)
+        bits |= ATAP_PATH_GONE;
+    return bits;
+}
+
+/* Looks at the file: what changed since the last look joins `pending`. */
+static void watch_look(struct watch *w)
+{
+    struct stat now;
+
+    if (fstat(w->fd, &now) != 0)
+        return;
+    w->pending |= diff_of(w, &w->last, &now);
+    w->last = now;
+}
+
+static int watch_run(atap_ctx *ctx, void *arg, void *out)
+{
+    struct watch *w = arg;
+    unsigned got;
+
+    if (w->gone)
+        return ATAP_EFINISHED; /* removal was the last report */
+    if (atap_resumed(ctx) && atap_resume_reason(ctx) == ATAP_RESUME_READY) {
+        unsigned ev = atap_resume_events(ctx);
+        if (ev == ATAP_ERROR)
+            return ATAP_EFAILED; /* the kernel would not watch it */
+        w->pending |=
+            ev & (ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES | ATAP_PATH_GONE);
+    }
+    watch_look(w);
+    if ((got = w->pending & w->changes) == 0) {
+        w->pending = 0; /* nothing asked for: not kept for later */
+        if (atap_park_path(ctx, w->fd, w->changes, WATCH_POLL_NS) != 0)
+            return ATAP_EFAILED;
+        return ATAP_PARKED;
+    }
+    w->pending = 0;
+    w->gone = (got & ATAP_PATH_GONE) != 0;
+    if (out)
+        memcpy(out, &got, sizeof got);
+    return 0;
+}
+
+static void watch_free(void *arg)
+{
+    struct watch *w = arg;
+
+    close(w->fd);
+    free(w);
+}
+
+int atap_fs_spawn_watch(atap_task *task, const char *path, int fd, unsigned changes,
+                        const atap_spawn_opts *opts)
+{
+    const unsigned all = ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES | ATAP_PATH_GONE;
+    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    struct watch *w;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    if ((!path && fd < 0) || (changes & ~all) ||
+        (o.out_size != 0 && o.out_size != sizeof(unsigned)) ||
+        (o.kind != ATAP_ONCE && o.kind != ATAP_REPEAT) || o.arg_free || o.out_free || o.gives ||
+        o.in_free || o.blocking)
+        return ATAP_EINVAL;
+    if (!(w = calloc(1, sizeof *w)))
+        return -ENOMEM;
+    w->changes = (changes ? changes : all) | ATAP_PATH_GONE;
+    if (path)
+        w->fd = open_rd(path, 0);
+    else
+        w->fd = (rc = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0 ? -errno : rc;
+    if (w->fd < 0 || fstat(w->fd, &w->last) != 0) {
+        rc = w->fd < 0 ? w->fd : -errno;
+        if (w->fd >= 0)
+            close(w->fd);
+        free(w);
+        return rc;
+    }
+    w->dir = S_ISDIR(w->last.st_mode);
+    o.out_size = sizeof(unsigned);
+    o.arg_free = watch_free;
+    if ((rc = atap_spawn(task, watch_run, w, &o)) != 0) {
+        close(w->fd);
+        free(w);
+    }
+    return rc;
+}

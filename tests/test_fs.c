@@ -1,0 +1,1023 @@
+/*
+ * File operations and watches (src/tasks/fs.c): each operation spawned and
+ * run with atap_block, its results and its errors (ENOENT, EEXIST,
+ * ENOTEMPTY, EISDIR, ENOTDIR, EACCES when not root), who owns the buffers,
+ * a cancel and a run timeout landing between the chunks of a copy or a
+ * read, and the watch task: changes reported in order with removal last,
+ * and a repeat losing no change made between its runs.
+ *
+ * Every test works in a fresh mkdtemp directory, removed by the teardown.
+ * Chunks are made observable by atap__fs_chunk_hook (src/tasks/fs.c),
+ * which the copy and read tests use to cancel at a known chunk or to slow
+ * each chunk down. Exact things are asserted strictly; time only with
+ * generous upper bounds (the CI machine is a loaded 2-core VM).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#define CHUNK (64u * 1024u)
+#define GAP ATAP_MS(200) /* a watch repeat's gap: time to take each report */
+
+extern _Atomic(void (*)(uint64_t)) atap__fs_chunk_hook; /* src/tasks/fs.c */
+
+static char g_dir[256];
+
+static const char *at(const char *name)
+{
+    static char buf[4][512];
+    static int next;
+    char *b = buf[next++ % 4];
+
+    snprintf(b, sizeof buf[0], "%s/%s", g_dir, name);
+    return b;
+}
+
+static int setup_fs(void **state)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/atap_fs_XXXXXX");
+    if (!mkdtemp(g_dir))
+        return -1;
+    return setup_runtime(state);
+}
+
+static int teardown_fs(void **state)
+{
+    atap_fs_out o;
+
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    chmod(g_dir, 0700);
+    atap_block(atap_fs_run,
+               &(atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = g_dir}, &o,
+               sizeof o);
+    if (o.rc != 0)
+        print_error("could not remove %s: %s\n", g_dir, atap_strerror(o.rc));
+    return teardown_runtime(state);
+}
+
+/* Spawns q, takes its output (the task itself must succeed). */
+static atap_fs_out run(atap_fs_req q)
+{
+    atap_fs_out o;
+    atap_task t;
+
+    memset(&o, 0xa5, sizeof o);
+    assert_int_equal(atap_fs_spawn(&t, &q, NULL), 0);
+    assert_int_equal(atap_take(t, &o, sizeof o), 0);
+    atap_release(t);
+    return o;
+}
+
+/* Only the result code; no data is asked for by the ops it is used on. */
+static int rc_of(atap_fs_req q)
+{
+    atap_fs_out o = run(q);
+    assert_null(o.data);
+    return o.rc;
+}
+
+static void put(const char *path, const char *text)
+{
+    atap_fs_out o =
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = path, .data = text, .len = strlen(text)});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, strlen(text));
+}
+
+static void assert_contents(const char *path, const char *text)
+{
+    atap_fs_out o = run((atap_fs_req){.op = ATAP_FS_READ, .path = path});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, strlen(text));
+    assert_string_equal(o.data, text); /* NUL-ended */
+    free(o.data);
+}
+
+static atap_fs_meta meta(const char *path, bool follow, int want_rc)
+{
+    atap_fs_out o = run((atap_fs_req){.op = follow ? ATAP_FS_STAT : ATAP_FS_LSTAT, .path = path});
+    assert_int_equal(o.rc, want_rc);
+    return o.meta;
+}
+
+/* A file of n bytes, byte i being (i * 7 + i / 251) & 0xff. */
+static unsigned char *pattern(size_t n)
+{
+    unsigned char *p = malloc(n);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)((i * 7 + i / 251) & 0xff);
+    return p;
+}
+
+/* ---- reading and writing ------------------------------------------------- */
+
+static void test_fs_write_read_append_at(void **state)
+{
+    (void)state;
+    char buf[8];
+    atap_fs_out o;
+
+    put(at("f"), "hello");
+    assert_contents(at("f"), "hello");
+    o = run((atap_fs_req){.op = ATAP_FS_APPEND, .path = at("f"), .data = " world", .len = 6});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 6);
+    assert_contents(at("f"), "hello world");
+    o = run((atap_fs_req){.op = ATAP_FS_WRITE_AT, .path = at("f"), .data = "J", .len = 1});
+    assert_int_equal(o.rc, 0);
+    assert_contents(at("f"), "Jello world");
+    /* WRITE truncates. */
+    put(at("f"), "abc");
+    assert_contents(at("f"), "abc");
+    /* APPEND creates. */
+    o = run((atap_fs_req){.op = ATAP_FS_APPEND, .path = at("g"), .data = "x", .len = 1});
+    assert_int_equal(o.rc, 0);
+    assert_contents(at("g"), "x");
+    /* An empty write makes an empty file. */
+    o = run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("e")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0);
+    assert_contents(at("e"), "");
+
+    /* read_at: malloc'd, then into the caller's buffer. */
+    put(at("f"), "0123456789");
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("f"), .offset = 3, .len = 4});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 4);
+    assert_memory_equal(o.data, "3456", 4);
+    free(o.data);
+    memset(buf, 0, sizeof buf);
+    o = run(
+        (atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("f"), .offset = 8, .len = 8, .buf = buf});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 2); /* short at the end */
+    assert_ptr_equal(o.data, buf);
+    assert_memory_equal(buf, "89", 2);
+    o = run(
+        (atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("f"), .offset = 100, .len = 8, .buf = buf});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0);
+}
+
+static void test_fs_large_read_write_in_chunks(void **state)
+{
+    (void)state;
+    size_t n = 5 * CHUNK + 123;
+    unsigned char *p = pattern(n);
+    atap_fs_out o;
+
+    o = run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("big"), .data = p, .len = n});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    o = run((atap_fs_req){.op = ATAP_FS_READ, .path = at("big")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    assert_memory_equal(o.data, p, n);
+    free(o.data);
+    /* A file whose size says 0 (procfs) is read to its end all the same. */
+    if (access("/proc/self/status", R_OK) == 0) {
+        o = run((atap_fs_req){.op = ATAP_FS_READ, .path = "/proc/self/status"});
+        assert_int_equal(o.rc, 0);
+        assert_true(o.n > 0);
+        assert_int_equal(strlen(o.data), o.n);
+        assert_non_null(strstr(o.data, "Pid:"));
+        free(o.data);
+    }
+    o = run((atap_fs_req){
+        .op = ATAP_FS_READ_AT, .path = at("big"), .offset = CHUNK - 10, .len = 2 * CHUNK});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 2 * CHUNK);
+    assert_memory_equal(o.data, p + CHUNK - 10, 2 * CHUNK);
+    free(o.data);
+    free(p);
+}
+
+/* A join lends the buffer and the last release frees it (ASan would see a
+ * leak or a double free); a take moves it to the taker. */
+static void test_fs_read_buffer_ownership(void **state)
+{
+    (void)state;
+    atap_fs_out o1, o2;
+    atap_task t, u;
+
+    put(at("f"), "shared");
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("f")}, NULL),
+                     0);
+    assert_int_equal(atap_dup(t, &u), 0);
+    assert_int_equal(atap_join(t, &o1, sizeof o1), 0);
+    assert_int_equal(atap_join(u, &o2, sizeof o2), 0);
+    assert_int_equal(o1.rc, 0);
+    assert_ptr_equal(o1.data, o2.data); /* the same lent buffer */
+    assert_string_equal(o1.data, "shared");
+    atap_release(t);
+    assert_string_equal(o2.data, "shared"); /* u still holds it */
+    atap_release(u);                        /* freed here, by out_free */
+
+    /* Never read at all: freed at the release too. */
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("f")}, NULL),
+                     0);
+    assert_int_equal(atap_wait(t, NULL), 0);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+
+    /* The data to write is copied at the spawn: the caller's may go at once. */
+    char *text = strdup("copied at spawn");
+    assert_int_equal(
+        atap_fs_spawn(
+            &t,
+            &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("w"), .data = text, .len = strlen(text)},
+            NULL),
+        0);
+    memset(text, 'X', strlen(text));
+    free(text);
+    assert_int_equal(atap_take(t, &o1, sizeof o1), 0);
+    atap_release(t);
+    assert_int_equal(o1.rc, 0);
+    assert_contents(at("w"), "copied at spawn");
+
+    /* ... or handed over with data_free, called once. */
+    text = strdup("handed over");
+    assert_int_equal(atap_fs_spawn(&t,
+                                   &(atap_fs_req){.op = ATAP_FS_WRITE,
+                                                  .path = at("w"),
+                                                  .data = text,
+                                                  .len = strlen(text),
+                                                  .data_free = free},
+                                   NULL),
+                     0);
+    assert_int_equal(atap_take(t, &o1, sizeof o1), 0);
+    atap_release(t);
+    assert_int_equal(o1.rc, 0);
+    assert_contents(at("w"), "handed over");
+}
+
+static void test_fs_block_on_calling_thread(void **state)
+{
+    (void)state;
+    atap_fs_out o;
+    char buf[4];
+
+    assert_int_equal(
+        atap_block(atap_fs_run,
+                   &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("b"), .data = "blk", .len = 3},
+                   &o, sizeof o),
+        0);
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(
+        atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("b")}, &o, sizeof o),
+        0);
+    assert_int_equal(o.rc, 0);
+    assert_string_equal(o.data, "blk");
+    free(o.data); /* the caller's */
+    assert_int_equal(
+        atap_block(
+            atap_fs_run,
+            &(atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("b"), .buf = buf, .len = sizeof buf},
+            &o, sizeof o),
+        0);
+    assert_int_equal(o.n, 3);
+    assert_memory_equal(buf, "blk", 3);
+    assert_int_equal(
+        atap_block(atap_fs_run, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("no")}, &o, sizeof o),
+        0);
+    assert_int_equal(o.rc, -ENOENT);
+    assert_null(o.data);
+}
+
+/* ---- metadata, links, modes ------------------------------------------------ */
+
+static void test_fs_metadata_links_modes(void **state)
+{
+    (void)state;
+    atap_fs_meta m;
+    atap_fs_out o;
+    struct stat st;
+
+    put(at("f"), "12345");
+    m = meta(at("f"), true, 0);
+    assert_int_equal(m.type, ATAP_FS_TYPE_FILE);
+    assert_int_equal(m.size, 5);
+    assert_int_equal(stat(at("f"), &st), 0);
+    assert_int_equal(m.mode, st.st_mode & 07777);
+    assert_true(m.mtime_ns / 1000000000 == (int64_t)st.st_mtime);
+    assert_int_equal(meta(g_dir, true, 0).type, ATAP_FS_TYPE_DIR);
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = "f", .path2 = at("s")}), 0);
+    assert_int_equal(meta(at("s"), false, 0).type, ATAP_FS_TYPE_LINK);
+    m = meta(at("s"), true, 0);
+    assert_int_equal(m.type, ATAP_FS_TYPE_FILE);
+    assert_int_equal(m.size, 5);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_LINK, .path = at("s")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 1);
+    assert_string_equal(o.data, "f");
+    free(o.data);
+    /* A dangling link: lstat sees it, stat does not. */
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = "nowhere", .path2 = at("d")}), 0);
+    meta(at("d"), false, 0);
+    meta(at("d"), true, -ENOENT);
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_LINK, .path = at("f"), .path2 = at("h")}),
+                     0);
+    assert_contents(at("h"), "12345");
+    assert_int_equal(stat(at("f"), &st), 0);
+    assert_int_equal(st.st_nlink, 2);
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_MODE, .path = at("f"), .mode = 0640}),
+                     0);
+    assert_int_equal(meta(at("f"), true, 0).mode, 0640);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_MODE, .path = at("f"), .mode = 010000}),
+                     ATAP_EINVAL);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("f"), .offset = 3}), 0);
+    assert_contents(at("f"), "123");
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("f"), .offset = 1000}),
+                     0);
+    assert_int_equal(meta(at("f"), true, 0).size, 1000);
+}
+
+/* ---- directories ----------------------------------------------------------- */
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void test_fs_directories(void **state)
+{
+    (void)state;
+    atap_fs_out o;
+    char **names;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("d")}), 0);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("d")}), -EEXIST);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("x/y")}), -ENOENT);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
+                                         .path = at("x//y/z/")}),
+                     0);
+    assert_int_equal(meta(at("x/y/z"), true, 0).type, ATAP_FS_TYPE_DIR);
+    /* Already there: no error with parents. */
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS, .path = at("x/y")}),
+        0);
+    put(at("file"), "f");
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
+                                         .path = at("file/sub")}),
+                     -ENOTDIR);
+    assert_int_equal(rc_of((atap_fs_req){
+                         .op = ATAP_FS_CREATE_DIR, .flags = ATAP_FS_PARENTS, .path = at("file")}),
+                     -EEXIST);
+
+    put(at("d/b"), "1");
+    put(at("d/a"), "2");
+    put(at("d/c"), "3");
+    o = run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("d")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 3);
+    names = o.data;
+    assert_null(names[3]);
+    qsort(names, 3, sizeof *names, cmp_str);
+    assert_string_equal(names[0], "a");
+    assert_string_equal(names[1], "b");
+    assert_string_equal(names[2], "c");
+    free(o.data); /* one block */
+    o = run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("x/y/z")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0);
+    assert_null(((char **)o.data)[0]);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("file")});
+    assert_int_equal(o.rc, -ENOTDIR);
+    assert_null(o.data);
+
+    /* Remove: a file, an empty directory; not a full one unless a tree. */
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .path = at("d")}), -ENOTEMPTY);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .path = at("d/a")}), 0);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .path = at("x/y/z")}), 0);
+    meta(at("x/y/z"), true, -ENOENT);
+    /* A tree, with a link out of it that must not be followed. */
+    put(at("keep"), "kept");
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
+                                         .path = at("d/e/f/g")}),
+                     0);
+    put(at("d/e/f/g/h"), "deep");
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = g_dir, .path2 = at("d/e/up")}), 0);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}), 0);
+    meta(at("d"), false, -ENOENT);
+    assert_contents(at("keep"), "kept");
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}),
+        -ENOENT);
+
+    /* Rename. */
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("keep"), .path2 = at("moved")}), 0);
+    assert_contents(at("moved"), "kept");
+    meta(at("keep"), true, -ENOENT);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("keep"), .path2 = at("m2")}), -ENOENT);
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_RENAME, .path = at("x"), .path2 = at("moved")}),
+        -ENOTDIR);
+}
+
+/* ---- errors ---------------------------------------------------------------- */
+
+static void test_fs_errors(void **state)
+{
+    (void)state;
+    atap_fs_out o;
+    atap_task t;
+
+    put(at("f"), "x");
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = at("none")}).rc, -ENOENT);
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = g_dir}).rc, -EISDIR);
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = g_dir, .len = 4}).rc,
+                     -EISDIR);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = g_dir, .data = "x", .len = 1}).rc, -EISDIR);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("no/f"), .data = "x", .len = 1}).rc,
+        -ENOENT);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE_AT, .path = at("none"), .data = "x", .len = 1}).rc,
+        -ENOENT); /* write_at does not create */
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("none")}).rc, -ENOENT);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .path = at("none")}), -ENOENT);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_MODE, .path = at("none"), .mode = 0600}),
+                     -ENOENT);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = g_dir, .offset = 1}),
+                     -EISDIR);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_LINK, .path = at("f"), .path2 = at("f")}),
+                     -EEXIST);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_LINK, .path = at("none"), .path2 = at("l")}),
+                     -ENOENT);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_SYMLINK, .path = "x", .path2 = at("f")}),
+                     -EEXIST);
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_LINK, .path = at("f")}).rc, -EINVAL);
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_LINK, .path = at("none")}).rc, -ENOENT);
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_COPY, .path = g_dir, .path2 = at("c")}).rc,
+                     -EISDIR);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("none"), .path2 = at("c")}).rc, -ENOENT);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("f"), .path2 = at("no/c")}).rc, -ENOENT);
+
+    /* Requests and options refused at the spawn. */
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ}, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = 0, .path = "x"}, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = 99, .path = "x"}, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_RENAME, .path = "x"}, NULL),
+                     ATAP_EINVAL);
+    assert_int_equal(
+        atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_WRITE, .path = "x", .len = 3}, NULL),
+        ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(NULL, &(atap_fs_req){.op = ATAP_FS_READ, .path = "x"}, NULL),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&t, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = "x"},
+                                   &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = "x"},
+                                   &(atap_spawn_opts){.out_size = 4}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = "x"},
+                                   &(atap_spawn_opts){.out_free = free}),
+                     ATAP_EINVAL);
+    assert_true(t.id == ATAP_NO_TASK.id);
+    assert_int_equal(atap_block(atap_fs_run, &(atap_fs_req){.op = 99, .path = "x"}, &o, sizeof o),
+                     0);
+    assert_int_equal(o.rc, ATAP_EINVAL);
+
+    /* Permission denied: root passes every permission check. */
+    if (geteuid() == 0) {
+        print_message("running as root: the EACCES checks are skipped\n");
+        return;
+    }
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("locked")}), 0);
+    put(at("locked/f"), "secret");
+    put(at("ro"), "ro");
+    assert_int_equal(chmod(at("ro"), 0400), 0);
+    assert_int_equal(chmod(at("locked"), 0), 0);
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = at("locked/f")}).rc, -EACCES);
+    assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("locked")}).rc, -EACCES);
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR,
+                                         .flags = ATAP_FS_PARENTS,
+                                         .path = at("locked/a/b")}),
+                     -EACCES);
+    assert_int_equal(
+        run((atap_fs_req){.op = ATAP_FS_WRITE, .path = at("ro"), .data = "x", .len = 1}).rc,
+        -EACCES);
+    assert_int_equal(chmod(at("locked"), 0700), 0);
+}
+
+/* ---- copy ------------------------------------------------------------------ */
+
+static void test_fs_copy(void **state)
+{
+    (void)state;
+    size_t n = 3 * CHUNK + 17;
+    unsigned char *p = pattern(n);
+    atap_fs_out o;
+
+    o = run(
+        (atap_fs_req){.op = ATAP_FS_WRITE, .path = at("src"), .data = p, .len = n, .mode = 0640});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(chmod(at("src"), 0640), 0); /* whatever the umask */
+    put(at("dst"), "to be replaced by a longer file");
+    o = run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("src"), .path2 = at("dst")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    o = run((atap_fs_req){.op = ATAP_FS_READ, .path = at("dst")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    assert_memory_equal(o.data, p, n);
+    free(o.data);
+    assert_int_equal(meta(at("dst"), true, 0).mode, 0640); /* src's, though dst was there */
+    /* An empty file copies to an empty file. */
+    put(at("empty"), "");
+    o = run((atap_fs_req){.op = ATAP_FS_COPY, .path = at("empty"), .path2 = at("e2")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0);
+    assert_contents(at("e2"), "");
+    free(p);
+}
+
+static atomic_uint_fast64_t g_hook_calls, g_hook_last, g_cancel_at, g_sleep_us;
+static atomic_uint_fast64_t g_task_id, g_cancel_call;
+
+/* Called after each chunk on the task's thread: counts, and cancels the
+ * task once the chunk numbered g_cancel_at is done, or sleeps. */
+static void chunk_hook(uint64_t done)
+{
+    uint64_t n = atomic_fetch_add(&g_hook_calls, 1) + 1;
+    unsigned us = (unsigned)atomic_load(&g_sleep_us);
+
+    atomic_store(&g_hook_last, done);
+    if (n >= atomic_load(&g_cancel_at) && atomic_load(&g_cancel_call) == 0) {
+        atomic_store(&g_cancel_call, n);
+        CHECK(atap_cancel((atap_task){atomic_load(&g_task_id)}) == 0);
+    }
+    if (us)
+        sleep_us(us);
+}
+
+static void hook_reset(uint64_t cancel_at, unsigned sleep_each_us)
+{
+    atomic_store(&g_hook_calls, 0);
+    atomic_store(&g_hook_last, 0);
+    atomic_store(&g_cancel_at, cancel_at);
+    atomic_store(&g_sleep_us, sleep_each_us);
+    atomic_store(&g_task_id, 0);
+    atomic_store(&g_cancel_call, 0);
+}
+
+/* A large sparse source (256 MiB): what matters is that the copy has far
+ * more chunks than it gets to. */
+static void make_large(const char *path)
+{
+    put(path, "head");
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = path, .offset = 256u * 1024u * 1024u}),
+        0);
+}
+
+static void test_fs_copy_cancel_between_chunks(void **state)
+{
+    (void)state;
+    atap_fs_out o;
+    atap_task t;
+    struct stat st;
+
+    make_large(at("large"));
+    hook_reset(UINT64_MAX, 0);
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    /* Held back a little, so the hook knows the task before it runs (if
+     * not, it cancels at the first chunk it sees past the fourth). */
+    assert_int_equal(
+        atap_fs_spawn(&t,
+                      &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"), .path2 = at("copy")},
+                      &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+        0);
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, 4);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    /* The run ends at its next look, before a fifth chunk. */
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    /* No chunk after the one that cancelled, and the copy holds exactly the
+     * chunks done. */
+    assert_true(atomic_load(&g_cancel_call) >= 4);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+    assert_int_equal(stat(at("copy"), &st), 0);
+    assert_int_equal((uint64_t)st.st_size, atomic_load(&g_hook_last));
+    assert_true(st.st_size > 0 && (uint64_t)st.st_size < 256u * 1024u * 1024u);
+}
+
+/* From another file system (tmpfs under /dev/shm to the test directory):
+ * copy_file_range may refuse (EXDEV), and the copy goes through user space;
+ * the bytes, and a cancel between chunks, are the same either way. */
+static void test_fs_copy_across_file_systems(void **state)
+{
+    (void)state;
+    char other[64], src[96];
+    size_t n = 6 * CHUNK + 5;
+    unsigned char *p;
+    atap_fs_out o;
+    atap_task t;
+    struct stat a, b;
+
+    snprintf(other, sizeof other, "/dev/shm/atap_fs_XXXXXX");
+    if (!mkdtemp(other)) {
+        print_message("no /dev/shm to copy from: skipped\n");
+        return;
+    }
+    snprintf(src, sizeof src, "%s/src", other);
+    p = pattern(n);
+    o = run((atap_fs_req){.op = ATAP_FS_WRITE, .path = src, .data = p, .len = n});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(stat(src, &a), 0);
+    assert_int_equal(stat(g_dir, &b), 0);
+    if (a.st_dev == b.st_dev)
+        print_message("/dev/shm is on the test directory's file system\n");
+    o = run((atap_fs_req){.op = ATAP_FS_COPY, .path = src, .path2 = at("dst")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    o = run((atap_fs_req){.op = ATAP_FS_READ, .path = at("dst")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, n);
+    assert_memory_equal(o.data, p, n);
+    free(o.data);
+
+    hook_reset(UINT64_MAX, 0);
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    assert_int_equal(
+        atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_COPY, .path = src, .path2 = at("cut")},
+                      &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+        0);
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, 2);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+    assert_int_equal(stat(at("cut"), &a), 0);
+    assert_int_equal((uint64_t)a.st_size, atomic_load(&g_hook_last));
+    assert_true((uint64_t)a.st_size < n);
+    assert_int_equal(unlink(src), 0);
+    assert_int_equal(rmdir(other), 0);
+    free(p);
+}
+
+static void test_fs_copy_and_read_timeout(void **state)
+{
+    (void)state;
+    uint64_t t0, full = 256u * 1024u * 1024u;
+    atap_fs_out o;
+    atap_task t;
+    struct stat st;
+
+    make_large(at("large"));
+    hook_reset(UINT64_MAX, 20000); /* 20 ms a chunk */
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    t0 = now_ns();
+    assert_int_equal(
+        atap_fs_spawn(&t,
+                      &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"), .path2 = at("copy")},
+                      &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}),
+        0);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ETIMEDOUT);
+    assert_true(now_ns() - t0 < ATAP_SEC(10));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    assert_int_equal(stat(at("copy"), &st), 0);
+    assert_true((uint64_t)st.st_size < full);
+    assert_int_equal((uint64_t)st.st_size, atomic_load(&g_hook_last));
+
+    /* A whole-file read stops the same way, its buffer freed (ASan). */
+    put(at("mid"), "head");
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_SET_LEN, .path = at("mid"), .offset = 64 * CHUNK}), 0);
+    hook_reset(UINT64_MAX, 20000);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ, .path = at("mid")},
+                                   &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}),
+                     0);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ETIMEDOUT);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    assert_true(atomic_load(&g_hook_calls) < 64);
+
+    /* A cancel before the run: nothing is done. */
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    assert_int_equal(
+        atap_fs_spawn(
+            &t, &(atap_fs_req){.op = ATAP_FS_WRITE, .path = at("never"), .data = "x", .len = 1},
+            &(atap_spawn_opts){.after_ns = ATAP_SEC(1)}),
+        0);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(stat(at("never"), &st), -1);
+}
+
+/* A tree removal and a read_dir stop between entries. */
+static void test_fs_tree_cancel_between_entries(void **state)
+{
+    (void)state;
+    atap_fs_out o;
+    atap_task t;
+    char name[32];
+    size_t left, removed;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("t")}), 0);
+    for (int i = 0; i < 50; i++) {
+        snprintf(name, sizeof name, "t/f%02d", i);
+        put(at(name), "x");
+    }
+    hook_reset(UINT64_MAX, 0);
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    assert_int_equal(
+        atap_fs_spawn(&t,
+                      &(atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("t")},
+                      &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+        0);
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, 10);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    assert_no_failures();
+    assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+    /* Exactly the entries the hook saw removed are gone. */
+    removed = atomic_load(&g_hook_calls);
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("t")});
+    assert_int_equal(o.rc, 0);
+    left = o.n;
+    free(o.data);
+    assert_int_equal(left, 50 - removed);
+    assert_true(left > 0);
+
+    hook_reset(UINT64_MAX, 0);
+    atomic_store(&atap__fs_chunk_hook, chunk_hook);
+    assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("t")},
+                                   &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+                     0);
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, 3);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    assert_no_failures();
+    assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+}
+
+/* ---- watches --------------------------------------------------------------- */
+
+/* Takes the watch's next report; 0 and *bits, or the take's error. */
+static int next_report(atap_task t, unsigned *bits)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    int rc;
+
+    do {
+        rc = atap_take_for(t, bits, sizeof *bits, ATAP_SEC(10));
+        if (rc == ATAP_ETAKEN) /* between runs: the next one has not started */
+            sleep_ms(1);
+    } while (rc == ATAP_ETAKEN && now_ns() < end);
+    return rc;
+}
+
+/* True if no report came for ns. */
+static bool no_report_for(atap_task t, uint64_t ns)
+{
+    uint64_t end = now_ns() + ns;
+    unsigned bits;
+    int rc;
+
+    while (now_ns() < end) {
+        rc = atap_take_for(t, &bits, sizeof bits, ATAP_MS(50));
+        if (rc != ATAP_ETAKEN && rc != ATAP_ENOTREADY)
+            return false;
+        if (rc == ATAP_ETAKEN)
+            sleep_ms(1);
+    }
+    return true;
+}
+
+static void wait_waiting(atap_task t)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+
+    while (atap_state_of(t) != ATAP_WAITING && now_ns() < end)
+        sleep_ms(1);
+    assert_int_equal(atap_state_of(t), ATAP_WAITING);
+}
+
+static void append_to(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    assert_int_equal(close(fd), 0);
+}
+
+/* Reads reports until one has `want`; each must have no bit outside
+ * `allowed`. Returns the union seen. */
+static unsigned reports_until(atap_task t, unsigned want, unsigned allowed)
+{
+    unsigned seen = 0, bits;
+
+    while (!(seen & want)) {
+        assert_int_equal(next_report(t, &bits), 0);
+        assert_int_not_equal(bits, 0);
+        assert_int_equal(bits & ~allowed, 0);
+        seen |= bits;
+    }
+    return seen;
+}
+
+static void test_fs_watch_file_write_attrib_gone_last(void **state)
+{
+    (void)state;
+    unsigned bits;
+    atap_task t;
+
+    put(at("w"), "start");
+    assert_int_equal(atap_fs_spawn_watch(&t, at("w"), -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
+                     0);
+    wait_waiting(t);
+    append_to(at("w"), "+1");
+    reports_until(t, ATAP_PATH_WRITE, ATAP_PATH_WRITE | ATAP_PATH_ATTRIB);
+    assert_int_equal(chmod(at("w"), 0600), 0);
+    reports_until(t, ATAP_PATH_ATTRIB, ATAP_PATH_WRITE | ATAP_PATH_ATTRIB);
+    assert_int_equal(unlink(at("w")), 0);
+    reports_until(t, ATAP_PATH_GONE, ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_GONE);
+    /* Removal was the last report. */
+    assert_int_equal(next_report(t, &bits), ATAP_EFINISHED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+static void test_fs_watch_dir_create_write_remove(void **state)
+{
+    (void)state;
+    const unsigned all = ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES | ATAP_PATH_GONE;
+    unsigned bits, seen;
+    atap_task t;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("d")}), 0);
+    assert_int_equal(atap_fs_spawn_watch(&t, at("d"), -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
+                     0);
+    wait_waiting(t);
+    put(at("d/new"), "");
+    seen = reports_until(t, ATAP_PATH_ENTRIES, all & ~ATAP_PATH_GONE);
+    append_to(at("d/new"), "x"); /* the directory's entries do not change */
+    assert_int_equal(
+        rc_of((atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("d")}), 0);
+    seen |= reports_until(t, ATAP_PATH_GONE, all);
+    assert_true(seen & ATAP_PATH_ENTRIES);
+    assert_int_equal(next_report(t, &bits), ATAP_EFINISHED);
+    atap_release(t);
+
+    /* A watch of a directory reports a file made in it, once. */
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("e")}), 0);
+    assert_int_equal(atap_fs_spawn_watch(&t, at("e"), -1, ATAP_PATH_ENTRIES, NULL), 0);
+    wait_waiting(t);
+    put(at("e/a"), "");
+    assert_int_equal(atap_take_for(t, &bits, sizeof bits, ATAP_SEC(10)), 0);
+    assert_int_equal(bits, ATAP_PATH_ENTRIES);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* Changes made while no run of the repeat is parked (in its gap, and before
+ * its first run) are reported by the next run. */
+static void test_fs_watch_repeat_keeps_changes_between_runs(void **state)
+{
+    (void)state;
+    unsigned bits;
+    atap_task t;
+
+    put(at("w"), "start");
+    assert_int_equal(atap_fs_spawn_watch(&t, at("w"), -1, ATAP_PATH_WRITE | ATAP_PATH_ATTRIB,
+                                         &(atap_spawn_opts){.kind = ATAP_REPEAT,
+                                                            .every_ns = ATAP_MS(400),
+                                                            .after_ns = ATAP_MS(400)}),
+                     0);
+    /* Before the first run. */
+    assert_int_equal(chmod(at("w"), 0600), 0);
+    assert_int_equal(next_report(t, &bits), 0);
+    assert_true(bits & ATAP_PATH_ATTRIB);
+    for (int i = 0; i < 3; i++) {
+        bool in_gap;
+        /* Now in the 400 ms gap; the next run has not started. */
+        append_to(at("w"), "more");
+        in_gap = atap_state_of(t) == ATAP_TAKEN;
+        assert_int_equal(next_report(t, &bits), 0);
+        assert_true(bits & ATAP_PATH_WRITE);
+        if (!in_gap)
+            print_message("the machine is slow: change %d landed after the gap\n", i);
+    }
+    /* Nothing changes: a run parks and reports nothing. */
+    assert_true(no_report_for(t, ATAP_MS(600)));
+    atap_cancel(t);
+    assert_int_equal(atap_take(t, &bits, sizeof bits), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+static void test_fs_watch_fd_errors_timeout_cancel(void **state)
+{
+    (void)state;
+    unsigned bits;
+    atap_task t;
+    int fd;
+
+    assert_int_equal(atap_fs_spawn_watch(&t, at("none"), -1, 0, NULL), -ENOENT);
+    assert_true(t.id == ATAP_NO_TASK.id);
+    assert_int_equal(atap_fs_spawn_watch(&t, NULL, -1, 0, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0x100, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0, &(atap_spawn_opts){.blocking = true}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_AT_RATE, .every_ns = 1}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn_watch(&t, g_dir, -1, 0, &(atap_spawn_opts){.out_size = 8}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn_watch(NULL, g_dir, -1, 0, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn_watch(&t, NULL, 1000000, 0, NULL), -EBADF);
+
+    /* By fd: the task holds its own descriptor. */
+    put(at("f"), "x");
+    fd = open(at("f"), O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(atap_fs_spawn_watch(&t, NULL, fd, ATAP_PATH_WRITE, NULL), 0);
+    close(fd);
+    wait_waiting(t);
+    append_to(at("f"), "y");
+    assert_int_equal(atap_take_for(t, &bits, sizeof bits, ATAP_SEC(10)), 0);
+    assert_int_equal(bits, ATAP_PATH_WRITE);
+    atap_release(t);
+
+    /* Nothing comes: a run timeout ends it; a cancel takes it down. */
+    assert_int_equal(
+        atap_fs_spawn_watch(&t, at("f"), -1, 0, &(atap_spawn_opts){.timeout_ns = ATAP_MS(100)}), 0);
+    assert_int_equal(atap_take_for(t, &bits, sizeof bits, ATAP_SEC(10)), ATAP_ETIMEDOUT);
+    atap_release(t);
+    assert_int_equal(atap_fs_spawn_watch(&t, at("f"), -1, 0, NULL), 0);
+    wait_waiting(t);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_take(t, &bits, sizeof bits), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_fs, teardown_fs)
+    const struct CMUnitTest tests[] = {
+        T(test_fs_write_read_append_at),
+        T(test_fs_large_read_write_in_chunks),
+        T(test_fs_read_buffer_ownership),
+        T(test_fs_block_on_calling_thread),
+        T(test_fs_metadata_links_modes),
+        T(test_fs_directories),
+        T(test_fs_errors),
+        T(test_fs_copy),
+        T(test_fs_copy_cancel_between_chunks),
+        T(test_fs_copy_across_file_systems),
+        T(test_fs_copy_and_read_timeout),
+        T(test_fs_tree_cancel_between_entries),
+        T(test_fs_watch_file_write_attrib_gone_last),
+        T(test_fs_watch_dir_create_write_remove),
+        T(test_fs_watch_repeat_keeps_changes_between_runs),
+        T(test_fs_watch_fd_errors_timeout_cancel),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
