@@ -1520,7 +1520,9 @@ int main(int argc, char **argv)
         flat = false;
     }
     uint64_t listener_restarts = atomic_load(&g_listener_restarts);
+    alarm(60); /* a shutdown that never returns ends the run (SIGALRM), failed */
     rc = atap_shutdown();
+    alarm(0);
     close(g_listen_fd);
     bool ok = flat && rc == 0 && atomic_load(&g_crossed) == 0 && atomic_load(&g_early) == 0 &&
               atomic_load(&g_stalls) == 0 && atomic_load(&g_failures) == 0;
