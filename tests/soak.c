@@ -97,6 +97,7 @@ static atomic_u64 g_elems_made;               /* values handed to send tasks */
 static atomic_int g_printed;                  /* failure messages printed */
 
 static atomic_int g_stop;   /* the run is over */
+static atomic_int g_server_stop; /* the clients are gone: the listener may go */
 static atomic_int g_pause;  /* a checkpoint wants the load paused */
 static atomic_int g_paused; /* threads paused at a checkpoint */
 
@@ -1066,7 +1067,7 @@ static pthread_t g_server_th;
 static void *server_main(void *arg)
 {
     (void)arg;
-    while (!atomic_load(&g_stop)) {
+    while (!atomic_load(&g_server_stop)) {
         atap_task t;
         uint64_t deaths0 = pool_deaths();
         int rc = atap_spawn(&t, task_listener, NULL, NULL);
@@ -1075,9 +1076,9 @@ static void *server_main(void *arg)
             sleep_ns(ATAP_MS(100));
             continue;
         }
-        while (!atomic_load(&g_stop) && (rc = atap_join_for(t, NULL, 0, ATAP_MS(100))) == ATAP_ENOTREADY) {
+        while (!atomic_load(&g_server_stop) && (rc = atap_join_for(t, NULL, 0, ATAP_MS(100))) == ATAP_ENOTREADY) {
         }
-        if (atomic_load(&g_stop)) {
+        if (atomic_load(&g_server_stop)) {
             atap_cancel(t);
             atap_join_for(t, NULL, 0, STALL_NS);
         } else if (!died_since(deaths0, rc)) {
@@ -1402,9 +1403,11 @@ static checkpoint take_checkpoint(const char *label, unsigned base_workers, int 
     c.fds = open_fds(&c.anon);
     struct atap_pool_stats st = pool_stats();
     c.live = st.live;
-    /* A dying thread's replacement may be started from the dying thread,
-     * which cannot hand over its own record: one record more a kind. */
-    c.records = atap__pool_records() + BLOCKING_THREADS + 1;
+    /* The workers' records as the pool counts them; the blocking threads'
+     * (not exposed) at most their cap and two more: a dying thread's
+     * replacement may be started from the dying thread, which cannot hand
+     * over its own record. */
+    c.records = atap__pool_records() + BLOCKING_THREADS + 2;
     report(label, c.rss, c.fds, c.anon, c.live);
     if (!c.quiet) {
         char line[512];
@@ -1487,6 +1490,7 @@ int main(int argc, char **argv)
         pthread_join(drivers[i].th, NULL);
     for (int i = 0; i < N_CLIENTS; i++)
         pthread_join(clients[i].th, NULL);
+    atomic_store(&g_server_stop, 1); /* only now: a client may be mid-exchange until it stops */
     pthread_join(killer, NULL);
     pthread_join(reaper, NULL);
     pthread_join(g_server_th, NULL);
@@ -1526,8 +1530,11 @@ int main(int argc, char **argv)
     close(g_listen_fd);
     bool ok = flat && rc == 0 && atomic_load(&g_crossed) == 0 && atomic_load(&g_early) == 0 &&
               atomic_load(&g_stalls) == 0 && atomic_load(&g_failures) == 0;
-    printf("soak: %s: baseline rss_kib=%ld fds=%ld live=%zu; listener restarted %" PRIu64
+    printf("soak: %s: crossed=%" PRIu64 " early=%" PRIu64 " stalls=%" PRIu64 " failures=%" PRIu64
+           " in all; baseline rss_kib=%ld fds=%ld (pollers %ld) live=%zu; listener restarted %" PRIu64
            " times; shutdown %s\n",
-           ok ? "PASSED" : "FAILED", base.rss, base.fds, base.live, listener_restarts, atap_strerror(rc));
+           ok ? "PASSED" : "FAILED", atomic_load(&g_crossed), atomic_load(&g_early), atomic_load(&g_stalls),
+           atomic_load(&g_failures), base.rss, base.fds, base.anon, base.live, listener_restarts,
+           atap_strerror(rc));
     return ok ? 0 : 1;
 }
