@@ -321,6 +321,11 @@ typedef struct atap_ctx atap_ctx;
  * ATAP_E* codes, that code (a channel's receive task ends with
  * ATAP_ECLOSED this way); but ATAP_ENOTREADY, which would read as "not
  * settled yet", gives ATAP_EFAILED.
+ * Every pointer libatap hands to user code (out, atap_input's value, and
+ * what out_free, in_free and elem_free get) is aligned for any type of its
+ * size: to alignof(max_align_t), or, for a size that is not a multiple of
+ * it, to the largest power of two dividing the size (a type's alignment
+ * always divides its size).
  */
 typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
 
