@@ -94,6 +94,7 @@ static struct {
     bool from_env;         /* started by ATAP_TRACE (ctl) */
     bool first;            /* no event written yet (the writer's) */
     uint64_t base;         /* ts of the start */
+    int pid;               /* the JSON "pid" of every event */
     pthread_t writer;
     _Atomic uint32_t stop_writer;
     _Atomic(struct chunk *) full;
@@ -367,7 +368,7 @@ static void instant(FILE *f, const char *name, double us, uint32_t tid, const st
     begin_event(f);
     fprintf(f, "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,\"tid\":%u,"
                "\"args\":{",
-            name, us, (int)getpid(), tid);
+            name, us, tr.pid, tid);
     if (e->id)
         fprintf(f, "\"task\":\"0x%llx\"", (unsigned long long)e->id);
     if (e->fn) {
@@ -389,12 +390,12 @@ static void flow_start(FILE *f, const char *name, double us, uint32_t tid, const
         begin_event(f);
         fprintf(f, "{\"name\":\"%s\",\"cat\":\"atap\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":0.001,"
                    "\"pid\":%d,\"tid\":%u,\"args\":{\"task\":\"0x%llx\"}}",
-                name, us, (int)getpid(), tid, (unsigned long long)e->id);
+                name, us, tr.pid, tid, (unsigned long long)e->id);
     }
     begin_event(f);
     fprintf(f, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"s\",\"id\":\"0x%llx\",\"ts\":%.3f,"
                "\"pid\":%d,\"tid\":%u}",
-            name, name, (unsigned long long)e->id, us, (int)getpid(), tid);
+            name, name, (unsigned long long)e->id, us, tr.pid, tid);
 }
 
 static void flow_end(FILE *f, const char *name, double us, uint32_t tid, const struct tev *e)
@@ -402,13 +403,13 @@ static void flow_end(FILE *f, const char *name, double us, uint32_t tid, const s
     begin_event(f);
     fprintf(f, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"0x%llx\","
                "\"ts\":%.3f,\"pid\":%d,\"tid\":%u}",
-            name, name, (unsigned long long)e->id, us, (int)getpid(), tid);
+            name, name, (unsigned long long)e->id, us, tr.pid, tid);
 }
 
 static void write_event(FILE *f, uint32_t tid, const struct tev *e)
 {
     double us;
-    int pid = (int)getpid();
+    int pid = tr.pid;
 
     if (e->ts < tr.base)
         return; /* recorded before this trace started */
@@ -512,7 +513,7 @@ static void take_current(bool write)
 
 static void write_metadata(FILE *f, double end_us)
 {
-    int pid = (int)getpid();
+    int pid = tr.pid;
 
     begin_event(f);
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
@@ -552,6 +553,8 @@ static int start_locked(const char *path)
     tr.first = true;
     st_relaxed(&tr.dropped, 0);
     st_relaxed(&tr.stop_writer, 0);
+    tr.pid = (int)getpid();
+    memset(fn_cache, 0, sizeof fn_cache); /* a library may have gone since */
     tr.base = atap__now_ns();
     fputs("{\"traceEvents\":[\n", f);
     if ((rc = pthread_create(&tr.writer, NULL, writer_main, NULL)) != 0) {
