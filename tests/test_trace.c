@@ -28,7 +28,7 @@ struct jval {
     enum jtype type;
     double num;
     char *str;            /* J_STR */
-    size_t n;             /* J_ARR, J_OBJ: items */
+    size_t n, cap;        /* J_ARR, J_OBJ: items, and room for them */
     char **keys;          /* J_OBJ */
     struct jval **items;  /* J_ARR, J_OBJ */
 };
@@ -148,9 +148,12 @@ static bool jnumber(struct jparse *j, double *out)
 
 static void jpush(struct jval *v, char *key, struct jval *item)
 {
-    v->items = realloc(v->items, (v->n + 1) * sizeof *v->items);
-    if (v->type == J_OBJ)
-        v->keys = realloc(v->keys, (v->n + 1) * sizeof *v->keys);
+    if (v->n == v->cap) { /* doubling: a sanitizer's realloc always copies */
+        v->cap = v->cap ? 2 * v->cap : 8;
+        v->items = realloc(v->items, v->cap * sizeof *v->items);
+        if (v->type == J_OBJ)
+            v->keys = realloc(v->keys, v->cap * sizeof *v->keys);
+    }
     if (v->keys)
         v->keys[v->n] = key;
     v->items[v->n++] = item;
