@@ -65,6 +65,10 @@ function(atap_configure_library target)
         C_VISIBILITY_PRESET hidden
         VISIBILITY_INLINES_HIDDEN ON)
     target_link_libraries(${target} PUBLIC Threads::Threads)
+    # dladdr (traces name task functions): libdl before glibc 2.34.
+    if(CMAKE_DL_LIBS)
+        target_link_libraries(${target} PUBLIC ${CMAKE_DL_LIBS})
+    endif()
     atap_apply_warnings(${target})
 endfunction()
 

@@ -10,6 +10,12 @@
  * No stage waits on another: every task runs on the pool as soon as its
  * input is there, and main only joins the last one. It exits 0 only if the
  * sum is 1^2 + 2^2 + ... + N^2.
+ *
+ * To watch it run: ATAP_TRACE=pipeline.json ./build/examples/pipeline, then
+ * open pipeline.json at ui.perfetto.dev (README: "Looking inside: traces").
+ * The stages are not static, and the program is linked with -rdynamic
+ * (ENABLE_EXPORTS in examples/CMakeLists.txt), so that the trace can name
+ * them: it finds names with dladdr, which sees only exported symbols.
  */
 #include <atap.h>
 #include <stdio.h>
@@ -26,8 +32,12 @@ static void must(int rc, const char *what)
     }
 }
 
+int produce(atap_ctx *ctx, void *arg, void *out);
+int square(atap_ctx *ctx, void *arg, void *out);
+int gather(atap_ctx *ctx, void *arg, void *out);
+
 /* Stage 1, a plain task: its output is the number in *arg. */
-static int produce(atap_ctx *ctx, void *arg, void *out)
+int produce(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx;
     *(long *)out = *(const long *)arg;
@@ -35,7 +45,7 @@ static int produce(atap_ctx *ctx, void *arg, void *out)
 }
 
 /* Stage 2, a waiting task: atap_input() is the value it was given. */
-static int square(atap_ctx *ctx, void *arg, void *out)
+int square(atap_ctx *ctx, void *arg, void *out)
 {
     (void)arg;
     long n = *(const long *)atap_input(ctx, NULL);
@@ -44,7 +54,7 @@ static int square(atap_ctx *ctx, void *arg, void *out)
 }
 
 /* Stage 3, a receiver: its input is every square's output, in set order. */
-static int gather(atap_ctx *ctx, void *arg, void *out)
+int gather(atap_ctx *ctx, void *arg, void *out)
 {
     (void)arg;
     size_t size;

@@ -68,7 +68,8 @@ extern "C" {
 
 enum {
     ATAP_ENOTINIT = -10001,  /* no runtime is running */
-    ATAP_EALREADY = -10002,  /* kept for old code: atap_init now counts users */
+    ATAP_EALREADY = -10002,  /* a trace is already being written (atap_init
+                                no longer returns it: it counts users) */
     ATAP_ENOTREADY = -10003, /* not settled yet; or a timed wait ran out */
     ATAP_ETAKEN = -10004,    /* the output was moved out by a take */
     ATAP_EFINISHED = -10005, /* a bounded series ran out / no more gives */
@@ -292,6 +293,65 @@ ATAP_EXPORT int atap_stats_format(char *buf, size_t n, const struct atap_pool_st
  * Threads: any.
  */
 ATAP_EXPORT int atap_trim(size_t *released);
+
+/* ---------------------------------------------------------------------- */
+/* Traces                                                                  */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * A trace of what the runtime does, written as a Chrome trace-event JSON
+ * file ({"traceEvents":[...]}) that ui.perfetto.dev and chrome://tracing
+ * open:
+ *   - a lane per thread, named by metadata events: "atap-worker N",
+ *     "atap-blocking N", "atap-manager", "atap-supervisor", and any other
+ *     thread that spawns, gives or cancels under its own name;
+ *   - a slice per run ("B"/"E"), named after the task's function, with the
+ *     task's id ("0x" + hex of atap_task.id) and the run's return code.
+ *     The name comes from dladdr when the trace is written: a function of
+ *     a shared library, or of a program linked with -rdynamic
+ *     (CMake: ENABLE_EXPORTS), reads by its symbol; anything else reads
+ *     "object+0xoffset" (for addr2line) or its address;
+ *   - instants ("i") for spawn, park, resume, cancel, timeout and give;
+ *     "pool grows", "thread starts", "manager starts" (each life of the
+ *     manager, with the restarts so far) and "manager restart";
+ *   - flow arrows ("s"/"f") from a spawn to the task's run and from a give
+ *     to the run of the task given to (a spawn or give outside any run
+ *     leaves from a 1 ns slice of its own, named "spawn" or "give");
+ *   - at the end, a global instant "dropped events" with the count of
+ *     events lost (see below), 0 when none was.
+ *
+ * While no trace is written each point that could record costs one
+ * relaxed load and a branch. While one is, each thread appends to a buffer
+ * of its own without a lock and a thread of the trace's own writes the
+ * full ones out; a thread never waits for that writer. When it falls
+ * behind (about 20 MiB of events waiting), or while atap_trace_stop takes
+ * a thread's buffer, events are dropped and counted.
+ *
+ * The environment: ATAP_TRACE=path starts a trace at the atap_init that
+ * starts the runtime (unless one is already being written), and the
+ * atap_shutdown that stops the runtime stops it, so the file is complete
+ * once the program's last atap_shutdown returns. An ATAP_TRACE that
+ * cannot be opened makes that atap_init fail with its -errno. Unset or
+ * empty: no trace.
+ *
+ * atap_trace_start starts writing a trace to path (created or truncated);
+ * it needs no runtime, and one trace at a time runs in the process.
+ * Returns 0; ATAP_EINVAL for a NULL or empty path; ATAP_EALREADY while a
+ * trace is being written (by ATAP_TRACE too); -errno when the file cannot
+ * be opened or the writer thread cannot start (nothing then runs).
+ * Blocks: briefly (opens the file). Threads: any.
+ */
+ATAP_EXPORT int atap_trace_start(const char *path);
+
+/*
+ * Stops the trace and finishes its file: what was recorded is written, then
+ * the thread names and the dropped count, and the file is closed. Events
+ * recorded by calls under way on other threads as it stops may be left
+ * out. Returns 0; ATAP_EINVAL when no trace is being written; -EIO (or the
+ * -errno of close) when writing the file failed. Blocks: yes, while it
+ * writes the file. Threads: any, a task included.
+ */
+ATAP_EXPORT int atap_trace_stop(void);
 
 /* ---------------------------------------------------------------------- */
 /* Tasks and handles                                                       */

@@ -67,6 +67,7 @@
 #include "schedule.h"
 #include "slot.h"
 #include "table.h"
+#include "trace.h"
 #include "wait.h"
 
 enum { G_IDLE, G_BUSY, G_OWED, G_DONE };
@@ -589,6 +590,7 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     struct retired r;
     int rc;
 
+    ATAP_TRACE(TR_GIVE, ATAP_TRACE_ID(index, gen), NULL, 0); /* atap_give, or a forward */
     spin_lock(&g->lock);
     b = g->spare;
     g->spare = NULL;

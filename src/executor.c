@@ -38,6 +38,7 @@
 #include "schedule.h"
 #include "slot.h"
 #include "table.h"
+#include "trace.h"
 #include "wait.h"
 #include "handle.h"
 
@@ -352,6 +353,7 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
              * word (a reader) or the queue entry (a worker). */
             st_release(&s->word, make_word(gen, ST_PENDING));
             *task = make_task(index, gen);
+            ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
             if (unlikely(s->ext != NULL))
                 atap__sched_start(s, index, gen, opts->blocking);
             else
@@ -392,6 +394,7 @@ spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
      * queue entry (spawn_slot's order). */
     st_release(&s->word, make_word(gen, ST_PENDING));
     *task = make_task(index, gen);
+    ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
     atap__pool_submit_from(w, index + 1, o->priority, false);
 }
 
@@ -545,7 +548,9 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
     if (FAULT_WORKER_DIES(w->blocking))
         pthread_exit(NULL); /* an injected death, holding this task */
     w->cur = &ctx;
+    ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ref - 1, gen), s->fn, 0);
     rc = s->fn(&ctx, s->arg, slot_out(s));
+    ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ref - 1, gen), NULL, rc);
     w->cur = outer;
     atap__pool_frame_pop(w, false);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
@@ -662,6 +667,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
         drop_stale_entry(s, ref - 1, gen))
         return;
     if (unlikely(word_state(cur) != ST_PENDING) && atap__park_resume(s, &ctx)) {
+        ATAP_TRACE(TR_RESUME, ATAP_TRACE_ID(ctx.index, ctx.gen), NULL, ctx.resumed);
         /* Back from a park: still RUNNING, unless stopped since. A runtime
          * task woken to act runs anyway, seeing atap_cancelled(), so that
          * it can hand the wake on (a channel's value, or room, is not left
@@ -707,7 +713,9 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
     published = publish != PUBLISH_NONE && atap__pool_publish(w, s, publish == PUBLISH_HINT);
     outer = w->cur;
     w->cur = ctx;
+    ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ctx->index, ctx->gen), s->fn, s->ext != NULL);
     rc = s->fn(ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
+    ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, rc);
     w->cur = outer;
     atap__pool_frame_pop(w, published);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
@@ -799,6 +807,7 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
                    : word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
             return 0; /* settled: an output that landed is left alone */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
+    ATAP_TRACE(TR_CANCEL, ATAP_TRACE_ID(index, gen), NULL, 0);
     if (cur & ST_WAITERS)
         atap__exec_wake(s);
     if (word_state(cur) == ST_RUNNING) /* in a kernel wait or a park, maybe */

@@ -55,6 +55,7 @@
 #include "schedule.h"
 #include "testing.h"
 #include "timer.h"
+#include "trace.h"
 #include "wait.h"
 
 #define MANAGER_TICK_NS 10000000u       /* 10 ms */
@@ -155,6 +156,7 @@ static void *manager_main(void *arg)
 #elif defined(__APPLE__)
     pthread_setname_np("atap-manager");
 #endif
+    ATAP_TRACE(TR_MANAGER, 0, NULL, ld_relaxed(&mgr.restarts));
     return manager_life() ? (void *)1 : NULL;
 }
 
@@ -245,6 +247,7 @@ static void *supervisor_main(void *arg)
             gone_ticks(); /* no manager runs now: its tick is ours */
             return NULL;
         }
+        ATAP_TRACE(TR_RESTART, 0, NULL, failures);
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);
         st_relaxed(&mgr.refiled, atap__timers_rebuild(&mgr.timers, find_timers, NULL));
         atap__park_rearm(); /* what the dead one was told, told again */

@@ -117,6 +117,7 @@
 #include "slot.h"
 #include "table.h"
 #include "timer.h"
+#include "trace.h"
 #include "wait.h"
 
 _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_WRITE &&
@@ -1053,6 +1054,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     bool closed;
     int by = 0;
 
+    ATAP_TRACE(TR_PARK, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, ctx->park_kind);
     if (tail_park(s, ctx)) {
         tail_arm(s, ctx);
         return;

@@ -98,6 +98,7 @@
 #include "poller.h"
 #include "slot.h"
 #include "table.h"
+#include "trace.h"
 #include "wait.h"
 
 #define W_FREE 0
@@ -569,6 +570,8 @@ static bool add_worker(void)
     pthread_mutex_lock(&pool.lock);
     if (!ld_relaxed(&pool.stopping)) {
         ok = ld_relaxed(&pool.nlive) < pool.ceiling && start_thread(false, NULL) == 0;
+        if (ok)
+            ATAP_TRACE(TR_GROW, 0, NULL, ld_relaxed(&pool.nlive));
         st_relaxed(&pool.refused, !ok);
     }
     pthread_mutex_unlock(&pool.lock);
@@ -955,6 +958,7 @@ static void *thread_main(void *arg)
 #elif defined(__APPLE__)
     pthread_setname_np(w->blocking ? "atap-blocking" : "atap-worker");
 #endif
+    ATAP_TRACE(TR_THREAD, 0, NULL, w->blocking);
     pthread_cleanup_push(thread_died, w);
     if (w->blocking)
         blocker_loop(w);

@@ -65,6 +65,7 @@
 #include "pool.h"
 #include "schedule.h"
 #include "table.h"
+#include "trace.h"
 
 #define STOPPED 0u
 #define STARTING 1u
@@ -209,6 +210,7 @@ static void fork_child(void)
     atap__sched_forget();
     atap__flow_forget();
     atap__table_forget();
+    atap__trace_forget();
     st_relaxed(&inflight, 0);
     admitted = 0;
     in_shutdown = false;
@@ -230,9 +232,11 @@ static int start(const atap_config *cfg)
     struct atap__pool_conf pc;
     int rc;
 
-    if ((rc = pool_conf(cfg, &pc)) == 0 && (rc = atap__pool_start(&pc)) == 0 &&
-        (rc = atap__manager_start()) != 0)
+    if ((rc = pool_conf(cfg, &pc)) == 0 && (rc = atap__trace_env_start()) == 0 &&
+        (rc = atap__pool_start(&pc)) == 0 && (rc = atap__manager_start()) != 0)
         atap__pool_stop();
+    if (rc != 0)
+        atap__trace_runtime_stopped(); /* an ATAP_TRACE it started */
     st_seqcst(&lifecycle, rc == 0 ? RUNNING | USER_ONE : STOPPED);
     return rc;
 }
@@ -283,6 +287,7 @@ static void stop(void)
      * with them after the manager's last reap): nothing runs now. */
     atap__sched_reap(true);
     atap__park_reap(true);
+    atap__trace_runtime_stopped(); /* an ATAP_TRACE trace is complete now */
     st_seqcst(&lifecycle, STOPPED);
     in_shutdown = false;
 }
@@ -384,7 +389,7 @@ const char *atap_strerror(int code)
     switch (code) {
     case 0: return "success";
     case ATAP_ENOTINIT: return "no runtime is running";
-    case ATAP_EALREADY: return "the runtime is already running";
+    case ATAP_EALREADY: return "a trace is already being written";
     case ATAP_ENOTREADY: return "the task has not settled yet";
     case ATAP_ETAKEN: return "the output was taken";
     case ATAP_EFINISHED: return "the task has finished";

@@ -1,0 +1,53 @@
+/*
+ * Tracing (atap_trace_start / atap_trace_stop, ATAP_TRACE): the hooks the
+ * other files call. Each hook is one line, ATAP_TRACE(...), that costs one
+ * relaxed load and a branch predicted not taken while no trace runs. See
+ * trace.c for the buffers and the writer.
+ */
+#ifndef ATAP_TRACE_H
+#define ATAP_TRACE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "atap.h"
+#include "atomics.h"
+
+/* What a hook records. */
+enum {
+    TR_SPAWN = 1,    /* task spawned: id, fn (a flow starts at it) */
+    TR_RUN_BEGIN,    /* a run starts on this thread: id, fn */
+    TR_RUN_END,      /* the run returns: id, arg = its return code */
+    TR_PARK,         /* the run parked: id, arg = the park's kind */
+    TR_RESUME,       /* a run after a park starts: id, arg = resume reason */
+    TR_CANCEL,       /* a cancel took the task: id */
+    TR_TIMEOUT,      /* a run passed its limit: id */
+    TR_GIVE,         /* a value given to a waiting task: id (a flow starts) */
+    TR_GROW,         /* the pool started one more worker: arg = workers live */
+    TR_MANAGER,      /* a manager's life starts: arg = restarts so far */
+    TR_RESTART,      /* the supervisor restarts a dead manager: arg = failures */
+    TR_THREAD,       /* a pool thread starts: arg = 1 for a blocking one */
+};
+
+extern _Atomic bool atap__trace_on;
+
+void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg);
+
+/* A task id as a handle carries it (handle.h): generation above, index below. */
+#define ATAP_TRACE_ID(index, gen) ((uint64_t)(gen) << 32 | (uint32_t)(index))
+
+#define ATAP_TRACE(kind, id, fn, arg)                                                              \
+    do {                                                                                           \
+        if (unlikely(ld_relaxed(&atap__trace_on)))                                                 \
+            atap__trace_event((kind), (id), (fn), (uint64_t)(arg));                               \
+    } while (0)
+
+/* runtime.c: ATAP_TRACE read at the start (0, or what atap_trace_start
+ * returned), and the trace it started ended at the stop. */
+int atap__trace_env_start(void);
+void atap__trace_runtime_stopped(void);
+/* The child of a fork: no writer came along; the trace is off there. */
+void atap__trace_forget(void);
+
+#endif

@@ -1,0 +1,650 @@
+/*
+ * Traces (atap_trace_start / atap_trace_stop, ATAP_TRACE): a small known
+ * program is traced, the file is read back through a strict JSON parser of
+ * this file's own, and the events it must hold are looked for: a run slice
+ * named after each task's function, a spawn arrow to each run, the park,
+ * resume, cancel, timeout and give instants, the give's arrow, balanced
+ * slices on every lane, and the names of the workers' and the manager's
+ * lanes. The task functions are not static, and this program is linked
+ * with ENABLE_EXPORTS (tests/CMakeLists.txt), so that dladdr names them.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <ctype.h>
+#include <errno.h>
+
+#include "test_util.h"
+
+/* ---- a JSON parser, strict enough to refuse what a viewer would -------- */
+
+enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
+
+struct jval {
+    enum jtype type;
+    double num;
+    char *str;            /* J_STR */
+    size_t n, cap;        /* J_ARR, J_OBJ: items, and room for them */
+    char **keys;          /* J_OBJ */
+    struct jval **items;  /* J_ARR, J_OBJ */
+};
+
+struct jparse {
+    const char *p, *end;
+    bool bad;
+};
+
+static void jfree(struct jval *v)
+{
+    if (!v)
+        return;
+    for (size_t i = 0; i < v->n; i++) {
+        jfree(v->items[i]);
+        if (v->keys)
+            free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+    free(v->str);
+    free(v);
+}
+
+static void jspace(struct jparse *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+        j->p++;
+}
+
+static struct jval *jvalue(struct jparse *j, int depth);
+
+static char *jstring(struct jparse *j)
+{
+    size_t cap = 16, n = 0;
+    char *s = malloc(cap);
+
+    if (j->p >= j->end || *j->p != '"') {
+        j->bad = true;
+        free(s);
+        return NULL;
+    }
+    j->p++;
+    while (j->p < j->end && *j->p != '"') {
+        char c = *j->p++;
+
+        if ((unsigned char)c < 0x20) {
+            j->bad = true;
+            break;
+        }
+        if (c == '\\') {
+            if (j->p >= j->end) {
+                j->bad = true;
+                break;
+            }
+            c = *j->p++;
+            switch (c) {
+            case '"': case '\\': case '/': break;
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'n': c = '\n'; break;
+            case 'r': c = '\r'; break;
+            case 't': c = '\t'; break;
+            case 'u':
+                for (int i = 0; i < 4; i++)
+                    if (j->p >= j->end || !isxdigit((unsigned char)*j->p++))
+                        j->bad = true;
+                c = '?';
+                break;
+            default: j->bad = true; break;
+            }
+        }
+        if (n + 2 > cap)
+            s = realloc(s, cap *= 2);
+        s[n++] = c;
+    }
+    if (j->p >= j->end)
+        j->bad = true;
+    else
+        j->p++;
+    s[n] = 0;
+    return s;
+}
+
+static bool jnumber(struct jparse *j, double *out)
+{
+    const char *s = j->p;
+
+    if (j->p < j->end && *j->p == '-')
+        j->p++;
+    if (j->p >= j->end || !isdigit((unsigned char)*j->p))
+        return false;
+    if (*j->p == '0')
+        j->p++;
+    else
+        while (j->p < j->end && isdigit((unsigned char)*j->p))
+            j->p++;
+    if (j->p < j->end && *j->p == '.') {
+        j->p++;
+        if (j->p >= j->end || !isdigit((unsigned char)*j->p))
+            return false;
+        while (j->p < j->end && isdigit((unsigned char)*j->p))
+            j->p++;
+    }
+    if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
+        j->p++;
+        if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
+            j->p++;
+        if (j->p >= j->end || !isdigit((unsigned char)*j->p))
+            return false;
+        while (j->p < j->end && isdigit((unsigned char)*j->p))
+            j->p++;
+    }
+    *out = strtod(s, NULL);
+    return true;
+}
+
+static void jpush(struct jval *v, char *key, struct jval *item)
+{
+    if (v->n == v->cap) { /* doubling: a sanitizer's realloc always copies */
+        v->cap = v->cap ? 2 * v->cap : 8;
+        v->items = realloc(v->items, v->cap * sizeof *v->items);
+        if (v->type == J_OBJ)
+            v->keys = realloc(v->keys, v->cap * sizeof *v->keys);
+    }
+    if (v->keys)
+        v->keys[v->n] = key;
+    v->items[v->n++] = item;
+}
+
+static bool jword(struct jparse *j, const char *w)
+{
+    size_t n = strlen(w);
+
+    if ((size_t)(j->end - j->p) < n || memcmp(j->p, w, n) != 0)
+        return false;
+    j->p += n;
+    return true;
+}
+
+static struct jval *jvalue(struct jparse *j, int depth)
+{
+    struct jval *v = calloc(1, sizeof *v);
+
+    jspace(j);
+    if (depth > 64 || j->p >= j->end) {
+        j->bad = true;
+        return v;
+    }
+    if (*j->p == '{' || *j->p == '[') {
+        bool obj = *j->p == '{';
+
+        v->type = obj ? J_OBJ : J_ARR;
+        j->p++;
+        jspace(j);
+        if (j->p < j->end && *j->p == (obj ? '}' : ']')) {
+            j->p++;
+            return v;
+        }
+        while (!j->bad) {
+            char *key = NULL;
+
+            jspace(j);
+            if (obj) {
+                key = jstring(j);
+                jspace(j);
+                if (j->p >= j->end || *j->p != ':') {
+                    j->bad = true;
+                    free(key);
+                    break;
+                }
+                j->p++;
+            }
+            jpush(v, key, jvalue(j, depth + 1));
+            jspace(j);
+            if (j->p < j->end && *j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if (j->p < j->end && *j->p == (obj ? '}' : ']')) {
+                j->p++;
+                break;
+            }
+            j->bad = true;
+        }
+    } else if (*j->p == '"') {
+        v->type = J_STR;
+        v->str = jstring(j);
+    } else if (jword(j, "true") || jword(j, "false")) {
+        v->type = J_BOOL;
+    } else if (jword(j, "null")) {
+        v->type = J_NULL;
+    } else {
+        v->type = J_NUM;
+        if (!jnumber(j, &v->num))
+            j->bad = true;
+    }
+    return v;
+}
+
+/* The whole file as one JSON value, or NULL if it is not one. */
+static struct jval *jload(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    struct jparse j;
+    struct jval *v;
+    char *buf;
+    long n;
+
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n)
+        n = 0;
+    fclose(f);
+    j = (struct jparse){.p = buf, .end = buf + n};
+    v = jvalue(&j, 0);
+    jspace(&j);
+    if (j.bad || j.p != j.end) {
+        fprintf(stderr, "bad JSON at byte %ld\n", (long)(j.p - buf));
+        jfree(v);
+        v = NULL;
+    }
+    free(buf);
+    return v;
+}
+
+static struct jval *jget(const struct jval *v, const char *key)
+{
+    if (!v || v->type != J_OBJ)
+        return NULL;
+    for (size_t i = 0; i < v->n; i++)
+        if (strcmp(v->keys[i], key) == 0)
+            return v->items[i];
+    return NULL;
+}
+
+static const char *jstr(const struct jval *v, const char *key)
+{
+    struct jval *s = jget(v, key);
+
+    return s && s->type == J_STR ? s->str : NULL;
+}
+
+static bool jis(const struct jval *v, const char *key, const char *want)
+{
+    const char *s = jstr(v, key);
+
+    return s && want && strcmp(s, want) == 0;
+}
+
+/* ---- looking for events -------------------------------------------------- */
+
+/* How many events have ph, name (NULL: any) and, in args, task == id
+ * (NULL: any); cat (NULL: any) for flows, which carry id instead. */
+static size_t count_events(const struct jval *evs, const char *ph, const char *name,
+                           const char *task, const char *cat)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < evs->n; i++) {
+        const struct jval *e = evs->items[i];
+
+        if (!jis(e, "ph", ph) || (name && !jis(e, "name", name)) || (cat && !jis(e, "cat", cat)))
+            continue;
+        if (task && !jis(jget(e, "args"), "task", task) && !jis(e, "id", task))
+            continue;
+        n++;
+    }
+    return n;
+}
+
+static bool lane_named(const struct jval *evs, const char *prefix)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const struct jval *e = evs->items[i];
+        const char *name = jstr(jget(e, "args"), "name");
+
+        if (jis(e, "ph", "M") && jis(e, "name", "thread_name") && name &&
+            strncmp(name, prefix, strlen(prefix)) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Every lane's B and E pair up (lanes are numbered from 1, in the order
+ * threads first recorded: a few here). */
+static bool slices_balanced(const struct jval *evs)
+{
+    enum { LANES = 4096 };
+    long *open = calloc(LANES, sizeof *open);
+    bool ok = true;
+
+    for (size_t i = 0; i < evs->n; i++) {
+        struct jval *tid = jget(evs->items[i], "tid");
+
+        if (!tid || tid->num < 0 || tid->num >= LANES) {
+            ok = false;
+            continue;
+        }
+        open[(size_t)tid->num] += jis(evs->items[i], "ph", "B") - jis(evs->items[i], "ph", "E");
+    }
+    for (size_t i = 0; i < LANES; i++)
+        ok = ok && open[i] == 0;
+    free(open);
+    return ok;
+}
+
+static void id_of(atap_task t, char *buf, size_t n)
+{
+    snprintf(buf, n, "0x%llx", (unsigned long long)t.id);
+}
+
+static void temp_path(char *buf, size_t n)
+{
+    int fd;
+
+    snprintf(buf, n, "%s/atap_trace_XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    fd = mkstemp(buf);
+    assert_true(fd >= 0);
+    close(fd);
+}
+
+/* ---- the traced program ---------------------------------------------------- */
+
+/* Not static: dladdr names only exported symbols. */
+int trace_child(atap_ctx *ctx, void *arg, void *out);
+int trace_parent(atap_ctx *ctx, void *arg, void *out);
+int trace_piped(atap_ctx *ctx, void *arg, void *out);
+int trace_forever(atap_ctx *ctx, void *arg, void *out);
+int trace_given(atap_ctx *ctx, void *arg, void *out);
+
+int trace_child(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    *(long *)out = (long)(intptr_t)arg;
+    return 0;
+}
+
+#define CHILDREN 3
+static atap_task children[CHILDREN];
+
+int trace_parent(atap_ctx *ctx, void *arg, void *out)
+{
+    long sum = 0, v;
+
+    (void)ctx, (void)arg;
+    for (long i = 0; i < CHILDREN; i++)
+        if (atap_spawn(&children[i], trace_child, (void *)(intptr_t)(i + 1),
+                       &(atap_spawn_opts){.out_size = sizeof(long)}) != 0)
+            return -1;
+    for (int i = 0; i < CHILDREN; i++) {
+        if (atap_join(children[i], &v, sizeof v) != 0)
+            return -1;
+        sum += v;
+    }
+    *(long *)out = sum;
+    return 0;
+}
+
+static int pipe_fds[2];
+
+int trace_piped(atap_ctx *ctx, void *arg, void *out)
+{
+    char c = 0;
+
+    (void)arg;
+    if (!atap_resumed(ctx))
+        return atap_park_fd(ctx, pipe_fds[0], ATAP_READABLE, ATAP_FOREVER) == 0 ? ATAP_PARKED : -1;
+    *(long *)out = read(pipe_fds[0], &c, 1) == 1 ? c : -1;
+    return 0;
+}
+
+int trace_forever(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg, (void)out;
+    return atap_park_until(ctx, atap_now() + ATAP_SEC(60)) == 0 ? ATAP_PARKED : -1;
+}
+
+int trace_given(atap_ctx *ctx, void *arg, void *out)
+{
+    size_t n = 0;
+    const long *in = atap_input(ctx, &n);
+
+    (void)arg;
+    *(long *)out = in && n == sizeof *in ? *in * 2 : -1;
+    return 0;
+}
+
+static void wait_state(atap_task t, atap_state want)
+{
+    uint64_t end = now_ns() + ATAP_SEC(20);
+
+    while (atap_state_of(t) != want && now_ns() < end)
+        sleep_ms(1);
+    assert_int_equal(atap_state_of(t), want);
+}
+
+static void test_trace_known_program(void **state)
+{
+    char path[256], id[40];
+    atap_task parent, piped, cancelled, slow, given;
+    struct jval *doc, *evs;
+    long v;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    assert_int_equal(pipe(pipe_fds), 0);
+    /* Started before the runtime: the manager's first life is in it. */
+    assert_int_equal(atap_trace_start(path), 0);
+    assert_int_equal(atap_trace_start(path), ATAP_EALREADY);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}), 0);
+
+    /* Spawns and joins. */
+    assert_int_equal(atap_spawn(&parent, trace_parent, NULL,
+                                &(atap_spawn_opts){.out_size = sizeof(long)}),
+                     0);
+    assert_int_equal(atap_join(parent, &v, sizeof v), 0);
+    assert_int_equal(v, 1 + 2 + 3);
+
+    /* A park on a pipe, resumed by a write. */
+    assert_int_equal(atap_spawn(&piped, trace_piped, NULL,
+                                &(atap_spawn_opts){.out_size = sizeof(long)}),
+                     0);
+    wait_state(piped, ATAP_WAITING);
+    assert_int_equal(write(pipe_fds[1], "x", 1), 1);
+    assert_int_equal(atap_join(piped, &v, sizeof v), 0);
+    assert_int_equal(v, 'x');
+
+    /* A cancel of a parked task. */
+    assert_int_equal(atap_spawn(&cancelled, trace_forever, NULL, NULL), 0);
+    wait_state(cancelled, ATAP_WAITING);
+    assert_int_equal(atap_cancel(cancelled), 0);
+    assert_int_equal(atap_wait(cancelled, NULL), 0);
+
+    /* A run past its timeout (the manager ends it). */
+    assert_int_equal(atap_spawn(&slow, trace_forever, NULL,
+                                &(atap_spawn_opts){.timeout_ns = ATAP_MS(5)}),
+                     0);
+    assert_int_equal(atap_wait(slow, NULL), 0);
+    assert_int_equal(atap_state_of(slow), ATAP_TIMED_OUT);
+
+    /* A give to a waiting task. */
+    assert_int_equal(atap_spawn_waiting(&given, trace_given, NULL, sizeof(long),
+                                        &(atap_spawn_opts){.out_size = sizeof(long), .gives = 1}),
+                     0);
+    wait_state(given, ATAP_WAITING);
+    v = 21;
+    assert_int_equal(atap_give(given, &v, sizeof v), 0);
+    assert_int_equal(atap_join(given, &v, sizeof v), 0);
+    assert_int_equal(v, 42);
+
+    assert_int_equal(atap_trace_stop(), 0);
+    assert_int_equal(atap_trace_stop(), ATAP_EINVAL);
+
+    assert_non_null(doc = jload(path));
+    assert_int_equal(doc->type, J_OBJ);
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    assert_int_equal(evs->type, J_ARR);
+
+    /* A run slice named after its function, and a spawn arrow into it. */
+    id_of(parent, id, sizeof id);
+    assert_int_equal(count_events(evs, "B", "trace_parent", id, NULL), 1);
+    assert_int_equal(count_events(evs, "s", "spawn", id, "spawn"), 1);
+    assert_int_equal(count_events(evs, "f", "spawn", id, "spawn"), 1);
+    assert_int_equal(count_events(evs, "i", "spawn", id, NULL), 1);
+    for (int i = 0; i < CHILDREN; i++) {
+        id_of(children[i], id, sizeof id);
+        assert_int_equal(count_events(evs, "B", "trace_child", id, NULL), 1);
+        assert_int_equal(count_events(evs, "s", "spawn", id, "spawn"), 1);
+        assert_int_equal(count_events(evs, "f", "spawn", id, "spawn"), 1);
+    }
+    /* Parked, resumed: two runs. */
+    id_of(piped, id, sizeof id);
+    assert_int_equal(count_events(evs, "B", "trace_piped", id, NULL), 2);
+    assert_int_equal(count_events(evs, "i", "park", id, NULL), 1);
+    assert_int_equal(count_events(evs, "i", "resume", id, NULL), 1);
+    id_of(cancelled, id, sizeof id);
+    assert_int_equal(count_events(evs, "B", "trace_forever", id, NULL), 1);
+    assert_int_equal(count_events(evs, "i", "park", id, NULL), 1);
+    assert_int_equal(count_events(evs, "i", "cancel", id, NULL), 1);
+    id_of(slow, id, sizeof id);
+    assert_int_equal(count_events(evs, "i", "timeout", id, NULL), 1);
+    /* The give, its arrow, and the run it started. */
+    id_of(given, id, sizeof id);
+    assert_int_equal(count_events(evs, "i", "give", id, NULL), 1);
+    assert_int_equal(count_events(evs, "s", "give", id, "give"), 1);
+    assert_int_equal(count_events(evs, "f", "give", id, "give"), 1);
+    assert_int_equal(count_events(evs, "B", "trace_given", id, NULL), 1);
+
+    assert_true(count_events(evs, "i", "manager starts", NULL, NULL) >= 1);
+    assert_true(lane_named(evs, "atap-worker "));
+    assert_true(lane_named(evs, "atap-manager"));
+    assert_int_equal(count_events(evs, "M", "process_name", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "i", "dropped events", NULL, NULL), 1);
+    assert_true(slices_balanced(evs));
+    jfree(doc);
+
+    atap_release(parent);
+    for (int i = 0; i < CHILDREN; i++)
+        atap_release(children[i]);
+    atap_release(piped);
+    atap_release(cancelled);
+    atap_release(slow);
+    atap_release(given);
+    assert_int_equal(atap_shutdown(), 0);
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    unlink(path);
+}
+
+/* Enough events to fill many chunks while the writer writes: every run is
+ * in the file, unless events were dropped, and then the count says so. */
+static void test_trace_many(void **state)
+{
+    char path[256];
+    size_t n = scaled(20000, 2000), runs, dropped = 0;
+    atap_task *ts = calloc(n, sizeof *ts);
+    struct jval *doc, *evs, *d;
+    long v;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}), 0);
+    assert_int_equal(atap_trace_start(path), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(atap_spawn(&ts[i], trace_child, (void *)(intptr_t)i,
+                                    &(atap_spawn_opts){.out_size = sizeof(long)}),
+                         0);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(atap_join(ts[i], &v, sizeof v), 0);
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atap_trace_stop(), 0);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_non_null(doc = jload(path));
+    evs = jget(doc, "traceEvents");
+    runs = count_events(evs, "B", "trace_child", NULL, NULL);
+    for (size_t i = 0; i < evs->n; i++)
+        if (jis(evs->items[i], "name", "dropped events") &&
+            (d = jget(jget(evs->items[i], "args"), "dropped")) != NULL)
+            dropped = (size_t)d->num;
+    if (dropped == 0)
+        assert_int_equal(runs, n);
+    else
+        assert_true(runs < n);
+    assert_true(slices_balanced(evs) || dropped > 0);
+    jfree(doc);
+    free(ts);
+    unlink(path);
+}
+
+static void test_trace_errors(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_trace_start(NULL), ATAP_EINVAL);
+    assert_int_equal(atap_trace_start(""), ATAP_EINVAL);
+    assert_int_equal(atap_trace_start("/nonexistent-atap-dir/trace.json"), -ENOENT);
+    assert_int_equal(atap_trace_stop(), ATAP_EINVAL);
+    assert_non_null(atap_strerror(ATAP_EALREADY));
+}
+
+/* ATAP_TRACE: started by the init that starts the runtime, finished by the
+ * shutdown that stops it; no runtime needed for a trace of its own. */
+static void test_trace_env(void **state)
+{
+    char path[256], id[40];
+    struct jval *doc;
+    atap_task t;
+    long v;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    setenv("ATAP_TRACE", path, 1);
+    assert_int_equal(atap_init(NULL), 0);
+    unsetenv("ATAP_TRACE");
+    assert_int_equal(atap_trace_start(path), ATAP_EALREADY);
+    assert_int_equal(atap_spawn(&t, trace_child, (void *)(intptr_t)7,
+                                &(atap_spawn_opts){.out_size = sizeof(long)}),
+                     0);
+    assert_int_equal(atap_join(t, &v, sizeof v), 0);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_trace_stop(), ATAP_EINVAL); /* the shutdown stopped it */
+    assert_non_null(doc = jload(path));
+    id_of(t, id, sizeof id);
+    assert_int_equal(count_events(jget(doc, "traceEvents"), "B", "trace_child", id, NULL), 1);
+    jfree(doc);
+    atap_release(t);
+
+    /* Unopenable: the init fails and starts nothing. */
+    setenv("ATAP_TRACE", "/nonexistent-atap-dir/trace.json", 1);
+    assert_int_equal(atap_init(NULL), -ENOENT);
+    unsetenv("ATAP_TRACE");
+    assert_false(atap_initialised());
+    unlink(path);
+}
+
+static int ensure_stopped(void **state)
+{
+    (void)state;
+    unsetenv("ATAP_TRACE");
+    (void)atap_trace_stop();
+    return atap_shutdown() == 0 && !atap_initialised() ? 0 : -1;
+}
+
+int main(void)
+{
+    unsetenv("ATAP_TRACE");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_trace_errors, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_known_program, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_env, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_many, ensure_stopped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
