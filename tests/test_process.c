@@ -724,6 +724,12 @@ static void test_signal_release_restores_default(void **state)
     assert_int_equal(atap_spawn_signal_wait(&t, SIGWINCH, NULL, NULL, NULL), 0);
     assert_int_equal(sigaction(SIGWINCH, NULL, &old), 0);
     assert_true(old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN);
+    /* Parked first: a run still on its way to its park would take the
+     * signal over again as it parks, after the release below. */
+    uint64_t until = now_ns() + ATAP_SEC(10);
+    while (atap_state_of(t) != ATAP_WAITING && now_ns() < until)
+        sleep_us(1000);
+    assert_int_equal(atap_state_of(t), ATAP_WAITING);
     assert_int_equal(atap_cancel(t), 0);
     atap_release(t);
     assert_int_equal(atap_signal_release(SIGWINCH), 0);
