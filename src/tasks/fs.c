@@ -66,52 +66,34 @@ static int open_rd(const char *path, int flags)
     return fd < 0 ? -errno : fd;
 }
 
-/* Writes all of data[0..len) at offset (or at the fd's offset when off is
- * negative), in chunks. *done counts what was written. */
-static int write_all(atap_ctx *ctx, int fd, const unsigned char *data, size_t len, int64_t off,
-                     size_t *done)
+/* Moves len bytes between buf and fd (writing, or reading up to len, when
+ * `reading`), at off or at the fd's offset when off is negative, in chunks,
+ * looking for a stop between them; *done counts what moved. A read stops
+ * early at the end of the file. */
+static int move_chunks(atap_ctx *ctx, int fd, bool reading, unsigned char *buf, size_t len,
+                       int64_t off, size_t *done)
 {
     *done = 0;
     while (*done < len) {
         size_t n = len - *done < CHUNK ? len - *done : CHUNK;
-        ssize_t w;
+        off_t at = (off_t)off + (off_t)*done;
+        ssize_t k;
         int rc;
 
         if ((rc = stopped(ctx)) != 0)
             return rc;
-        w = off < 0 ? write(fd, data + *done, n) : pwrite(fd, data + *done, n, off + (off_t)*done);
-        if (w < 0) {
+        if (reading)
+            k = off < 0 ? read(fd, buf + *done, n) : pread(fd, buf + *done, n, at);
+        else
+            k = off < 0 ? write(fd, buf + *done, n) : pwrite(fd, buf + *done, n, at);
+        if (k < 0) {
             if (errno == EINTR)
                 continue;
             return -errno;
         }
-        *done += (size_t)w;
-        chunk_done(*done);
-    }
-    return 0;
-}
-
-/* Reads up to len bytes at off (or from the fd's offset when off is
- * negative) into buf, in chunks; *done counts them. */
-static int read_upto(atap_ctx *ctx, int fd, unsigned char *buf, size_t len, off_t off, size_t *done)
-{
-    *done = 0;
-    while (*done < len) {
-        size_t n = len - *done < CHUNK ? len - *done : CHUNK;
-        ssize_t r;
-        int rc;
-
-        if ((rc = stopped(ctx)) != 0)
-            return rc;
-        r = off < 0 ? read(fd, buf + *done, n) : pread(fd, buf + *done, n, off + (off_t)*done);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
+        if (k == 0 && reading)
             break;
-        *done += (size_t)r;
+        *done += (size_t)k;
         chunk_done(*done);
     }
     return 0;
@@ -156,7 +138,7 @@ static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         }
         want = cap - 1 - len;
         /* read, not pread: a FIFO or a device reads too */
-        if ((rc = read_upto(ctx, fd, buf + len, want, -1, &got)) != 0)
+        if ((rc = move_chunks(ctx, fd, true, buf + len, want, -1, &got)) != 0)
             goto out;
         len += got;
         if (got < want)
@@ -186,7 +168,7 @@ static int op_read_at(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         close(fd);
         return -ENOMEM;
     }
-    rc = read_upto(ctx, fd, buf, q->len, (off_t)q->offset, &got);
+    rc = move_chunks(ctx, fd, true, buf, q->len, (int64_t)q->offset, &got);
     if (rc == -EISDIR || (rc == 0 && got == 0 && q->len > 0)) {
         struct stat st; /* pread of a directory says EISDIR on Linux; elsewhere look */
         if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
@@ -223,7 +205,7 @@ static int op_write(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         return rc;
     if ((fd = open(q->path, flags, mode)) < 0)
         return -errno;
-    rc = write_all(ctx, fd, q->data, q->len, off, &o->n);
+    rc = move_chunks(ctx, fd, false, (unsigned char *)q->data, q->len, off, &o->n);
     e = close(fd) != 0 ? -errno : 0;
     return rc ? rc : e;
 }
