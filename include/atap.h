@@ -15,7 +15,8 @@
  *     called from. "Any" means any thread, including inside a task.
  *   - A handle is a listener on its task. Every handle from atap_spawn() or
  *     atap_dup() must be given back with atap_release() exactly once; once
- *     the last listener is gone every copy of the handle reads ATAP_ENOTASK,
+ *     the last one is released every copy of the handle reads ATAP_ENOTASK,
+ *     even while the task still runs or waits (fed by a forward, say) and
  *     even if the slot has been reused since. Releasing a handle while
  *     another thread is still inside a call on that same handle is the
  *     caller's race, as with free(); give each thread its own atap_dup().
@@ -629,8 +630,9 @@ ATAP_EXPORT bool atap_finished(atap_task task);
 
 /*
  * Registers another listener: *copy receives a handle to the same task,
- * which must be released on its own. Returns 0; ATAP_EINVAL for NULL copy;
- * ATAP_ENOTASK (and *copy = ATAP_NO_TASK). Blocks: no. Threads: any.
+ * which must be released on its own. Returns 0; ATAP_EINVAL for NULL copy,
+ * or when the task already has 2^20 - 1 handles; ATAP_ENOTASK (and *copy =
+ * ATAP_NO_TASK). Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_dup(atap_task task, atap_task *copy);
 

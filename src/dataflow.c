@@ -82,6 +82,11 @@ struct gate {
     bool series;           /* kind REPEAT or AT_RATE: a give starts a series */
     bool last;             /* the start under way is the last one */
     bool orphan;           /* no handle or forward can give any more */
+    /* regs feeding this task: the first holds it for all (one hold, not
+     * one each: a receiver over a million members holds its slot once),
+     * the last to close lets go. acq_rel: what a closing feeder delivered
+     * reaches whoever frees, through the last one's release. */
+    _Atomic size_t feeders;
     bool claimed;          /* BUSY: the run has taken its value (ONCE) */
     bool has_pending, pending_owned, current_owned;
     uint32_t left;         /* starts left; UINT32_MAX: no limit */
@@ -815,14 +820,16 @@ void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
     pthread_mutex_unlock(&rx->lock);
 }
 
-/* A reg that will get nothing more: its target hears, and its listener
- * on the target goes. */
+/* A reg that will get nothing more: its target hears, and, if it was the
+ * last, the feeders' hold on the target goes. */
 static void reg_close(struct reg *r)
 {
     struct atap_slot *t = atap__table_at(r->to);
+    struct gate *g = atap__sched_gate(t);
 
     member_closed(r);
-    atap__exec_release_listener(t, r->to, r->to_gen);
+    if (atomic_fetch_sub_explicit(&g->feeders, 1, memory_order_acq_rel) == 1)
+        atap__exec_release_listener(t, r->to, r->to_gen);
     free(r);
 }
 
@@ -1013,9 +1020,13 @@ const void *atap_input(atap_ctx *ctx, size_t *size)
     return v;
 }
 
-/* A reg feeding the task (index, gen), holding a listener on it. */
-static struct reg *reg_new(struct atap_slot *t, uint32_t index, uint32_t gen, uint32_t place,
-                           size_t offset)
+/* A reg feeding the task (index, gen), whose gate is g: counted a feeder,
+ * the first one taking the feeders' hold on it. The caller holds a handle
+ * on the task, so the count's 1 -> 0 (a closing reg's) and a 0 -> 1 here
+ * may cross: each takes or drops one hold, and the handle keeps the slot
+ * meanwhile. */
+static struct reg *reg_new(struct atap_slot *t, struct gate *g, uint32_t index, uint32_t gen,
+                           uint32_t place, size_t offset)
 {
     struct reg *r = calloc(1, sizeof *r);
 
@@ -1025,7 +1036,8 @@ static struct reg *reg_new(struct atap_slot *t, uint32_t index, uint32_t gen, ui
     r->to_gen = gen;
     r->place = place;
     r->offset = offset;
-    atap__exec_hold(t);
+    if (atomic_fetch_add_explicit(&g->feeders, 1, memory_order_acq_rel) == 0)
+        atap__exec_hold(t);
     return r;
 }
 
@@ -1050,7 +1062,7 @@ int atap_forward(atap_task from, atap_task to)
     spin_unlock(&g->lock);
     if (rc)
         return rc;
-    if (!(r = reg_new(t, ti, tg, 0, 0)))
+    if (!(r = reg_new(t, g, ti, tg, 0, 0)))
         return -ENOMEM;
     (void)fi;
     return attach(f, fg, r);
@@ -1098,7 +1110,7 @@ static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *fro
         struct reg *r;
 
         m = atap__exec_live(from[k], &mi, &mg);
-        r = reg_new(s, index, gen, (uint32_t)k, offset);
+        r = reg_new(s, g, index, gen, (uint32_t)k, offset);
         if (!r) { /* this place can never fill: as if the member had ended */
             struct reg stub = {.to = index, .to_gen = gen, .place = (uint32_t)k};
             member_closed(&stub);

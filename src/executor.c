@@ -2,7 +2,7 @@
  * Tasks: spawn, run, settle, cancel, release (reading them: read.c).
  *
  * A task's life is told by its slot's `word` (gen | WAITERS | state) and
- * `refs` (gen | RUN | listeners); see slot.h. The rules:
+ * `refs` (gen | RUN | handles | holds); see slot.h. The rules:
  *
  *  - Claiming: a worker runs a task only by winning PENDING -> RUNNING.
  *    Each task sits in exactly one queue place at a time, and that entry
@@ -14,14 +14,15 @@
  *  - Waking: a listener sets WAITERS before it sleeps on the word; whoever
  *    moves the state on and sees WAITERS in the old word wakes them all.
  *    The kernel compares the word before sleeping, so no wake is lost.
- *  - Freeing: whoever takes refs to (gen, no RUN, 0 listeners) frees. It
+ *  - Freeing: whoever takes refs to (gen, no RUN, no handle, no hold) frees. It
  *    stores (gen, FREE) into word, destroys the task's data and gives the
  *    slot back to the table, which hands it out next with gen + 1. Nobody
  *    else can be reading the slot then: every reader holds a listener.
  *    (Using a handle on one thread while releasing that same handle on
  *    another is the caller's race, as with free().)
  *  - Every handle operation first checks its generation against the word
- *    (or refs), so a stale handle reads ATAP_ENOTASK.
+ *    (or refs), and that a handle is left, so a stale handle reads
+ *    ATAP_ENOTASK.
  */
 #include "executor.h"
 
@@ -98,7 +99,7 @@ free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uint32_t gen)
     } else {
         destroy(s, state);
     }
-    st_relaxed(&s->refs, (uint64_t)gen << 32);
+    st_relaxed(&s->refs, refs_of(gen));
     atap__table_free(w ? &w->cache : atap__table_outside_cache(), index, gen);
 }
 
@@ -110,7 +111,8 @@ static __attribute__((noinline)) void free_released(struct atap_slot *s, uint32_
     free_slot(atap__self, s, index, gen);
 }
 
-static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen);
+static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen,
+                                    uint64_t one);
 
 /* Drops the RUN reference (idempotent per generation). */
 void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
@@ -125,15 +127,15 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
     do {
         if (refs_gen(r) != gen || !(r & REFS_RUN))
             return;
-        /* With forwards (RX), a listener of our own keeps the slot while
-         * they close: their own listeners may all go meanwhile. */
-        next = (r & ~REFS_RUN) + ((r & REFS_RX) ? 1 : 0);
+        /* With forwards (RX), a hold of our own keeps the slot while they
+         * close: their own listeners may all go meanwhile. */
+        next = (r & ~REFS_RUN) + ((r & REFS_RX) ? REFS_HOLD : 0);
         /* acq_rel: the run's writes (output, flags) reach whoever frees;
          * a registrar's rx reaches us with its RX. */
     } while (!cas_acqrel(&s->refs, &r, next));
     if (unlikely(r & REFS_RX)) {
         atap__flow_close(s);
-        release_listener(s, index, gen);
+        release_listener(s, index, gen, REFS_HOLD);
     } else if ((r & REFS_COUNT_MASK) == 0) {
         free_released(s, index, gen);
     }
@@ -142,25 +144,30 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
 /* The last listener of a task that waits for gives is going while the
  * task still holds RUN: nothing can give to it after this. Read with an
  * RMW, so the count is the latest: only a holder adds listeners, and the
- * caller is the only holder when it reads 1. */
+ * caller (one of kind `one`) is the only holder when it reads just its own. */
 static __attribute__((noinline, cold)) uint64_t maybe_orphan(struct atap_slot *s, uint32_t index,
-                                                            uint32_t gen)
+                                                            uint32_t gen, uint64_t one)
 {
     uint64_t r = atomic_fetch_add_explicit(&s->refs, 0, memory_order_acq_rel);
 
-    if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | 1))
+    if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | one))
         atap__gate_orphan(s, index, gen);
     return r;
 }
 
-static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
+/* Lets go of one listener of kind `one` (REFS_HANDLE or REFS_HOLD): none
+ * of that kind left (a stale handle, a handle released twice) is a no-op,
+ * so a handle can never drop the runtime's holds. */
+static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen,
+                                    uint64_t one)
 {
-    const uint64_t last = REFS_GATED | REFS_RUN | 1;
+    const uint64_t mask = one == REFS_HANDLE ? REFS_HANDLES_MASK : REFS_HOLDS_MASK;
+    const uint64_t last = REFS_GATED | REFS_RUN | one;
     uint64_t r = ld_relaxed(&s->refs), orphaned = 0;
 
     TEST_HOOK(ATAP__TEST_RELEASE_READ);
     for (;;) {
-        if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
+        if (refs_gen(r) != gen || (r & mask) == 0)
             return;
         /* Looked at on every try: a release racing ours may have just left
          * ours the last listener. Done once the look itself (an RMW, so the
@@ -168,21 +175,21 @@ static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_
          * waker's, brief) sends us round again, and the holder's own
          * release looks in turn. */
         if (unlikely((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) == last) && r != orphaned) {
-            r = maybe_orphan(s, index, gen);
+            r = maybe_orphan(s, index, gen, one);
             if ((r & (REFS_GATED | REFS_RUN | REFS_COUNT_MASK)) == last)
                 orphaned = r;
             continue;
         }
-        if (cas_acqrel(&s->refs, &r, r - 1))
+        if (cas_acqrel(&s->refs, &r, r - one))
             break;
     }
-    if (((r - 1) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
+    if (((r - one) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
         free_released(s, index, gen);
 }
 
 void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    release_listener(s, index, gen);
+    release_listener(s, index, gen, REFS_HOLD);
 }
 
 void atap_release(atap_task t)
@@ -191,19 +198,14 @@ void atap_release(atap_task t)
     struct atap_slot *s = lookup(t, &gen);
 
     if (s)
-        release_listener(s, (uint32_t)t.id, gen);
+        release_listener(s, (uint32_t)t.id, gen, REFS_HANDLE);
 }
 
-/* One more listener on a live task (it cannot be going: the caller holds a
- * reference). */
-static void hold_listener(struct atap_slot *s)
-{
-    add_relaxed(&s->refs, 1);
-}
-
+/* One more hold on a live task (it cannot be going: the caller holds a
+ * listener of its own, or RUN). */
 void atap__exec_hold(struct atap_slot *s)
 {
-    hold_listener(s);
+    add_relaxed(&s->refs, REFS_HOLD);
 }
 
 bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen)
@@ -213,9 +215,9 @@ bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen)
     do {
         /* RUN, or a listener: the slot is this task's and stays so. */
         if (refs_gen(r) != gen || !(r & (REFS_RUN | REFS_COUNT_MASK)) ||
-            (r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
+            (r & REFS_HOLDS_MASK) == REFS_HOLDS_MASK)
             return false;
-    } while (!cas_acqrel(&s->refs, &r, r + 1));
+    } while (!cas_acqrel(&s->refs, &r, r + REFS_HOLD));
     return true;
 }
 
@@ -241,11 +243,11 @@ int atap_dup(atap_task t, atap_task *copy)
         return ATAP_ENOTASK;
     r = ld_relaxed(&s->refs);
     do {
-        if (refs_gen(r) != gen || (r & REFS_COUNT_MASK) == 0)
+        if (refs_gen(r) != gen || (r & REFS_HANDLES_MASK) == 0)
             return ATAP_ENOTASK;
-        if ((r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
-            return ATAP_EINVAL; /* 2^30 - 1 listeners: refuse, never wrap */
-    } while (!cas_acqrel(&s->refs, &r, r + 1));
+        if ((r & REFS_HANDLES_MASK) == REFS_HANDLES_MASK)
+            return ATAP_EINVAL; /* 2^20 - 1 handles: refuse, never wrap */
+    } while (!cas_acqrel(&s->refs, &r, r + REFS_HANDLE));
     *copy = t;
     return 0;
 }
@@ -348,7 +350,7 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
             atap__table_free(cache, index, gen);
         } else {
             st_relaxed(&s->refs,
-                       (uint64_t)gen << 32 | REFS_RUN | (gate ? REFS_GATED : 0) | 1);
+                       refs_of(gen) | REFS_RUN | (gate ? REFS_GATED : 0) | REFS_HANDLE);
             /* Release: the fields above are visible to whoever acquires the
              * word (a reader) or the queue entry (a worker). */
             st_release(&s->word, make_word(gen, ST_PENDING));
@@ -389,7 +391,7 @@ spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
     struct atap_slot *s = atap__table_at(index);
 
     fill_fields(s, fn, arg, 0, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
-    st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN | 1);
+    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | REFS_HANDLE);
     /* Release: the fields above reach whoever acquires the word or the
      * queue entry (spawn_slot's order). */
     st_release(&s->word, make_word(gen, ST_PENDING));
@@ -630,7 +632,7 @@ static bool drop_stale_entry(struct atap_slot *s, uint32_t index, uint32_t gen)
         return false;
     if (!(atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) & REFS_STALE))
         return false;
-    release_listener(s, index, gen);
+    release_listener(s, index, gen, REFS_HOLD);
     return true;
 }
 
@@ -651,7 +653,7 @@ bool atap__exec_resume_stale(struct atap_slot *s, uint32_t index, uint32_t gen)
         return false;
     if (!(atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) & REFS_STALE))
         return false;
-    release_listener(s, index, gen);
+    release_listener(s, index, gen, REFS_HOLD);
     return true;
 }
 
@@ -756,15 +758,15 @@ bool atap__exec_claim(struct atap_slot *s, uint32_t ref, uint32_t gen)
         return false;
     do {
         if (refs_gen(r) != gen || !(r & REFS_RUN) || (r & REFS_STALE) ||
-            (r & REFS_COUNT_MASK) == 0 || (r & REFS_COUNT_MASK) == REFS_COUNT_MASK)
+            (r & REFS_COUNT_MASK) == 0 || (r & REFS_HOLDS_MASK) == REFS_HOLDS_MASK)
             return false;
-    } while (!cas_acqrel(&s->refs, &r, (r + 1) | REFS_STALE));
+    } while (!cas_acqrel(&s->refs, &r, (r + REFS_HOLD) | REFS_STALE));
     cur = ld_acquire(&s->word);
     do {
         if (word_gen(cur) != gen || word_state(cur) != ST_PENDING) {
             if (atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) &
                 REFS_STALE)
-                release_listener(s, ref - 1, gen);
+                release_listener(s, ref - 1, gen, REFS_HOLD);
             else
                 atap__exec_release_run(s, ref - 1, gen);
             return false;
@@ -916,7 +918,7 @@ int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
     }
     s->arg_free = NULL; /* the series owns arg */
     atap__sched_run_started(p); /* the series keeps RUN until this run is done */
-    st_relaxed(&s->refs, (uint64_t)gen << 32 | REFS_RUN); /* no handle */
+    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN); /* no handle */
     st_release(&s->word, make_word(gen, ST_PENDING));
     atap__sched_start(s, index, gen, o.blocking);
     return 0;

@@ -56,8 +56,8 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
 /* Drops the RUN reference (idempotent per generation); may free the slot. */
 void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen);
 
-/* Drops one listener (a handle, or a hold: a waker's, a forward's on the
- * task it feeds). */
+/* Drops one of the runtime's holds (a waker's, a helper's, a park's, the
+ * feeders' of a waiting task): never a handle (atap_release). */
 void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* Starts one run of the at-rate series p: a slot of its own with no handle,
  * publishing into p. 0 or -ENOMEM. */
@@ -78,10 +78,10 @@ int atap__exec_spawn(struct atap_task *task, atap_fn *fn, void *arg,
 /* The slot behind a handle with a listener left, with its index and
  * generation; NULL if the handle names no task. */
 struct atap_slot *atap__exec_live(struct atap_task t, uint32_t *index, uint32_t *gen);
-/* One more listener on a task the caller holds one on. */
+/* One more hold on a task the caller holds a listener (or RUN) on. */
 void atap__exec_hold(struct atap_slot *s);
-/* One more listener on the task of generation gen, if it is still alive
- * (it holds RUN or a listener); false otherwise. Release it with
+/* One more hold on the task of generation gen, if it is still alive (it
+ * holds RUN or a listener); false otherwise. Release it with
  * atap__exec_release_listener. */
 bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen);
 /* atap_cancel's work on a task the caller holds (a handle, a hold, or its

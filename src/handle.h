@@ -1,7 +1,7 @@
 /*
  * A handle's slot, for the files that act on handles (executor.c, read.c).
  * A handle is index | gen << 32; it names its task while the slot's word
- * and refs carry that generation and a listener is left (slot.h).
+ * and refs carry that generation and a handle is left (slot.h).
  */
 #ifndef ATAP_HANDLE_H
 #define ATAP_HANDLE_H
@@ -32,9 +32,9 @@ static inline bool word_is(uint32_t w, uint32_t gen)
     return word_gen(w) == gen && word_state(w) != ST_FREE;
 }
 
-/* A handle names its task while the generation matches and a listener is
+/* A handle names its task while the generation matches and a handle is
  * left: once the last handle is released, every copy reads ATAP_ENOTASK even
- * while the run still holds the slot. Acquire on both: what the task's
+ * while the run, or any of the runtime's holds, still keeps the slot. Acquire on both: what the task's
  * last transition published (an output, a failure code) is seen. */
 static inline bool handle_live(struct atap_slot *s, uint32_t gen, uint32_t *cur)
 {
@@ -44,7 +44,7 @@ static inline bool handle_live(struct atap_slot *s, uint32_t gen, uint32_t *cur)
     if (!word_is(*cur, gen))
         return false;
     r = ld_acquire(&s->refs);
-    return refs_gen(r) == gen && (r & REFS_COUNT_MASK) != 0;
+    return refs_gen(r) == gen && (r & REFS_HANDLES_MASK) != 0;
 }
 
 #endif

@@ -12,20 +12,30 @@
  *         by a listener before it sleeps, and whoever settles the task
  *         wakes only when it was set.
  *
- *   refs  (64 bits) gen << 32 | RUN << 31 | RX << 30 | GATED << 29 |
- *         STALE << 28 | listeners
- *         One per handle, plus RUN while the runtime still owes the task a
- *         run or a clean-up (the queue or the running thread holds it).
- *         Whoever takes refs to (gen, no RUN, 0 listeners) frees the slot,
- *         so release is idempotent per holder and only one path frees.
+ *   refs  (64 bits) gen << 37 | RUN << 36 | RX << 35 | GATED << 34 |
+ *         STALE << 33 | handles << 13 | holds
+ *         Listeners, counted in two fields: one per handle (atap_spawn,
+ *         atap_dup), and the runtime's own holds (a waker's or a helper's,
+ *         brief; a parked run's; the feeders of a waiting task, one for all
+ *         of them; RX's and STALE's below). A handle names its task while
+ *         handles is not 0: the holds keep the slot, never the name, so
+ *         every copy of the last handle reads ATAP_ENOTASK once it is
+ *         released, whatever the runtime still holds. Each field is
+ *         released only by whoever took it (atap_release: handles;
+ *         atap__exec_release_listener: holds), so a handle released twice
+ *         can never drop a hold. Plus RUN while the runtime still owes the
+ *         task a run or a clean-up (the queue or the running thread holds
+ *         it). Whoever takes refs to (gen, no RUN, no listener of either
+ *         kind) frees the slot, so only one path frees.
  *         RX: outputs are forwarded (`rx`, dataflow.c); set by a CAS that
  *         finds RUN held, so whoever drops RUN learns from that same CAS
  *         that it must close the forwards (never cleared until freed).
  *         GATED: the task waits for gives (dataflow.c), so its last
- *         listener going may let it go; read with the count, no extra load.
+ *         listener of either kind going may let it go: a handle can give,
+ *         and so can a feeder; read with the count, no extra load.
  *         STALE: a waiter claimed the task out of its queue place
  *         (executor.c, atap__exec_claim) and took its RUN; the entry
- *         left in the queue holds one listener instead, dropped by whoever
+ *         left in the queue holds one hold instead, dropped by whoever
  *         dequeues it (or by the claimer, if the claim failed first).
  *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
@@ -65,11 +75,19 @@ struct side;
 #define GEN_SHIFT 5
 #define GEN_MAX ((1u << 27) - 1u)
 
-#define REFS_RUN (UINT64_C(1) << 31)
-#define REFS_RX (UINT64_C(1) << 30)
-#define REFS_GATED (UINT64_C(1) << 29) /* waits for gives: set at spawn */
-#define REFS_STALE (UINT64_C(1) << 28) /* a claim aside left a queue entry */
-#define REFS_COUNT_MASK (REFS_STALE - 1)
+#define REFS_GEN_SHIFT 37
+#define REFS_RUN (UINT64_C(1) << 36)
+#define REFS_RX (UINT64_C(1) << 35)
+#define REFS_GATED (UINT64_C(1) << 34) /* waits for gives: set at spawn */
+#define REFS_STALE (UINT64_C(1) << 33) /* a claim aside left a queue entry */
+#define REFS_HANDLE (UINT64_C(1) << 13) /* one handle */
+#define REFS_HOLD UINT64_C(1)           /* one of the runtime's holds */
+#define REFS_HANDLES_MASK (REFS_STALE - REFS_HANDLE)
+#define REFS_HOLDS_MASK (REFS_HANDLE - 1)
+#define REFS_COUNT_MASK (REFS_STALE - 1) /* listeners of either kind */
+/* Holds are brief and one per thread (wakers, helpers), or one per task
+ * (its park, its feeders, RX, STALE): room for every thread there can be. */
+_Static_assert(REFS_HOLDS_MASK > 4 * ATAP_THREADS_MAX, "room for every thread's hold");
 
 /* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
@@ -150,7 +168,10 @@ _Static_assert(sizeof(struct atap_slot) == SLOT_SIZE, "a slot is SLOT_SIZE bytes
 static inline uint32_t word_state(uint32_t w) { return w & ST_MASK; }
 static inline uint32_t word_gen(uint32_t w) { return w >> GEN_SHIFT; }
 static inline uint32_t make_word(uint32_t gen, uint32_t state) { return gen << GEN_SHIFT | state; }
-static inline uint32_t refs_gen(uint64_t r) { return (uint32_t)(r >> 32); }
+static inline uint32_t refs_gen(uint64_t r) { return (uint32_t)(r >> REFS_GEN_SHIFT); }
+/* refs of generation gen with nothing else set. */
+static inline uint64_t refs_of(uint32_t gen) { return (uint64_t)gen << REFS_GEN_SHIFT; }
+_Static_assert(GEN_MAX < (1u << (64 - REFS_GEN_SHIFT)), "a generation fits refs");
 
 /* Settled: nothing is running or queued for this run. */
 static inline int state_terminal(uint32_t s) { return s >= ST_READY; }

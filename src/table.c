@@ -419,7 +419,7 @@ int atap__test_set_slot_gen(uint32_t index, uint32_t gen)
 
     if (!s || gen == 0 || gen > GEN_MAX || word_state(ld_acquire(&s->word)) != ST_FREE)
         return ATAP_EINVAL;
-    st_relaxed(&s->refs, (uint64_t)gen << 32);
+    st_relaxed(&s->refs, refs_of(gen));
     st_release(&s->word, make_word(gen, ST_FREE));
     return 0;
 }

@@ -753,6 +753,56 @@ static void test_dataflow_let_go_forward_keeps_target(void **state)
     assert_int_equal(atomic_load(&p->runs), 1);
 }
 
+/* What a stale copy of a released handle reads: ATAP_ENOTASK from every
+ * call, and no call through it reaches the task (asserted by the caller). */
+static void assert_names_no_task(atap_task stale)
+{
+    atap_task copy;
+    uint64_t v;
+
+    assert_int_equal(atap_cancel(stale), ATAP_ENOTASK);
+    assert_int_equal(atap_dup(stale, &copy), ATAP_ENOTASK);
+    assert_int_equal(atap_try_join(stale, &v, sizeof v), ATAP_ENOTASK);
+    assert_int_equal(atap_join_for(stale, &v, sizeof v, ATAP_MS(1)), ATAP_ENOTASK);
+    assert_int_equal(atap_give(stale, &v, sizeof v), ATAP_ENOTASK);
+    assert_int_equal(atap_state_of(stale), ATAP_FAILED);
+}
+
+/* A task fed by a forward and by a receive_all outlives its last handle
+ * (its feeders may still give to it), but the handle does not: once the
+ * last one is released, every copy names no task, as atap.h says, even
+ * while the task waits on. The cancel tried through a copy must not reach
+ * it: it still runs on the value fed to it. */
+static void test_dataflow_fed_task_handle_goes_with_last_release(void **state)
+{
+    (void)state;
+    reset_counts();
+    gate *g = gate_new(41);
+    atap_task s = spawn8(task_gated, g);
+    probe *p = probe_new(8, 1, 0);
+    atap_task t = spawn_probe(p, (atap_spawn_opts){.arg_free = count_arg_free});
+    atap_task stale = t, r, stale_r;
+    summer sums = {.n = 1};
+
+    assert_int_equal(atap_forward(s, t), 0);
+    assert_int_equal(atap_receive_all(&r, sum_run, &sums, &s, 1, &(atap_spawn_opts){.out_size = 8}),
+                     0);
+    stale_r = r;
+    atap_release(t);
+    atap_release(r);
+    assert_names_no_task(stale);
+    assert_names_no_task(stale_r);
+    atomic_store(&g->open, 1);
+    assert_true(join8(s) == 41);
+    assert_true(wait_atomic_at_least(&p->done, 1, ATAP_SEC(10)));
+    assert_true(atomic_load(&p->seen[0]) == 41); /* ran, not cancelled */
+    assert_true(wait_atomic_at_least(&sums.runs, 1, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&sums.bad_size), 0);
+    atap_release(s);
+    waited_to_live_back();
+    SETTLE_EXACT(&g_arg_frees, 1);
+}
+
 /* A waiting task let go without ever being given anything reads
  * ATAP_EFAILED: seen through a receiver over it, which can then never run
  * and finishes. */
@@ -2512,6 +2562,7 @@ int main(void)
         T(test_dataflow_let_go_last_handles_together),
         T(test_dataflow_at_rate_restart_lets_go_of_kept_output),
         T(test_dataflow_let_go_forward_keeps_target),
+        T(test_dataflow_fed_task_handle_goes_with_last_release),
         T(test_dataflow_let_go_never_given_fails),
         T(test_dataflow_repeat_series_per_give),
         T(test_dataflow_repeat_gives_limit),

@@ -582,6 +582,33 @@ static void test_tasks_dup_listener(void **state)
     assert_true(wait_live_back(ATAP_SEC(20)));
 }
 
+/* A task takes 2^20 - 1 handles; the next dup is refused with EINVAL (never
+ * a wrap into the count beside it), and a handle released twice drops
+ * nothing of the runtime's: the task still runs and reads its output. */
+static void test_tasks_dup_limit(void **state)
+{
+    (void)state;
+    enum { MAX_HANDLES = (1 << 20) - 1 };
+    gate *g = gate_new(97);
+    atap_task t = spawn8(task_gated, g), copy;
+
+    for (int i = 1; i < MAX_HANDLES; i++)
+        if (atap_dup(t, &copy) != 0)
+            fail_msg("dup %d of %d refused", i, MAX_HANDLES - 1);
+    assert_int_equal(atap_dup(t, &copy), ATAP_EINVAL);
+    assert_true(copy.id == ATAP_NO_TASK.id);
+    for (int i = 1; i < MAX_HANDLES; i++)
+        atap_release(t);
+    assert_int_equal(atap_dup(t, &copy), 0); /* room again */
+    atap_release(copy);
+    atomic_store(&g->open, 1);
+    assert_true(join8(t) == 97);
+    atap_release(t);
+    atap_release(t); /* a second release of the last handle: ignored */
+    assert_int_equal(atap_try_join(t, NULL, 0), ATAP_ENOTASK);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
 static int task_self(atap_ctx *ctx, void *arg, void *out)
 {
     (void)arg;
@@ -1418,6 +1445,7 @@ int main(void)
         T(test_tasks_cancel_after_ready_keeps_output),
         T(test_tasks_cancelled_flag),
         T(test_tasks_dup_listener),
+        T(test_tasks_dup_limit),
         T(test_tasks_self_is_handle),
         T(test_tasks_join_self_einval),
         T(test_tasks_block_with_runtime),
