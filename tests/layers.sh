@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The layer check:   bash tests/layers.sh [SRC_DIR]
+#
+# Reads the `#include "..."` lines of src/ and fails when
+#   - a file is not in the map below (a new file names its layer here),
+#   - a file includes a header of a layer above its own,
+#   - the modules' includes form a cycle (within a layer too), or
+#   - a built-in task (tasks/) includes more than atap.h and the headers
+#     every layer may use,
+# except for the edges listed under UPWARD, the calls that still go up a
+# layer by name (src/README.md says which and why). That list only
+# shrinks: an entry whose include is gone fails the check until it is
+# taken out, so a fixed edge cannot come back unnoticed.
+#
+# src/README.md describes the layers; this map is the one they are checked
+# against. Layer 0 is what every file may include (the public header, the
+# atomics, fault injection, the test hooks, the trace hooks); faults.c and
+# trace.c sit on top, since they observe every layer.
+set -uo pipefail
+
+src=${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../src" && pwd)}
+
+# LAYER MODULE FILE...
+map='
+0 api       atap.h
+0 atomics   atomics.h
+0 faults    faults.h
+0 testing   testing.h
+0 trace     trace.h
+1 wait      wait.h wait.c
+1 cpus      cpus.h cpus.c
+2 table     slot.h table.h table.c handle.h
+3 queues    deque.h injector.h injector.c
+3 timer     timer.h timer.c
+3 poller    poller.h poller_epoll.c poller_kqueue.c poller_poll.c
+4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c help.c
+5 executor  executor.h executor.c
+5 read      read.c join.c
+6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c
+6 kwait     kwait.c
+6 schedule  schedule.h schedule_int.h schedule.c rate.c
+6 dataflow  dataflow.h dataflow_int.h dataflow.c gate.c forward.c receive.c
+7 manager   manager.h manager.c
+8 runtime   runtime.c
+9 tasks     tasks/sleep.c tasks/channel.c tasks/process.c tasks/signal.c tasks/net.c tasks/fs.c
+10 observe  faults.c trace.c
+'
+
+# FILE HEADER: the includes that still go up a layer, or that tie two
+# modules of one layer in a circle, by name.
+upward='
+pool.c executor.h
+help.c executor.h
+executor.c dataflow.h
+executor.c park.h
+executor.c schedule.h
+read.c dataflow.h
+read.c park.h
+read.c schedule.h
+join.c dataflow.h
+park.c dataflow.h
+park.c manager.h
+schedule.c dataflow.h
+schedule.c manager.h
+sources.c manager.h
+tasks/channel.c executor.h
+tasks/channel.c slot.h
+tasks/channel.c table.h
+tasks/channel.c park.h
+tasks/channel.c wait.h
+tasks/signal.c park.h
+'
+
+# The includes, as "FILE HEADER" lines; a tasks/ include of ../x.h names x.h.
+includes=$(cd "$src" && for f in *.c *.h tasks/*.c; do
+    [ -e "$f" ] || continue
+    sed -nE 's/^[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1/p' "$f" |
+        sed 's#^\.\./##' | while read -r h; do echo "$f $h"; done
+done)
+files=$(cd "$src" && ls *.c *.h tasks/*.c 2>/dev/null)
+
+awk -v map="$map" -v upward="$upward" -v files="$files" -v includes="$includes" '
+function fail(msg) { print "layers: " msg; bad = 1 }
+BEGIN {
+    n = split(map, lines, "\n")
+    for (i = 1; i <= n; i++) {
+        k = split(lines[i], w, " ")
+        if (k < 3) continue
+        for (j = 3; j <= k; j++) { layer[w[j]] = w[1] + 0; module[w[j]] = w[2] }
+        modlayer[w[2]] = w[1] + 0
+    }
+    n = split(upward, lines, "\n")
+    for (i = 1; i <= n; i++)
+        if (split(lines[i], w, " ") == 2) { allowed[w[1] " " w[2]] = 1; used[w[1] " " w[2]] = 0 }
+    n = split(files, fl, "\n")
+    for (i = 1; i <= n; i++)
+        if (fl[i] != "" && !(fl[i] in layer))
+            fail(fl[i] " is in no layer: add it to the map in tests/layers.sh and to src/README.md")
+    n = split(includes, lines, "\n")
+    for (i = 1; i <= n; i++) {
+        if (split(lines[i], w, " ") != 2) continue
+        f = w[1]; h = w[2]
+        if (!(h in layer)) continue # a system header spelled with quotes: not ours
+        if (!(f in layer)) continue
+        key = f " " h
+        if (key in allowed) { used[key] = 1; continue }
+        if (layer[h] > layer[f])
+            fail(f " (layer " layer[f] ", " module[f] ") includes " h " (layer " layer[h] ", " module[h] ")")
+        if (module[f] == "tasks" && layer[h] != 0)
+            fail(f " is a built-in task: atap.h and layer 0 only, not " h)
+        if (module[f] != module[h]) edge[module[f] " " module[h]] = 1
+    }
+    for (key in used)
+        if (!used[key])
+            fail("\"" key "\" is listed under UPWARD but no longer included: take it out")
+    # A cycle among the modules: depth-first, three colours.
+    for (e in edge) { split(e, w, " "); succ[w[1]] = succ[w[1]] " " w[2] }
+    for (m in modlayer) colour[m] = 0
+    for (m in modlayer) if (colour[m] == 0) visit(m, m)
+    if (!bad) print "layers: ok (" length(layer) " files, " length(allowed) " upward includes left)"
+    exit bad
+}
+function visit(m, path,    k, i, s, nx) {
+    colour[m] = 1
+    k = split(succ[m], s, " ")
+    for (i = 1; i <= k; i++) {
+        nx = s[i]
+        if (colour[nx] == 1) fail("the modules include each other in a circle: " path " -> " nx)
+        else if (colour[nx] == 0) visit(nx, path " -> " nx)
+    }
+    colour[m] = 2
+}
+'
