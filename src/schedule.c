@@ -49,37 +49,13 @@
  * gate in `gate`. Its output is rewritten by each run like a repeat's, so it
  * publishes the same way. Between runs or series its gate holds the RUN
  * reference; a give that starts something hands it to atap__sched_kick, and
- * where a repeat would end its series (finish) the gate decides whether the
- * task waits again, starts again, or ends.
+ * where a repeat would end its series (atap__sched_finish) the gate decides
+ * whether the task waits again, starts again, or ends.
  *
- * An at-rate series starts each run in a slot of its own (no handle), and
- * runs overlap. The series' RUN reference outlives its runs: `inflight`
- * counts the runs started and not yet done, and RUN_OWED is set by whoever
- * drops the series' RUN (atap__sched_ending, from atap__exec_release_run).
- * If runs are under way that drop waits, and the last run to end makes it
- * (run_gone, from the run's end or from a claim that finds it ended). Both
- * sides are RMWs on the one word, so exactly one of them sees the other:
- * the dropper a count of 0, or the last run RUN_OWED | 1. Until then the
- * series' slot, its forwards and its output stay for the runs to publish
- * to, its handles count only handles, and it is not finished for readers
- * (series_over); a run that fails meanwhile leaves the output standing.
- *
- * Whatever stops an at-rate series (a cancel, a run that fails or passes
- * its timeout, a write-off at shutdown or when the manager is gone) stops
- * each of its runs, wherever it is: a queued run never starts, a running
- * one reads atap_cancelled and its kernel wait is cut short, a parked one
- * is taken down. The series keeps its runs on a list under runs_lock: a run
- * is linked once published PENDING and before it is queued (sched_start),
- * and run_gone unlinks it before its slot goes. A stopper moves the series
- * to its end state first; then, under the lock, it sets runs_stopped and
- * takes a hold on each run no stop took yet (stop_seen), and cancels them
- * after the lock as atap_cancel would (a park taken down may end its run on
- * the spot, and the run's end takes the lock: hence the holds, and the
- * batches). A run linked before a stopper's pass is on the list it walks;
- * one linked after finds runs_stopped and ends unqueued: the lock orders
- * the two. atap_cancel returns after its pass, so no queued run starts
- * after it returned. Lock order: runs_lock is taken with nothing else held
- * and nothing is taken under it.
+ * An at-rate series (rate.c) starts each run in a slot of its own, and its
+ * RUN reference outlives its runs: whoever drops it (atap__sched_ending)
+ * leaves it to the last run under way, if any (RUN_OWED). Whatever stops
+ * the series stops each of its runs. rate.c says how.
  */
 #include "schedule.h"
 
@@ -97,6 +73,7 @@
 #include "manager.h"
 #include "park.h"
 #include "pool.h"
+#include "schedule_int.h"
 #include "table.h"
 #include "timer.h"
 #include "trace.h"
@@ -104,53 +81,10 @@
 
 #define OUT_WRITER 0x80000000u
 
-struct sched {
-    struct atap_timer start; /* delay or gap: queues the next run */
-    struct atap_timer limit; /* the running run's timeout */
-    uint32_t index;          /* the slot (its generation is read from it) */
-    uint8_t kind;
-    bool blocking;
-    _Atomic bool finished;        /* the series ran out: no run follows */
-    _Atomic uint32_t out_lock;    /* readers | OUT_WRITER */
-    _Atomic uint32_t running_gen; /* the generation the limit timer is for */
-    bool out_live;                /* an output is in the slot, not taken (runner) */
-    bool out_kept;                /* READY moved back to PENDING by a give */
-    bool limit_armed;             /* the runner armed `limit` for this run */
-    uint64_t limit_at;            /* ... for this moment */
-    uint64_t after, every, timeout, for_ns, deadline; /* deadline: UINT64_MAX none */
-    uint32_t runs, done;
-    void *scratch; /* a repeat's run writes here (out_size bytes) */
-    uint64_t next_start;        /* at-rate: the period the next fire is for */
-    struct sched *grave_next;   /* on the graveyard, once its slot is gone */
-    _Atomic unsigned arming;    /* arms under way (arm): not to be freed yet */
-    uint32_t parent, parent_gen; /* an at-rate run: its series (index + 1), or 0 */
-    struct gate *gate;           /* a task that waits for gives; else NULL */
-    uint64_t pubs;               /* outputs published (under out_lock) */
-    void *input;                 /* an at-rate run of a waiting series: its value */
-    size_t input_size;
-    _Atomic uint32_t inflight;   /* at-rate: runs under way | RUN_OWED (top comment) */
-    /* At a rate, the runs under way, for a stop to reach (see "Stopping
-     * the runs"): a series' list and its lock; a run's links in it. */
-    atap_spin runs_lock;
-    bool runs_stopped;             /* series, under runs_lock: link no more */
-    struct sched *run_list;        /* series: the first run linked */
-    struct sched *run_prev, *run_next;
-    uint32_t run_gen;              /* run: its slot's generation */
-    bool linked;                   /* run: on its series' list (its own thread's) */
-    bool stop_seen;                /* run, under runs_lock: a stop took it */
-};
-
-#define RUN_OWED 0x80000000u
-
 /* Each run rewrites the output, so runs write to scratch and publish. */
 static bool rewrites(const struct sched *c)
 {
     return c->kind == ATAP_REPEAT || c->gate != NULL;
-}
-
-static struct sched *sched_of(struct atap_slot *s)
-{
-    return s->ext;
 }
 
 static struct sched *start_owner(struct atap_timer *t)
@@ -345,7 +279,7 @@ static void fault_pause(void)
 /* Arms t; if the manager no longer takes timers and the disarm wins, the
  * caller's RUN reference is written off instead (start) or simply unneeded
  * (limit). Returns whether t stays armed. */
-static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
+bool atap__sched_arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 {
     struct atap_timers *ts = atap__manager_timers();
 
@@ -375,11 +309,6 @@ static bool arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
     return false;
 }
 
-static void rate_tick(struct sched *c);
-static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc);
-static void run_gone(struct atap_slot *s, struct sched *c, uint32_t gen);
-static void rate_stop_runs(struct sched *pc);
-
 /* Runs the manager's fires queue up here and go to the pool in one batch
  * after the pass (atap__sched_flush): one CAS and one wake check for a
  * burst of due timers instead of one each. Manager thread only. */
@@ -398,7 +327,7 @@ static void fire_start(struct atap_timer *t)
     struct sched *c = start_owner(t);
 
     if (c->kind == ATAP_AT_RATE) {
-        rate_tick(c);
+        atap__rate_tick(c);
     } else if (c->blocking) {
         atap__pool_submit(c->index + 1, atap__table_at(c->index)->priority, true);
     } else {
@@ -435,26 +364,13 @@ void atap__sched_write_off(struct atap_timer *t, void *arg)
 
 static bool starts_too_late(struct atap_slot *s, struct sched *c, uint32_t gen);
 
-/* An at-rate run's series: its slot, and its schedule. */
-static struct atap_slot *series_slot(struct sched *c)
-{
-    return atap__table_at(c->parent - 1);
-}
-
-static struct sched *series_of(struct sched *c)
-{
-    return sched_of(series_slot(c));
-}
-
-static bool rate_link(struct sched *c, uint32_t gen);
-
 void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking)
 {
     struct sched *c = sched_of(s);
 
-    if (c->parent && !rate_link(c, gen)) { /* an at-rate run of a stopped series */
+    if (c->parent && !atap__rate_link(c, gen)) { /* an at-rate run of a stopped series */
         atap__exec_stop(s, gen, ST_PENDING, ST_CANCELLED);
-        run_gone(s, c, gen);
+        atap__rate_run_gone(s, c, gen);
         return;
     }
     if (c->gate)
@@ -464,9 +380,9 @@ void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool b
     if (c->kind == ATAP_AT_RATE) { /* the series itself never runs: its timer
                                       starts a fresh run every period */
         c->next_start = atap__deadline(atap__now_ns(), c->after);
-        arm(c, &c->start, c->next_start);
+        atap__sched_arm(c, &c->start, c->next_start);
     } else if (c->after) {
-        arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
+        atap__sched_arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
     } else {
         atap__pool_submit(index + 1, s->priority, blocking);
     }
@@ -496,9 +412,9 @@ void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
         /* Nothing of this series will run, nor of any later one. */
     } else if (c->kind == ATAP_AT_RATE) {
         c->next_start = atap__deadline(atap__now_ns(), c->after);
-        arm(c, &c->start, c->next_start);
+        atap__sched_arm(c, &c->start, c->next_start);
     } else if (c->after) {
-        arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
+        atap__sched_arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
     } else {
         atap__pool_submit(index + 1, s->priority, c->blocking);
     }
@@ -516,7 +432,7 @@ static bool may_claim(struct sched *c, uint32_t state)
 
 /* Ends the series with its last output standing: no run follows. A task
  * that waits for gives asks its gate first: it may wait, or start again. */
-static void finish(struct atap_slot *s, struct sched *c, uint32_t gen)
+void atap__sched_finish(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
     if (c->gate && atap__gate_after(s, c->index, gen))
         return;
@@ -534,7 +450,7 @@ static void finish(struct atap_slot *s, struct sched *c, uint32_t gen)
  * no more gives. Marked finished before the state moves, so no reader sees
  * TAKEN without it. The caller holds RUN, and the state is PENDING unless
  * a cancel came first (then it stays so). */
-static void ran_out_unrun(struct atap_slot *s, struct sched *c, uint32_t gen)
+void atap__sched_ran_out_unrun(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
     bool kept = c->out_kept;
 
@@ -543,16 +459,16 @@ static void ran_out_unrun(struct atap_slot *s, struct sched *c, uint32_t gen)
         atap__gate_end(c->gate);
     st_release(&c->finished, true);
     atap__exec_stop(s, gen, ST_PENDING, kept ? ST_READY : ST_TAKEN);
-    finish(s, c, gen);
+    atap__sched_finish(s, c, gen);
 }
 
 /* A series whose first run could only start past its deadline, given the
- * start delay still to wait: true when it was ended so (ran_out_unrun). */
+ * start delay still to wait: true when it was ended so (atap__sched_ran_out_unrun). */
 static bool starts_too_late(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
     if (c->deadline == UINT64_MAX || atap__deadline(atap__now_ns(), c->after) <= c->deadline)
         return false;
-    ran_out_unrun(s, c, gen);
+    atap__sched_ran_out_unrun(s, c, gen);
     return true;
 }
 
@@ -567,19 +483,19 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
      * one included (it waited in the queue past it). */
     if (now > c->deadline && may_claim(c, word_state(cur))) {
         if (c->done == 0)
-            ran_out_unrun(s, c, gen);
+            atap__sched_ran_out_unrun(s, c, gen);
         else
-            finish(s, c, gen);
+            atap__sched_finish(s, c, gen);
         return false;
     }
     /* An at-rate run of a series stopped meanwhile never starts. A stop
      * that comes after this look reaches the run through its list. */
-    if (c->parent && state_stopped(word_state(ld_acquire(&series_slot(c)->word))))
+    if (c->parent && state_stopped(word_state(ld_acquire(&atap__rate_series_slot(c)->word))))
         atap__exec_stop(s, gen, ST_PENDING, ST_CANCELLED);
     do {
         if (!may_claim(c, word_state(cur))) { /* ended while queued */
             if (c->parent)
-                run_gone(s, c, gen); /* an at-rate run: its series counts it */
+                atap__rate_run_gone(s, c, gen); /* an at-rate run: its series counts it */
             else
                 atap__exec_release_run(s, c->index, gen);
             return false;
@@ -595,7 +511,7 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
     if (c->timeout) {
         st_release(&c->running_gen, gen);
         c->limit_at = atap__deadline(now, c->timeout);
-        c->limit_armed = arm(c, &c->limit, c->limit_at);
+        c->limit_armed = atap__sched_arm(c, &c->limit, c->limit_at);
     }
     *gen_out = gen;
     return true;
@@ -664,7 +580,7 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
      * the manager gone): its runs under way stop too. Before RUN_OWED is
      * set, while our RUN keeps c. */
     if ((ld_acquire(&c->inflight) & ~RUN_OWED) != 0 && state_stopped(word_state(ld_acquire(&s->word))))
-        rate_stop_runs(c);
+        atap__rate_stop_runs(c);
     /* Acq_rel: a run that finished before this saw no RUN_OWED and left
      * the drop to us; what it wrote to the series comes before our free. */
     if (atomic_fetch_or_explicit(&c->inflight, RUN_OWED, memory_order_acq_rel) & ~RUN_OWED)
@@ -675,23 +591,6 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
     if (c->gate)
         atap__exec_stop(s, gen, ST_PENDING, ST_FAILED);
     return false;
-}
-
-/* An at-rate series' fail code is written once, by whichever comes first:
- * a run that failed (rate_run_done, its own code) or another path to FAILED
- * (atap__sched_failing, EFAILED's); each before the CAS that publishes
- * FAILED (a release), so every reader, reading after it, reads the one
- * code. Relaxed: the publishing CAS orders it; runs race only each other. */
-static void series_fail_code(struct atap_slot *p, uint8_t code)
-{
-    __atomic_compare_exchange_n(&p->fail_code, &(uint8_t){0}, code, false, __ATOMIC_RELAXED,
-                                __ATOMIC_RELAXED);
-}
-
-void atap__sched_failing(struct atap_slot *s)
-{
-    if (sched_of(s)->kind == ATAP_AT_RATE)
-        series_fail_code(s, (uint8_t)fail_code_of(ATAP_EFAILED));
 }
 
 bool atap__sched_at_rate(struct atap_slot *s)
@@ -706,16 +605,9 @@ static bool series_over(struct sched *c)
            (c->kind != ATAP_AT_RATE || (ld_acquire(&c->inflight) & ~RUN_OWED) == 0);
 }
 
-void atap__sched_run_started(struct atap_slot *p)
-{
-    /* Relaxed: the caller holds the series' RUN, and whoever drops it gets
-     * it from us through an ordered hand-off (a timer, a gate, this thread). */
-    atomic_fetch_add_explicit(&sched_of(p)->inflight, 1, memory_order_relaxed);
-}
-
 /* The publisher's side of out_lock: waits out the readers, keeps new ones
  * off. Acquire: the last reader's copy is done before we overwrite. */
-static void out_write_lock(struct sched *c)
+void atap__sched_out_write_lock(struct sched *c)
 {
     uint32_t unlocked = 0;
     unsigned spins = 0;
@@ -728,7 +620,7 @@ static void out_write_lock(struct sched *c)
 }
 
 /* Release: the new output is whole before a reader can get in. */
-static void out_write_unlock(struct sched *c)
+void atap__sched_out_write_unlock(struct sched *c)
 {
     st_release(&c->out_lock, 0);
 }
@@ -745,7 +637,7 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
     bool ok, dropped;
 
     atap__kicks_init(&after);
-    out_write_lock(c);
+    atap__sched_out_write_lock(c);
     cur = ld_acquire(&s->word);
     if ((ok = word_gen(cur) == gen && word_state(cur) == ST_RUNNING) && s->out_size) {
         if (c->out_live && s->out_free)
@@ -761,7 +653,7 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
     if (ok && (ok = c->gate ? atap__gate_publish(s, gen, &c->out_kept)
                             : atap__exec_stop(s, gen, ST_RUNNING, ST_READY)))
         atap__flow_publish(s, c->pubs, &after); /* still under the lock: this output */
-    out_write_unlock(c);
+    atap__sched_out_write_unlock(c);
     if (dropped)
         s->out_free(c->scratch);
     atap__flow_kicks_run(&after); /* what it started, after the lock */
@@ -775,7 +667,7 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
 
     c->done++;
     if (c->kind == ATAP_ONCE) { /* a waiting task's run: its gate decides */
-        finish(s, c, gen);
+        atap__sched_finish(s, c, gen);
         return;
     }
     now = atap__now_ns();
@@ -784,7 +676,7 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
         return;
     }
     if ((c->runs && c->done >= c->runs) || now > c->deadline) {
-        finish(s, c, gen);
+        atap__sched_finish(s, c, gen);
         return;
     }
     if (c->every == 0) {
@@ -792,10 +684,10 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
         return;
     }
     if (atap__deadline(now, c->every) > c->deadline) {
-        finish(s, c, gen);
+        atap__sched_finish(s, c, gen);
         return;
     }
-    arm(c, &c->start, atap__deadline(now, c->every));
+    atap__sched_arm(c, &c->start, atap__deadline(now, c->every));
 }
 
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
@@ -810,7 +702,7 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
         atap__now_ns() >= c->limit_at)
         atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT);
     if (c->parent) {
-        rate_run_done(s, c, gen, rc);
+        atap__rate_run_done(s, c, gen, rc);
         return;
     }
     if (rc != 0) {
@@ -820,263 +712,14 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
     if (!rewrites(c)) {
         s->filled = 1;
         atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
-        finish(s, c, gen);
+        atap__sched_finish(s, c, gen);
         return;
     }
     if (!publish(s, c, gen)) { /* cancelled or timed out during the run */
-        finish(s, c, gen);
+        atap__sched_finish(s, c, gen);
         return;
     }
     next_run(s, c, gen);
-}
-
-/* ---- at a rate ------------------------------------------------------------ */
-
-/* The series is still going: not ended, not finished. */
-static bool rate_live(struct atap_slot *s, struct sched *c, uint32_t gen)
-{
-    uint32_t cur = ld_acquire(&s->word), st = word_state(cur);
-
-    return word_gen(cur) == gen && (st == ST_PENDING || st == ST_READY || st == ST_TAKEN) &&
-           !ld_acquire(&c->finished);
-}
-
-/* The manager's fire for an at-rate series (it holds the series' RUN):
- * start one run, then arm the next period, skipping periods already gone
- * (missed while the manager was down, say) rather than making them up. */
-static void rate_tick(struct sched *c)
-{
-    struct atap_slot *s = atap__table_at(c->index);
-    uint32_t gen = word_gen(ld_acquire(&s->word));
-    uint64_t now = atap__now_ns(), next;
-
-    if (!rate_live(s, c, gen)) { /* cancelled or ended by a run */
-        atap__exec_release_run(s, c->index, gen);
-        return;
-    }
-    if (c->done == 0 && c->for_ns)
-        c->deadline = atap__deadline(now, c->for_ns);
-    if (now > c->deadline) { /* the first period too (a late fire) */
-        if (c->done == 0)
-            ran_out_unrun(s, c, gen);
-        else
-            finish(s, c, gen);
-        return;
-    }
-    c->done++;
-    if (atap__exec_spawn_run(s, c->index, gen) != 0) {
-        atap__exec_end(s, c->index, gen, ST_FAILED);
-        return;
-    }
-    if (c->runs && c->done >= c->runs) {
-        finish(s, c, gen);
-        return;
-    }
-    /* Saturating: a period past the clock's end is never (ATAP__FOREVER). */
-    next = atap__deadline(c->next_start, c->every);
-    if (next <= now) {
-        uint64_t skip = (now - next) / c->every + 1;
-
-        next = skip > ATAP__FOREVER / c->every ? ATAP__FOREVER
-                                               : atap__deadline(next, skip * c->every);
-    }
-    c->next_start = next;
-    if (next > c->deadline)
-        finish(s, c, gen);
-    else
-        arm(c, &c->start, next);
-}
-
-int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
-                           uint32_t parent_gen)
-{
-    struct sched *c = sched_of(s), *pc = sched_of(p);
-
-    /* A waiting series: this run keeps a copy of the newest value, since
-     * the runs overlap and a give may replace it meanwhile. */
-    if (pc->gate && (c->input = atap__gate_snapshot(pc->gate, &c->input_size)) == NULL)
-        return -ENOMEM;
-    c->parent = parent_index + 1;
-    c->parent_gen = parent_gen;
-    return 0;
-}
-
-
-/* Run c, published PENDING and not yet queued, joins its series' list:
- * false if the series was stopped (the run must not start). */
-static bool rate_link(struct sched *c, uint32_t gen)
-{
-    struct sched *pc = series_of(c);
-    bool stopped;
-
-    spin_lock(&pc->runs_lock);
-    if (!(stopped = pc->runs_stopped)) {
-        c->run_gen = gen;
-        c->run_prev = NULL;
-        c->run_next = pc->run_list;
-        if (pc->run_list)
-            pc->run_list->run_prev = c;
-        pc->run_list = c;
-        c->linked = true; /* read by run_gone, which the queue orders after */
-    }
-    spin_unlock(&pc->runs_lock);
-    return !stopped;
-}
-
-/* The series pc has been moved to its end state: every run of it under way
- * is cancelled, and none linked later starts (top comment). Idempotent. */
-#define STOP_BATCH 16
-static void rate_stop_runs(struct sched *pc)
-{
-    struct atap_slot *slot[STOP_BATCH];
-    uint32_t index[STOP_BATCH], gen[STOP_BATCH];
-    unsigned n;
-
-    do {
-        n = 0;
-        spin_lock(&pc->runs_lock);
-        pc->runs_stopped = true;
-        for (struct sched *r = pc->run_list; r && n < STOP_BATCH; r = r->run_next) {
-            if (r->stop_seen)
-                continue;
-            r->stop_seen = true;
-            /* Linked, so its RUN is not dropped yet: the hold lands. */
-            slot[n] = atap__table_at(r->index);
-            if (atap__exec_try_hold(slot[n], r->run_gen)) {
-                index[n] = r->index;
-                gen[n++] = r->run_gen;
-            }
-        }
-        spin_unlock(&pc->runs_lock);
-        for (unsigned k = 0; k < n; k++) {
-            atap__exec_cancel(slot[k], index[k], gen[k]);
-            atap__exec_release_listener(slot[k], index[k], gen[k]);
-        }
-    } while (n == STOP_BATCH);
-}
-
-bool atap__sched_series(struct atap_slot *s, uint32_t *index, uint32_t *gen)
-{
-    struct sched *c = sched_of(s);
-
-    if (!c->parent)
-        return false;
-    *index = c->parent - 1;
-    *gen = c->parent_gen;
-    return true;
-}
-
-/* Ends the series from one of its runs (a failure or a timeout): the
- * pending period is disarmed, and whoever wins that owns the series' RUN. */
-static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint32_t to)
-{
-    uint32_t cur = ld_acquire(&p->word), st;
-    /* The series already ran out (its RUN went, or waits for its runs): a
-     * run under way that fails or times out leaves an output that stands,
-     * and ends only a series that has none. */
-    bool ran_out = ld_acquire(&pc->finished);
-
-    do {
-        st = word_state(cur);
-        if (word_gen(cur) != pgen ||
-            (st != ST_PENDING && (ran_out || (st != ST_READY && st != ST_TAKEN))))
-            return;
-    } while (!cas_acqrel(&p->word, &cur, make_word(pgen, to)));
-    if (cur & ST_WAITERS)
-        atap__exec_wake(p);
-    rate_stop_runs(pc);
-    if (atap__timer_disarm(atap__manager_timers(), &pc->start))
-        atap__exec_release_run(p, pc->index, pgen);
-    else if (pc->gate) /* back to waiting for a give: its gate holds RUN */
-        atap__gate_cancelled(p, pc->index, pgen);
-}
-
-/* A run's output becomes the series' output, unless the series ended.
- * *copied: the bytes are the series' now, even if the state moved on
- * before they could be published (a cancel, another run's end, a give's
- * restart): the series lets go of them, never the run. */
-static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, void *out,
-                         bool *copied)
-{
-    struct kicks after;
-    uint32_t cur, st;
-    bool ok;
-
-    atap__kicks_init(&after);
-    out_write_lock(pc);
-    cur = ld_acquire(&p->word);
-    st = word_state(cur);
-    ok = word_gen(cur) == pgen && (st == ST_PENDING || st == ST_READY || st == ST_TAKEN);
-    if (ok && p->out_size) {
-        /* Replaced before anyone took it: READY, or kept through a restart
-         * (PENDING again after a give); a take cleared filled. */
-        if (p->filled && p->out_free)
-            p->out_free(slot_out(p));
-        memcpy(slot_out(p), out, p->out_size);
-        p->filled = 1;
-        *copied = true;
-    }
-    if (ok)
-        pc->pubs++;
-    if (ok && (ok = atap__exec_stop(p, pgen, st, ST_READY)))
-        atap__flow_publish(p, pc->pubs, &after);
-    out_write_unlock(pc);
-    atap__flow_kicks_run(&after);
-    return ok;
-}
-
-/* An at-rate run is over: its slot goes, and the last run done after the
- * series' RUN was dropped drops it now (top comment). Past the RMW the
- * series may be freed: nothing of it is read after. */
-static void run_gone(struct atap_slot *s, struct sched *c, uint32_t gen)
-{
-    uint32_t pindex = c->parent - 1, pgen = c->parent_gen;
-    struct atap_slot *p = atap__table_at(pindex);
-    struct sched *pc = sched_of(p);
-
-    if (c->linked) {
-        spin_lock(&pc->runs_lock);
-        if (c->run_prev)
-            c->run_prev->run_next = c->run_next;
-        else
-            pc->run_list = c->run_next;
-        if (c->run_next)
-            c->run_next->run_prev = c->run_prev;
-        spin_unlock(&pc->runs_lock);
-        c->linked = false;
-    }
-    atap__exec_release_run(s, c->index, gen); /* no handle: this frees s and c */
-    if (atomic_fetch_sub_explicit(&pc->inflight, 1, memory_order_acq_rel) == (RUN_OWED | 1))
-        atap__exec_release_run(p, pindex, pgen);
-}
-
-static void rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int rc)
-{
-    struct atap_slot *p = atap__table_at(c->parent - 1);
-    struct sched *pc = sched_of(p);
-    uint32_t cur = ld_acquire(&s->word);
-    bool copied = false;
-
-    if (word_state(cur) == ST_CANCELLED) { /* its series stopped (rate_stop_runs) */
-        if (rc == 0)
-            s->filled = 1; /* nobody will read it: dropped at free */
-    } else if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
-        if (rc == 0)
-            s->filled = 1; /* dropped at free */
-        rate_end(p, pc, c->parent_gen, ST_TIMED_OUT);
-    } else if (rc != 0) {
-        atap__exec_stop(s, gen, ST_RUNNING, ST_FAILED);
-        /* The series reads its first failed run's code (a plain failure's
-         * as EFAILED's), fixed before rate_end publishes FAILED. */
-        series_fail_code(p, s->fail_code ? s->fail_code : (uint8_t)fail_code_of(ATAP_EFAILED));
-        rate_end(p, pc, c->parent_gen, ST_FAILED);
-    } else if (rate_publish(p, pc, c->parent_gen, slot_out(s), &copied) || copied) {
-        atap__exec_stop(s, gen, ST_RUNNING, ST_TAKEN); /* the series has it now */
-    } else {
-        s->filled = 1; /* nobody will read it: dropped at free */
-        atap__exec_stop(s, gen, ST_RUNNING, ST_READY);
-    }
-    run_gone(s, c, gen);
 }
 
 /* ---- cancelling, reading ------------------------------------------------- */
@@ -1102,7 +745,7 @@ void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
     struct sched *c = sched_of(s);
 
     if (c->kind == ATAP_AT_RATE)
-        rate_stop_runs(c); /* before RUN can go: the caller's hold keeps c */
+        atap__rate_stop_runs(c); /* before RUN can go: the caller's hold keeps c */
     /* A pending delay or gap: whoever wins fire-or-disarm owns RUN. */
     if (atap__timer_disarm(atap__manager_timers(), &c->start))
         atap__exec_release_run(s, index, gen);
