@@ -1,5 +1,6 @@
 /*
- * Tasks that use time: start delays, run timeouts and repeats (schedule.c).
+ * Tasks that use time: start delays, run timeouts and repeats (schedule.c),
+ * and at-rate series (rate.c).
  * A plain one-shot has no schedule (slot->ext is NULL) and never comes here.
  */
 #ifndef ATAP_SCHEDULE_H
@@ -42,10 +43,10 @@ void atap__sched_mark_finished(struct atap_slot *s);
 /* The task's RUN reference (generation gen) is about to go for good: its
  * gate takes no more gives. True when it must stay for now: an at-rate
  * series with runs under way keeps it until the last of them is done
- * (schedule.c), and the caller leaves it alone. */
+ * (rate.c), and the caller leaves it alone. */
 bool atap__sched_ending(struct atap_slot *s, uint32_t gen);
 /* The task is about to read FAILED (not through a run of its own): an
- * at-rate series fixes its code first (schedule.c). */
+ * at-rate series fixes its code first (rate.c). */
 void atap__sched_failing(struct atap_slot *s);
 /* The task is an at-rate series (its runs overlap, in slots of their own). */
 bool atap__sched_at_rate(struct atap_slot *s);
