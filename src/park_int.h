@@ -1,6 +1,8 @@
 /*
- * What park.c shares with sources.c (signals and path changes), and no one
- * else: the park record, its claim, and the sources' side of a park.
+ * What the parks' files (park.c, park_fd.c, park_wheel.c) share with each
+ * other and with sources.c (signals and path changes), and no one else: the
+ * park record, its claim, a park in the slot tail, and the sources' side of
+ * a park.
  */
 #ifndef ATAP_PARK_INT_H
 #define ATAP_PARK_INT_H
@@ -13,7 +15,7 @@
 #include "atap.h"
 #include "timer.h"
 
-/* Whether fd is open now. A table indexed by fd (park.c's fdw table, the
+/* Whether fd is open now. A table indexed by fd (park_fd.c's fdw table, the
  * kqueue path lists in sources.c) grows only for an open one: a closed fd,
  * however large, must not cost a table that size. */
 static inline bool atap__fd_open(int fd)
@@ -60,10 +62,26 @@ struct park {
     _Atomic unsigned got;
     _Atomic uint32_t woken; /* PK_WAKE: a wake came (atap__park_wake) */
     _Atomic uint64_t deadline;
-    struct park *fd_next;     /* its waiter list's lock (park.c or sources.c) */
+    struct park *fd_next;     /* its waiter list's lock (park_fd.c or sources.c) */
     struct park *prev, *next; /* registry, reg_lock */
     struct park *grave_next;
 };
+
+/* The events a park on an fd may ask for (HUP and ERR come unasked). */
+#define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
+
+/* The claim word of a park in the slot tail: state | events wanted << 8 |
+ * events seen << 12 | the T_ bits below. */
+#define T_STATE 0xffu
+#define T_WANT_SHIFT 8
+#define T_GOT_SHIFT 12
+#define T_FD 0x10000u     /* an fd park (else a deadline park) */
+#define T_TIMED 0x20000u  /* an fd park with a deadline: on the wheel too */
+#define T_LINKED 0x40000u /* on its fd's list: changed under fd_lock */
+#define T_FILED 0x80000u  /* in a wheel bucket: the manager's alone */
+
+struct atap_ctx;
+struct atap_slot;
 
 /* park.c. Claims p for `by`: 1 if claimed from ARMED (the caller then
  * completes it), -1 from ARMING (its parker completes it), 0 if someone
@@ -72,6 +90,42 @@ int atap__park_claim(struct park *p, int by);
 /* park.c. The one claimant's work: off everything it is on, then the task
  * runs again (READY, DEADLINE) or its run ends failed. No lock held. */
 void atap__park_complete(struct park *p, int by);
+
+/* park_fd.c. A park record joins its fd's list and watch (else its source's): 0 or -errno. */
+int atap__park_fd_add(struct park *p);
+/* park_fd.c. Takes a park record off its fd's (else its source's) list, if still on it. */
+void atap__park_fd_remove(struct park *p);
+/* park_fd.c. 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen. */
+int atap__park_tclaim(struct atap_slot *s, int by, unsigned got);
+/* park_fd.c. The one claimant's work for a tail fd park (linked: still on its list). */
+void atap__park_tail_fd_complete(uint32_t index, int by, bool linked);
+/* park_fd.c. The runner: a park on an fd goes in the slot tail (with a deadline: the wheel too). */
+void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx);
+/* park_fd.c. Takes a tail fd park off its fd's list if still on it (T_LINKED); takes fd_lock. */
+void atap__park_tail_off_fd(struct atap_slot *s, uint32_t index);
+/* park_fd.c. The manager starts: tail fd parks are taken, and a failed watch marks its fd deaf. */
+void atap__park_tails_open(void);
+/* park_fd.c. No manager: every tail fd park ends, and later ones end at once. */
+void atap__park_tails_close(void);
+/* park_fd.c. In a fork's child (atap__park_forget): the fd table is forgotten. */
+void atap__park_fd_forget(void);
+
+/* park_wheel.c. The runner: a deadline park goes on the wheel, which now owns RUN. */
+void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx);
+/* park_wheel.c. Pushes slot index on the wheel's inbox; false: closed, the parker acts. */
+bool atap__park_wheel_push(uint32_t index);
+/* park_wheel.c. A stop claimed a park of the wheel: its bucket is marked for the manager. */
+void atap__park_wheel_stopped(struct atap_slot *s);
+/* park_wheel.c. Whoever holds a park of the wheel acts on it: queues its task or ends its run. */
+void atap__park_tail_act(uint32_t index, int by, bool batch);
+/* park_wheel.c. Manager: takes slot index out of its bucket (an fd's event claimed it). */
+void atap__park_unfile(uint32_t index);
+/* park_wheel.c. The manager starts: the wheel takes arms again. */
+void atap__park_wheel_open(void);
+/* park_wheel.c. No manager: every deadline park ends, and later arms end their own runs. */
+void atap__park_wheel_close(void);
+/* park_wheel.c. In a fork's child (atap__park_forget): the wheel is forgotten. */
+void atap__park_wheel_forget(void);
 
 /* sources.c. A signal or path park joins its source's list (p->fd becomes
  * the list's number). 0 or -errno. */

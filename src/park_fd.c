@@ -1,0 +1,627 @@
+/*
+ * Parks on fds (atap_park_fd). park.c owns the parks and their claims; this
+ * file keeps each parked fd watched on the manager's poller and turns what
+ * the poller reports of it into claims on the parks waiting for it. What it
+ * keeps, under fd_lock: an fd with parks on it not yet claimed is watched
+ * one-shot for what they want (or its report is on its way to
+ * atap__park_event), or it is deaf and the next tick watches it again; a
+ * manager's death spends watches, and atap__park_rearm renews them all. A
+ * park leaves its fd's list only once claimed, by whoever completes it, or
+ * at its join, when its own watch fails.
+ *
+ * Several parks on one fd share a `struct fdw` (one per fd number, kept for
+ * the process's life, since the poller may still report it; a fork's child
+ * forgets them with the poller, atap__park_forget): its waiter
+ * list and the union of their events, watched one-shot on the manager's
+ * poller and watched again after each event with what is still wanted.
+ *
+ * An fd whose watch fails (the kernel out of memory, say) is deaf: after a
+ * report its one-shot watch is spent, so nothing says the parks still
+ * waiting on it will be told of it again. rewatch() puts such an fdw on
+ * deaf_fds, under fd_lock, the lock of its waiter list and of every watch
+ * of it, and every manager tick (atap__park_retry) watches each deaf fd
+ * again, under fd_lock too. A watch that holds is level-triggered: it
+ * reports what is ready now, so nothing is lost, only late by a tick at
+ * most. One that fails again leaves the fd deaf for the next tick, and the
+ * tick looks at the fd itself (poll(2), which does not wait) and claims
+ * the parks it finds ready as a report would have (a closed fd reads ERR:
+ * its parks resume with ATAP_ERROR rather than wait for a watch that can
+ * never hold). The tick claims through the same CAS as anyone, so a park a
+ * cancel, a deadline or a report took is not claimed again, and whoever
+ * won takes it off the list under fd_lock, which watches the fd again for
+ * the rest; it runs on the manager thread, as reports do, so it may take a
+ * timed park out of the wheel. A mark never outlives its fd's parks: any
+ * watch of the fd that holds, or that finds nobody left to watch for, and
+ * a report that leaves nobody on the fd, take it off the list; and the
+ * list holds only fds whose last watch failed, so a tick with none deaf
+ * costs one relaxed load. A joining park's own watch that fails resumes
+ * that park at once with ATAP_ERROR, and the watch then renewed for the
+ * others decides whether the fd is deaf. The list outlives a manager's
+ * death: the restart's watch of every parked fd (atap__park_rearm) clears
+ * or keeps each mark, and the next manager's ticks go on. Once no manager
+ * will run again (fd_closed, set with the list emptied under fd_lock) no
+ * fd is marked: every park is being written off, and no tick would retry.
+ * All of this is park_fd.c's, so every backend behaves alike.
+ *
+ * A park on an fd with a deadline, in the slot tail, is on both its fd's
+ * list and the park wheel (park_wheel.c); tail_timed_arm says how the two
+ * meet.
+ */
+#include "park.h"
+#include "park_int.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "executor.h"
+#include "faults.h"
+#include "manager.h"
+#include "poller.h"
+#include "pool.h"
+#include "slot.h"
+#include "table.h"
+#include "wait.h"
+
+_Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_WRITE &&
+                   ATAP_HANGUP == ATAP__POLL_HUP && ATAP_ERROR == ATAP__POLL_ERR,
+               "public event bits are the poller's");
+
+struct fdw {
+    int fd;
+    bool deaf;             /* fd_lock: its last watch failed; on deaf_fds (see the top) */
+    struct fdw *deaf_next; /* deaf_fds, fd_lock */
+    struct park *waiters;  /* parks with a record (park.c's struct park) */
+    uint32_t tails;        /* parks in the slot tail: slot index + 1, on `link` */
+};
+
+static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool fd_closed; /* fd_lock: no manager will run again */
+static struct fdw **fdtab;
+static size_t fdcap;
+/* The deaf fds (see the top): written under fd_lock only; the tick's
+ * unlocked look at the head is only a filter (relaxed: what it finds it
+ * reads again under fd_lock, and a head it misses it meets at its next
+ * tick). */
+static struct fdw *_Atomic deaf_fds;
+
+/* ---- fds ----------------------------------------------------------------- */
+
+static _Atomic uint32_t *link_of(uint32_t index)
+{
+    return &atap__table_at(index)->link;
+}
+
+static unsigned wanted(const struct fdw *f)
+{
+    unsigned ev = 0;
+
+    /* A claimed record waits only for its parker to take it off the list:
+     * watching its events for it would report a level-ready fd again and
+     * again meanwhile. */
+    for (struct park *p = f->waiters; p; p = p->fd_next)
+        if (P_STATE(ld_relaxed(&p->claim)) < P_CLAIMED)
+            ev |= p->events;
+    for (uint32_t x = f->tails; x; x = ld_relaxed(link_of(x - 1))) {
+        uint32_t c = ld_relaxed(&atap__table_at(x - 1)->out.park.claim);
+        if ((c & T_STATE) < P_CLAIMED) /* a stopped one waiting for the wheel wants nothing */
+            ev |= (c >> T_WANT_SHIFT) & 0xfu;
+    }
+    return ev;
+}
+
+/* fd_lock held: f goes on deaf_fds, or off it. */
+static void set_deaf(struct fdw *f, bool deaf)
+{
+    struct fdw *x;
+
+    if (f->deaf == deaf)
+        return;
+    f->deaf = deaf;
+    if (deaf) {
+        f->deaf_next = ld_relaxed(&deaf_fds);
+        st_relaxed(&deaf_fds, f);
+    } else if ((x = ld_relaxed(&deaf_fds)) == f) {
+        st_relaxed(&deaf_fds, f->deaf_next);
+    } else { /* deaf fds are few: a walk */
+        while (x->deaf_next != f)
+            x = x->deaf_next;
+        x->deaf_next = f->deaf_next;
+    }
+}
+
+/* fd_lock held: the fd's watch follows its waiters; one that fails leaves
+ * the fd deaf, unless no manager will run again (see the top). again: a
+ * watch renewed for the parks already waiting (after a report, a park
+ * leaving, a restart, a tick's retry), where a fault may be injected; not
+ * a joining park's own. */
+static int rewatch(struct fdw *f, bool again)
+{
+    struct atap_poller *mp = atap__manager_poller();
+    unsigned ev = wanted(f);
+    int rc = 0;
+
+    if (ev)
+        rc = again && FAULT_WATCH_FAILS() ? -ENOMEM : atap__poller_watch(mp, f->fd, ev, f);
+    else
+        atap__poller_unwatch(mp, f->fd); /* -EBADF for a closed fd: nothing to undo */
+    set_deaf(f, rc != 0 && !fd_closed);
+    return rc;
+}
+
+/* fd_lock held. NULL (the park then resumes with ATAP_ERROR) for no
+ * memory, or a closed fd beyond the table. */
+static struct fdw *fdw_of(int fd)
+{
+    if ((size_t)fd >= fdcap) {
+        size_t cap = fdcap;
+        struct fdw **t;
+
+        if (!atap__fd_open(fd) || !atap__grow_cap(&cap, (size_t)fd))
+            return NULL;
+        if (!(t = realloc(fdtab, cap * sizeof *t)))
+            return NULL;
+        memset(t + fdcap, 0, (cap - fdcap) * sizeof *t);
+        fdtab = t;
+        fdcap = cap;
+    }
+    if (!fdtab[fd] && (fdtab[fd] = calloc(1, sizeof *fdtab[fd])))
+        fdtab[fd]->fd = fd;
+    return fdtab[fd];
+}
+
+/* ---- fd parks in the slot tail ---------------------------------------------
+ *
+ * A park on an fd with no deadline, in a task whose output leaves the slot's
+ * park tail free, keeps its claim word (with the events wanted and seen) and
+ * its fd in the tail and waits on its fdw's `tails` list through the slot's
+ * `link`: it costs nothing beyond the slot. Same claim protocol as a park
+ * record (claimed from ARMED: the claimant completes; from ARMING: the
+ * parker does), and the completer takes it off the list under fd_lock.
+ */
+
+/* 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen. */
+int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
+{
+    uint32_t c = ld_seqcst(&s->out.park.claim);
+
+    for (;;) {
+        uint32_t st = c & T_STATE;
+        if (st != P_ARMING && st != P_ARMED)
+            return 0;
+        if (atomic_compare_exchange_weak_explicit(
+                &s->out.park.claim, &c,
+                (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) | got << T_GOT_SHIFT | P_CLAIMED |
+                    (uint32_t)by,
+                memory_order_acq_rel, memory_order_acquire))
+            return st == P_ARMED ? 1 : -1;
+    }
+}
+
+/* fd_lock held: takes slot index off its fd's tail list. */
+static void tail_unlink(uint32_t index)
+{
+    struct atap_slot *s = atap__table_at(index);
+    struct fdw *f = fdtab[ld_relaxed(&s->out.park.fd)];
+    uint32_t x = f->tails;
+
+    atomic_fetch_and_explicit(&s->out.park.claim, ~T_LINKED, memory_order_relaxed);
+    if (x == index + 1) {
+        f->tails = ld_relaxed(link_of(index));
+    } else {
+        while (ld_relaxed(link_of(x - 1)) != index + 1)
+            x = ld_relaxed(link_of(x - 1));
+        st_relaxed(link_of(x - 1), ld_relaxed(link_of(index)));
+    }
+    rewatch(f, true);
+}
+
+/* fd_lock taken here: a tail fd park comes off its fd's list if it is still
+ * on it (T_LINKED). */
+void atap__park_tail_off_fd(struct atap_slot *s, uint32_t index)
+{
+    pthread_mutex_lock(&fd_lock);
+    if (ld_relaxed(&s->out.park.claim) & T_LINKED)
+        tail_unlink(index);
+    pthread_mutex_unlock(&fd_lock);
+}
+
+/* The one claimant's work for a tail fd park (linked: still on its list). */
+void atap__park_tail_fd_complete(uint32_t index, int by, bool linked)
+{
+    struct atap_slot *s = atap__table_at(index);
+
+    if (linked) {
+        pthread_mutex_lock(&fd_lock);
+        tail_unlink(index);
+        pthread_mutex_unlock(&fd_lock);
+    }
+    if (by == BY_READY) { /* the claim stays for the resumed run to read */
+        /* (A task claimed aside never parks on an fd in the tail: its link
+         * may still chain a queue; park.c's tail_fd_park.) */
+        atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        return;
+    }
+    st_relaxed(&s->out.park.claim, P_IDLE);
+    atap__exec_finish_run(s, index, word_gen(ld_acquire(&s->word)), ATAP_EFAILED);
+}
+
+static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx);
+
+void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    uint32_t bits = ctx->events << T_WANT_SHIFT | T_FD, c = P_ARMING | bits, w, st;
+    bool linked = false;
+    struct fdw *f;
+    int by = 0;
+
+    if (ctx->deadline != ATAP__FOREVER) {
+        tail_timed_arm(s, ctx);
+        return;
+    }
+    atap__exec_hold(s); /* the slot stays ours until we are done (see atap__park_arm) */
+    st_relaxed(&s->out.park.fd, (uint32_t)ctx->fd);
+    st_seqcst(&s->out.park.claim, c); /* against a canceller */
+    pthread_mutex_lock(&fd_lock);
+    if (fd_closed) {
+        by = BY_OFF;
+    } else if (!(f = fdw_of(ctx->fd))) {
+        by = BY_READY;
+    } else {
+        st_relaxed(link_of(ctx->index), f->tails);
+        f->tails = ctx->index + 1;
+        linked = true;
+        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
+            tail_unlink(ctx->index);
+            linked = false;
+            by = BY_READY;
+        }
+    }
+    pthread_mutex_unlock(&fd_lock);
+    if (by)
+        atap__park_tclaim(s, by, by == BY_READY ? ATAP_ERROR : 0);
+    /* seq_cst: with the load of the word below, against the canceller's
+     * state change and fence before its claim (store against store). */
+    if (!atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_ARMED | bits,
+                                                 memory_order_seq_cst, memory_order_acquire)) {
+        atap__park_tail_fd_complete(ctx->index, (int)(c & T_STATE & ~P_CLAIMED), linked);
+    } else {
+        /* A stop before the park could be found. Once armed, the park may
+         * already have been claimed and the task parked again (on the wheel,
+         * say): act as the canceller does, on whatever park the task is in. */
+        w = ld_seqcst(&s->word);
+        st = word_state(w);
+        if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
+            atap__park_interrupt(s, ctx->index, ctx->gen);
+    }
+    atap__exec_release_listener(s, ctx->index, ctx->gen);
+}
+
+/* An fd park with a deadline, in the tail: on its fd's list (through
+ * `link`) and on the wheel (through wnext / wprev) at once. The claim is
+ * ARMED from the start: any claimant only claims (an fd's event also takes
+ * it off the fd's list), and whoever holds it on the wheel acts (atap__park_tail_act):
+ * the manager once it has taken it from the inbox, or this parker when the
+ * wheel is closed. The manager handles an fd's event itself, so one that
+ * claims a park it has filed takes it out of its bucket and queues it
+ * there and then; one it has not filed yet it queues when it takes it in. */
+static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    uint32_t w, st;
+    unsigned got = 0;
+    struct fdw *f;
+    int by = 0;
+
+    st_relaxed(&s->out.park.fd, (uint32_t)ctx->fd);
+    st_relaxed(&s->out.park.deadline, ctx->deadline);
+    st_seqcst(&s->out.park.claim, P_ARMED | ctx->events << T_WANT_SHIFT | T_FD | T_TIMED);
+    pthread_mutex_lock(&fd_lock);
+    if (fd_closed) {
+        by = BY_OFF;
+    } else if (!(f = fdw_of(ctx->fd))) {
+        by = BY_READY, got = ATAP_ERROR;
+    } else {
+        st_relaxed(link_of(ctx->index), f->tails);
+        f->tails = ctx->index + 1;
+        atomic_fetch_or_explicit(&s->out.park.claim, T_LINKED, memory_order_relaxed);
+        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
+            tail_unlink(ctx->index);
+            by = BY_READY, got = ATAP_ERROR;
+        }
+    }
+    pthread_mutex_unlock(&fd_lock);
+    if (by)
+        atap__park_tclaim(s, by, got);
+    w = ld_seqcst(&s->word); /* a stop before the park could be found */
+    st = word_state(w);
+    if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
+        atap__park_tclaim(s, BY_STOP, 0);
+    if (!atap__park_wheel_push(ctx->index))
+        atap__park_tail_act(ctx->index, BY_OFF, false);
+}
+
+int atap__park_fd_add(struct park *p)
+{
+    struct fdw *f;
+    int rc = -ENOMEM;
+
+    if (p->kind != PK_FD)
+        return atap__source_add(p);
+    pthread_mutex_lock(&fd_lock);
+    if ((f = fdw_of(p->fd)) != NULL) {
+        p->fd_next = f->waiters;
+        f->waiters = p;
+        p->on_fd = true;
+        if ((rc = rewatch(f, false)) < 0) {
+            f->waiters = p->fd_next;
+            p->on_fd = false;
+            rewatch(f, true);
+        }
+    }
+    pthread_mutex_unlock(&fd_lock);
+    return rc;
+}
+
+void atap__park_fd_remove(struct park *p)
+{
+    if (p->kind != PK_FD) {
+        atap__source_remove(p);
+        return;
+    }
+    pthread_mutex_lock(&fd_lock);
+    if (p->on_fd) {
+        struct park **at = &fdtab[p->fd]->waiters;
+
+        while (*at != p)
+            at = &(*at)->fd_next;
+        *at = p->fd_next;
+        p->on_fd = false;
+        rewatch(fdtab[p->fd], true);
+    }
+    pthread_mutex_unlock(&fd_lock);
+}
+
+/* The parks an fd's report claimed, to complete once fd_lock is let go:
+ * records through fd_next, tail parks through their slots' `link` (off
+ * their fd's list now), timed ones apart (the wheel may hold them). */
+struct resumes {
+    struct park *ready;
+    uint32_t tready, ttimed;
+};
+
+static unsigned look(int fd, unsigned want);
+
+/* What a park that wants `want` is told of a report of `events` on f. On
+ * kqueue an fd's two directions are two filters, and a watch made while the
+ * manager waits may wake it between the two: a park told of one direction
+ * that wants the other too looks at it itself (poll(2), which does not
+ * wait; at most once per report, *seen keeping what it found), so a park
+ * on both hears of both, as on epoll and poll, where one report says both. */
+static unsigned told(const struct fdw *f, unsigned events, unsigned want, int *seen)
+{
+#if defined(ATAP_POLLER_KQUEUE)
+    unsigned missing = want & EVENT_BITS & ~events;
+
+    if (missing && (want & events & EVENT_BITS)) {
+        if (*seen < 0)
+            *seen = (int)look(f->fd, EVENT_BITS);
+        events |= (unsigned)*seen & missing;
+    }
+#else
+    (void)f, (void)want, (void)seen;
+#endif
+    return events;
+}
+
+/* fd_lock held: claims for READY every park on f that `events` (as the
+ * poller reports them) makes ready, and moves it to r. */
+static void claim_ready(struct fdw *f, unsigned events, struct resumes *r)
+{
+    struct park *p, **at;
+    int seen = -1;
+
+    for (at = &f->waiters; (p = *at) != NULL;) {
+        unsigned got = told(f, events, p->events, &seen);
+
+        /* HUP and ERR mean ready for whatever was asked. */
+        /* got first: a claim from ARMING is completed by the parker. */
+        if (((p->events & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
+            (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY) == 1)) {
+            *at = p->fd_next;
+            p->on_fd = false;
+            p->fd_next = r->ready;
+            r->ready = p;
+        } else {
+            at = &p->fd_next;
+        }
+    }
+    for (uint32_t x = f->tails, prev = 0, next; x; x = next) {
+        struct atap_slot *t = atap__table_at(x - 1);
+        uint32_t c = ld_acquire(&t->out.park.claim);
+        unsigned want = (c >> T_WANT_SHIFT) & 0xfu;
+
+        next = ld_relaxed(link_of(x - 1));
+        if (((want & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
+            atap__park_tclaim(t, BY_READY, told(f, events, want, &seen)) == 1) {
+            if (prev)
+                st_relaxed(link_of(prev - 1), next);
+            else
+                f->tails = next;
+            if (c & T_TIMED) {
+                atomic_fetch_and_explicit(&t->out.park.claim, ~T_LINKED, memory_order_relaxed);
+                st_relaxed(link_of(x - 1), r->ttimed);
+                r->ttimed = x;
+            } else {
+                st_relaxed(link_of(x - 1), r->tready);
+                r->tready = x;
+            }
+        } else {
+            prev = x;
+        }
+    }
+}
+
+/* The manager, fd_lock let go: completes what claim_ready claimed. */
+static void complete_ready(struct resumes *r)
+{
+    struct park *p;
+
+    while (r->tready) {
+        uint32_t next = ld_relaxed(link_of(r->tready - 1));
+        atap__park_tail_fd_complete(r->tready - 1, BY_READY, false);
+        r->tready = next;
+    }
+    while (r->ttimed) { /* the manager holds those it filed; the rest it meets
+                           in its inbox, claimed, and queues then */
+        uint32_t next = ld_relaxed(link_of(r->ttimed - 1));
+        if (ld_relaxed(&atap__table_at(r->ttimed - 1)->out.park.claim) & T_FILED) {
+            atap__park_unfile(r->ttimed - 1);
+            atap__park_tail_fd_complete(r->ttimed - 1, BY_READY, false);
+        }
+        r->ttimed = next;
+    }
+    while ((p = r->ready) != NULL) {
+        r->ready = p->fd_next;
+        atap__park_complete(p, BY_READY);
+    }
+}
+
+void atap__park_event(void *udata, unsigned events, unsigned kind)
+{
+    struct fdw *f = udata;
+    struct resumes r = {0};
+
+    if (atap__source_event(udata, events, kind))
+        return;
+    pthread_mutex_lock(&fd_lock);
+    claim_ready(f, events, &r);
+    if (f->waiters || f->tails) /* one-shot: the rest are watched again (failed:
+                                   deaf, see the top); with none left the watch
+                                   is spent already, and the fd may be closed */
+        rewatch(f, true);
+    else
+        set_deaf(f, false); /* nobody left to hear it */
+    pthread_mutex_unlock(&fd_lock);
+    complete_ready(&r);
+}
+
+/* fd_lock held: the events of `want` that fd is ready for now (poll(2),
+ * which does not wait), with HUP and ERR (a closed fd: ERR); 0 for none,
+ * or a look that failed. */
+static unsigned look(int fd, unsigned want)
+{
+    struct pollfd pfd = {.fd = fd, .events = atap__poll_interest(want)};
+
+    if (poll(&pfd, 1, 0) != 1)
+        return 0;
+    return atap__poll_report(pfd.revents);
+}
+
+/* The manager, each tick: every deaf fd is watched again (see the top); one
+ * whose watch fails again is looked at, and the parks it finds ready are
+ * claimed as the poller's report would claim them. The list is taken
+ * whole, under fd_lock, before any watch is tried: a watch that fails puts
+ * its fd back on the emptied list, for the next tick. */
+void atap__park_retry(void)
+{
+    struct fdw *f, *next;
+    struct resumes r = {0};
+    unsigned ev;
+
+    if (!ld_relaxed(&deaf_fds))
+        return;
+    pthread_mutex_lock(&fd_lock);
+    f = ld_relaxed(&deaf_fds);
+    st_relaxed(&deaf_fds, NULL);
+    for (next = f; next; next = next->deaf_next)
+        next->deaf = false;
+    for (; f; f = next) {
+        next = f->deaf_next; /* before a failure links f again */
+        if (rewatch(f, true) == 0 || !(ev = look(f->fd, wanted(f))))
+            continue;
+        claim_ready(f, ev, &r);
+        if (!f->waiters && !f->tails)
+            set_deaf(f, false); /* nobody left to hear it */
+    }
+    pthread_mutex_unlock(&fd_lock);
+    complete_ready(&r);
+}
+
+/* ---- the manager's side (every fd at once) ------------------------------ */
+
+/* The manager starts: a watch that fails marks its fd deaf again, and tail
+ * fd parks are taken. */
+void atap__park_tails_open(void)
+{
+    pthread_mutex_lock(&fd_lock);
+    fd_closed = false;
+    pthread_mutex_unlock(&fd_lock);
+}
+
+/* Between two managers' lives (the supervisor calls it; no manager runs).
+ * A manager that died between its wait and handing out what the wait
+ * reported took those reports with it, and the one-shot watches they spent
+ * stay disarmed. Watched again, each fd is looked at afresh by the kernel
+ * (level-triggered), so the next manager hears of everything still ready;
+ * the sources read what they hold (a signal's pending flag outlives its
+ * pipe byte, and inotify keeps what was not read). No parked task is run for
+ * nothing, and deadlines need nothing: their wheels belong to the runtime. */
+void atap__park_rearm(void)
+{
+    pthread_mutex_lock(&fd_lock);
+    for (size_t fd = 0; fd < fdcap; fd++)
+        if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails))
+            rewatch(fdtab[fd], true);
+    pthread_mutex_unlock(&fd_lock);
+    atap__sources_rearm();
+}
+
+/* No manager: every tail fd park ends, and later ones end at once. */
+void atap__park_tails_close(void)
+{
+    uint32_t off = 0;
+
+    pthread_mutex_lock(&fd_lock);
+    fd_closed = true;
+    while (ld_relaxed(&deaf_fds)) /* no tick will retry them, and none is marked now */
+        set_deaf(ld_relaxed(&deaf_fds), false);
+    for (size_t fd = 0; fd < fdcap; fd++) {
+        struct fdw *f = fdtab[fd];
+        for (uint32_t x = f ? f->tails : 0, prev = 0, next; x; x = next) {
+            struct atap_slot *t = atap__table_at(x - 1);
+            next = ld_relaxed(link_of(x - 1));
+            if (ld_relaxed(&t->out.park.claim) & T_TIMED) {
+                prev = x; /* the wheel's: atap__park_wheel_close, or its parker, ends it */
+            } else if (atap__park_tclaim(t, BY_OFF, 0) == 1) {
+                if (prev)
+                    st_relaxed(link_of(prev - 1), next);
+                else
+                    f->tails = next;
+                st_relaxed(link_of(x - 1), off);
+                off = x;
+            } else {
+                prev = x; /* claimed while arming: its parker ends it */
+            }
+        }
+    }
+    pthread_mutex_unlock(&fd_lock);
+    while (off) {
+        uint32_t next = ld_relaxed(link_of(off - 1));
+        atap__park_tail_fd_complete(off - 1, BY_OFF, false);
+        off = next;
+    }
+}
+
+/* In a fork's child (atap__park_forget, park.c): the fd table and its lock
+ * go back to the state before the first start, unfreed. */
+void atap__park_fd_forget(void)
+{
+    fd_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    fd_closed = false;
+    fdtab = NULL;
+    fdcap = 0;
+    st_relaxed(&deaf_fds, NULL);
+}

@@ -1,0 +1,361 @@
+/*
+ * The park wheel (deadline parks in the slot itself, with no park record).
+ * park.c owns the parks and their claims, which a park in the slot keeps in
+ * its tail's claim word (atap__park_tclaim, park_fd.c); this file owns such
+ * a park from its push to its end, and keeps that, whoever claims it, only
+ * the wheel's holder (the manager, or a parker the closed wheel turned
+ * away) queues its task again or ends its run (atap__park_tail_act).
+ *
+ * Deadline parks in the slot itself. A park on a deadline, in a task whose
+ * output leaves the slot's park tail free (slot.h), costs no memory beyond
+ * the slot: its claim word and deadline sit in the tail, and the park wheel
+ * below links it through the tail's wnext / wprev. The wheel owns such a
+ * park, and its RUN reference, until the manager meets it: at its deadline
+ * (or a shutdown), the manager claims it, or finds it claimed by a cancel or
+ * a timeout, and only then queues the task again or ends its run. A stop
+ * that claims one marks its bucket (stop_bits), which the manager's next run
+ * goes through, so a cancelled park's slot goes at once too. It is ARMED
+ * before it is pushed, and the push is the parker's last touch of the slot.
+ * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
+ * takes the stack and files each slot in a bucket of a hashed wheel of
+ * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
+ * end its run itself. A park on an fd with a deadline is on both its fd's
+ * list and the wheel (park_fd.c's tail_timed_arm says how the two meet).
+ */
+#include "park.h"
+#include "park_int.h"
+
+#include <string.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "executor.h"
+#include "manager.h"
+#include "pool.h"
+#include "slot.h"
+#include "table.h"
+#include "wait.h"
+
+/* ---- the park wheel (deadline-only parks in the slot) ------------------------ */
+
+#define WHEEL_TICK_SHIFT 16 /* 65.5 us */
+#define WHEEL_BITS 16       /* 65536 buckets: 4.3 s a round */
+#define WHEEL_N (1u << WHEEL_BITS)
+#define INBOX_CLOSED UINT32_MAX
+
+static _Atomic uint32_t inbox; /* slot index + 1 of the newest arm, 0, or CLOSED */
+/* Buckets holding a park a stop claimed (a bit each), and whether any is
+ * set: the manager visits them at its next run, so a cancelled park's slot
+ * goes at once rather than at its deadline. */
+static _Atomic uint64_t stop_bits[WHEEL_N / 64];
+static _Atomic bool stops_pending;
+static struct {                /* the manager's (or, closing, its stopper's) */
+    uint32_t head[WHEEL_N];    /* slot index + 1, linked through wnext / wprev */
+    uint64_t bits[WHEEL_N / 64];
+    uint64_t done; /* every tick up to this one has been gone through */
+    bool started;
+} wheel;
+
+/* Pushes slot index on the wheel's inbox: a parker's last touch of the
+ * slot, since the manager may act on it, and free it, at once. False when
+ * the wheel is closed: no manager will meet it, so the parker acts. */
+bool atap__park_wheel_push(uint32_t index)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t head = ld_relaxed(&inbox);
+
+    do {
+        if (head == INBOX_CLOSED)
+            return false;
+        st_relaxed(&s->out.park.wnext, head);
+        /* Release: the deadline, claim and link reach the manager. */
+    } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, index + 1,
+                                                    memory_order_release, memory_order_relaxed));
+    if (head == 0)
+        atap__manager_wake(); /* it files what it finds and sleeps again */
+    return true;
+}
+
+static uint32_t bucket_of(struct atap_slot *s);
+
+/* A stop claimed a park of the wheel (the caller holds a listener, or is
+ * the manager): its bucket is marked for the manager's next run, which acts
+ * on what is claimed there (bucket_run). One not filed yet is acted on when
+ * the manager takes it in, claimed. Release: the claim comes with the mark. */
+void atap__park_wheel_stopped(struct atap_slot *s)
+{
+    uint32_t b = bucket_of(s);
+
+    atomic_fetch_or_explicit(&stop_bits[b / 64], UINT64_C(1) << (b % 64), memory_order_release);
+    st_release(&stops_pending, true);
+    atap__manager_wake();
+}
+
+/* The runner: the park goes on the wheel, which now owns RUN. It is ARMED
+ * before it is pushed, and the push is the last we touch of the slot: once
+ * pushed, the manager may end it and free the slot at any moment. A stop
+ * that came before the ARMED store was visible is claimed here (seq_cst,
+ * against the canceller's CAS and fence); one after it claims it itself. */
+void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    uint32_t w, st;
+
+    st_relaxed(&s->out.park.deadline, ctx->deadline);
+    st_seqcst(&s->out.park.claim, P_ARMED);
+    w = ld_seqcst(&s->word);
+    st = word_state(w);
+    if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
+        atap__park_tclaim(s, BY_STOP, 0);
+    if (!atap__park_wheel_push(ctx->index))
+        atap__park_tail_act(ctx->index, BY_OFF, false);
+}
+
+/* Resumes found in one pass, queued together: one CAS and one wake check
+ * for a burst. Manager (or closer) only. */
+#define RESUME_BATCH 256
+static uint32_t resumed[RESUME_BATCH];
+static unsigned nresumed;
+
+static void wheel_flush(void)
+{
+    atap__pool_submit_batch(resumed, nresumed);
+    nresumed = 0;
+}
+
+/* Whoever holds a park of the wheel acts on it: the manager at its deadline
+ * (or a close, with by OFF), or a parker the closed wheel turned away. It
+ * claims it, or finds the claim already made (a cancel, a timeout, an fd's
+ * event), takes a timed fd park off its fd's list if still on it, and then
+ * queues the task again (DEADLINE, READY) or ends its run. batch: the
+ * manager's, whose bursts go to the pool together (wheel_flush). */
+void atap__park_tail_act(uint32_t index, int by, bool batch)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t gen = word_gen(ld_acquire(&s->word)), c;
+
+    atap__park_tclaim(s, by, 0);
+    c = ld_acquire(&s->out.park.claim);
+    if (c & T_FD)
+        atap__park_tail_off_fd(s, index);
+    if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
+        if (atap__exec_resume_stale(s, index, gen))
+            return; /* its old queue entry runs it */
+        if (!batch || (s->flags & SF_BLOCKING)) {
+            atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        } else {
+            if (nresumed == RESUME_BATCH)
+                wheel_flush();
+            resumed[nresumed++] = index + 1;
+        }
+        return;
+    }
+    st_relaxed(&s->out.park.claim, P_IDLE);
+    atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
+}
+
+static uint64_t tick_of(uint64_t ns)
+{
+    return ns >> WHEEL_TICK_SHIFT;
+}
+
+static uint32_t bucket_of(struct atap_slot *s)
+{
+    return (uint32_t)(tick_of(ld_relaxed(&s->out.park.deadline)) % WHEEL_N);
+}
+
+/* Files slot index at the head of its bucket. The buckets are doubly
+ * linked, so an fd's event can take a timed fd park out of the middle. */
+static void file(uint32_t index)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t b = bucket_of(s), head = wheel.head[b];
+
+    st_relaxed(&s->out.park.wnext, head);
+    st_relaxed(&s->out.park.wprev, 0);
+    if (head)
+        st_relaxed(&atap__table_at(head - 1)->out.park.wprev, index + 1);
+    wheel.head[b] = index + 1;
+    wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
+    if (ld_relaxed(&s->out.park.claim) & T_FD)
+        atomic_fetch_or_explicit(&s->out.park.claim, T_FILED, memory_order_relaxed);
+}
+
+/* The manager no longer holds slot index in a bucket. */
+static void unfiled(struct atap_slot *s)
+{
+    if (ld_relaxed(&s->out.park.claim) & T_FD)
+        atomic_fetch_and_explicit(&s->out.park.claim, ~T_FILED, memory_order_relaxed);
+}
+
+/* Takes slot index out of its bucket (an fd's event claimed it). */
+void atap__park_unfile(uint32_t index)
+{
+    struct atap_slot *s = atap__table_at(index);
+    uint32_t b = bucket_of(s), next = ld_relaxed(&s->out.park.wnext),
+             prev = ld_relaxed(&s->out.park.wprev);
+
+    if (prev)
+        st_relaxed(&atap__table_at(prev - 1)->out.park.wnext, next);
+    else
+        wheel.head[b] = next;
+    if (next)
+        st_relaxed(&atap__table_at(next - 1)->out.park.wprev, prev);
+    if (!wheel.head[b])
+        wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
+    unfiled(s);
+}
+
+/* Goes through bucket b: what is due now leaves (and is acted on), the
+ * rest (later rounds) is filed again. by: DEADLINE, or OFF for everything. */
+static void bucket_run(uint32_t b, uint64_t now, int by)
+{
+    uint32_t x = wheel.head[b], due = 0;
+
+    wheel.head[b] = 0;
+    wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
+    while (x) {
+        struct atap_slot *s = atap__table_at(x - 1);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
+        bool go = by == BY_OFF || ld_relaxed(&s->out.park.deadline) <= now ||
+                  (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED; /* stopped: free it now */
+
+        if (go) {
+            unfiled(s);
+            st_relaxed(&s->out.park.wnext, due);
+            due = x;
+        } else {
+            file(x - 1);
+        }
+        x = next;
+    }
+    while (due) { /* after the bucket is whole again: acting may arm */
+        struct atap_slot *s = atap__table_at(due - 1);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
+        atap__park_tail_act(due - 1, by, true);
+        due = next;
+    }
+}
+
+/* Takes in the arms and files them; one whose tick has been gone through
+ * already (a deadline past, or in a tick just finished) is due now. */
+static void take_inbox(uint64_t now)
+{
+    uint32_t x = atomic_exchange_explicit(&inbox, 0, memory_order_acquire), due = 0;
+
+    while (x && x != INBOX_CLOSED) {
+        struct atap_slot *s = atap__table_at(x - 1);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
+        uint64_t deadline = ld_relaxed(&s->out.park.deadline);
+
+        if (deadline <= now || tick_of(deadline) <= wheel.done ||
+            (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED) { /* claimed: act now */
+            st_relaxed(&s->out.park.wnext, due);
+            due = x;
+        } else {
+            file(x - 1);
+        }
+        x = next;
+    }
+    while (due) {
+        struct atap_slot *s = atap__table_at(due - 1);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
+        atap__park_tail_act(due - 1, BY_DEADLINE, true);
+        due = next;
+    }
+}
+
+/* The earliest tick after `from` with a bucket in use, as a deadline. */
+static uint64_t next_due(uint64_t from)
+{
+    for (uint64_t t = from + 1, end = from + WHEEL_N; t <= end;) {
+        uint32_t b = (uint32_t)(t % WHEEL_N);
+        uint64_t word = wheel.bits[b / 64] >> (b % 64);
+
+        if (word)
+            return (t + (uint64_t)__builtin_ctzll(word) + 1) << WHEEL_TICK_SHIFT;
+        t += 64 - b % 64;
+    }
+    return ATAP__FOREVER;
+}
+
+uint64_t atap__park_wheel_run(uint64_t now)
+{
+    uint64_t cur = tick_of(now), t;
+
+    if (!wheel.started) {
+        wheel.done = cur ? cur - 1 : 0;
+        wheel.started = true;
+    }
+    take_inbox(now);
+    if (ld_relaxed(&stops_pending) && atomic_exchange_explicit(&stops_pending, false,
+                                                                memory_order_acquire)) {
+        for (uint32_t w = 0; w < WHEEL_N / 64; w++) {
+            uint64_t bits = ld_relaxed(&stop_bits[w])
+                                ? atomic_exchange_explicit(&stop_bits[w], 0, memory_order_acquire)
+                                : 0;
+            for (; bits; bits &= bits - 1)
+                bucket_run(w * 64 + (uint32_t)__builtin_ctzll(bits), now, BY_DEADLINE);
+        }
+    }
+    /* Ticks wholly past: (done, cur). A whole round or more: every bucket. */
+    if (cur > wheel.done + 1) {
+        uint64_t last = cur - 1;
+        for (t = cur - wheel.done - 1 >= WHEEL_N ? last - WHEEL_N + 1 : wheel.done + 1;
+             t <= last;) {
+            uint32_t b = (uint32_t)(t % WHEEL_N);
+            uint64_t word = wheel.bits[b / 64] >> (b % 64);
+
+            if (!word) {
+                t += 64 - b % 64;
+                continue;
+            }
+            t += (uint64_t)__builtin_ctzll(word);
+            if (t > last)
+                break;
+            bucket_run((uint32_t)(t % WHEEL_N), now, BY_DEADLINE);
+            t++;
+        }
+        wheel.done = last;
+    }
+    wheel_flush();
+    return next_due(wheel.done);
+}
+
+/* No manager will run again: every deadline park ends (its run FAILED),
+ * and later arms end their own runs. */
+void atap__park_wheel_close(void)
+{
+    uint32_t x = atomic_exchange_explicit(&inbox, INBOX_CLOSED, memory_order_acq_rel);
+
+    while (x && x != INBOX_CLOSED) {
+        struct atap_slot *s = atap__table_at(x - 1);
+        uint32_t next = ld_relaxed(&s->out.park.wnext);
+        file(x - 1);
+        x = next;
+    }
+    for (uint32_t w = 0; w < WHEEL_N / 64; w++)
+        while (wheel.bits[w])
+            bucket_run(w * 64 + (uint32_t)__builtin_ctzll(wheel.bits[w]), 0, BY_OFF);
+    wheel_flush(); /* those an fd's event claimed first */
+}
+
+/* The manager starts: the wheel takes arms again, and its first run
+ * starts its ticks from then. */
+void atap__park_wheel_open(void)
+{
+    uint32_t closed = INBOX_CLOSED;
+
+    atomic_compare_exchange_strong(&inbox, &closed, 0);
+    wheel.started = false;
+}
+
+/* In a fork's child (atap__park_forget, park.c): the wheel goes back to the
+ * state before the first start. */
+void atap__park_wheel_forget(void)
+{
+    st_relaxed(&inbox, 0);
+    memset(stop_bits, 0, sizeof stop_bits);
+    st_relaxed(&stops_pending, false);
+    memset(&wheel, 0, sizeof wheel);
+    nresumed = 0;
+}
