@@ -39,7 +39,7 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
 #define FAULT_SPAWN_REFUSED() atap__fault_take(&atap__owed_spawn_refusals)
 /* A watch renewed for parks already waiting fails: a source's after a
  * report (sources.c), an fd's after a report, a park leaving, a manager
- * restart or a tick's retry (park.c). */
+ * restart or a tick's retry (park_fd.c). */
 #define FAULT_WATCH_FAILS() atap__fault_take(&atap__owed_watch_failures)
 /* Read under the pool lock before an idle thread sleeps: the injecting call
  * adds, then takes the lock to wake the idle, so one of the two sees it. */

@@ -1,6 +1,7 @@
 /*
- * Waiting inside a task (park.c): kernel waits a cancel interrupts, and
- * parks, which give the thread back until an fd or a deadline.
+ * Waiting inside a task (park.c, park_fd.c, park_wheel.c): kernel waits a
+ * cancel interrupts, and parks, which give the thread back until an fd or
+ * a deadline.
  */
 #ifndef ATAP_PARK_H
 #define ATAP_PARK_H

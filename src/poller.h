@@ -182,7 +182,7 @@ const char *atap__poller_name(void);
 int atap__poller_fds(struct atap_poller *p, int *fds, int max);
 
 /* poll(2)'s bits for a READ / WRITE interest, and back: for poller_poll.c
- * and for the one-off looks outside a poller (kwait.c, park.c). With READ,
+ * and for the one-off looks outside a poller (kwait.c, park_fd.c). With READ,
  * the peer's half-close is asked for too (POLLRDHUP, where the C library
  * has it), and reported as HUP, as epoll's EPOLLRDHUP and kqueue's EV_EOF
  * are. POLLNVAL (not an open fd) is reported as ERR. */

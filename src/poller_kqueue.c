@@ -24,7 +24,7 @@
  * other backends. Only what one kevent() call returned is merged: a pair
  * split by the caller's `max` comes as two events, the second one in the
  * next wait, and a watch made while another thread waits may wake that
- * wait between its two filters (park.c looks for the other direction
+ * wait between its two filters (park_fd.c looks for the other direction
  * itself then).
  *
  * Path changes: one EVFILT_VNODE knote on the open file itself, EV_DISPATCH

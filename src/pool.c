@@ -1279,7 +1279,7 @@ static void interrupt_in(struct worker *recs, unsigned n, uint64_t key)
 {
     for (unsigned i = 0; i < n; i++) {
         /* seq_cst: pairs with the waiter's store of kwait before it looks at
-         * its task's state (park.c): one of us sees the other. */
+         * its task's state (kwait.c): one of us sees the other. */
         if (ld_seqcst(&recs[i].kwait) == key) {
             struct atap_poller *kq = ld_acquire(&recs[i].kq);
             if (kq)

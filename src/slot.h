@@ -115,7 +115,8 @@ struct atap_slot {
         unsigned char bytes[SLOT_SIZE - 72];
         void *heap;
         /* The tail a small (<= PARK_TAIL bytes) or heap output leaves
-         * free: a park on a deadline or an fd keeps itself there (park.c). */
+         * free: a park on a deadline or an fd keeps itself there (park_fd.c,
+         * park_wheel.c). */
         struct {
             unsigned char output[24];
             _Atomic uint32_t wnext, wprev; /* the park wheel's links */

@@ -60,6 +60,8 @@ read.c schedule.h
 join.c dataflow.h
 park.c dataflow.h
 park.c manager.h
+park_fd.c manager.h
+park_wheel.c manager.h
 schedule.c dataflow.h
 schedule.c manager.h
 rate.c dataflow.h
