@@ -103,7 +103,7 @@ static inline unsigned ring_take_oldest(struct ring *r, uint32_t *out, unsigned 
 /* Any thread. Returns the oldest entry if its index is `from` or above,
  * 0 when there is none, or UINT32_MAX to retry (lost a race). Indices only
  * grow, so `from` (a bottom read earlier) parts what was pushed before it
- * from what came after (pool.c's leapfrogging). */
+ * from what came after (help.c's leapfrogging). */
 static inline uint32_t ring_steal_from(struct ring *r, int64_t from)
 {
     int64_t t = ld_acquire(&r->top), b;

@@ -699,7 +699,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
 
 /* Runs a claimed task (its RUN is ours) on this thread, and what follows.
  * publish: a plain task just claimed, which a waiter may leapfrog into
- * (pool.c); PUBLISH_HINT: taken from a queue, so its slot's link is free
+ * (help.c); PUBLISH_HINT: taken from a queue, so its slot's link is free
  * to carry where it runs (a claim aside may have left an entry linked
  * through it). */
 static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,

@@ -15,7 +15,7 @@
  *     wait is for (needed_next), a few hops deep.
  * Nesting is bounded by the stack (stack_room) and the record's held[]
  * (held_room), not by a count. With nothing it may run, the waiter blocks
- * and the pool lends its core (pool.c, atap__pool_blocked).
+ * and the pool lends its core (pool_grow.c, atap__pool_blocked).
  */
 #include <stdlib.h>
 #include <string.h>

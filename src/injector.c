@@ -117,7 +117,7 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
         return pop_ready(b, out, max);
     }
     /* Acquire: the pushers' slots. Release too: a drain that sees incoming
-     * emptied here sees what this thread did before it (pool.c quiescent). */
+     * emptied here sees what this thread did before it (pool_life.c quiescent). */
     ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acq_rel);
     while (ref != 0) { /* reverse: oldest first */
         prefetch_ref(ref, -WALK_AHEAD); /* incoming runs newest first */

@@ -4,7 +4,8 @@
  * task it runs cuts them short.
  *
  * Each pool thread has its own poller (`kq`, made on first use and kept with
- * the thread's record; a fork's child closes the records' fds, pool.c). A thread waiting for its task stores the task's key
+ * the thread's record; a fork's child closes the records' fds, pool_life.c).
+ * A thread waiting for its task stores the task's key
  * (gen << 32 | index) in `kwait`, then looks at the task's state, then
  * sleeps on kq; a canceller (or a run timeout) moves the state on, then
  * scans the records for that key and wakes their kq (atap__park_interrupt,

@@ -1,6 +1,9 @@
 /*
  * The pool: worker threads that run tasks, and blocking threads that run
- * tasks spawned with .blocking. See pool.c for the protocols.
+ * tasks spawned with .blocking. The protocols: pool.c (running, waking,
+ * parking), pool_grow.c (how many threads run), pool_recover.c (a thread
+ * that dies under a task), pool_life.c (start, drain, stop), help.c (what
+ * a wait inside a task may run).
  */
 #ifndef ATAP_POOL_H
 #define ATAP_POOL_H
@@ -59,7 +62,7 @@ struct worker {
                                        first use, kept with the record */
     _Atomic uint64_t kwait;         /* gen << 32 | index of the task in a
                                        kernel wait on kq, or 0 */
-    /* The runs a waiter may leapfrog into (pool.c): at depth d, seq << 32 |
+    /* The runs a waiter may leapfrog into (help.c): at depth d, seq << 32 |
      * ref of the run there, and the ring's bottom when it started. */
     _Alignas(64) _Atomic uint64_t pub[PUB_DEPTH];
     _Atomic int64_t pubmark[PUB_DEPTH];
@@ -108,7 +111,7 @@ static inline void atap__pool_frame_push(struct worker *w, uint32_t ref)
 static inline void atap__pool_frame_pop(struct worker *w, bool published)
 {
     /* Unpublished before anything the lower runs push (release stores):
-     * a leapfrogger that takes such an entry sees this (pool.c). */
+     * a leapfrogger that takes such an entry sees this (help.c). */
     if (published)
         atomic_store_explicit(&w->pub[w->depth - 1], 0, memory_order_relaxed);
     w->depth--;
@@ -146,7 +149,7 @@ struct atap_pool_stats;
 void atap__pool_stop(void);
 
 /* In a fork's child only (its one thread): back to before the first start,
- * the parent's threads' fds closed, nothing freed (pool.c). */
+ * the parent's threads' fds closed, nothing freed (pool_life.c). */
 void atap__pool_forget(void);
 
 /* A worker waiting inside a task with nothing it may run counts as

@@ -42,7 +42,7 @@
  * free list while the slot is free, by the injector while it is queued, and
  * by an fd's waiter list while the task is parked on it in the tail; a slot
  * is only ever one of those. The park wheel links through the tail. While
- * a plain task runs, `link` holds where (LINK_HINT | ...: pool.c's
+ * a plain task runs, `link` holds where (LINK_HINT | ...: help.c's
  * leapfrogging), never a slot index + 1: a queue that still walks through
  * it (injector.c) tells the two apart by LINK_HINT, which no index + 1 has
  * (TABLE_MAX_INDEX < 2^31).

@@ -831,7 +831,7 @@ static void growth_refused_by_kernel(void)
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_MS(300)), ATAP_ENOTREADY);
     REQUIRE_RC(atap_join_for(b, &v, sizeof v, ATAP_MS(10)), ATAP_ENOTREADY);
     /* a start under way is counted before the kernel refuses it: one too
-     * many at most, never too few (pool.c) */
+     * many at most, never too few (pool_grow.c) */
     REQUIRE(pool_stats().workers <= n + 1 && pool_stats().blocking_threads <= 1);
     nproc_raise();
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_SEC(20)), 0);

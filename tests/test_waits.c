@@ -1,6 +1,7 @@
 /*
  * Waits inside tasks: a join, wait or join_first inside a task never makes
- * a deadlock the program does not contain (pool.c, "What a wait may run").
+ * a deadlock the program does not contain (help.c, and the rule at the top
+ * of atap.h).
  *
  * Each shape below hung or failed every time when a waiting worker ran any
  * queued task on top of its waiting frame: a frame helped on top cannot

@@ -1,0 +1,295 @@
+/*
+ * How many threads the pool runs: one more worker when every worker is
+ * stuck, a blocked waiter's core lent, a stall declared, the idle worker
+ * that idled longest reaped, zombie threads joined. A waiter blocked in a
+ * wait (atap__pool_blocked, atap__pool_stalled) and the manager's tick
+ * (atap__pool_tick) come here; pool.c starts and wakes the threads.
+ *
+ * Waits inside tasks (help.c picks what a waiting thread may run): a
+ * waiting thread runs only work the awaited task needs, nested on its
+ * stack while the stack has room; else it blocks, counted in nblocked, and
+ * its core is lent: an idle worker is woken, or one more started when no
+ * worker is left unblocked, else by the tick, which counts a blocked
+ * worker as stuck. Every worker the pool may have blocked with the
+ * awaited task still queued is a stall (atap__pool_stalled): one waiter at
+ * a time gives up with ATAP_ELIMIT.
+ *
+ * Growth and reaping (the manager's tick, atap__pool_tick; the supervisor's
+ * once the manager is gone for good, manager.c): one more worker when
+ * every worker is stuck (blocked in a wait, or inside a task with nothing
+ * finished for a tick and off the CPU: sleeping in a call of its own, not
+ * merely waiting for a CPU on a busy machine) and work waits, up to the
+ * target, past it only under overload, never past the ceiling (the memory
+ * and the process's thread limit: thread_ceiling); the idle worker that
+ * idled longest goes after 500 ms (50 ms above the target), never below
+ * the floor. Blocking threads stop on their
+ * own after 500 ms idle, with no floor, and number at most the cap. The
+ * floor (the workers started at init), the target and the cap come from
+ * atap_config or the environment (runtime.c), else from the CPUs the
+ * process may run on (cpus.c), never the machine's core count. The live counts (nlive, blive) are
+ * the truth, changed under the pool lock: a thread told to go is counted
+ * out by whoever decides it (reap, a blocking thread timing out) and marked
+ * `uncounted`, so neither its exit nor its death counts it out again, and a
+ * dying thread that was counted is replaced before its record reads DEAD
+ * (so the records can read one live thread too many, never too few).
+ */
+#include "pool.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "atomics.h"
+#include "pool_int.h"
+#include "table.h"
+#include "trace.h"
+#include "wait.h"
+
+/* ---- one more worker, lending a blocked waiter's core, stalls ---------- */
+
+/* Starts one more worker, up to the ceiling; false if none was started
+ * for want of a thread (the ceiling, or a refused start). */
+static bool add_worker(void)
+{
+    bool ok = true;
+
+    pthread_mutex_lock(&atap__pool.lock);
+    if (!ld_relaxed(&atap__pool.stopping)) {
+        ok = ld_relaxed(&atap__pool.nlive) < atap__pool.ceiling &&
+             atap__pool_start_thread(false, NULL) == 0;
+        if (ok)
+            ATAP_TRACE(TR_GROW, 0, NULL, ld_relaxed(&atap__pool.nlive));
+        st_relaxed(&atap__pool.refused, !ok);
+    }
+    pthread_mutex_unlock(&atap__pool.lock);
+    return ok;
+}
+
+/* Workers not blocked in a wait: running, searching or idle. */
+static unsigned unblocked_workers(void)
+{
+    unsigned live = ld_seqcst(&atap__pool.nlive), blocked = ld_seqcst(&atap__pool.nblocked);
+
+    return live > blocked ? live - blocked : 0;
+}
+
+void atap__pool_blocked(struct worker *w, bool blocked)
+{
+    if (blocked && !ld_relaxed(&w->blocked)) {
+        st_relaxed(&w->blocked, true);
+        add_seqcst(&atap__pool.nblocked, 1);
+    } else if (!blocked && ld_relaxed(&w->blocked)) {
+        st_relaxed(&w->blocked, false);
+        sub_seqcst(&atap__pool.nblocked, 1);
+        return;
+    }
+    if (!blocked)
+        return;
+    /* Looked at on every slice of a blocked wait: the core it leaves is
+     * lent. What waits may sit in this worker's own queues, out of its
+     * reach now: an idle worker can steal it (a LIFO slot woke nobody when
+     * it was filled). With none idle, one more worker is started at once
+     * when no worker is left unblocked (nothing else would ever run the
+     * work); while one still runs, the tick lends the core as it does for
+     * stuck workers (a blocked one counts as stuck: count_stuck). More
+     * threads than cores, all running, only slow a tree of joins down. */
+    if (!atap__pool_work_visible(true))
+        return;
+    if (ld_relaxed(&atap__pool.nidle) > 0) {
+        /* Counted a searcher before it wakes, as notify does: woken first,
+         * it could leave the search before it was counted in. */
+        add_seqcst(&atap__pool.nsearching, 1);
+        if (!atap__pool_wake_idle())
+            sub_seqcst(&atap__pool.nsearching, 1);
+    } else if (unblocked_workers() == 0) {
+        add_worker();
+    }
+}
+
+#define STALL_GAP_NS 20000000u /* a stall is declared at most this often */
+
+bool atap__pool_stalled(struct worker *w)
+{
+    uint64_t now, last;
+
+    if (!ld_relaxed(&w->blocked) || unblocked_workers() > 0 || !atap__pool_work_visible(true))
+        return false;
+    if (ld_relaxed(&atap__pool.nlive) < atap__pool.ceiling && !ld_relaxed(&atap__pool.refused))
+        return false; /* a worker may still be added */
+    now = atap__now_ns();
+    last = ld_relaxed(&atap__pool.stall_at);
+    if (now - last < STALL_GAP_NS || !cas_acqrel(&atap__pool.stall_at, &last, now))
+        return false;
+    add_relaxed(&atap__pool.stalls, 1);
+    return true;
+}
+
+/* ---- the tick: growth and reaping -------------------------------------- */
+
+#define REAP_IDLE_NS 500000000u     /* an idle worker above the floor goes */
+#define REAP_IDLE_OVER_NS 50000000u  /* ... sooner above the target */
+#define OVERLOAD_RATIO 64            /* queued per worker that counts as overload */
+#define TRIM_EVERY_TICKS 500         /* about 5 s */
+
+/*
+ * Off the CPU: the thread sleeps in the kernel (a task holding it in a
+ * call of its own), as opposed to running, or waiting for a CPU on a busy
+ * machine. Only the first answers growth: more threads would not make a
+ * saturated machine any faster. Linux says so in the thread's stat (S or
+ * D); elsewhere the thread's CPU clock standing still over the tick says
+ * the same.
+ */
+static bool off_cpu(struct worker *w, unsigned i)
+{
+#if defined(__linux__)
+    char path[64], buf[512], *paren;
+    ssize_t got;
+    int fd;
+
+    (void)i;
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", ld_relaxed(&w->tid));
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return true; /* can't tell: as before, stuck */
+    got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (got <= 0)
+        return true;
+    buf[got] = '\0';
+    /* "tid (name) S ...": the state follows the last ')'. */
+    if (!(paren = strrchr(buf, ')')) || paren[1] != ' ')
+        return true;
+    return paren[2] == 'S' || paren[2] == 'D';
+#else
+    clockid_t clock;
+    struct timespec ts;
+    uint64_t cpu;
+
+    if (pthread_getcpuclockid(w->thread, &clock) != 0 || clock_gettime(clock, &ts) != 0)
+        return true;
+    cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (cpu != atap__pool.last_cpu[i]) {
+        atap__pool.last_cpu[i] = cpu;
+        return false;
+    }
+    return true;
+#endif
+}
+
+/* Workers stuck in a task: blocked in a wait inside it, or inside one
+ * with nothing finished since the last tick and off the CPU; among the
+ * live ones, counted in *live. */
+static unsigned count_stuck(unsigned *live)
+{
+    unsigned n = ld_acquire(&atap__pool.nrec), stuck = 0;
+
+    *live = 0;
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t done = ld_relaxed(&atap__pool_workers[i].completed);
+
+        if (ld_acquire(&atap__pool_workers[i].status) != W_LIVE)
+            continue;
+        (*live)++;
+        if (ld_relaxed(&atap__pool_workers[i].blocked) ||
+            (ld_relaxed(&atap__pool_workers[i].busy) && done == atap__pool.last_done[i] &&
+             off_cpu(&atap__pool_workers[i], i)))
+            stuck++;
+        atap__pool.last_done[i] = done;
+    }
+    return stuck;
+}
+
+/* Stops the idle worker that has idled longest, if past the limit. */
+static void reap(uint64_t now, unsigned live)
+{
+    uint64_t limit = live > atap__pool.target ? REAP_IDLE_OVER_NS : REAP_IDLE_NS;
+    struct worker *w, *oldest = NULL;
+
+    if (live <= atap__pool.floor)
+        return;
+    pthread_mutex_lock(&atap__pool.lock);
+    /* The count, under the lock: the records can read one too many, since a
+     * dying worker's reads LIVE until after its replacement is up. */
+    if (ld_relaxed(&atap__pool.nlive) <= atap__pool.floor) {
+        pthread_mutex_unlock(&atap__pool.lock);
+        return;
+    }
+    for (w = atap__pool.idle; w; w = w->idle_next)
+        if (!oldest || w->idle_since < oldest->idle_since)
+            oldest = w;
+    /* idle_since can be later than `now`, read before the lock. */
+    if (oldest && now > oldest->idle_since && now - oldest->idle_since >= limit &&
+        !ld_relaxed(&atap__pool.stopping)) {
+        atap__pool_unlink_from(&atap__pool.idle, &atap__pool.nidle, oldest);
+        /* Counted out now, so the next look is exact even before it has
+         * gone; it leaves without counting itself out again. */
+        sub_relaxed(&atap__pool.nlive, 1);
+        oldest->uncounted = true;
+        atap__pool_unpark(oldest, PARK_STOP);
+    }
+    pthread_mutex_unlock(&atap__pool.lock);
+}
+
+/* What keeps work moving, every tick, and during a shutdown's drain (the
+ * manager is stopped by then): returns the live worker count. */
+unsigned atap__pool_keep_going(void)
+{
+    unsigned running, stuck = count_stuck(&running);
+    size_t queued = atap__inj_len(&atap__pool.inj);
+
+    /* Work in a LIFO slot or a ring woke nobody: hand it to an idle peer. */
+    if (ld_relaxed(&atap__pool.nidle) > 0 && ld_relaxed(&atap__pool.nsearching) == 0 &&
+        atap__pool_work_visible(true))
+        atap__pool_notify();
+    /* Every worker stuck (blocked in a wait, or a task holding it in a
+     * call of its own) and work waiting: one more, up to the target; past
+     * it only under overload. */
+    if (running > 0 && stuck == running && atap__pool_work_visible(true) &&
+        (running < atap__pool.target || queued >= (size_t)running * OVERLOAD_RATIO))
+        add_worker();
+    /* Below the floor (a replacement was refused): one more a tick. And a
+     * blocking task with no blocking thread to run it (its start was
+     * refused): start one. */
+    if (ld_relaxed(&atap__pool.nlive) < atap__pool.floor)
+        add_worker();
+    if (ld_relaxed(&atap__pool.blive) == 0 && !atap__inj_empty(&atap__pool.binj))
+        atap__pool_wake_blocker();
+    return ld_relaxed(&atap__pool.nlive);
+}
+
+/* Joins the zombies (pool lock not held: a destructor still running on
+ * one may take it). With glibc only those already gone, so the manager
+ * never waits on one; elsewhere all, each long past its DEAD mark (a
+ * destructor there that waits for the manager would hold the tick up). */
+static void reap_zombies(void)
+{
+    pthread_t got[64];
+    unsigned n = 0;
+
+    pthread_mutex_lock(&atap__pool.lock);
+#if defined(__GLIBC__)
+    for (unsigned i = 0; i < atap__pool.nzombies;)
+        if (pthread_tryjoin_np(atap__pool.zombies[i], NULL) == 0)
+            atap__pool.zombies[i] = atap__pool.zombies[--atap__pool.nzombies];
+        else
+            i++;
+#else
+    while (atap__pool.nzombies > 0 && n < 64)
+        got[n++] = atap__pool.zombies[--atap__pool.nzombies];
+#endif
+    pthread_mutex_unlock(&atap__pool.lock);
+    for (unsigned i = 0; i < n; i++)
+        pthread_join(got[i], NULL);
+}
+
+void atap__pool_tick(uint64_t now)
+{
+    unsigned live = atap__pool_keep_going();
+
+    reap(now, live);
+    reap_zombies();
+    if (++atap__pool.ticks % TRIM_EVERY_TICKS == 0 && ld_relaxed(&atap__pool.nidle) == live &&
+        !atap__pool_work_visible(true))
+        atap__table_trim(NULL);
+}

@@ -1,0 +1,93 @@
+/*
+ * What the pool's files share, and no one else: the pool's state and its
+ * records (defined in pool.c), the record and park words, and the few
+ * functions one of them calls in another. pool.c runs the pool (queues,
+ * parking, finding work, submitting, the threads' loops); pool_grow.c
+ * decides how many threads run; pool_recover.c recovers a thread that dies
+ * under a task; pool_life.c starts, drains and stops the pool, counts it,
+ * and resets it in a fork's child. The live counts' rule (a thread is
+ * counted out once, by whoever decides it goes) is in pool_grow.c's top
+ * comment; the parking protocol in pool.c's.
+ */
+#ifndef ATAP_POOL_INT_H
+#define ATAP_POOL_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "injector.h"
+#include "pool.h"
+
+/* A record's status (struct worker's). */
+#define W_FREE 0
+#define W_LIVE 1
+#define W_DEAD 2
+
+/* A thread's park word (pool.c). */
+#define PARK_RUNNING 0u
+#define PARK_IDLE 1u
+#define PARK_NOTIFIED 2u
+#define PARK_STOP 3u
+
+/* The pool's state (pool.c defines it, as atap__pool). */
+struct pool {
+    struct injector inj;  /* for workers */
+    struct injector binj; /* for blocking threads */
+    pthread_mutex_t lock; /* idle list, starting and joining threads */
+    struct worker *idle;
+    _Atomic unsigned nrec, nlive, nidle, nsearching, peak, nblocked;
+    unsigned floor, target, ceiling; /* fewest, usual most, and most workers */
+    _Atomic bool refused;   /* the last worker start was refused */
+    _Atomic uint64_t stall_at; /* when a waiter last got ATAP_ELIMIT */
+    _Atomic uint64_t stalls;
+    uint64_t last_done[POOL_MAX_THREADS]; /* manager: completed at the last tick */
+#if !defined(__linux__)
+    uint64_t last_cpu[POOL_MAX_THREADS]; /* manager: CPU time at the last look */
+#endif
+    unsigned ticks;                       /* manager: ticks since start */
+    _Atomic uint64_t epoch; /* moves when a thread leaves an idle list or starts */
+    _Atomic bool stopping;
+    struct worker *bidle_list; /* idle blocking threads (pool lock) */
+    _Atomic unsigned brec, blive, bidle, bbusy;
+    unsigned bcap;
+    size_t stack;
+    _Atomic uint64_t deaths;
+    /* Threads whose records were taken again before they were joined (pool
+     * lock): joined later, never under the lock (claim_record says why). */
+    pthread_t zombies[POOL_MAX_THREADS];
+    unsigned nzombies;
+};
+
+extern struct pool atap__pool;
+/* The records: the workers', and the blocking threads'. */
+extern struct worker atap__pool_workers[POOL_MAX_THREADS];
+extern struct worker atap__pool_blockers[POOL_MAX_THREADS];
+
+/* pool.c. Starts a thread in a FREE or DEAD record (pool lock held): 0 or -errno. */
+int atap__pool_start_thread(bool blocking, struct worker *self);
+/* pool.c. Queues refs in the shared queue q, each in its own band. */
+void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n);
+/* pool.c. Work in the shared queue or a ring; with_lifo: in a LIFO slot too. */
+bool atap__pool_work_visible(bool with_lifo);
+/* pool.c. Hands a thread taken off an idle list its word, and wakes it. */
+void atap__pool_unpark(struct worker *w, uint32_t word);
+/* pool.c. Empties both idle lists, each thread woken with word (pool lock held). */
+void atap__pool_unpark_all(uint32_t word);
+/* pool.c. Takes w off an idle list, counted out of *count (pool lock held). */
+void atap__pool_unlink_from(struct worker **list, _Atomic unsigned *count, struct worker *w);
+/* pool.c. Wakes one idle worker; false if none was idle. */
+bool atap__pool_wake_idle(void);
+/* pool.c. After queueing work: wakes one worker unless one is already looking. */
+void atap__pool_notify(void);
+/* pool.c. Wakes an idle blocking thread, or starts one, for work in the queue. */
+void atap__pool_wake_blocker(void);
+/* pool.c. The record's held[] back to its inline array (its thread is leaving). */
+void atap__pool_held_reset(struct worker *w);
+/* pool_grow.c. What keeps work moving, every tick and in a drain: the live worker count. */
+unsigned atap__pool_keep_going(void);
+/* pool_recover.c. thread_main's cleanup handler: its thread dies under a task. */
+void atap__pool_thread_died(void *arg);
+
+#endif

@@ -1,0 +1,82 @@
+/*
+ * A pool thread that dies under a task: what its death undoes, and its
+ * replacement, started as pool.c starts any thread. thread_main (pool.c)
+ * pushes the handler; the record reads DEAD last, as pool.c's top comment
+ * says records do.
+ *
+ * Thread death: a task that calls pthread_exit unwinds its thread through
+ * the cleanup handler pushed in thread_main. It fails every task the thread
+ * was inside (held[], outermost first, including runs nested by helping),
+ * each as a failed run ends (a series with its run, an at-rate run telling
+ * its series), moves the thread's queued tasks to the shared queue, starts a
+ * replacement, and marks the record DEAD last, so that whoever joins a DEAD
+ * record never waits on a thread that still needs the pool lock.
+ */
+#include "pool.h"
+
+#include "atomics.h"
+#include "executor.h"
+#include "pool_int.h"
+
+/* Moves a dying worker's queued tasks to the shared queue. */
+static void evacuate(struct worker *w)
+{
+    uint32_t refs[RING_SIZE + 1], x;
+    unsigned n = 0;
+
+    while ((x = ring_pop(&w->ring)) != 0)
+        refs[n++] = x;
+    if ((x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
+        refs[n++] = x;
+    atap__pool_push_shared(&atap__pool.inj, refs, n);
+}
+
+void atap__pool_thread_died(void *arg)
+{
+    struct worker *w = arg;
+
+    /* It waits no more, and no run of it is on a stack: nothing of its
+     * record may lead a waiter anywhere (the record is reused). Innermost
+     * first; each published run unpublished as it goes. */
+    st_release(&w->awaiting, 0);
+    while (w->depth > 0) {
+        if (--w->depth < PUB_DEPTH)
+            st_relaxed(&w->pub[w->depth], 0);
+        atap__exec_fail_held(w->held[w->depth]);
+    }
+    atap__pool_held_reset(w);
+    if (ld_relaxed(&w->busy) && w->blocking) {
+        /* As a run's end does (blocker_loop): a drain that read the
+         * blocking queue before what this run queued sees the epoch move. */
+        add_seqcst(&atap__pool.epoch, 1);
+        sub_seqcst(&atap__pool.bbusy, 1);
+    }
+    st_relaxed(&w->busy, false);
+    if (w->searching)
+        sub_seqcst(&atap__pool.nsearching, 1);
+    if (ld_relaxed(&w->blocked))
+        atap__pool_blocked(w, false);
+    if (!w->blocking)
+        evacuate(w);
+    pthread_mutex_lock(&atap__pool.lock);
+    /* One counted out already (reaped, or a blocking thread timing out) was
+     * leaving anyway: no replacement. */
+    if (!w->uncounted) {
+        /* seq_cst (a release): a drain that reads the lower count sees the
+         * tasks evacuated above. */
+        sub_seqcst(w->blocking ? &atap__pool.blive : &atap__pool.nlive, 1);
+        if (!ld_relaxed(&atap__pool.stopping) &&
+            (!w->blocking || !atap__inj_empty(&atap__pool.binj)))
+            atap__pool_start_thread(w->blocking, w);
+    }
+    /* Counted after the replacement: release, so whoever reads the new
+     * count (acquire, in the stats) also sees the replacement counted live. */
+    atomic_fetch_add_explicit(&atap__pool.deaths, 1, memory_order_release);
+    pthread_mutex_unlock(&atap__pool.lock);
+    if (!w->blocking)
+        atap__pool_notify();
+    /* What this thread's later destructors spawn goes where an outside
+     * thread's would, not into the queues of a record about to read DEAD. */
+    atap__self = NULL;
+    st_release(&w->status, W_DEAD); /* last: joiners may now join us */
+}
