@@ -928,3 +928,12 @@ uint64_t atap_now(void)
 {
     return atap__now_ns();
 }
+
+const struct atap__pool_ops atap__exec_pool_ops = {
+    .run = atap__exec_run,
+    .claim = atap__exec_claim,
+    .run_claimed = atap__exec_run_claimed,
+    .try_hold = atap__exec_try_hold,
+    .release_hold = atap__exec_release_listener,
+    .fail_held = atap__exec_fail_held,
+};

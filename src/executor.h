@@ -46,6 +46,9 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
  * reference is dropped. */
 void atap__exec_fail_held(uint32_t ref);
 
+/* The above, as the pool calls them (pool.h): given at the pool's start. */
+extern const struct atap__pool_ops atap__exec_pool_ops;
+
 struct atap_slot;
 
 /* from -> to by CAS (same generation), waking listeners; false if the state

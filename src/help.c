@@ -7,7 +7,7 @@
  * does after its wait:
  *   - A itself while it is queued: from this worker's own LIFO slot or
  *     ring bottom (take_awaited), or claimed aside wherever else it sits
- *     (executor.c, atap__exec_claim);
+ *     (the executor's claim aside, atap__pool_ops.claim);
  *   - work spawned while A runs (leapfrogging: leapfrog, find_run): every
  *     run a worker takes publishes itself in its record (pub[], a mark in
  *     its ring) and, when its slot's link is free, a hint there;
@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "atomics.h"
-#include "executor.h"
 #include "pool.h"
+#include "pool_int.h"
 #include "slot.h"
 #include "table.h"
 
@@ -195,7 +195,7 @@ static uint64_t needed_next(const struct found *at, struct atap_slot **next)
     if (task == 0 || depth <= at->d || ld_acquire(&v->pub[at->d]) != at->tag)
         return 0;
     *next = atap__table_at((uint32_t)task - 1);
-    return atap__exec_try_hold(*next, (uint32_t)(task >> 32)) ? task : 0;
+    return atap__pool.ops->try_hold(*next, (uint32_t)(task >> 32)) ? task : 0;
 }
 
 /* Room on this thread's stack for one more run. */
@@ -242,7 +242,7 @@ uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t re
     /* The awaited task, then, while it runs blocked in a wait of its own,
      * what that wait is for, and so on. */
     for (unsigned hop = 0; hop < CHASE_HOPS; hop++) {
-        if ((*claimed = atap__exec_claim(s, ref, gen))) {
+        if ((*claimed = atap__pool.ops->claim(s, ref, gen))) {
             x = ref;
             break;
         }
@@ -251,22 +251,22 @@ uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t re
         if (!at.v || (next = needed_next(&at, &s)) == 0)
             break;
         if (held)
-            atap__exec_release_listener(held, held_ref - 1, held_gen);
+            atap__pool.ops->release_hold(held, held_ref - 1, held_gen);
         held = s;
         ref = held_ref = (uint32_t)next;
         gen = held_gen = (uint32_t)(next >> 32);
     }
     /* A claimed task holds a listener of its own (its queue entry's). */
     if (held)
-        atap__exec_release_listener(held, held_ref - 1, held_gen);
+        atap__pool.ops->release_hold(held, held_ref - 1, held_gen);
     return x;
 }
 
 void atap__pool_help_run(struct worker *w, uint32_t x, bool claimed)
 {
     if (claimed)
-        atap__exec_run_claimed(w, x);
+        atap__pool.ops->run_claimed(w, x);
     else
-        atap__exec_run(w, x);
+        atap__pool.ops->run(w, x);
 }
 

@@ -48,7 +48,6 @@
 #include <unistd.h>
 
 #include "atomics.h"
-#include "executor.h"
 #include "pool_int.h"
 #include "slot.h"
 #include "table.h"
@@ -600,7 +599,7 @@ static void worker_loop(struct worker *w)
             if (w->searching)
                 leave_search(w);
             st_relaxed(&w->busy, true);
-            atap__exec_run(w, ref);
+            atap__pool.ops->run(w, ref);
             st_relaxed(&w->busy, false);
             continue;
         }
@@ -676,7 +675,7 @@ static void blocker_loop(struct worker *w)
              * thread, since this one is about to be busy. */
             if (!atap__inj_empty(&atap__pool.binj))
                 atap__pool_wake_blocker();
-            atap__exec_run(w, ref);
+            atap__pool.ops->run(w, ref);
             st_relaxed(&w->busy, false);
             /* What the run queued may have woken nobody (every blocking
              * thread busy): the epoch tells a drain that read the queues

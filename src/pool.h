@@ -134,7 +134,28 @@ extern _Thread_local struct worker *atap__self;
 /* How runtime.c asks the pool to start (atap_config and the environment
  * already resolved): workers and blocking are absolute counts, 0 for
  * "per CPU" (cpus.c). */
+/*
+ * What the pool does with a task is the executor's, a layer above it: the
+ * executor gives these at start (atap__exec_pool_ops, through runtime.c),
+ * and the pool never names it. ref is a slot index + 1.
+ */
+struct atap__pool_ops {
+    /* Runs the queued task ref (its queue entry carried RUN). */
+    void (*run)(struct worker *w, uint32_t ref);
+    /* A waiter claims the queued task ref of generation gen out of its
+     * queue place (help.c); run_claimed then runs it. */
+    bool (*claim)(struct atap_slot *s, uint32_t ref, uint32_t gen);
+    void (*run_claimed)(struct worker *w, uint32_t ref);
+    /* A hold on a task that may be going, and its release (help.c keeps
+     * a task it leapfrogs into). */
+    bool (*try_hold)(struct atap_slot *s, uint32_t gen);
+    void (*release_hold)(struct atap_slot *s, uint32_t index, uint32_t gen);
+    /* The thread running ref is dying (pool_recover.c). */
+    void (*fail_held)(uint32_t ref);
+};
+
 struct atap__pool_conf {
+    const struct atap__pool_ops *ops; /* the executor's */
     unsigned workers;          /* the base count of workers; 0: one per CPU */
     unsigned workers_per_cpu;  /* the target, a CPU */
     unsigned blocking;         /* the most blocking threads; 0: per CPU */

@@ -33,6 +33,7 @@
 
 /* The pool's state (pool.c defines it, as atap__pool). */
 struct pool {
+    const struct atap__pool_ops *ops; /* the executor's (pool.h) */
     struct injector inj;  /* for workers */
     struct injector binj; /* for blocking threads */
     pthread_mutex_t lock; /* idle list, starting and joining threads */

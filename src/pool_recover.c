@@ -15,7 +15,6 @@
 #include "pool.h"
 
 #include "atomics.h"
-#include "executor.h"
 #include "pool_int.h"
 
 /* Moves a dying worker's queued tasks to the shared queue. */
@@ -42,7 +41,7 @@ void atap__pool_thread_died(void *arg)
     while (w->depth > 0) {
         if (--w->depth < PUB_DEPTH)
             st_relaxed(&w->pub[w->depth], 0);
-        atap__exec_fail_held(w->held[w->depth]);
+        atap__pool.ops->fail_held(w->held[w->depth]);
     }
     atap__pool_held_reset(w);
     if (ld_relaxed(&w->busy) && w->blocking) {

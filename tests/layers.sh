@@ -49,9 +49,6 @@ map='
 # FILE HEADER: the includes that still go up a layer, or that tie two
 # modules of one layer in a circle, by name.
 upward='
-pool.c executor.h
-help.c executor.h
-pool_recover.c executor.h
 executor.c dataflow.h
 executor.c park.h
 executor.c schedule.h
