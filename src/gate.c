@@ -1,7 +1,12 @@
 /*
- * Values between tasks: tasks that wait for gives, and the forwards that
- * feed them from other tasks' outputs (atap_forward, atap_receive_all /
- * _any).
+ * The gate (dataflow_int.h has what the dataflow files share, and their
+ * lock order): how a task that waits for values gets them, from atap_give
+ * or from forwards (forward.c), and what a value may start. Its three
+ * roles share one state machine under one lock, so all of them are here:
+ * a waiting task's gives, a receive_all's rounds (gathered member by
+ * member), a receive_any's open members; then the let-go of a task nothing
+ * can give to any more (its last giver gone, its members closed, shutdown),
+ * and atap_spawn_waiting, atap_give and atap_input.
  *
  * The gate. A task that waits for gives has a `struct gate` (through its
  * schedule) holding its values and what a give may start, all under the
@@ -28,31 +33,9 @@
  * that, and runs of one task never overlap, so a run reads current without
  * the lock); at-rate runs, which overlap, get copies. in_free is called
  * outside the lock, once per value passed to atap_give.
- *
- * Forwards. A task whose outputs go elsewhere has a list in its slot's side
- * of `reg`s, each naming the task it feeds (and, for receive_all, the place
- * it fills). A reg holds a listener on the task it feeds, so that slot
- * stays while the reg is listed. The source's slot needs none: it stays
- * while RUN is held, and the list closes when RUN goes. Registering sets
- * REFS_RX in refs by a CAS that finds RUN held: whoever later drops RUN
- * sees RX in that same CAS, keeps the slot with a listener of its own and
- * closes the list (atap__flow_close). A source's handles are not givers of
- * anything, so they alone decide when a waiting source is let go.
- * Otherwise the task is over and the registrar hands over the last output
- * and closes the reg itself. Each output has a number (1 for a one-shot,
- * the publish count for a task whose runs rewrite it), and a reg records
- * the last number it had: the publisher (under the output's write lock) and
- * a registrar or closer (under its read lock) each hand an output over only
- * when the reg has not had it, under the list's mutex. So every reg gets
- * every output published after it registered, plus the one readable when
- * it did, exactly once. Lock order: output lock, then list mutex, then a
- * target's gate; a target started by a delivery is kicked after the
- * delivery, with none of them held (struct kicks: a repeat's publisher
- * runs the list once it let go of the output's write lock).
- *
- * atap_join_first and atap_join_all are join.c's.
  */
 #include "dataflow.h"
+#include "dataflow_int.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -62,119 +45,10 @@
 #include "atap.h"
 #include "executor.h"
 #include "faults.h"
-#include "park.h"
-#include "pool.h"
 #include "schedule.h"
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
-#include "wait.h"
-
-enum { G_IDLE, G_BUSY, G_OWED, G_DONE };
-enum { ROLE_GIVE, ROLE_ALL, ROLE_ANY };
-
-struct gate {
-    atap_spin lock;
-    struct gate *prev, *next; /* every live gate, for shutdown (all_gates) */
-    uint32_t index;           /* its slot */
-    bool linked;
-    uint8_t state, role;
-    bool series;           /* kind REPEAT or AT_RATE: a give starts a series */
-    bool last;             /* the start under way is the last one */
-    bool orphan;           /* no handle or forward can give any more */
-    /* regs feeding this task: the first holds it for all (one hold, not
-     * one each: a receiver over a million members holds its slot once),
-     * the last to close lets go. acq_rel: what a closing feeder delivered
-     * reaches whoever frees, through the last one's release. */
-    _Atomic size_t feeders;
-    bool claimed;          /* BUSY: the run has taken its value (ONCE) */
-    bool has_pending, pending_owned, current_owned;
-    uint32_t left;         /* starts left; UINT32_MAX: no limit */
-    uint32_t open;         /* receive_any: members that may still publish */
-    size_t in_size;
-    void (*in_free)(void *);
-    unsigned char *pending, *current, *spare;
-    /* receive_all: the round being gathered (NULL once the last round went:
-     * `last` is set then) */
-    size_t n, nfilled, nclosed;
-    uint64_t *filled;      /* n bits */
-    unsigned char *gathering;
-    /* on a delivery's list of targets to kick (struct kicks) */
-    struct gate *kick_next;
-    uint32_t kick_gen;
-};
-
-struct reg {
-    struct reg *next;
-    uint32_t to, to_gen; /* the task fed (index, generation) */
-    uint32_t place;      /* receive_all: the member's place */
-    size_t offset;       /* receive_all: where its bytes go */
-    uint64_t seen;       /* the last output number handed over */
-};
-
-/* What a slot needs only sometimes, made on first use and freed with the
- * slot: the forwards of its outputs, and the park it sleeps in. */
-struct side {
-    pthread_mutex_t lock; /* the forward list */
-    bool closed;
-    struct reg *head;
-    struct park *_Atomic park; /* park.c */
-};
-
-/*
- * struct kicks (dataflow.h): targets a delivery started, kicked once the
- * source's locks are let go (its list mutex, the gates' locks, and for a
- * repeat's publish its output's write lock: the publisher runs them after
- * that, atap__flow_kicks_run). They are chained through their gates, so
- * noting one takes no memory and cannot fail: a list that had to grow used
- * to kick, when it could not, right there under the source's locks. A gate
- * is on one list at most, since only the give that moved it IDLE -> BUSY
- * notes it, and it cannot be IDLE again before its run, which our kick
- * starts: so its kick_ fields are this thread's alone until then. RUN,
- * ours to hand over meanwhile, keeps the slot and its gate. A later
- * delivery to a target noted and not yet kicked finds it BUSY and unclaimed
- * and only replaces its pending value, as it would before the run claims.
- *
- * Given values a delivery displaced (a target's pending one, replaced by
- * the newest) that owe their in_free, a user callback, wait there too, so
- * that it runs with none of the source's locks held (an in_free that joins
- * the source would wait on itself): KICK_DROPS in the list itself, more in
- * an array grown as needed; with no memory for that, the value is let go
- * at once, under the locks. Kicks go first: an in_free may wait for a run
- * the same delivery started.
- */
-
-static void kicks_add(struct kicks *k, struct gate *g, uint32_t gen)
-{
-    g->kick_next = NULL;
-    g->kick_gen = gen;
-    if (k->tail)
-        k->tail->kick_next = g;
-    else
-        k->head = g;
-    k->tail = g;
-}
-
-void atap__flow_kicks_run(struct kicks *k)
-{
-    struct gate *next;
-
-    if (!k->head && !k->ndrops)
-        return; /* the usual publish: no forward started anything */
-    for (struct gate *g = k->head; g; g = next) {
-        uint32_t index = g->index, gen = g->kick_gen;
-
-        next = g->kick_next; /* read before: once kicked it may run, end and go */
-        atap__sched_kick(atap__table_at(index), index, gen);
-    }
-    for (unsigned i = 0; i < k->ndrops; i++) {
-        struct kick_drop *d = i < KICK_DROPS ? &k->drops[i] : &k->more[i - KICK_DROPS];
-
-        d->in_free(d->b);
-        free(d->b);
-    }
-    free(k->more);
-}
 
 /* ---- the gate ------------------------------------------------------------ */
 
@@ -209,7 +83,7 @@ void atap__gate_bind(struct gate *g, uint32_t index)
     pthread_mutex_unlock(&all_lock);
 }
 
-static struct gate *gate_new(int role, const atap_spawn_opts *o, size_t in_size, size_t n)
+struct gate *atap__gate_new(int role, const atap_spawn_opts *o, size_t in_size, size_t n)
 {
     struct gate *g = calloc(1, sizeof *g);
     size_t buf = in_size ? in_size : 1;
@@ -519,7 +393,7 @@ void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
 
 /* Under the lock, for a gate not DONE: whether a give now would be taken
  * (it starts something, is owed, or replaces what a series is handed). */
-static bool accepts(const struct gate *g)
+bool atap__gate_accepts(const struct gate *g)
 {
     bool starts = g->state == G_IDLE || (g->state == G_BUSY && !g->series && g->claimed);
 
@@ -527,7 +401,7 @@ static bool accepts(const struct gate *g)
 }
 
 /* Why a gate in this state takes no more gives. */
-static int closed_error(struct atap_slot *s)
+int atap__gate_closed_error(struct atap_slot *s)
 {
     switch (word_state(ld_acquire(&s->word))) {
     case ST_CANCELLED: return ATAP_ECANCELLED;
@@ -552,10 +426,10 @@ static int offer_locked(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
     *old_owned = false;
     if (g->state == G_DONE || st == ST_CANCELLED || st == ST_TIMED_OUT || st == ST_FAILED) {
         *old = b, *old_owned = owned;
-        return closed_error(s);
+        return atap__gate_closed_error(s);
     }
     if (g->state == G_IDLE || (g->state == G_BUSY && !g->series && g->claimed)) {
-        if (!accepts(g)) {
+        if (!atap__gate_accepts(g)) {
             *old = b, *old_owned = owned;
             return ATAP_EFINISHED;
         }
@@ -586,8 +460,8 @@ static int offer_locked(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
 /* Gives value (in_size bytes) to the task at index: copies it in, starts
  * what it starts (now, or through kicks when given). One lock round when a
  * spare buffer is there, as it is in a steady flow. */
-static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *value,
-                 bool owned, struct kicks *kicks)
+int atap__gate_offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *value,
+                     bool owned, struct kicks *kicks)
 {
     struct gate *g = atap__sched_gate(s);
     unsigned char *b, *old;
@@ -618,12 +492,59 @@ static int offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *
     let_go_later(kicks, g, r);
     if (kick) {
         if (kicks)
-            kicks_add(kicks, g, gen);
+            atap__flow_kicks_add(kicks, g, gen);
         else
             atap__sched_kick(s, index, gen);
     }
     return rc;
 }
+
+/*
+ * Shutdown, once the pool has drained: a task waiting for a give would wait
+ * forever, so each idle gate goes DONE and its task is let go (never given
+ * anything: FAILED; else its last output stays). Taken off the list in
+ * batches under its lock, let go after it (which may free the slot).
+ */
+void atap__flow_shutdown(void)
+{
+    enum { BATCH = 256 };
+    uint32_t idle[BATCH];
+    unsigned n;
+
+    do {
+        n = 0;
+        pthread_mutex_lock(&all_lock);
+        for (struct gate *g = all_gates, *next; g && n < BATCH; g = next) {
+            next = g->next;
+            spin_lock(&g->lock);
+            if (g->state == G_IDLE) {
+                g->state = G_DONE;
+                idle[n++] = g->index;
+                unlink_gate(g);
+            }
+            spin_unlock(&g->lock);
+        }
+        pthread_mutex_unlock(&all_lock);
+        for (unsigned i = 0; i < n; i++) {
+            struct atap_slot *s = atap__table_at(idle[i]);
+
+            let_go(s, idle[i], word_gen(ld_acquire(&s->word)));
+        }
+    } while (n == BATCH);
+}
+
+/* In a fork's child (its one thread; runtime.c): the gates are the parent's
+ * tasks'; let go unfreed, and the lock taken fresh (a thread that is not
+ * here may have held it). */
+void atap__flow_forget(void)
+{
+    all_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    all_gates = NULL;
+    later = (struct let_go_list){0};
+    st_relaxed(&atap__first_waiters, 0); /* join.c's: waiters the child has not */
+}
+
+/* ---- receive_all / receive_any: the members' side of the gate ------------ */
 
 /* Under the lock: member r's bytes would make the round whole. */
 static bool makes_whole(const struct gate *g, const struct reg *r)
@@ -672,8 +593,8 @@ static void round_whole(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
  * a buffer allocated and not needed then becomes the spare, or goes after
  * the lock.
  */
-static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const void *bytes,
-                   size_t size, struct kicks *kicks)
+void atap__gate_gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const void *bytes,
+                       size_t size, struct kicks *kicks)
 {
     struct gate *g = atap__sched_gate(s);
     unsigned char *fresh = NULL, *old = NULL;
@@ -704,14 +625,14 @@ static void gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const
     free(fresh);
     let_go_later(kicks, g, ret);
     if (kick)
-        kicks_add(kicks, g, gen);
+        atap__flow_kicks_add(kicks, g, gen);
 }
 
 /* A member of receive_all / receive_any (or a forward) can publish no
  * more: the fed task may be done. A receive_all round left whole for want
  * of memory is the last one now, and needs none: it goes. Called with no
  * lock held, so what that starts is kicked here. */
-static void member_closed(const struct reg *r)
+void atap__gate_member_closed(const struct reg *r)
 {
     struct atap_slot *s = atap__table_at(r->to);
     struct gate *g = atap__sched_gate(s);
@@ -744,218 +665,6 @@ static void member_closed(const struct reg *r)
         let_go(s, r->to, r->to_gen);
 }
 
-/*
- * Shutdown, once the pool has drained: a task waiting for a give would wait
- * forever, so each idle gate goes DONE and its task is let go (never given
- * anything: FAILED; else its last output stays). Taken off the list in
- * batches under its lock, let go after it (which may free the slot).
- */
-void atap__flow_shutdown(void)
-{
-    enum { BATCH = 256 };
-    uint32_t idle[BATCH];
-    unsigned n;
-
-    do {
-        n = 0;
-        pthread_mutex_lock(&all_lock);
-        for (struct gate *g = all_gates, *next; g && n < BATCH; g = next) {
-            next = g->next;
-            spin_lock(&g->lock);
-            if (g->state == G_IDLE) {
-                g->state = G_DONE;
-                idle[n++] = g->index;
-                unlink_gate(g);
-            }
-            spin_unlock(&g->lock);
-        }
-        pthread_mutex_unlock(&all_lock);
-        for (unsigned i = 0; i < n; i++) {
-            struct atap_slot *s = atap__table_at(idle[i]);
-
-            let_go(s, idle[i], word_gen(ld_acquire(&s->word)));
-        }
-    } while (n == BATCH);
-}
-
-/* ---- forwards ------------------------------------------------------------ */
-
-/* Hands output number pub (bytes at out) to r unless it had it. */
-static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
-                    struct kicks *kicks)
-{
-    struct atap_slot *t = atap__table_at(r->to);
-    struct gate *g = atap__sched_gate(t);
-
-    if (r->seen >= pub)
-        return;
-    r->seen = pub;
-    if (g->role == ROLE_ALL)
-        gather(t, r->to_gen, r, out, size, kicks);
-    else
-        offer(t, r->to, r->to_gen, out, false, kicks);
-}
-
-/* Under the read lock (or for a one-shot, whose output never changes):
- * the readable output's number, or 0 when none is readable. */
-static uint64_t readable(struct atap_slot *s)
-{
-    if (word_state(ld_acquire(&s->word)) != ST_READY)
-        return 0;
-    return s->ext ? atap__sched_pubs(s) : 1;
-}
-
-void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
-{
-    struct side *rx;
-
-    /* Acquire: a registrar's RX (and the rx it installed before) is seen,
-     * since its read section ended before our write lock began. */
-    if (!(ld_acquire(&s->refs) & REFS_RX))
-        return;
-    rx = ld_acquire(&s->side);
-    pthread_mutex_lock(&rx->lock);
-    for (struct reg *r = rx->head; r; r = r->next)
-        deliver(r, pub, slot_out(s), s->out_size, kicks);
-    pthread_mutex_unlock(&rx->lock);
-}
-
-/* A reg that will get nothing more: its target hears, and, if it was the
- * last, the feeders' hold on the target goes. */
-static void reg_close(struct reg *r)
-{
-    struct atap_slot *t = atap__table_at(r->to);
-    struct gate *g = atap__sched_gate(t);
-
-    member_closed(r);
-    if (atomic_fetch_sub_explicit(&g->feeders, 1, memory_order_acq_rel) == 1)
-        atap__exec_release_listener(t, r->to, r->to_gen);
-    free(r);
-}
-
-static void read_lock(struct atap_slot *s)
-{
-    if (s->ext)
-        atap__sched_read_lock(s);
-}
-
-static void read_unlock(struct atap_slot *s)
-{
-    if (s->ext)
-        atap__sched_read_unlock(s);
-}
-
-void atap__flow_close(struct atap_slot *s)
-{
-    struct side *rx = ld_acquire(&s->side);
-    struct kicks kicks;
-    struct reg *list, *next;
-    uint64_t pub;
-
-    atap__kicks_init(&kicks);
-    read_lock(s);
-    pthread_mutex_lock(&rx->lock);
-    rx->closed = true;
-    list = rx->head;
-    rx->head = NULL;
-    if ((pub = readable(s)) != 0)
-        for (struct reg *r = list; r; r = r->next)
-            deliver(r, pub, slot_out(s), s->out_size, &kicks);
-    pthread_mutex_unlock(&rx->lock);
-    read_unlock(s);
-    atap__flow_kicks_run(&kicks);
-    for (; list; list = next) {
-        next = list->next;
-        reg_close(list);
-    }
-}
-
-struct park *_Atomic *atap__side_park(struct side *side)
-{
-    return &side->park;
-}
-
-void atap__flow_destroy(struct atap_slot *s)
-{
-    struct side *rx = ld_relaxed(&s->side);
-
-    if (rx) {
-        atap__park_destroy(ld_relaxed(&rx->park));
-        pthread_mutex_destroy(&rx->lock);
-        free(rx);
-        st_relaxed(&s->side, NULL);
-    }
-}
-
-/* The slot's side record, made on first use. The caller holds a listener,
- * or RUN. NULL on -ENOMEM. */
-struct side *atap__side_of(struct atap_slot *s)
-{
-    struct side *rx = ld_acquire(&s->side), *fresh;
-
-    if (rx)
-        return rx;
-    if (!(fresh = calloc(1, sizeof *fresh)))
-        return NULL;
-    pthread_mutex_init(&fresh->lock, NULL);
-    /* Release: the list is whole before anyone can find it. */
-    if (atomic_compare_exchange_strong_explicit(&s->side, &rx, fresh, memory_order_acq_rel,
-                                                memory_order_acquire))
-        return fresh;
-    pthread_mutex_destroy(&fresh->lock);
-    free(fresh);
-    return rx;
-}
-
-/*
- * Registers r (which holds a listener on its target) on the task s of
- * generation gen, on which the caller holds a listener. The readable output, if
- * any, is handed over now; a task that can publish no more closes r at
- * once. 0 or -ENOMEM / ATAP_ENOTASK (r is then closed and freed).
- */
-static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
-{
-    struct kicks kicks;
-    struct side *rx = atap__side_of(s);
-    bool live = true, listed = false;
-    uint64_t refs, pub;
-
-    if (!rx) {
-        reg_close(r);
-        return -ENOMEM;
-    }
-    atap__kicks_init(&kicks);
-    refs = ld_relaxed(&s->refs);
-    do {
-        if (refs_gen(refs) != gen || (refs & REFS_COUNT_MASK) == 0) {
-            reg_close(r);
-            return ATAP_ENOTASK;
-        }
-        if (!(refs & REFS_RUN)) {
-            live = false; /* over: no RUN will be dropped to close r */
-            break;
-        }
-        if (refs & REFS_RX)
-            break; /* set by an earlier registrar, with rx seen already */
-        /* acq_rel: the rx installed above is seen by whoever drops RUN. */
-    } while (!cas_acqrel(&s->refs, &refs, refs | REFS_RX));
-    read_lock(s);
-    pthread_mutex_lock(&rx->lock);
-    if (live && !rx->closed) {
-        r->next = rx->head;
-        rx->head = r;
-        listed = true;
-    }
-    if ((pub = readable(s)) != 0)
-        deliver(r, pub, slot_out(s), s->out_size, &kicks);
-    pthread_mutex_unlock(&rx->lock);
-    read_unlock(s);
-    atap__flow_kicks_run(&kicks);
-    if (!listed)
-        reg_close(r);
-    return 0;
-}
-
 /* ---- the calls ----------------------------------------------------------- */
 
 int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size_t in_size,
@@ -973,7 +682,7 @@ int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size_t in_size,
         return ATAP_EINVAL;
     if ((rc = atap__exec_check(opts, true)) != 0)
         return rc;
-    if (!(g = gate_new(ROLE_GIVE, opts, in_size, 0)))
+    if (!(g = atap__gate_new(ROLE_GIVE, opts, in_size, 0)))
         return -ENOMEM;
     if ((rc = atap__exec_spawn(task, fn, arg, opts, g)) != 0)
         atap__gate_destroy(g);
@@ -1004,7 +713,7 @@ int atap_give(atap_task t, const void *value, size_t size)
         }
         return ATAP_ENOTINIT;
     }
-    rc = offer(s, index, gen, value, true, NULL);
+    rc = atap__gate_offer(s, index, gen, value, true, NULL);
     atap__spawn_exit(outside);
     return rc;
 }
@@ -1018,132 +727,4 @@ const void *atap_input(atap_ctx *ctx, size_t *size)
     if (size)
         *size = v ? n : 0;
     return v;
-}
-
-/* A reg feeding the task (index, gen), whose gate is g: counted a feeder,
- * the first one taking the feeders' hold on it. The caller holds a handle
- * on the task, so the count's 1 -> 0 (a closing reg's) and a 0 -> 1 here
- * may cross: each takes or drops one hold, and the handle keeps the slot
- * meanwhile. */
-static struct reg *reg_new(struct atap_slot *t, struct gate *g, uint32_t index, uint32_t gen,
-                           uint32_t place, size_t offset)
-{
-    struct reg *r = calloc(1, sizeof *r);
-
-    if (!r)
-        return NULL;
-    r->to = index;
-    r->to_gen = gen;
-    r->place = place;
-    r->offset = offset;
-    if (atomic_fetch_add_explicit(&g->feeders, 1, memory_order_acq_rel) == 0)
-        atap__exec_hold(t);
-    return r;
-}
-
-int atap_forward(atap_task from, atap_task to)
-{
-    uint32_t fi, fg, ti, tg;
-    struct atap_slot *f = atap__exec_live(from, &fi, &fg), *t = atap__exec_live(to, &ti, &tg);
-    struct gate *g;
-    struct reg *r;
-    int rc = 0;
-
-    if (!f || !t)
-        return ATAP_ENOTASK;
-    g = atap__sched_gate(t);
-    if (!g || g->role != ROLE_GIVE || g->in_size != f->out_size)
-        return ATAP_EINVAL;
-    spin_lock(&g->lock);
-    if (g->state == G_DONE)
-        rc = closed_error(t);
-    else if (!accepts(g))
-        rc = ATAP_EFINISHED; /* as a give would be told now */
-    spin_unlock(&g->lock);
-    if (rc)
-        return rc;
-    if (!(r = reg_new(t, g, ti, tg, 0, 0)))
-        return -ENOMEM;
-    (void)fi;
-    return attach(f, fg, r);
-}
-
-/* receive_all / receive_any: checks the members, spawns the task, and
- * registers it on each member. */
-static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
-                   const atap_spawn_opts *opts, int role)
-{
-    static const atap_spawn_opts none;
-    size_t in_size = 0, offset = 0;
-    uint32_t index, gen;
-    struct atap_slot *s, *m;
-    struct gate *g;
-    int rc;
-
-    if (!task)
-        return ATAP_EINVAL;
-    *task = ATAP_NO_TASK;
-    opts = opts ? opts : &none;
-    if (!fn || !from || n == 0 || n > UINT32_MAX || opts->in_free)
-        return ATAP_EINVAL;
-    if ((rc = atap__exec_check(opts, true)) != 0)
-        return rc;
-    for (size_t k = 0; k < n; k++) {
-        if (!(m = atap__exec_live(from[k], &index, &gen)))
-            return ATAP_ENOTASK;
-        if (role == ROLE_ANY && m->out_size != (k ? in_size : m->out_size))
-            return ATAP_EINVAL;
-        if (role == ROLE_ANY)
-            in_size = m->out_size;
-        else if ((in_size += m->out_size) > UINT32_MAX)
-            return ATAP_EINVAL;
-    }
-    if (!(g = gate_new(role, opts, in_size, n)))
-        return -ENOMEM;
-    if ((rc = atap__exec_spawn(task, fn, arg, opts, g)) != 0) {
-        atap__gate_destroy(g);
-        return rc;
-    }
-    s = atap__exec_live(*task, &index, &gen);
-    for (size_t k = 0; k < n; k++) {
-        uint32_t mi, mg;
-        struct reg *r;
-
-        m = atap__exec_live(from[k], &mi, &mg);
-        r = reg_new(s, g, index, gen, (uint32_t)k, offset);
-        if (!r) { /* this place can never fill: as if the member had ended */
-            struct reg stub = {.to = index, .to_gen = gen, .place = (uint32_t)k};
-            member_closed(&stub);
-            continue;
-        }
-        if (m)
-            attach(m, mg, r);
-        else
-            reg_close(r);
-        offset += role == ROLE_ALL && m ? m->out_size : 0;
-    }
-    return 0;
-}
-
-int atap_receive_all(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
-                     const atap_spawn_opts *opts)
-{
-    return receive(task, fn, arg, from, n, opts, ROLE_ALL);
-}
-
-int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
-                     const atap_spawn_opts *opts)
-{
-    return receive(task, fn, arg, from, n, opts, ROLE_ANY);
-}
-
-/* In a fork's child (its one thread; runtime.c): the gates are the parent's
- * tasks'; let go unfreed, and the lock taken fresh (a thread that is not
- * here may have held it). */
-void atap__flow_forget(void)
-{
-    all_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
-    all_gates = NULL;
-    later = (struct let_go_list){0};
-    st_relaxed(&atap__first_waiters, 0); /* join.c's: waiters the child has not */
 }

@@ -1,0 +1,399 @@
+/*
+ * Forwards (dataflow_int.h has what the dataflow files share, and their
+ * lock order): a slot's side record, the regs on it that hand each of the
+ * task's outputs to the gates they feed (gate.c), the kicks a delivery
+ * leaves for after the source's locks, and atap_forward, atap_receive_all
+ * and atap_receive_any, which register regs.
+ *
+ * Forwards. A task whose outputs go elsewhere has a list in its slot's side
+ * of `reg`s, each naming the task it feeds (and, for receive_all, the place
+ * it fills). A reg holds a listener on the task it feeds, so that slot
+ * stays while the reg is listed. The source's slot needs none: it stays
+ * while RUN is held, and the list closes when RUN goes. Registering sets
+ * REFS_RX in refs by a CAS that finds RUN held: whoever later drops RUN
+ * sees RX in that same CAS, keeps the slot with a listener of its own and
+ * closes the list (atap__flow_close). A source's handles are not givers of
+ * anything, so they alone decide when a waiting source is let go.
+ * Otherwise the task is over and the registrar hands over the last output
+ * and closes the reg itself. Each output has a number (1 for a one-shot,
+ * the publish count for a task whose runs rewrite it), and a reg records
+ * the last number it had: the publisher (under the output's write lock) and
+ * a registrar or closer (under its read lock) each hand an output over only
+ * when the reg has not had it, under the list's mutex. So every reg gets
+ * every output published after it registered, plus the one readable when
+ * it did, exactly once. The lock order is dataflow_int.h's.
+ */
+#include "dataflow.h"
+#include "dataflow_int.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "atap.h"
+#include "executor.h"
+#include "park.h"
+#include "schedule.h"
+#include "slot.h"
+#include "table.h"
+
+/* What a slot needs only sometimes, made on first use and freed with the
+ * slot: the forwards of its outputs, and the park it sleeps in. */
+struct side {
+    pthread_mutex_t lock; /* the forward list */
+    bool closed;
+    struct reg *head;
+    struct park *_Atomic park; /* park.c */
+};
+
+/*
+ * struct kicks (dataflow.h): targets a delivery started, kicked once the
+ * source's locks are let go (its list mutex, the gates' locks, and for a
+ * repeat's publish its output's write lock: the publisher runs them after
+ * that, atap__flow_kicks_run). They are chained through their gates, so
+ * noting one takes no memory and cannot fail: a list that had to grow used
+ * to kick, when it could not, right there under the source's locks. A gate
+ * is on one list at most, since only the give that moved it IDLE -> BUSY
+ * notes it, and it cannot be IDLE again before its run, which our kick
+ * starts: so its kick_ fields are this thread's alone until then. RUN,
+ * ours to hand over meanwhile, keeps the slot and its gate. A later
+ * delivery to a target noted and not yet kicked finds it BUSY and unclaimed
+ * and only replaces its pending value, as it would before the run claims.
+ *
+ * Given values a delivery displaced (a target's pending one, replaced by
+ * the newest) that owe their in_free, a user callback, wait there too, so
+ * that it runs with none of the source's locks held (an in_free that joins
+ * the source would wait on itself): KICK_DROPS in the list itself, more in
+ * an array grown as needed; with no memory for that, the value is let go
+ * at once, under the locks. Kicks go first: an in_free may wait for a run
+ * the same delivery started. The gate notes them (gate.c, let_go_later).
+ */
+
+void atap__flow_kicks_add(struct kicks *k, struct gate *g, uint32_t gen)
+{
+    g->kick_next = NULL;
+    g->kick_gen = gen;
+    if (k->tail)
+        k->tail->kick_next = g;
+    else
+        k->head = g;
+    k->tail = g;
+}
+
+void atap__flow_kicks_run(struct kicks *k)
+{
+    struct gate *next;
+
+    if (!k->head && !k->ndrops)
+        return; /* the usual publish: no forward started anything */
+    for (struct gate *g = k->head; g; g = next) {
+        uint32_t index = g->index, gen = g->kick_gen;
+
+        next = g->kick_next; /* read before: once kicked it may run, end and go */
+        atap__sched_kick(atap__table_at(index), index, gen);
+    }
+    for (unsigned i = 0; i < k->ndrops; i++) {
+        struct kick_drop *d = i < KICK_DROPS ? &k->drops[i] : &k->more[i - KICK_DROPS];
+
+        d->in_free(d->b);
+        free(d->b);
+    }
+    free(k->more);
+}
+
+/* ---- forwards ------------------------------------------------------------ */
+
+/* Hands output number pub (bytes at out) to r unless it had it. */
+static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
+                    struct kicks *kicks)
+{
+    struct atap_slot *t = atap__table_at(r->to);
+    struct gate *g = atap__sched_gate(t);
+
+    if (r->seen >= pub)
+        return;
+    r->seen = pub;
+    if (g->role == ROLE_ALL)
+        atap__gate_gather(t, r->to_gen, r, out, size, kicks);
+    else
+        atap__gate_offer(t, r->to, r->to_gen, out, false, kicks);
+}
+
+/* Under the read lock (or for a one-shot, whose output never changes):
+ * the readable output's number, or 0 when none is readable. */
+static uint64_t readable(struct atap_slot *s)
+{
+    if (word_state(ld_acquire(&s->word)) != ST_READY)
+        return 0;
+    return s->ext ? atap__sched_pubs(s) : 1;
+}
+
+void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
+{
+    struct side *rx;
+
+    /* Acquire: a registrar's RX (and the rx it installed before) is seen,
+     * since its read section ended before our write lock began. */
+    if (!(ld_acquire(&s->refs) & REFS_RX))
+        return;
+    rx = ld_acquire(&s->side);
+    pthread_mutex_lock(&rx->lock);
+    for (struct reg *r = rx->head; r; r = r->next)
+        deliver(r, pub, slot_out(s), s->out_size, kicks);
+    pthread_mutex_unlock(&rx->lock);
+}
+
+/* A reg that will get nothing more: its target hears, and, if it was the
+ * last, the feeders' hold on the target goes. */
+static void reg_close(struct reg *r)
+{
+    struct atap_slot *t = atap__table_at(r->to);
+    struct gate *g = atap__sched_gate(t);
+
+    atap__gate_member_closed(r);
+    if (atomic_fetch_sub_explicit(&g->feeders, 1, memory_order_acq_rel) == 1)
+        atap__exec_release_listener(t, r->to, r->to_gen);
+    free(r);
+}
+
+static void read_lock(struct atap_slot *s)
+{
+    if (s->ext)
+        atap__sched_read_lock(s);
+}
+
+static void read_unlock(struct atap_slot *s)
+{
+    if (s->ext)
+        atap__sched_read_unlock(s);
+}
+
+void atap__flow_close(struct atap_slot *s)
+{
+    struct side *rx = ld_acquire(&s->side);
+    struct kicks kicks;
+    struct reg *list, *next;
+    uint64_t pub;
+
+    atap__kicks_init(&kicks);
+    read_lock(s);
+    pthread_mutex_lock(&rx->lock);
+    rx->closed = true;
+    list = rx->head;
+    rx->head = NULL;
+    if ((pub = readable(s)) != 0)
+        for (struct reg *r = list; r; r = r->next)
+            deliver(r, pub, slot_out(s), s->out_size, &kicks);
+    pthread_mutex_unlock(&rx->lock);
+    read_unlock(s);
+    atap__flow_kicks_run(&kicks);
+    for (; list; list = next) {
+        next = list->next;
+        reg_close(list);
+    }
+}
+
+struct park *_Atomic *atap__side_park(struct side *side)
+{
+    return &side->park;
+}
+
+void atap__flow_destroy(struct atap_slot *s)
+{
+    struct side *rx = ld_relaxed(&s->side);
+
+    if (rx) {
+        atap__park_destroy(ld_relaxed(&rx->park));
+        pthread_mutex_destroy(&rx->lock);
+        free(rx);
+        st_relaxed(&s->side, NULL);
+    }
+}
+
+/* The slot's side record, made on first use. The caller holds a listener,
+ * or RUN. NULL on -ENOMEM. */
+struct side *atap__side_of(struct atap_slot *s)
+{
+    struct side *rx = ld_acquire(&s->side), *fresh;
+
+    if (rx)
+        return rx;
+    if (!(fresh = calloc(1, sizeof *fresh)))
+        return NULL;
+    pthread_mutex_init(&fresh->lock, NULL);
+    /* Release: the list is whole before anyone can find it. */
+    if (atomic_compare_exchange_strong_explicit(&s->side, &rx, fresh, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return fresh;
+    pthread_mutex_destroy(&fresh->lock);
+    free(fresh);
+    return rx;
+}
+
+/*
+ * Registers r (which holds a listener on its target) on the task s of
+ * generation gen, on which the caller holds a listener. The readable output, if
+ * any, is handed over now; a task that can publish no more closes r at
+ * once. 0 or -ENOMEM / ATAP_ENOTASK (r is then closed and freed).
+ */
+static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
+{
+    struct kicks kicks;
+    struct side *rx = atap__side_of(s);
+    bool live = true, listed = false;
+    uint64_t refs, pub;
+
+    if (!rx) {
+        reg_close(r);
+        return -ENOMEM;
+    }
+    atap__kicks_init(&kicks);
+    refs = ld_relaxed(&s->refs);
+    do {
+        if (refs_gen(refs) != gen || (refs & REFS_COUNT_MASK) == 0) {
+            reg_close(r);
+            return ATAP_ENOTASK;
+        }
+        if (!(refs & REFS_RUN)) {
+            live = false; /* over: no RUN will be dropped to close r */
+            break;
+        }
+        if (refs & REFS_RX)
+            break; /* set by an earlier registrar, with rx seen already */
+        /* acq_rel: the rx installed above is seen by whoever drops RUN. */
+    } while (!cas_acqrel(&s->refs, &refs, refs | REFS_RX));
+    read_lock(s);
+    pthread_mutex_lock(&rx->lock);
+    if (live && !rx->closed) {
+        r->next = rx->head;
+        rx->head = r;
+        listed = true;
+    }
+    if ((pub = readable(s)) != 0)
+        deliver(r, pub, slot_out(s), s->out_size, &kicks);
+    pthread_mutex_unlock(&rx->lock);
+    read_unlock(s);
+    atap__flow_kicks_run(&kicks);
+    if (!listed)
+        reg_close(r);
+    return 0;
+}
+
+/* ---- the calls ----------------------------------------------------------- */
+
+/* A reg feeding the task (index, gen), whose gate is g: counted a feeder,
+ * the first one taking the feeders' hold on it. The caller holds a handle
+ * on the task, so the count's 1 -> 0 (a closing reg's) and a 0 -> 1 here
+ * may cross: each takes or drops one hold, and the handle keeps the slot
+ * meanwhile. */
+static struct reg *reg_new(struct atap_slot *t, struct gate *g, uint32_t index, uint32_t gen,
+                           uint32_t place, size_t offset)
+{
+    struct reg *r = calloc(1, sizeof *r);
+
+    if (!r)
+        return NULL;
+    r->to = index;
+    r->to_gen = gen;
+    r->place = place;
+    r->offset = offset;
+    if (atomic_fetch_add_explicit(&g->feeders, 1, memory_order_acq_rel) == 0)
+        atap__exec_hold(t);
+    return r;
+}
+
+int atap_forward(atap_task from, atap_task to)
+{
+    uint32_t fi, fg, ti, tg;
+    struct atap_slot *f = atap__exec_live(from, &fi, &fg), *t = atap__exec_live(to, &ti, &tg);
+    struct gate *g;
+    struct reg *r;
+    int rc = 0;
+
+    if (!f || !t)
+        return ATAP_ENOTASK;
+    g = atap__sched_gate(t);
+    if (!g || g->role != ROLE_GIVE || g->in_size != f->out_size)
+        return ATAP_EINVAL;
+    spin_lock(&g->lock);
+    if (g->state == G_DONE)
+        rc = atap__gate_closed_error(t);
+    else if (!atap__gate_accepts(g))
+        rc = ATAP_EFINISHED; /* as a give would be told now */
+    spin_unlock(&g->lock);
+    if (rc)
+        return rc;
+    if (!(r = reg_new(t, g, ti, tg, 0, 0)))
+        return -ENOMEM;
+    (void)fi;
+    return attach(f, fg, r);
+}
+
+/* receive_all / receive_any: checks the members, spawns the task, and
+ * registers it on each member. */
+static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
+                   const atap_spawn_opts *opts, int role)
+{
+    static const atap_spawn_opts none;
+    size_t in_size = 0, offset = 0;
+    uint32_t index, gen;
+    struct atap_slot *s, *m;
+    struct gate *g;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    opts = opts ? opts : &none;
+    if (!fn || !from || n == 0 || n > UINT32_MAX || opts->in_free)
+        return ATAP_EINVAL;
+    if ((rc = atap__exec_check(opts, true)) != 0)
+        return rc;
+    for (size_t k = 0; k < n; k++) {
+        if (!(m = atap__exec_live(from[k], &index, &gen)))
+            return ATAP_ENOTASK;
+        if (role == ROLE_ANY && m->out_size != (k ? in_size : m->out_size))
+            return ATAP_EINVAL;
+        if (role == ROLE_ANY)
+            in_size = m->out_size;
+        else if ((in_size += m->out_size) > UINT32_MAX)
+            return ATAP_EINVAL;
+    }
+    if (!(g = atap__gate_new(role, opts, in_size, n)))
+        return -ENOMEM;
+    if ((rc = atap__exec_spawn(task, fn, arg, opts, g)) != 0) {
+        atap__gate_destroy(g);
+        return rc;
+    }
+    s = atap__exec_live(*task, &index, &gen);
+    for (size_t k = 0; k < n; k++) {
+        uint32_t mi, mg;
+        struct reg *r;
+
+        m = atap__exec_live(from[k], &mi, &mg);
+        r = reg_new(s, g, index, gen, (uint32_t)k, offset);
+        if (!r) { /* this place can never fill: as if the member had ended */
+            struct reg stub = {.to = index, .to_gen = gen, .place = (uint32_t)k};
+            atap__gate_member_closed(&stub);
+            continue;
+        }
+        if (m)
+            attach(m, mg, r);
+        else
+            reg_close(r);
+        offset += role == ROLE_ALL && m ? m->out_size : 0;
+    }
+    return 0;
+}
+
+int atap_receive_all(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
+                     const atap_spawn_opts *opts)
+{
+    return receive(task, fn, arg, from, n, opts, ROLE_ALL);
+}
+
+int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *from, size_t n,
+                     const atap_spawn_opts *opts)
+{
+    return receive(task, fn, arg, from, n, opts, ROLE_ANY);
+}
