@@ -1,6 +1,7 @@
 /*
- * Values between tasks (dataflow.c): the gate of a task that waits for
- * gives, the forwards of a task's outputs; and join_first's wake-up (join.c).
+ * Values between tasks: the gate of a task that waits for gives (gate.c),
+ * the forwards of a task's outputs (forward.c); and join_first's wake-up
+ * (join.c).
  */
 #ifndef ATAP_DATAFLOW_H
 #define ATAP_DATAFLOW_H
@@ -52,7 +53,7 @@ void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen);
 
 /* ---- forwards: called by executor.c and schedule.c ---------------------- */
 
-/* What deliveries leave for after the locks (dataflow.c): the targets they
+/* What deliveries leave for after the locks (forward.c): the targets they
  * started, to kick, and given values they displaced, whose in_free (a user
  * callback) must not run under the source's locks: KICK_DROPS in place,
  * more in `more` (malloc'd). atap__kicks_init makes one empty. */

@@ -34,8 +34,9 @@ static inline bool word_is(uint32_t w, uint32_t gen)
 
 /* A handle names its task while the generation matches and a handle is
  * left: once the last handle is released, every copy reads ATAP_ENOTASK even
- * while the run, or any of the runtime's holds, still keeps the slot. Acquire on both: what the task's
- * last transition published (an output, a failure code) is seen. */
+ * while the run, or any of the runtime's holds, still keeps the slot.
+ * Acquire on both: what the task's last transition published (an output, a
+ * failure code) is seen. */
 static inline bool handle_live(struct atap_slot *s, uint32_t gen, uint32_t *cur)
 {
     uint64_t r;

@@ -23,9 +23,10 @@
  * it claims only the park whose deadline it read as passed. The claim word
  * carries the park's number (bumped by the parker before ARMING, after the
  * deadline), and the fire reads the word, then the deadline, then claims by
- * CAS from exactly the word it read: a later park changed the word. After ARMED the parker looks at the task's state
- * once more (seq_cst, against the canceller's fence) so a cancel that came
- * while the park was being set up is not missed.
+ * CAS from exactly the word it read: a later park changed the word. After
+ * ARMED the parker looks at the task's state once more (seq_cst, against
+ * the canceller's fence) so a cancel that came while the park was being set
+ * up is not missed.
  *
  * Wakes (atap__park_wake, for the runtime's own tasks: channels) set a flag
  * in the park record before they look at the claim; a parker that arms

@@ -45,7 +45,7 @@
  * whoever wins that disarm writes the task off: no task waits on a timer
  * nobody will fire.
  *
- * A task that waits for gives (dataflow.c) always has a schedule, with its
+ * A task that waits for gives (gate.c) always has a schedule, with its
  * gate in `gate`. Its output is rewritten by each run like a repeat's, so it
  * publishes the same way. Between runs or series its gate holds the RUN
  * reference; a give that starts something hands it to atap__sched_kick, and
@@ -585,7 +585,7 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
      * the drop to us; what it wrote to the series comes before our free. */
     if (atomic_fetch_or_explicit(&c->inflight, RUN_OWED, memory_order_acq_rel) & ~RUN_OWED)
         return true;
-    /* RUN goes now. A waiting series let go of (dataflow.c) with nothing
+    /* RUN goes now. A waiting series let go of (gate.c) with nothing
      * published since its give reads FAILED, as a let-go task does: known
      * only now, once no run under way can still publish. */
     if (c->gate)

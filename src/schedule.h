@@ -25,7 +25,7 @@ struct gate;
  * (the gate is then still the caller's). */
 int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o,
                        struct gate *gate);
-/* A give started something (dataflow.c; the gate was idle and hands over
+/* A give started something (gate.c; the gate was idle and hands over
  * the RUN reference): a run, or a series, after the start delay if any. */
 void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* The gate of a task that waits for gives, or NULL (also for no schedule). */

@@ -27,10 +27,10 @@
  *         task a run or a clean-up (the queue or the running thread holds
  *         it). Whoever takes refs to (gen, no RUN, no listener of either
  *         kind) frees the slot, so only one path frees.
- *         RX: outputs are forwarded (`rx`, dataflow.c); set by a CAS that
+ *         RX: outputs are forwarded (`rx`, forward.c); set by a CAS that
  *         finds RUN held, so whoever drops RUN learns from that same CAS
  *         that it must close the forwards (never cleared until freed).
- *         GATED: the task waits for gives (dataflow.c), so its last
+ *         GATED: the task waits for gives (gate.c), so its last
  *         listener of either kind going may let it go: a handle can give,
  *         and so can a feeder; read with the count, no extra load.
  *         STALE: a waiter claimed the task out of its queue place
@@ -97,7 +97,7 @@ struct atap_slot {
     _Atomic uint32_t word;
     _Atomic uint32_t link;
     _Atomic uint64_t refs;
-    struct side *_Atomic side; /* what a slot needs only sometimes (dataflow.c) */
+    struct side *_Atomic side; /* what a slot needs only sometimes (forward.c) */
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;
