@@ -135,6 +135,21 @@ static inline size_t env_size(const char *name, size_t dflt)
     return (end == s || v == 0) ? dflt : (size_t)v;
 }
 
+/* ---- room for a slow machine ------------------------------------------ */
+
+/* How many times a bound on lateness (never a promise: "never early" and
+ * exact counts stay as they are) may stretch: ATAP_TEST_SLACK (CTest passes
+ * it; tests/run_suite.sh raises it under ATAP_LOAD), times 4 under TSan,
+ * whose runs are that much slower. */
+static inline uint64_t test_slack(void)
+{
+    uint64_t slack = env_size("ATAP_TEST_SLACK", 1);
+#if defined(TEST_TSAN)
+    slack *= 4;
+#endif
+    return slack;
+}
+
 /* ---- the runtime ------------------------------------------------------- */
 
 /* Set by the common teardown: every spinning task in the tests stops. */
