@@ -34,7 +34,7 @@ map='
 3 timer     timer.h timer.c
 3 poller    poller.h poller_epoll.c poller_kqueue.c poller_poll.c
 4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c help.c
-5 executor  executor.h executor.c
+5 executor  executor.h executor.c spawn.c
 5 read      read.c join.c
 6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c
 6 kwait     kwait.c
@@ -52,6 +52,7 @@ upward='
 executor.c dataflow.h
 executor.c park.h
 executor.c schedule.h
+spawn.c schedule.h
 read.c dataflow.h
 read.c park.h
 read.c schedule.h

@@ -1,0 +1,294 @@
+/*
+ * Spawning (executor.c has the rest of a task's life, and its rules): a
+ * slot taken from the table, filled, made PENDING and queued. atap_spawn;
+ * atap__exec_check and atap__exec_spawn for the tasks that wait for gives
+ * (gate.c, forward.c); atap__exec_spawn_run for a run of an at-rate series
+ * (rate.c).
+ *
+ * The order: the slot is filled (its fields, then refs: gen | RUN, a
+ * handle but for an at-rate run, GATED for a task that waits for gives),
+ * then PENDING is stored into word with release, then the task is queued
+ * (or handed to its schedule, which queues it once its time, or a give,
+ * comes). Whoever acquires the word (a reader) or the queue entry (a
+ * worker) sees every field; that one entry carries RUN (executor.c:
+ * claiming). A spawn that fails once it holds a slot leaves no task behind
+ * and burns the generation: the slot goes back as (gen, FREE).
+ *
+ * A spawn from outside the pool is admitted first (atap__spawn_enter), so
+ * a shutdown can wait for it; one from a task is part of the work a
+ * shutdown drains, and always in. The quick path, inline in atap_spawn, is
+ * a plain task's from a worker: a slot from the worker's stash, filled and
+ * published as above, and into the worker's LIFO slot when that is empty
+ * (atap__pool_submit_from). The rest goes out of line, so that path's
+ * frame stays small.
+ */
+#include "executor.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#include "atap.h"
+#include "atomics.h"
+#include "pool.h"
+#include "schedule.h"
+#include "slot.h"
+#include "table.h"
+#include "trace.h"
+
+/* No field about time is set: the task needs no schedule. */
+static inline bool plain(const atap_spawn_opts *o)
+{
+    return (o->after_ns | o->timeout_ns | (uint64_t)o->kind | o->every_ns | o->runs | o->for_ns |
+            o->until_ns) == 0;
+}
+
+static inline int check_opts(const atap_spawn_opts *o, bool waiting)
+{
+    if (o->priority < ATAP_PRIORITY_MIN || o->priority > ATAP_PRIORITY_MAX)
+        return ATAP_EINVAL;
+    if (!waiting && (o->gives || o->in_free))
+        return ATAP_EINVAL; /* they belong to tasks that wait for gives */
+    if (o->out_size > UINT32_MAX)
+        return ATAP_EINVAL;
+    if (plain(o))
+        return 0; /* nothing about time to check */
+    return atap__sched_check(o);
+}
+
+/* The task's fields of a freshly allocated slot, from option values the
+ * caller read (so that no store here makes the compiler read them again). */
+static inline __attribute__((always_inline)) void
+fill_fields(struct atap_slot *s, atap_fn *fn, void *arg, uint8_t flags, uint32_t out_size,
+            int priority, void (*arg_free)(void *), void (*out_free)(void *))
+{
+    s->flags = flags;
+    s->filled = 0;
+    s->fail_code = 0;
+    s->out_size = out_size;
+    s->priority = (int8_t)priority;
+    s->fn = fn;
+    s->arg = arg;
+    s->arg_free = arg_free;
+    s->out_free = out_free;
+    slot_set_ext(s, NULL);
+}
+
+/* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
+static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_fn *fn, void *arg,
+                                                      const atap_spawn_opts *o)
+{
+    uint8_t flags = o->blocking ? SF_BLOCKING : 0;
+
+    if (!slot_out_inline(o->out_size)) {
+        if (!(s->out.heap = malloc(o->out_size)))
+            return -ENOMEM;
+        flags |= SF_OUT_HEAP;
+    }
+    fill_fields(s, fn, arg, flags, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
+    return 0;
+}
+
+int atap__exec_check(const atap_spawn_opts *o, bool waiting)
+{
+    return check_opts(o, waiting);
+}
+
+/* fill, and the schedule if the options use time or the task waits for
+ * gives; on -ENOMEM nothing is left allocated (the gate is the caller's). */
+static inline __attribute__((always_inline)) int
+prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg, const atap_spawn_opts *o,
+        struct gate *gate)
+{
+    int rc = fill(s, fn, arg, o);
+
+    if (rc == 0 && (!plain(o) || gate) && (rc = atap__sched_attach(s, index, o, gate)) != 0 &&
+        (s->flags & SF_OUT_HEAP))
+        free(s->out.heap);
+    if (rc != 0)
+        s->flags = 0;
+    return rc;
+}
+
+
+static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
+                             const atap_spawn_opts *opts, struct gate *gate)
+{
+    struct slot_cache *cache;
+    uint32_t index, gen;
+    struct atap_slot *s;
+    bool outside;
+    int rc;
+
+    /* A spawn from a task is part of the work a shutdown drains: always in. */
+    if ((outside = atap__self == NULL) && !atap__spawn_enter(&outside))
+        return ATAP_ENOTINIT;
+    cache = outside ? atap__table_outside_cache() : &atap__self->cache;
+    if ((rc = atap__table_alloc(cache, &index, &gen)) == 0) {
+        s = atap__table_at(index);
+        if ((rc = prepare(s, index, fn, arg, opts, gate)) != 0) {
+            /* Burn this generation: the slot goes back as (gen, FREE). */
+            st_relaxed(&s->word, make_word(gen, ST_FREE));
+            atap__table_free(cache, index, gen);
+        } else {
+            st_relaxed(&s->refs,
+                       refs_of(gen) | REFS_RUN | (gate ? REFS_GATED : 0) | REFS_HANDLE);
+            /* Release: the fields above are visible to whoever acquires the
+             * word (a reader) or the queue entry (a worker). */
+            st_release(&s->word, make_word(gen, ST_PENDING));
+            *task = make_task(index, gen);
+            ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
+            if (unlikely(s->ext != NULL))
+                atap__sched_start(s, index, gen, opts->blocking);
+            else
+                atap__pool_submit_from(atap__self, index + 1, opts->priority, opts->blocking);
+        }
+    }
+    if (outside)
+        atap__spawn_exit(outside);
+    return rc;
+}
+
+int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts,
+                     struct gate *gate)
+{
+    return spawn_slot(task, fn, arg, opts, gate);
+}
+
+/* Options a task's spawn from a worker can take in one go: nothing about
+ * time or gives, a valid priority, an output that fits the slot. */
+static inline bool quick(const atap_spawn_opts *o)
+{
+    return plain(o) && (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking) == 0 &&
+           slot_out_inline(o->out_size) && o->priority >= ATAP_PRIORITY_MIN &&
+           o->priority <= ATAP_PRIORITY_MAX;
+}
+
+/* The tail of a quick spawn (below): the slot is ours, the options are
+ * plain; what spawn_slot does from here, with nothing left to check. */
+static inline __attribute__((always_inline)) void
+spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
+                    const atap_spawn_opts *o, uint32_t index, uint32_t gen)
+{
+    struct atap_slot *s = atap__table_at(index);
+
+    fill_fields(s, fn, arg, 0, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
+    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | REFS_HANDLE);
+    /* Release: the fields above reach whoever acquires the word or the
+     * queue entry (spawn_slot's order). */
+    st_release(&s->word, make_word(gen, ST_PENDING));
+    *task = make_task(index, gen);
+    ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
+    atap__pool_submit_from(w, index + 1, o->priority, false);
+}
+
+/* Everything else atap_spawn does, out of line: the quick path's frame
+ * stays small. */
+static __attribute__((noinline)) int spawn_checked(atap_task *task, atap_fn *fn, void *arg,
+                                                   const atap_spawn_opts *opts)
+{
+    static const atap_spawn_opts plain;
+    int rc;
+
+    if (!task)
+        return ATAP_EINVAL;
+    *task = ATAP_NO_TASK;
+    opts = opts ? opts : &plain;
+    if (!fn)
+        return ATAP_EINVAL;
+    if (unlikely((rc = check_opts(opts, false)) != 0))
+        return rc;
+    return spawn_slot(task, fn, arg, opts, NULL);
+}
+
+/* A quick spawn whose worker's stash is empty: a slot from the shared list
+ * or the table's growth. */
+static __attribute__((noinline)) int spawn_quick_shared(struct worker *w, atap_task *task,
+                                                        atap_fn *fn, void *arg,
+                                                        const atap_spawn_opts *o)
+{
+    uint32_t index, gen;
+
+    if (atap__table_alloc_shared(&w->cache, &index, &gen) != 0)
+        return spawn_checked(task, fn, arg, o); /* out of slots: it says so */
+    spawn_quick_publish(w, task, fn, arg, o, index, gen);
+    return 0;
+}
+
+/* A quick spawn from a thread outside the pool: admitted first (a
+ * shutdown may be under way), a slot from the thread's stash or the shared
+ * list, and the task into the shared queue. */
+static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_fn *fn, void *arg,
+                                                         const atap_spawn_opts *o)
+{
+    uint32_t index, gen;
+    bool outside;
+    int rc;
+
+    *task = ATAP_NO_TASK;
+    if (!atap__spawn_enter(&outside))
+        return ATAP_ENOTINIT;
+    if ((rc = atap__table_alloc(atap__table_outside_cache(), &index, &gen)) == 0)
+        spawn_quick_publish(NULL, task, fn, arg, o, index, gen);
+    atap__spawn_exit(outside);
+    return rc;
+}
+
+/*
+ * A plain task (quick() options) takes a quick path: from a task on a
+ * worker (inside, so admitted) with a slot from the worker's stash, else
+ * from the shared list; from outside the pool through spawn_quick_outside.
+ * No heap output, no schedule. The rest goes through spawn_checked.
+ */
+int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+{
+    static const atap_spawn_opts none;
+    struct worker *w = atap__self;
+    uint32_t index, gen;
+
+    if (unlikely(!task || !fn || (opts && !quick(opts))))
+        return spawn_checked(task, fn, arg, opts);
+    opts = opts ? opts : &none;
+    if (!w)
+        return spawn_quick_outside(task, fn, arg, opts);
+    if (w->blocking)
+        return spawn_checked(task, fn, arg, opts);
+    if (!atap__table_take_stashed(&w->cache, &index, &gen))
+        return spawn_quick_shared(w, task, fn, arg, opts);
+    spawn_quick_publish(w, task, fn, arg, opts, index, gen);
+    return 0;
+}
+
+int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
+{
+    atap_spawn_opts o = {.out_size = p->out_size,
+                         .out_free = p->out_free,
+                         .priority = p->priority,
+                         .blocking = (p->flags & SF_BLOCKING) != 0,
+                         .timeout_ns = atap__sched_timeout(p)};
+    struct slot_cache *cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
+    uint32_t index, gen;
+    struct atap_slot *s;
+    int rc;
+
+    if ((rc = atap__table_alloc(cache, &index, &gen)) != 0)
+        return rc;
+    s = atap__table_at(index);
+    if ((rc = fill(s, p->fn, p->arg, &o)) != 0 ||
+        (rc = atap__sched_attach(s, index, &o, NULL)) != 0 ||
+        (rc = atap__sched_set_parent(s, p, pindex, pgen)) != 0) {
+        if (s->ext)
+            atap__sched_destroy(s);
+        if (s->flags & SF_OUT_HEAP)
+            free(s->out.heap);
+        s->flags = 0;
+        st_relaxed(&s->word, make_word(gen, ST_FREE));
+        atap__table_free(cache, index, gen);
+        return rc;
+    }
+    s->arg_free = NULL; /* the series owns arg */
+    atap__sched_run_started(p); /* the series keeps RUN until this run is done */
+    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN); /* no handle */
+    st_release(&s->word, make_word(gen, ST_PENDING));
+    atap__sched_start(s, index, gen, o.blocking);
+    return 0;
+}
