@@ -1,35 +1,38 @@
 /*
  * Sockets as tasks: TCP, UDP and Unix connect, accept, send, recv,
- * recv_exact, recv_until, send_to, recv_from, and the plain calls that
- * never wait (listen, bind, pairs, setters, addresses).
+ * recv_exact, recv_until, send_to, recv_from. This file prepares them
+ * (atap_net_prep_*) and runs them (the task, atap_net_spawn, atap_net_run,
+ * atap_net_step), and has the reader a recv_until buffers in. Sockets,
+ * names and the plain calls that never wait are net_sock.c's (net_int.h
+ * has what the two files share).
  *
  * An operation's whole state is the caller's atap_net_io: the task's arg
  * is the io itself, so a run that parks and is run again (atap_resumed)
  * starts from the top of net_task and goes on from io->done. Nothing is
- * allocated per operation but a connect's address list, which the task's
- * arg_free (connect_cleanup) lets go with any socket still connecting,
- * also when a cancel, a timeout or a shutdown took the task down while it
- * was parked. The output (atap_net_out, 16 bytes) fits the slot's park
- * tail, so a parked operation costs its slot and nothing else.
+ * allocated per operation but a connect's copy of its name and its
+ * address list, which the task's arg_free (let_go) lets go with any socket
+ * still connecting, also when a cancel, a timeout or a shutdown took the
+ * task down while it was parked. arg_free is the last thing of libatap's
+ * to touch the io: it clears busy, which atap_net_release waits for, since
+ * a cancelled run may still be in a system call after its join returned.
+ * The output (atap_net_out, 16 bytes) fits the slot's park tail, so a
+ * parked operation costs its slot and nothing else.
  *
- * Every fd made here is close-on-exec and non-blocking: atomically with
- * SOCK_CLOEXEC / SOCK_NONBLOCK / accept4 where the platform has them, by
- * fcntl right after creation elsewhere. Sends never raise SIGPIPE
- * (MSG_NOSIGNAL, or SO_NOSIGPIPE on the socket where there is no such
- * flag). Only this file's public calls are used besides libc: it sits on
- * the public header and the park API (layer 9).
+ * The fds made here (a connect's, an accept's) keep net_sock.c's rule:
+ * close-on-exec and non-blocking, atomically with accept4 where the
+ * platform has it. Sends never raise SIGPIPE (MSG_NOSIGNAL, or
+ * SO_NOSIGPIPE on the socket where there is no such flag). Only public
+ * calls are used besides libc: it sits on the public header and the park
+ * API (layer 9).
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* accept4, memmem, EAI_NODATA */
+#define _GNU_SOURCE /* accept4, memmem */
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sched.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -37,6 +40,7 @@
 #include <unistd.h>
 
 #include "atap.h"
+#include "net_int.h"
 
 enum {
     OP_NONE,
@@ -51,7 +55,6 @@ enum {
     OP_RECV_UNTIL,
 };
 
-#define HOST_MAX 256 /* the longest DNS name is 253 */
 #define UNIX_RETRY_NS ATAP_MS(1)
 
 #ifdef MSG_NOSIGNAL
@@ -59,316 +62,6 @@ enum {
 #else
 #define SEND_FLAGS 0
 #endif
-
-/* ---- sockets and names ------------------------------------------------- */
-
-static int set_fd_flags(int fd)
-{
-#ifdef SO_NOSIGPIPE
-    int one = 1;
-    (void)setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
-#endif
-#if !defined(SOCK_CLOEXEC) || !defined(SOCK_NONBLOCK)
-    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 ||
-        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0)
-        return -errno;
-#else
-    (void)fd;
-#endif
-    return 0;
-}
-
-static int new_socket(int domain, int type)
-{
-    int fd, rc;
-
-#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK)
-    type |= SOCK_CLOEXEC | SOCK_NONBLOCK;
-#endif
-    if ((fd = socket(domain, type, 0)) < 0)
-        return -errno;
-    if ((rc = set_fd_flags(fd)) != 0) {
-        close(fd);
-        return rc;
-    }
-    return fd;
-}
-
-/* Splits "host:port" / "[v6]:port" into host (NUL-ended, "" for none) and
- * a pointer to the port. ATAP_EINVAL for no ':' or a host too long. */
-static int split_name(const char *name, char *host, size_t room, const char **port)
-{
-    const char *colon, *h = name;
-    size_t n;
-
-    if (!name)
-        return ATAP_EINVAL;
-    if (name[0] == '[') {
-        const char *close = strchr(name, ']');
-        if (!close || close[1] != ':')
-            return ATAP_EINVAL;
-        h = name + 1;
-        n = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        if (!(colon = strrchr(name, ':')))
-            return ATAP_EINVAL;
-        n = (size_t)(colon - name);
-    }
-    if (n >= room)
-        return ATAP_EINVAL;
-    memcpy(host, h, n);
-    host[n] = '\0';
-    *port = colon + 1;
-    return 0;
-}
-
-static int parse_port(const char *s, in_port_t *port)
-{
-    unsigned long v = 0;
-
-    if (!*s)
-        return ATAP_EINVAL;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9' || (v = v * 10 + (unsigned long)(*s - '0')) > 65535)
-            return ATAP_EINVAL;
-    }
-    *port = htons((in_port_t)v);
-    return 0;
-}
-
-int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name)
-{
-    char host[HOST_MAX];
-    const char *port;
-    in_port_t p;
-
-    if (!addr || !len || split_name(name, host, sizeof host, &port) != 0 ||
-        parse_port(port, &p) != 0)
-        return ATAP_EINVAL;
-    if (strchr(host, ':')) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)(void *)addr;
-        memset(a, 0, sizeof *a);
-        a->sin6_family = AF_INET6;
-        a->sin6_port = p;
-        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
-            return ATAP_EINVAL;
-        *len = sizeof *a;
-    } else {
-        struct sockaddr_in *a = (struct sockaddr_in *)(void *)addr;
-        memset(a, 0, sizeof *a);
-        a->sin_family = AF_INET;
-        a->sin_port = p;
-        if (host[0] == '\0')
-            a->sin_addr.s_addr = htonl(INADDR_ANY);
-        else if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
-            return ATAP_EINVAL;
-        *len = sizeof *a;
-    }
-    return 0;
-}
-
-int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path)
-{
-    struct sockaddr_un *a = (struct sockaddr_un *)(void *)addr;
-    size_t n;
-
-    if (!addr || !len || !path || !*path)
-        return ATAP_EINVAL;
-    if ((n = strlen(path)) >= sizeof a->sun_path)
-        return -ENAMETOOLONG;
-    memset(a, 0, sizeof *a);
-    a->sun_family = AF_UNIX;
-    memcpy(a->sun_path, path, n + 1);
-    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
-    return 0;
-}
-
-int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf, size_t n)
-{
-    char ip[INET6_ADDRSTRLEN];
-
-    if (!addr || (!buf && n))
-        return ATAP_EINVAL;
-    switch (addr->sa_family) {
-    case AF_INET: {
-        const struct sockaddr_in *a = (const void *)addr;
-        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
-        return snprintf(buf, n, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
-    }
-    case AF_INET6: {
-        const struct sockaddr_in6 *a = (const void *)addr;
-        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
-        return snprintf(buf, n, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
-    }
-    case AF_UNIX: {
-        const struct sockaddr_un *a = (const void *)addr;
-        size_t off = offsetof(struct sockaddr_un, sun_path);
-        size_t max = len > off ? (size_t)len - off : 0;
-        if (max > sizeof a->sun_path)
-            max = sizeof a->sun_path;
-        return snprintf(buf, n, "%.*s", (int)strnlen(a->sun_path, max), a->sun_path);
-    }
-    default: return ATAP_EINVAL;
-    }
-}
-
-int atap_net_local_port(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-
-    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
-        return -errno;
-    if (ss.ss_family == AF_INET)
-        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    if (ss.ss_family == AF_INET6)
-        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return ATAP_EINVAL;
-}
-
-/* ---- the plain calls --------------------------------------------------- */
-
-/* A socket of type bound to addr; listening when backlog >= 0. */
-static int bound(int *fd, const struct sockaddr *addr, socklen_t len, int type, int backlog)
-{
-    int s, one = 1, rc = 0;
-
-    if ((s = new_socket(addr->sa_family, type)) < 0)
-        return s;
-    if (addr->sa_family != AF_UNIX && type == SOCK_STREAM)
-        (void)setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(s, addr, len) != 0 ||
-        (backlog >= 0 && listen(s, backlog > 0 ? backlog : SOMAXCONN) != 0))
-        rc = -errno;
-    if (rc != 0) {
-        close(s);
-        return rc;
-    }
-    *fd = s;
-    return 0;
-}
-
-int atap_net_listen(int *fd, const char *name, int backlog)
-{
-    struct sockaddr_storage ss;
-    socklen_t len;
-    int rc;
-
-    if (!fd || (rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name)) != 0)
-        return ATAP_EINVAL;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
-}
-
-int atap_net_unix_listen(int *fd, const char *path, int backlog)
-{
-    struct sockaddr_storage ss;
-    socklen_t len;
-    int rc;
-
-    if (!fd)
-        return ATAP_EINVAL;
-    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
-        return rc;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
-}
-
-int atap_net_udp_bind(int *fd, const char *name)
-{
-    struct sockaddr_storage ss;
-    socklen_t len;
-
-    if (!fd || atap_net_ip_addr((struct sockaddr *)&ss, &len, name) != 0)
-        return ATAP_EINVAL;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
-}
-
-int atap_net_unix_dgram_bind(int *fd, const char *path)
-{
-    struct sockaddr_storage ss;
-    socklen_t len;
-    int rc;
-
-    if (!fd)
-        return ATAP_EINVAL;
-    if (!path) {
-        if ((rc = new_socket(AF_UNIX, SOCK_DGRAM)) < 0)
-            return rc;
-        *fd = rc;
-        return 0;
-    }
-    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
-        return rc;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
-}
-
-int atap_net_dgram_connect(int fd, const char *name)
-{
-    struct sockaddr_storage ss;
-    socklen_t len;
-    int rc;
-
-    if (!name)
-        return ATAP_EINVAL;
-    if (name[0] == '/' || name[0] == '.')
-        rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, name);
-    else
-        rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name);
-    if (rc != 0)
-        return rc;
-    return connect(fd, (struct sockaddr *)&ss, len) == 0 ? 0 : -errno;
-}
-
-int atap_net_pair(int fds[2], int type)
-{
-    int t = type, rc;
-
-    if (!fds || (type != SOCK_STREAM && type != SOCK_DGRAM))
-        return ATAP_EINVAL;
-#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK)
-    t |= SOCK_CLOEXEC | SOCK_NONBLOCK;
-#endif
-    if (socketpair(AF_UNIX, t, 0, fds) != 0)
-        return -errno;
-    if ((rc = set_fd_flags(fds[0])) != 0 || (rc = set_fd_flags(fds[1])) != 0) {
-        close(fds[0]);
-        close(fds[1]);
-        return rc;
-    }
-    return 0;
-}
-
-int atap_net_shutdown_write(int fd)
-{
-    return shutdown(fd, SHUT_WR) == 0 ? 0 : -errno;
-}
-
-int atap_net_set_nodelay(int fd, bool on)
-{
-    int v = on;
-    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v) == 0 ? 0 : -errno;
-}
-
-int atap_net_set_keepalive(int fd, bool on, unsigned idle_s)
-{
-    int v = on;
-
-    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, sizeof v) != 0)
-        return -errno;
-    if (on && idle_s > 0) {
-        int idle = idle_s > 32767 ? 32767 : (int)idle_s;
-#if defined(TCP_KEEPIDLE)
-        if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0)
-            return -errno;
-#elif defined(TCP_KEEPALIVE)
-        if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPALIVE, &idle, sizeof idle) != 0)
-            return -errno;
-#else
-        (void)idle;
-#endif
-    }
-    return 0;
-}
 
 /* ---- the reader -------------------------------------------------------- */
 
@@ -410,7 +103,7 @@ int atap_net_prep_connect(atap_net_io *io, const char *name)
     char host[HOST_MAX];
     const char *port;
 
-    if (!io || split_name(name, host, sizeof host, &port) != 0 || !*port)
+    if (!io || atap__net_split_name(name, host, sizeof host, &port) != 0 || !*port)
         return ATAP_EINVAL;
     prep(io, OP_CONNECT, -1, NULL, 0);
     io->name = name;
@@ -518,40 +211,6 @@ static bool again(int e)
     return e == EAGAIN || e == EWOULDBLOCK;
 }
 
-static int eai_code(int e)
-{
-    switch (e) {
-    case EAI_NONAME:
-#ifdef EAI_NODATA
-    case EAI_NODATA:
-#endif
-    case EAI_FAIL: return -ENXIO;
-    case EAI_AGAIN: return -EAGAIN;
-    case EAI_MEMORY: return -ENOMEM;
-    case EAI_SYSTEM: return errno ? -errno : -EIO;
-    default: return ATAP_EINVAL; /* EAI_SERVICE, EAI_FAMILY... */
-    }
-}
-
-/* Looks the name up (numeric hosts without a lookup). */
-static int resolve(atap_net_io *io)
-{
-    char host[HOST_MAX];
-    const char *port;
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *list = NULL;
-    unsigned char tmp[sizeof(struct in6_addr)];
-    int e;
-
-    if (split_name(io->name, host, sizeof host, &port) != 0)
-        return ATAP_EINVAL;
-    if (inet_pton(AF_INET, host, tmp) == 1 || inet_pton(AF_INET6, host, tmp) == 1)
-        hints.ai_flags |= AI_NUMERICHOST;
-    if ((e = getaddrinfo(host[0] ? host : NULL, port, &hints, &list)) != 0)
-        return eai_code(e);
-    io->list = io->next = list;
-    return 0;
-}
-
 /* The connect under way finished: 1 connected, 0 still going, else the
  * error it ended with. */
 static int connect_result(int fd)
@@ -595,7 +254,7 @@ static int tcp_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
     int rc;
 
-    if (!io->list && (rc = resolve(io)) != 0)
+    if (!io->list && (rc = atap__net_resolve(io)) != 0)
         return finish(out, 0, rc, -1);
     for (;;) {
         struct addrinfo *ai;
@@ -615,7 +274,7 @@ static int tcp_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
             return finish(out, 0, rc, -1);
         }
         io->next = ai->ai_next;
-        if ((rc = new_socket(ai->ai_family, SOCK_STREAM)) < 0) {
+        if ((rc = atap__net_new_socket(ai->ai_family, SOCK_STREAM)) < 0) {
             io->err = rc;
             continue;
         }
@@ -646,7 +305,7 @@ static int unix_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     }
     if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, io->name)) != 0)
         return finish(out, 0, rc, -1);
-    if (io->pending < 0 && (io->pending = new_socket(AF_UNIX, SOCK_STREAM)) < 0) {
+    if (io->pending < 0 && (io->pending = atap__net_new_socket(AF_UNIX, SOCK_STREAM)) < 0) {
         rc = io->pending;
         io->pending = -1;
         return finish(out, 0, rc, -1);
@@ -679,7 +338,7 @@ static int do_accept(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
         fd = accept(io->fd, io->addr, io->addrlen);
 #endif
         if (fd >= 0) {
-            if ((rc = set_fd_flags(fd)) != 0) {
+            if ((rc = atap__net_set_fd_flags(fd)) != 0) {
                 close(fd);
                 return finish(out, 0, rc, -1);
             }
@@ -844,7 +503,7 @@ static bool needs_lookup(const atap_net_io *io)
     const char *port;
     unsigned char tmp[sizeof(struct in6_addr)];
 
-    if (io->op != OP_CONNECT || split_name(io->name, host, sizeof host, &port) != 0)
+    if (io->op != OP_CONNECT || atap__net_split_name(io->name, host, sizeof host, &port) != 0)
         return false;
     if (host[0] == '\0' || inet_pton(AF_INET, host, tmp) == 1 ||
         inet_pton(AF_INET6, host, tmp) == 1)

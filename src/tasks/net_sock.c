@@ -1,0 +1,378 @@
+/*
+ * Sockets and names, for the socket tasks (net.c prepares and runs the
+ * operations; net_int.h has what the two files share): making sockets,
+ * "host:port" and path names parsed, formatted and looked up, and the
+ * plain calls that never wait (listen, bind, pairs, shutdown, the
+ * setters, addresses).
+ *
+ * Every fd made here is close-on-exec and non-blocking: atomically with
+ * SOCK_CLOEXEC / SOCK_NONBLOCK where the platform has them, by fcntl right
+ * after creation elsewhere (atap__net_set_fd_flags, which net.c's accept
+ * calls too). Sends never raise SIGPIPE: SO_NOSIGPIPE on the socket where
+ * there is no MSG_NOSIGNAL flag. Nothing here parks; the one call that
+ * may block, a name's lookup (atap__net_resolve), is made by a connect's
+ * run, and a spawned connect to such a name runs on the blocking threads
+ * (net.c's needs_lookup). Only libc and the public header are used
+ * (layer 9).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* EAI_NODATA */
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "atap.h"
+#include "net_int.h"
+
+/* ---- sockets and names ------------------------------------------------- */
+
+int atap__net_set_fd_flags(int fd)
+{
+#ifdef SO_NOSIGPIPE
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#endif
+#if !defined(SOCK_CLOEXEC) || !defined(SOCK_NONBLOCK)
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 ||
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) != 0)
+        return -errno;
+#else
+    (void)fd;
+#endif
+    return 0;
+}
+
+int atap__net_new_socket(int domain, int type)
+{
+    int fd, rc;
+
+#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK)
+    type |= SOCK_CLOEXEC | SOCK_NONBLOCK;
+#endif
+    if ((fd = socket(domain, type, 0)) < 0)
+        return -errno;
+    if ((rc = atap__net_set_fd_flags(fd)) != 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+/* Splits "host:port" / "[v6]:port" into host (NUL-ended, "" for none) and
+ * a pointer to the port. ATAP_EINVAL for no ':' or a host too long. */
+int atap__net_split_name(const char *name, char *host, size_t room, const char **port)
+{
+    const char *colon, *h = name;
+    size_t n;
+
+    if (!name)
+        return ATAP_EINVAL;
+    if (name[0] == '[') {
+        const char *close = strchr(name, ']');
+        if (!close || close[1] != ':')
+            return ATAP_EINVAL;
+        h = name + 1;
+        n = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        if (!(colon = strrchr(name, ':')))
+            return ATAP_EINVAL;
+        n = (size_t)(colon - name);
+    }
+    if (n >= room)
+        return ATAP_EINVAL;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    *port = colon + 1;
+    return 0;
+}
+
+static int parse_port(const char *s, in_port_t *port)
+{
+    unsigned long v = 0;
+
+    if (!*s)
+        return ATAP_EINVAL;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || (v = v * 10 + (unsigned long)(*s - '0')) > 65535)
+            return ATAP_EINVAL;
+    }
+    *port = htons((in_port_t)v);
+    return 0;
+}
+
+int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name)
+{
+    char host[HOST_MAX];
+    const char *port;
+    in_port_t p;
+
+    if (!addr || !len || atap__net_split_name(name, host, sizeof host, &port) != 0 ||
+        parse_port(port, &p) != 0)
+        return ATAP_EINVAL;
+    if (strchr(host, ':')) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)(void *)addr;
+        memset(a, 0, sizeof *a);
+        a->sin6_family = AF_INET6;
+        a->sin6_port = p;
+        if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+            return ATAP_EINVAL;
+        *len = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)(void *)addr;
+        memset(a, 0, sizeof *a);
+        a->sin_family = AF_INET;
+        a->sin_port = p;
+        if (host[0] == '\0')
+            a->sin_addr.s_addr = htonl(INADDR_ANY);
+        else if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+            return ATAP_EINVAL;
+        *len = sizeof *a;
+    }
+    return 0;
+}
+
+int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path)
+{
+    struct sockaddr_un *a = (struct sockaddr_un *)(void *)addr;
+    size_t n;
+
+    if (!addr || !len || !path || !*path)
+        return ATAP_EINVAL;
+    if ((n = strlen(path)) >= sizeof a->sun_path)
+        return -ENAMETOOLONG;
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    memcpy(a->sun_path, path, n + 1);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+    return 0;
+}
+
+int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf, size_t n)
+{
+    char ip[INET6_ADDRSTRLEN];
+
+    if (!addr || (!buf && n))
+        return ATAP_EINVAL;
+    switch (addr->sa_family) {
+    case AF_INET: {
+        const struct sockaddr_in *a = (const void *)addr;
+        inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+        return snprintf(buf, n, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
+    }
+    case AF_INET6: {
+        const struct sockaddr_in6 *a = (const void *)addr;
+        inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
+        return snprintf(buf, n, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
+    }
+    case AF_UNIX: {
+        const struct sockaddr_un *a = (const void *)addr;
+        size_t off = offsetof(struct sockaddr_un, sun_path);
+        size_t max = len > off ? (size_t)len - off : 0;
+        if (max > sizeof a->sun_path)
+            max = sizeof a->sun_path;
+        return snprintf(buf, n, "%.*s", (int)strnlen(a->sun_path, max), a->sun_path);
+    }
+    default: return ATAP_EINVAL;
+    }
+}
+
+int atap_net_local_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        return -errno;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ATAP_EINVAL;
+}
+
+static int eai_code(int e)
+{
+    switch (e) {
+    case EAI_NONAME:
+#ifdef EAI_NODATA
+    case EAI_NODATA:
+#endif
+    case EAI_FAIL: return -ENXIO;
+    case EAI_AGAIN: return -EAGAIN;
+    case EAI_MEMORY: return -ENOMEM;
+    case EAI_SYSTEM: return errno ? -errno : -EIO;
+    default: return ATAP_EINVAL; /* EAI_SERVICE, EAI_FAMILY... */
+    }
+}
+
+/* Looks the name up (numeric hosts without a lookup). */
+int atap__net_resolve(atap_net_io *io)
+{
+    char host[HOST_MAX];
+    const char *port;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *list = NULL;
+    unsigned char tmp[sizeof(struct in6_addr)];
+    int e;
+
+    if (atap__net_split_name(io->name, host, sizeof host, &port) != 0)
+        return ATAP_EINVAL;
+    if (inet_pton(AF_INET, host, tmp) == 1 || inet_pton(AF_INET6, host, tmp) == 1)
+        hints.ai_flags |= AI_NUMERICHOST;
+    if ((e = getaddrinfo(host[0] ? host : NULL, port, &hints, &list)) != 0)
+        return eai_code(e);
+    io->list = io->next = list;
+    return 0;
+}
+
+/* ---- the plain calls --------------------------------------------------- */
+
+/* A socket of type bound to addr; listening when backlog >= 0. */
+static int bound(int *fd, const struct sockaddr *addr, socklen_t len, int type, int backlog)
+{
+    int s, one = 1, rc = 0;
+
+    if ((s = atap__net_new_socket(addr->sa_family, type)) < 0)
+        return s;
+    if (addr->sa_family != AF_UNIX && type == SOCK_STREAM)
+        (void)setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(s, addr, len) != 0 ||
+        (backlog >= 0 && listen(s, backlog > 0 ? backlog : SOMAXCONN) != 0))
+        rc = -errno;
+    if (rc != 0) {
+        close(s);
+        return rc;
+    }
+    *fd = s;
+    return 0;
+}
+
+int atap_net_listen(int *fd, const char *name, int backlog)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!fd || (rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name)) != 0)
+        return ATAP_EINVAL;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
+}
+
+int atap_net_unix_listen(int *fd, const char *path, int backlog)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!fd)
+        return ATAP_EINVAL;
+    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
+        return rc;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
+}
+
+int atap_net_udp_bind(int *fd, const char *name)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+
+    if (!fd || atap_net_ip_addr((struct sockaddr *)&ss, &len, name) != 0)
+        return ATAP_EINVAL;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
+}
+
+int atap_net_unix_dgram_bind(int *fd, const char *path)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!fd)
+        return ATAP_EINVAL;
+    if (!path) {
+        if ((rc = atap__net_new_socket(AF_UNIX, SOCK_DGRAM)) < 0)
+            return rc;
+        *fd = rc;
+        return 0;
+    }
+    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
+        return rc;
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
+}
+
+int atap_net_dgram_connect(int fd, const char *name)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!name)
+        return ATAP_EINVAL;
+    if (name[0] == '/' || name[0] == '.')
+        rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, name);
+    else
+        rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name);
+    if (rc != 0)
+        return rc;
+    return connect(fd, (struct sockaddr *)&ss, len) == 0 ? 0 : -errno;
+}
+
+int atap_net_pair(int fds[2], int type)
+{
+    int t = type, rc;
+
+    if (!fds || (type != SOCK_STREAM && type != SOCK_DGRAM))
+        return ATAP_EINVAL;
+#if defined(SOCK_CLOEXEC) && defined(SOCK_NONBLOCK)
+    t |= SOCK_CLOEXEC | SOCK_NONBLOCK;
+#endif
+    if (socketpair(AF_UNIX, t, 0, fds) != 0)
+        return -errno;
+    if ((rc = atap__net_set_fd_flags(fds[0])) != 0 || (rc = atap__net_set_fd_flags(fds[1])) != 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return rc;
+    }
+    return 0;
+}
+
+int atap_net_shutdown_write(int fd)
+{
+    return shutdown(fd, SHUT_WR) == 0 ? 0 : -errno;
+}
+
+int atap_net_set_nodelay(int fd, bool on)
+{
+    int v = on;
+    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v) == 0 ? 0 : -errno;
+}
+
+int atap_net_set_keepalive(int fd, bool on, unsigned idle_s)
+{
+    int v = on;
+
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &v, sizeof v) != 0)
+        return -errno;
+    if (on && idle_s > 0) {
+        int idle = idle_s > 32767 ? 32767 : (int)idle_s;
+#if defined(TCP_KEEPIDLE)
+        if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) != 0)
+            return -errno;
+#elif defined(TCP_KEEPALIVE)
+        if (setsockopt(fd, IPPROTO_TCP, TCP_KEEPALIVE, &idle, sizeof idle) != 0)
+            return -errno;
+#else
+        (void)idle;
+#endif
+    }
+    return 0;
+}
