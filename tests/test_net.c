@@ -1,5 +1,5 @@
 /*
- * Sockets (src/tasks/net.c): TCP, UDP and Unix operations as tasks, on
+ * Sockets (src/tasks/net.c, net_sock.c): TCP, UDP and Unix operations as tasks, on
  * loopback and in a temp dir. Every error code the header promises, a
  * cancel at each stage (connecting to a listener whose backlog is full, a
  * send to a reader that does not read, a recv from a silent peer),
