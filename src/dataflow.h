@@ -1,7 +1,6 @@
 /*
  * Values between tasks: the gate of a task that waits for gives (gate.c),
- * the forwards of a task's outputs (forward.c); and join_first's wake-up
- * (join.c).
+ * the forwards of a task's outputs (forward.c).
  */
 #ifndef ATAP_DATAFLOW_H
 #define ATAP_DATAFLOW_H
@@ -99,20 +98,5 @@ struct park;
 struct side *atap__side_of(struct atap_slot *s);
 /* Where the side record keeps the slot's park (park.c). */
 struct park *_Atomic *atap__side_park(struct side *side);
-
-/* ---- join_first (join.c) ------------------------------------------------- */
-
-extern _Atomic uint32_t atap__first_waiters;
-void atap__flow_notify(void);
-
-/* A task's state moved on with WAITERS set: a join_first asleep on the
- * settle count looks again. One relaxed load when none waits. Sequenced
- * after the state CAS, which saw WAITERS: the join_first that set it had
- * counted itself first, so this load sees it. */
-static inline void atap__flow_settled(void)
-{
-    if (unlikely(ld_acquire(&atap__first_waiters) != 0))
-        atap__flow_notify();
-}
 
 #endif

@@ -35,6 +35,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "dataflow.h"
+#include "join.h"
 #include "park.h"
 #include "pool.h"
 #include "schedule.h"
@@ -258,7 +259,7 @@ int atap_dup(atap_task t, atap_task *copy)
 void atap__exec_wake(struct atap_slot *s)
 {
     atap__word_wake(&s->word, true);
-    atap__flow_settled();
+    atap__join_settled();
 }
 
 bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t to)

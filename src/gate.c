@@ -44,6 +44,7 @@
 
 #include "atap.h"
 #include "executor.h"
+#include "join.h"
 #include "faults.h"
 #include "schedule.h"
 #include "slot.h"

@@ -16,8 +16,8 @@
  */
 #include "atap.h"
 #include "atomics.h"
-#include "dataflow.h"
 #include "executor.h"
+#include "join.h"
 #include "pool.h"
 #include "slot.h"
 #include "wait.h"
@@ -27,7 +27,7 @@
 _Atomic uint32_t atap__first_waiters;
 static _Atomic uint32_t settle_seq;
 
-void atap__flow_notify(void)
+void atap__join_notify(void)
 {
     add_relaxed(&settle_seq, 1);
     atap__word_wake(&settle_seq, true);

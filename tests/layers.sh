@@ -35,7 +35,7 @@ map='
 3 poller    poller.h poller_epoll.c poller_kqueue.c poller_poll.c
 4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c help.c
 5 executor  executor.h executor.c spawn.c
-5 read      read.c join.c
+5 executor  read.c join.h join.c
 6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c
 6 kwait     kwait.c
 6 schedule  schedule.h schedule_int.h schedule.c rate.c
@@ -56,7 +56,6 @@ spawn.c schedule.h
 read.c dataflow.h
 read.c park.h
 read.c schedule.h
-join.c dataflow.h
 park.c dataflow.h
 park.c manager.h
 park_fd.c manager.h
