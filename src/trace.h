@@ -37,11 +37,21 @@ void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg);
 /* A task id as a handle carries it (handle.h): generation above, index below. */
 #define ATAP_TRACE_ID(index, gen) ((uint64_t)(gen) << 32 | (uint32_t)(index))
 
+/* ATAP_TRACE_HOOKS=0 (a compiler define) compiles the hooks away, traces
+ * then being empty: only to measure what the hooks cost (bench/README.md). */
+#ifndef ATAP_TRACE_HOOKS
+#define ATAP_TRACE_HOOKS 1
+#endif
+
+#if ATAP_TRACE_HOOKS
 #define ATAP_TRACE(kind, id, fn, arg)                                                              \
     do {                                                                                           \
         if (unlikely(ld_relaxed(&atap__trace_on)))                                                 \
             atap__trace_event((kind), (id), (fn), (uint64_t)(arg));                               \
     } while (0)
+#else
+#define ATAP_TRACE(kind, id, fn, arg) ((void)(id), (void)(fn), (void)(arg))
+#endif
 
 /* runtime.c: ATAP_TRACE read at the start (0, or what atap_trace_start
  * returned), and the trace it started ended at the stop. */
