@@ -50,7 +50,11 @@ void atap__gate_destroy(struct gate *g);
  * held, and is about to drop it: nobody can give any more. */
 void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen);
 
-/* ---- forwards: called by executor.c and schedule.c ---------------------- */
+/* What the executor calls (extras.h): close, destroy, waiting, orphan. */
+struct atap__extras_flow;
+extern const struct atap__extras_flow atap__flow_extras;
+
+/* ---- forwards: called by the executor (extras.h) and schedule.c ---------- */
 
 /* What deliveries leave for after the locks (forward.c): the targets they
  * started, to kick, and given values they displaced, whose in_free (a user

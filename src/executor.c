@@ -34,11 +34,9 @@
 
 #include "atap.h"
 #include "atomics.h"
-#include "dataflow.h"
+#include "extras.h"
 #include "join.h"
-#include "park.h"
 #include "pool.h"
-#include "schedule.h"
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
@@ -60,9 +58,9 @@ static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last
     if (s->arg_free)
         s->arg_free(s->arg);
     if (unlikely(s->ext != NULL))
-        atap__sched_destroy(s);
+        atap__extras.time->destroy(s);
     if (unlikely(ld_relaxed(&s->side) != NULL))
-        atap__flow_destroy(s);
+        atap__extras.flow->destroy(s);
     s->fn = NULL;
     s->arg = NULL;
     s->arg_free = NULL;
@@ -124,7 +122,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
     /* The caller owns RUN, so the slot is this task's: a waiting task
      * takes no more gives from here (its gate would hand RUN out again). */
     if (unlikely(s->ext != NULL) && refs_gen(r) == gen && (r & REFS_RUN) &&
-        atap__sched_ending(s, gen))
+        atap__extras.time->ending(s, gen))
         return; /* an at-rate series' runs under way: the last one drops it */
     do {
         if (refs_gen(r) != gen || !(r & REFS_RUN))
@@ -136,7 +134,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
          * a registrar's rx reaches us with its RX. */
     } while (!cas_acqrel(&s->refs, &r, next));
     if (unlikely(r & REFS_RX)) {
-        atap__flow_close(s);
+        atap__extras.flow->close(s);
         release_listener(s, index, gen, REFS_HOLD);
     } else if ((r & REFS_COUNT_MASK) == 0) {
         free_released(s, index, gen);
@@ -153,7 +151,7 @@ static __attribute__((noinline, cold)) uint64_t maybe_orphan(struct atap_slot *s
     uint64_t r = atomic_fetch_add_explicit(&s->refs, 0, memory_order_acq_rel);
 
     if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | one))
-        atap__gate_orphan(s, index, gen);
+        atap__extras.flow->orphan(s, index, gen);
     return r;
 }
 
@@ -262,12 +260,19 @@ void atap__exec_wake(struct atap_slot *s)
     atap__join_settled();
 }
 
-bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t to)
+/* A task with an ext is about to read FAILED: the feature hears first. */
+static __attribute__((noinline, cold)) void failing(struct atap_slot *s)
+{
+    atap__extras.time->failing(s);
+}
+
+static inline __attribute__((always_inline)) bool stop(struct atap_slot *s, uint32_t gen,
+                                                       uint32_t from, uint32_t to)
 {
     uint32_t cur = ld_relaxed(&s->word);
 
     if (unlikely(to == ST_FAILED && s->ext != NULL))
-        atap__sched_failing(s);
+        failing(s);
     do {
         if (word_gen(cur) != gen || word_state(cur) != from)
             return false;
@@ -278,10 +283,16 @@ bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t 
     return true;
 }
 
-/* RUNNING -> READY or FAILED, unless a cancel got there first. */
-static void settle(struct atap_slot *s, uint32_t gen, bool ok)
+bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t to)
 {
-    atap__exec_stop(s, gen, ST_RUNNING, ok ? ST_READY : ST_FAILED);
+    return stop(s, gen, from, to);
+}
+
+/* RUNNING -> READY or FAILED, unless a cancel got there first. */
+static inline __attribute__((always_inline)) void settle(struct atap_slot *s, uint32_t gen,
+                                                         bool ok)
+{
+    stop(s, gen, ST_RUNNING, ok ? ST_READY : ST_FAILED);
 }
 
 void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t to)
@@ -289,7 +300,7 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
     uint32_t cur = ld_relaxed(&s->word);
 
     if (unlikely(to == ST_FAILED && s->ext != NULL))
-        atap__sched_failing(s);
+        failing(s);
     do {
         if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
             word_state(cur) == ST_CANCELLED || word_state(cur) == ST_TIMED_OUT ||
@@ -337,7 +348,7 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
         /* A park has claimants of its own: RUNNING from here, so that its
          * resumed run is told apart from a first one. */
         st_release(&s->word, make_word(gen, ST_RUNNING));
-        atap__park_arm(s, &ctx);
+        atap__extras.park->arm(s, &ctx);
         return;
     }
     if (rc == 0)
@@ -358,7 +369,7 @@ static inline __attribute__((always_inline)) void finish_run(struct atap_slot *s
     if (unlikely(rc < 0))
         s->fail_code = (uint8_t)fail_code_of(rc);
     if (unlikely(s->ext != NULL)) {
-        atap__sched_done(s, gen, rc);
+        atap__extras.time->done(s, gen, rc);
         return;
     }
     if (rc == 0)
@@ -445,7 +456,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
     if (unlikely(word_state(cur) != ST_PENDING) && s->ext == NULL &&
         drop_stale_entry(s, ref - 1, gen))
         return;
-    if (unlikely(word_state(cur) != ST_PENDING) && atap__park_resume(s, &ctx)) {
+    if (unlikely(word_state(cur) != ST_PENDING) && atap__extras.park->resume(s, &ctx)) {
         ATAP_TRACE(TR_RESUME, ATAP_TRACE_ID(ctx.index, ctx.gen), NULL, ctx.resumed);
         /* Back from a park: still RUNNING, unless stopped since. A runtime
          * task woken to act runs anyway, seeing atap_cancelled(), so that
@@ -453,12 +464,12 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
          * with the next waiter asleep). */
         if (word_state(ld_acquire(&s->word)) != ST_RUNNING) {
             if (ctx.woke)
-                s->fn(&ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
+                s->fn(&ctx, s->arg, s->ext ? atap__extras.time->output(s) : slot_out(s));
             atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);
             return;
         }
     } else if (unlikely(s->ext != NULL)) {
-        if (!atap__sched_claim(s, &gen))
+        if (!atap__extras.time->claim(s, &gen))
             return;
         ctx.gen = gen;
     } else {
@@ -492,14 +503,17 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
     published = publish != PUBLISH_NONE && atap__pool_publish(w, s, publish == PUBLISH_HINT);
     outer = w->cur;
     w->cur = ctx;
-    ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ctx->index, ctx->gen), s->fn, s->ext != NULL);
-    rc = s->fn(ctx, s->arg, s->ext ? atap__sched_output(s) : slot_out(s));
+    /* A task that waits for gives: a give (or a receive's round) started
+     * this run, and the trace draws its arrow in. */
+    ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ctx->index, ctx->gen), s->fn,
+               (ld_relaxed(&s->refs) & REFS_GATED) != 0);
+    rc = s->fn(ctx, s->arg, s->ext ? atap__extras.time->output(s) : slot_out(s));
     ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, rc);
     w->cur = outer;
     atap__pool_frame_pop(w, published);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
     if (unlikely(rc == ATAP_PARKED) && ctx->park_kind) {
-        atap__park_arm(s, ctx); /* RUN goes with the park */
+        atap__extras.park->arm(s, ctx); /* RUN goes with the park */
         return;
     }
     finish_run(s, ref - 1, ctx->gen, rc);
@@ -582,7 +596,7 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
     do {
         if (!word_is(cur, gen))
             return ATAP_ENOTASK;
-        if (s->ext ? !atap__sched_cancellable(s, word_state(cur))
+        if (s->ext ? !atap__extras.time->cancellable(s, word_state(cur))
                    : word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
             return 0; /* settled: an output that landed is left alone */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
@@ -590,9 +604,9 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
     if (cur & ST_WAITERS)
         atap__exec_wake(s);
     if (word_state(cur) == ST_RUNNING) /* in a kernel wait or a park, maybe */
-        atap__park_interrupt(s, index, gen);
+        atap__extras.park->interrupt(s, index, gen);
     if (unlikely(s->ext != NULL))
-        atap__sched_cancelled(s, index, gen);
+        atap__extras.time->cancelled(s, index, gen);
     return 0;
 }
 
@@ -633,7 +647,7 @@ bool atap__exec_inside(const struct worker *w, uint32_t ref)
     for (unsigned i = 0; w && i < w->depth; i++) {
         struct atap_slot *s = atap__table_at(w->held[i] - 1);
 
-        if (s->ext != NULL && atap__sched_series(s, &index, &gen) && index + 1 == ref)
+        if (s->ext != NULL && atap__extras.time->series(s, &index, &gen) && index + 1 == ref)
             return true;
     }
     return false;
@@ -646,24 +660,9 @@ atap_task atap_self(atap_ctx *ctx)
     if (!ctx || !ctx->slot)
         return ATAP_NO_TASK;
     /* An at-rate run has no handle of its own: it names its series. */
-    if (unlikely(ctx->slot->ext != NULL) && atap__sched_series(ctx->slot, &index, &gen))
+    if (unlikely(ctx->slot->ext != NULL) && atap__extras.time->series(ctx->slot, &index, &gen))
         return make_task(index, gen);
     return make_task(ctx->index, ctx->gen);
-}
-
-int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
-{
-    struct atap_ctx ctx = {.slot = NULL, .in_block = true};
-    int rc;
-
-    if (!fn || (out_size && !out))
-        return ATAP_EINVAL;
-    for (;;) {
-        rc = fn(&ctx, arg, out_size ? out : NULL);
-        if (rc != ATAP_PARKED || !ctx.park_kind)
-            return rc == 0 ? 0 : ATAP_EFAILED;
-        atap__park_block(&ctx); /* on this thread, then round again */
-    }
 }
 
 uint64_t atap_now(void)

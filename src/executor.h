@@ -62,9 +62,6 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* Drops one of the runtime's holds (a waker's, a helper's, a park's, the
  * feeders' of a waiting task): never a handle (atap_release). */
 void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t gen);
-/* Starts one run of the at-rate series p: a slot of its own with no handle,
- * publishing into p. 0 or -ENOMEM. */
-int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen);
 
 struct atap_ctx;
 struct gate;
@@ -74,6 +71,11 @@ void atap__exec_wake(struct atap_slot *s);
 /* The options' checks shared by every spawn: 0 or ATAP_EINVAL. waiting:
  * the fields of a task that waits for gives are allowed. */
 int atap__exec_check(const struct atap_spawn_opts *o, bool waiting);
+/* A freshly allocated slot filled for fn(arg) as o says (its output, its
+ * destructors; no ext): 0, or -ENOMEM with nothing allocated. unfill
+ * undoes it on a slot never published (an at-rate run's, rate.c). */
+int atap__exec_fill(struct atap_slot *s, atap_fn *fn, void *arg, const struct atap_spawn_opts *o);
+void atap__exec_unfill(struct atap_slot *s);
 /* Spawns the task; gate (for a task that waits for gives) is owned by the
  * task from a 0 return on. */
 int atap__exec_spawn(struct atap_task *task, atap_fn *fn, void *arg,

@@ -32,6 +32,7 @@
 
 #include "atap.h"
 #include "executor.h"
+#include "extras.h"
 #include "park.h"
 #include "schedule.h"
 #include "slot.h"
@@ -397,3 +398,10 @@ int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *f
 {
     return receive(task, fn, arg, from, n, opts, ROLE_ANY);
 }
+
+const struct atap__extras_flow atap__flow_extras = {
+    .close = atap__flow_close,
+    .destroy = atap__flow_destroy,
+    .waiting = atap__flow_waiting,
+    .orphan = atap__gate_orphan,
+};

@@ -29,8 +29,9 @@
  * source again (atap__park_rearm), and the kernel reports afresh whatever
  * is still ready.
  *
- * Lifecycle: mgr.state is RUNNING while a manager lives, RESTARTING between
- * lives, GONE once the supervisor gave up, STOPPED after a shutdown. `stop`
+ * Lifecycle: the hub's state (hub.h) is RUNNING while a manager lives,
+ * RESTARTING between lives, GONE once the supervisor gave up, STOPPED after
+ * a shutdown. `stop`
  * is set once by atap__manager_stop, which then wakes the poller and the
  * supervisor's backoff sleep, and joins the supervisor (which joined the
  * manager): nothing of the manager runs after it returns. The poller is
@@ -49,6 +50,7 @@
 
 #include "atomics.h"
 #include "faults.h"
+#include "hub.h"
 #include "park.h"
 #include "poller.h"
 #include "pool.h"
@@ -63,18 +65,11 @@
 #define RESTART_WINDOW_NS 5000000000ull /* a life this long resets the count */
 #define RESTART_LIMIT 5
 
-#define M_STOPPED 0
-#define M_RUNNING 1
-#define M_RESTARTING 2
-#define M_GONE 3
-
+/* The poller, the timers and the life state are the hub's (hub.h): the
+ * features reach them there. */
 static struct {
-    _Atomic(struct atap_poller *) poller;
-    struct atap_timers timers;
     pthread_t supervisor;
-    _Atomic int state;
     _Atomic uint32_t stop; /* futex word: the supervisor's backoff sleeps on it */
-    _Atomic bool closed;   /* takes no more timers (stopping, or gone) */
     _Atomic unsigned restarts;
     _Atomic size_t refiled; /* by the last rebuild */
     /* futex word: the first start of the manager, 0 until the supervisor
@@ -120,7 +115,7 @@ static bool manager_life(void)
 
     while (!ld_acquire(&mgr.stop)) {
         now = atap__now_ns();
-        wake_at = atap__timers_run(&mgr.timers, now);
+        wake_at = atap__timers_run(&atap__hub.timers, now);
         park_at = atap__park_wheel_run(now);
         wake_at = park_at < wake_at ? park_at : wake_at;
         atap__sched_flush();
@@ -133,7 +128,7 @@ static bool manager_life(void)
             next_tick = now + MANAGER_TICK_NS;
         }
         wake_at = wake_at < next_tick ? wake_at : next_tick;
-        n = atap__poller_wait(ld_relaxed(&mgr.poller), events, 16,
+        n = atap__poller_wait(ld_relaxed(&atap__hub.poller), events, 16,
                               wake_at > now ? wake_at - now : 0);
         if (n < 0)
             return true; /* the backend failed under us: die and be restarted */
@@ -174,11 +169,11 @@ static void backoff(uint64_t ns)
  * (schedule.c); take_all and that disarm decide who writes the task off. */
 static void close_timers(void)
 {
-    st_seqcst(&mgr.closed, true);
+    st_seqcst(&atap__hub.closed, true);
     /* Store against store with an arm (its seq_cst push, then its look at
      * closed): the fence keeps the store before take_all's exchange. */
     fence_seqcst();
-    atap__timers_take_all(&mgr.timers, atap__sched_write_off, NULL);
+    atap__timers_take_all(&atap__hub.timers, atap__sched_write_off, NULL);
     atap__park_close_all(); /* parks, whether they have a timer or not */
 }
 
@@ -222,7 +217,7 @@ static void *supervisor_main(void *arg)
         uint64_t born = atap__now_ns();
         int rc;
 
-        st_release(&mgr.state, M_RUNNING);
+        st_release(&atap__hub.state, HUB_RUNNING);
         rc = pthread_create(&manager, NULL, manager_main, NULL);
         if (ld_relaxed(&mgr.first) == 0) { /* atap__manager_start waits for this */
             mgr.first_errno = rc;
@@ -237,22 +232,22 @@ static void *supervisor_main(void *arg)
             pthread_join(manager, &died);
         if (!died)
             break; /* stopped */
-        st_release(&mgr.state, M_RESTARTING);
+        st_release(&atap__hub.state, HUB_RESTARTING);
         add_relaxed(&mgr.restarts, 1);
         failures = atap__now_ns() - born >= RESTART_WINDOW() ? 1 : failures + 1;
         if (failures > RESTART_LIMIT) {
             FORGET_FAULTS(); /* what was owed died with the supervisor */
             close_timers();
-            st_release(&mgr.state, M_GONE);
+            st_release(&atap__hub.state, HUB_GONE);
             gone_ticks(); /* no manager runs now: its tick is ours */
             return NULL;
         }
         ATAP_TRACE(TR_RESTART, 0, NULL, failures);
         backoff((uint64_t)RESTART_BACKOFF_NS * failures);
-        st_relaxed(&mgr.refiled, atap__timers_rebuild(&mgr.timers, find_timers, NULL));
+        st_relaxed(&mgr.refiled, atap__timers_rebuild(&atap__hub.timers, find_timers, NULL));
         atap__park_rearm(); /* what the dead one was told, told again */
     }
-    /* Not M_STOPPED here: that says the timer structure is let go (records
+    /* Not HUB_STOPPED here: that says the timer structure is let go (records
      * are then freed at once, schedule.c and park.c), which only
      * atap__manager_stop's close does, after this thread is joined. */
     return NULL;
@@ -260,23 +255,23 @@ static void *supervisor_main(void *arg)
 
 int atap__manager_start(void)
 {
-    struct atap_poller *p = ld_acquire(&mgr.poller);
+    struct atap_poller *p = ld_acquire(&atap__hub.poller);
     int rc;
 
     if (!p) { /* once: starts are serialised by the runtime's lifecycle */
         if ((rc = atap__poller_open(&p)) != 0)
             return rc;
-        st_release(&mgr.poller, p);
+        st_release(&atap__hub.poller, p);
     }
-    atap__timers_init(&mgr.timers, atap__now_ns());
+    atap__timers_init(&atap__hub.timers, atap__now_ns());
     atap__park_open();
     st_relaxed(&mgr.stop, 0);
     st_relaxed(&mgr.restarts, 0);
-    st_seqcst(&mgr.closed, false);
-    st_release(&mgr.state, M_RUNNING);
+    st_seqcst(&atap__hub.closed, false);
+    st_release(&atap__hub.state, HUB_RUNNING);
     st_relaxed(&mgr.first, 0);
     if ((rc = pthread_create(&mgr.supervisor, NULL, supervisor_main, NULL)) != 0) {
-        st_release(&mgr.state, M_STOPPED);
+        st_release(&atap__hub.state, HUB_STOPPED);
         return -rc;
     }
     /* A manager that could never start would leave a runtime that says it
@@ -286,7 +281,7 @@ int atap__manager_start(void)
         atap__word_wait(&mgr.first, 0, ATAP__FOREVER);
     if (ld_acquire(&mgr.first) == FIRST_REFUSED) {
         pthread_join(mgr.supervisor, NULL);
-        st_release(&mgr.state, M_STOPPED);
+        st_release(&atap__hub.state, HUB_STOPPED);
         return -mgr.first_errno;
     }
     return 0;
@@ -294,49 +289,26 @@ int atap__manager_start(void)
 
 void atap__manager_stop(void)
 {
-    if (ld_acquire(&mgr.state) == M_STOPPED)
+    if (ld_acquire(&atap__hub.state) == HUB_STOPPED)
         return;
     st_release(&mgr.stop, 1);
     atap__word_wake(&mgr.stop, true);
-    atap__poller_wake(ld_acquire(&mgr.poller));
+    atap__poller_wake(ld_acquire(&atap__hub.poller));
     pthread_join(mgr.supervisor, NULL);
     TEST_HOOK(ATAP__TEST_MANAGER_JOINED);
     /* No manager runs now: the structure is ours. What is still armed will
      * never fire: written off (a delay pending at shutdown reads FAILED). */
-    if (ld_acquire(&mgr.state) != M_GONE)
+    if (ld_acquire(&atap__hub.state) != HUB_GONE)
         close_timers();
-    atap__timers_destroy(&mgr.timers);
+    atap__timers_destroy(&atap__hub.timers);
     atap__sched_reap(true); /* the structure holds nothing now */
     atap__park_reap(true);
-    st_release(&mgr.state, M_STOPPED);
-}
-
-void atap__manager_wake(void)
-{
-    struct atap_poller *p = ld_acquire(&mgr.poller);
-
-    if (p)
-        atap__poller_wake(p);
+    st_release(&atap__hub.state, HUB_STOPPED);
 }
 
 bool atap__manager_alive(void)
 {
-    return ld_acquire(&mgr.state) == M_RUNNING;
-}
-
-bool atap__manager_accepting(void)
-{
-    return !ld_seqcst(&mgr.closed);
-}
-
-bool atap__manager_gone(void)
-{
-    return ld_acquire(&mgr.state) == M_GONE;
-}
-
-bool atap__manager_stopped(void)
-{
-    return ld_acquire(&mgr.state) == M_STOPPED;
+    return ld_acquire(&atap__hub.state) == HUB_RUNNING;
 }
 
 unsigned atap__manager_restarts(void)
@@ -349,16 +321,6 @@ size_t atap__manager_refiled(void)
     return ld_relaxed(&mgr.refiled);
 }
 
-struct atap_timers *atap__manager_timers(void)
-{
-    return &mgr.timers;
-}
-
-struct atap_poller *atap__manager_poller(void)
-{
-    return ld_acquire(&mgr.poller);
-}
-
 /* In a fork's child (its one thread; runtime.c): no manager nor supervisor
  * came along. The poller's fds are the parent's own epoll/kqueue and wake
  * event, shared across the fork: closed, never used (a watch added here
@@ -367,12 +329,13 @@ struct atap_poller *atap__manager_poller(void)
  * go unfreed; the next start initialises it afresh. */
 void atap__manager_forget(void)
 {
-    struct atap_poller *p = ld_relaxed(&mgr.poller);
+    struct atap_poller *p = ld_relaxed(&atap__hub.poller);
     int fds[4], n = p ? atap__poller_fds(p, fds, 4) : 0;
 
     for (int i = 0; i < n; i++)
         close(fds[i]);
-    memset(&mgr, 0, sizeof mgr); /* M_STOPPED, no poller, not closed */
+    memset(&mgr, 0, sizeof mgr);
+    memset(&atap__hub, 0, sizeof atap__hub); /* HUB_STOPPED, no poller, not closed */
     FORGET_FAULTS();
     atap__manager_thread = false;
 }

@@ -64,8 +64,9 @@
 #include "atomics.h"
 #include "dataflow.h"
 #include "executor.h"
+#include "extras.h"
 #include "faults.h"
-#include "manager.h"
+#include "hub.h"
 #include "pool.h"
 #include "slot.h"
 #include "table.h"
@@ -128,7 +129,7 @@ void atap__park_complete(struct park *p, int by)
 
     atap__park_fd_remove(p);
     if (p->timed && by != BY_DEADLINE)
-        atap__timer_disarm(atap__manager_timers(), &p->timer); /* lost: see the top */
+        atap__timer_disarm(atap__hub_timers(), &p->timer); /* lost: see the top */
     registry_remove(p);
     /* Stopped with a wake pending: one that came before the park was armed,
      * or that a stop overtook (atap__park_wake counted it delivered). The
@@ -257,8 +258,8 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     }
     if (p->timed && ld_relaxed(&p->claim) == (p->seq | P_ARMING)) {
         p->ever_timed = true;
-        if (atap__timer_arm(atap__manager_timers(), &p->timer, ctx->deadline))
-            atap__manager_wake();
+        if (atap__timer_arm(atap__hub_timers(), &p->timer, ctx->deadline))
+            atap__hub_wake();
         TEST_HOOK(ATAP__TEST_PARK_TIMED);
     }
     c = p->seq | P_ARMING;
@@ -431,13 +432,13 @@ void atap__park_destroy(struct park *p)
     /* Never armed, or no manager will run again and it was let go (the
      * structure was emptied when the supervisor gave up), or the runtime
      * stopped (the structure is gone; its owner, this slot, parks no more). */
-    if (!p->ever_timed || (atap__manager_gone() && !atap__timer_held(&p->timer)) ||
-        atap__manager_stopped()) {
+    if (!p->ever_timed || (atap__hub_gone() && !atap__timer_held(&p->timer)) ||
+        atap__hub_stopped()) {
         free(p);
         return;
     }
-    if (atap__manager_accepting()) /* let go of at the next run (schedule.c) */
-        atap__timer_forget(atap__manager_timers(), &p->timer);
+    if (atap__hub_accepting()) /* let go of at the next run (schedule.c) */
+        atap__timer_forget(atap__hub_timers(), &p->timer);
     do
         p->grave_next = head;
     while (!atomic_compare_exchange_weak_explicit(&graveyard, &head, p, memory_order_release,
@@ -465,7 +466,8 @@ void atap__park_reap(bool all)
     }
 }
 
-void atap__park_block(struct atap_ctx *ctx)
+/* atap_block's park: on the calling thread, in the kernel. */
+static void park_block(struct atap_ctx *ctx)
 {
     int rc = atap__plain_wait(ctx->deadline, false, ctx->park_kind == PK_FD ? ctx->fd : -1,
                         ctx->events);
@@ -473,6 +475,21 @@ void atap__park_block(struct atap_ctx *ctx)
     ctx->resumed = ctx->park_kind == PK_FD && rc != ATAP_ENOTREADY ? BY_READY : BY_DEADLINE;
     ctx->events = rc > 0 ? (unsigned)rc : rc < 0 && rc != ATAP_ENOTREADY ? ATAP_ERROR : 0;
     ctx->park_kind = 0;
+}
+
+int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
+{
+    struct atap_ctx ctx = {.slot = NULL, .in_block = true};
+    int rc;
+
+    if (!fn || (out_size && !out))
+        return ATAP_EINVAL;
+    for (;;) {
+        rc = fn(&ctx, arg, out_size ? out : NULL);
+        if (rc != ATAP_PARKED || !ctx.park_kind)
+            return rc == 0 ? 0 : ATAP_EFAILED;
+        park_block(&ctx); /* on this thread, then round again */
+    }
 }
 
 /* ---- parks woken by the runtime's own tasks (channels) ----------------------- */
@@ -633,3 +650,10 @@ void atap__park_forget(void)
     st_relaxed(&graveyard, NULL);
     mourning = NULL;
 }
+
+const struct atap__extras_park atap__park_extras = {
+    .arm = atap__park_arm,
+    .resume = atap__park_resume,
+    .interrupt = atap__park_interrupt,
+    .parked = atap__park_parked,
+};

@@ -14,6 +14,10 @@
 struct atap_ctx;
 struct atap_slot;
 
+/* What the executor calls (extras.h): arm, resume, interrupt, parked. */
+struct atap__extras_park;
+extern const struct atap__extras_park atap__park_extras;
+
 /* The run in ctx returned ATAP_PARKED after asking for a park: the park
  * takes the run's RUN reference; the task runs again when it is claimed. */
 void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx);
@@ -24,9 +28,6 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx);
  * the last 500 us), or, with fd >= 0, until fd is ready for events. As
  * atap_wait_fd returns. */
 int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events);
-/* atap_block's run asked for a park: waits for it on the calling thread
- * and sets ctx up for the next run. */
-void atap__park_block(struct atap_ctx *ctx);
 /* The task (index, gen) was just cancelled or timed out while RUNNING: a
  * park it sleeps in is taken down, a kernel wait it is in is woken. */
 void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen);

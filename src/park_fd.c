@@ -59,7 +59,7 @@
 #include "atomics.h"
 #include "executor.h"
 #include "faults.h"
-#include "manager.h"
+#include "hub.h"
 #include "poller.h"
 #include "pool.h"
 #include "slot.h"
@@ -140,7 +140,7 @@ static void set_deaf(struct fdw *f, bool deaf)
  * a joining park's own. */
 static int rewatch(struct fdw *f, bool again)
 {
-    struct atap_poller *mp = atap__manager_poller();
+    struct atap_poller *mp = atap__hub_poller();
     unsigned ev = wanted(f);
     int rc = 0;
 

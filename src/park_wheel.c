@@ -30,7 +30,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
-#include "manager.h"
+#include "hub.h"
 #include "pool.h"
 #include "slot.h"
 #include "table.h"
@@ -72,7 +72,7 @@ bool atap__park_wheel_push(uint32_t index)
     } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, index + 1,
                                                     memory_order_release, memory_order_relaxed));
     if (head == 0)
-        atap__manager_wake(); /* it files what it finds and sleeps again */
+        atap__hub_wake(); /* it files what it finds and sleeps again */
     return true;
 }
 
@@ -88,7 +88,7 @@ void atap__park_wheel_stopped(struct atap_slot *s)
 
     atomic_fetch_or_explicit(&stop_bits[b / 64], UINT64_C(1) << (b % 64), memory_order_release);
     st_release(&stops_pending, true);
-    atap__manager_wake();
+    atap__hub_wake();
 }
 
 /* The runner: the park goes on the wheel, which now owns RUN. It is ARMED
@@ -216,8 +216,9 @@ static void bucket_run(uint32_t b, uint64_t now, int by)
     while (x) {
         struct atap_slot *s = atap__table_at(x - 1);
         uint32_t next = ld_relaxed(&s->out.park.wnext);
+        /* Stopped (claimed): free it now. */
         bool go = by == BY_OFF || ld_relaxed(&s->out.park.deadline) <= now ||
-                  (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED; /* stopped: free it now */
+                  (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED;
 
         if (go) {
             unfiled(s);

@@ -48,7 +48,8 @@
 #include "atomics.h"
 #include "dataflow.h"
 #include "executor.h"
-#include "manager.h"
+#include "hub.h"
+#include "pool.h"
 #include "schedule_int.h"
 #include "table.h"
 #include "timer.h"
@@ -85,11 +86,53 @@ void atap__sched_failing(struct atap_slot *s)
         series_fail_code(s, (uint8_t)fail_code_of(ATAP_EFAILED));
 }
 
-void atap__sched_run_started(struct atap_slot *p)
+/* An at-rate series is about to queue one more run (its RUN held). */
+static void run_started(struct atap_slot *p)
 {
     /* Relaxed: the caller holds the series' RUN, and whoever drops it gets
      * it from us through an ordered hand-off (a timer, a gate, this thread). */
     atomic_fetch_add_explicit(&sched_of(p)->inflight, 1, memory_order_relaxed);
+}
+
+/* A run belongs to its series p. 0 or -ENOMEM (a waiting series' run
+ * copies its value). */
+static int set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
+                      uint32_t parent_gen);
+
+/* Starts one run of the series p (its RUN held): a slot of its own with
+ * no handle, publishing into p, with p's function, argument, output and
+ * timeout. The series keeps its RUN until the run is done. 0 or -ENOMEM. */
+static int spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
+{
+    atap_spawn_opts o = {.out_size = p->out_size,
+                         .out_free = p->out_free,
+                         .priority = p->priority,
+                         .blocking = (p->flags & SF_BLOCKING) != 0,
+                         .timeout_ns = atap__sched_timeout(p)};
+    struct slot_cache *cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
+    uint32_t index, gen;
+    struct atap_slot *s;
+    int rc;
+
+    if ((rc = atap__table_alloc(cache, &index, &gen)) != 0)
+        return rc;
+    s = atap__table_at(index);
+    if ((rc = atap__exec_fill(s, p->fn, p->arg, &o)) != 0 ||
+        (rc = atap__sched_attach(s, index, &o, NULL)) != 0 ||
+        (rc = set_parent(s, p, pindex, pgen)) != 0) {
+        if (s->ext)
+            atap__sched_destroy(s);
+        atap__exec_unfill(s);
+        st_relaxed(&s->word, make_word(gen, ST_FREE));
+        atap__table_free(cache, index, gen);
+        return rc;
+    }
+    s->arg_free = NULL; /* the series owns arg */
+    run_started(p);
+    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN); /* no handle */
+    st_release(&s->word, make_word(gen, ST_PENDING));
+    atap__sched_start(s, index, gen, o.blocking);
+    return 0;
 }
 
 /* The series is still going: not ended, not finished. */
@@ -124,7 +167,7 @@ void atap__rate_tick(struct sched *c)
         return;
     }
     c->done++;
-    if (atap__exec_spawn_run(s, c->index, gen) != 0) {
+    if (spawn_run(s, c->index, gen) != 0) {
         atap__exec_end(s, c->index, gen, ST_FAILED);
         return;
     }
@@ -147,8 +190,8 @@ void atap__rate_tick(struct sched *c)
         atap__sched_arm(c, &c->start, next);
 }
 
-int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
-                           uint32_t parent_gen)
+static int set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
+                      uint32_t parent_gen)
 {
     struct sched *c = sched_of(s), *pc = sched_of(p);
 
@@ -245,7 +288,7 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
     if (cur & ST_WAITERS)
         atap__exec_wake(p);
     atap__rate_stop_runs(pc);
-    if (atap__timer_disarm(atap__manager_timers(), &pc->start))
+    if (atap__timer_disarm(atap__hub_timers(), &pc->start))
         atap__exec_release_run(p, pc->index, pgen);
     else if (pc->gate) /* back to waiting for a give: its gate holds RUN */
         atap__gate_cancelled(p, pc->index, pgen);

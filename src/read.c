@@ -17,12 +17,10 @@
 
 #include "atap.h"
 #include "atomics.h"
-#include "dataflow.h"
+#include "extras.h"
 #include "executor.h"
 #include "handle.h"
-#include "park.h"
 #include "pool.h"
-#include "schedule.h"
 #include "slot.h"
 #include "wait.h"
 
@@ -33,7 +31,7 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
 {
     switch (state) {
     case ST_TAKEN: /* a series that ran out has nothing more coming */
-        return s->ext && atap__sched_ran_out(s) ? ATAP_EFINISHED : ATAP_ETAKEN;
+        return s->ext && atap__extras.time->ran_out(s) ? ATAP_EFINISHED : ATAP_ETAKEN;
     case ST_CANCELLED: return ATAP_ECANCELLED;
     case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
     case ST_FAILED: { /* the run's own code, if it failed with one */
@@ -166,13 +164,14 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
 }
 
 /* Copies the output out if the task is READY. */
-static inline __attribute__((always_inline)) int copy_out(struct atap_slot *s, uint32_t gen, void *out)
+static inline __attribute__((always_inline)) int copy_out(struct atap_slot *s, uint32_t gen,
+                                                          void *out)
 {
     uint32_t cur;
     int rc = 0;
 
     if (unlikely(s->ext != NULL))
-        atap__sched_read_lock(s); /* a repeat's next run can't publish meanwhile */
+        atap__extras.time->read_lock(s); /* a repeat's next run can't publish meanwhile */
     cur = ld_acquire(&s->word);
     if (!word_is(cur, gen))
         rc = ATAP_ENOTASK;
@@ -181,7 +180,7 @@ static inline __attribute__((always_inline)) int copy_out(struct atap_slot *s, u
     else if (s->out_size)
         copy_bytes(out, slot_out(s), s->out_size);
     if (unlikely(s->ext != NULL))
-        atap__sched_read_unlock(s);
+        atap__extras.time->read_unlock(s);
     return rc;
 }
 
@@ -192,7 +191,7 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
     int rc = 0;
 
     if (unlikely(s->ext != NULL))
-        atap__sched_read_lock(s); /* what is moved out is what gets copied */
+        atap__extras.time->read_lock(s); /* what is moved out is what gets copied */
     cur = ld_acquire(&s->word);
     do {
         if (!word_is(cur, gen)) {
@@ -212,7 +211,7 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
     if (rc == 0)
         s->filled = 0;
     if (unlikely(s->ext != NULL))
-        atap__sched_read_unlock(s);
+        atap__extras.time->read_unlock(s);
     return rc;
 }
 
@@ -303,7 +302,7 @@ atap_state atap_state_of(atap_task t)
         return ATAP_FAILED;
     st = word_state(cur);
     if ((st == ST_PENDING || st == ST_RUNNING) &&
-        (atap__park_parked(s) || (s->ext != NULL && atap__flow_waiting(s))))
+        (atap__extras.park->parked(s) || (s->ext != NULL && atap__extras.flow->waiting(s))))
         return ATAP_WAITING;
     return (atap_state)st;
 }
@@ -316,6 +315,6 @@ bool atap_finished(atap_task t)
     if (!s || !handle_live(s, gen, &cur))
         return true;
     if (unlikely(s->ext != NULL))
-        return atap__sched_finished(s, word_state(cur));
+        return atap__extras.time->finished(s, word_state(cur));
     return state_terminal(word_state(cur));
 }

@@ -59,6 +59,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
+#include "extras.h"
 #include "dataflow.h"
 #include "manager.h"
 #include "park.h"
@@ -168,6 +169,14 @@ static int env_count(const char *name, unsigned *n)
     *n = (unsigned)got;
     return 0;
 }
+
+/* The features, as the executor reaches them (extras.h): the layers meet
+ * here, at the top, so that the executor names none of them. */
+const struct atap__extras atap__extras = {
+    .time = &atap__sched_extras,
+    .flow = &atap__flow_extras,
+    .park = &atap__park_extras,
+};
 
 /* What the pool starts with: the config's counts, else the environment's,
  * else per CPU (config wins, atap.h). The environment is read only where

@@ -69,8 +69,9 @@
 #include "atomics.h"
 #include "dataflow.h"
 #include "executor.h"
+#include "extras.h"
 #include "faults.h"
-#include "manager.h"
+#include "hub.h"
 #include "park.h"
 #include "pool.h"
 #include "schedule_int.h"
@@ -188,17 +189,17 @@ void atap__sched_destroy(struct atap_slot *s)
      * after can still sit in its inbox, until shutdown lets go of it. Or
      * the runtime stopped (a handle released after shutdown, or a task the
      * drain ended): the structure is gone, only an arm under way counts. */
-    if ((atap__manager_gone() && !held(c)) ||
-        (atap__manager_stopped() && ld_acquire(&c->arming) == 0)) {
+    if ((atap__hub_gone() && !held(c)) ||
+        (atap__hub_stopped() && ld_acquire(&c->arming) == 0)) {
         sched_free(c);
         return;
     }
     /* Records left filed for a disarmed deadline (a cancelled delay, a run
      * that beat its timeout) are let go of at the manager's next run, not
      * at that deadline: the reaper frees c then. */
-    if (atap__manager_accepting()) {
-        atap__timer_forget(atap__manager_timers(), &c->start);
-        atap__timer_forget(atap__manager_timers(), &c->limit);
+    if (atap__hub_accepting()) {
+        atap__timer_forget(atap__hub_timers(), &c->start);
+        atap__timer_forget(atap__hub_timers(), &c->limit);
     }
     do
         c->grave_next = head;
@@ -281,7 +282,7 @@ static void fault_pause(void)
  * (limit). Returns whether t stays armed. */
 bool atap__sched_arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
 {
-    struct atap_timers *ts = atap__manager_timers();
+    struct atap_timers *ts = atap__hub_timers();
 
     /* An arm of `start` hands the caller's RUN to the timer: from then on a
      * manager closing for good may take the record, write the task off and
@@ -290,14 +291,14 @@ bool atap__sched_arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
      * carries the count to whoever frees), so the free waits for us. */
     add_relaxed(&c->arming, 1);
     if (atap__timer_arm(ts, t, deadline))
-        atap__manager_wake();
+        atap__hub_wake();
     if (t == &c->start)
         fault_pause();
     /* seq_cst handshake with the manager's close: it marks itself closed,
      * then takes every record; we armed, then look. One of us sees the
      * other, and take_all and disarm decide between them who owns it. */
     fence_seqcst();
-    if (atap__manager_accepting() || !atap__timer_disarm(ts, t)) {
+    if (atap__hub_accepting() || !atap__timer_disarm(ts, t)) {
         /* Release: our last look at c comes before a free that sees 0. */
         atomic_fetch_sub_explicit(&c->arming, 1, memory_order_release);
         return true;
@@ -579,7 +580,8 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
     /* Ended otherwise than by running out (a write-off at shutdown, or with
      * the manager gone): its runs under way stop too. Before RUN_OWED is
      * set, while our RUN keeps c. */
-    if ((ld_acquire(&c->inflight) & ~RUN_OWED) != 0 && state_stopped(word_state(ld_acquire(&s->word))))
+    if ((ld_acquire(&c->inflight) & ~RUN_OWED) != 0 &&
+        state_stopped(word_state(ld_acquire(&s->word))))
         atap__rate_stop_runs(c);
     /* Acq_rel: a run that finished before this saw no RUN_OWED and left
      * the drop to us; what it wrote to the series comes before our free. */
@@ -671,7 +673,7 @@ static void next_run(struct atap_slot *s, struct sched *c, uint32_t gen)
         return;
     }
     now = atap__now_ns();
-    if (!atap__manager_accepting()) { /* shutting down, or no manager left */
+    if (!atap__hub_accepting()) { /* shutting down, or no manager left */
         atap__exec_end(s, c->index, gen, ST_FAILED);
         return;
     }
@@ -698,7 +700,7 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
      * the run is over time whatever it returned. Or the timers closed (no
      * manager will run again) and took it unfired: then the clock says
      * whether the run went past its limit (timers never fire early). */
-    if (c->limit_armed && !atap__timer_disarm(atap__manager_timers(), &c->limit) &&
+    if (c->limit_armed && !atap__timer_disarm(atap__hub_timers(), &c->limit) &&
         atap__now_ns() >= c->limit_at)
         atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT);
     if (c->parent) {
@@ -747,7 +749,7 @@ void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
     if (c->kind == ATAP_AT_RATE)
         atap__rate_stop_runs(c); /* before RUN can go: the caller's hold keeps c */
     /* A pending delay or gap: whoever wins fire-or-disarm owns RUN. */
-    if (atap__timer_disarm(atap__manager_timers(), &c->start))
+    if (atap__timer_disarm(atap__hub_timers(), &c->start))
         atap__exec_release_run(s, index, gen);
     else if (c->gate) /* waiting for a give: its gate holds RUN */
         atap__gate_cancelled(s, index, gen);
@@ -803,3 +805,22 @@ void atap__sched_forget(void)
     mourning = NULL;
     nfired = 0;
 }
+
+const struct atap__extras_time atap__sched_extras = {
+    .check = atap__sched_check,
+    .attach = atap__sched_attach,
+    .start = atap__sched_start,
+    .claim = atap__sched_claim,
+    .output = atap__sched_output,
+    .done = atap__sched_done,
+    .ending = atap__sched_ending,
+    .failing = atap__sched_failing,
+    .cancellable = atap__sched_cancellable,
+    .cancelled = atap__sched_cancelled,
+    .finished = atap__sched_finished,
+    .ran_out = atap__sched_ran_out,
+    .read_lock = atap__sched_read_lock,
+    .read_unlock = atap__sched_read_unlock,
+    .series = atap__sched_series,
+    .destroy = atap__sched_destroy,
+};

@@ -16,6 +16,10 @@
 struct atap_timer;
 struct worker;
 
+/* What the executor calls (extras.h): the entries named there. */
+struct atap__extras_time;
+extern const struct atap__extras_time atap__sched_extras;
+
 /* 0, ATAP_EINVAL for a combination that makes no sense, -ENOTSUP. */
 int atap__sched_check(const atap_spawn_opts *o);
 struct gate;
@@ -62,18 +66,9 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen);
 void *atap__sched_output(struct atap_slot *s);
 void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc);
 
-/* An at-rate series is about to queue one more run (its RUN held). */
-void atap__sched_run_started(struct atap_slot *p);
-/* An at-rate run (spawned by atap__exec_spawn_run) belongs to its series
- * p. 0 or -ENOMEM (a waiting series' run copies its value). */
-int atap__sched_set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_index,
-                           uint32_t parent_gen);
-
 /* An at-rate run's series (its handle's index and generation): false for
  * any other scheduled task. */
 bool atap__sched_series(struct atap_slot *s, uint32_t *index, uint32_t *gen);
-/* The run timeout of a scheduled task. */
-uint64_t atap__sched_timeout(struct atap_slot *s);
 
 /* A cancel that won: stops a pending delay or gap. */
 void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen);

@@ -69,6 +69,9 @@ bool atap__sched_arm(struct sched *c, struct atap_timer *t, uint64_t deadline);
 void atap__sched_finish(struct atap_slot *s, struct sched *c, uint32_t gen);
 /* schedule.c. The deadline came before the first run: ran out unrun. */
 void atap__sched_ran_out_unrun(struct atap_slot *s, struct sched *c, uint32_t gen);
+/* schedule.c. The run timeout of a scheduled task (an at-rate run takes
+ * its series'). */
+uint64_t atap__sched_timeout(struct atap_slot *s);
 /* schedule.c. The publisher's side of out_lock (writes the slot's output). */
 void atap__sched_out_write_lock(struct sched *c);
 void atap__sched_out_write_unlock(struct sched *c);

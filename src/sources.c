@@ -58,7 +58,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "faults.h"
-#include "manager.h"
+#include "hub.h"
 #include "poller.h"
 #include "testing.h"
 
@@ -160,7 +160,7 @@ static int source_watch(struct source *f, bool again)
     }
     rc = again && FAULT_WATCH_FAILS()
              ? -ENOMEM
-             : atap__poller_watch(atap__manager_poller(), f->fd, ATAP__POLL_READ, f);
+             : atap__poller_watch(atap__hub_poller(), f->fd, ATAP__POLL_READ, f);
     if ((f->deaf = rc != 0))
         st_relaxed(&sources_deaf, true);
     return rc;
@@ -193,7 +193,7 @@ static void path_forget(int wd)
 #if PATHS_BY_INOTIFY
     inotify_rm_watch(path_source.fd, wd);
 #else
-    atap__poller_unwatch_path(atap__manager_poller(), wd);
+    atap__poller_unwatch_path(atap__hub_poller(), wd);
 #endif
 }
 
@@ -317,7 +317,7 @@ int atap__source_add(struct park *p)
         if ((rc = wd_room(key)) != 0)
             goto out;
         /* Watched (again) at every join: armed while anyone waits. */
-        if ((rc = atap__poller_watch_path(atap__manager_poller(), key, vnode_udata(key))) != 0)
+        if ((rc = atap__poller_watch_path(atap__hub_poller(), key, vnode_udata(key))) != 0)
             goto out;
     }
 #endif
@@ -427,7 +427,7 @@ static void vnode_event(int fd, unsigned got)
         if (wd_waiters[fd] &&
             (FAULT_WATCH_FAILS()
                  ? -ENOMEM
-                 : atap__poller_watch_path(atap__manager_poller(), fd, vnode_udata(fd))) != 0) {
+                 : atap__poller_watch_path(atap__hub_poller(), fd, vnode_udata(fd))) != 0) {
             claim_list(&wd_waiters[fd], ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES,
                        true, &ready);
         }

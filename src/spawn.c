@@ -2,8 +2,9 @@
  * Spawning (executor.c has the rest of a task's life, and its rules): a
  * slot taken from the table, filled, made PENDING and queued. atap_spawn;
  * atap__exec_check and atap__exec_spawn for the tasks that wait for gives
- * (gate.c, forward.c); atap__exec_spawn_run for a run of an at-rate series
- * (rate.c).
+ * (gate.c, forward.c); atap__exec_fill for a run of an at-rate series
+ * (rate.c spawns those). A task whose options need a schedule (time, or
+ * gives) gets it through extras.h.
  *
  * The order: the slot is filled (its fields, then refs: gen | RUN, a
  * handle but for an at-rate run, GATED for a task that waits for gives),
@@ -29,8 +30,8 @@
 
 #include "atap.h"
 #include "atomics.h"
+#include "extras.h"
 #include "pool.h"
-#include "schedule.h"
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
@@ -52,7 +53,7 @@ static inline int check_opts(const atap_spawn_opts *o, bool waiting)
         return ATAP_EINVAL;
     if (plain(o))
         return 0; /* nothing about time to check */
-    return atap__sched_check(o);
+    return atap__extras.time->check(o);
 }
 
 /* The task's fields of a freshly allocated slot, from option values the
@@ -93,6 +94,18 @@ int atap__exec_check(const atap_spawn_opts *o, bool waiting)
     return check_opts(o, waiting);
 }
 
+int atap__exec_fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_opts *o)
+{
+    return fill(s, fn, arg, o);
+}
+
+void atap__exec_unfill(struct atap_slot *s)
+{
+    if (s->flags & SF_OUT_HEAP)
+        free(s->out.heap);
+    s->flags = 0;
+}
+
 /* fill, and the schedule if the options use time or the task waits for
  * gives; on -ENOMEM nothing is left allocated (the gate is the caller's). */
 static inline __attribute__((always_inline)) int
@@ -101,8 +114,8 @@ prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg, const atap_
 {
     int rc = fill(s, fn, arg, o);
 
-    if (rc == 0 && (!plain(o) || gate) && (rc = atap__sched_attach(s, index, o, gate)) != 0 &&
-        (s->flags & SF_OUT_HEAP))
+    if (rc == 0 && (!plain(o) || gate) &&
+        (rc = atap__extras.time->attach(s, index, o, gate)) != 0 && (s->flags & SF_OUT_HEAP))
         free(s->out.heap);
     if (rc != 0)
         s->flags = 0;
@@ -138,7 +151,7 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
             *task = make_task(index, gen);
             ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
             if (unlikely(s->ext != NULL))
-                atap__sched_start(s, index, gen, opts->blocking);
+                atap__extras.time->start(s, index, gen, opts->blocking);
             else
                 atap__pool_submit_from(atap__self, index + 1, opts->priority, opts->blocking);
         }
@@ -255,40 +268,5 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
     if (!atap__table_take_stashed(&w->cache, &index, &gen))
         return spawn_quick_shared(w, task, fn, arg, opts);
     spawn_quick_publish(w, task, fn, arg, opts, index, gen);
-    return 0;
-}
-
-int atap__exec_spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
-{
-    atap_spawn_opts o = {.out_size = p->out_size,
-                         .out_free = p->out_free,
-                         .priority = p->priority,
-                         .blocking = (p->flags & SF_BLOCKING) != 0,
-                         .timeout_ns = atap__sched_timeout(p)};
-    struct slot_cache *cache = atap__self ? &atap__self->cache : atap__table_outside_cache();
-    uint32_t index, gen;
-    struct atap_slot *s;
-    int rc;
-
-    if ((rc = atap__table_alloc(cache, &index, &gen)) != 0)
-        return rc;
-    s = atap__table_at(index);
-    if ((rc = fill(s, p->fn, p->arg, &o)) != 0 ||
-        (rc = atap__sched_attach(s, index, &o, NULL)) != 0 ||
-        (rc = atap__sched_set_parent(s, p, pindex, pgen)) != 0) {
-        if (s->ext)
-            atap__sched_destroy(s);
-        if (s->flags & SF_OUT_HEAP)
-            free(s->out.heap);
-        s->flags = 0;
-        st_relaxed(&s->word, make_word(gen, ST_FREE));
-        atap__table_free(cache, index, gen);
-        return rc;
-    }
-    s->arg_free = NULL; /* the series owns arg */
-    atap__sched_run_started(p); /* the series keeps RUN until this run is done */
-    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN); /* no handle */
-    st_release(&s->word, make_word(gen, ST_PENDING));
-    atap__sched_start(s, index, gen, o.blocking);
     return 0;
 }

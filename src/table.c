@@ -72,8 +72,8 @@ static int map_block(unsigned b)
 
     if (ld_acquire(&atap__table_blocks[b]))
         return 0;
-    p = mmap(NULL, block_bytes(b), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-             -1, 0);
+    p = mmap(NULL, block_bytes(b), PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return -ENOMEM;
 #ifdef MADV_HUGEPAGE
@@ -377,9 +377,9 @@ static size_t trim_locked(void)
     if (low < high) {
         top = top_gen(low, high);
         base = ld_relaxed(&table.gen_base);
-        while (top + 1 > base && !atomic_compare_exchange_weak_explicit(&table.gen_base, &base, top + 1,
-                                                                     memory_order_relaxed,
-                                                                     memory_order_relaxed))
+        while (top + 1 > base &&
+               !atomic_compare_exchange_weak_explicit(&table.gen_base, &base, top + 1,
+                                                      memory_order_relaxed, memory_order_relaxed))
             ;
         released = release_range(low, high);
         /* The peak is the span's high-water mark: the span only ever falls

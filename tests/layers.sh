@@ -33,8 +33,9 @@ map='
 3 queues    deque.h injector.h injector.c
 3 timer     timer.h timer.c
 3 poller    poller.h poller_epoll.c poller_kqueue.c poller_poll.c
+3 hub       hub.h hub.c
 4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c help.c
-5 executor  executor.h executor.c spawn.c
+5 executor  executor.h extras.h executor.c spawn.c
 5 executor  read.c join.h join.c
 6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c
 6 kwait     kwait.c
@@ -49,22 +50,9 @@ map='
 # FILE HEADER: the includes that still go up a layer, or that tie two
 # modules of one layer in a circle, by name.
 upward='
-executor.c dataflow.h
-executor.c park.h
-executor.c schedule.h
-spawn.c schedule.h
-read.c dataflow.h
-read.c park.h
-read.c schedule.h
 park.c dataflow.h
-park.c manager.h
-park_fd.c manager.h
-park_wheel.c manager.h
 schedule.c dataflow.h
-schedule.c manager.h
 rate.c dataflow.h
-rate.c manager.h
-sources.c manager.h
 tasks/channel.c executor.h
 tasks/channel.c slot.h
 tasks/channel.c table.h
