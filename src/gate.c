@@ -614,8 +614,10 @@ void atap__gate_gather(struct atap_slot *s, uint32_t gen, const struct reg *r, c
             g->filled[r->place / 64] |= UINT64_C(1) << (r->place % 64);
             g->nfilled++;
         }
-        if (g->nfilled == g->n)
+        if (g->nfilled == g->n) {
+            ATAP_TRACE(TR_GIVE, ATAP_TRACE_ID(r->to, gen), NULL, 0); /* a whole round */
             round_whole(s, gen, g, &fresh, &kick, &old, &old_owned);
+        }
     }
     if (fresh && !g->spare) { /* not needed after all: kept for the next round */
         g->spare = fresh;

@@ -389,6 +389,28 @@ static bool lanes_nest(const struct jval *evs)
     return ok;
 }
 
+/* Every arrow that starts (s) ends (f) in the file, with the same cat and
+ * id: a give or a spawn always leads to a run. */
+static bool arrows_end(const struct jval *evs)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const struct jval *e = evs->items[i];
+        const char *cat = jstr(e, "cat"), *id = jstr(e, "id");
+        bool ended = false;
+
+        if (!jis(e, "ph", "s"))
+            continue;
+        if (!cat || !id)
+            return false;
+        for (size_t k = 0; k < evs->n && !ended; k++)
+            ended = jis(evs->items[k], "ph", "f") && jis(evs->items[k], "cat", cat) &&
+                    jis(evs->items[k], "id", id);
+        if (!ended)
+            return false;
+    }
+    return true;
+}
+
 static void id_of(atap_task t, char *buf, size_t n)
 {
     snprintf(buf, n, "0x%llx", (unsigned long long)t.id);
@@ -577,6 +599,7 @@ static void test_trace_known_program(void **state)
     assert_int_equal(count_events(evs, "M", "process_name", NULL, NULL), 1);
     assert_int_equal(count_events(evs, "i", "dropped events", NULL, NULL), 1);
     assert_true(lanes_nest(evs));
+    assert_true(arrows_end(evs));
     jfree(doc);
 
     atap_release(parent);

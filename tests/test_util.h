@@ -435,7 +435,7 @@ static inline bool wait_manager_gone(uint64_t timeout_ns)
 {
     uint64_t end = now_ns() + timeout_ns;
 
-    while (!atap__manager_gone()) {
+    while (!atap__hub_gone()) {
         if (now_ns() > end)
             return false;
         sleep_us(1000);
