@@ -1130,8 +1130,60 @@ ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
  */
 ATAP_EXPORT int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns);
 
+/*
+ * Wakers: parks of one's own making. A task that waits for something only
+ * the program's own code knows of (a value in a queue of its own, room in
+ * it) takes its waker, leaves it where that code will find it, asks for a
+ * wake park and returns ATAP_PARKED; whoever makes progress possible calls
+ * atap_wake with the waker. libatap's channels are built this way. A
+ * waker names one task and holds nothing: it is not a handle (it needs no
+ * atap_release, and keeps no slot), and once its task has ended it wakes
+ * nothing. The all-zero waker names no task.
+ */
+typedef struct atap_waker {
+    uint64_t id;
+} atap_waker;
+
+/* Inside a task: its waker (an at-rate run's is the run's own, not its
+ * series'); the all-zero waker for NULL. Blocks: no. Threads: the task's
+ * own. */
+ATAP_EXPORT atap_waker atap_waker_of(atap_ctx *ctx);
+
+/*
+ * Inside a task: asks to be run again when atap_wake is called with this
+ * task's waker, or once timeout_ns has passed (ATAP_FOREVER: no limit);
+ * the task then returns ATAP_PARKED. A wake that comes at any moment after
+ * this call returned 0 reaches the park, even one that comes before the
+ * task has returned (the park then resumes at once). A wake that came while
+ * the task was not parked for one makes its next wake park resume at once,
+ * so a resume is a hint: look again, and park again if there is still
+ * nothing to do. The next run has atap_resume_reason() ATAP_RESUME_READY
+ * after a wake, ATAP_RESUME_DEADLINE after the timeout. Returns 0;
+ * ATAP_EINVAL for a NULL ctx, a second park call in one run, or inside
+ * atap_block (no waker names it there); -ENOMEM when the park's record
+ * could not be made (nothing was asked: the run goes on).
+ * Blocks: no. Threads: the task's own.
+ */
+ATAP_EXPORT int atap_park_wake(atap_ctx *ctx, uint64_t timeout_ns);
+
+/*
+ * Wakes the task w names, parked by atap_park_wake or about to be. Returns
+ * true when that task was queued or running (it runs again, or its next
+ * wake park resumes at once); false when it was not (it has ended:
+ * cancelled, timed out, done, its slot gone; or it is a repeat between two
+ * runs) or w names no task: then nobody was woken, and a value meant for it
+ * should go to someone else.
+ * Blocks: no. Threads: any, a task's or not.
+ */
+ATAP_EXPORT bool atap_wake(atap_waker w);
+
+/* Whether w's task is queued or running, as atap_wake would find it; a
+ * snapshot (it may end right after). For dropping the wakers of tasks that ended
+ * from a list of waiters. Blocks: no. Threads: any. */
+ATAP_EXPORT bool atap_waker_live(atap_waker w);
+
 /* Why this run follows a park. */
-#define ATAP_RESUME_READY 1    /* the fd became ready */
+#define ATAP_RESUME_READY 1    /* the fd became ready, or a wake came */
 #define ATAP_RESUME_DEADLINE 2 /* the deadline or timeout came first */
 
 /* Inside a task: true when this run follows a park; false for NULL.

@@ -66,6 +66,7 @@
 #include "executor.h"
 #include "extras.h"
 #include "faults.h"
+#include "handle.h"
 #include "hub.h"
 #include "pool.h"
 #include "slot.h"
@@ -496,14 +497,43 @@ int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
 
 static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline);
 
-bool atap__park_prepare(struct atap_ctx *ctx)
+/* A waker is a handle's bits (handle.h) that hold nothing. */
+atap_waker atap_waker_of(atap_ctx *ctx)
 {
-    return ctx && ctx->slot && park_of(ctx->slot) != NULL;
+    if (!ctx || !ctx->slot)
+        return (atap_waker){0};
+    return (atap_waker){make_task(ctx->index, ctx->gen).id};
 }
 
-int atap__park_wait_wake(struct atap_ctx *ctx, uint64_t deadline)
+/* The record is made before the park is asked for: a wake that comes
+ * from then on finds it, and sets its flag if the park is not armed yet
+ * (atap__park_wake), which the arming reads. */
+int atap_park_wake(atap_ctx *ctx, uint64_t timeout_ns)
 {
-    return ask(ctx, PK_WAKE, -1, 0, deadline);
+    if (!ctx || !ctx->slot || ctx->park_kind)
+        return ATAP_EINVAL;
+    if (!park_of(ctx->slot))
+        return -ENOMEM;
+    return ask(ctx, PK_WAKE, -1, 0, atap__deadline(atap__now_ns(), timeout_ns));
+}
+
+bool atap_wake(atap_waker w)
+{
+    uint32_t gen;
+    struct atap_slot *s = lookup((atap_task){w.id}, &gen);
+
+    return s && atap__park_wake((uint32_t)w.id, gen);
+}
+
+bool atap_waker_live(atap_waker w)
+{
+    uint32_t gen, cur;
+    struct atap_slot *s = lookup((atap_task){w.id}, &gen);
+
+    if (!s)
+        return false;
+    cur = ld_acquire(&s->word);
+    return word_is(cur, gen) && !state_terminal(word_state(cur));
 }
 
 /*

@@ -36,13 +36,8 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen);
  * parked, or being parked (the claim ARMING or ARMED). A snapshot. */
 bool atap__park_parked(struct atap_slot *s);
 
-/* For the runtime's own tasks (channels): the running task's park record
- * exists (false: no memory); it parks until atap__park_wake (or the
- * deadline); wake it. */
-bool atap__park_prepare(struct atap_ctx *ctx);
-int atap__park_wait_wake(struct atap_ctx *ctx, uint64_t deadline);
-/* True when the task was still running (parked or about to be): the wake
- * reaches it; false when it has ended. */
+/* atap_wake's work: true when the task (index, gen) was still running
+ * (parked or about to be): the wake reaches it; false when it has ended. */
 bool atap__park_wake(uint32_t index, uint32_t gen);
 
 /* Signals (park.c, sources.c), for tasks/signal.c. catchable: a signal

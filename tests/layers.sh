@@ -53,11 +53,6 @@ upward='
 park.c dataflow.h
 schedule.c dataflow.h
 rate.c dataflow.h
-tasks/channel.c executor.h
-tasks/channel.c slot.h
-tasks/channel.c table.h
-tasks/channel.c park.h
-tasks/channel.c wait.h
 tasks/signal.c park.h
 '
 

@@ -1842,6 +1842,188 @@ static void test_park_bad_calls(void **state)
     assert_no_failures();
 }
 
+/* ---- 12b. wakers: parks of the program's own making ---------------------------- */
+
+struct waker_arg {
+    _Atomic uint64_t waker;  /* the task's waker, handed out after its park call */
+    atomic_int runs, reason[4];
+    atomic_int go;           /* wake_while_running: main woke it while it ran */
+    uint64_t timeout;
+    int mode;
+};
+
+enum { WK_PARK, WK_SELF, WK_WHILE_RUNNING, WK_TIMEOUT };
+
+static int task_waker(atap_ctx *ctx, void *arg, void *out)
+{
+    struct waker_arg *a = arg;
+    int run = atomic_fetch_add(&a->runs, 1);
+
+    (void)out;
+    CHECK(run < 4);
+    atomic_store(&a->reason[run], atap_resume_reason(ctx));
+    if (a->mode == WK_WHILE_RUNNING && run == 1) {
+        /* Woken by main while it runs, parked for nothing: the next wake
+         * park resumes at once, nothing lost. */
+        atomic_store(&a->waker, atap_waker_of(ctx).id);
+        while (!atomic_load(&a->go))
+            sleep_us(200);
+    } else if (run > 0) {
+        return 0;
+    }
+    CHECK(atap_park_wake(ctx, a->mode == WK_TIMEOUT ? a->timeout : ATAP_FOREVER) == 0);
+    CHECK(atap_park_wake(ctx, ATAP_FOREVER) == ATAP_EINVAL); /* one park a run */
+    if (run == 0)
+        atomic_store(&a->waker, atap_waker_of(ctx).id);
+    if (a->mode == WK_SELF)
+        CHECK(atap_wake(atap_waker_of(ctx))); /* before the park is armed */
+    return ATAP_PARKED;
+}
+
+static atap_waker published_waker(struct waker_arg *a)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10) * test_slack();
+
+    while (atomic_load(&a->waker) == 0 && now_ns() < end)
+        sleep_us(200);
+    return (atap_waker){atomic_load(&a->waker)};
+}
+
+static void test_park_wake(void **state)
+{
+    static struct waker_arg a;
+    atap_waker w;
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
+    w = published_waker(&a);
+    assert_true(w.id != 0);
+    while (atap_state_of(t) != ATAP_WAITING)
+        sleep_us(200);
+    assert_true(atap_waker_live(w));
+    assert_int_equal(atomic_load(&a.runs), 1); /* parked: nothing resumes it */
+    assert_true(atap_wake(w));
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), 0);
+    assert_int_equal(atomic_load(&a.runs), 2);
+    assert_int_equal(atomic_load(&a.reason[0]), 0);
+    assert_int_equal(atomic_load(&a.reason[1]), ATAP_RESUME_READY);
+    /* Ended: a waker holds nothing and wakes nothing. */
+    assert_false(atap_waker_live(w));
+    assert_false(atap_wake(w));
+    atap_release(t);
+    assert_false(atap_wake(w));
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* A wake between the park call and the task's return (its own, here) is
+ * not lost: the park resumes at once. */
+static void test_park_wake_before_armed(void **state)
+{
+    static struct waker_arg a = {.mode = WK_SELF};
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), 0);
+    assert_int_equal(atomic_load(&a.runs), 2);
+    assert_int_equal(atomic_load(&a.reason[1]), ATAP_RESUME_READY);
+    atap_release(t);
+    assert_no_failures();
+}
+
+/* Woken while it runs (between two parks): its next wake park resumes at
+ * once, and no handle is needed for any of it (released at once). */
+static void test_park_wake_while_running(void **state)
+{
+    static struct waker_arg a = {.mode = WK_WHILE_RUNNING};
+    atap_waker w;
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
+    w = published_waker(&a);
+    assert_true(w.id != 0);
+    atap_release(t);
+    /* Its first park: woken; then, running, woken again, then it parks. */
+    while (atomic_load(&a.runs) < 2) {
+        atap_wake(w);
+        sleep_us(500);
+    }
+    assert_true(atap_wake(w)); /* running: the wake waits for its next park */
+    atomic_store(&a.go, 1);
+    assert_true(wait_atomic_at_least(&a.runs, 3, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&a.reason[2]), ATAP_RESUME_READY);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&a.runs), 3);
+    assert_false(atap_wake(w));
+    assert_no_failures();
+}
+
+/* Nobody wakes it: the timeout resumes it, never early. */
+static void test_park_wake_timeout(void **state)
+{
+    static struct waker_arg a = {.mode = WK_TIMEOUT, .timeout = ATAP_MS(20)};
+    uint64_t t0 = atap_now();
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), 0);
+    assert_true(atap_now() - t0 >= ATAP_MS(20));
+    assert_int_equal(atomic_load(&a.reason[1]), ATAP_RESUME_DEADLINE);
+    atap_release(t);
+    assert_no_failures();
+}
+
+/* Cancelled while parked for a wake: down at once, and its waker wakes
+ * nothing from then on. */
+static void test_park_wake_cancel(void **state)
+{
+    static struct waker_arg a;
+    atap_waker w;
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
+    w = published_waker(&a);
+    while (atap_state_of(t) != ATAP_WAITING)
+        sleep_us(200);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), ATAP_ECANCELLED);
+    assert_false(atap_waker_live(w));
+    assert_false(atap_wake(w));
+    assert_int_equal(atomic_load(&a.runs), 1);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+static int block_park_wake(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    (void)out;
+    CHECK(atap_waker_of(ctx).id == 0);
+    return atap_park_wake(ctx, ATAP_FOREVER) == ATAP_EINVAL ? 0 : ATAP_EFAILED;
+}
+
+static void test_park_wake_bad_calls(void **state)
+{
+    (void)state;
+    assert_int_equal(atap_park_wake(NULL, ATAP_FOREVER), ATAP_EINVAL);
+    assert_int_equal(atap_waker_of(NULL).id, 0);
+    assert_false(atap_wake((atap_waker){0}));
+    assert_false(atap_waker_live((atap_waker){0}));
+    /* Made up: an index no block is mapped for, a generation never given. */
+    assert_false(atap_wake((atap_waker){UINT64_C(5) << 32 | 0xfffffff0u}));
+    assert_false(atap_waker_live((atap_waker){UINT64_C(5) << 32 | 0xfffffff0u}));
+    assert_false(atap_wake((atap_waker){UINT64_C(0xffffffff) << 32}));
+    /* Inside atap_block no waker names the caller. */
+    assert_int_equal(atap_block(block_park_wake, NULL, NULL, 0), 0);
+    assert_no_failures();
+}
+
 /* ---- 13. the sleep task ------------------------------------------------------ */
 
 static void test_park_sleep_task(void **state)
@@ -2512,6 +2694,12 @@ int main(void)
         T(test_park_shutdown_writes_off),
         T(test_park_block),
         T(test_park_bad_calls),
+        T(test_park_wake),
+        T(test_park_wake_before_armed),
+        T(test_park_wake_while_running),
+        T(test_park_wake_timeout),
+        T(test_park_wake_cancel),
+        T(test_park_wake_bad_calls),
         T(test_park_sleep_task),
         T(test_park_race_cancel_vs_fd),
         T(test_park_race_cancel_vs_park),

@@ -9,8 +9,8 @@
  * send or receive task while it lives (its arg_free lets go). The channel
  * is freed when both counts reach 0.
  *
- * A task that finds nothing to do joins a waiter list and parks
- * (atap__park_wait_wake); whoever makes progress possible for it (a value,
+ * A task that finds nothing to do joins a waiter list with its waker and
+ * parks (atap_park_wake); whoever makes progress possible for it (a value,
  * room, the last sender or receiver going) takes waiters off the list and
  * wakes them after the mutex is let go. A woken task looks again under the
  * mutex, and parks again if it must, so a wake that finds nothing to do is
@@ -36,17 +36,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../executor.h"
 #include "../faults.h"
-#include "../park.h"
-#include "../slot.h"
-#include "../table.h"
-#include "../wait.h"
 #include "atap.h"
 
 struct waiter {
     struct waiter *next;
-    uint32_t index, gen;
+    atap_waker waker;
 };
 
 struct waiters {
@@ -110,16 +105,6 @@ static void pop(atap_chan *ch, void *out)
 
 static struct waiter *take_one(struct waiters *l);
 
-/* The waiter's task still waits (parked, or between its park and its
- * wake): not ended by a cancel, a run timeout or a failure. */
-static bool waiter_live(const struct waiter *w)
-{
-    uint32_t word = atomic_load_explicit(&atap__table_at(w->index)->word, memory_order_acquire);
-
-    return word_gen(word) == w->gen && word_state(word) != ST_FREE &&
-           !state_terminal(word_state(word));
-}
-
 static int wait_on(struct waiters *l, atap_ctx *ctx)
 {
     struct waiter *w;
@@ -127,13 +112,12 @@ static int wait_on(struct waiters *l, atap_ctx *ctx)
     /* Waiters whose tasks ended while parked (a short receive timeout on a
      * quiet channel, say) go as new ones come, not only when a wake
      * reaches them: the list stays as long as the tasks that wait. */
-    while (l->head && !waiter_live(l->head))
+    while (l->head && !atap_waker_live(l->head->waker))
         free(take_one(l));
     if (!(w = malloc(sizeof *w)))
         return -ENOMEM;
     w->next = NULL;
-    w->index = ctx->index;
-    w->gen = ctx->gen;
+    w->waker = atap_waker_of(ctx);
     if (l->tail)
         l->tail->next = w;
     else
@@ -166,7 +150,7 @@ static void wake_list(struct waiter *w)
 {
     while (w) {
         struct waiter *next = w->next;
-        atap__park_wake(w->index, w->gen);
+        atap_wake(w->waker);
         free(w);
         w = next;
     }
@@ -185,7 +169,7 @@ static void wake_one(atap_chan *ch, struct waiters *l)
         pthread_mutex_unlock(&ch->lock);
         if (!w)
             return;
-        woke = atap__park_wake(w->index, w->gen);
+        woke = atap_wake(w->waker);
         free(w);
         if (woke)
             return;
@@ -386,9 +370,11 @@ static int send_run(atap_ctx *ctx, void *arg, void *out)
     }
     pthread_mutex_lock(&ch->lock);
     if ((rc = offer(ch, a->value)) == ATAP_ENOTREADY) {
-        if (!atap__park_prepare(ctx) || wait_on(&ch->send_wait, ctx) != 0)
+        /* The park first: a wake that comes once the waker is listed
+         * finds its record. */
+        if (atap_park_wake(ctx, ATAP_FOREVER) != 0 || wait_on(&ch->send_wait, ctx) != 0)
             rc = -ENOMEM;
-        else if (atap__park_wait_wake(ctx, ATAP__FOREVER) == 0)
+        else
             rc = ATAP_PARKED;
     }
     a->sent = rc == 0;
@@ -468,9 +454,9 @@ static int recv_run(atap_ctx *ctx, void *arg, void *out)
         room = ch->cap != 0;
     } else if (ch->senders == 0) {
         rc = ATAP_ECLOSED; /* drained, and nothing more can come */
-    } else if (!atap__park_prepare(ctx) || wait_on(&ch->recv_wait, ctx) != 0) {
+    } else if (atap_park_wake(ctx, ATAP_FOREVER) != 0 || wait_on(&ch->recv_wait, ctx) != 0) {
         rc = ATAP_EFAILED;
-    } else if (atap__park_wait_wake(ctx, ATAP__FOREVER) == 0) {
+    } else {
         rc = ATAP_PARKED;
     }
     pthread_mutex_unlock(&ch->lock);
