@@ -50,7 +50,7 @@ void atap__gate_destroy(struct gate *g);
  * held, and is about to drop it: nobody can give any more. */
 void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen);
 
-/* What the executor calls (extras.h): close, destroy, waiting, orphan. */
+/* What the executor calls (extras.h): close, waiting, orphan. */
 struct atap__extras_flow;
 extern const struct atap__extras_flow atap__flow_extras;
 
@@ -92,15 +92,5 @@ void atap__flow_kicks_run(struct kicks *kicks);
  * that keeps the slot: the last output goes to whoever has not had it, and
  * every forward closes. */
 void atap__flow_close(struct atap_slot *s);
-/* The slot is being freed: its side record (no forward, no park left)
- * goes. */
-void atap__flow_destroy(struct atap_slot *s);
-/* The slot's side record, made on first use (caller holds a listener or
- * RUN); NULL on -ENOMEM. */
-struct side;
-struct park;
-struct side *atap__side_of(struct atap_slot *s);
-/* Where the side record keeps the slot's park (park.c). */
-struct park *_Atomic *atap__side_park(struct side *side);
 
 #endif

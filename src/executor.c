@@ -37,12 +37,44 @@
 #include "extras.h"
 #include "join.h"
 #include "pool.h"
+#include "side.h"
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
 #include "wait.h"
 #include "handle.h"
 
+
+/* ---- the side record (side.h) ------------------------------------------ */
+
+struct side *atap__side_of(struct atap_slot *s)
+{
+    struct side *rx = ld_acquire(&s->side), *fresh;
+
+    if (rx)
+        return rx;
+    if (!(fresh = calloc(1, sizeof *fresh)))
+        return NULL;
+    pthread_mutex_init(&fresh->lock, NULL);
+    /* Release: the record is whole before anyone can find it. */
+    if (atomic_compare_exchange_strong_explicit(&s->side, &rx, fresh, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return fresh;
+    pthread_mutex_destroy(&fresh->lock);
+    free(fresh);
+    return rx;
+}
+
+/* The slot is being freed: no forward and no park is left on it. */
+static void side_destroy(struct atap_slot *s)
+{
+    struct side *rx = ld_relaxed(&s->side);
+
+    atap__extras.park->destroy(ld_relaxed(&rx->park));
+    pthread_mutex_destroy(&rx->lock);
+    free(rx);
+    st_relaxed(&s->side, NULL);
+}
 
 /* ---- freeing ---------------------------------------------------------- */
 
@@ -60,7 +92,7 @@ static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last
     if (unlikely(s->ext != NULL))
         atap__extras.time->destroy(s);
     if (unlikely(ld_relaxed(&s->side) != NULL))
-        atap__extras.flow->destroy(s);
+        side_destroy(s);
     s->fn = NULL;
     s->arg = NULL;
     s->arg_free = NULL;

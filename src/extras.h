@@ -5,10 +5,15 @@
  *   time   slot->ext: start delays, run timeouts, repeats, at-rate series,
  *          and the gate of a task that waits for gives (schedule.c,
  *          rate.c; the schedule owns the gate);
- *   flow   slot->side and REFS_RX / REFS_GATED: forwards registered on the
- *          task, and what feeds a waiting one (gate.c, forward.c);
- *   park   the park tail of a run that parked (park.c), and the kernel
- *          waits a cancel must interrupt (kwait.c, through park.c).
+ *   flow   REFS_RX / REFS_GATED and the forward list of the side record
+ *          (side.h): forwards registered on the task, and what feeds a
+ *          waiting one (gate.c, forward.c);
+ *   park   the park record of a run that parked (on the side record, or
+ *          in the slot's tail: park.c), and the kernel waits a cancel must
+ *          interrupt (kwait.c, through park.c).
+ *
+ * The side record itself (side.h) is the executor's: made on first use,
+ * freed with the slot.
  *
  * The executor (executor.c, spawn.c, read.c) names no feature's function:
  * it calls an entry here at the point of a task's life the entry is named
@@ -31,6 +36,7 @@
 struct atap_slot;
 struct atap_ctx;
 struct gate;
+struct park;
 
 /* Time and repeats: called for a task whose slot has an ext, but for check
  * and attach, which a spawn calls when its options need one. */
@@ -74,8 +80,6 @@ struct atap__extras_flow {
     /* RUN went with forwards registered (RX): they close, each one handing
      * on the task's end. */
     void (*close)(struct atap_slot *s);
-    /* The slot goes: the side record is let go of. */
-    void (*destroy)(struct atap_slot *s);
     /* A task that waits for gives is waiting for one now (ATAP_WAITING). */
     bool (*waiting)(struct atap_slot *s);
     /* The last listener of a task that waits for gives is going while it
@@ -95,6 +99,8 @@ struct atap__extras_park {
     void (*interrupt)(struct atap_slot *s, uint32_t index, uint32_t gen);
     /* Parked now (ATAP_WAITING). */
     bool (*parked)(struct atap_slot *s);
+    /* The slot goes: its side record's park record (or NULL) is let go of. */
+    void (*destroy)(struct park *p);
 };
 
 struct atap__extras {

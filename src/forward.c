@@ -33,20 +33,13 @@
 #include "atap.h"
 #include "executor.h"
 #include "extras.h"
-#include "park.h"
 #include "schedule.h"
+#include "side.h"
 #include "slot.h"
 #include "table.h"
 
 /* What a slot needs only sometimes, made on first use and freed with the
  * slot: the forwards of its outputs, and the park it sleeps in. */
-struct side {
-    pthread_mutex_t lock; /* the forward list */
-    bool closed;
-    struct reg *head;
-    struct park *_Atomic park; /* park.c */
-};
-
 /*
  * struct kicks (dataflow.h): targets a delivery started, kicked once the
  * source's locks are let go (its list mutex, the gates' locks, and for a
@@ -192,43 +185,6 @@ void atap__flow_close(struct atap_slot *s)
         next = list->next;
         reg_close(list);
     }
-}
-
-struct park *_Atomic *atap__side_park(struct side *side)
-{
-    return &side->park;
-}
-
-void atap__flow_destroy(struct atap_slot *s)
-{
-    struct side *rx = ld_relaxed(&s->side);
-
-    if (rx) {
-        atap__park_destroy(ld_relaxed(&rx->park));
-        pthread_mutex_destroy(&rx->lock);
-        free(rx);
-        st_relaxed(&s->side, NULL);
-    }
-}
-
-/* The slot's side record, made on first use. The caller holds a listener,
- * or RUN. NULL on -ENOMEM. */
-struct side *atap__side_of(struct atap_slot *s)
-{
-    struct side *rx = ld_acquire(&s->side), *fresh;
-
-    if (rx)
-        return rx;
-    if (!(fresh = calloc(1, sizeof *fresh)))
-        return NULL;
-    pthread_mutex_init(&fresh->lock, NULL);
-    /* Release: the list is whole before anyone can find it. */
-    if (atomic_compare_exchange_strong_explicit(&s->side, &rx, fresh, memory_order_acq_rel,
-                                                memory_order_acquire))
-        return fresh;
-    pthread_mutex_destroy(&fresh->lock);
-    free(fresh);
-    return rx;
 }
 
 /*
@@ -401,7 +357,6 @@ int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const atap_task *f
 
 const struct atap__extras_flow atap__flow_extras = {
     .close = atap__flow_close,
-    .destroy = atap__flow_destroy,
     .waiting = atap__flow_waiting,
     .orphan = atap__gate_orphan,
 };

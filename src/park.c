@@ -62,13 +62,13 @@
 
 #include "atap.h"
 #include "atomics.h"
-#include "dataflow.h"
 #include "executor.h"
 #include "extras.h"
 #include "faults.h"
 #include "handle.h"
 #include "hub.h"
 #include "pool.h"
+#include "side.h"
 #include "slot.h"
 #include "table.h"
 #include "timer.h"
@@ -178,7 +178,7 @@ static struct park *park_of(struct atap_slot *s)
 
     if (!side)
         return NULL;
-    at = atap__side_park(side);
+    at = &side->park;
     if ((p = ld_acquire(at)) != NULL)
         return p;
     if (!(p = calloc(1, sizeof *p)))
@@ -308,7 +308,7 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
             return true;
         }
     }
-    if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(atap__side_park(side))))
+    if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(&side->park)))
         return false;
     c = P_STATE(ld_acquire(&p->claim));
     if (c != (P_CLAIMED | BY_READY) && c != (P_CLAIMED | BY_DEADLINE))
@@ -345,7 +345,7 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
      * (they go with it), and the caller holds a listener: p is this
      * task's, and its fields are read only after a claim, which acquires
      * what the parker wrote before ARMING. */
-    if ((side = ld_acquire(&s->side)) != NULL && (p = ld_acquire(atap__side_park(side))) &&
+    if ((side = ld_acquire(&s->side)) != NULL && (p = ld_acquire(&side->park)) &&
         atap__park_claim(p, BY_STOP) == 1)
         atap__park_complete(p, BY_STOP);
     atap__pool_interrupt((uint64_t)gen << 32 | index);
@@ -364,7 +364,7 @@ bool atap__park_parked(struct atap_slot *s)
         if (c == P_ARMING || c == P_ARMED)
             return true;
     }
-    if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(atap__side_park(side))))
+    if (!(side = ld_acquire(&s->side)) || !(p = ld_acquire(&side->park)))
         return false;
     c = P_STATE(ld_acquire(&p->claim));
     return c == P_ARMING || c == P_ARMED;
@@ -559,7 +559,7 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
     w = ld_acquire(&s->word);
     live = word_gen(w) == gen && (word_state(w) == ST_RUNNING || word_state(w) == ST_PENDING);
     if (live && (side = ld_acquire(&s->side)) != NULL &&
-        (p = ld_acquire(atap__side_park(side)))) {
+        (p = ld_acquire(&side->park))) {
         atomic_store_explicit(&p->woken, 1, memory_order_seq_cst);
         c = P_STATE(ld_seqcst(&p->claim));
         if (c == P_ARMED && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
@@ -686,4 +686,5 @@ const struct atap__extras_park atap__park_extras = {
     .resume = atap__park_resume,
     .interrupt = atap__park_interrupt,
     .parked = atap__park_parked,
+    .destroy = atap__park_destroy,
 };

@@ -35,7 +35,7 @@ map='
 3 poller    poller.h poller_epoll.c poller_kqueue.c poller_poll.c
 3 hub       hub.h hub.c
 4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c help.c
-5 executor  executor.h extras.h executor.c spawn.c
+5 executor  executor.h extras.h side.h executor.c spawn.c
 5 executor  read.c join.h join.c
 6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c
 6 kwait     kwait.c
@@ -50,7 +50,6 @@ map='
 # FILE HEADER: the includes that still go up a layer, or that tie two
 # modules of one layer in a circle, by name.
 upward='
-park.c dataflow.h
 schedule.c dataflow.h
 rate.c dataflow.h
 tasks/signal.c park.h
