@@ -1095,6 +1095,29 @@ ATAP_EXPORT int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns);
  */
 ATAP_EXPORT int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns);
 
+/*
+ * Counts the deliveries of signo, so that a task can wait for a signal
+ * without dropping one that comes between its look and its park: from the
+ * first call on, libatap catches signo for the rest of the process (as
+ * atap_park_signal does) and its handler counts every delivery; *count
+ * gets the count so far, a number that only grows. Look at the count, do
+ * the work, then park with atap_park_signal_since and the count seen.
+ * Works with or without a runtime. Returns 0; ATAP_EINVAL for a NULL count
+ * or a signo atap_park_signal refuses; -errno when the handler could not
+ * be installed. Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_signal_count(int signo, uint64_t *count);
+
+/*
+ * atap_park_signal, but the park also resumes at once (as if signo had
+ * come) when signo's count (atap_signal_count) is no longer `seen` by the
+ * time the park is armed: no delivery after the look that read `seen` is
+ * dropped. Counts are compared on their low 31 bits. Returns as
+ * atap_park_signal. Blocks: no. Threads: the task's own.
+ */
+ATAP_EXPORT int atap_park_signal_since(atap_ctx *ctx, int signo, uint64_t seen,
+                                       uint64_t timeout_ns);
+
 /* Changes atap_park_path waits for, and reports (atap_resume_events). */
 #define ATAP_PATH_WRITE 0x10u   /* the file's content was written */
 #define ATAP_PATH_ATTRIB 0x20u  /* its metadata changed (mode, times, links) */

@@ -628,13 +628,34 @@ int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns)
     return ask(ctx, PK_SIGNAL, signo, 0, atap__deadline(atap__now_ns(), timeout_ns));
 }
 
-int atap__park_signal_since(atap_ctx *ctx, int signo, uint64_t seen, uint64_t timeout_ns)
+int atap_park_signal_since(atap_ctx *ctx, int signo, uint64_t seen, uint64_t timeout_ns)
 {
     unsigned since = ATAP__SIG_SINCE | ((unsigned)seen & ATAP__SIG_SEEN_MASK);
 
     if (!atap__signal_catchable(signo) || (ctx && ctx->in_block))
         return ATAP_EINVAL;
     return ask(ctx, PK_SIGNAL, signo, since, atap__deadline(atap__now_ns(), timeout_ns));
+}
+
+/* Caught first, then counted from: every delivery after the call is the
+ * handler's, and counted. */
+int atap_signal_count(int signo, uint64_t *count)
+{
+    int rc;
+
+    if (!count || !atap__signal_catchable(signo))
+        return ATAP_EINVAL;
+    if ((rc = atap__signal_catch(signo)) != 0)
+        return rc;
+    *count = atap__signal_count(signo);
+    return 0;
+}
+
+int atap_signal_release(int signo)
+{
+    if (!atap__signal_catchable(signo))
+        return ATAP_EINVAL;
+    return atap__signal_release(signo);
 }
 
 int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)

@@ -40,23 +40,20 @@ bool atap__park_parked(struct atap_slot *s);
  * (parked or about to be): the wake reaches it; false when it has ended. */
 bool atap__park_wake(uint32_t index, uint32_t gen);
 
-/* Signals (park.c, sources.c), for tasks/signal.c. catchable: a signal
- * atap_park_signal takes. catch: our handler takes it over now (0 or
- * -errno). release: its default disposition again (0 or -errno). count:
- * its deliveries the handler has seen, ever. poke: its parks resume as if
- * it had come, and nothing is counted. */
+/* Signals (park.c, sources.c), for the public signal calls (park.c).
+ * catchable: a signal atap_park_signal takes. catch: our handler takes it
+ * over now (0 or -errno). release: its default disposition again (0 or
+ * -errno). count: its deliveries the handler has seen, ever. poke: its
+ * parks resume as if it had come, and nothing is counted. */
 bool atap__signal_catchable(int signo);
 int atap__signal_catch(int signo);
 int atap__signal_release(int signo);
 uint64_t atap__signal_count(int signo);
 void atap__signal_poke(int signo);
-/* atap_park_signal that also resumes at once (as if signo came) when the
- * handler's count of signo is no longer `seen` by the time the park is on
- * its list: no delivery between the caller's look at the count and its
- * park is dropped. The count is compared on its low 31 bits. */
+/* atap_park_signal_since's mark in a park's events: the count seen, on its
+ * low 31 bits (sources.c resumes the park at once when it has moved). */
 #define ATAP__SIG_SINCE 0x80000000u
 #define ATAP__SIG_SEEN_MASK 0x7fffffffu
-int atap__park_signal_since(struct atap_ctx *ctx, int signo, uint64_t seen, uint64_t timeout_ns);
 
 /* Manager: a watch for parks reported events (udata, events and kind from
  * the poller). */

@@ -52,7 +52,6 @@ map='
 upward='
 schedule.c dataflow.h
 rate.c dataflow.h
-tasks/signal.c park.h
 '
 
 # The includes, as "FILE HEADER" lines; a tasks/ include of ../x.h names x.h,

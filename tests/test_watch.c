@@ -501,6 +501,103 @@ static void test_watch_signal_bad_arguments(void **state)
     assert_no_failures();
 }
 
+/* ---- counted signals: atap_signal_count, atap_park_signal_since ------------------ */
+
+struct since_arg {
+    uint64_t seen, timeout;
+    atomic_int runs, parks, reason;
+};
+
+static int task_park_since(atap_ctx *ctx, void *arg, void *out)
+{
+    struct since_arg *a = arg;
+
+    (void)out;
+    if (atomic_fetch_add(&a->runs, 1) > 0) {
+        atomic_store(&a->reason, atap_resume_reason(ctx));
+        return 0;
+    }
+    CHECK(atap_park_signal_since(ctx, SIGUSR2, a->seen, a->timeout) == 0);
+    atomic_fetch_add(&a->parks, 1);
+    return ATAP_PARKED;
+}
+
+/* A delivery that came before the park (nobody parked: atap_park_signal
+ * would drop it) resumes a park since the count seen before it, at once. */
+static void test_watch_signal_since_keeps_early_delivery(void **state)
+{
+    static struct since_arg a = {.timeout = ATAP_SEC(60)};
+    uint64_t c0, c1;
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_signal_count(SIGUSR2, &c0), 0); /* caught from here on */
+    assert_true(caught(SIGUSR2));
+    assert_int_equal(raise(SIGUSR2), 0); /* this thread's: counted before raise returns */
+    assert_int_equal(atap_signal_count(SIGUSR2, &c1), 0);
+    assert_true(c1 == c0 + 1);
+    a.seen = c0;
+    assert_int_equal(atap_spawn(&t, task_park_since, &a, NULL), 0);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(20)), 0);
+    assert_int_equal(atomic_load(&a.runs), 2);
+    assert_int_equal(atomic_load(&a.reason), ATAP_RESUME_READY);
+    atap_release(t);
+    waited_to_live_back();
+    assert_no_failures();
+}
+
+/* With the count as it is, a park since it waits: for its timeout, or for
+ * the next delivery. */
+static void test_watch_signal_since_waits_for_the_next(void **state)
+{
+    static struct since_arg a = {.timeout = ATAP_MS(50)}, b = {.timeout = ATAP_SEC(60)};
+    uint64_t t0;
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_signal_count(SIGUSR2, &a.seen), 0);
+    t0 = atap_now();
+    assert_int_equal(atap_spawn(&t, task_park_since, &a, NULL), 0);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(20)), 0);
+    assert_true(atap_now() - t0 >= ATAP_MS(50));
+    assert_int_equal(atomic_load(&a.reason), ATAP_RESUME_DEADLINE);
+    atap_release(t);
+
+    assert_int_equal(atap_signal_count(SIGUSR2, &b.seen), 0);
+    assert_int_equal(atap_spawn(&t, task_park_since, &b, NULL), 0);
+    assert_true(wait_parked(&b.parks, 1, ATAP_SEC(20)));
+    assert_int_equal(atomic_load(&b.runs), 1);
+    raise_signal(SIGUSR2);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(20)), 0);
+    assert_int_equal(atomic_load(&b.reason), ATAP_RESUME_READY);
+    atap_release(t);
+    waited_to_live_back();
+    assert_no_failures();
+}
+
+static int block_park_since(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg, (void)out;
+    return atap_park_signal_since(ctx, SIGUSR2, 0, ATAP_MS(1)) == ATAP_EINVAL ? 0 : ATAP_EFAILED;
+}
+
+static void test_watch_signal_count_bad_arguments(void **state)
+{
+    uint64_t c = 7;
+
+    (void)state;
+    assert_int_equal(atap_signal_count(SIGUSR2, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_signal_count(SIGKILL, &c), ATAP_EINVAL);
+    assert_int_equal(atap_signal_count(SIGSEGV, &c), ATAP_EINVAL);
+    assert_int_equal(atap_signal_count(0, &c), ATAP_EINVAL);
+    assert_int_equal(atap_signal_count(NSIG, &c), ATAP_EINVAL);
+    assert_int_equal(c, 7); /* untouched on an error */
+    assert_int_equal(atap_park_signal_since(NULL, SIGUSR2, 0, ATAP_FOREVER), ATAP_EINVAL);
+    assert_int_equal(atap_park_signal_since(NULL, SIGKILL, 0, ATAP_FOREVER), ATAP_EINVAL);
+    assert_int_equal(atap_block(block_park_since, NULL, NULL, 0), 0);
+    assert_no_failures();
+}
+
 /* ---- path changes ------------------------------------------------------------------ */
 
 /* Too many changes at once overflow inotify's queue: the changes past the
@@ -1262,6 +1359,9 @@ int main(void)
         T(test_watch_signal_timeout),
         T(test_watch_signal_unparked_is_dropped),
         T(test_watch_signal_bad_arguments),
+        T(test_watch_signal_since_keeps_early_delivery),
+        T(test_watch_signal_since_waits_for_the_next),
+        T(test_watch_signal_count_bad_arguments),
         T(test_watch_path_write),
         T(test_watch_path_queue_overflow),
         T(test_watch_path_attrib),

@@ -1,12 +1,12 @@
 /*
- * Signals as tasks: a wait (a handler, as a repeat), a send, and giving a
- * signal back to its default disposition.
+ * Signals as tasks: a wait (a handler, as a repeat) and a send, on the
+ * public API alone.
  *
- * sources.c's handler counts every delivery of a signal it catches
- * (atap__signal_count). A wait task takes the signal over at its spawn and
+ * libatap's handler counts every delivery of a signal it catches
+ * (atap_signal_count). A wait task takes the signal over at its spawn and
  * keeps the count it saw then; each run outputs how far the count moved
  * since, and moves its mark. A run with nothing new parks on the signal
- * with the count it saw (atap__park_signal_since), so a delivery that
+ * with the count it saw (atap_park_signal_since), so a delivery that
  * comes between its look and its park resumes it at once instead of being
  * dropped as an unwatched signal is. Deliveries between a repeat's runs
  * are so counted by the next run.
@@ -17,7 +17,6 @@
 #include <string.h>
 #include <sys/types.h>
 
-#include "../park.h"
 #include "atap.h"
 
 struct sigwait {
@@ -30,10 +29,12 @@ struct sigwait {
 static int wait_run(atap_ctx *ctx, void *arg, void *out)
 {
     struct sigwait *w = arg;
-    uint64_t now = atap__signal_count(w->signo), n;
+    uint64_t now, n;
 
+    if (atap_signal_count(w->signo, &now) != 0)
+        return ATAP_EFAILED;
     if (now == w->seen) {
-        if (atap__park_signal_since(ctx, w->signo, now, ATAP_FOREVER) != 0)
+        if (atap_park_signal_since(ctx, w->signo, now, ATAP_FOREVER) != 0)
             return ATAP_EFAILED;
         return ATAP_PARKED;
     }
@@ -56,7 +57,7 @@ int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_fn *fn, void 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
-    if (!atap__signal_catchable(signo) || (o.kind != ATAP_ONCE && o.kind != ATAP_REPEAT) ||
+    if (signo <= 0 || signo >= NSIG || (o.kind != ATAP_ONCE && o.kind != ATAP_REPEAT) ||
         (o.out_size != 0 && o.out_size != sizeof(uint64_t)) || o.arg_free || o.out_free ||
         o.gives || o.in_free)
         return ATAP_EINVAL;
@@ -67,13 +68,12 @@ int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_fn *fn, void 
     w->signo = signo;
     w->fn = fn;
     w->fn_arg = fn_arg;
-    /* Caught first, then counted from: every delivery after this call is
-     * the handler's, and counted. */
-    if ((rc = atap__signal_catch(signo)) != 0) {
+    /* Caught from here, and counted from the count now: every delivery
+     * after this call is the task's. */
+    if ((rc = atap_signal_count(signo, &w->seen)) != 0) {
         free(w);
         return rc;
     }
-    w->seen = atap__signal_count(signo);
     o.out_size = sizeof(uint64_t);
     o.arg_free = free;
     if ((rc = atap_spawn(task, wait_run, w, &o)) != 0)
@@ -113,11 +113,4 @@ int atap_spawn_signal_send(atap_task *task, int pid, int signo, const atap_spawn
     if ((rc = atap_spawn(task, send_run, s, &o)) != 0)
         free(s);
     return rc;
-}
-
-int atap_signal_release(int signo)
-{
-    if (!atap__signal_catchable(signo))
-        return ATAP_EINVAL;
-    return atap__signal_release(signo);
 }
