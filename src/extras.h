@@ -29,6 +29,7 @@
 #define ATAP_EXTRAS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "atap.h"
@@ -39,7 +40,8 @@ struct gate;
 struct park;
 
 /* Time and repeats: called for a task whose slot has an ext, but for check
- * and attach, which a spawn calls when its options need one. */
+ * and attach, which a spawn calls when its options need one, and gate,
+ * which answers NULL for a task with none. */
 struct atap__extras_time {
     /* Spawning: the options' own checks (0, ATAP_EINVAL, -ENOTSUP); an ext
      * for a freshly filled slot (gate: a task that waits for gives, the
@@ -73,6 +75,20 @@ struct atap__extras_time {
     bool (*series)(struct atap_slot *s, uint32_t *index, uint32_t *gen);
     /* The slot goes: the ext is let go of. */
     void (*destroy)(struct atap_slot *s);
+    /* For gives and forwards (gate.c, forward.c, which sit below the
+     * schedule that owns a waiting task's gate): the task's gate, or NULL
+     * (any task); a give started a run or a series (the gate hands over
+     * RUN): start it, after the start delay if any; under the gate's lock,
+     * a give made the output PENDING again; no run follows (the task let
+     * go); inside a run, the value it was handed; the number of the output
+     * readable now (under the read lock); an at-rate series. */
+    struct gate *(*gate)(struct atap_slot *s);
+    void (*kick)(struct atap_slot *s, uint32_t index, uint32_t gen);
+    void (*restarting)(struct atap_slot *s, uint32_t gen);
+    void (*mark_finished)(struct atap_slot *s);
+    const void *(*input)(struct atap_slot *s, size_t *size);
+    uint64_t (*pubs)(struct atap_slot *s);
+    bool (*at_rate)(struct atap_slot *s);
 };
 
 /* Gives and forwards: called for a task with a side record, RX or GATED. */

@@ -33,7 +33,6 @@
 #include "atap.h"
 #include "executor.h"
 #include "extras.h"
-#include "schedule.h"
 #include "side.h"
 #include "slot.h"
 #include "table.h"
@@ -84,7 +83,7 @@ void atap__flow_kicks_run(struct kicks *k)
         uint32_t index = g->index, gen = g->kick_gen;
 
         next = g->kick_next; /* read before: once kicked it may run, end and go */
-        atap__sched_kick(atap__table_at(index), index, gen);
+        atap__extras.time->kick(atap__table_at(index), index, gen);
     }
     for (unsigned i = 0; i < k->ndrops; i++) {
         struct kick_drop *d = i < KICK_DROPS ? &k->drops[i] : &k->more[i - KICK_DROPS];
@@ -102,7 +101,7 @@ static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
                     struct kicks *kicks)
 {
     struct atap_slot *t = atap__table_at(r->to);
-    struct gate *g = atap__sched_gate(t);
+    struct gate *g = atap__extras.time->gate(t);
 
     if (r->seen >= pub)
         return;
@@ -119,7 +118,7 @@ static uint64_t readable(struct atap_slot *s)
 {
     if (word_state(ld_acquire(&s->word)) != ST_READY)
         return 0;
-    return s->ext ? atap__sched_pubs(s) : 1;
+    return s->ext ? atap__extras.time->pubs(s) : 1;
 }
 
 void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
@@ -142,7 +141,7 @@ void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
 static void reg_close(struct reg *r)
 {
     struct atap_slot *t = atap__table_at(r->to);
-    struct gate *g = atap__sched_gate(t);
+    struct gate *g = atap__extras.time->gate(t);
 
     atap__gate_member_closed(r);
     if (atomic_fetch_sub_explicit(&g->feeders, 1, memory_order_acq_rel) == 1)
@@ -153,13 +152,13 @@ static void reg_close(struct reg *r)
 static void read_lock(struct atap_slot *s)
 {
     if (s->ext)
-        atap__sched_read_lock(s);
+        atap__extras.time->read_lock(s);
 }
 
 static void read_unlock(struct atap_slot *s)
 {
     if (s->ext)
-        atap__sched_read_unlock(s);
+        atap__extras.time->read_unlock(s);
 }
 
 void atap__flow_close(struct atap_slot *s)
@@ -269,7 +268,7 @@ int atap_forward(atap_task from, atap_task to)
 
     if (!f || !t)
         return ATAP_ENOTASK;
-    g = atap__sched_gate(t);
+    g = atap__extras.time->gate(t);
     if (!g || g->role != ROLE_GIVE || g->in_size != f->out_size)
         return ATAP_EINVAL;
     spin_lock(&g->lock);

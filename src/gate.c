@@ -44,9 +44,9 @@
 
 #include "atap.h"
 #include "executor.h"
+#include "extras.h"
 #include "join.h"
 #include "faults.h"
-#include "schedule.h"
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
@@ -232,9 +232,9 @@ static void let_go_now(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
     /* An at-rate series may have runs under way that will publish: its
      * RUN's drop decides once they are done (atap__sched_ending). */
-    if (!atap__sched_at_rate(s))
+    if (!atap__extras.time->at_rate(s))
         atap__exec_stop(s, gen, ST_PENDING, ST_FAILED);
-    atap__sched_mark_finished(s);
+    atap__extras.time->mark_finished(s);
     atap__exec_release_run(s, index, gen);
 }
 
@@ -291,7 +291,7 @@ static bool spent(const struct gate *g)
 
 bool atap__gate_publish(struct atap_slot *s, uint32_t gen, bool *kept)
 {
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     uint32_t cur = ld_relaxed(&s->word), to;
     bool ok;
 
@@ -320,7 +320,7 @@ static bool ended(struct atap_slot *s, uint32_t gen)
 
 bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     int next;
 
     spin_lock(&g->lock);
@@ -339,13 +339,13 @@ bool atap__gate_after(struct atap_slot *s, uint32_t index, uint32_t gen)
         next = g->state = G_IDLE;
     spin_unlock(&g->lock);
     if (next == G_BUSY)
-        atap__sched_kick(s, index, gen);
+        atap__extras.time->kick(s, index, gen);
     return next != G_DONE;
 }
 
 void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     bool idle;
 
     spin_lock(&g->lock);
@@ -358,7 +358,7 @@ void atap__gate_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
 
 bool atap__flow_waiting(struct atap_slot *s)
 {
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     bool idle;
 
     if (!g)
@@ -378,7 +378,7 @@ void atap__gate_end(struct gate *g)
 
 void atap__gate_orphan(struct atap_slot *s, uint32_t index, uint32_t gen)
 {
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     bool idle;
 
     if (g->role != ROLE_GIVE)
@@ -444,7 +444,7 @@ static int offer_locked(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
          * takes the lock first) comes after it. A run still under way
          * publishes to PENDING itself, since it finds OWED
          * (atap__gate_publish). */
-        atap__sched_restarting(s, gen);
+        atap__extras.time->restarting(s, gen);
     }
     if (g->has_pending) { /* gives don't queue: the newest wins */
         *old = g->pending;
@@ -464,7 +464,7 @@ static int offer_locked(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
 int atap__gate_offer(struct atap_slot *s, uint32_t index, uint32_t gen, const void *value,
                      bool owned, struct kicks *kicks)
 {
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     unsigned char *b, *old;
     bool kick = false, old_owned;
     struct retired r;
@@ -495,7 +495,7 @@ int atap__gate_offer(struct atap_slot *s, uint32_t index, uint32_t gen, const vo
         if (kicks)
             atap__flow_kicks_add(kicks, g, gen);
         else
-            atap__sched_kick(s, index, gen);
+            atap__extras.time->kick(s, index, gen);
     }
     return rc;
 }
@@ -597,7 +597,7 @@ static void round_whole(struct atap_slot *s, uint32_t gen, struct gate *g, unsig
 void atap__gate_gather(struct atap_slot *s, uint32_t gen, const struct reg *r, const void *bytes,
                        size_t size, struct kicks *kicks)
 {
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     unsigned char *fresh = NULL, *old = NULL;
     bool kick = false, old_owned = false;
     struct retired ret;
@@ -638,7 +638,7 @@ void atap__gate_gather(struct atap_slot *s, uint32_t gen, const struct reg *r, c
 void atap__gate_member_closed(const struct reg *r)
 {
     struct atap_slot *s = atap__table_at(r->to);
-    struct gate *g = atap__sched_gate(s);
+    struct gate *g = atap__extras.time->gate(s);
     unsigned char *none = NULL, *old = NULL;
     bool idle = false, kick = false, old_owned = false;
     struct retired ret;
@@ -663,7 +663,7 @@ void atap__gate_member_closed(const struct reg *r)
     spin_unlock(&g->lock);
     let_go_value(g, ret);
     if (kick)
-        atap__sched_kick(s, r->to, r->to_gen);
+        atap__extras.time->kick(s, r->to, r->to_gen);
     if (idle)
         let_go(s, r->to, r->to_gen);
 }
@@ -702,7 +702,7 @@ int atap_give(atap_task t, const void *value, size_t size)
 
     if (!s)
         return ATAP_ENOTASK;
-    g = atap__sched_gate(s);
+    g = atap__extras.time->gate(s);
     if (!g || g->role != ROLE_GIVE || size != g->in_size || (size && !value))
         return ATAP_EINVAL; /* in_free is the caller's: nothing was taken */
     if (!atap__spawn_enter(&outside)) {
@@ -725,7 +725,7 @@ const void *atap_input(atap_ctx *ctx, size_t *size)
 {
     struct atap_slot *s = atap__exec_ctx_slot(ctx);
     size_t n = 0;
-    const void *v = s && s->ext ? atap__sched_input(s, &n) : NULL;
+    const void *v = s && s->ext ? atap__extras.time->input(s, &n) : NULL;
 
     if (size)
         *size = v ? n : 0;

@@ -823,4 +823,11 @@ const struct atap__extras_time atap__sched_extras = {
     .read_unlock = atap__sched_read_unlock,
     .series = atap__sched_series,
     .destroy = atap__sched_destroy,
+    .gate = atap__sched_gate,
+    .kick = atap__sched_kick,
+    .restarting = atap__sched_restarting,
+    .mark_finished = atap__sched_mark_finished,
+    .input = atap__sched_input,
+    .pubs = atap__sched_pubs,
+    .at_rate = atap__sched_at_rate,
 };
