@@ -35,7 +35,6 @@
 #include "atap.h"
 #include "atomics.h"
 #include "extras.h"
-#include "join.h"
 #include "pool.h"
 #include "side.h"
 #include "slot.h"
@@ -286,10 +285,22 @@ int atap_dup(atap_task t, atap_task *copy)
 
 /* ---- running ---------------------------------------------------------- */
 
+_Atomic uint32_t atap__first_waiters;
+_Atomic uint32_t atap__exec_settle_seq;
+
+/* join_first's wake-up, off the settle's path: one relaxed load when no
+ * join_first waits. */
+static __attribute__((noinline, cold)) void settled_for_first(void)
+{
+    add_relaxed(&atap__exec_settle_seq, 1);
+    atap__word_wake(&atap__exec_settle_seq, true);
+}
+
 void atap__exec_wake(struct atap_slot *s)
 {
     atap__word_wake(&s->word, true);
-    atap__join_settled();
+    if (unlikely(ld_acquire(&atap__first_waiters) != 0))
+        settled_for_first();
 }
 
 /* A task with an ext is about to read FAILED: the feature hears first. */

@@ -66,8 +66,16 @@ void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t g
 struct atap_ctx;
 struct gate;
 
-/* Wakes the task's listeners (its state moved on with WAITERS set). */
+/* Wakes the task's listeners (its state moved on with WAITERS set), and
+ * any join_first asleep (atap__first_waiters). */
 void atap__exec_wake(struct atap_slot *s);
+/* join_first callers asleep now, counted before they look (join.c). A
+ * settle with WAITERS set reads it after its state CAS, which saw WAITERS:
+ * the join_first that set it had counted itself first, so the read sees
+ * it, and the settle then bumps the settle count join_first sleeps on
+ * (atap__exec_settle_seq). A fork's child puts it back to 0 (gate.c). */
+extern _Atomic uint32_t atap__first_waiters;
+extern _Atomic uint32_t atap__exec_settle_seq;
 /* The options' checks shared by every spawn: 0 or ATAP_EINVAL. waiting:
  * the fields of a task that waits for gives are allowed. */
 int atap__exec_check(const struct atap_spawn_opts *o, bool waiting);

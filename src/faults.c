@@ -2,15 +2,15 @@
  * The atap_inject_* calls: they only set counters that the pool's checks
  * (faults.h) consume. A thread that takes an owed death leaves through
  * pthread_exit, the same path as a task that kills its thread, so the
- * recovery tested is the real one. Also the hooks testing.h declares
- * for the table's own tests.
+ * recovery tested is the real one (atap_inject_thread_deaths, which also
+ * wakes idle threads, is pool_recover.c's). Also the hooks testing.h
+ * declares for the table's own tests.
  */
 #include "faults.h"
 
 #include <errno.h>
 
 #include "atap.h"
-#include "pool.h"
 #include "testing.h"
 
 #ifdef ATAP_FAULT_INJECTION
@@ -19,13 +19,6 @@ _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit = HELP_DEPTH;
 _Atomic unsigned atap__owed_arm_pause_ms;
 _Atomic unsigned atap__owed_watch_failures;
 _Atomic unsigned atap__owed_alloc_failures;
-
-void atap_inject_thread_deaths(unsigned workers, unsigned blocking)
-{
-    add_relaxed(&atap__owed_worker_deaths, workers);
-    add_relaxed(&atap__owed_blocking_deaths, blocking);
-    atap__pool_wake_all(); /* idle threads die too */
-}
 
 void atap_inject_spawn_refusals(unsigned n)
 {

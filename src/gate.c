@@ -45,7 +45,6 @@
 #include "atap.h"
 #include "executor.h"
 #include "extras.h"
-#include "join.h"
 #include "faults.h"
 #include "slot.h"
 #include "table.h"
@@ -542,7 +541,7 @@ void atap__flow_forget(void)
     all_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     all_gates = NULL;
     later = (struct let_go_list){0};
-    st_relaxed(&atap__first_waiters, 0); /* join.c's: waiters the child has not */
+    st_relaxed(&atap__first_waiters, 0); /* executor.h: waiters the child has not */
 }
 
 /* ---- receive_all / receive_any: the members' side of the gate ------------ */

@@ -4,34 +4,25 @@
  * join_first waits on many tasks with no waiter record on any of them. The
  * caller counts itself in atap__first_waiters (seq_cst), then marks each
  * unsettled member's word with WAITERS by an RMW (a CAS even when the bit is
- * already set), then looks at the members, then sleeps on `settle_seq` from
- * a value read before it looked. Whoever moves a task's state on with
- * WAITERS set (atap__exec_wake) reads atap__first_waiters after its CAS,
- * which read our RMW or a later value, so it sees us counted, and then bumps
- * settle_seq and wakes it: a member that settles after our look changes the
- * value we sleep on. No settle is missed; a settle of an unrelated task only
- * costs a look. A pool thread runs work a set of one needs between looks,
- * as a join does (read.c), and runs nothing for a larger set; it blocks,
- * lending its core, and sleeps in slices to look again.
+ * already set), then looks at the members, then sleeps on the settle count
+ * (atap__exec_settle_seq) from a value read before it looked. Whoever moves
+ * a task's state on with WAITERS set (atap__exec_wake, executor.c) reads
+ * atap__first_waiters after its CAS, which read our RMW or a later value, so
+ * it sees us counted, and then bumps the settle count and wakes it: a member
+ * that settles after our look changes the value we sleep on. No settle is
+ * missed; a settle of an unrelated task only costs a look. A pool thread
+ * runs work a set of one needs between looks, as a join does (read.c), and
+ * runs nothing for a larger set; it blocks, lending its core, and sleeps in
+ * slices to look again.
  */
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
-#include "join.h"
 #include "pool.h"
 #include "slot.h"
 #include "wait.h"
 
 #define HELP_SLICE_NS 10000000u /* a worker waiting here looks for work this often */
-
-_Atomic uint32_t atap__first_waiters;
-static _Atomic uint32_t settle_seq;
-
-void atap__join_notify(void)
-{
-    add_relaxed(&settle_seq, 1);
-    atap__word_wake(&settle_seq, true);
-}
 
 /* Index of the first settled member, or n. Marks each unsettled one with
  * WAITERS (an RMW even when already set, so its settler sees us counted). */
@@ -94,7 +85,7 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
         deadline = atap__deadline(atap__now_ns(), timeout_ns);
         add_seqcst(&atap__first_waiters, 1);
         for (;;) {
-            uint32_t seq = ld_acquire(&settle_seq);
+            uint32_t seq = ld_acquire(&atap__exec_settle_seq);
             struct worker *w = atap__self;
 
             if ((k = first_settled(ts, n, true)) < n)
@@ -113,7 +104,7 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
             left = deadline == ATAP__FOREVER ? ATAP__FOREVER : deadline - now;
             if (w && left > HELP_SLICE_NS) /* a worker looks for work again */
                 left = HELP_SLICE_NS;
-            atap__word_wait(&settle_seq, seq, left);
+            atap__word_wait(&atap__exec_settle_seq, seq, left);
         }
         sub_seqcst(&atap__first_waiters, 1);
         if (atap__self && ld_relaxed(&atap__self->blocked))

@@ -146,6 +146,7 @@ static void *manager_main(void *arg)
 {
     (void)arg;
     atap__manager_thread = true;
+    atap__trace_lane = "atap-manager";
 #if defined(__linux__)
     pthread_setname_np(pthread_self(), "atap-manager");
 #elif defined(__APPLE__)
@@ -213,6 +214,7 @@ static void *supervisor_main(void *arg)
 
     (void)arg;
     atap__manager_thread = true;
+    atap__trace_lane = "atap-supervisor";
     while (!ld_acquire(&mgr.stop)) {
         uint64_t born = atap__now_ns();
         int rc;

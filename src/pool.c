@@ -739,6 +739,8 @@ static void *thread_main(void *arg)
 #elif defined(__APPLE__)
     pthread_setname_np(w->blocking ? "atap-blocking" : "atap-worker");
 #endif
+    atap__trace_lane = w->blocking ? "atap-blocking" : "atap-worker";
+    atap__trace_lane_no = w->index + 1;
     ATAP_TRACE(TR_THREAD, 0, NULL, w->blocking);
     pthread_cleanup_push(atap__pool_thread_died, w);
     if (w->blocking)

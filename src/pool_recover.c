@@ -14,6 +14,7 @@
  */
 #include "pool.h"
 
+#include "atap.h"
 #include "atomics.h"
 #include "pool_int.h"
 
@@ -79,3 +80,14 @@ void atap__pool_thread_died(void *arg)
     atap__self = NULL;
     st_release(&w->status, W_DEAD); /* last: joiners may now join us */
 }
+
+#ifdef ATAP_FAULT_INJECTION
+/* Owed deaths (faults.h): taken by the next threads to look, idle ones
+ * too, which are woken for it. */
+void atap_inject_thread_deaths(unsigned workers, unsigned blocking)
+{
+    add_relaxed(&atap__owed_worker_deaths, workers);
+    add_relaxed(&atap__owed_blocking_deaths, blocking);
+    atap__pool_wake_all();
+}
+#endif

@@ -45,8 +45,6 @@
 #include <unistd.h>
 
 #include "atap.h"
-#include "manager.h"
-#include "pool.h"
 #include "wait.h"
 
 #define CHUNK_EVENTS 2048u
@@ -190,12 +188,17 @@ static void make_key(void)
     (void)pthread_key_create(&exit_key, thread_exit);
 }
 
+_Thread_local const char *atap__trace_lane;
+_Thread_local unsigned atap__trace_lane_no;
+
 static void lane_name(char *buf, size_t n)
 {
-    struct worker *w = atap__self;
-
-    if (w) {
-        snprintf(buf, n, "%s %u", w->blocking ? "atap-blocking" : "atap-worker", w->index);
+    if (atap__trace_lane && atap__trace_lane_no) {
+        snprintf(buf, n, "%s %u", atap__trace_lane, atap__trace_lane_no - 1);
+        return;
+    }
+    if (atap__trace_lane) {
+        snprintf(buf, n, "%s", atap__trace_lane);
         return;
     }
     snprintf(buf, n, "thread");
@@ -203,17 +206,10 @@ static void lane_name(char *buf, size_t n)
     {
         char got[32] = {0};
 
-        if (pthread_getname_np(pthread_self(), got, sizeof got) == 0 && got[0]) {
-            if (atap__manager_thread)
-                snprintf(buf, n, "%s", strcmp(got, "atap-manager") == 0 ? got : "atap-supervisor");
-            else
-                snprintf(buf, n, "%s", got);
-            return;
-        }
+        if (pthread_getname_np(pthread_self(), got, sizeof got) == 0 && got[0])
+            snprintf(buf, n, "%s", got);
     }
 #endif
-    if (atap__manager_thread)
-        snprintf(buf, n, "atap-manager");
 }
 
 /* This thread's record, made or reused on its first event; NULL without

@@ -32,6 +32,13 @@ enum {
 
 extern _Atomic bool atap__trace_on;
 
+/* This thread's lane in a trace, set by the runtime's own threads when
+ * they start (pool.c, manager.c): a name, and a number after it (0: none).
+ * A thread that sets nothing (the program's own) is named by the system's
+ * thread name, else "thread". */
+extern _Thread_local const char *atap__trace_lane;
+extern _Thread_local unsigned atap__trace_lane_no;
+
 void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg);
 
 /* A task id as a handle carries it (handle.h): generation above, index below. */
