@@ -31,7 +31,7 @@
  * already says so (starts_too_late), else where the run would start.
  *
  * A repeat's run writes into `scratch`; publishing copies it to the slot's
- * output under `out_lock` (a spin reader-writer word: readers count up, the
+ * output under `out_lock` (schedule_read.c: readers count up, the
  * publisher holds WRITER; either side waiting pauses, then yields, since
  * the publisher also delivers the output to forwards under it), so a join
  * or take never reads a half-written output, and a take that moved an
@@ -79,8 +79,6 @@
 #include "timer.h"
 #include "trace.h"
 #include "wait.h"
-
-#define OUT_WRITER 0x80000000u
 
 /* Each run rewrites the output, so runs write to scratch and publish. */
 static bool rewrites(const struct sched *c)
@@ -600,33 +598,6 @@ bool atap__sched_at_rate(struct atap_slot *s)
     return sched_of(s)->kind == ATAP_AT_RATE;
 }
 
-/* No run follows and, at a rate, none is under way: the output stands. */
-static bool series_over(struct sched *c)
-{
-    return ld_acquire(&c->finished) &&
-           (c->kind != ATAP_AT_RATE || (ld_acquire(&c->inflight) & ~RUN_OWED) == 0);
-}
-
-/* The publisher's side of out_lock: waits out the readers, keeps new ones
- * off. Acquire: the last reader's copy is done before we overwrite. */
-void atap__sched_out_write_lock(struct sched *c)
-{
-    uint32_t unlocked = 0;
-    unsigned spins = 0;
-
-    while (!atomic_compare_exchange_weak_explicit(&c->out_lock, &unlocked, OUT_WRITER,
-                                                  memory_order_acquire, memory_order_relaxed)) {
-        unlocked = 0;
-        spin_pause(&spins);
-    }
-}
-
-/* Release: the new output is whole before a reader can get in. */
-void atap__sched_out_write_unlock(struct sched *c)
-{
-    st_release(&c->out_lock, 0);
-}
-
 /* A repeat's new output replaces the one standing, under the write lock,
  * and only while the run still counts (RUNNING): then READY. Otherwise
  * (cancelled or timed out during the run) the output stays in scratch,
@@ -722,79 +693,6 @@ void atap__sched_done(struct atap_slot *s, uint32_t gen, int rc)
         return;
     }
     next_run(s, c, gen);
-}
-
-/* ---- cancelling, reading ------------------------------------------------- */
-
-uint64_t atap__sched_timeout(struct atap_slot *s)
-{
-    return sched_of(s)->timeout;
-}
-
-bool atap__sched_cancellable(struct atap_slot *s, uint32_t state)
-{
-    struct sched *c = sched_of(s);
-
-    if (state == ST_PENDING || state == ST_RUNNING)
-        return true;
-    /* A series between runs, or at a rate with a run still out. */
-    return (c->kind != ATAP_ONCE || c->gate) && (state == ST_READY || state == ST_TAKEN) &&
-           !series_over(c);
-}
-
-void atap__sched_cancelled(struct atap_slot *s, uint32_t index, uint32_t gen)
-{
-    struct sched *c = sched_of(s);
-
-    if (c->kind == ATAP_AT_RATE)
-        atap__rate_stop_runs(c); /* before RUN can go: the caller's hold keeps c */
-    /* A pending delay or gap: whoever wins fire-or-disarm owns RUN. */
-    if (atap__timer_disarm(atap__hub_timers(), &c->start))
-        atap__exec_release_run(s, index, gen);
-    else if (c->gate) /* waiting for a give: its gate holds RUN */
-        atap__gate_cancelled(s, index, gen);
-}
-
-bool atap__sched_finished(struct atap_slot *s, uint32_t state)
-{
-    struct sched *c = sched_of(s);
-
-    if (state == ST_CANCELLED || state == ST_TIMED_OUT || state == ST_FAILED)
-        return true;
-    return state_terminal(state) && ((c->kind == ATAP_ONCE && !c->gate) || series_over(c));
-}
-
-bool atap__sched_ran_out(struct atap_slot *s)
-{
-    struct sched *c = sched_of(s);
-
-    return (c->kind != ATAP_ONCE || c->gate) && series_over(c);
-}
-
-void atap__sched_read_lock(struct atap_slot *s)
-{
-    struct sched *c = sched_of(s);
-    uint32_t cur = ld_relaxed(&c->out_lock);
-    unsigned spins = 0;
-
-    if (c->kind == ATAP_ONCE && !c->gate)
-        return;
-    for (;;) {
-        if (!(cur & OUT_WRITER) &&
-            atomic_compare_exchange_weak_explicit(&c->out_lock, &cur, cur + 1,
-                                                  memory_order_acquire, memory_order_relaxed))
-            return;
-        spin_pause(&spins); /* a writer may be delivering forwards */
-        cur = ld_relaxed(&c->out_lock);
-    }
-}
-
-void atap__sched_read_unlock(struct atap_slot *s)
-{
-    struct sched *c = sched_of(s);
-
-    if (c->kind != ATAP_ONCE || c->gate)
-        atomic_fetch_sub_explicit(&c->out_lock, 1, memory_order_release);
 }
 
 /* In a fork's child (its one thread; runtime.c): the schedules are the

@@ -16,6 +16,8 @@
 struct gate;
 
 /* A scheduled task's schedule, in slot->ext (schedule.c's top comment). */
+#define OUT_WRITER 0x80000000u /* out_lock: the publisher holds it (schedule_read.c) */
+
 struct sched {
     struct atap_timer start; /* delay or gap: queues the next run */
     struct atap_timer limit; /* the running run's timeout */
@@ -69,10 +71,10 @@ bool atap__sched_arm(struct sched *c, struct atap_timer *t, uint64_t deadline);
 void atap__sched_finish(struct atap_slot *s, struct sched *c, uint32_t gen);
 /* schedule.c. The deadline came before the first run: ran out unrun. */
 void atap__sched_ran_out_unrun(struct atap_slot *s, struct sched *c, uint32_t gen);
-/* schedule.c. The run timeout of a scheduled task (an at-rate run takes
+/* schedule_read.c. The run timeout of a scheduled task (an at-rate run takes
  * its series'). */
 uint64_t atap__sched_timeout(struct atap_slot *s);
-/* schedule.c. The publisher's side of out_lock (writes the slot's output). */
+/* schedule_read.c. The publisher's side of out_lock (writes the slot's output). */
 void atap__sched_out_write_lock(struct sched *c);
 void atap__sched_out_write_unlock(struct sched *c);
 
