@@ -702,8 +702,9 @@ ATAP_EXPORT int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size
  * copy exactly once. A give that starts a run or a series, or owes one
  * more run to a task whose run is under way, makes a join from then on
  * wait for the run it started: a settled task goes back to ATAP_PENDING,
- * and a run under way publishes without settling it. Returns 0 when the value was taken (it starts a run or a series,
- * is owed one, or replaces what the rest of a series is handed);
+ * and a run under way publishes without settling it. Returns 0 when the
+ * value was taken (it starts a run or a series, is owed one, or replaces
+ * what the rest of a series is handed);
  * ATAP_EFINISHED once the task takes no more gives, ATAP_ECANCELLED,
  * ATAP_ETIMEDOUT or ATAP_EFAILED once it ended so; ATAP_ENOTINIT when no
  * runtime runs; ATAP_EINVAL for a wrong size, NULL value with a nonzero
@@ -995,11 +996,12 @@ ATAP_EXPORT int atap_fs_spawn_watch(atap_task *task, const char *path, int fd, u
  * ATAP_EFAILED. A manager restart re-arms every park: each parked fd,
  * signal and path is watched again, so an event the dead manager was told
  * of but never handed on is reported afresh to the next one (the kernel
- * looks at the fd again), and every deadline stays armed. Nothing is lost, nothing resumes early, and no parked task runs
- * for nothing. A cancel takes a parked task down at once: it reads
- * ATAP_ECANCELLED, and its slot goes at the manager's next pass. A task
- * must treat a resume as a hint and look again: an fd event can be
- * spurious (a read may still say EAGAIN).
+ * looks at the fd again), and every deadline stays armed. Nothing is lost,
+ * nothing resumes early, and no parked task runs for nothing. A cancel
+ * takes a parked task down at once: it reads ATAP_ECANCELLED, and its slot
+ * goes at the manager's next pass. A task must treat a resume as a hint
+ * and look again: an fd event can be spurious (a read may still say
+ * EAGAIN).
  */
 
 /*

@@ -301,7 +301,8 @@ static int mux_open(struct proc *c)
 #endif
     if (c->in_fd >= 0 && ((rc = set_nonblock(c->in_fd)) != 0 || (rc = mux_add(c, c->in_fd, true))))
         return rc;
-    if (c->out_fd >= 0 && ((rc = set_nonblock(c->out_fd)) != 0 || (rc = mux_add(c, c->out_fd, false))))
+    if (c->out_fd >= 0 &&
+        ((rc = set_nonblock(c->out_fd)) != 0 || (rc = mux_add(c, c->out_fd, false))))
         return rc;
     return 0;
 }
