@@ -1889,6 +1889,22 @@ static atap_waker published_waker(struct waker_arg *a)
     return (atap_waker){atomic_load(&a->waker)};
 }
 
+/* Spawns task_waker and waits until it is parked for a wake: its waker. */
+static atap_waker spawn_waiting(struct waker_arg *a, atap_task *t)
+{
+    uint64_t end;
+    atap_waker w;
+
+    assert_int_equal(atap_spawn(t, task_waker, a, NULL), 0);
+    w = published_waker(a);
+    assert_true(w.id != 0);
+    end = now_ns() + ATAP_SEC(10) * test_slack();
+    while (atap_state_of(*t) != ATAP_WAITING && now_ns() < end)
+        sleep_us(200);
+    assert_int_equal(atap_state_of(*t), ATAP_WAITING);
+    return w;
+}
+
 static void test_park_wake(void **state)
 {
     static struct waker_arg a;
@@ -1896,11 +1912,7 @@ static void test_park_wake(void **state)
     atap_task t;
 
     (void)state;
-    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
-    w = published_waker(&a);
-    assert_true(w.id != 0);
-    while (atap_state_of(t) != ATAP_WAITING)
-        sleep_us(200);
+    w = spawn_waiting(&a, &t);
     assert_true(atap_waker_live(w));
     assert_int_equal(atomic_load(&a.runs), 1); /* parked: nothing resumes it */
     assert_true(atap_wake(w));
@@ -1986,10 +1998,7 @@ static void test_park_wake_cancel(void **state)
     atap_task t;
 
     (void)state;
-    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
-    w = published_waker(&a);
-    while (atap_state_of(t) != ATAP_WAITING)
-        sleep_us(200);
+    w = spawn_waiting(&a, &t);
     assert_int_equal(atap_cancel(t), 0);
     assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), ATAP_ECANCELLED);
     assert_false(atap_waker_live(w));
