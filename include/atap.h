@@ -1197,7 +1197,11 @@ ATAP_EXPORT int atap_park_wake(atap_ctx *ctx, uint64_t timeout_ns);
  * wake park resumes at once); false when it was not (it has ended:
  * cancelled, timed out, done, its slot gone; or it is a repeat between two
  * runs) or w names no task: then nobody was woken, and a value meant for it
- * should go to someone else.
+ * should go to someone else. A wake that returned true after the task's
+ * atap_park_wake call is never lost: the task runs again even if a cancel,
+ * a run timeout or a shutdown stops it meanwhile; it then runs once more
+ * with atap_cancelled() true (its return is ignored), so that what the wake
+ * meant (a value, room) can be handed on.
  * Blocks: no. Threads: any, a task's or not.
  */
 ATAP_EXPORT bool atap_wake(atap_waker w);
