@@ -1847,12 +1847,13 @@ static void test_park_bad_calls(void **state)
 struct waker_arg {
     _Atomic uint64_t waker;  /* the task's waker, handed out after its park call */
     atomic_int runs, reason[4];
-    atomic_int go;           /* wake_while_running: main woke it while it ran */
+    atomic_int go;           /* main woke it (and, hand_on, cancelled it) while it ran */
+    atomic_int cancelled;    /* hand_on: the last run saw atap_cancelled() */
     uint64_t timeout;
     int mode;
 };
 
-enum { WK_PARK, WK_SELF, WK_WHILE_RUNNING, WK_TIMEOUT };
+enum { WK_PARK, WK_SELF, WK_WHILE_RUNNING, WK_TIMEOUT, WK_HAND_ON };
 
 static int task_waker(atap_ctx *ctx, void *arg, void *out)
 {
@@ -1869,6 +1870,7 @@ static int task_waker(atap_ctx *ctx, void *arg, void *out)
         while (!atomic_load(&a->go))
             sleep_us(200);
     } else if (run > 0) {
+        atomic_store(&a->cancelled, atap_cancelled(ctx));
         return 0;
     }
     CHECK(atap_park_wake(ctx, a->mode == WK_TIMEOUT ? a->timeout : ATAP_FOREVER) == 0);
@@ -1877,6 +1879,9 @@ static int task_waker(atap_ctx *ctx, void *arg, void *out)
         atomic_store(&a->waker, atap_waker_of(ctx).id);
     if (a->mode == WK_SELF)
         CHECK(atap_wake(atap_waker_of(ctx))); /* before the park is armed */
+    if (a->mode == WK_HAND_ON) /* main wakes it, then cancels it, before it parks */
+        while (!atomic_load(&a->go))
+            sleep_us(200);
     return ATAP_PARKED;
 }
 
@@ -2006,6 +2011,31 @@ static void test_park_wake_cancel(void **state)
     assert_int_equal(atomic_load(&a.runs), 1);
     atap_release(t);
     assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* Woken, then stopped before its park is armed: the wake is not lost, the
+ * task runs once more seeing atap_cancelled(), to hand on what it meant. */
+static void test_park_wake_then_cancel_hands_on(void **state)
+{
+    static struct waker_arg a = {.mode = WK_HAND_ON};
+    atap_waker w;
+    atap_task t;
+
+    (void)state;
+    assert_int_equal(atap_spawn(&t, task_waker, &a, NULL), 0);
+    w = published_waker(&a);
+    assert_true(w.id != 0);
+    assert_true(atap_wake(w)); /* running, its park asked for, not armed */
+    assert_int_equal(atap_cancel(t), 0);
+    atomic_store(&a.go, 1);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), ATAP_ECANCELLED);
+    assert_true(wait_atomic_at_least(&a.runs, 2, ATAP_SEC(10)));
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&a.runs), 2);
+    assert_true(atomic_load(&a.cancelled));
+    assert_false(atap_wake(w));
     assert_no_failures();
 }
 
@@ -2708,6 +2738,7 @@ int main(void)
         T(test_park_wake_while_running),
         T(test_park_wake_timeout),
         T(test_park_wake_cancel),
+        T(test_park_wake_then_cancel_hands_on),
         T(test_park_wake_bad_calls),
         T(test_park_sleep_task),
         T(test_park_race_cancel_vs_fd),
