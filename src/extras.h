@@ -17,8 +17,12 @@
  *
  * The executor (executor.c, spawn.c, read.c) names no feature's function:
  * it calls an entry here at the point of a task's life the entry is named
- * for, and only for a task that has that extra (s->ext, s->side, a park
- * asked for), so a plain task never leaves the executor. Each feature
+ * for, and only where the task may have that extra: time's for a slot with
+ * an ext (and a spawn whose options ask for one), flow's for a task with
+ * RX or GATED, park's for a run that asked for a park, a run whose word
+ * was not PENDING when it was claimed (it may follow a park), a cancel
+ * that found the task RUNNING, and a reader asking whether it waits. A
+ * plain task's spawn, run and join never leave the executor. Each feature
  * defines its part (atap__sched_extras, atap__flow_extras,
  * atap__park_extras) and runtime.c puts them together in atap__extras, as
  * libuv's loop knows a handle's kind only through its callbacks. A new
