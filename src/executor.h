@@ -20,7 +20,7 @@ struct atap_ctx {
     uint8_t park_kind;
     uint8_t resumed;  /* this run follows a park: ATAP_RESUME_* */
     bool in_block;    /* run by atap_block: a park waits on the caller */
-    bool woke;        /* resumed by atap__park_wake (the runtime's own tasks) */
+    bool woke;        /* resumed by a wake (atap_wake) */
     unsigned events;  /* park: the events asked for; resumed: those seen */
     int fd;
     uint64_t deadline;

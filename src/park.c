@@ -28,7 +28,7 @@
  * the canceller's fence) so a cancel that came while the park was being set
  * up is not missed.
  *
- * Wakes (atap__park_wake, for the runtime's own tasks: channels) set a flag
+ * Wakes (atap_wake: wakers, which channels are built on) set a flag
  * in the park record before they look at the claim; a parker that arms
  * after the flag sees it. Every wake counted delivered is acted on once: a
  * woken task whose run is then dropped (cancelled after the wake claimed
@@ -493,7 +493,7 @@ int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
     }
 }
 
-/* ---- parks woken by the runtime's own tasks (channels) ----------------------- */
+/* ---- wakers: parks of the program's own making ------------------------------ */
 
 static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline);
 
