@@ -663,11 +663,21 @@ static void test_table_trim(void **state)
 
     long page = sysconf(_SC_PAGESIZE);
     size_t released = 0;
-    assert_int_equal(atap_trim(&released), 0);
-    assert_true(released > 0);
-    assert_true(released % (size_t)page == 0);
-    struct atap_pool_stats s2 = pool_stats();
-    assert_true(s2.slots < s1.slots);
+    int first = atap_trim(&released);
+    struct atap_pool_stats s2;
+    if (first == ATAP_EBUSY) {
+        /* The pool's own trim (every ~5 s while every worker idles) got
+         * there first, or is running now: the top goes all the same. */
+        sleep_ms(100);
+        s2 = pool_stats();
+        assert_true(s2.slots < s0.slots);
+    } else {
+        assert_int_equal(first, 0);
+        assert_true(released > 0);
+        assert_true(released % (size_t)page == 0);
+        s2 = pool_stats();
+        assert_true(s2.slots < s1.slots);
+    }
     assert_true(s2.slots >= 100);
     assert_true(s2.slots >= s2.live);
     assert_true(s2.peak_slots >= s1.peak_slots); /* never falls */
