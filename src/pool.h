@@ -44,6 +44,7 @@ struct worker {
     uint64_t idle_since;       /* when it joined the idle list (pool lock) */
     _Atomic bool blocked;      /* counted in the pool's blocked count
                                   (owner-written, read by the tick) */
+    uint64_t blocked_at;       /* when it last counted itself blocked */
     unsigned lifo_streak;
     /* The tasks this thread is inside, outermost first (held[0..depth)):
      * every run on its stack, nested by waits. Off the stack, so that a
@@ -175,8 +176,8 @@ void atap__pool_forget(void);
 
 /* A worker waiting inside a task with nothing it may run counts as
  * blocked, and the pool lends its core: it wakes an idle worker, or starts
- * one (up to the ceiling) when none is left unblocked; the tick counts it
- * as stuck. */
+ * one (up to the ceiling) when none has been left unblocked for a while;
+ * the tick counts it as stuck. */
 void atap__pool_blocked(struct worker *w, bool blocked);
 
 /* A blocked waiter whose task is still queued asks: is every worker the

@@ -75,11 +75,14 @@ static unsigned unblocked_workers(void)
     return live > blocked ? live - blocked : 0;
 }
 
+#define LEND_GRACE_NS 1000000u /* blocked this long before a worker is added */
+
 void atap__pool_blocked(struct worker *w, bool blocked)
 {
     if (blocked && !ld_relaxed(&w->blocked)) {
         st_relaxed(&w->blocked, true);
         add_seqcst(&atap__pool.nblocked, 1);
+        w->blocked_at = atap__now_ns();
     } else if (!blocked && ld_relaxed(&w->blocked)) {
         st_relaxed(&w->blocked, false);
         sub_seqcst(&atap__pool.nblocked, 1);
@@ -90,11 +93,15 @@ void atap__pool_blocked(struct worker *w, bool blocked)
     /* Looked at on every slice of a blocked wait: the core it leaves is
      * lent. What waits may sit in this worker's own queues, out of its
      * reach now: an idle worker can steal it (a LIFO slot woke nobody when
-     * it was filled). With none idle, one more worker is started at once
-     * when no worker is left unblocked (nothing else would ever run the
-     * work); while one still runs, the tick lends the core as it does for
-     * stuck workers (a blocked one counts as stuck: count_stuck). More
-     * threads than cores, all running, only slow a tree of joins down. */
+     * it was filled). With none idle, one more worker is started when no
+     * worker is left unblocked (nothing else would ever run the work),
+     * once this one has been blocked for LEND_GRACE_NS: in a tree of joins
+     * every worker is often blocked for a moment, each waiting for a run
+     * the other has just ended or is about to, and a worker started then
+     * only crowds the cores. While one still runs, the tick lends the core
+     * as it does for stuck workers (a blocked one counts as stuck:
+     * count_stuck). More threads than cores, all running, only slow a tree
+     * of joins down. */
     if (!atap__pool_work_visible(true))
         return;
     if (ld_relaxed(&atap__pool.nidle) > 0) {
@@ -103,7 +110,7 @@ void atap__pool_blocked(struct worker *w, bool blocked)
         add_seqcst(&atap__pool.nsearching, 1);
         if (!atap__pool_wake_idle())
             sub_seqcst(&atap__pool.nsearching, 1);
-    } else if (unblocked_workers() == 0) {
+    } else if (unblocked_workers() == 0 && atap__now_ns() - w->blocked_at >= LEND_GRACE_NS) {
         add_worker();
     }
 }
