@@ -1546,6 +1546,7 @@ typedef struct atap_net_reader {
     int fd;
     unsigned char *buf;
     size_t cap, start, end; /* buffered: buf[start..end) */
+    bool drained;           /* its last recv left the socket empty */
 } atap_net_reader;
 
 /* One operation's state: filled by an atap_net_prep_* call, read and

@@ -375,6 +375,54 @@ static void test_net_recv_until_keeps_what_it_read(void **state)
     close(fds[1]);
 }
 
+/* A recv that came back short leaves the reader waiting for readability
+ * before its next recv: bytes already there by then (the next request of a
+ * client that did not wait for the answer) resume it at once, and bytes
+ * that come later wake it. */
+static void test_net_recv_until_after_a_short_read(void **state)
+{
+    (void)state;
+    int fds[2];
+    unsigned char store[64];
+    atap_net_reader r;
+    atap_net_io io;
+    atap_net_out out;
+    uint64_t t0;
+
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_reader_init(&r, fds[1], store, sizeof store), 0);
+    for (int round = 0; round < 3; round++) {
+        send_all(fds[0], "one\n", 4);
+        assert_int_equal(atap_net_prep_recv_until(&io, &r, "\n", 1, 64), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 4);
+        atap_net_reader_consume(&r, 4);
+        /* Short read above; the next line is there before the next read. */
+        send_all(fds[0], "two\n", 4);
+        t0 = atap_now();
+        assert_int_equal(atap_net_prep_recv_until(&io, &r, "\n", 1, 64), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 4);
+        assert_memory_equal(atap_net_reader_data(&r, NULL), "two\n", 4);
+        atap_net_reader_consume(&r, 4);
+        assert_true(atap_now() - t0 < 5000000000ull); /* no hang; generous for a loaded machine */
+        /* And a line that comes only while the read waits. */
+        {
+            atap_task t;
+            assert_int_equal(atap_net_prep_recv_until(&io, &r, "\n", 1, 64), 0);
+            assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+            assert_true(wait_parked(t));
+            send_all(fds[0], "three\n", 6);
+            assert_int_equal(atap_net_join(t, &out), 0);
+            atap_net_release(t, &io);
+        }
+        assert_int_equal(out.n, 6);
+        atap_net_reader_consume(&r, 6);
+    }
+    close(fds[0]);
+    close(fds[1]);
+}
+
 /* ---- cancels and timeouts ------------------------------------------------ */
 
 /* A listener whose backlog is full, and a connect to it that hangs (the
@@ -1225,6 +1273,7 @@ int main(void)
         T(test_net_tcp_exchange),
         T(test_net_tcp_errors),
         T(test_net_recv_until_keeps_what_it_read),
+        T(test_net_recv_until_after_a_short_read),
         T(test_net_cancel_connect),
         T(test_net_cancel_mid_send),
         T(test_net_cancel_and_timeout_mid_recv),

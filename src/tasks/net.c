@@ -448,10 +448,22 @@ static int do_recv_until(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
             r->start = 0;
             r->end = have;
         }
+        /* The last recv came back short, so the socket was empty then:
+         * wait for it to be readable before the next one (a recv now would
+         * most likely find nothing, a wasted call each request on a
+         * connection that answers one request at a time). A park watches
+         * for what is ready, not for what changes: bytes already there
+         * resume it at once. */
+        if (r->drained) {
+            r->drained = false;
+            return park(ctx, out, io, ATAP_READABLE);
+        }
         if ((n = recv(r->fd, r->buf + r->end, r->cap - r->end, 0)) < 0 && errno == ENOTSOCK)
             n = read(r->fd, r->buf + r->end, r->cap - r->end);
-        if (n > 0)
+        if (n > 0) {
+            r->drained = (size_t)n < r->cap - r->end;
             r->end += (size_t)n;
+        }
         else if (n == 0)
             return finish(out, have, ATAP_ECLOSED, -1);
         else if (again(errno))
