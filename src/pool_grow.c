@@ -77,6 +77,23 @@ static unsigned unblocked_workers(void)
 
 #define LEND_GRACE_NS 1000000u /* blocked this long before a worker is added */
 
+static bool asleep(struct worker *w);
+
+/* Every other live worker blocked is asleep, too: one whose wait has just
+ * ended may still be waiting for a CPU on a busy machine, and runs on. */
+static bool others_asleep(struct worker *w)
+{
+    unsigned n = ld_acquire(&atap__pool.nrec);
+
+    for (unsigned i = 0; i < n; i++) {
+        struct worker *v = &atap__pool_workers[i];
+
+        if (v != w && ld_acquire(&v->status) == W_LIVE && !asleep(v))
+            return false;
+    }
+    return true;
+}
+
 void atap__pool_blocked(struct worker *w, bool blocked)
 {
     if (blocked && !ld_relaxed(&w->blocked)) {
@@ -110,7 +127,8 @@ void atap__pool_blocked(struct worker *w, bool blocked)
         add_seqcst(&atap__pool.nsearching, 1);
         if (!atap__pool_wake_idle())
             sub_seqcst(&atap__pool.nsearching, 1);
-    } else if (unblocked_workers() == 0 && atap__now_ns() - w->blocked_at >= LEND_GRACE_NS) {
+    } else if (unblocked_workers() == 0 && atap__now_ns() - w->blocked_at >= LEND_GRACE_NS &&
+               others_asleep(w)) {
         add_worker();
     }
 }
@@ -141,24 +159,22 @@ bool atap__pool_stalled(struct worker *w)
 #define TRIM_EVERY_TICKS 500         /* about 5 s */
 
 /*
- * Off the CPU: the thread sleeps in the kernel (a task holding it in a
- * call of its own), as opposed to running, or waiting for a CPU on a busy
- * machine. Only the first answers growth: more threads would not make a
- * saturated machine any faster. Linux says so in the thread's stat (S or
- * D); elsewhere the thread's CPU clock standing still over the tick says
- * the same.
+ * Asleep in the kernel (a wait, or a task holding the thread in a call of
+ * its own), as opposed to running or runnable: a thread woken but still
+ * waiting for a CPU on a busy machine is not asleep. Linux says so in the
+ * thread's stat (S or D); elsewhere there is no cheap way to tell, and the
+ * answer is yes, as it was before anyone asked.
  */
-static bool off_cpu(struct worker *w, unsigned i)
+static bool asleep(struct worker *w)
 {
 #if defined(__linux__)
     char path[64], buf[512], *paren;
     ssize_t got;
     int fd;
 
-    (void)i;
     snprintf(path, sizeof path, "/proc/self/task/%d/stat", ld_relaxed(&w->tid));
     if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return true; /* can't tell: as before, stuck */
+        return true; /* can't tell: as before, asleep */
     got = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (got <= 0)
@@ -168,6 +184,24 @@ static bool off_cpu(struct worker *w, unsigned i)
     if (!(paren = strrchr(buf, ')')) || paren[1] != ' ')
         return true;
     return paren[2] == 'S' || paren[2] == 'D';
+#else
+    (void)w;
+    return true;
+#endif
+}
+
+/*
+ * Off the CPU over the last tick: asleep, as opposed to running, or
+ * waiting for a CPU on a busy machine. Only the first answers growth: more
+ * threads would not make a saturated machine any faster. Where asleep()
+ * cannot tell, the thread's CPU clock standing still over the tick says
+ * the same. The tick's only.
+ */
+static bool off_cpu(struct worker *w, unsigned i)
+{
+#if defined(__linux__)
+    (void)i;
+    return asleep(w);
 #else
     clockid_t clock;
     struct timespec ts;
@@ -184,7 +218,8 @@ static bool off_cpu(struct worker *w, unsigned i)
 #endif
 }
 
-/* Workers stuck in a task: blocked in a wait inside it, or inside one
+/* Workers stuck in a task: blocked in a wait inside it and asleep (one
+ * whose wait has just ended may not have had a CPU yet), or inside one
  * with nothing finished since the last tick and off the CPU; among the
  * live ones, counted in *live. */
 static unsigned count_stuck(unsigned *live)
@@ -198,7 +233,7 @@ static unsigned count_stuck(unsigned *live)
         if (ld_acquire(&atap__pool_workers[i].status) != W_LIVE)
             continue;
         (*live)++;
-        if (ld_relaxed(&atap__pool_workers[i].blocked) ||
+        if ((ld_relaxed(&atap__pool_workers[i].blocked) && asleep(&atap__pool_workers[i])) ||
             (ld_relaxed(&atap__pool_workers[i].busy) && done == atap__pool.last_done[i] &&
              off_cpu(&atap__pool_workers[i], i)))
             stuck++;
@@ -250,9 +285,13 @@ unsigned atap__pool_keep_going(void)
         atap__pool_work_visible(true))
         atap__pool_notify();
     /* Every worker stuck (blocked in a wait, or a task holding it in a
-     * call of its own) and work waiting: one more, up to the target; past
-     * it only under overload. */
-    if (running > 0 && stuck == running && atap__pool_work_visible(true) &&
+     * call of its own) at two ticks in a row, and work waiting: one more,
+     * up to the target; past it only under overload. Two, because one
+     * look reads the workers one after the other: in a tree of joins one
+     * may wake just after it was read asleep, and the other fall asleep
+     * waiting for it just before. */
+    atap__pool.stuck_ticks = running > 0 && stuck == running ? atap__pool.stuck_ticks + 1 : 0;
+    if (atap__pool.stuck_ticks >= 2 && atap__pool_work_visible(true) &&
         (running < atap__pool.target || queued >= (size_t)running * OVERLOAD_RATIO))
         add_worker();
     /* Below the floor (a replacement was refused): one more a tick. And a

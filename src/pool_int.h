@@ -48,6 +48,7 @@ struct pool {
     uint64_t last_cpu[POOL_MAX_THREADS]; /* manager: CPU time at the last look */
 #endif
     unsigned ticks;                       /* manager: ticks since start */
+    unsigned stuck_ticks;                 /* manager: ticks in a row with every worker stuck */
     _Atomic uint64_t epoch; /* moves when a thread leaves an idle list or starts */
     _Atomic bool stopping;
     struct worker *bidle_list; /* idle blocking threads (pool lock) */

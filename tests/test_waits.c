@@ -509,6 +509,74 @@ static void test_waits_sleeping_workers_get_growth(void **state)
                  "(peak %zu workers)", before, peak);
 }
 
+/* ---- a tree of joins runs on the workers it has ------------------------- */
+
+/* A node of an unbalanced tree: a little work, then two children spawned
+ * and joined, or none (a leaf), as a hash of its state says. Its output:
+ * the nodes in its subtree. */
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static int task_tree_node(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    uint64_t s = (uint64_t)(uintptr_t)arg, nodes = 1, sub;
+    atap_task kid[2];
+
+    for (int k = 0; k < 16; k++)
+        s = mix(s);
+    /* Two children with odds a little under one half: subtrees of a few
+     * thousand nodes, some deep. */
+    if ((s >> 11) % 1000 < 495) {
+        for (int i = 0; i < 2; i++)
+            CHECK(atap_spawn(&kid[i], task_tree_node, (void *)(uintptr_t)mix(s + (uint64_t)i + 1),
+                             &(atap_spawn_opts){.out_size = sizeof sub}) == 0);
+        for (int i = 0; i < 2; i++) {
+            CHECK(atap_join(kid[i], &sub, sizeof sub) == 0);
+            atap_release(kid[i]);
+            nodes += sub;
+        }
+    }
+    memcpy(out, &nodes, sizeof nodes);
+    return 0;
+}
+
+/* Every node of a tree joins its children: a worker that waits with
+ * nothing it may run is blocked for a moment, often while the other is
+ * too, each waiting for a run the other has just ended; the pool must not
+ * add workers for that (the peers run such a tree on one thread a core). */
+static void test_waits_tree_of_joins_adds_no_worker(void **state)
+{
+    (void)state;
+    size_t before = pool_stats().workers, peak;
+    uint64_t total = 0, nodes, end = now_ns() + ATAP_MS(1500);
+    atap_task roots[64];
+    size_t n = 0;
+
+    /* Many roots, spawned from outside, so that every worker gets some. */
+    while (now_ns() < end) {
+        for (n = 0; n < 64; n++)
+            assert_int_equal(atap_spawn(&roots[n], task_tree_node, (void *)(uintptr_t)(total + n),
+                                        &(atap_spawn_opts){.out_size = sizeof nodes}),
+                             0);
+        for (size_t i = 0; i < n; i++) {
+            assert_int_equal(atap_join_for(roots[i], &nodes, sizeof nodes, OUTER), 0);
+            atap_release(roots[i]);
+            total += nodes;
+        }
+    }
+    peak = pool_stats().peak_workers;
+    if (peak > before)
+        fail_msg("a tree of joins (%llu nodes) grew the pool from %zu to %zu workers",
+                 (unsigned long long)total, before, peak);
+    assert_no_failures();
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -522,6 +590,7 @@ int main(void)
         T(test_waits_chain_of_10000_joins_bounded_pool),
         T(test_waits_chain_of_100000_joins_ends),
         T(test_waits_busy_workers_get_no_growth),
+        T(test_waits_tree_of_joins_adds_no_worker),
         T(test_waits_sleeping_workers_get_growth),
 #ifdef ATAP_FAULT_INJECTION
         cmocka_unit_test_setup_teardown(test_waits_ceiling_reached_is_an_error,
