@@ -426,12 +426,13 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
     finish_run(s, index, gen, rc);
 }
 
-static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur);
+static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur,
+                         bool publish);
 enum { PUBLISH_NONE, PUBLISH_RUN, PUBLISH_HINT };
 static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
                         struct atap_ctx *ctx, int publish);
 
-void atap__exec_run(struct worker *w, uint32_t ref)
+void atap__exec_run(struct worker *w, uint32_t ref, bool publish)
 {
     struct atap_slot *s = atap__table_at(ref - 1);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
@@ -446,7 +447,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         ld_acquire(&s->word) == cur)
         run_unobserved(w, s, ref, gen);
     else
-        run_observed(w, s, ref, cur);
+        run_observed(w, s, ref, cur, publish);
 }
 
 /* The queue entry just taken for a plain task that is no longer PENDING
@@ -489,8 +490,10 @@ bool atap__exec_resume_stale(struct atap_slot *s, uint32_t index, uint32_t gen)
 }
 
 /* A task someone may still cancel, read or wait on, a repeat's run, or one
- * back from a park. cur: its word as exec_run read it. */
-static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur)
+ * back from a park. cur: its word as exec_run read it; publish: its run, if
+ * a plain one, is published (atap__pool_publish). */
+static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur,
+                         bool publish)
 {
     uint32_t gen = word_gen(cur);
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen};
@@ -525,7 +528,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
         } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
         fresh = true;
     }
-    run_claimed(w, s, ref, &ctx, fresh ? PUBLISH_HINT : PUBLISH_NONE);
+    run_claimed(w, s, ref, &ctx, fresh && publish ? PUBLISH_HINT : PUBLISH_NONE);
 }
 
 /* Runs a claimed task (its RUN is ours) on this thread, and what follows.

@@ -29,7 +29,7 @@ struct atap_ctx {
 /* Claims and runs the queued task ref (slot index + 1) on this thread; a
  * task cancelled while queued is only cleaned up. The queue entry carried
  * the task's RUN reference, which this consumes. */
-void atap__exec_run(struct worker *w, uint32_t ref);
+void atap__exec_run(struct worker *w, uint32_t ref, bool publish);
 
 /* A pool thread waiting for the queued plain task ref (of generation gen)
  * claims it out of its queue place; false if it could not (the task has a

@@ -9,8 +9,11 @@
  *     ring bottom (take_awaited), or claimed aside wherever else it sits
  *     (the executor's claim aside, atap__pool_ops.claim);
  *   - work spawned while A runs (leapfrogging: leapfrog, find_run): every
- *     run a worker takes publishes itself in its record (pub[], a mark in
- *     its ring) and, when its slot's link is free, a hint there;
+ *     run a worker takes from a queue publishes itself in its record
+ *     (pub[], a mark in its ring) and, when its slot's link is free, a hint
+ *     there; all but a waiter's own awaited task taken from its own queues,
+ *     which nobody else waits for (so a deep chain of a thread's own joins
+ *     publishes nothing, and what it steals at any depth is found);
  *   - while A's run is held up by a wait of its own, the same for what that
  *     wait is for (needed_next), a few hops deep.
  * Nesting is bounded by the stack (stack_room) and the record's held[]
@@ -45,24 +48,24 @@ static uint32_t take_awaited(struct worker *w, uint32_t awaited)
     return 0;
 }
 
-/* The link hint a published run leaves in its slot: LINK_HINT | depth << 11
- * | worker index + 1. Only a hint: whatever it reads is checked against
+/* The link hint a published run leaves in its slot: LINK_HINT | k << 11
+ * | worker index + 1, k its place in pub[]. Only a hint: whatever it reads is checked against
  * pub[]. LINK_HINT (slot.h) tells it from a queue link: a popper of the
  * shared queue may still walk through a slot popped under it, and stops
  * at a hint rather than follow it (its CAS fails then anyway). */
 #define HINT_WORKER_BITS 11
 _Static_assert(POOL_MAX_THREADS < (1u << HINT_WORKER_BITS), "a worker index fits the hint");
-_Static_assert(PUB_DEPTH < (1u << (31 - HINT_WORKER_BITS)), "a depth fits the hint");
+_Static_assert(PUB_DEPTH < (1u << (31 - HINT_WORKER_BITS)), "a place fits the hint");
 
 struct found {
-    struct worker *v; /* the worker the task runs on, published at depth d */
+    struct worker *v; /* the worker the task runs on, published at pub[d] */
     uint32_t d;
     uint64_t tag;
 };
 
 bool atap__pool_publish(struct worker *w, struct atap_slot *s, bool hint)
 {
-    unsigned d = w->depth - 1;
+    unsigned d = w->npub;
     uint32_t x;
 
     if (w->blocking || d >= PUB_DEPTH)
@@ -74,9 +77,14 @@ bool atap__pool_publish(struct worker *w, struct atap_slot *s, bool hint)
         (x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
         atap__pool_push_ring(w, x);
     st_relaxed(&w->pubmark[d], ld_relaxed(&w->ring.bottom));
+    /* Release: who reads this depth reads the unpublishing of the run that
+     * held pub[d] before (frame_pop), so that the tag read after it tells
+     * whether the depth is the tag's (needed_next). */
+    st_release(&w->pubdepth[d], w->depth - 1);
     /* Release: a leapfrogger that reads the tag reads this mark or a later
      * one (and a later one changes the tag before it is used). */
-    st_release(&w->pub[d], (uint64_t)++w->fseq << 32 | w->held[d]);
+    st_release(&w->pub[d], (uint64_t)++w->fseq << 32 | w->held[w->depth - 1]);
+    w->npub = d + 1;
     if (hint)
         st_relaxed(&s->link, LINK_HINT | d << HINT_WORKER_BITS | (w->index + 1));
     return true;
@@ -84,7 +92,7 @@ bool atap__pool_publish(struct worker *w, struct atap_slot *s, bool hint)
 
 /* A run of ref published on a worker other than w: found through its
  * slot's hint, else by looking through every worker's pub[] (a run claimed
- * aside leaves no hint), up to the first unpublished depth. Only a place
+ * aside leaves no hint), up to the first unpublished place. Only a place
  * to look: the caller checks the tag again after taking anything. */
 static bool find_run(struct worker *w, struct atap_slot *s, uint32_t ref, struct found *at)
 {
@@ -131,7 +139,7 @@ static bool held_room(struct worker *w)
 }
 
 /*
- * Leapfrogging: the awaited task runs on worker v, published at depth d
+ * Leapfrogging: the awaited task runs on worker v, published at pub[d]
  * (its slot's link says where, or v's pub[] does: find_run). Entries of v's
  * ring at or above that run's mark were spawned while it was on v's stack:
  * by it, or by runs above it, which are work it needs in turn; so was what
@@ -180,19 +188,20 @@ static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, st
  * The task the run found at `at` needs in turn: what the innermost wait on
  * that worker's stack waits for, if that wait is the run's own or one
  * above it (at its depth or deeper: the run cannot return before it). The
- * wait is read between two looks at the run's tag: the run was on the
- * stack all along, so the wait began during it (a wait that ended put the
- * record back to a lower one first, and a later one, read with acquire,
- * would show the run gone). A listener is taken on the task found, so that
+ * wait and the run's depth are read between two looks at the run's tag:
+ * the run was on the stack all along, so the wait began during it (a wait
+ * that ended put the record back to a lower one first, and a later one,
+ * read with acquire, would show the run gone), and the depth is the run's
+ * (a later run's, read with acquire, would show this one unpublished). A listener is taken on the task found, so that
  * its slot stays its own while it is looked at. 0 if none.
  */
 static uint64_t needed_next(const struct found *at, struct atap_slot **next)
 {
     struct worker *v = at->v;
     uint64_t task = ld_acquire(&v->awaiting);
-    uint32_t depth = ld_relaxed(&v->awaiting_at);
+    uint32_t depth = ld_relaxed(&v->awaiting_at), run_depth = ld_acquire(&v->pubdepth[at->d]);
 
-    if (task == 0 || depth <= at->d || ld_acquire(&v->pub[at->d]) != at->tag)
+    if (task == 0 || depth <= run_depth || ld_acquire(&v->pub[at->d]) != at->tag)
         return 0;
     *next = atap__table_at((uint32_t)task - 1);
     return atap__pool.ops->try_hold(*next, (uint32_t)(task >> 32)) ? task : 0;
@@ -227,22 +236,24 @@ static inline bool stack_room(const struct worker *w)
 #define CHASE_HOPS 4 /* waits followed from the awaited task (needed_next) */
 
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
-                              bool *claimed)
+                              enum help_how *how)
 {
     struct atap_slot *held = NULL;
     uint32_t x = 0, held_ref = 0, held_gen = 0;
     struct found at;
     uint64_t next;
 
-    *claimed = false;
+    *how = HELP_OWN;
     if (!stack_room(w) || w->depth > HELP_LIMIT() || !held_room(w))
         return 0;
     if (!w->blocking && (x = take_awaited(w, ref)) != 0)
         return x;
+    *how = HELP_TAKEN;
     /* The awaited task, then, while it runs blocked in a wait of its own,
      * what that wait is for, and so on. */
     for (unsigned hop = 0; hop < CHASE_HOPS; hop++) {
-        if ((*claimed = atap__pool.ops->claim(s, ref, gen))) {
+        if (atap__pool.ops->claim(s, ref, gen)) {
+            *how = HELP_CLAIMED;
             x = ref;
             break;
         }
@@ -262,11 +273,11 @@ uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t re
     return x;
 }
 
-void atap__pool_help_run(struct worker *w, uint32_t x, bool claimed)
+void atap__pool_help_run(struct worker *w, uint32_t x, enum help_how how)
 {
-    if (claimed)
+    if (how == HELP_CLAIMED)
         atap__pool.ops->run_claimed(w, x);
     else
-        atap__pool.ops->run(w, x);
+        atap__pool.ops->run(w, x, how == HELP_TAKEN);
 }
 

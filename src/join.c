@@ -61,13 +61,13 @@ static bool help_one(struct worker *w, atap_task t)
 {
     uint32_t index, gen, x;
     struct atap_slot *s = atap__exec_live(t, &index, &gen);
-    bool claimed;
+    enum help_how how;
 
-    if (!s || (x = atap__pool_help_pick(w, s, index + 1, gen, &claimed)) == 0)
+    if (!s || (x = atap__pool_help_pick(w, s, index + 1, gen, &how)) == 0)
         return false;
     if (ld_relaxed(&w->blocked))
         atap__pool_blocked(w, false);
-    atap__pool_help_run(w, x, claimed);
+    atap__pool_help_run(w, x, how);
     return true;
 }
 

@@ -125,7 +125,7 @@ int atap__pool_start_thread(bool blocking, struct worker *self)
     w->blocking = blocking;
     w->searching = w->in_idle = w->uncounted = false;
     st_relaxed(&w->blocked, false);
-    w->lifo_streak = w->depth = 0;
+    w->lifo_streak = w->depth = w->npub = 0;
     w->held = w->held_inline;
     w->held_cap = HELD_INLINE;
     w->index = (unsigned)(w - (blocking ? atap__pool_blockers : atap__pool_workers));
@@ -599,7 +599,7 @@ static void worker_loop(struct worker *w)
             if (w->searching)
                 leave_search(w);
             st_relaxed(&w->busy, true);
-            atap__pool.ops->run(w, ref);
+            atap__pool.ops->run(w, ref, true);
             st_relaxed(&w->busy, false);
             continue;
         }
@@ -675,7 +675,7 @@ static void blocker_loop(struct worker *w)
              * thread, since this one is about to be busy. */
             if (!atap__inj_empty(&atap__pool.binj))
                 atap__pool_wake_blocker();
-            atap__pool.ops->run(w, ref);
+            atap__pool.ops->run(w, ref, true);
             st_relaxed(&w->busy, false);
             /* What the run queued may have woken nobody (every blocking
              * thread busy): the epoch tells a drain that read the queues

@@ -20,7 +20,7 @@
 
 #define LIFO_STREAK 3
 #define POOL_MAX_THREADS 1024 /* records for workers, and again for blocking threads */
-#define PUB_DEPTH 128         /* runs on a worker's stack a waiter can find (leapfrog) */
+#define PUB_DEPTH 128         /* runs published at once on a worker's stack (leapfrog) */
 
 #define HELD_INLINE 64         /* runs on a stack recorded without the heap */
 
@@ -63,10 +63,16 @@ struct worker {
                                        first use, kept with the record */
     _Atomic uint64_t kwait;         /* gen << 32 | index of the task in a
                                        kernel wait on kq, or 0 */
-    /* The runs a waiter may leapfrog into (help.c): at depth d, seq << 32 |
-     * ref of the run there, and the ring's bottom when it started. */
+    /* The runs a waiter may leapfrog into (help.c), outermost first: the
+     * k-th published run on the stack's seq << 32 | ref, the ring's bottom
+     * when it started, and its depth (its index in held[]). Not every run
+     * publishes: one a waiter took as the task it waits for from its own
+     * queues has nobody else waiting for it, so a deep chain of a thread's
+     * own joins uses no entry, and runs stolen at any depth can be found. */
+    unsigned npub;
     _Alignas(64) _Atomic uint64_t pub[PUB_DEPTH];
     _Atomic int64_t pubmark[PUB_DEPTH];
+    _Atomic uint32_t pubdepth[PUB_DEPTH];
     /* The innermost wait under way on its stack (read.c): gen << 32 | ref
      * of the task it waits for, or 0; and the runs on the stack then (the
      * waiting one is held[awaiting_at - 1]; 0 outside any run). */
@@ -114,7 +120,7 @@ static inline void atap__pool_frame_pop(struct worker *w, bool published)
     /* Unpublished before anything the lower runs push (release stores):
      * a leapfrogger that takes such an entry sees this (help.c). */
     if (published)
-        atomic_store_explicit(&w->pub[w->depth - 1], 0, memory_order_relaxed);
+        atomic_store_explicit(&w->pub[--w->npub], 0, memory_order_relaxed);
     w->depth--;
 }
 
@@ -141,8 +147,9 @@ extern _Thread_local struct worker *atap__self;
  * and the pool never names it. ref is a slot index + 1.
  */
 struct atap__pool_ops {
-    /* Runs the queued task ref (its queue entry carried RUN). */
-    void (*run)(struct worker *w, uint32_t ref);
+    /* Runs the queued task ref (its queue entry carried RUN); publish: a
+     * waiter on another thread may look for it (atap__pool_publish). */
+    void (*run)(struct worker *w, uint32_t ref, bool publish);
     /* A waiter claims the queued task ref of generation gen out of its
      * queue place (help.c); run_claimed then runs it. */
     bool (*claim)(struct atap_slot *s, uint32_t ref, uint32_t gen);
@@ -217,12 +224,17 @@ static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int pr
 /* A pool thread waiting for the task ref (generation gen, slot s) picks
  * one piece of work that task needs, if there is one and its stack has
  * room: the task itself while it is queued, work it spawned, what it waits
- * for (help.c). Returns its ref, or 0 for none;
- * *claimed says it was claimed aside. The caller owns its run, and runs it
- * with atap__pool_help_run once it no longer shows itself waiting. */
+ * for (help.c). Returns its ref, or 0 for none; *how says where it came
+ * from. The caller owns its run, and runs it with atap__pool_help_run once
+ * it no longer shows itself waiting. */
+enum help_how {
+    HELP_OWN,     /* the awaited task, from this worker's own queues */
+    HELP_TAKEN,   /* from another's queue: others may wait for it too */
+    HELP_CLAIMED, /* claimed aside where it sat */
+};
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
-                              bool *claimed);
-void atap__pool_help_run(struct worker *w, uint32_t x, bool claimed);
+                              enum help_how *how);
+void atap__pool_help_run(struct worker *w, uint32_t x, enum help_how how);
 
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);

@@ -36,12 +36,13 @@ void atap__pool_thread_died(void *arg)
     struct worker *w = arg;
 
     /* It waits no more, and no run of it is on a stack: nothing of its
-     * record may lead a waiter anywhere (the record is reused). Innermost
-     * first; each published run unpublished as it goes. */
+     * record may lead a waiter anywhere (the record is reused). Every run
+     * unpublished first, then each failed, innermost first. */
     st_release(&w->awaiting, 0);
+    while (w->npub > 0)
+        st_relaxed(&w->pub[--w->npub], 0);
     while (w->depth > 0) {
-        if (--w->depth < PUB_DEPTH)
-            st_relaxed(&w->pub[w->depth], 0);
+        w->depth--;
         atap__pool.ops->fail_held(w->held[w->depth]);
     }
     atap__pool_held_reset(w);

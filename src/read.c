@@ -104,7 +104,8 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
     struct worker *w = wt.w;
     uint64_t slice = SLICE_MIN_NS, now, left;
     unsigned spins = 0;
-    bool looked = false, claimed;
+    bool looked = false;
+    enum help_how how;
     uint32_t cur, x;
 
     for (;;) {
@@ -118,9 +119,9 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
         /* Help only while time is left: a timed wait returns at most one
          * helped run past its deadline. */
         if (w && (deadline == ATAP__FOREVER || atap__now_ns() < deadline) &&
-            (x = atap__pool_help_pick(w, s, ref, gen, &claimed)) != 0) {
+            (x = atap__pool_help_pick(w, s, ref, gen, &how)) != 0) {
             unblocked(&wt, 0); /* what it runs may wait in turn */
-            atap__pool_help_run(w, x, claimed);
+            atap__pool_help_run(w, x, how);
             slice = SLICE_MIN_NS;
             spins = 0;
             continue;
