@@ -33,7 +33,9 @@
  *     while A runs that A never waits for, and that itself waits for what
  *     the task waiting for A does later. Join what you spawn, or don't wait
  *     for A inside a task.) With nothing it may run, the thread blocks and
- *     the pool lends its core to another worker. Nesting is bounded by the
+ *     the pool lends its core to another worker, a new one only once every
+ *     worker has been blocked so, asleep, for a while (a tree of joins runs
+ *     on the workers it has, one a core). Nesting is bounded by the
  *     thread's stack: past its room, the next run starts on another
  *     worker's. If every worker the pool may have (atap_pool_stats'
  *     ceiling) is blocked so and the awaited task is still queued, the wait
@@ -123,8 +125,9 @@ ATAP_EXPORT const char *atap_version_string(void);
  * Elsewhere the online CPUs.
  *
  * Threads. The pool starts `workers` workers (its base count) and never
- * goes below it. It grows past it only while workers are blocked (in a
- * wait inside a task, or stuck in a call of their own) and work waits: up
+ * goes below it. It grows past it only while every worker is blocked (in
+ * a wait inside a task, or stuck in a call of their own), asleep rather
+ * than running or waiting for a CPU, and work waits: up
  * to workers_per_core a CPU (its target), past that only under overload,
  * never past atap_pool_stats' ceiling. Blocking threads start on demand
  * and stop when idle: at most `blocking_threads`.
