@@ -128,7 +128,9 @@ void atap__pool_blocked(struct worker *w, bool blocked)
         if (!atap__pool_wake_idle())
             sub_seqcst(&atap__pool.nsearching, 1);
     } else if (unblocked_workers() == 0 && atap__now_ns() - w->blocked_at >= LEND_GRACE_NS &&
-               others_asleep(w)) {
+               ld_relaxed(&atap__pool.nlive) < atap__pool.ceiling && others_asleep(w)) {
+        /* (The ceiling first: at it, every blocked worker would read every
+         * other's state on each slice for nothing.) */
         add_worker();
     }
 }
