@@ -49,10 +49,11 @@ static uint32_t take_awaited(struct worker *w, uint32_t awaited)
 }
 
 /* The link hint a published run leaves in its slot: LINK_HINT | k << 11
- * | worker index + 1, k its place in pub[]. Only a hint: whatever it reads is checked against
- * pub[]. LINK_HINT (slot.h) tells it from a queue link: a popper of the
- * shared queue may still walk through a slot popped under it, and stops
- * at a hint rather than follow it (its CAS fails then anyway). */
+ * | worker index + 1, k its place in pub[]. Only a hint: whatever it reads
+ * is checked against pub[]. LINK_HINT (slot.h) tells it from a queue link:
+ * a popper of the shared queue may still walk through a slot popped under
+ * it, and stops at a hint rather than follow it (its CAS fails then
+ * anyway). */
 #define HINT_WORKER_BITS 11
 _Static_assert(POOL_MAX_THREADS < (1u << HINT_WORKER_BITS), "a worker index fits the hint");
 _Static_assert(PUB_DEPTH < (1u << (31 - HINT_WORKER_BITS)), "a place fits the hint");
@@ -192,8 +193,9 @@ static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, st
  * the run was on the stack all along, so the wait began during it (a wait
  * that ended put the record back to a lower one first, and a later one,
  * read with acquire, would show the run gone), and the depth is the run's
- * (a later run's, read with acquire, would show this one unpublished). A listener is taken on the task found, so that
- * its slot stays its own while it is looked at. 0 if none.
+ * (a later run's, read with acquire, would show this one unpublished). A
+ * listener is taken on the task found, so that its slot stays its own
+ * while it is looked at. 0 if none.
  */
 static uint64_t needed_next(const struct found *at, struct atap_slot **next)
 {

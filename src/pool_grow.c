@@ -9,8 +9,8 @@
  * waiting thread runs only work the awaited task needs, nested on its
  * stack while the stack has room; else it blocks, counted in nblocked, and
  * its core is lent: an idle worker is woken, or one more started when no
- * worker is left unblocked, else by the tick, which counts a blocked
- * worker as stuck. Every worker the pool may have blocked with the
+ * worker is left unblocked and all sleep, else by the tick, which counts a
+ * blocked worker asleep as stuck. Every worker the pool may have blocked with the
  * awaited task still queued is a stall (atap__pool_stalled): one waiter at
  * a time gives up with ATAP_ELIMIT.
  *
@@ -115,10 +115,11 @@ void atap__pool_blocked(struct worker *w, bool blocked)
      * once this one has been blocked for LEND_GRACE_NS: in a tree of joins
      * every worker is often blocked for a moment, each waiting for a run
      * the other has just ended or is about to, and a worker started then
-     * only crowds the cores. While one still runs, the tick lends the core
-     * as it does for stuck workers (a blocked one counts as stuck:
-     * count_stuck). More threads than cores, all running, only slow a tree
-     * of joins down. */
+     * only crowds the cores; nor while another blocked one is not asleep
+     * (woken, it waits for a CPU). While one still runs, the tick lends the
+     * core as it does for stuck workers (a blocked one asleep counts as
+     * stuck: count_stuck). More threads than cores, all running, only slow
+     * a tree of joins down. */
     if (!atap__pool_work_visible(true))
         return;
     if (ld_relaxed(&atap__pool.nidle) > 0) {
