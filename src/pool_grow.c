@@ -10,9 +10,9 @@
  * stack while the stack has room; else it blocks, counted in nblocked, and
  * its core is lent: an idle worker is woken, or one more started when no
  * worker is left unblocked and all sleep, else by the tick, which counts a
- * blocked worker asleep as stuck. Every worker the pool may have blocked with the
- * awaited task still queued is a stall (atap__pool_stalled): one waiter at
- * a time gives up with ATAP_ELIMIT.
+ * blocked worker asleep as stuck. Every worker the pool may have blocked
+ * with the awaited task still queued is a stall (atap__pool_stalled): one
+ * waiter at a time gives up with ATAP_ELIMIT.
  *
  * Growth and reaping (the manager's tick, atap__pool_tick; the supervisor's
  * once the manager is gone for good, manager.c): one more worker when
@@ -118,7 +118,7 @@ void atap__pool_blocked(struct worker *w, bool blocked)
      * only crowds the cores; nor while another blocked one is not asleep
      * (woken, it waits for a CPU). While one still runs, the tick lends the
      * core as it does for stuck workers (a blocked one asleep counts as
-     * stuck: count_stuck). More threads than cores, all running, only slow
+     * stuck: all_stuck). More threads than cores, all running, only slow
      * a tree of joins down. */
     if (!atap__pool_work_visible(true))
         return;
@@ -221,28 +221,36 @@ static bool off_cpu(struct worker *w, unsigned i)
 #endif
 }
 
-/* Workers stuck in a task: blocked in a wait inside it and asleep (one
- * whose wait has just ended may not have had a CPU yet), or inside one
- * with nothing finished since the last tick and off the CPU; among the
- * live ones, counted in *live. */
-static unsigned count_stuck(unsigned *live)
+/* Every live worker stuck in a task: blocked in a wait inside it and
+ * asleep (one whose wait has just ended may not have had a CPU yet), or
+ * inside one with nothing finished since the last tick and off the CPU;
+ * the live ones counted in *live. The cheap half of each test first, for
+ * every worker: the kernel is asked about their states only when every
+ * one of them passes it, and only until one fails. */
+static bool all_stuck(unsigned *live)
 {
-    unsigned n = ld_acquire(&atap__pool.nrec), stuck = 0;
+    unsigned n = ld_acquire(&atap__pool.nrec);
+    bool maybe = true, blocked[POOL_MAX_THREADS];
 
     *live = 0;
     for (unsigned i = 0; i < n; i++) {
-        uint64_t done = ld_relaxed(&atap__pool_workers[i].completed);
+        struct worker *w = &atap__pool_workers[i];
+        uint64_t done = ld_relaxed(&w->completed);
 
-        if (ld_acquire(&atap__pool_workers[i].status) != W_LIVE)
+        blocked[i] = false;
+        if (ld_acquire(&w->status) != W_LIVE)
             continue;
         (*live)++;
-        if ((ld_relaxed(&atap__pool_workers[i].blocked) && asleep(&atap__pool_workers[i])) ||
-            (ld_relaxed(&atap__pool_workers[i].busy) && done == atap__pool.last_done[i] &&
-             off_cpu(&atap__pool_workers[i], i)))
-            stuck++;
+        blocked[i] = ld_relaxed(&w->blocked);
+        if (!blocked[i] && !(ld_relaxed(&w->busy) && done == atap__pool.last_done[i]))
+            maybe = false;
         atap__pool.last_done[i] = done;
     }
-    return stuck;
+    for (unsigned i = 0; maybe && i < n; i++)
+        if (ld_acquire(&atap__pool_workers[i].status) == W_LIVE &&
+            !(blocked[i] ? asleep(&atap__pool_workers[i]) : off_cpu(&atap__pool_workers[i], i)))
+            maybe = false;
+    return maybe && *live > 0;
 }
 
 /* Stops the idle worker that has idled longest, if past the limit. */
@@ -280,7 +288,8 @@ static void reap(uint64_t now, unsigned live)
  * manager is stopped by then): returns the live worker count. */
 unsigned atap__pool_keep_going(void)
 {
-    unsigned running, stuck = count_stuck(&running);
+    unsigned running;
+    bool stuck = all_stuck(&running);
     size_t queued = atap__inj_len(&atap__pool.inj);
 
     /* Work in a LIFO slot or a ring woke nobody: hand it to an idle peer. */
@@ -293,7 +302,7 @@ unsigned atap__pool_keep_going(void)
      * look reads the workers one after the other: in a tree of joins one
      * may wake just after it was read asleep, and the other fall asleep
      * waiting for it just before. */
-    atap__pool.stuck_ticks = running > 0 && stuck == running ? atap__pool.stuck_ticks + 1 : 0;
+    atap__pool.stuck_ticks = stuck ? atap__pool.stuck_ticks + 1 : 0;
     if (atap__pool.stuck_ticks >= 2 && atap__pool_work_visible(true) &&
         (running < atap__pool.target || queued >= (size_t)running * OVERLOAD_RATIO))
         add_worker();
