@@ -12,6 +12,7 @@
  * need (a bounded pool), and the error a waiter gets when every thread the
  * pool may have is waiting.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -509,6 +510,107 @@ static void test_waits_sleeping_workers_get_growth(void **state)
                  "(peak %zu workers)", before, peak);
 }
 
+/* ---- a run taken deep in a stack can be leapfrogged into ---------------- */
+
+/* A waiter leapfrogs into the run it waits for wherever that run sits on
+ * the other worker's stack: here 200 runs deep (a chain of the other
+ * worker's own joins), where it once went unpublished, so that the waiter
+ * slept while that worker ran the run's children one by one. */
+#define DEEP_LEVELS 200
+#define DEEP_KIDS 24
+
+static struct {
+    atap_task r;             /* the run waited for, spawned by P */
+    atomic_int r_ready;      /* r is set */
+    atomic_int r_started;    /* r runs */
+    atomic_int on_p_thread;  /* r's children run on P's thread */
+    pthread_t p_thread;
+} g_deep;
+
+static int task_deep_kid(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    uint64_t until = now_ns() + ATAP_MS(2);
+    if (pthread_equal(pthread_self(), g_deep.p_thread))
+        atomic_fetch_add(&g_deep.on_p_thread, 1);
+    while (now_ns() < until) /* on the CPU: the other worker must not sleep meanwhile */
+        ;
+    return 0;
+}
+
+/* R: spawns its children and joins them, one after the other. */
+static int task_deep_r(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atap_task k[DEEP_KIDS];
+    atomic_store(&g_deep.r_started, 1);
+    for (int i = 0; i < DEEP_KIDS; i++)
+        CHECK(atap_spawn(&k[i], task_deep_kid, NULL, NULL) == 0);
+    for (int i = 0; i < DEEP_KIDS; i++) {
+        CHECK(atap_join_for(k[i], NULL, 0, INNER) == 0);
+        atap_release(k[i]);
+    }
+    return 0;
+}
+
+/* P: spawns R and lets the other worker take it (no join yet, or P would
+ * run R itself), then waits for it. */
+static int task_deep_p(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    uint64_t end = now_ns() + INNER;
+    g_deep.p_thread = pthread_self();
+    CHECK(atap_spawn(&g_deep.r, task_deep_r, NULL, NULL) == 0);
+    atomic_store(&g_deep.r_ready, 1);
+    while (!atomic_load(&g_deep.r_started) && now_ns() < end && !released_all())
+        ;
+    return atap_join_for(g_deep.r, NULL, 0, INNER);
+}
+
+/* A chain of own joins DEEP_LEVELS deep on one worker; at its bottom, a
+ * wait for R, which P left queued on the other: claimed aside, it runs
+ * there, under the whole chain. */
+static int task_deep_level(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    uintptr_t level = (uintptr_t)arg;
+    atap_task t;
+    if (level < DEEP_LEVELS) {
+        CHECK(atap_spawn(&t, task_deep_level, (void *)(level + 1), NULL) == 0);
+        int rc = atap_join_for(t, NULL, 0, INNER);
+        atap_release(t);
+        return rc;
+    }
+    uint64_t end = now_ns() + INNER;
+    while (!atomic_load(&g_deep.r_ready) && now_ns() < end && !released_all())
+        ;
+    return atap_join_for(g_deep.r, NULL, 0, INNER);
+}
+
+static void test_waits_leapfrog_into_a_run_deep_in_a_stack(void **state)
+{
+    (void)state;
+    atap_task p, d;
+
+    if (pool_stats().workers < 2)
+        skip();
+    atomic_store(&g_deep.r_ready, 0);
+    atomic_store(&g_deep.r_started, 0);
+    atomic_store(&g_deep.on_p_thread, 0);
+    assert_int_equal(atap_spawn(&p, task_deep_p, NULL, NULL), 0);
+    assert_true(wait_atomic_at_least(&g_deep.r_ready, 1, OUTER));
+    assert_int_equal(atap_spawn(&d, task_deep_level, (void *)(uintptr_t)0, NULL), 0);
+    assert_int_equal(atap_join_for(d, NULL, 0, OUTER), 0);
+    assert_int_equal(atap_join_for(p, NULL, 0, OUTER), 0);
+    atap_release(d);
+    atap_release(p);
+    atap_release(g_deep.r);
+    if (atomic_load(&g_deep.on_p_thread) == 0)
+        fail_msg("P waited for R, run %d levels deep on the other worker, and ran none of "
+                 "its %d children", DEEP_LEVELS, DEEP_KIDS);
+    assert_no_failures();
+}
+
 /* ---- a tree of joins runs on the workers it has ------------------------- */
 
 /* A node of an unbalanced tree: a little work, then two children spawned
@@ -591,6 +693,7 @@ int main(void)
         T(test_waits_chain_of_100000_joins_ends),
         T(test_waits_busy_workers_get_no_growth),
         T(test_waits_tree_of_joins_adds_no_worker),
+        T(test_waits_leapfrog_into_a_run_deep_in_a_stack),
         T(test_waits_sleeping_workers_get_growth),
 #ifdef ATAP_FAULT_INJECTION
         cmocka_unit_test_setup_teardown(test_waits_ceiling_reached_is_an_error,
