@@ -1547,9 +1547,9 @@ typedef struct atap_net_out {
  * libatap's. */
 typedef struct atap_net_reader {
     int fd;
+    bool drained; /* its last recv left the socket empty */
     unsigned char *buf;
     size_t cap, start, end; /* buffered: buf[start..end) */
-    bool drained;           /* its last recv left the socket empty */
 } atap_net_reader;
 
 /* One operation's state: filled by an atap_net_prep_* call, read and
