@@ -11,7 +11,8 @@
  *   write   atap_net_prep_send: the responses, then read again.
  *
  * The io, the reader and its buffer live in the connection's arg: nothing
- * is allocated per request.
+ * is allocated per request. The connection's socket is kept (atap_fd_keep)
+ * from accept to close: watched once, so a park makes no system call.
  *
  * Usage:
  *   http_hello [--port P] [--threads T]   serve 127.0.0.1:P (default 8080;
@@ -52,6 +53,7 @@ struct conn {
 static void conn_free(void *arg)
 {
     struct conn *c = arg;
+    atap_fd_unkeep(c->fd); /* before the close: the number may be reused */
     close(c->fd);
     free(c);
 }
@@ -112,6 +114,7 @@ static void serve(int fd)
     c->fd = fd;
     c->writing = false;
     atap_net_set_nodelay(fd, true);
+    atap_fd_keep(fd); /* failing, its parks are armed one at a time, as ever */
     atap_net_reader_init(&c->in, fd, c->buf, sizeof c->buf);
     atap_net_prep_recv_until(&c->io, &c->in, "\r\n\r\n", 4, sizeof c->buf);
     if (atap_spawn(&t, connection, c, &(atap_spawn_opts){.arg_free = conn_free}) != 0) {

@@ -1074,6 +1074,37 @@ ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);
  */
 ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns);
 
+/*
+ * Keeps fd watched from now until atap_fd_unkeep(fd), so that a park on it
+ * makes no system call: the watch is armed once, not at each park. A kept
+ * fd is edge-triggered: a park on it resumes once fd has become ready, for
+ * a direction it asks for, since a park on it last resumed for that
+ * direction (or since the keep), not merely because fd still is ready. So
+ * park only after fd said EAGAIN, or after a read came back short (which
+ * empties a stream socket or a pipe); the atap_net_* tasks do. A readiness
+ * that comes while no task is parked waits for the next park, which then
+ * resumes at once. Tasks parked on a kept fd together all hear of what
+ * comes; a hang-up or an error, once reported, resumes every later park at
+ * once. Call atap_fd_unkeep before close(fd): a kept fd closed, its number
+ * then reused by another file, may leave a park on the new one waiting for
+ * ever. The keep lasts across a shutdown and the next atap_init; a fork's
+ * child starts with no fd kept. On the poll backend parks stay as they are
+ * without a keep (they hear of what is ready, which keeps every promise
+ * above).
+ * Returns 0 (an fd kept already is armed afresh); ATAP_EINVAL for a
+ * negative fd; ATAP_ENOTINIT when no runtime is running; -EBADF for an fd
+ * not open, -EPERM for a regular file (epoll: a regular file is always
+ * ready), other -errno from the kernel.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_fd_keep(int fd);
+
+/* Ends atap_fd_keep(fd): parks on fd are armed one at a time again, and a
+ * task still parked on it stays parked. Call it before close(fd). Returns
+ * 0, also for an fd not kept; ATAP_EINVAL for a negative fd.
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_fd_unkeep(int fd);
+
 /* Inside a task: asks to be run again at deadline_ns (atap_now()'s clock;
  * never earlier), then return ATAP_PARKED. Inside atap_block the calling
  * thread sleeps until then. Returns 0; ATAP_EINVAL for a NULL ctx or a

@@ -46,6 +46,24 @@
  * A park on an fd with a deadline, in the slot tail, is on both its fd's
  * list and the park wheel (park_wheel.c); tail_timed_arm says how the two
  * meet.
+ *
+ * Kept fds (atap_fd_keep) are watched edge-triggered (the poller's kept
+ * watch) from the keep to atap_fd_unkeep, whether parks wait on them or
+ * not, so a park on one makes no system call. Their reports say what fd
+ * has become ready for, not what it is: a report's directions that no
+ * park took (claim_ready's `taken`) wait in `ready`, and the next park
+ * that wants one takes it at once (take_ready) instead of joining the
+ * list; HUP and ERR stay there for good. Reports and joins both hold
+ * fd_lock, so a report either finds a park on the list and claims it or
+ * leaves its bits for the park to find: no edge falls between the two.
+ * The watch asks for READ from the keep and for WRITE from the first park
+ * that wants it (kept_ev only grows: a watch made again reports what fd is
+ * ready for then, which can only add to `ready`, never hide a change). It
+ * is made again for that, or renewed, as one-shot watches are, after a
+ * manager's death (its last reports died with it) and at each tick while
+ * deaf. A report still on its way after an unkeep finds the fd not kept
+ * and is taken as a one-shot one (records outlive it: the top). The poll
+ * backend has no kept watch: there a keep leaves the fd one-shot.
  */
 #include "park.h"
 #include "park_int.h"
@@ -73,6 +91,9 @@ _Static_assert(ATAP_READABLE == ATAP__POLL_READ && ATAP_WRITABLE == ATAP__POLL_W
 struct fdw {
     int fd;
     bool deaf;             /* fd_lock: its last watch failed; on deaf_fds (see the top) */
+    bool kept;             /* fd_lock: atap_fd_keep'd, watched edge-triggered (see kept fds) */
+    uint8_t kept_ev;       /* kept: the directions its watch asks for; it only grows */
+    uint8_t ready;         /* kept: what reports said and no park has taken yet */
     struct fdw *deaf_next; /* deaf_fds, fd_lock */
     struct park *waiters;  /* parks with a record (park.c's struct park) */
     uint32_t tails;        /* parks in the slot tail: slot index + 1, on `link` */
@@ -133,21 +154,39 @@ static void set_deaf(struct fdw *f, bool deaf)
     }
 }
 
+/* Why rewatch() is called: a park joining the fd (its own watch); the
+ * parks already waiting, after a report or a park leaving; or a renewal, a
+ * watch made afresh whatever it had (a restart, a tick's retry). A fault
+ * may be injected in the last two, not in a joining park's own. */
+enum { W_JOIN, W_AGAIN, W_RENEW };
+
 /* fd_lock held: the fd's watch follows its waiters; one that fails leaves
- * the fd deaf, unless no manager will run again (see the top). again: a
- * watch renewed for the parks already waiting (after a report, a park
- * leaving, a restart, a tick's retry), where a fault may be injected; not
- * a joining park's own. */
-static int rewatch(struct fdw *f, bool again)
+ * the fd deaf, unless no manager will run again (see the top). A kept fd's
+ * watch stays as it is (kept fds, below), but for a direction a joining
+ * park wants that it lacks (added for good), or a renewal. */
+static int rewatch(struct fdw *f, int why)
 {
     struct atap_poller *mp = atap__hub_poller();
     unsigned ev = wanted(f);
     int rc = 0;
 
-    if (ev)
-        rc = again && FAULT_WATCH_FAILS() ? -ENOMEM : atap__poller_watch(mp, f->fd, ev, f);
-    else
+    if (f->kept) {
+        unsigned want = f->kept_ev | ev;
+
+        if (why != W_RENEW && want == f->kept_ev)
+            return 0;
+        rc = why != W_JOIN && FAULT_WATCH_FAILS() ? -ENOMEM
+                                                  : atap__poller_watch_kept(mp, f->fd, want, f);
+        if (rc == 0)
+            f->kept_ev = (uint8_t)want;
+        /* Failed, the fd is deaf even after a joining park's own watch
+         * (which then resumes with ATAP_ERROR): kqueue lets go of both
+         * filters then, and the tick's renewal puts them back. */
+    } else if (ev) {
+        rc = why != W_JOIN && FAULT_WATCH_FAILS() ? -ENOMEM : atap__poller_watch(mp, f->fd, ev, f);
+    } else {
         atap__poller_unwatch(mp, f->fd); /* -EBADF for a closed fd: nothing to undo */
+    }
     set_deaf(f, rc != 0 && !fd_closed);
     return rc;
 }
@@ -171,6 +210,18 @@ static struct fdw *fdw_of(int fd)
     if (!fdtab[fd] && (fdtab[fd] = calloc(1, sizeof *fdtab[fd])))
         fdtab[fd]->fd = fd;
     return fdtab[fd];
+}
+
+/* fd_lock held: what a park that wants `want` on f is told at once, 0 for
+ * nothing: on a kept fd, the directions it wants that a report said since
+ * a park last took them (taken now), with a hang-up or an error (which
+ * last: they stay for every later park). */
+static unsigned take_ready(struct fdw *f, unsigned want)
+{
+    unsigned got = f->kept ? f->ready & (want | ATAP_HANGUP | ATAP_ERROR) : 0;
+
+    f->ready &= (uint8_t)~(got & EVENT_BITS);
+    return got;
 }
 
 /* ---- fd parks in the slot tail ---------------------------------------------
@@ -216,7 +267,7 @@ static void tail_unlink(uint32_t index)
             x = ld_relaxed(link_of(x - 1));
         st_relaxed(link_of(x - 1), ld_relaxed(link_of(index)));
     }
-    rewatch(f, true);
+    rewatch(f, W_AGAIN);
 }
 
 /* fd_lock taken here: a tail fd park comes off its fd's list if it is still
@@ -254,6 +305,7 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx);
 void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
     uint32_t bits = ctx->events << T_WANT_SHIFT | T_FD, c = P_ARMING | bits, w, st;
+    unsigned got = ATAP_ERROR;
     bool linked = false;
     struct fdw *f;
     int by = 0;
@@ -270,19 +322,21 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         by = BY_OFF;
     } else if (!(f = fdw_of(ctx->fd))) {
         by = BY_READY;
+    } else if ((got = take_ready(f, ctx->events)) != 0) {
+        by = BY_READY; /* told already */
     } else {
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
         linked = true;
-        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
+        if (rewatch(f, W_JOIN) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             linked = false;
-            by = BY_READY;
+            by = BY_READY, got = ATAP_ERROR;
         }
     }
     pthread_mutex_unlock(&fd_lock);
     if (by)
-        atap__park_tclaim(s, by, by == BY_READY ? ATAP_ERROR : 0);
+        atap__park_tclaim(s, by, by == BY_READY ? got : 0);
     /* seq_cst: with the load of the word below, against the canceller's
      * state change and fence before its claim (store against store). */
     if (!atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_ARMED | bits,
@@ -323,11 +377,13 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
         by = BY_OFF;
     } else if (!(f = fdw_of(ctx->fd))) {
         by = BY_READY, got = ATAP_ERROR;
+    } else if ((got = take_ready(f, ctx->events)) != 0) {
+        by = BY_READY; /* told already */
     } else {
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
         atomic_fetch_or_explicit(&s->out.park.claim, T_LINKED, memory_order_relaxed);
-        if (rewatch(f, false) < 0) { /* not watchable: its next read says why */
+        if (rewatch(f, W_JOIN) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             by = BY_READY, got = ATAP_ERROR;
         }
@@ -346,19 +402,24 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
 int atap__park_fd_add(struct park *p)
 {
     struct fdw *f;
+    unsigned got;
     int rc = -ENOMEM;
 
     if (p->kind != PK_FD)
         return atap__source_add(p);
     pthread_mutex_lock(&fd_lock);
-    if ((f = fdw_of(p->fd)) != NULL) {
+    if ((f = fdw_of(p->fd)) != NULL && (got = take_ready(f, p->events)) != 0) {
+        st_relaxed(&p->got, got); /* told already: claimed from ARMING, its parker completes it */
+        atap__park_claim(p, BY_READY);
+        rc = 0;
+    } else if (f) {
         p->fd_next = f->waiters;
         f->waiters = p;
         p->on_fd = true;
-        if ((rc = rewatch(f, false)) < 0) {
+        if ((rc = rewatch(f, W_JOIN)) < 0) {
             f->waiters = p->fd_next;
             p->on_fd = false;
-            rewatch(f, true);
+            rewatch(f, W_AGAIN);
         }
     }
     pthread_mutex_unlock(&fd_lock);
@@ -379,7 +440,7 @@ void atap__park_fd_remove(struct park *p)
             at = &(*at)->fd_next;
         *at = p->fd_next;
         p->on_fd = false;
-        rewatch(fdtab[p->fd], true);
+        rewatch(fdtab[p->fd], W_AGAIN);
     }
     pthread_mutex_unlock(&fd_lock);
 }
@@ -417,19 +478,25 @@ static unsigned told(const struct fdw *f, unsigned events, unsigned want, int *s
 }
 
 /* fd_lock held: claims for READY every park on f that `events` (as the
- * poller reports them) makes ready, and moves it to r. */
-static void claim_ready(struct fdw *f, unsigned events, struct resumes *r)
+ * poller reports them) makes ready, and moves it to r. Returns the
+ * directions of `events` that a park claimed here wanted (taken). */
+static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
 {
     struct park *p, **at;
-    int seen = -1;
+    unsigned taken = 0;
+    int seen = -1, won;
 
     for (at = &f->waiters; (p = *at) != NULL;) {
         unsigned got = told(f, events, p->events, &seen);
 
         /* HUP and ERR mean ready for whatever was asked. */
         /* got first: a claim from ARMING is completed by the parker. */
-        if (((p->events & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
-            (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY) == 1)) {
+        won = ((p->events & events) || (events & (ATAP_HANGUP | ATAP_ERROR)))
+                  ? (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY))
+                  : 0;
+        if (won)
+            taken |= p->events & events;
+        if (won == 1) {
             *at = p->fd_next;
             p->on_fd = false;
             p->fd_next = r->ready;
@@ -444,8 +511,12 @@ static void claim_ready(struct fdw *f, unsigned events, struct resumes *r)
         unsigned want = (c >> T_WANT_SHIFT) & 0xfu;
 
         next = ld_relaxed(link_of(x - 1));
-        if (((want & events) || (events & (ATAP_HANGUP | ATAP_ERROR))) &&
-            atap__park_tclaim(t, BY_READY, told(f, events, want, &seen)) == 1) {
+        won = ((want & events) || (events & (ATAP_HANGUP | ATAP_ERROR)))
+                  ? atap__park_tclaim(t, BY_READY, told(f, events, want, &seen))
+                  : 0;
+        if (won)
+            taken |= want & events;
+        if (won == 1) {
             if (prev)
                 st_relaxed(link_of(prev - 1), next);
             else
@@ -462,6 +533,7 @@ static void claim_ready(struct fdw *f, unsigned events, struct resumes *r)
             prev = x;
         }
     }
+    return taken;
 }
 
 /* The manager, fd_lock let go: completes what claim_ready claimed. */
@@ -497,11 +569,13 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
     if (atap__source_event(udata, events, kind))
         return;
     pthread_mutex_lock(&fd_lock);
-    claim_ready(f, events, &r);
-    if (f->waiters || f->tails) /* one-shot: the rest are watched again (failed:
-                                   deaf, see the top); with none left the watch
-                                   is spent already, and the fd may be closed */
-        rewatch(f, true);
+    events &= ~claim_ready(f, events, &r);
+    if (f->kept) /* still armed: what nobody took waits for the next park */
+        f->ready |= (uint8_t)events;
+    else if (f->waiters || f->tails) /* one-shot: the rest are watched again (failed:
+                                        deaf, see the top); with none left the watch
+                                        is spent already, and the fd may be closed */
+        rewatch(f, W_AGAIN);
     else
         set_deaf(f, false); /* nobody left to hear it */
     pthread_mutex_unlock(&fd_lock);
@@ -540,14 +614,73 @@ void atap__park_retry(void)
         next->deaf = false;
     for (; f; f = next) {
         next = f->deaf_next; /* before a failure links f again */
-        if (rewatch(f, true) == 0 || !(ev = look(f->fd, wanted(f))))
+        if (rewatch(f, W_RENEW) == 0 || !(ev = look(f->fd, wanted(f) | f->kept_ev)))
             continue;
-        claim_ready(f, ev, &r);
-        if (!f->waiters && !f->tails)
+        if (f->kept) /* what it is ready for now, told as a report would */
+            f->ready |= (uint8_t)(ev & ~claim_ready(f, ev, &r));
+        else
+            claim_ready(f, ev, &r);
+        if (!f->waiters && !f->tails && !f->kept)
             set_deaf(f, false); /* nobody left to hear it */
     }
     pthread_mutex_unlock(&fd_lock);
     complete_ready(&r);
+}
+
+/* ---- kept fds ------------------------------------------------------------ */
+
+int atap_fd_keep(int fd)
+{
+    struct atap_poller *mp = atap__hub_poller();
+    struct fdw *f;
+    unsigned ev;
+    int rc;
+
+    if (fd < 0)
+        return ATAP_EINVAL;
+    pthread_mutex_lock(&fd_lock);
+    if (!mp || fd_closed) {
+        rc = ATAP_ENOTINIT;
+    } else if (!atap__fd_open(fd)) {
+        rc = -EBADF;
+    } else if (!(f = fdw_of(fd))) {
+        rc = -ENOMEM;
+    } else {
+        /* READ from the start, and whatever parks already wait for: WRITE
+         * only once a park wants it, as most sockets never fill up. Kept
+         * already, it is armed again all the same: a number closed while
+         * kept and reused lost its watch with the old file. */
+        ev = wanted(f) | f->kept_ev | ATAP_READABLE;
+        rc = atap__poller_watch_kept(mp, fd, ev, f);
+        f->kept = rc == 0;
+        f->kept_ev = rc == 0 ? (uint8_t)ev : 0;
+        f->ready = 0; /* the watch reports what is ready now */
+        if (rc == 0)
+            set_deaf(f, false);
+        else if (f->waiters || f->tails)
+            rewatch(f, W_AGAIN); /* kqueue lets go of both filters when one fails */
+        if (rc == -ENOTSUP)
+            rc = 0; /* poll: one-shot watches keep every promise of a kept one */
+    }
+    pthread_mutex_unlock(&fd_lock);
+    return rc;
+}
+
+int atap_fd_unkeep(int fd)
+{
+    struct fdw *f;
+
+    if (fd < 0)
+        return ATAP_EINVAL;
+    pthread_mutex_lock(&fd_lock);
+    if ((size_t)fd < fdcap && (f = fdtab[fd]) != NULL && f->kept) {
+        f->kept = false;
+        f->kept_ev = f->ready = 0;
+        if (atap__hub_poller())
+            rewatch(f, W_AGAIN); /* one-shot for the parks still waiting; none: unwatched */
+    }
+    pthread_mutex_unlock(&fd_lock);
+    return 0;
 }
 
 /* ---- the manager's side (every fd at once) ------------------------------ */
@@ -573,8 +706,8 @@ void atap__park_rearm(void)
 {
     pthread_mutex_lock(&fd_lock);
     for (size_t fd = 0; fd < fdcap; fd++)
-        if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails))
-            rewatch(fdtab[fd], true);
+        if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails || fdtab[fd]->kept))
+            rewatch(fdtab[fd], W_RENEW);
     pthread_mutex_unlock(&fd_lock);
     atap__sources_rearm();
 }

@@ -16,8 +16,9 @@
  * after every event for the fd watches it again with the interest still
  * wanted. That one rule gives the same result on every backend.
  *
- * Watches are one-shot: an event disarms what it reports, and nothing more is
- * reported for that fd until it is watched again. So a parked task is resumed
+ * Watches are one-shot (all but kept ones, atap__poller_watch_kept below):
+ * an event disarms what it reports, and nothing more is reported for that
+ * fd until it is watched again. So a parked task is resumed
  * once, and a hung-up or failed fd (HUP/ERR are reported whatever was asked,
  * and persist) is reported once per arming: it can never spin the loop.
  * With READ|WRITE on one fd, epoll and poll disarm the fd as a whole when
@@ -147,6 +148,17 @@ void atap__poller_close(struct atap_poller *p);
 /* Arms a one-shot watch on fd for events (ATAP__POLL_READ and/or
  * ATAP__POLL_WRITE), replacing any watch already on fd. 0 or -errno. */
 int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *udata);
+
+/* Arms a kept watch on fd for events (READ and/or WRITE), replacing any
+ * watch on fd, as atap__poller_watch does (and either call, or unwatch,
+ * replaces or removes a kept one). Kept: not one-shot but edge-triggered.
+ * It stays armed after a report and reports again each time fd becomes
+ * ready anew for a direction it watches (bytes arrive, room frees up, a
+ * hang-up), never for a readiness that merely lasts: the caller remembers
+ * what it was told. Arming it, first or again, reports once what fd is
+ * ready for at that moment. 0 or -errno as atap__poller_watch; -ENOTSUP on
+ * poll, which has no edges (the caller keeps one-shot watches there). */
+int atap__poller_watch_kept(struct atap_poller *p, int fd, unsigned events, void *udata);
 
 /* Removes the watch on fd, armed or already fired. 0 also when fd had none.
  * The fd must still be open (-EBADF from epoll and kqueue otherwise). */

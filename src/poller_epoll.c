@@ -197,9 +197,10 @@ static int check_fd(const struct atap_poller *p, int fd)
     return 0;
 }
 
-int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *udata)
+/* One watch of fd for events, EPOLLONESHOT or EPOLLET (kept). */
+static int arm(struct atap_poller *p, int fd, unsigned events, void *udata, uint32_t mode)
 {
-    struct epoll_event ev = {.events = EPOLLONESHOT, .data.ptr = udata};
+    struct epoll_event ev = {.events = mode, .data.ptr = udata};
     int rc = check_fd(p, fd);
 
     if (rc < 0)
@@ -210,7 +211,9 @@ int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *uda
         ev.events |= EPOLLIN | EPOLLRDHUP; /* the peer's half-close: HUP */
     if (events & ATAP__POLL_WRITE)
         ev.events |= EPOLLOUT;
-    /* Re-arming a watch that fired is the common case: MOD first. */
+    /* Re-arming a watch that fired is the common case: MOD first. A MOD
+     * looks at the fd afresh, so a kept watch re-armed reports what is
+     * ready now (the contract's "arming reports once what is ready"). */
     if (epoll_ctl(p->epfd, EPOLL_CTL_MOD, fd, &ev) == 0)
         return 0;
     if (errno != ENOENT)
@@ -221,6 +224,16 @@ int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *uda
     if (errno == EEXIST && epoll_ctl(p->epfd, EPOLL_CTL_MOD, fd, &ev) == 0)
         return 0;
     return -errno;
+}
+
+int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *udata)
+{
+    return arm(p, fd, events, udata, EPOLLONESHOT);
+}
+
+int atap__poller_watch_kept(struct atap_poller *p, int fd, unsigned events, void *udata)
+{
+    return arm(p, fd, events, udata, EPOLLET);
 }
 
 int atap__poller_unwatch(struct atap_poller *p, int fd)

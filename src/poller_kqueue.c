@@ -118,10 +118,12 @@ static int apply(struct atap_poller *p, const struct kevent *ch, int nch, struct
     return n < 0 ? -errno : n;
 }
 
-/* Deletes both filters, then adds those for `events`. 0 or -errno. */
-static int arm(struct atap_poller *p, int fd, unsigned events, void *udata)
+/* Deletes both filters, then adds those for `events`, EV_ONESHOT or
+ * EV_CLEAR (kept: an added filter looks at the fd afresh, so a kept watch
+ * armed again reports what is ready now). 0 or -errno. */
+static int arm(struct atap_poller *p, int fd, unsigned events, void *udata, unsigned short mode)
 {
-    const unsigned short add = EV_ADD | EV_ONESHOT | EV_RECEIPT, del = EV_DELETE | EV_RECEIPT;
+    const unsigned short add = EV_ADD | mode | EV_RECEIPT, del = EV_DELETE | EV_RECEIPT;
     struct kevent ch[4], res[4];
     int nch = 0, n, rc = 0;
 
@@ -259,7 +261,7 @@ static int check_fd(const struct atap_poller *p, int fd)
     return 0;
 }
 
-int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *udata)
+static int watch(struct atap_poller *p, int fd, unsigned events, void *udata, unsigned short mode)
 {
     int rc = check_fd(p, fd);
 
@@ -267,17 +269,27 @@ int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *uda
         return rc;
     if (events == 0 || (events & ~(ATAP__POLL_READ | ATAP__POLL_WRITE)))
         return -EINVAL;
-    rc = arm(p, fd, events, udata);
+    rc = arm(p, fd, events, udata, mode);
     if (rc < 0)
-        (void)arm(p, fd, 0, NULL); /* no half watch: one filter may have been added */
+        (void)arm(p, fd, 0, NULL, 0); /* no half watch: one filter may have been added */
     return rc;
+}
+
+int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *udata)
+{
+    return watch(p, fd, events, udata, EV_ONESHOT);
+}
+
+int atap__poller_watch_kept(struct atap_poller *p, int fd, unsigned events, void *udata)
+{
+    return watch(p, fd, events, udata, EV_CLEAR);
 }
 
 int atap__poller_unwatch(struct atap_poller *p, int fd)
 {
     int rc = check_fd(p, fd);
 
-    return rc < 0 ? rc : arm(p, fd, 0, NULL);
+    return rc < 0 ? rc : arm(p, fd, 0, NULL, 0);
 }
 
 /* One EVFILT_VNODE change (add or delete) with a receipt. 0 or -errno. */

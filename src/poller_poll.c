@@ -313,6 +313,15 @@ int atap__poller_watch(struct atap_poller *p, int fd, unsigned events, void *uda
     return rc;
 }
 
+/* poll(2) has no edge: the caller keeps one-shot watches here (poller.h). */
+int atap__poller_watch_kept(struct atap_poller *p, int fd, unsigned events, void *udata)
+{
+    int rc = check_fd(p, fd);
+
+    (void)events, (void)udata;
+    return rc < 0 ? rc : -ENOTSUP;
+}
+
 int atap__poller_unwatch(struct atap_poller *p, int fd)
 {
     int rc = check_fd(p, fd);

@@ -185,6 +185,48 @@ static void test_poller_one_shot(void **state)
     close_pair(fds);
 }
 
+/* A kept watch reports edges: once when armed if something is ready, then
+ * once per new readiness (a byte written), never for data merely left
+ * unread; armed again, it reports what is ready then; a one-shot watch or
+ * an unwatch replaces it. poll has none (-ENOTSUP). */
+static void test_poller_kept_edges(void **state)
+{
+    struct atap_poller *p = *state;
+    struct atap_poller_event e;
+    int fds[2];
+
+    make_pipe(fds);
+    if (strcmp(atap__poller_name(), "poll") == 0) {
+        assert_int_equal(atap__poller_watch_kept(p, fds[0], ATAP__POLL_READ, TAG(1)), -ENOTSUP);
+        close_pair(fds);
+        return;
+    }
+    assert_int_equal(atap__poller_watch_kept(p, fds[0], ATAP__POLL_READ, TAG(1)), 0);
+    assert_quiet(p, ATAP_MS(20)); /* nothing ready */
+    for (int round = 0; round < 3; round++) {
+        put_byte(fds[1]); /* left unread */
+        e = wait_one(p);
+        assert_ptr_equal(e.udata, TAG(1));
+        assert_true(e.events & ATAP__POLL_READ);
+        assert_quiet(p, ATAP_MS(20)); /* still readable: no new edge */
+    }
+    assert_int_equal(atap__poller_watch_kept(p, fds[0], ATAP__POLL_READ, TAG(2)), 0);
+    e = wait_one(p); /* armed again: what is ready now */
+    assert_ptr_equal(e.udata, TAG(2));
+    assert_true(e.events & ATAP__POLL_READ);
+    assert_quiet(p, ATAP_MS(20));
+    assert_int_equal(atap__poller_watch(p, fds[0], ATAP__POLL_READ, TAG(3)), 0);
+    assert_ptr_equal(wait_one(p).udata, TAG(3)); /* one-shot now */
+    put_byte(fds[1]);
+    assert_quiet(p, ATAP_MS(20));
+    assert_int_equal(atap__poller_watch_kept(p, fds[0], ATAP__POLL_READ, TAG(4)), 0);
+    assert_ptr_equal(wait_one(p).udata, TAG(4));
+    assert_int_equal(atap__poller_unwatch(p, fds[0]), 0);
+    put_byte(fds[1]);
+    assert_quiet(p, ATAP_MS(20));
+    close_pair(fds);
+}
+
 static void test_poller_writable(void **state)
 {
     struct atap_poller *p = *state;
@@ -746,6 +788,7 @@ int main(void)
         T(test_poller_name),
         T(test_poller_readable_reports_udata),
         T(test_poller_one_shot),
+        T(test_poller_kept_edges),
         T(test_poller_writable),
         T(test_poller_unwatch_stops_reports),
         T(test_poller_rewatch_replaces),
