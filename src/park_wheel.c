@@ -41,17 +41,21 @@
 #define WHEEL_TICK_SHIFT 16 /* 65.5 us */
 #define WHEEL_BITS 16       /* 65536 buckets: 4.3 s a round */
 #define WHEEL_N (1u << WHEEL_BITS)
+#define WORDS (WHEEL_N / 64)
 #define INBOX_CLOSED UINT32_MAX
 
 static _Atomic uint32_t inbox; /* slot index + 1 of the newest arm, 0, or CLOSED */
 /* Buckets holding a park a stop claimed (a bit each), and whether any is
  * set: the manager visits them at its next run, so a cancelled park's slot
  * goes at once rather than at its deadline. */
-static _Atomic uint64_t stop_bits[WHEEL_N / 64];
+static _Atomic uint64_t stop_bits[WORDS];
 static _Atomic bool stops_pending;
-static struct {                /* the manager's (or, closing, its stopper's) */
-    uint32_t head[WHEEL_N];    /* slot index + 1, linked through wnext / wprev */
-    uint64_t bits[WHEEL_N / 64];
+static struct {             /* the manager's (or, closing, its stopper's) */
+    uint32_t head[WHEEL_N]; /* slot index + 1, linked through wnext / wprev */
+    /* Buckets in use, a bit each, and words of those in use, a bit each:
+     * the search for the next one reads a few words, not a thousand. */
+    uint64_t bits[WORDS];
+    uint64_t words[WORDS / 64];
     uint64_t done; /* every tick up to this one has been gone through */
     bool started;
 } wheel;
@@ -163,6 +167,37 @@ static uint32_t bucket_of(struct atap_slot *s)
     return (uint32_t)(tick_of(ld_relaxed(&s->out.park.deadline)) % WHEEL_N);
 }
 
+static void bucket_used(uint32_t b)
+{
+    wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
+    wheel.words[b / 4096] |= UINT64_C(1) << (b / 64 % 64);
+}
+
+static void bucket_empty(uint32_t b)
+{
+    if (!(wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64))))
+        wheel.words[b / 4096] &= ~(UINT64_C(1) << (b / 64 % 64));
+}
+
+/* The first tick in [t, last] whose bucket is in use, or UINT64_MAX. */
+static uint64_t first_used(uint64_t t, uint64_t last)
+{
+    while (t <= last) {
+        uint32_t b = (uint32_t)(t % WHEEL_N), w;
+        uint64_t bits = wheel.bits[b / 64] >> (b % 64), used;
+
+        if (bits) {
+            t += (uint64_t)__builtin_ctzll(bits);
+            return t <= last ? t : UINT64_MAX;
+        }
+        t += 64 - b % 64; /* the next word's first tick */
+        w = (uint32_t)(t % WHEEL_N) / 64;
+        used = wheel.words[w / 64] >> (w % 64);
+        t += 64 * (used ? (uint64_t)__builtin_ctzll(used) : 64 - w % 64);
+    }
+    return UINT64_MAX;
+}
+
 /* Files slot index at the head of its bucket. The buckets are doubly
  * linked, so an fd's event can take a timed fd park out of the middle. */
 static void file(uint32_t index)
@@ -175,7 +210,7 @@ static void file(uint32_t index)
     if (head)
         st_relaxed(&atap__table_at(head - 1)->out.park.wprev, index + 1);
     wheel.head[b] = index + 1;
-    wheel.bits[b / 64] |= UINT64_C(1) << (b % 64);
+    bucket_used(b);
     if (ld_relaxed(&s->out.park.claim) & T_FD)
         atomic_fetch_or_explicit(&s->out.park.claim, T_FILED, memory_order_relaxed);
 }
@@ -201,7 +236,7 @@ void atap__park_unfile(uint32_t index)
     if (next)
         st_relaxed(&atap__table_at(next - 1)->out.park.wprev, prev);
     if (!wheel.head[b])
-        wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
+        bucket_empty(b);
     unfiled(s);
 }
 
@@ -212,7 +247,7 @@ static void bucket_run(uint32_t b, uint64_t now, int by)
     uint32_t x = wheel.head[b], due = 0;
 
     wheel.head[b] = 0;
-    wheel.bits[b / 64] &= ~(UINT64_C(1) << (b % 64));
+    bucket_empty(b);
     while (x) {
         struct atap_slot *s = atap__table_at(x - 1);
         uint32_t next = ld_relaxed(&s->out.park.wnext);
@@ -268,15 +303,9 @@ static void take_inbox(uint64_t now)
 /* The earliest tick after `from` with a bucket in use, as a deadline. */
 static uint64_t next_due(uint64_t from)
 {
-    for (uint64_t t = from + 1, end = from + WHEEL_N; t <= end;) {
-        uint32_t b = (uint32_t)(t % WHEEL_N);
-        uint64_t word = wheel.bits[b / 64] >> (b % 64);
+    uint64_t t = first_used(from + 1, from + WHEEL_N);
 
-        if (word)
-            return (t + (uint64_t)__builtin_ctzll(word) + 1) << WHEEL_TICK_SHIFT;
-        t += 64 - b % 64;
-    }
-    return ATAP__FOREVER;
+    return t == UINT64_MAX ? ATAP__FOREVER : (t + 1) << WHEEL_TICK_SHIFT;
 }
 
 uint64_t atap__park_wheel_run(uint64_t now)
@@ -290,7 +319,7 @@ uint64_t atap__park_wheel_run(uint64_t now)
     take_inbox(now);
     if (ld_relaxed(&stops_pending) && atomic_exchange_explicit(&stops_pending, false,
                                                                 memory_order_acquire)) {
-        for (uint32_t w = 0; w < WHEEL_N / 64; w++) {
+        for (uint32_t w = 0; w < WORDS; w++) {
             uint64_t bits = ld_relaxed(&stop_bits[w])
                                 ? atomic_exchange_explicit(&stop_bits[w], 0, memory_order_acquire)
                                 : 0;
@@ -302,20 +331,8 @@ uint64_t atap__park_wheel_run(uint64_t now)
     if (cur > wheel.done + 1) {
         uint64_t last = cur - 1;
         for (t = cur - wheel.done - 1 >= WHEEL_N ? last - WHEEL_N + 1 : wheel.done + 1;
-             t <= last;) {
-            uint32_t b = (uint32_t)(t % WHEEL_N);
-            uint64_t word = wheel.bits[b / 64] >> (b % 64);
-
-            if (!word) {
-                t += 64 - b % 64;
-                continue;
-            }
-            t += (uint64_t)__builtin_ctzll(word);
-            if (t > last)
-                break;
+             (t = first_used(t, last)) != UINT64_MAX; t++)
             bucket_run((uint32_t)(t % WHEEL_N), now, BY_DEADLINE);
-            t++;
-        }
         wheel.done = last;
     }
     wheel_flush();
@@ -334,7 +351,7 @@ void atap__park_wheel_close(void)
         file(x - 1);
         x = next;
     }
-    for (uint32_t w = 0; w < WHEEL_N / 64; w++)
+    for (uint32_t w = 0; w < WORDS; w++)
         while (wheel.bits[w])
             bucket_run(w * 64 + (uint32_t)__builtin_ctzll(wheel.bits[w]), 0, BY_OFF);
     wheel_flush(); /* those an fd's event claimed first */

@@ -1399,6 +1399,47 @@ static int task_park_fixed_until(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* Deadline parks spread over more than a round of the park wheel (4.3 s)
+ * and most of its buckets, so the search for the next bucket in use skips
+ * empty stretches of every length and wraps: each resumes by its
+ * deadline, never before it, and none is missed. */
+#define N_SPREAD 400
+static struct rs_until g_spread[N_SPREAD];
+
+static void test_park_deadlines_spread_over_the_wheel(void **state)
+{
+    (void)state;
+    atap_task t[N_SPREAD];
+    uint64_t base = atap_now();
+    unsigned seed = 12345;
+
+    for (int i = 0; i < N_SPREAD; i++) {
+        seed = seed * 1103515245u + 12345u;
+        /* clusters and gaps: a tenth within 2 ms of each other, the rest
+         * anywhere in 5.5 s */
+        uint64_t off = i % 10 == 0 ? ATAP_MS(700) + (seed >> 8) % ATAP_MS(2)
+                                   : (uint64_t)(seed >> 4) % ATAP_MS(5500);
+        g_spread[i].deadline = base + off;
+        atomic_store(&g_spread[i].runs, 0);
+        atomic_store(&g_spread[i].reason, 0);
+        atomic_store(&g_spread[i].resumed_at, 0);
+        t[i] = spawn0(task_park_fixed_until, &g_spread[i]);
+    }
+    for (int i = 0; i < N_SPREAD; i++) {
+        uint64_t wait = g_spread[i].deadline > atap_now() ? g_spread[i].deadline - atap_now() : 0;
+        int rc = atap_join_for(t[i], NULL, 0, wait + ATAP_SEC(10));
+        if (rc != 0)
+            fail_msg("park %d (deadline +%.3f s): joined %d (%s)", i,
+                     (double)(g_spread[i].deadline - base) / 1e9, rc, atap_strerror(rc));
+        assert_int_equal(atomic_load(&g_spread[i].runs), 2);
+        assert_int_equal(atomic_load(&g_spread[i].reason), ATAP_RESUME_DEADLINE);
+        assert_true(atomic_load(&g_spread[i].resumed_at) >= g_spread[i].deadline);
+        atap_release(t[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
 static void test_park_survives_manager_restart(void **state)
 {
     (void)state;
@@ -2727,6 +2768,7 @@ int main(void)
         T(test_park_holds_no_thread),
         T(test_park_fd_deadline_in_slot),
         T(test_park_cancel_frees),
+        T(test_park_deadlines_spread_over_the_wheel),
         T(test_park_survives_manager_restart),
         T(test_park_restart_rearms_fds),
         T(test_park_manager_gone_writes_off),
