@@ -10,8 +10,9 @@
  * at its join, when its own watch fails.
  *
  * Several parks on one fd share a `struct fdw` (one per fd number, kept for
- * the process's life, since the poller may still report it; a fork's child
- * forgets them with the poller, atap__park_forget): its waiter
+ * the process's life, since the poller may still report it, and made a
+ * chunk at a time; a fork's child forgets them with the poller,
+ * atap__park_forget): its waiter
  * list and the union of their events, watched one-shot on the manager's
  * poller and watched again after each event with what is still wanted.
  *
@@ -101,8 +102,11 @@ struct fdw {
 
 static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool fd_closed; /* fd_lock: no manager will run again */
+/* The records, by fd number, in chunks of FD_CHUNK made as needed and
+ * never moved (a record is the poller's udata): fdtab[fd / FD_CHUNK]. */
+#define FD_CHUNK 256
 static struct fdw **fdtab;
-static size_t fdcap;
+static size_t fdchunks;
 /* The deaf fds (see the top): written under fd_lock only; the tick's
  * unlocked look at the head is only a filter (relaxed: what it finds it
  * reads again under fd_lock, and a head it misses it meets at its next
@@ -191,25 +195,39 @@ static int rewatch(struct fdw *f, int why)
     return rc;
 }
 
-/* fd_lock held. NULL (the park then resumes with ATAP_ERROR) for no
- * memory, or a closed fd beyond the table. */
+/* fd_lock held: fd's record, NULL if none was ever made. */
+static struct fdw *fdw_at(size_t fd)
+{
+    size_t c = fd / FD_CHUNK;
+
+    return c < fdchunks && fdtab[c] ? &fdtab[c][fd % FD_CHUNK] : NULL;
+}
+
+/* fd_lock held: fd's record, made if need be. NULL (the park then resumes
+ * with ATAP_ERROR) for no memory, or a closed fd beyond the table. */
 static struct fdw *fdw_of(int fd)
 {
-    if ((size_t)fd >= fdcap) {
-        size_t cap = fdcap;
+    size_t c = (size_t)fd / FD_CHUNK;
+
+    if (c >= fdchunks) {
+        size_t cap = fdchunks;
         struct fdw **t;
 
-        if (!atap__fd_open(fd) || !atap__grow_cap(&cap, (size_t)fd))
+        if (!atap__fd_open(fd) || !atap__grow_cap(&cap, c))
             return NULL;
         if (!(t = realloc(fdtab, cap * sizeof *t)))
             return NULL;
-        memset(t + fdcap, 0, (cap - fdcap) * sizeof *t);
+        memset(t + fdchunks, 0, (cap - fdchunks) * sizeof *t);
         fdtab = t;
-        fdcap = cap;
+        fdchunks = cap;
     }
-    if (!fdtab[fd] && (fdtab[fd] = calloc(1, sizeof *fdtab[fd])))
-        fdtab[fd]->fd = fd;
-    return fdtab[fd];
+    if (!fdtab[c]) {
+        if (!(fdtab[c] = calloc(FD_CHUNK, sizeof *fdtab[c])))
+            return NULL;
+        for (size_t i = 0; i < FD_CHUNK; i++)
+            fdtab[c][i].fd = (int)(c * FD_CHUNK + i);
+    }
+    return &fdtab[c][fd % FD_CHUNK];
 }
 
 /* fd_lock held: what a park that wants `want` on f is told at once, 0 for
@@ -256,7 +274,7 @@ int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
 static void tail_unlink(uint32_t index)
 {
     struct atap_slot *s = atap__table_at(index);
-    struct fdw *f = fdtab[ld_relaxed(&s->out.park.fd)];
+    struct fdw *f = fdw_at(ld_relaxed(&s->out.park.fd));
     uint32_t x = f->tails;
 
     atomic_fetch_and_explicit(&s->out.park.claim, ~T_LINKED, memory_order_relaxed);
@@ -434,13 +452,13 @@ void atap__park_fd_remove(struct park *p)
     }
     pthread_mutex_lock(&fd_lock);
     if (p->on_fd) {
-        struct park **at = &fdtab[p->fd]->waiters;
+        struct park **at = &fdw_at((size_t)p->fd)->waiters;
 
         while (*at != p)
             at = &(*at)->fd_next;
         *at = p->fd_next;
         p->on_fd = false;
-        rewatch(fdtab[p->fd], W_AGAIN);
+        rewatch(fdw_at((size_t)p->fd), W_AGAIN);
     }
     pthread_mutex_unlock(&fd_lock);
 }
@@ -673,7 +691,7 @@ int atap_fd_unkeep(int fd)
     if (fd < 0)
         return ATAP_EINVAL;
     pthread_mutex_lock(&fd_lock);
-    if ((size_t)fd < fdcap && (f = fdtab[fd]) != NULL && f->kept) {
+    if ((f = fdw_at((size_t)fd)) != NULL && f->kept) {
         f->kept = false;
         f->kept_ev = f->ready = 0;
         if (atap__hub_poller())
@@ -705,9 +723,11 @@ void atap__park_tails_open(void)
 void atap__park_rearm(void)
 {
     pthread_mutex_lock(&fd_lock);
-    for (size_t fd = 0; fd < fdcap; fd++)
-        if (fdtab[fd] && (fdtab[fd]->waiters || fdtab[fd]->tails || fdtab[fd]->kept))
-            rewatch(fdtab[fd], W_RENEW);
+    for (size_t fd = 0; fd < fdchunks * FD_CHUNK; fd++) {
+        struct fdw *f = fdw_at(fd);
+        if (f && (f->waiters || f->tails || f->kept))
+            rewatch(f, W_RENEW);
+    }
     pthread_mutex_unlock(&fd_lock);
     atap__sources_rearm();
 }
@@ -721,8 +741,8 @@ void atap__park_tails_close(void)
     fd_closed = true;
     while (ld_relaxed(&deaf_fds)) /* no tick will retry them, and none is marked now */
         set_deaf(ld_relaxed(&deaf_fds), false);
-    for (size_t fd = 0; fd < fdcap; fd++) {
-        struct fdw *f = fdtab[fd];
+    for (size_t fd = 0; fd < fdchunks * FD_CHUNK; fd++) {
+        struct fdw *f = fdw_at(fd);
         for (uint32_t x = f ? f->tails : 0, prev = 0, next; x; x = next) {
             struct atap_slot *t = atap__table_at(x - 1);
             next = ld_relaxed(link_of(x - 1));
@@ -755,6 +775,6 @@ void atap__park_fd_forget(void)
     fd_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     fd_closed = false;
     fdtab = NULL;
-    fdcap = 0;
+    fdchunks = 0;
     st_relaxed(&deaf_fds, NULL);
 }
