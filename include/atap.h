@@ -1083,14 +1083,17 @@ ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t ti
  * park only after fd said EAGAIN, or after a read came back short (which
  * empties a stream socket or a pipe); the atap_net_* tasks do. A readiness
  * that comes while no task is parked waits for the next park, which then
- * resumes at once. Tasks parked on a kept fd together all hear of what
- * comes; a hang-up or an error, once reported, resumes every later park at
- * once. Call atap_fd_unkeep before close(fd): a kept fd closed, its number
- * then reused by another file, may leave a park on the new one waiting for
- * ever. The keep lasts across a shutdown and the next atap_init; a fork's
- * child starts with no fd kept. On the poll backend parks stay as they are
- * without a keep (they hear of what is ready, which keeps every promise
- * above).
+ * resumes at once, so one task reading a kept fd never misses one. Keep an
+ * fd that one task at a time waits on for each direction (a connection's
+ * task, an accept loop): tasks parked together all hear of what comes, but
+ * one that found nothing while another was being resumed may wait for the
+ * next change. A hang-up or an error, once reported, resumes every later
+ * park at once. Call atap_fd_unkeep before close(fd): a kept fd closed,
+ * its number then reused by another file, may leave a park on the new one
+ * waiting for ever. The keep lasts across a shutdown and the next
+ * atap_init; a fork's child starts with no fd kept. On the poll backend
+ * parks stay as they are without a keep (they hear of what is ready, which
+ * keeps every promise above).
  * Returns 0 (an fd kept already is armed afresh); ATAP_EINVAL for a
  * negative fd; ATAP_ENOTINIT when no runtime is running; -EBADF for an fd
  * not open, -EPERM for a regular file (epoll: a regular file is always

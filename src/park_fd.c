@@ -57,6 +57,8 @@
  * list; HUP and ERR stay there for good. Reports and joins both hold
  * fd_lock, so a report either finds a park on the list and claims it or
  * leaves its bits for the park to find: no edge falls between the two.
+ * What a park took is gone for every later park, which is why a kept fd
+ * is for one waiter a direction at a time (atap.h).
  * The watch asks for READ from the keep and for WRITE from the first park
  * that wants it (kept_ev only grows: a watch made again reports what fd is
  * ready for then, which can only add to `ready`, never hide a change). It
