@@ -9,7 +9,8 @@
  * tasks with gives limits, receive_all / receive_any over earlier handles,
  * forwards, sleep tasks, channel send and receive tasks, tasks parked on a
  * pipe the program writes later, tasks that join other handles, tasks that
- * spawn children), the calls on handles (join, join_for, try_join, take,
+ * spawn children), bytes through a kept socket (atap_fd_keep) to a reader
+ * task that parks on it, the calls on handles (join, join_for, try_join, take,
  * take_for, try_take, wait, cancel, dup, release, give, state_of, finished,
  * join_first, join_all), fault injection, and a shutdown + init.
  *
@@ -55,6 +56,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -295,6 +297,15 @@ static struct {
     bool running;
     int pipe_fd[2];
     atomic_int pipe_written;
+    /* The kept fd: a socket pair whose reading end is kept for the whole
+     * program (across its shutdowns), read by one task outside the handle
+     * table that parks after EAGAIN. Every byte written must be read. */
+    int kept_fd[2];
+    atap_task kept_reader;
+    bool kept_reading;
+    uint64_t kept_sent;
+    _Atomic uint64_t kept_got;
+    atomic_int kept_live; /* readers spawned whose arg_free has not run */
     atap_chan *chan;
     uint32_t chan_uid;
     bool chan_sender, chan_receiver;
@@ -1562,6 +1573,57 @@ static void op_pipe(void)
             G.hs[i].t->bounded = true;
 }
 
+static int kept_reader_task(atap_ctx *ctx, void *arg, void *out)
+{
+    char buf[64];
+    ssize_t n;
+
+    (void)arg, (void)out;
+    while ((n = read(G.kept_fd[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
+        if (n > 0)
+            atomic_fetch_add(&G.kept_got, (uint64_t)n);
+    FZ_CHECK(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "the kept reader read %zd (%s)",
+             n, n < 0 ? strerror(errno) : "");
+    FZ_CHECK(atap_park_fd(ctx, G.kept_fd[0], ATAP_READABLE, ATAP_FOREVER) == 0,
+             "the kept reader's park refused");
+    return ATAP_PARKED;
+}
+
+/* A reader's arg_free: the last touch of the task (a cancelled run may
+ * still be reading after its join returned), so the socket may close. */
+static void kept_reader_gone(void *arg)
+{
+    (void)arg;
+    atomic_fetch_sub(&G.kept_live, 1);
+}
+
+/* Starts the kept reader if none runs (a shutdown or a thread death ended
+ * the last; a refused spawn is tried again at the next call). */
+static void kept_start(void)
+{
+    if (G.kept_reading && atap_finished(G.kept_reader)) {
+        atap_release(G.kept_reader);
+        G.kept_reading = false;
+    }
+    if (G.running && !G.kept_reading) {
+        atomic_fetch_add(&G.kept_live, 1);
+        G.kept_reading = atap_spawn(&G.kept_reader, kept_reader_task, &G,
+                                    &(atap_spawn_opts){.arg_free = kept_reader_gone}) == 0;
+        if (!G.kept_reading)
+            atomic_fetch_sub(&G.kept_live, 1); /* refused: no arg_free */
+    }
+}
+
+static void op_kept(void)
+{
+    char bytes[4] = "kept";
+    size_t n = 1 + u8() % sizeof bytes;
+
+    FZ_CHECK(write(G.kept_fd[1], bytes, n) == (ssize_t)n, "writing the kept socket");
+    G.kept_sent += n;
+    kept_start();
+}
+
 static void op_fault(void)
 {
     unsigned sub = u8(), b = u8();
@@ -1615,6 +1677,7 @@ static void op_lifecycle(void)
         G.running = false;
         FZ_CHECK(!atap_initialised(), "atap_initialised after a shutdown");
         check_all_settled("after a shutdown");
+        kept_start(); /* the reader was written off: its handle goes */
         return;
     }
     int rc = atap_init(NULL);
@@ -1623,6 +1686,7 @@ static void op_lifecycle(void)
     G.running = rc == 0;
     FZ_CHECK(atap_initialised() == G.running, "atap_initialised says %d after init returned %d",
              atap_initialised(), rc);
+    kept_start(); /* the keep outlived the shutdown: a new reader parks on it */
 }
 
 static void op_stale(void)
@@ -1675,7 +1739,7 @@ enum {
     OP_SPAWN, OP_SERIES, OP_WAITING, OP_RECEIVE, OP_FORWARD, OP_SLEEP_TASK, OP_CHAN,
     OP_JOIN, OP_TAKE, OP_WAIT, OP_CANCEL, OP_DUP, OP_RELEASE, OP_GIVE, OP_QUERY,
     OP_JOIN_FIRST, OP_JOIN_ALL, OP_PIPE, OP_FAULT, OP_LIFECYCLE, OP_PAUSE, OP_STALE,
-    OP_SPAWN2, OP_GIVE2, OP_JOIN2, OP_COUNT
+    OP_SPAWN2, OP_GIVE2, OP_JOIN2, OP_KEPT, OP_COUNT
 };
 
 static void run_op(unsigned op)
@@ -1749,6 +1813,9 @@ static void run_op(unsigned op)
     case OP_PIPE:
         op_pipe();
         break;
+    case OP_KEPT:
+        op_kept();
+        break;
     case OP_FAULT:
         op_fault();
         break;
@@ -1794,6 +1861,15 @@ static void program_begin(unsigned b)
     int rc = atap_init(NULL);
     FZ_CHECK(rc == 0, "atap_init at a program's start returned %d (%s)", rc, atap_strerror(rc));
     G.running = true;
+    FZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, G.kept_fd) == 0,
+             "socketpair: %s", strerror(errno));
+    rc = atap_fd_keep(G.kept_fd[0]);
+    FZ_CHECK(rc == 0, "atap_fd_keep returned %d (%s)", rc, atap_strerror(rc));
+    G.kept_sent = 0;
+    atomic_store(&G.kept_got, 0);
+    atomic_store(&G.kept_live, 0);
+    G.kept_reading = false;
+    kept_start();
 }
 
 /* Waits for every held task to finish, the pipe written and what will not
@@ -1873,6 +1949,29 @@ static void program_end(unsigned b)
     }
     settle_all();
     drain_deaths();
+    /* Every byte through the kept socket read; then its reader stops. */
+    uint64_t bound = settle_bound(), start = now_ns();
+    while (kept_start(), atomic_load(&G.kept_got) < G.kept_sent) {
+        FZ_CHECK(now_ns() - start < bound,
+                 "the kept reader has read %" PRIu64 " of %" PRIu64 " bytes after %" PRIu64 " s",
+                 (uint64_t)atomic_load(&G.kept_got), G.kept_sent, bound / ATAP_SEC(1));
+        sleep_ns(ATAP_US(200));
+    }
+    FZ_CHECK(atomic_load(&G.kept_got) == G.kept_sent, "the kept reader read %" PRIu64
+             " bytes, %" PRIu64 " were written", (uint64_t)atomic_load(&G.kept_got), G.kept_sent);
+    if (G.kept_reading) {
+        atap_cancel(G.kept_reader);
+        atap_release(G.kept_reader);
+        G.kept_reading = false;
+    }
+    /* (A thread death may lose a reader's frame, and its arg_free with it.) */
+    for (start = now_ns(); atomic_load(&G.kept_live) > 0 && !(G.deaths && now_ns() - start > bound);
+         sleep_ns(ATAP_US(200)))
+        FZ_CHECK(G.deaths || now_ns() - start < bound,
+                 "a kept reader still there %" PRIu64 " s after its cancel", bound / ATAP_SEC(1));
+    FZ_CHECK(atap_fd_unkeep(G.kept_fd[0]) == 0, "atap_fd_unkeep");
+    close(G.kept_fd[0]);
+    close(G.kept_fd[1]);
     bool release_first = b & 1;
     if (release_first)
         for (int i = 0; i < NH; i++)
