@@ -1091,7 +1091,9 @@ ATAP_EXPORT int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t ti
  * park at once. Call atap_fd_unkeep before close(fd): a kept fd closed,
  * its number then reused by another file, may leave a park on the new one
  * waiting for ever. The keep lasts across a shutdown and the next
- * atap_init; a fork's child starts with no fd kept. On the poll backend
+ * atap_init (but for an fd whose watch the kernel would not renew before
+ * the shutdown: it is then kept no more, and parks on it work as without
+ * a keep); a fork's child starts with no fd kept. On the poll backend
  * parks stay as they are without a keep (they hear of what is ready, which
  * keeps every promise above).
  * Returns 0 (an fd kept already is armed afresh); ATAP_EINVAL for a

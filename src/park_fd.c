@@ -738,13 +738,21 @@ void atap__park_rearm(void)
 void atap__park_tails_close(void)
 {
     uint32_t off = 0;
+    struct fdw *f;
 
     pthread_mutex_lock(&fd_lock);
     fd_closed = true;
-    while (ld_relaxed(&deaf_fds)) /* no tick will retry them, and none is marked now */
-        set_deaf(ld_relaxed(&deaf_fds), false);
+    /* No tick will retry the deaf fds, and none is marked now. A kept one
+     * is kept no more: its watch may be gone (kqueue lets go of both
+     * filters when a watch fails), and a park on a one-shot fd watches for
+     * itself. */
+    while ((f = ld_relaxed(&deaf_fds)) != NULL) {
+        if (f->kept)
+            f->kept = false, f->kept_ev = f->ready = 0;
+        set_deaf(f, false);
+    }
     for (size_t fd = 0; fd < fdchunks * FD_CHUNK; fd++) {
-        struct fdw *f = fdw_at(fd);
+        f = fdw_at(fd);
         for (uint32_t x = f ? f->tails : 0, prev = 0, next; x; x = next) {
             struct atap_slot *t = atap__table_at(x - 1);
             next = ld_relaxed(link_of(x - 1));
