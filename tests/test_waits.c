@@ -672,8 +672,12 @@ static void test_waits_tree_of_joins_adds_no_worker(void **state)
             total += nodes;
         }
     }
+    /* A worker is added when every worker has been asleep in a wait for a
+     * millisecond (the tick: for two ticks). A tree of joins never leaves
+     * them so on a machine that runs them; one that stalls threads that
+     * long (TSan, a loaded host: test_slack() above 1) may, once. */
     peak = pool_stats().peak_workers;
-    if (peak > before)
+    if (peak > before + (test_slack() > 1 ? 1 : 0))
         fail_msg("a tree of joins (%llu nodes) grew the pool from %zu to %zu workers",
                  (unsigned long long)total, before, peak);
     assert_no_failures();
