@@ -40,6 +40,21 @@ static void make_pipe(int fds[2])
     }
 }
 
+/* A pipe whose reading end is kept. */
+static void kept_pipe(int fds[2])
+{
+    make_pipe(fds);
+    assert_int_equal(atap_fd_keep(fds[0]), 0);
+}
+
+/* Unkeeps the reading end, then closes both (the order atap.h asks). */
+static void unkeep_close(int fds[2])
+{
+    assert_int_equal(atap_fd_unkeep(fds[0]), 0);
+    close(fds[0]);
+    close(fds[1]);
+}
+
 /* ---- a task that reads a kept fd to EAGAIN, then parks -------------------- */
 
 struct drainer {
@@ -147,8 +162,7 @@ static void test_kept_bad_calls(void **state)
     assert_int_equal(atap_fd_unkeep(file), 0);
     close(file);
 
-    make_pipe(p);
-    assert_int_equal(atap_fd_keep(p[0]), 0);
+    kept_pipe(p);
     assert_int_equal(atap_fd_keep(p[0]), 0); /* again: armed afresh */
     assert_int_equal(atap_fd_unkeep(p[0]), 0);
     assert_int_equal(atap_fd_unkeep(p[0]), 0);
@@ -174,8 +188,7 @@ static void test_kept_edge_between_eagain_and_park(void **state)
     struct drainer *d = &g_dr;
     int p[2];
 
-    make_pipe(p);
-    assert_int_equal(atap_fd_keep(p[0]), 0);
+    kept_pipe(p);
     drainer_init(d, p[0], 2 * EDGE_ROUNDS);
     atap_task t = spawn8(task_drainer, d);
     wait_parked(d, 1);
@@ -191,9 +204,7 @@ static void test_kept_edge_between_eagain_and_park(void **state)
             wait_parked(d, 1 + 2 * (i + 1));
     }
     join_drainer(t, d, "edge");
-    assert_int_equal(atap_fd_unkeep(p[0]), 0);
-    close(p[0]);
-    close(p[1]);
+    unkeep_close(p);
     assert_no_failures();
 }
 
@@ -206,8 +217,7 @@ static void test_kept_bursts(void **state)
     int p[2], sent = 0;
     unsigned seed = 7;
 
-    make_pipe(p);
-    assert_int_equal(atap_fd_keep(p[0]), 0);
+    kept_pipe(p);
     drainer_init(d, p[0], 5000);
     atap_task t = spawn8(task_drainer, d);
     while (sent < d->want) {
@@ -224,9 +234,7 @@ static void test_kept_bursts(void **state)
     join_drainer(t, d, "bursts");
     print_message("5000 bytes: %d parks, %d resumes\n", atomic_load(&d->parks),
                   atomic_load(&d->resumes));
-    assert_int_equal(atap_fd_unkeep(p[0]), 0);
-    close(p[0]);
-    close(p[1]);
+    unkeep_close(p);
     assert_no_failures();
 }
 
@@ -399,8 +407,7 @@ static void test_kept_number_reused(void **state)
     struct drainer *d = &g_dr;
     int p[2], q[2];
 
-    make_pipe(p);
-    assert_int_equal(atap_fd_keep(p[0]), 0);
+    kept_pipe(p);
     assert_int_equal(atap_fd_unkeep(p[0]), 0);
     make_pipe(q);
     assert_int_equal(dup2(q[0], p[0]), p[0]); /* p[0]'s number, q's file */
@@ -441,8 +448,7 @@ static void test_kept_restart_renews(void **state)
     struct drainer *d = &g_dr;
     int p[2];
 
-    make_pipe(p);
-    assert_int_equal(atap_fd_keep(p[0]), 0);
+    kept_pipe(p);
     drainer_init(d, p[0], 8);
     atap_task t = spawn8(task_drainer, d);
     for (int i = 0; i < 4; i++) { /* two bytes and two parks a round */
@@ -468,9 +474,7 @@ static void test_kept_restart_renews(void **state)
         }
     }
     join_drainer(t, d, "restarts");
-    assert_int_equal(atap_fd_unkeep(p[0]), 0);
-    close(p[0]);
-    close(p[1]);
+    unkeep_close(p);
     assert_no_failures();
 }
 
@@ -482,8 +486,7 @@ static void test_kept_across_shutdown(void **state)
     struct drainer *d = &g_dr;
     int p[2];
 
-    make_pipe(p);
-    assert_int_equal(atap_fd_keep(p[0]), 0);
+    kept_pipe(p);
     for (int life = 0; life < 3; life++) {
         drainer_init(d, p[0], life ? 3 : 2); /* 'z' too, after the first */
         atap_task t = spawn8(task_drainer, d);
@@ -494,9 +497,7 @@ static void test_kept_across_shutdown(void **state)
         assert_int_equal(write(p[1], "z", 1), 1); /* while no runtime runs */
         assert_int_equal(atap_init(NULL), 0);
     }
-    assert_int_equal(atap_fd_unkeep(p[0]), 0);
-    close(p[0]);
-    close(p[1]);
+    unkeep_close(p);
     assert_no_failures();
 }
 
