@@ -8,7 +8,11 @@
  *
  * The poller is opened by the first start and kept for the process's life
  * (but by a fork's child, which forgets it: manager.c), so a wake from any
- * thread at any moment pokes a live object. `closed` is set (seq_cst) once
+ * thread at any moment pokes a live object. So is `io`, a second poller
+ * that holds the watches of parked fds alone (park_fd.c), and which the
+ * pool's idle workers wait on rather than the manager, so that a socket's
+ * readiness runs its task on the thread that read it, with no hop through
+ * the manager (the seat, below). `closed` is set (seq_cst) once
  * no manager will fire another timer: an arm racing it looks at it after
  * its own seq_cst push, so either the close's take-all or the arm's own
  * disarm gets the record (schedule.c).
@@ -30,6 +34,9 @@
 
 struct atap__hub {
     _Atomic(struct atap_poller *) poller;
+    _Atomic(struct atap_poller *) io; /* parked fds' watches (the seat, below) */
+    _Atomic uint32_t io_seat;         /* IO_SEAT_*: who waits on io */
+    _Atomic uint64_t io_looked;       /* when a seat's holder last looked at io */
     struct atap_timers timers;
     _Atomic int state;
     _Atomic bool closed; /* takes no more timers (stopping, or gone) */
@@ -50,6 +57,60 @@ static inline struct atap_timers *atap__hub_timers(void)
 static inline struct atap_poller *atap__hub_poller(void)
 {
     return ld_acquire(&atap__hub.poller);
+}
+
+/*
+ * The seat: io is waited on by one thread at a time (the poller's rule),
+ * the one that took the seat: an idle worker, blocking until a report or
+ * a wake (the pool's, which wakes it as it would from its park word); a
+ * busy worker between runs, or the manager at its tick, just looking, so
+ * that reports are read while every worker runs (pool.c). The seat is a
+ * word: FREE, HELD, or WANTED (held, and another thread that wanted it
+ * is idle without it). Whoever gives it back and finds WANTED wakes an
+ * idle worker (atap__pool_notify), which takes the seat if still free:
+ * so an idle worker that could not wait on io, because another thread
+ * was reading it, is not left asleep while nobody reads it any more.
+ */
+#define IO_SEAT_FREE 0u
+#define IO_SEAT_HELD 1u
+#define IO_SEAT_WANTED 2u
+
+static inline struct atap_poller *atap__hub_io(void)
+{
+    return ld_acquire(&atap__hub.io);
+}
+
+/* Takes the seat if it is free: the caller may wait on io. Acquire: what
+ * the last holder did before giving it back is seen. */
+static inline bool atap__hub_io_take(void)
+{
+    uint32_t free_ = IO_SEAT_FREE;
+
+    return ld_relaxed(&atap__hub.io_seat) == IO_SEAT_FREE &&
+           atomic_compare_exchange_strong_explicit(&atap__hub.io_seat, &free_, IO_SEAT_HELD,
+                                                   memory_order_acquire, memory_order_relaxed);
+}
+
+/* The seat was taken: marks it wanted, before the caller sleeps without
+ * it. False if it was given back meanwhile (the caller tries again). The
+ * giver's exchange and this CAS are RMWs of one word: one of the two sees
+ * the other. */
+static inline bool atap__hub_io_want(void)
+{
+    uint32_t held = IO_SEAT_HELD;
+
+    return atomic_compare_exchange_strong_explicit(&atap__hub.io_seat, &held, IO_SEAT_WANTED,
+                                                   memory_order_relaxed, memory_order_relaxed) ||
+           held == IO_SEAT_WANTED;
+}
+
+/* Gives the seat back. True if a thread wanted it meanwhile: the caller
+ * then wakes an idle worker. Release: pairs with the next take. */
+static inline bool atap__hub_io_give(uint64_t now)
+{
+    st_relaxed(&atap__hub.io_looked, now);
+    return atomic_exchange_explicit(&atap__hub.io_seat, IO_SEAT_FREE, memory_order_release) ==
+           IO_SEAT_WANTED;
 }
 
 /* Whether an armed timer will be fired: false once a shutdown or the

@@ -125,6 +125,8 @@ static bool manager_life(void)
             atap__pool_tick(now);
             atap__sources_retry(); /* a source whose watch failed (sources.c) */
             atap__park_retry();    /* a parked fd whose watch failed */
+            /* io, if no worker has read it for a tick (all in long runs) */
+            atap__pool_io_look(MANAGER_TICK_NS, atap__park_event);
             next_tick = now + MANAGER_TICK_NS;
         }
         wake_at = wake_at < next_tick ? wake_at : next_tick;
@@ -265,6 +267,11 @@ int atap__manager_start(void)
             return rc;
         st_release(&atap__hub.poller, p);
     }
+    if (!ld_acquire(&atap__hub.io)) { /* the same, for parked fds (hub.h) */
+        if ((rc = atap__poller_open(&p)) != 0)
+            return rc;
+        st_release(&atap__hub.io, p);
+    }
     atap__timers_init(&atap__hub.timers, atap__now_ns());
     atap__park_open();
     st_relaxed(&mgr.stop, 0);
@@ -324,18 +331,21 @@ size_t atap__manager_refiled(void)
 }
 
 /* In a fork's child (its one thread; runtime.c): no manager nor supervisor
- * came along. The poller's fds are the parent's own epoll/kqueue and wake
- * event, shared across the fork: closed, never used (a watch added here
- * would land in the parent's interest list), so the next start opens a new
- * poller. The timer structure's records belong to the parent's tasks: let
+ * came along. The pollers' fds (the hub's poller and io) are the parent's
+ * own epoll/kqueue and wake events, shared across the fork: closed, never
+ * used (a watch added here would land in the parent's interest list), so
+ * the next start opens new ones. The timer structure's records belong to the parent's tasks: let
  * go unfreed; the next start initialises it afresh. */
 void atap__manager_forget(void)
 {
-    struct atap_poller *p = ld_relaxed(&atap__hub.poller);
-    int fds[4], n = p ? atap__poller_fds(p, fds, 4) : 0;
+    struct atap_poller *ps[2] = {ld_relaxed(&atap__hub.poller), ld_relaxed(&atap__hub.io)};
 
-    for (int i = 0; i < n; i++)
-        close(fds[i]);
+    for (int k = 0; k < 2; k++) {
+        int fds[4], n = ps[k] ? atap__poller_fds(ps[k], fds, 4) : 0;
+
+        for (int i = 0; i < n; i++)
+            close(fds[i]);
+    }
     memset(&mgr, 0, sizeof mgr);
     memset(&atap__hub, 0, sizeof atap__hub); /* HUB_STOPPED, no poller, not closed */
     FORGET_FAULTS();

@@ -39,7 +39,7 @@
  * won, so the flag is always left to whoever ends the park.
  *
  * Parks on fds are park_fd.c's: several on one fd share a `struct fdw`,
- * watched on the manager's poller, and an fd whose watch fails is watched
+ * watched on the hub's io poller, and an fd whose watch fails is watched
  * again every tick. Parks in the slot itself (park_wheel.c: "the park
  * wheel" for deadlines; park_fd.c: "fd parks in the slot tail" for fds)
  * cost nothing beyond the slot, and keep the protocol above in the tail's

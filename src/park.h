@@ -56,8 +56,12 @@ void atap__signal_poke(int signo);
 #define ATAP__SIG_SEEN_MASK 0x7fffffffu
 
 /* Manager: a watch for parks reported events (udata, events and kind from
- * the poller). */
+ * its poller, or from the hub's io at its tick). */
 void atap__park_event(void *udata, unsigned events, unsigned kind);
+/* Any other thread (a pool thread that read the hub's io): the same for a
+ * parked fd's report; it is not the wheel's holder, so a timed park it
+ * claims is left to the manager (park_fd.c). */
+void atap__park_io_event(void *udata, unsigned events, unsigned kind);
 /* Manager, each pass: acts on the deadline parks that are due; returns
  * when it must look again (UINT64_MAX: none waits). */
 uint64_t atap__park_wheel_run(uint64_t now);

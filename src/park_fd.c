@@ -1,7 +1,14 @@
 /*
  * Parks on fds (atap_park_fd). park.c owns the parks and their claims; this
- * file keeps each parked fd watched on the manager's poller and turns what
- * the poller reports of it into claims on the parks waiting for it. What it
+ * file keeps each parked fd watched on the hub's io poller (hub.h) and
+ * turns what it reports of it into claims on the parks waiting for it, on
+ * the thread that read the report: an idle worker waiting on io, a busy
+ * one looking between runs (pool.c), or the manager at its tick. Only the
+ * manager holds the park wheel, so a timed park in the tail that another
+ * thread's report claims is not queued there: its wheel bucket is marked,
+ * under fd_lock (while the park is still on its fd's list, so its slot
+ * cannot go meanwhile), and the manager, woken, queues it as it does a
+ * park a cancel claimed (park_wheel.c). What it
  * keeps, under fd_lock: an fd with parks on it not yet claimed is watched
  * one-shot for what they want (or its report is on its way to
  * atap__park_event), or it is deaf and the next tick watches it again; a
@@ -13,8 +20,8 @@
  * the process's life, since the poller may still report it, and made a
  * chunk at a time; a fork's child forgets them with the poller,
  * atap__park_forget): its waiter
- * list and the union of their events, watched one-shot on the manager's
- * poller and watched again after each event with what is still wanted.
+ * list and the union of their events, watched one-shot on the hub's io
+ * and watched again after each event with what is still wanted.
  *
  * An fd whose watch fails (the kernel out of memory, say) is deaf: after a
  * report its one-shot watch is spent, so nothing says the parks still
@@ -30,8 +37,8 @@
  * never hold). The tick claims through the same CAS as anyone, so a park a
  * cancel, a deadline or a report took is not claimed again, and whoever
  * won takes it off the list under fd_lock, which watches the fd again for
- * the rest; it runs on the manager thread, as reports do, so it may take a
- * timed park out of the wheel. A mark never outlives its fd's parks: any
+ * the rest; it runs on the manager thread, so it may take a timed park out
+ * of the wheel. A mark never outlives its fd's parks: any
  * watch of the fd that holds, or that finds nobody left to watch for, and
  * a report that leaves nobody on the fd, take it off the list; and the
  * list holds only fds whose last watch failed, so a tick with none deaf
@@ -172,7 +179,7 @@ enum { W_JOIN, W_AGAIN, W_RENEW };
  * park wants that it lacks (added for good), or a renewal. */
 static int rewatch(struct fdw *f, int why)
 {
-    struct atap_poller *mp = atap__hub_poller();
+    struct atap_poller *mp = atap__hub_io();
     unsigned ev = wanted(f);
     int rc = 0;
 
@@ -379,9 +386,10 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
  * ARMED from the start: any claimant only claims (an fd's event also takes
  * it off the fd's list), and whoever holds it on the wheel acts (atap__park_tail_act):
  * the manager once it has taken it from the inbox, or this parker when the
- * wheel is closed. The manager handles an fd's event itself, so one that
- * claims a park it has filed takes it out of its bucket and queues it
- * there and then; one it has not filed yet it queues when it takes it in. */
+ * wheel is closed. An fd's event the manager reads itself (at its tick)
+ * takes a park it has filed out of its bucket and queues it there and
+ * then; one read on another thread marks the park's bucket for it (see
+ * the top); one it has not filed yet it queues when it takes it in. */
 static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
     uint32_t w, st;
@@ -471,6 +479,8 @@ void atap__park_fd_remove(struct park *p)
 struct resumes {
     struct park *ready;
     uint32_t tready, ttimed;
+    bool holder; /* the wheel's holder (the manager): timed parks are its own */
+    bool marked; /* not the holder: a timed park's bucket was marked for it */
 };
 
 static unsigned look(int fd, unsigned want);
@@ -543,8 +553,13 @@ static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
                 f->tails = next;
             if (c & T_TIMED) {
                 atomic_fetch_and_explicit(&t->out.park.claim, ~T_LINKED, memory_order_relaxed);
-                st_relaxed(link_of(x - 1), r->ttimed);
-                r->ttimed = x;
+                if (r->holder) {
+                    st_relaxed(link_of(x - 1), r->ttimed);
+                    r->ttimed = x;
+                } else { /* the wheel holds it: its holder queues it (see the top) */
+                    atap__park_wheel_mark(t);
+                    r->marked = true;
+                }
             } else {
                 st_relaxed(link_of(x - 1), r->tready);
                 r->tready = x;
@@ -556,7 +571,8 @@ static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
     return taken;
 }
 
-/* The manager, fd_lock let go: completes what claim_ready claimed. */
+/* fd_lock let go: completes what claim_ready claimed (timed parks only on
+ * the manager, their wheel's holder). */
 static void complete_ready(struct resumes *r)
 {
     struct park *p;
@@ -581,13 +597,12 @@ static void complete_ready(struct resumes *r)
     }
 }
 
-void atap__park_event(void *udata, unsigned events, unsigned kind)
+/* A report of f's watch, on the thread that read it; holder: the wheel's
+ * (the manager). */
+static void fd_event(struct fdw *f, unsigned events, bool holder)
 {
-    struct fdw *f = udata;
-    struct resumes r = {0};
+    struct resumes r = {.holder = holder};
 
-    if (atap__source_event(udata, events, kind))
-        return;
     pthread_mutex_lock(&fd_lock);
     events &= ~claim_ready(f, events, &r);
     if (f->kept) /* still armed: what nobody took waits for the next park */
@@ -599,7 +614,21 @@ void atap__park_event(void *udata, unsigned events, unsigned kind)
     else
         set_deaf(f, false); /* nobody left to hear it */
     pthread_mutex_unlock(&fd_lock);
+    if (r.marked)
+        atap__hub_wake();
     complete_ready(&r);
+}
+
+void atap__park_event(void *udata, unsigned events, unsigned kind)
+{
+    if (!atap__source_event(udata, events, kind))
+        fd_event(udata, events, true);
+}
+
+void atap__park_io_event(void *udata, unsigned events, unsigned kind)
+{
+    (void)kind; /* io holds fd watches alone */
+    fd_event(udata, events, false);
 }
 
 /* fd_lock held: the events of `want` that fd is ready for now (poll(2),
@@ -622,7 +651,7 @@ static unsigned look(int fd, unsigned want)
 void atap__park_retry(void)
 {
     struct fdw *f, *next;
-    struct resumes r = {0};
+    struct resumes r = {.holder = true}; /* the manager's tick */
     unsigned ev;
 
     if (!ld_relaxed(&deaf_fds))
@@ -651,7 +680,7 @@ void atap__park_retry(void)
 
 int atap_fd_keep(int fd)
 {
-    struct atap_poller *mp = atap__hub_poller();
+    struct atap_poller *mp = atap__hub_io();
     struct fdw *f;
     unsigned ev;
     int rc;
@@ -696,7 +725,7 @@ int atap_fd_unkeep(int fd)
     if ((f = fdw_at((size_t)fd)) != NULL && f->kept) {
         f->kept = false;
         f->kept_ev = f->ready = 0;
-        if (atap__hub_poller())
+        if (atap__hub_io())
             rewatch(f, W_AGAIN); /* one-shot for the parks still waiting; none: unwatched */
     }
     pthread_mutex_unlock(&fd_lock);

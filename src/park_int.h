@@ -116,6 +116,8 @@ void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx);
 bool atap__park_wheel_push(uint32_t index);
 /* park_wheel.c. A stop claimed a park of the wheel: its bucket is marked for the manager. */
 void atap__park_wheel_stopped(struct atap_slot *s);
+/* park_wheel.c. The same mark, with no wake of the manager (the caller's to make). */
+void atap__park_wheel_mark(struct atap_slot *s);
 /* park_wheel.c. Whoever holds a park of the wheel acts on it: queues its task or ends its run. */
 void atap__park_tail_act(uint32_t index, int by, bool batch);
 /* park_wheel.c. Manager: takes slot index out of its bucket (an fd's event claimed it). */

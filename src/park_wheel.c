@@ -88,11 +88,18 @@ static uint32_t bucket_of(struct atap_slot *s);
  * the manager takes it in, claimed. Release: the claim comes with the mark. */
 void atap__park_wheel_stopped(struct atap_slot *s)
 {
+    atap__park_wheel_mark(s);
+    atap__hub_wake();
+}
+
+/* The mark alone: the caller wakes the manager (atap__hub_wake) once it
+ * may (park_fd.c marks under its lock, while the park is surely there). */
+void atap__park_wheel_mark(struct atap_slot *s)
+{
     uint32_t b = bucket_of(s);
 
     atomic_fetch_or_explicit(&stop_bits[b / 64], UINT64_C(1) << (b % 64), memory_order_release);
     st_release(&stops_pending, true);
-    atap__hub_wake();
 }
 
 /* The runner: the park goes on the wheel, which now owns RUN. It is ARMED

@@ -1,8 +1,9 @@
 /*
- * The event backend: the one place the manager sleeps. It waits until a
- * watched fd is ready, a wake arrives, or a timeout runs out. It keeps no
- * timers: the manager owns time (timer.c) and passes the gap to its earliest
- * timer as the timeout. Exactly one backend is compiled (CMake ATAP_POLLER):
+ * The event backend: where the manager sleeps, and where idle workers wait
+ * for parked fds (the hub's io, hub.h). It waits until a watched fd is
+ * ready, a wake arrives, or a timeout runs out. It keeps no timers: the
+ * manager owns time (timer.c) and passes the gap to its earliest timer as
+ * the timeout. Exactly one backend is compiled (CMake ATAP_POLLER):
  * poller_epoll.c (Linux: epoll + eventfd), poller_kqueue.c (macOS, FreeBSD:
  * kqueue + EVFILT_USER), poller_poll.c (portable poll(2) + a self-pipe, so
  * Linux CI can run this contract a second time).
@@ -58,9 +59,9 @@
  * returned.
  *
  * Threads: open and close on one thread, with no other call in flight on
- * that poller. wait on one thread at a time (the manager). watch, unwatch
- * and wake from any thread, also while another thread waits: the change
- * applies to the wait in progress. wake is async-signal-safe on epoll and
+ * that poller. wait on one thread at a time (the manager; on the hub's io,
+ * whoever holds its seat). watch, unwatch and wake from any thread, also
+ * while another thread waits: the change applies to the wait in progress. wake is async-signal-safe on epoll and
  * poll (an atomic exchange and write(2), errno preserved); on kqueue it is a
  * kevent(2) call, a plain system call with no user-space lock. A report
  * already on its way when another thread unwatches may still be returned

@@ -32,6 +32,7 @@ struct worker {
     _Alignas(64) _Atomic uint32_t lifo; /* a task spawned by the running task, or 0 */
     _Alignas(64) _Atomic int status;    /* W_FREE, W_LIVE, W_DEAD */
     _Atomic uint32_t park;              /* futex word, see pool.c */
+    _Atomic bool in_io;                 /* idle, waiting on the hub's io (pool.c) */
     pthread_t thread;
     _Atomic int tid;                /* the kernel's id of its thread (Linux) */
     _Alignas(64) _Atomic bool busy; /* inside a task (owner-written, read by stats) */
@@ -46,6 +47,7 @@ struct worker {
                                   (owner-written, read by the tick) */
     uint64_t blocked_at;       /* when it last counted itself blocked */
     unsigned lifo_streak;
+    unsigned io_runs;          /* runs since it last thought of io (pool.c) */
     /* The tasks this thread is inside, outermost first (held[0..depth)):
      * every run on its stack, nested by waits. Off the stack, so that a
      * dying thread's cleanup can read them after its stack unwound. */
@@ -169,9 +171,17 @@ struct atap__pool_conf {
     unsigned blocking;         /* the most blocking threads; 0: per CPU */
     unsigned blocking_per_cpu; /* the most blocking threads, a CPU */
     size_t stack;              /* a thread's stack, bytes */
+    /* Hands out one report of the hub's io poller (park_fd.c's, on the
+     * thread that read it: not the manager's). NULL: nobody waits on io
+     * but the manager. */
+    void (*io_event)(void *udata, unsigned events, unsigned kind);
 };
 
 int atap__pool_start(const struct atap__pool_conf *conf);
+/* Looks at the hub's io (no wait) if its seat is free and nobody has
+ * for gap_ns, and hands each report to hand on this thread: a busy worker
+ * between runs (the conf's io_event), the manager at its tick (its own). */
+void atap__pool_io_look(uint64_t gap_ns, void (*hand)(void *udata, unsigned events, unsigned kind));
 struct atap_pool_stats;
 /* Waits until no work is queued or running, then stops and joins every
  * thread. The caller has already refused new outside spawns. */

@@ -34,6 +34,7 @@
 /* The pool's state (pool.c defines it, as atap__pool). */
 struct pool {
     const struct atap__pool_ops *ops; /* the executor's (pool.h) */
+    void (*io_event)(void *udata, unsigned events, unsigned kind); /* the conf's */
     struct injector inj;  /* for workers */
     struct injector binj; /* for blocking threads */
     pthread_mutex_t lock; /* idle list, starting and joining threads */
@@ -83,6 +84,8 @@ void atap__pool_unlink_from(struct worker **list, _Atomic unsigned *count, struc
 bool atap__pool_wake_idle(void);
 /* pool.c. After queueing work: wakes one worker unless one is already looking. */
 void atap__pool_notify(void);
+/* pool_recover.c: moves w's queued tasks to the shared queue (w's own thread). */
+void atap__pool_evacuate(struct worker *w);
 /* pool.c. Wakes an idle blocking thread, or starts one, for work in the queue. */
 void atap__pool_wake_blocker(void);
 /* pool.c. The record's held[] back to its inline array (its thread is leaving). */

@@ -64,6 +64,7 @@ int atap__pool_start(const struct atap__pool_conf *conf)
     int rc = 0;
 
     atap__pool.ops = conf->ops;
+    atap__pool.io_event = conf->io_event;
     atap__pool.bcap = at_most(bcap, POOL_MAX_THREADS);
     atap__pool.floor = floor;
     atap__pool.ceiling = thread_ceiling(floor, stack);

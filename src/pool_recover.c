@@ -18,8 +18,10 @@
 #include "atomics.h"
 #include "pool_int.h"
 
-/* Moves a dying worker's queued tasks to the shared queue. */
-static void evacuate(struct worker *w)
+/* Moves a worker's queued tasks to the shared queue: a dying one's, or a
+ * reaped one's (the reports it read from io while its stop was on its way
+ * resumed tasks into its queues: pool.c). */
+void atap__pool_evacuate(struct worker *w)
 {
     uint32_t refs[RING_SIZE + 1], x;
     unsigned n = 0;
@@ -58,7 +60,7 @@ void atap__pool_thread_died(void *arg)
     if (ld_relaxed(&w->blocked))
         atap__pool_blocked(w, false);
     if (!w->blocking)
-        evacuate(w);
+        atap__pool_evacuate(w);
     pthread_mutex_lock(&atap__pool.lock);
     /* One counted out already (reaped, or a blocking thread timing out) was
      * leaving anyway: no replacement. */

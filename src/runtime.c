@@ -186,6 +186,7 @@ static int pool_conf(const atap_config *cfg, struct atap__pool_conf *pc)
     int rc;
 
     pc->ops = &atap__exec_pool_ops;
+    pc->io_event = atap__park_io_event; /* parked fds' reports, read by pool threads */
     pc->workers = cfg->workers;
     pc->blocking = cfg->blocking_threads;
     if ((!pc->workers && (rc = env_count("ATAP_WORKERS", &pc->workers)) != 0) ||

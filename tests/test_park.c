@@ -1330,6 +1330,60 @@ static void test_park_fd_deadline_in_slot(void **state)
     assert_no_failures();
 }
 
+/* Readiness is heard while every worker is inside a long run: no worker is
+ * idle to wait on io, none finishes a run to look at it between runs, and
+ * the manager's tick reads it. The parked task is a blocking one, so that
+ * it can run while the workers are still busy. */
+static atomic_int g_hog_stop, g_hogs_in;
+
+static int task_hog(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_fetch_add(&g_hogs_in, 1);
+    while (!atomic_load(&g_hog_stop))
+        ; /* on the CPU all along: the pool adds no worker for it */
+    return 0;
+}
+
+static void test_park_fd_heard_while_every_worker_runs(void **state)
+{
+    (void)state;
+    struct fd_parker *f = &g_fdp[0];
+    atap_task parker, hogs[64];
+    int p[2], n;
+    uint64_t v;
+
+    wait_workers_started();
+    n = (int)pool_stats().workers;
+    assert_true(n > 0 && n <= 64);
+    make_pipe(p);
+    fd_parker_init(f, p[0], ATAP_FOREVER);
+    assert_int_equal(atap_spawn(&parker, task_park_fd_once, f,
+                                &(atap_spawn_opts){.out_size = 8, .blocking = true}),
+                     0);
+    assert_true(wait_atomic_at_least(&f->first, 1, ATAP_SEC(10)));
+    atomic_store(&g_hog_stop, 0);
+    atomic_store(&g_hogs_in, 0);
+    for (int i = 0; i < n; i++)
+        hogs[i] = spawn0(task_hog, NULL);
+    assert_true(wait_atomic_at_least(&g_hogs_in, n, ATAP_SEC(10)));
+    assert_true(put_byte(p[1]));
+    /* Resumed while the hogs still run: the byte was heard without them. */
+    bool heard = wait_atomic_at_least(&f->resumed, 1, ATAP_SEC(5) * test_slack());
+    atomic_store(&g_hog_stop, 1);
+    assert_true(heard);
+    assert_int_equal(atap_join_for(parker, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_int_equal(atomic_load(&f->reason), ATAP_RESUME_READY);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(atap_join_for(hogs[i], NULL, 0, ATAP_SEC(10)), 0);
+        atap_release(hogs[i]);
+    }
+    atap_release(parker);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    close_pipe(p);
+    assert_no_failures();
+}
+
 static void test_park_cancel_frees(void **state)
 {
     (void)state;
@@ -2767,6 +2821,7 @@ int main(void)
         T(test_park_fd_repeatedly),
         T(test_park_holds_no_thread),
         T(test_park_fd_deadline_in_slot),
+        T(test_park_fd_heard_while_every_worker_runs),
         T(test_park_cancel_frees),
         T(test_park_deadlines_spread_over_the_wheel),
         T(test_park_survives_manager_restart),
