@@ -6,9 +6,9 @@
  * one looking between runs (pool.c), or the manager at its tick. Only the
  * manager holds the park wheel, so a timed park in the tail that another
  * thread's report claims is not queued there: its wheel bucket is marked,
- * under fd_lock (while the park is still on its fd's list, so its slot
- * cannot go meanwhile), and the manager, woken, queues it as it does a
- * park a cancel claimed (park_wheel.c). What it
+ * under fd_lock (which the holder takes before it acts on a park of an fd,
+ * so the slot cannot go meanwhile), and the manager, woken, queues it as
+ * it does a park a cancel claimed (park_wheel.c). What it
  * keeps, under fd_lock: an fd with parks on it not yet claimed is watched
  * one-shot for what they want (or its report is on its way to
  * atap__park_event), or it is deaf and the next tick watches it again; a
@@ -556,7 +556,9 @@ static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
                 if (r->holder) {
                     st_relaxed(link_of(x - 1), r->ttimed);
                     r->ttimed = x;
-                } else { /* the wheel holds it: its holder queues it (see the top) */
+                } else { /* the wheel's holder queues it (see the top). Under
+                            fd_lock, which a holder acting on it takes first
+                            (atap__park_tail_off_fd): the slot is still its */
                     atap__park_wheel_mark(t);
                     r->marked = true;
                 }
