@@ -22,6 +22,11 @@
  * The pipe also carries wakes, under the wake flag of poller.h. The waiter
  * drains the pipe before it takes the flag.
  *
+ * A poll in progress holds a reference on each file it polls: an fd
+ * unwatched and then closed while a wait polls it stays open in the kernel
+ * until the waiter, nudged, polls again (its other end sees the close a
+ * moment late). epoll and kqueue hold no such reference.
+ *
  * Costs: watch and unwatch search the array, a wait copies it: O(watches).
  * Fine for a fallback; not for 100,000 parked sockets.
  */

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -526,6 +527,12 @@ static void test_net_cancel_mid_send(void **state)
         ssize_t n = read(fds[1], chunk, sizeof chunk);
         if (n == 0)
             break;
+        /* Drained before the end shows: a poll(2) in progress on another
+         * thread (the poll backend's) held fds[0] open a moment longer. */
+        if (n < 0 && errno == EAGAIN) {
+            assert_int_equal(poll(&(struct pollfd){.fd = fds[1], .events = POLLIN}, 1, 10000), 1);
+            continue;
+        }
         assert_true(n > 0);
         h_got = fnv1a(h_got, chunk, (size_t)n);
         got += (size_t)n;
