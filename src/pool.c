@@ -70,7 +70,7 @@
 #include "wait.h"
 
 #define INJ_BATCH 16
-#define SPIN_ROUNDS 200 /* about 20-50 us of looking before a worker parks */
+#define SPIN_ROUNDS 8 /* a few us of looking (one yield) before a worker parks */
 #define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
 
 _Thread_local struct worker *atap__self;
