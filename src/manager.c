@@ -334,8 +334,9 @@ size_t atap__manager_refiled(void)
  * came along. The pollers' fds (the hub's poller and io) are the parent's
  * own epoll/kqueue and wake events, shared across the fork: closed, never
  * used (a watch added here would land in the parent's interest list), so
- * the next start opens new ones. The timer structure's records belong to the parent's tasks: let
- * go unfreed; the next start initialises it afresh. */
+ * the next start opens new ones. The timer structure's records belong to
+ * the parent's tasks: let go unfreed; the next start initialises it
+ * afresh. */
 void atap__manager_forget(void)
 {
     struct atap_poller *ps[2] = {ld_relaxed(&atap__hub.poller), ld_relaxed(&atap__hub.io)};

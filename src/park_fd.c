@@ -8,10 +8,11 @@
  * thread's report claims is not queued there: its wheel bucket is marked,
  * under fd_lock (which the holder takes before it acts on a park of an fd,
  * so the slot cannot go meanwhile), and the manager, woken, queues it as
- * it does a park a cancel claimed (park_wheel.c). What it
- * keeps, under fd_lock: an fd with parks on it not yet claimed is watched
- * one-shot for what they want (or its report is on its way to
- * atap__park_event), or it is deaf and the next tick watches it again; a
+ * it does a park a cancel claimed (park_wheel.c).
+ *
+ * What it keeps, under fd_lock: an fd with parks on it not yet claimed is
+ * watched one-shot for what they want (or its report is on its way to be
+ * handed out), or it is deaf and the next tick watches it again; a
  * manager's death spends watches, and atap__park_rearm renews them all. A
  * park leaves its fd's list only once claimed, by whoever completes it, or
  * at its join, when its own watch fails.

@@ -61,9 +61,10 @@
  * Threads: open and close on one thread, with no other call in flight on
  * that poller. wait on one thread at a time (the manager; on the hub's io,
  * whoever holds its seat). watch, unwatch and wake from any thread, also
- * while another thread waits: the change applies to the wait in progress. wake is async-signal-safe on epoll and
- * poll (an atomic exchange and write(2), errno preserved); on kqueue it is a
- * kevent(2) call, a plain system call with no user-space lock. A report
+ * while another thread waits: the change applies to the wait in progress.
+ * wake is async-signal-safe on epoll and poll (an atomic exchange and
+ * write(2), errno preserved); on kqueue it is a kevent(2) call, a plain
+ * system call with no user-space lock. A report
  * already on its way when another thread unwatches may still be returned
  * once: whatever udata points to must outlive the next wait (table slots,
  * with their generations, do). The poller does not order the caller's memory

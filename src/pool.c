@@ -30,19 +30,9 @@
  * A worker's park word: RUNNING, IDLE (on the list, may sleep), NOTIFIED
  * (taken off the list by a waker, counted as searching) or STOP.
  *
- * Waiting on io. An idle worker that takes the seat of the hub's io
- * (hub.h) sleeps there rather than on its word, waiting for the readiness
- * of every parked fd at once; what it reads it hands out itself (park_fd.c),
- * off the idle list first, so the tasks it resumes are queued to it and run
- * on the thread that read their readiness, with no hop through the manager.
- * A waker finds it by in_io: the waker stores the word then reads in_io,
- * the worker stores in_io then reads the word (all seq_cst), so either the
- * worker sees the word or the waker wakes io. A worker that finds the seat
- * taken marks it wanted and sleeps on its word; the holder, giving it back,
- * wakes one (notify), so that no worker sleeps idle while nobody reads io.
- * A busy worker looks at io (no wait) every IO_EVERY_RUNS runs once nobody
- * has for IO_GAP_NS, so readiness is heard while every worker is running;
- * the manager's tick does the same while every one is inside a long run.
+ * Waiting on io: an idle worker may wait on the hub's io poller instead
+ * of its word (pool_io.c); a waker reads in_io after storing the word and
+ * wakes io for one waiting there.
  *
  * Records: a thread's record reads DEAD last thing, and its thread may
  * still run thread-local destructors after that (one may spawn, and take
@@ -238,7 +228,7 @@ bool atap__pool_work_visible(bool with_lifo)
  * wakes it. Release: what the waker did before is visible to the woken. */
 void atap__pool_unpark(struct worker *w, uint32_t word)
 {
-    /* seq_cst, against idle_io: the word before in_io is read, so either
+    /* seq_cst, against pool_io.c: the word before in_io is read, so either
      * its look at the word sees this one or this sees it waiting on io. A
      * worker seen there reads its word again before it could sleep on it. */
     st_seqcst(&w->park, word);
@@ -365,88 +355,6 @@ static uint32_t join_idle(struct worker *w, struct worker **list, _Atomic unsign
     return rc;
 }
 
-/* ---- reading the hub's io (hub.h's seat) -------------------------------- */
-
-#define IO_BATCH 32
-#define IO_EVERY_RUNS 61  /* a busy worker thinks of io this often */
-#define IO_GAP_NS 200000u /* and looks if nobody has for this long */
-
-/* Hands out what a look at io read, on this thread; then, if an idle
- * worker wanted the seat while it was held, wakes one to take it. */
-static void io_hand_out(const struct atap_poller_event *ev, int n, bool wanted,
-                        void (*hand)(void *udata, unsigned events, unsigned kind))
-{
-    for (int i = 0; i < n; i++)
-        hand(ev[i].udata, ev[i].events, ev[i].kind);
-    if (wanted)
-        atap__pool_notify();
-}
-
-void atap__pool_io_look(uint64_t gap_ns, void (*hand)(void *udata, unsigned events, unsigned kind))
-{
-    struct atap_poller_event ev[IO_BATCH];
-    struct atap_poller *io = atap__hub_io();
-    uint64_t now;
-    int n;
-
-    if (!io || !hand)
-        return;
-    now = atap__now_ns();
-    if (now - ld_relaxed(&atap__hub.io_looked) < gap_ns || !atap__hub_io_take())
-        return;
-    n = atap__poller_wait(io, ev, IO_BATCH, 0);
-    io_hand_out(ev, n > 0 ? n : 0, atap__hub_io_give(now), hand);
-}
-
-enum { IO_NONE, IO_WOKEN, IO_READ };
-
-/*
- * An idle worker (listed, its word read IDLE) waits on io, if it can take
- * the seat, until a report or the pool's wake. IO_NONE: another thread
- * holds the seat (marked wanted now), or io failed: sleep on the park
- * word. IO_WOKEN: a wake, read the word again. IO_READ: reports handed
- * out, and the worker is off the idle list (unless a waker took it off
- * first, whose word then stands): go and find work. A report is handed
- * out whatever the word says (a stop included): its one-shot watch is
- * spent, and nobody else would hear of it.
- */
-static int idle_io(struct worker *w)
-{
-    struct atap_poller_event ev[IO_BATCH];
-    struct atap_poller *io;
-    bool wanted;
-    int n = 0;
-
-    if (w->blocking || !atap__pool.io_event || !(io = atap__hub_io()))
-        return IO_NONE;
-    while (!atap__hub_io_take())
-        if (atap__hub_io_want())
-            return IO_NONE;
-    /* Against atap__pool_unpark (both seq_cst): in_io before the word, so
-     * either this look sees the waker's word or the waker sees in_io and
-     * wakes io (a wake before the wait makes it return). */
-    st_seqcst(&w->in_io, true);
-    if (ld_seqcst(&w->park) == PARK_IDLE)
-        n = atap__poller_wait(io, ev, IO_BATCH, ATAP__POLLER_FOREVER);
-    st_relaxed(&w->in_io, false);
-    wanted = atap__hub_io_give(atap__now_ns());
-    if (n <= 0) {
-        if (wanted)
-            atap__pool_notify();
-        return n < 0 ? IO_NONE : IO_WOKEN;
-    }
-    /* Off the list before the hand-out queues anything: what it resumes
-     * is this worker's to run, as a worker's own spawns are. */
-    pthread_mutex_lock(&atap__pool.lock);
-    if (w->in_idle) {
-        atap__pool_unlink_from(&atap__pool.idle, &atap__pool.nidle, w);
-        st_relaxed(&w->park, PARK_RUNNING);
-    }
-    pthread_mutex_unlock(&atap__pool.lock);
-    io_hand_out(ev, n, wanted, atap__pool.io_event);
-    return IO_READ;
-}
-
 /* Returns false when the worker should exit. */
 static bool park_worker(struct worker *w)
 {
@@ -470,12 +378,12 @@ static bool park_worker(struct worker *w)
     /* A waker that took us off the list stores NOTIFIED (or STOP) after
      * unlocking, then wakes: the futex compare covers the gap. */
     while ((word = ld_acquire(&w->park)) == PARK_IDLE)
-        if (idle_io(w) == IO_NONE)
+        if (atap__pool_idle_io(w) == IO_NONE)
             atap__word_wait(&w->park, PARK_IDLE, ATAP__FOREVER);
     st_relaxed(&w->park, PARK_RUNNING);
     if (word == PARK_STOP) {
         /* Reaped: what it read from io before its stop came left tasks in
-         * its queues (idle_io), and a queuer may have counted on this worker
+         * its queues (pool_io.c), and a queuer may have counted on this worker
          * (it was listed when the queuer looked) and found nobody left to
          * wake. */
         atap__pool_evacuate(w);
@@ -710,10 +618,8 @@ static void worker_loop(struct worker *w)
             atap__pool.ops->run(w, ref, true);
             st_relaxed(&w->busy, false);
             /* So that readiness is heard while every worker is running. */
-            if (unlikely(++w->io_runs >= IO_EVERY_RUNS)) {
-                w->io_runs = 0;
-                atap__pool_io_look(IO_GAP_NS, atap__pool.io_event);
-            }
+            if (unlikely(++w->io_runs >= IO_EVERY_RUNS))
+                atap__pool_busy_io(w);
             continue;
         }
         if (spin_for_work(w))

@@ -86,6 +86,19 @@ bool atap__pool_wake_idle(void);
 void atap__pool_notify(void);
 /* pool_recover.c: moves w's queued tasks to the shared queue (w's own thread). */
 void atap__pool_evacuate(struct worker *w);
+
+/* pool_io.c. An idle worker (listed, its word read IDLE) waits on the hub's
+ * io if it can take the seat, until a report or the pool's wake. IO_NONE:
+ * another thread holds the seat (marked wanted now), or io failed: sleep
+ * on the park word. IO_WOKEN: a wake: read the word again. IO_READ:
+ * reports handed out, and the worker off the idle list (unless a waker
+ * took it off first, whose word then stands): go and find work. */
+enum { IO_NONE, IO_WOKEN, IO_READ };
+int atap__pool_idle_io(struct worker *w);
+/* pool_io.c. A busy worker, every IO_EVERY_RUNS runs (w->io_runs): a look
+ * at io, so that readiness is heard while every worker is running. */
+#define IO_EVERY_RUNS 61
+void atap__pool_busy_io(struct worker *w);
 /* pool.c. Wakes an idle blocking thread, or starts one, for work in the queue. */
 void atap__pool_wake_blocker(void);
 /* pool.c. The record's held[] back to its inline array (its thread is leaving). */

@@ -34,7 +34,7 @@ map='
 3 timer     timer.h timer.c
 3 poller    poller.h poller_epoll.c poller_kqueue.c poller_poll.c
 3 hub       hub.h hub.c
-4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c help.c
+4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c pool_io.c help.c
 5 executor  executor.h extras.h side.h executor.c spawn.c
 5 executor  read.c join.c
 6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c

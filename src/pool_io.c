@@ -1,0 +1,102 @@
+/*
+ * The pool's side of the hub's io poller (hub.h: the poller of parked fds
+ * and its seat, which one thread at a time holds to wait on io).
+ *
+ * An idle worker that takes the seat sleeps on io rather than on its park
+ * word, waiting for the readiness of every parked fd at once; what it
+ * reads it hands out itself (park_fd.c, through the conf's io_event), off
+ * the idle list first, so the tasks it resumes are queued to it and run on
+ * the thread that read their readiness, with no hop through the manager
+ * and no wake of another thread. A waker finds it by in_io: the waker
+ * (atap__pool_unpark) stores the word then reads in_io, the worker stores
+ * in_io then reads the word, all seq_cst, so either the worker sees the
+ * word or the waker wakes io. A worker that finds the seat taken marks it
+ * wanted and sleeps on its word; the holder, giving it back, wakes one
+ * (atap__pool_notify), so that no worker sleeps idle while nobody reads
+ * io. A report is handed out whatever the word says, a stop included: its
+ * one-shot watch is spent and nobody else would hear of it (a reaped
+ * worker moves what it queued so to the shared queue, pool.c).
+ *
+ * While no worker is idle, nobody waits on io: a busy worker looks (no
+ * wait) every IO_EVERY_RUNS runs once nobody has for IO_GAP_NS, and the
+ * manager's tick does the same (manager.c), which is what hears io while
+ * every worker is inside one long run.
+ */
+#include "pool.h"
+
+#include "atomics.h"
+#include "hub.h"
+#include "pool_int.h"
+
+#define IO_BATCH 32
+#define IO_GAP_NS 200000u /* a busy worker looks if nobody has for this long */
+
+/* Hands out what a look at io read, on this thread; then, if an idle
+ * worker wanted the seat while it was held, wakes one to take it. */
+static void io_hand_out(const struct atap_poller_event *ev, int n, bool wanted,
+                        void (*hand)(void *udata, unsigned events, unsigned kind))
+{
+    for (int i = 0; i < n; i++)
+        hand(ev[i].udata, ev[i].events, ev[i].kind);
+    if (wanted)
+        atap__pool_notify();
+}
+
+void atap__pool_io_look(uint64_t gap_ns, void (*hand)(void *udata, unsigned events, unsigned kind))
+{
+    struct atap_poller_event ev[IO_BATCH];
+    struct atap_poller *io = atap__hub_io();
+    uint64_t now;
+    int n;
+
+    if (!io || !hand)
+        return;
+    now = atap__now_ns();
+    if (now - ld_relaxed(&atap__hub.io_looked) < gap_ns || !atap__hub_io_take())
+        return;
+    n = atap__poller_wait(io, ev, IO_BATCH, 0);
+    io_hand_out(ev, n > 0 ? n : 0, atap__hub_io_give(now), hand);
+}
+
+void atap__pool_busy_io(struct worker *w)
+{
+    w->io_runs = 0;
+    atap__pool_io_look(IO_GAP_NS, atap__pool.io_event);
+}
+
+int atap__pool_idle_io(struct worker *w)
+{
+    struct atap_poller_event ev[IO_BATCH];
+    struct atap_poller *io;
+    bool wanted;
+    int n = 0;
+
+    if (w->blocking || !atap__pool.io_event || !(io = atap__hub_io()))
+        return IO_NONE;
+    while (!atap__hub_io_take())
+        if (atap__hub_io_want())
+            return IO_NONE;
+    /* Against atap__pool_unpark (both seq_cst): in_io before the word, so
+     * either this look sees the waker's word or the waker sees in_io and
+     * wakes io (a wake before the wait makes it return). */
+    st_seqcst(&w->in_io, true);
+    if (ld_seqcst(&w->park) == PARK_IDLE)
+        n = atap__poller_wait(io, ev, IO_BATCH, ATAP__POLLER_FOREVER);
+    st_relaxed(&w->in_io, false);
+    wanted = atap__hub_io_give(atap__now_ns());
+    if (n <= 0) {
+        if (wanted)
+            atap__pool_notify();
+        return n < 0 ? IO_NONE : IO_WOKEN;
+    }
+    /* Off the list before the hand-out queues anything: what it resumes
+     * is this worker's to run, as a worker's own spawns are. */
+    pthread_mutex_lock(&atap__pool.lock);
+    if (w->in_idle) {
+        atap__pool_unlink_from(&atap__pool.idle, &atap__pool.nidle, w);
+        st_relaxed(&w->park, PARK_RUNNING);
+    }
+    pthread_mutex_unlock(&atap__pool.lock);
+    io_hand_out(ev, n, wanted, atap__pool.io_event);
+    return IO_READ;
+}
