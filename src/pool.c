@@ -3,7 +3,8 @@
  * queues, finding work, submitting, the threads' loops). Sharing
  * pool_int.h: pool_grow.c decides how many threads run, pool_recover.c
  * recovers a thread that dies under a task, pool_life.c starts, drains and
- * stops the pool, reads its stats and resets it in a fork's child.
+ * stops the pool, reads its stats and resets it in a fork's child, and
+ * pool_io.c waits on the hub's io for an idle worker.
  *
  * Finding work (find_work): the LIFO slot (at most LIFO_STREAK times in a
  * row), the own ring, a batch from the shared queue (the rest of the batch
