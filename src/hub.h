@@ -64,7 +64,7 @@ static inline struct atap_poller *atap__hub_poller(void)
  * the one that took the seat: an idle worker, blocking until a report or
  * a wake (the pool's, which wakes it as it would from its park word); a
  * busy worker between runs, or the manager at its tick, just looking, so
- * that reports are read while every worker runs (pool.c). The seat is a
+ * that reports are read while every worker runs (pool_io.c). The seat is a
  * word: FREE, HELD, or WANTED (held, and another thread that wanted it
  * is idle without it). Whoever gives it back and finds WANTED wakes an
  * idle worker (atap__pool_notify), which takes the seat if still free:
@@ -94,22 +94,24 @@ static inline bool atap__hub_io_take(void)
 /* The seat was taken: marks it wanted, before the caller sleeps without
  * it. False if it was given back meanwhile (the caller tries again). The
  * giver's exchange and this CAS are RMWs of one word: one of the two sees
- * the other. */
+ * the other. Release, with the giver's acquire: a giver that finds WANTED
+ * sees the caller on the idle list, so its wake finds somebody. */
 static inline bool atap__hub_io_want(void)
 {
     uint32_t held = IO_SEAT_HELD;
 
     return atomic_compare_exchange_strong_explicit(&atap__hub.io_seat, &held, IO_SEAT_WANTED,
-                                                   memory_order_relaxed, memory_order_relaxed) ||
+                                                   memory_order_release, memory_order_relaxed) ||
            held == IO_SEAT_WANTED;
 }
 
 /* Gives the seat back. True if a thread wanted it meanwhile: the caller
- * then wakes an idle worker. Release: pairs with the next take. */
+ * then wakes an idle worker. Release: pairs with the next take; acquire:
+ * with a want. */
 static inline bool atap__hub_io_give(uint64_t now)
 {
     st_relaxed(&atap__hub.io_looked, now);
-    return atomic_exchange_explicit(&atap__hub.io_seat, IO_SEAT_FREE, memory_order_release) ==
+    return atomic_exchange_explicit(&atap__hub.io_seat, IO_SEAT_FREE, memory_order_acq_rel) ==
            IO_SEAT_WANTED;
 }
 

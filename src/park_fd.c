@@ -3,7 +3,7 @@
  * file keeps each parked fd watched on the hub's io poller (hub.h) and
  * turns what it reports of it into claims on the parks waiting for it, on
  * the thread that read the report: an idle worker waiting on io, a busy
- * one looking between runs (pool.c), or the manager at its tick. Only the
+ * one looking between runs (pool_io.c), or the manager at its tick. Only the
  * manager holds the park wheel, so a timed park in the tail that another
  * thread's report claims is not queued there: its wheel bucket is marked,
  * under fd_lock (which the holder takes before it acts on a park of an fd,

@@ -32,7 +32,7 @@ struct worker {
     _Alignas(64) _Atomic uint32_t lifo; /* a task spawned by the running task, or 0 */
     _Alignas(64) _Atomic int status;    /* W_FREE, W_LIVE, W_DEAD */
     _Atomic uint32_t park;              /* futex word, see pool.c */
-    _Atomic bool in_io;                 /* idle, waiting on the hub's io (pool.c) */
+    _Atomic bool in_io;                 /* idle, waiting on the hub's io (pool_io.c) */
     pthread_t thread;
     _Atomic int tid;                /* the kernel's id of its thread (Linux) */
     _Alignas(64) _Atomic bool busy; /* inside a task (owner-written, read by stats) */
@@ -47,7 +47,7 @@ struct worker {
                                   (owner-written, read by the tick) */
     uint64_t blocked_at;       /* when it last counted itself blocked */
     unsigned lifo_streak;
-    unsigned io_runs;          /* runs since it last thought of io (pool.c) */
+    unsigned io_runs;          /* runs since it last thought of io (pool_io.c) */
     /* The tasks this thread is inside, outermost first (held[0..depth)):
      * every run on its stack, nested by waits. Off the stack, so that a
      * dying thread's cleanup can read them after its stack unwound. */
