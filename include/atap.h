@@ -1066,11 +1066,13 @@ ATAP_EXPORT int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns);
  * Returns 0; ATAP_EINVAL for a NULL ctx (outside a task), no events or
  * unknown bits, a negative fd, or a second park call in one run.
  * Who hears fd's readiness: an idle worker waits in the kernel for every
- * parked fd at once and queues the tasks it resumes to itself, so a socket's
- * task runs on the thread that read its readiness; while no worker is
- * idle, a busy one looks between runs once nobody has for 200 us, and the manager
- * at its tick (10 ms) while every worker is inside a long run. A park with
- * a deadline, resumed by its fd, is queued by the manager.
+ * parked fd at once and queues the tasks it resumes to itself, so a
+ * socket's task runs on the thread that read its readiness; while no
+ * worker is idle, a busy one looks between runs once nobody has for
+ * 200 us, and the manager at its tick (10 ms) while every worker is inside
+ * a long run. A park with a deadline whose task's output is small (it
+ * lives in the task's slot) is queued by the manager once its fd is heard,
+ * a wake of the manager's later.
  * An fd that is not open resumes at once with ATAP_ERROR. If the watch on
  * fd cannot be renewed for the tasks still parked on it (the kernel out of
  * memory), the manager tries again at each of its ticks (every 10 ms)
