@@ -356,6 +356,16 @@ static uint32_t join_idle(struct worker *w, struct worker **list, _Atomic unsign
     return rc;
 }
 
+void atap__pool_leave_idle(struct worker *w)
+{
+    pthread_mutex_lock(&atap__pool.lock);
+    if (w->in_idle) {
+        atap__pool_unlink_from(&atap__pool.idle, &atap__pool.nidle, w);
+        st_relaxed(&w->park, PARK_RUNNING);
+    }
+    pthread_mutex_unlock(&atap__pool.lock);
+}
+
 /* Returns false when the worker should exit. */
 static bool park_worker(struct worker *w)
 {
@@ -368,14 +378,8 @@ static bool park_worker(struct worker *w)
     if ((word = join_idle(w, &atap__pool.idle, &atap__pool.nidle)) != PARK_IDLE)
         return word == PARK_RUNNING;
     fence_seqcst(); /* parking protocol: nidle before the last look */
-    if (atap__pool_work_visible(false)) {
-        pthread_mutex_lock(&atap__pool.lock);
-        if (w->in_idle) {
-            atap__pool_unlink_from(&atap__pool.idle, &atap__pool.nidle, w);
-            st_relaxed(&w->park, PARK_RUNNING);
-        }
-        pthread_mutex_unlock(&atap__pool.lock);
-    }
+    if (atap__pool_work_visible(false))
+        atap__pool_leave_idle(w);
     /* A waker that took us off the list stores NOTIFIED (or STOP) after
      * unlocking, then wakes: the futex compare covers the gap. */
     while ((word = ld_acquire(&w->park)) == PARK_IDLE)

@@ -84,6 +84,9 @@ void atap__pool_unlink_from(struct worker **list, _Atomic unsigned *count, struc
 bool atap__pool_wake_idle(void);
 /* pool.c. After queueing work: wakes one worker unless one is already looking. */
 void atap__pool_notify(void);
+/* A listed worker takes itself off the idle list to run what it found,
+ * unless a waker took it off first (whose word then stands). */
+void atap__pool_leave_idle(struct worker *w);
 /* pool_recover.c: moves w's queued tasks to the shared queue (w's own thread). */
 void atap__pool_evacuate(struct worker *w);
 

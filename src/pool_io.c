@@ -84,19 +84,10 @@ int atap__pool_idle_io(struct worker *w)
         n = atap__poller_wait(io, ev, IO_BATCH, ATAP__POLLER_FOREVER);
     st_relaxed(&w->in_io, false);
     wanted = atap__hub_io_give(atap__now_ns());
-    if (n <= 0) {
-        if (wanted)
-            atap__pool_notify();
-        return n < 0 ? IO_NONE : IO_WOKEN;
-    }
     /* Off the list before the hand-out queues anything: what it resumes
      * is this worker's to run, as a worker's own spawns are. */
-    pthread_mutex_lock(&atap__pool.lock);
-    if (w->in_idle) {
-        atap__pool_unlink_from(&atap__pool.idle, &atap__pool.nidle, w);
-        st_relaxed(&w->park, PARK_RUNNING);
-    }
-    pthread_mutex_unlock(&atap__pool.lock);
-    io_hand_out(ev, n, wanted, atap__pool.io_event);
-    return IO_READ;
+    if (n > 0)
+        atap__pool_leave_idle(w);
+    io_hand_out(ev, n > 0 ? n : 0, wanted, atap__pool.io_event);
+    return n > 0 ? IO_READ : n < 0 ? IO_NONE : IO_WOKEN;
 }
