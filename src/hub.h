@@ -36,7 +36,9 @@ struct atap__hub {
     _Atomic(struct atap_poller *) poller;
     _Atomic(struct atap_poller *) io; /* parked fds' watches (the seat, below) */
     _Atomic uint32_t io_seat;         /* IO_SEAT_*: who waits on io */
-    _Atomic uint64_t io_looked;       /* when a seat's holder last looked at io */
+    _Atomic uint64_t io_looked;       /* when a seat's holder last looked at io:
+                                         relaxed, a hint (a stale read makes a look
+                                         early or late, never wrong) */
     struct atap_timers timers;
     _Atomic int state;
     _Atomic bool closed; /* takes no more timers (stopping, or gone) */

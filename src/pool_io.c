@@ -82,6 +82,8 @@ int atap__pool_idle_io(struct worker *w)
     st_seqcst(&w->in_io, true);
     if (ld_seqcst(&w->park) == PARK_IDLE)
         n = atap__poller_wait(io, ev, IO_BATCH, ATAP__POLLER_FOREVER);
+    /* Relaxed: a waker that still reads true only wakes io for nothing;
+     * this worker reads its word again before it sleeps anywhere. */
     st_relaxed(&w->in_io, false);
     wanted = atap__hub_io_give(atap__now_ns());
     /* Off the list before the hand-out queues anything: what it resumes
