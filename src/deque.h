@@ -100,16 +100,16 @@ static inline unsigned ring_take_oldest(struct ring *r, uint32_t *out, unsigned 
     return n;
 }
 
-/* Any thread. Returns the oldest entry if its index is `from` or above,
+/* Any thread. Returns the oldest entry if its index lies in [from, to),
  * 0 when there is none, or UINT32_MAX to retry (lost a race). Indices only
- * grow, so `from` (a bottom read earlier) parts what was pushed before it
- * from what came after (help.c's leapfrogging). */
-static inline uint32_t ring_steal_from(struct ring *r, int64_t from)
+ * grow, so a bottom read earlier parts what was pushed before it from what
+ * came after (help.c's leapfrogging). */
+static inline uint32_t ring_steal_between(struct ring *r, int64_t from, int64_t to)
 {
     int64_t t = ld_acquire(&r->top), b;
     uint32_t x;
 
-    if (t < from)
+    if (t < from || t >= to)
         return 0;
     fence_seqcst(); /* pairs with the fence in ring_pop */
     b = ld_acquire(&r->bottom);
@@ -122,10 +122,16 @@ static inline uint32_t ring_steal_from(struct ring *r, int64_t from)
     return x;
 }
 
-/* Any thread: ring_steal_from, from the oldest entry there is. */
+/* Any thread: the oldest entry, if its index is `from` or above. */
+static inline uint32_t ring_steal_from(struct ring *r, int64_t from)
+{
+    return ring_steal_between(r, from, INT64_MAX);
+}
+
+/* Any thread: the oldest entry there is. */
 static inline uint32_t ring_steal(struct ring *r)
 {
-    return ring_steal_from(r, INT64_MIN);
+    return ring_steal_between(r, INT64_MIN, INT64_MAX);
 }
 
 #endif

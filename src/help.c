@@ -157,6 +157,35 @@ static bool held_room(struct worker *w)
  * queue: into our own ring it would look spawned by our waiting run.
  */
 
+/*
+ * The oldest entry of r at or above mark. Only the oldest can be taken,
+ * and entries below the mark may sit there, above it in age: a thief's
+ * batch, moved into its ring before its first run published its mark
+ * (pool.c, steal_from). While they do, nothing above the mark can be
+ * reached; the waiter may not run them (they are not the awaited task's),
+ * so it moves up to CLEAR_MAX of them to the shared queue, where any
+ * worker's loop finds them, as leapfrog does with an entry found not ours.
+ */
+#define CLEAR_MAX 16
+
+static uint32_t steal_above(struct ring *r, int64_t mark)
+{
+    uint32_t moved[CLEAR_MAX], x;
+    unsigned n = 0, tries = 0;
+
+    while ((x = ring_steal_from(r, mark)) == 0 || x == UINT32_MAX) {
+        x = 0;
+        if (n == CLEAR_MAX || ++tries > 2 * CLEAR_MAX || ld_acquire(&r->bottom) <= mark)
+            break;
+        if ((x = ring_steal_between(r, INT64_MIN, mark)) != 0 && x != UINT32_MAX)
+            moved[n++] = x;
+        x = 0;
+    }
+    if (n)
+        atap__pool_submit_batch(moved, n);
+    return x;
+}
+
 static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, struct found *at)
 {
     struct worker *v;
@@ -173,7 +202,7 @@ static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, st
      * nothing from before the run either (atap__pool_publish emptied it),
      * and the same second look covers it (filling it is a release store;
      * taking it, an exchange). */
-    if ((x = ring_steal_from(&v->ring, ld_relaxed(&v->pubmark[d]))) == 0 || x == UINT32_MAX)
+    if ((x = steal_above(&v->ring, ld_relaxed(&v->pubmark[d]))) == 0)
         x = ld_relaxed(&v->lifo) ? atomic_exchange_explicit(&v->lifo, 0, memory_order_acq_rel)
                                  : 0;
     if (x == 0)
@@ -238,14 +267,16 @@ static inline bool stack_room(const struct worker *w)
 #define CHASE_HOPS 4 /* waits followed from the awaited task (needed_next) */
 
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
-                              enum help_how *how)
+                              enum help_how *how, struct worker **runner)
 {
     struct atap_slot *held = NULL;
     uint32_t x = 0, held_ref = 0, held_gen = 0;
-    struct found at;
+    struct found at = {.v = NULL};
     uint64_t next;
 
     *how = HELP_OWN;
+    if (runner)
+        *runner = NULL;
     if (!stack_room(w) || w->depth > HELP_LIMIT() || !held_room(w))
         return 0;
     if (!w->blocking && (x = take_awaited(w, ref)) != 0)
@@ -261,6 +292,8 @@ uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t re
         }
         if ((x = leapfrog(w, s, ref, &at)) != 0)
             break;
+        if (at.v && runner)
+            *runner = at.v;
         if (!at.v || (next = needed_next(&at, &s)) == 0)
             break;
         if (held)

@@ -63,7 +63,7 @@ static bool help_one(struct worker *w, atap_task t)
     struct atap_slot *s = atap__exec_live(t, &index, &gen);
     enum help_how how;
 
-    if (!s || (x = atap__pool_help_pick(w, s, index + 1, gen, &how)) == 0)
+    if (!s || (x = atap__pool_help_pick(w, s, index + 1, gen, &how, NULL)) == 0)
         return false;
     if (ld_relaxed(&w->blocked))
         atap__pool_blocked(w, false);

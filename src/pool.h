@@ -236,14 +236,16 @@ static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int pr
  * room: the task itself while it is queued, work it spawned, what it waits
  * for (help.c). Returns its ref, or 0 for none; *how says where it came
  * from. The caller owns its run, and runs it with atap__pool_help_run once
- * it no longer shows itself waiting. */
+ * it no longer shows itself waiting. *runner (runner may be NULL): the
+ * worker found running the task (or what it waits for), whose queues the
+ * look searched, else NULL. */
 enum help_how {
     HELP_OWN,     /* the awaited task, from this worker's own queues */
     HELP_TAKEN,   /* from another's queue: others may wait for it too */
     HELP_CLAIMED, /* claimed aside where it sat */
 };
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
-                              enum help_how *how);
+                              enum help_how *how, struct worker **runner);
 void atap__pool_help_run(struct worker *w, uint32_t x, enum help_how how);
 
 struct atap_pool_stats;

@@ -57,6 +57,7 @@ static inline void copy_bytes(void *dst, const void *src, size_t n)
 }
 
 #define WAIT_SPINS 64 /* looks for work the awaited task needs before blocking */
+#define WATCH_NS 1000000u /* looks on while its runner moves, this long after a help */
 
 /* A pool thread's wait: whether it shows the task it waits for to others
  * (atap__pool_wait_begin: only while it runs nothing, the only time a
@@ -89,20 +90,48 @@ static int unblocked(struct waiting *wt, int rc)
     return rc;
 }
 
+/* Whether the worker running what a wait needs (runner, found by the
+ * look just made) has finished a run since the look before, which found
+ * the same one: *last and *seen keep that look's runner and its count. */
+static bool runner_moved(struct worker *runner, struct worker **last, uint64_t *seen)
+{
+    uint64_t done = ld_relaxed(&runner->completed);
+    bool moved = runner == *last && done != *seen;
+
+    *last = runner;
+    *seen = done;
+    return moved;
+}
+
+/* Within WATCH_NS of the first look since the last help (*from: that
+ * look's time, 0 until it is made). */
+static bool watching(uint64_t *from)
+{
+    uint64_t now = atap__now_ns();
+
+    if (*from == 0)
+        *from = now;
+    return now - *from < WATCH_NS;
+}
+
 /*
  * Waits until the task settles or the deadline passes. A pool thread runs
  * meanwhile only work the awaited task needs (atap__pool_help_pick: the
  * task itself while queued, work it spawned, what it waits for); with
  * none, it looks again a few times, then blocks, lending its core to the
- * pool, and sleeps in short slices so that it can look again. Elsewhere it
- * sleeps on the word until woken.
+ * pool, and sleeps in short slices so that it can look again. While the
+ * worker running the awaited task keeps finishing runs, though, the work
+ * it needs comes and goes in that worker's queues faster than a sleeper
+ * would see: the waiter goes on looking (unblocked: its core is in use),
+ * and blocks once that worker stays inside one run, or once looking has
+ * found nothing for WATCH_NS. Elsewhere it sleeps on the word until woken.
  */
 static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
                         uint32_t *state)
 {
     struct waiting wt = {.w = atap__self};
-    struct worker *w = wt.w;
-    uint64_t slice = SLICE_MIN_NS, now, left;
+    struct worker *w = wt.w, *runner, *last = NULL;
+    uint64_t slice = SLICE_MIN_NS, now, left, seen = 0, watch_from = 0;
     unsigned spins = 0;
     bool looked = false;
     enum help_how how;
@@ -118,12 +147,14 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
         }
         /* Help only while time is left: a timed wait returns at most one
          * helped run past its deadline. */
+        runner = NULL;
         if (w && (deadline == ATAP__FOREVER || atap__now_ns() < deadline) &&
-            (x = atap__pool_help_pick(w, s, ref, gen, &how)) != 0) {
+            (x = atap__pool_help_pick(w, s, ref, gen, &how, &runner)) != 0) {
             unblocked(&wt, 0); /* what it runs may wait in turn */
             atap__pool_help_run(w, x, how);
             slice = SLICE_MIN_NS;
             spins = 0;
+            watch_from = 0;
             continue;
         }
         /* About to sleep. A task this thread is inside (itself, or one
@@ -136,6 +167,16 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
         looked = true;
         if (w)
             show(&wt, ref, gen);
+        /* Its runner moving: look on, unblocked, as a waiter that has
+         * just helped, for up to WATCH_NS since the last help (a runner
+         * busy with runs that leave nothing to take does not keep a core
+         * spinning for long). */
+        if (w && runner && runner_moved(runner, &last, &seen) && watching(&watch_from)) {
+            spins = 0;
+            slice = SLICE_MIN_NS;
+            if (ld_relaxed(&w->blocked))
+                atap__pool_blocked(w, false);
+        }
         if (w && spins < WAIT_SPINS) {
             spins++;
             for (unsigned k = 0; k < 16; k++)

@@ -181,6 +181,39 @@ static void test_queues_ring_full(void **state)
     free(r);
 }
 
+/* A steal bounded by index takes the oldest entry only while its index
+ * lies in the range: a leapfrogger's look (entries pushed at or above a
+ * mark) and its clearing of what lies below one (help.c). */
+static void test_queues_ring_steal_between(void **state)
+{
+    (void)state;
+    struct ring *r = calloc(1, sizeof *r);
+    int64_t mark;
+
+    assert_non_null(r);
+    assert_int_equal(ring_steal_between(r, INT64_MIN, INT64_MAX), 0); /* empty */
+    for (unsigned i = 0; i < 3; i++)
+        assert_true(ring_push(r, 10 + i)); /* indices 0..2: "before the mark" */
+    mark = ld_relaxed(&r->bottom);
+    for (unsigned i = 0; i < 2; i++)
+        assert_true(ring_push(r, 20 + i)); /* indices 3..4: at or above it */
+    /* The oldest lies below the mark: a look from the mark takes nothing. */
+    assert_int_equal(ring_steal_from(r, mark), 0);
+    assert_int_equal(ring_len(r), 5);
+    /* Below the mark, one at a time, oldest first, until the mark. */
+    assert_int_equal(ring_steal_between(r, INT64_MIN, mark), 10);
+    assert_int_equal(ring_steal_between(r, INT64_MIN, mark), 11);
+    assert_int_equal(ring_steal_between(r, INT64_MIN, mark), 12);
+    assert_int_equal(ring_steal_between(r, INT64_MIN, mark), 0);
+    assert_int_equal(ring_len(r), 2);
+    /* Then what was pushed after the mark, and nothing past the bottom. */
+    assert_int_equal(ring_steal_from(r, mark), 20);
+    assert_int_equal(ring_pop(r), 21);
+    assert_int_equal(ring_steal_from(r, mark), 0);
+    assert_int_equal(ring_pop(r), 0);
+    free(r);
+}
+
 /* ---- the shared queue ------------------------------------------------- */
 
 static struct injector *new_queue(void)
@@ -565,6 +598,7 @@ int main(void)
         cmocka_unit_test(test_queues_ring_exactly_once),
         cmocka_unit_test(test_queues_ring_take_oldest_exactly_once),
         cmocka_unit_test(test_queues_ring_full),
+        cmocka_unit_test(test_queues_ring_steal_between),
         cmocka_unit_test(test_queues_injector_fifo),
         cmocka_unit_test(test_queues_injector_bands_and_aging),
         cmocka_unit_test(test_queues_injector_exactly_once),
