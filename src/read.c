@@ -132,7 +132,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
     struct waiting wt = {.w = atap__self};
     struct worker *w = wt.w, *runner, *last = NULL;
     uint64_t slice = SLICE_MIN_NS, now, left, seen = 0, watch_from = 0;
-    unsigned spins = 0;
+    unsigned spins = 0, watched = 0;
     bool looked = false;
     enum help_how how;
     uint32_t cur, x;
@@ -154,6 +154,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
             atap__pool_help_run(w, x, how);
             slice = SLICE_MIN_NS;
             spins = 0;
+            watched = 0;
             watch_from = 0;
             continue;
         }
@@ -173,13 +174,19 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
          * spinning for long). */
         if (w && runner && runner_moved(runner, &last, &seen) && watching(&watch_from)) {
             spins = 0;
+            watched++;
             slice = SLICE_MIN_NS;
             if (ld_relaxed(&w->blocked))
                 atap__pool_blocked(w, false);
         }
         if (w && spins < WAIT_SPINS) {
+            /* Each look reads lines the runner writes as it goes: while
+             * watching it, looks that keep finding nothing come further
+             * apart (16 pauses, doubling every 16 looks up to 512). */
+            unsigned pauses = 16u << (watched < 16 * 5 ? watched / 16 : 5);
+
             spins++;
-            for (unsigned k = 0; k < 16; k++)
+            for (unsigned k = 0; k < pauses; k++)
                 cpu_relax();
             continue;
         }
