@@ -52,6 +52,15 @@ static inline int ring_push(struct ring *r, uint32_t x)
     return 1;
 }
 
+/* Owner only: the newest entry, which the next pop takes unless a thief
+ * takes it first (it is the last), or 0 when empty. */
+static inline uint32_t ring_bottom_entry(struct ring *r)
+{
+    int64_t b = ld_relaxed(&r->bottom);
+
+    return b > ld_relaxed(&r->top) ? ld_relaxed(&r->buf[(b - 1) & RING_MASK]) : 0;
+}
+
 /* Owner only. Returns the entry (never 0), or 0 when empty. */
 static inline uint32_t ring_pop(struct ring *r)
 {

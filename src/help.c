@@ -40,7 +40,9 @@ static uint32_t take_awaited(struct worker *w, uint32_t awaited)
         atomic_compare_exchange_strong_explicit(&w->lifo, &awaited, 0, memory_order_acq_rel,
                                                 memory_order_relaxed))
         return awaited;
-    if (ring_len(&w->ring) == 0 || (x = ring_pop(&w->ring)) == 0)
+    /* A look at the bottom entry first (the owner's to read): a pop and
+     * a push back cost a fence when it is not the one. */
+    if (ring_bottom_entry(&w->ring) != awaited || (x = ring_pop(&w->ring)) == 0)
         return 0;
     if (x == awaited)
         return x;
@@ -264,6 +266,17 @@ static inline bool stack_room(const struct worker *w)
  * reserve for the run itself), so a deep chain of joins fills one stack,
  * then blocks, and the next part of the chain runs on a lent worker's.
  */
+/* Room on this thread for one more nested run: stack, depth, held[]. */
+static inline bool nest_room(struct worker *w)
+{
+    return stack_room(w) && w->depth <= HELP_LIMIT() && held_room(w);
+}
+
+uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
+{
+    return !w->blocking && nest_room(w) ? take_awaited(w, ref) : 0;
+}
+
 #define CHASE_HOPS 4 /* waits followed from the awaited task (needed_next) */
 
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
@@ -277,7 +290,7 @@ uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t re
     *how = HELP_OWN;
     if (runner)
         *runner = NULL;
-    if (!stack_room(w) || w->depth > HELP_LIMIT() || !held_room(w))
+    if (!nest_room(w))
         return 0;
     if (!w->blocking && (x = take_awaited(w, ref)) != 0)
         return x;

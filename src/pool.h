@@ -247,6 +247,11 @@ enum help_how {
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
                               enum help_how *how, struct worker **runner);
 void atap__pool_help_run(struct worker *w, uint32_t x, enum help_how how);
+/* The quick case of a pick: ref itself, in w's LIFO slot or as its
+ * ring's newest entry (a join of a task this worker spawned), taken if
+ * there is room to run it; 0 otherwise. Its run is the caller's, a run
+ * of HELP_OWN. */
+uint32_t atap__pool_help_own(struct worker *w, uint32_t ref);
 
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);

@@ -269,6 +269,7 @@ static inline __attribute__((always_inline)) int read_output(atap_task t, void *
 {
     uint32_t gen, state, cur;
     struct atap_slot *s = lookup(t, &gen);
+    struct worker *w;
     uint64_t deadline;
     int rc;
 
@@ -285,6 +286,15 @@ static inline __attribute__((always_inline)) int read_output(atap_task t, void *
         return rc; /* settled already: no wait, no clock */
     deadline = timeout_ns == ATAP__FOREVER ? ATAP__FOREVER
                                            : atap__deadline(atap__now_ns(), timeout_ns);
+    /* A task this worker spawned and left in its own queues (its LIFO
+     * slot, its ring's newest entry): run it here and now, as the wait's
+     * first look would, without the wait around it. */
+    if ((w = atap__self) != NULL && atap__pool_help_own(w, (uint32_t)t.id + 1)) {
+        atap__exec_run(w, (uint32_t)t.id + 1, false);
+        if (state_terminal(word_state(ld_acquire(&s->word))) &&
+            (rc = take ? move_out(s, gen, out) : copy_out(s, gen, out)) != ATAP_ENOTREADY)
+            return rc;
+    }
     do {
         if ((rc = wait_settled(s, (uint32_t)t.id + 1, gen, deadline, &state)) != 0)
             return rc;
