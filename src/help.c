@@ -246,6 +246,17 @@ static inline bool stack_room(const struct worker *w)
     return (uintptr_t)__builtin_frame_address(0) > w->stack_floor;
 }
 
+/* Room on this thread for one more nested run: stack, depth, held[]. */
+static inline bool nest_room(struct worker *w)
+{
+    return stack_room(w) && w->depth <= HELP_LIMIT() && held_room(w);
+}
+
+uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
+{
+    return !w->blocking && nest_room(w) ? take_awaited(w, ref) : 0;
+}
+
 /*
  * What a wait may run. A thread waiting for task A runs, on top of its
  * waiting frame, only work A needs: A itself while it is queued (taken
@@ -266,17 +277,6 @@ static inline bool stack_room(const struct worker *w)
  * reserve for the run itself), so a deep chain of joins fills one stack,
  * then blocks, and the next part of the chain runs on a lent worker's.
  */
-/* Room on this thread for one more nested run: stack, depth, held[]. */
-static inline bool nest_room(struct worker *w)
-{
-    return stack_room(w) && w->depth <= HELP_LIMIT() && held_room(w);
-}
-
-uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
-{
-    return !w->blocking && nest_room(w) ? take_awaited(w, ref) : 0;
-}
-
 #define CHASE_HOPS 4 /* waits followed from the awaited task (needed_next) */
 
 uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
