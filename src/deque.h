@@ -52,8 +52,9 @@ static inline int ring_push(struct ring *r, uint32_t x)
     return 1;
 }
 
-/* Owner only: the newest entry, which the next pop takes unless a thief
- * takes it first (it is the last), or 0 when empty. */
+/* Owner only: the newest entry, or 0 when empty. A hint: the next pop
+ * takes it unless a thief takes it first (it is the last), so a caller
+ * that wants it pops and looks at what the pop returned. */
 static inline uint32_t ring_bottom_entry(struct ring *r)
 {
     int64_t b = ld_relaxed(&r->bottom);

@@ -142,12 +142,56 @@ static bool held_room(struct worker *w)
 }
 
 /*
+ * The oldest entry of r at or above mark, or 0. Only the oldest entry can
+ * be taken, and entries below the mark may sit above it in age: a batch
+ * moved in from another ring or the shared queue (pool.c: steal_from,
+ * from_shared), the LIFO slot's task pushed as the run was published, or
+ * entries a wait of the run's popped down to. While they do, nothing
+ * above the mark can be reached. The waiter may not run them (nothing
+ * says the awaited task needs them), so, when there is something above
+ * the mark to reach, it moves up to CLEAR_MAX of them to the shared
+ * queue, where any worker's loop finds them, as leapfrog does with an
+ * entry found not its own, and looks above the mark again.
+ */
+#define CLEAR_MAX 16
+
+static uint32_t steal_above(struct ring *r, int64_t mark)
+{
+    uint32_t moved[CLEAR_MAX], x, y;
+    unsigned n = 0, lost = 0;
+
+    for (;;) {
+        if ((x = ring_steal_from(r, mark)) == UINT32_MAX) { /* lost a race: again */
+            x = 0;
+            if (++lost > CLEAR_MAX)
+                break;
+            continue;
+        }
+        if (x != 0 || n == CLEAR_MAX || ld_acquire(&r->bottom) <= mark)
+            break;
+        /* The top lies below the mark (or the ring has emptied). */
+        if ((y = ring_steal_between(r, INT64_MIN, mark)) == 0)
+            break;
+        if (y == UINT32_MAX) {
+            if (++lost > CLEAR_MAX)
+                break;
+            continue;
+        }
+        moved[n++] = y;
+    }
+    if (n)
+        atap__pool_submit_batch(moved, n);
+    return x;
+}
+
+/*
  * Leapfrogging: the awaited task runs on worker v, published at pub[d]
  * (its slot's link says where, or v's pub[] does: find_run). Entries of v's
  * ring at or above that run's mark were spawned while it was on v's stack:
  * by it, or by runs above it, which are work it needs in turn; so was what
  * v's LIFO slot holds. One is taken from the ring's top (the oldest, the
- * largest piece) with one CAS, as a thief takes one, else the LIFO slot's
+ * largest piece) with one CAS, as a thief takes one (older entries below
+ * the mark moved out of the way first: steal_above), else the LIFO slot's
  * by exchange, and kept only if
  * v's pub[d] still holds the same tag afterwards: then the run was on v's
  * stack all along, so the entry was spawned during it. The order that makes
@@ -158,35 +202,6 @@ static bool held_room(struct worker *w)
  * came first. An entry taken and then found not ours goes to the shared
  * queue: into our own ring it would look spawned by our waiting run.
  */
-
-/*
- * The oldest entry of r at or above mark. Only the oldest can be taken,
- * and entries below the mark may sit there, above it in age: a thief's
- * batch, moved into its ring before its first run published its mark
- * (pool.c, steal_from). While they do, nothing above the mark can be
- * reached; the waiter may not run them (they are not the awaited task's),
- * so it moves up to CLEAR_MAX of them to the shared queue, where any
- * worker's loop finds them, as leapfrog does with an entry found not ours.
- */
-#define CLEAR_MAX 16
-
-static uint32_t steal_above(struct ring *r, int64_t mark)
-{
-    uint32_t moved[CLEAR_MAX], x;
-    unsigned n = 0, tries = 0;
-
-    while ((x = ring_steal_from(r, mark)) == 0 || x == UINT32_MAX) {
-        x = 0;
-        if (n == CLEAR_MAX || ++tries > 2 * CLEAR_MAX || ld_acquire(&r->bottom) <= mark)
-            break;
-        if ((x = ring_steal_between(r, INT64_MIN, mark)) != 0 && x != UINT32_MAX)
-            moved[n++] = x;
-        x = 0;
-    }
-    if (n)
-        atap__pool_submit_batch(moved, n);
-    return x;
-}
 
 static uint32_t leapfrog(struct worker *w, struct atap_slot *s, uint32_t ref, struct found *at)
 {
@@ -255,6 +270,12 @@ static inline bool nest_room(struct worker *w)
 uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
 {
     return !w->blocking && nest_room(w) ? take_awaited(w, ref) : 0;
+}
+
+void atap__pool_offer_own(struct worker *w)
+{
+    if (ld_relaxed(&w->lifo) != 0 || ring_len(&w->ring) > 0)
+        atap__pool_notify();
 }
 
 /*

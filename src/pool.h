@@ -111,7 +111,8 @@ static inline bool atap__pool_inside(const struct worker *w, uint32_t ref)
 }
 
 /* A run of ref starts on w's stack (executor.c), and ends. held[] has room:
- * a run nests only through atap__pool_help_pick, which makes sure. */
+ * a run nests only through atap__pool_help_pick or atap__pool_help_own,
+ * which make sure. */
 static inline void atap__pool_frame_push(struct worker *w, uint32_t ref)
 {
     w->held[w->depth++] = ref;
@@ -252,6 +253,11 @@ void atap__pool_help_run(struct worker *w, uint32_t x, enum help_how how);
  * there is room to run it; 0 otherwise. Its run is the caller's, a run
  * of HELP_OWN. */
 uint32_t atap__pool_help_own(struct worker *w, uint32_t ref);
+/* A waiter that goes on looking rather than block (read.c): what w's own
+ * queues hold is out of its reach meanwhile, so an idle worker is woken
+ * for it if there is any (atap__pool_blocked does the same for a waiter
+ * that blocks). */
+void atap__pool_offer_own(struct worker *w);
 
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);

@@ -103,8 +103,8 @@ static bool runner_moved(struct worker *runner, struct worker **last, uint64_t *
     return moved;
 }
 
-/* Within WATCH_NS of the first look since the last help (*from: that
- * look's time, 0 until it is made). */
+/* Within WATCH_NS of the first look since the last help that found
+ * nothing (*from: that look's time, 0 until it is made). */
 static bool watching(uint64_t *from)
 {
     uint64_t now = atap__now_ns();
@@ -124,7 +124,8 @@ static bool watching(uint64_t *from)
  * it needs comes and goes in that worker's queues faster than a sleeper
  * would see: the waiter goes on looking (unblocked: its core is in use),
  * and blocks once that worker stays inside one run, or once looking has
- * found nothing for WATCH_NS. Elsewhere it sleeps on the word until woken.
+ * found nothing for WATCH_NS (then 64 more looks, as before any block).
+ * Elsewhere it sleeps on the word until woken.
  */
 static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
                         uint32_t *state)
@@ -133,7 +134,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
     struct worker *w = wt.w, *runner, *last = NULL;
     uint64_t slice = SLICE_MIN_NS, now, left, seen = 0, watch_from = 0;
     unsigned spins = 0, watched = 0;
-    bool looked = false;
+    bool looked = false, watch;
     enum help_how how;
     uint32_t cur, x;
 
@@ -169,12 +170,16 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
         if (w)
             show(&wt, ref, gen);
         /* Its runner moving: look on, unblocked, as a waiter that has
-         * just helped, for up to WATCH_NS since the last help (a runner
-         * busy with runs that leave nothing to take does not keep a core
-         * spinning for long). */
-        if (w && runner && runner_moved(runner, &last, &seen) && watching(&watch_from)) {
+         * just helped, until WATCH_NS after the first look since the last
+         * help that found nothing (a runner busy with runs that leave
+         * nothing to take does not keep a core spinning for long). What
+         * its own queues hold is out of its reach meanwhile: an idle
+         * worker is woken for it, as one that blocks wakes one. */
+        watch = w && watching(&watch_from) && runner && runner_moved(runner, &last, &seen);
+        if (watch) {
+            if (watched++ == 0)
+                atap__pool_offer_own(w);
             spins = 0;
-            watched++;
             slice = SLICE_MIN_NS;
             if (ld_relaxed(&w->blocked))
                 atap__pool_blocked(w, false);
@@ -183,7 +188,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
             /* Each look reads lines the runner writes as it goes: while
              * watching it, looks that keep finding nothing come further
              * apart (16 pauses, doubling every 16 looks up to 512). */
-            unsigned pauses = 16u << (watched < 16 * 5 ? watched / 16 : 5);
+            unsigned pauses = watch ? 16u << (watched < 16 * 5 ? watched / 16 : 5) : 16u;
 
             spins++;
             for (unsigned k = 0; k < pauses; k++)
