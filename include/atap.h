@@ -32,7 +32,9 @@
  *     its wait. (The one case this rule does not cover: a task spawned
  *     while A runs that A never waits for, and that itself waits for what
  *     the task waiting for A does later. Join what you spawn, or don't wait
- *     for A inside a task.) With nothing it may run, the thread blocks and
+ *     for A inside a task.) With nothing it may run, the thread looks on
+ *     while the worker running A keeps finishing runs (up to a millisecond
+ *     after a look that found nothing), then blocks, and
  *     the pool lends its core to another worker, a new one only once every
  *     worker has been blocked so, asleep, for a while (a tree of joins runs
  *     on the workers it has, one a core). Nesting is bounded by the
