@@ -11,7 +11,9 @@
  * is a valid free slot with generation 0; it takes the generation `gen_base`
  * when first handed out.
  *
- * Allocation: pop the free list, else take `next` and grow. The free list is
+ * Allocation: pop the free list, else take `next` and grow (a stash takes
+ * a run of GROW_RUN slots at once while the span is below TRIM_KEEP, so
+ * threads that grow the table together keep apart). The free list is
  * a Treiber stack whose head is tag << 32 | (index + 1); every pop bumps the
  * tag, so a head that was popped and pushed back in between cannot be
  * mistaken for the one read (ABA). The link lives in the slot (`link`).
@@ -40,6 +42,9 @@
 #include "atomics.h"
 #include "faults.h"
 #include "testing.h"
+
+#define GROW_RUN 16 /* slots a stash takes from the table's growth at once */
+_Static_assert(GROW_RUN <= SLOT_CACHE, "a run fits an empty stash");
 
 /* A trim never lowers the span below TRIM_KEEP (table.h), nor below 80 %
  * of it, nor closer than 4096 slots to the live count. */
@@ -162,6 +167,27 @@ static void count_free(struct slot_cache *c)
         atomic_fetch_add_explicit(&table.frees, 1, memory_order_release);
 }
 
+/* The rest of a run of slots taken from the table's growth (n fresh
+ * slots from first on), for a stash: into it when the run lies below
+ * TRIM_KEEP (the stash's rule: a trim never wants them), lowest index
+ * handed out first; else onto the shared list. A block that cannot be
+ * mapped leaves them unused, as a failed single index is. */
+static void keep_run(struct slot_cache *c, uint32_t first, uint32_t n)
+{
+    uint32_t idx[GROW_RUN], off;
+
+    if (first + n > TABLE_MAX_INDEX || map_block(atap__table_block_of(first + n - 1, &off)) != 0)
+        return;
+    if (first + n <= TRIM_KEEP) {
+        for (uint32_t j = first + n; j-- > first;)
+            c->idx[c->n++] = j;
+        return;
+    }
+    for (uint32_t j = 0; j < n; j++)
+        idx[j] = first + j;
+    push_free(idx, n);
+}
+
 int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *gen)
 {
     uint32_t got, off, g;
@@ -169,14 +195,21 @@ int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *ge
     if (c && c->n > 0) {
         got = c->idx[--c->n] + 1;
     } else if ((got = pop_free()) == 0) {
+        /* A stash takes a run of GROW_RUN at once while the span is small:
+         * slots are not a cache line each, and two threads growing the
+         * table one index at a time would take neighbours, then write
+         * lines each other's tasks share. */
+        uint32_t k = c && ld_relaxed(&table.next) + GROW_RUN <= TRIM_KEEP ? GROW_RUN : 1;
         /* Acquire: an index below a trim's lowered `next` comes with the
          * trim's raised gen_base (its release CAS on next), read below. */
-        uint32_t i = atomic_fetch_add_explicit(&table.next, 1, memory_order_acquire);
+        uint32_t i = atomic_fetch_add_explicit(&table.next, k, memory_order_acquire);
 
         /* A failure leaves index i unused for good: one index, no memory.
          * Later allocations retry the mapping. */
         if (i >= TABLE_MAX_INDEX || map_block(atap__table_block_of(i, &off)) != 0)
             return -ENOMEM;
+        if (k > 1)
+            keep_run(c, i + 1, k - 1);
         *index = i;
         /* Above the span every slot is new or was trimmed (zeroed, or on a
          * page edge with a generation below gen_base): no need to read it,
