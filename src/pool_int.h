@@ -18,7 +18,13 @@
 #include <stdint.h>
 
 #include "injector.h"
-#include "pool.h"
+
+/* An extension of pool.h (struct worker, POOL_MAX_THREADS), which every
+ * pool file includes first; not included from here, so that the pool's
+ * two headers form no circle. */
+#ifndef ATAP_POOL_H
+#error "include pool.h before pool_int.h"
+#endif
 
 /* A record's status (struct worker's). */
 #define W_FREE 0
