@@ -167,6 +167,8 @@ static uint32_t steal_above(struct ring *r, int64_t mark)
                 break;
             continue;
         }
+        /* bottom: a hint that something lies above the mark (the steals
+         * below order themselves). */
         if (x != 0 || n == CLEAR_MAX || ld_acquire(&r->bottom) <= mark)
             break;
         /* The top lies below the mark (or the ring has emptied). */
@@ -274,6 +276,8 @@ uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
 
 void atap__pool_offer_own(struct worker *w)
 {
+    /* Relaxed looks at w's own queues (only thieves take from them
+     * meanwhile, which needs no wake); notify orders its own check. */
     if (ld_relaxed(&w->lifo) != 0 || ring_len(&w->ring) > 0)
         atap__pool_notify();
 }

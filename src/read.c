@@ -95,6 +95,8 @@ static int unblocked(struct waiting *wt, int rc)
  * the same one: *last and *seen keep that look's runner and its count. */
 static bool runner_moved(struct worker *runner, struct worker **last, uint64_t *seen)
 {
+    /* Relaxed: a count, only compared with the last one read; a stale
+     * read only starts or ends a watch one look late. */
     uint64_t done = ld_relaxed(&runner->completed);
     bool moved = runner == *last && done != *seen;
 
