@@ -8,6 +8,11 @@ then atap's ratio to each peer (atap / peer: below 1 means atap is better)
 and to the best peer. The figure is ns_per_op for the speed workloads,
 bytes_per_task for idle_memory and live_memory, and seconds for timers.
 tree runs that disagree on nodes= depth= checksum= are listed after the table.
+
+HTTP runs (workload http_c<connections>, from bench/http.sh) get a table of
+their own: per server the medians of requests/s, p99 latency and the server's
+CPU per request, then atap's ratio to the best peer in each (for requests/s
+atap / best, higher is better; for the others lower is better).
 """
 import os
 import statistics
@@ -72,6 +77,40 @@ def cell(rs, w, reps):
     return text, v
 
 
+HTTP_FIELDS = [("rps", "requests/s", max), ("p99_us", "p99 µs", min),
+               ("server_us_per_req", "server CPU µs/request", min)]
+
+
+def http_table(runs, peers, reps):
+    """The HTTP rows, or [] when there are none."""
+    loads = sorted({int(w[len("http_c"):]) for w, _ in runs if w.startswith("http_c")})
+    if not loads:
+        return []
+    out = [f"\nHTTP: median of {reps} runs a server; atap / best peer per column "
+           "(requests/s: higher is better; the others: lower is better).\n",
+           "| connections | server | " + " | ".join(h for _, h, _ in HTTP_FIELDS) + " |",
+           "|---:|---|" + "---:|" * len(HTTP_FIELDS)]
+    for c in loads:
+        meds = {}
+        for p in peers:
+            ok = [r for r in runs.get((f"http_c{c}", p), []) if "status" not in r]
+            if ok:
+                meds[p] = {k: median(ok, k) for k, _, _ in HTTP_FIELDS}
+                cells = [f"{meds[p][k]:,.0f}" if k != "server_us_per_req" else f"{meds[p][k]:.2f}"
+                         for k, _, _ in HTTP_FIELDS]
+                if len(ok) < reps:
+                    cells[0] += f" ({len(ok)})"
+                out.append(f"| {c:,} | {p} | " + " | ".join(cells) + " |")
+        others = [p for p in meds if p != "atap"]
+        if "atap" in meds and others:
+            ratios = []
+            for k, _, best_of in HTTP_FIELDS:
+                best = best_of(others, key=lambda p: meds[p][k])
+                ratios.append(f"{meds['atap'][k] / meds[best][k]:.2f}x ({best})")
+            out.append(f"| {c:,} | atap / best | " + " | ".join(ratios) + " |")
+    return out
+
+
 def main():
     src = open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin
     runs, peers = parse(src)
@@ -85,6 +124,8 @@ def main():
         "| " + " | ".join(head) + " |",
         "|---|---:|---|" + "---:|" * (len(head) - 3),
     ]
+    if not any(w in WORKLOADS for w, _ in runs):
+        out = []  # HTTP runs only
     for w in WORKLOADS:
         if not any(k[0] == w for k in runs):
             continue
@@ -104,6 +145,7 @@ def main():
         out.append(f"| {w} | {int(n):,} | {UNIT[w]} | {atap_text} | " +
                    " | ".join(texts + ratios + [best_text]) + " |")
 
+    out += http_table(runs, peers, reps)
     notes = [(w, p, rs[0]["na"]) for (w, p), rs in runs.items() if rs and "na" in rs[0]]
     fails = [(w, p, " ".join(f"{k}={v}" for k, v in r.items() if k not in ("peer", "workload")))
              for (w, p), rs in runs.items() for r in rs if "status" in r]
