@@ -7,8 +7,10 @@
 # that no server always follows the same one). Prints every result line and
 # ends with a Markdown table of medians and atap's ratios to the best peer
 # (bench/ratio.py). On a shared machine one run of a server says little
-# (the same server's requests/s moves by half from minute to minute); the
-# medians of the rounds are the figures to compare.
+# (the same server's requests/s moves by half from minute to minute, and
+# every server with it), so each line carries its round, and the ratios
+# are taken within a round (against the best peer of that round), their
+# median over the rounds beside the ratio of the medians.
 #   ROUNDS=5                rounds
 #   DURATION=5              seconds of wrk a run
 #   CONNS="100 1000"        wrk connection counts
@@ -59,7 +61,7 @@ for ((r = 0; r < ROUNDS; r++)); do
         for ((i = 0; i < n; i++)); do
             s=${servers[(i + r) % n]}
             SERVERS=$s CONNS=$c REPS=1 DURATION=$DURATION "$peers_dir/http/run.sh" 2>/dev/null |
-                tee -a "$results"
+                sed "s/\$/ round=$((r + 1))/" | tee -a "$results"
         done
     done
 done

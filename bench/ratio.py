@@ -12,7 +12,11 @@ tree runs that disagree on nodes= depth= checksum= are listed after the table.
 HTTP runs (workload http_c<connections>, from bench/http.sh) get a table of
 their own: per server the medians of requests/s, p99 latency and the server's
 CPU per request, then atap's ratio to the best peer in each (for requests/s
-atap / best, higher is better; for the others lower is better).
+atap / best, higher is better; for the others lower is better): the ratio
+of the medians, and, when the lines carry round=, atap's ratio to each
+peer within each round, the median over the rounds, against the peer it
+fares worst with (the machine's swings from minute to minute, which move
+every server alike, cancel within a round).
 """
 import os
 import statistics
@@ -108,6 +112,34 @@ def http_table(runs, peers, reps):
                 best = best_of(others, key=lambda p: meds[p][k])
                 ratios.append(f"{meds['atap'][k] / meds[best][k]:.2f}x ({best})")
             out.append(f"| {c:,} | atap / best | " + " | ".join(ratios) + " |")
+            per_peer = round_ratios(runs, f"http_c{c}", others)
+            if per_peer:
+                cells = []
+                for k, _, best_of in HTTP_FIELDS:
+                    # the peer atap fares worst against: the best one
+                    meds_k = {p: statistics.median(r[k] for r in rs) for p, rs in per_peer.items()}
+                    worst = (min if best_of is max else max)(meds_k, key=meds_k.get)
+                    cells.append(f"{meds_k[worst]:.2f}x ({worst}, {len(per_peer[worst])})")
+                out.append(f"| {c:,} | atap / best, within rounds | " + " | ".join(cells) + " |")
+    return out
+
+
+def round_ratios(runs, w, others):
+    """Per peer, per round that ran both atap and it: atap's ratio to that
+    peer in each HTTP field. A round's own best peer would be the best of
+    several noisy runs, which favours the peers; a ratio to one peer at a
+    time, the median over the rounds, is not biased so."""
+    by_round = {}
+    for p in ["atap"] + others:
+        for r in runs.get((w, p), []):
+            if "status" not in r and "round" in r:
+                by_round.setdefault(r["round"], {})[p] = r
+    out = {}
+    for rs in by_round.values():
+        for p in others:
+            if "atap" in rs and p in rs:
+                out.setdefault(p, []).append(
+                    {k: float(rs["atap"][k]) / float(rs[p][k]) for k, _, _ in HTTP_FIELDS})
     return out
 
 

@@ -31,13 +31,23 @@
 #define IO_BATCH 32
 #define IO_GAP_NS 200000u /* a busy worker looks if nobody has for this long */
 
-/* Hands out what a look at io read, on this thread; then, if an idle
+/* Hands out what a look at io read, on this thread, so that the fd the
+ * poller reported first (the one that has waited longest: epoll and
+ * kqueue report in the order fds became ready) is served first, which
+ * keeps the tail of the waits short. What a worker resumes goes to its own
+ * queues, which it runs newest first (the LIFO slot, then the ring's
+ * bottom), so a worker hands out from the last report to the first; the
+ * manager's resumes go to the shared queue, oldest first. Then, if an idle
  * worker wanted the seat while it was held, wakes one to take it. */
 static void io_hand_out(const struct atap_poller_event *ev, int n, bool wanted,
                         void (*hand)(void *udata, unsigned events, unsigned kind))
 {
-    for (int i = 0; i < n; i++)
-        hand(ev[i].udata, ev[i].events, ev[i].kind);
+    if (atap__self)
+        for (int i = n - 1; i >= 0; i--)
+            hand(ev[i].udata, ev[i].events, ev[i].kind);
+    else
+        for (int i = 0; i < n; i++)
+            hand(ev[i].udata, ev[i].events, ev[i].kind);
     if (wanted)
         atap__pool_notify();
 }

@@ -28,6 +28,7 @@
 
 #include "faults.h"  /* atap__owed_watch_failures */
 #include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
+#include "poller.h"  /* atap__poller_name */
 #include "test_util.h"
 #include "testing.h" /* atap__test_on */
 
@@ -1381,6 +1382,89 @@ static void test_park_fd_heard_while_every_worker_runs(void **state)
     atap_release(parker);
     assert_true(wait_live_back(ATAP_SEC(10)));
     close_pipe(p);
+    assert_no_failures();
+}
+
+/* One worker; N tasks parked on N pipes; while the worker runs a gate task,
+ * a byte goes to each pipe, in the reverse of the order the tasks parked.
+ * When the gate ends the worker reads io (or, had nobody read it for a
+ * tick, the manager did) and finds them all ready at once: the task whose
+ * fd became ready first runs first. A worker runs its own queue newest
+ * first, so it hands out a batch of reports from the last to the first;
+ * the manager's go to the shared queue, oldest first. (The poll backend
+ * reports in the order of its array, not of readiness: skipped there.) */
+#define N_ORDERED 8
+static atomic_int g_order_next, g_gate_in, g_gate_open;
+static struct order_reader {
+    int fd;
+    atomic_int parked;
+    atomic_int ran_as; /* 1 + its place in the order the resumed runs ran */
+} g_ordered[N_ORDERED];
+
+static int task_read_in_order(atap_ctx *ctx, void *arg, void *out)
+{
+    struct order_reader *r = arg;
+
+    (void)out;
+    if (!atap_resumed(ctx)) {
+        CHECK(atap_park_fd(ctx, r->fd, ATAP_READABLE, ATAP_FOREVER) == 0);
+        atomic_store(&r->parked, 1);
+        return ATAP_PARKED;
+    }
+    atomic_store(&r->ran_as, 1 + atomic_fetch_add(&g_order_next, 1));
+    return 0;
+}
+
+static int task_gate(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_store(&g_gate_in, 1);
+    while (!atomic_load(&g_gate_open))
+        ; /* the one worker stays here while the bytes go out */
+    return 0;
+}
+
+static void test_park_fd_first_ready_runs_first(void **state)
+{
+    (void)state;
+    int p[N_ORDERED][2];
+    atap_task ts[N_ORDERED], opener;
+
+    if (strcmp(atap__poller_name(), "poll") == 0) {
+        print_message("skipped: the poll backend reports in its array's order\n");
+        return;
+    }
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 1}), 0);
+    atomic_store(&g_order_next, 0);
+    for (int i = 0; i < N_ORDERED; i++) {
+        make_pipe(p[i]);
+        g_ordered[i].fd = p[i][0];
+        atomic_store(&g_ordered[i].parked, 0);
+        atomic_store(&g_ordered[i].ran_as, 0);
+        ts[i] = spawn0(task_read_in_order, &g_ordered[i]);
+        assert_true(wait_atomic_at_least(&g_ordered[i].parked, 1, ATAP_SEC(10)));
+    }
+    atomic_store(&g_gate_in, 0);
+    atomic_store(&g_gate_open, 0);
+    opener = spawn0(task_gate, NULL);
+    assert_true(wait_atomic_at_least(&g_gate_in, 1, ATAP_SEC(10)));
+    for (int i = N_ORDERED - 1; i >= 0; i--)
+        assert_true(put_byte(p[i][1]));
+    atomic_store(&g_gate_open, 1);
+    for (int i = 0; i < N_ORDERED; i++) {
+        assert_int_equal(atap_join_for(ts[i], NULL, 0, ATAP_SEC(10)), 0);
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atap_join_for(opener, NULL, 0, ATAP_SEC(10)), 0);
+    atap_release(opener);
+    /* The last task to park had its byte first. Without the order kept it
+     * ran last of the batch. */
+    assert_int_equal(atomic_load(&g_ordered[N_ORDERED - 1].ran_as), 1);
+    for (int i = 0; i < N_ORDERED; i++) {
+        assert_true(atomic_load(&g_ordered[i].ran_as) >= 1);
+        close_pipe(p[i]);
+    }
     assert_no_failures();
 }
 
@@ -2822,6 +2906,7 @@ int main(void)
         T(test_park_holds_no_thread),
         T(test_park_fd_deadline_in_slot),
         T(test_park_fd_heard_while_every_worker_runs),
+        T(test_park_fd_first_ready_runs_first),
         T(test_park_cancel_frees),
         T(test_park_deadlines_spread_over_the_wheel),
         T(test_park_survives_manager_restart),
