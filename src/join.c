@@ -82,7 +82,7 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
     if ((k = first_settled(ts, n, false)) == n) {
         if (atap__self && all_inside(ts, n))
             return ATAP_EINVAL;
-        deadline = atap__deadline(atap__now_ns(), timeout_ns);
+        deadline = atap__deadline_in(timeout_ns);
         add_seqcst(&atap__first_waiters, 1);
         for (;;) {
             uint32_t seq = ld_acquire(&atap__exec_settle_seq);

@@ -192,12 +192,12 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
 
 int atap_sleep(uint64_t ns)
 {
-    return kernel_wait(atap__deadline(atap__now_ns(), ns), true, -1, 0);
+    return kernel_wait(atap__deadline_in(ns), true, -1, 0);
 }
 
 int atap_sleep_relaxed(uint64_t ns)
 {
-    return kernel_wait(atap__deadline(atap__now_ns(), ns), false, -1, 0);
+    return kernel_wait(atap__deadline_in(ns), false, -1, 0);
 }
 
 int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
@@ -206,6 +206,6 @@ int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
         return ATAP_EINVAL;
     if (fd < 0)
         return -EBADF;
-    return kernel_wait(atap__deadline(atap__now_ns(), timeout_ns), false, fd, events);
+    return kernel_wait(atap__deadline_in(timeout_ns), false, fd, events);
 }
 

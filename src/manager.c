@@ -161,7 +161,7 @@ static void *manager_main(void *arg)
 /* Sleeps ns unless a stop comes first. */
 static void backoff(uint64_t ns)
 {
-    uint64_t end = atap__deadline(atap__now_ns(), ns), now;
+    uint64_t end = atap__deadline_in(ns), now;
 
     while (!ld_acquire(&mgr.stop) && (now = atap__now_ns()) < end)
         atap__word_wait(&mgr.stop, 0, end - now);

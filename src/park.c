@@ -514,7 +514,7 @@ int atap_park_wake(atap_ctx *ctx, uint64_t timeout_ns)
         return ATAP_EINVAL;
     if (!park_of(ctx->slot))
         return -ENOMEM;
-    return ask(ctx, PK_WAKE, -1, 0, atap__deadline(atap__now_ns(), timeout_ns));
+    return ask(ctx, PK_WAKE, -1, 0, atap__deadline_in(timeout_ns));
 }
 
 bool atap_wake(atap_waker w)
@@ -594,7 +594,7 @@ int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns)
 {
     if (fd < 0 || !events || (events & ~EVENT_BITS))
         return ATAP_EINVAL;
-    return ask(ctx, PK_FD, fd, events, atap__deadline(atap__now_ns(), timeout_ns));
+    return ask(ctx, PK_FD, fd, events, atap__deadline_in(timeout_ns));
 }
 
 int atap_park_until(atap_ctx *ctx, uint64_t deadline_ns)
@@ -625,7 +625,7 @@ int atap_park_signal(atap_ctx *ctx, int signo, uint64_t timeout_ns)
         return ATAP_EINVAL;
     if (ctx && ctx->in_block)
         return ATAP_EINVAL; /* a handler of ours needs the manager */
-    return ask(ctx, PK_SIGNAL, signo, 0, atap__deadline(atap__now_ns(), timeout_ns));
+    return ask(ctx, PK_SIGNAL, signo, 0, atap__deadline_in(timeout_ns));
 }
 
 int atap_park_signal_since(atap_ctx *ctx, int signo, uint64_t seen, uint64_t timeout_ns)
@@ -634,7 +634,7 @@ int atap_park_signal_since(atap_ctx *ctx, int signo, uint64_t seen, uint64_t tim
 
     if (!atap__signal_catchable(signo) || (ctx && ctx->in_block))
         return ATAP_EINVAL;
-    return ask(ctx, PK_SIGNAL, signo, since, atap__deadline(atap__now_ns(), timeout_ns));
+    return ask(ctx, PK_SIGNAL, signo, since, atap__deadline_in(timeout_ns));
 }
 
 /* Caught first, then counted from: every delivery after the call is the
@@ -668,7 +668,7 @@ int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)
     if (ctx && ctx->in_block)
         return ATAP_EINVAL;
     return ask(ctx, PK_PATH, fd, changes | ATAP_PATH_GONE,
-               atap__deadline(atap__now_ns(), timeout_ns));
+               atap__deadline_in(timeout_ns));
 }
 
 bool atap_resumed(atap_ctx *ctx)

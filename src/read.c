@@ -291,8 +291,7 @@ static inline __attribute__((always_inline)) int read_output(atap_task t, void *
     if (state_terminal(word_state(cur)) &&
         (rc = take ? move_out(s, gen, out) : copy_out(s, gen, out)) != ATAP_ENOTREADY)
         return rc; /* settled already: no wait, no clock */
-    deadline = timeout_ns == ATAP__FOREVER ? ATAP__FOREVER
-                                           : atap__deadline(atap__now_ns(), timeout_ns);
+    deadline = atap__deadline_in(timeout_ns);
     /* A task this worker spawned and left in its own queues (its LIFO
      * slot, its ring's newest entry): run it here and now, as the wait's
      * first look would, without the wait around it. */

@@ -378,10 +378,10 @@ void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool b
         return; /* settled at spawn: nothing will ever run */
     if (c->kind == ATAP_AT_RATE) { /* the series itself never runs: its timer
                                       starts a fresh run every period */
-        c->next_start = atap__deadline(atap__now_ns(), c->after);
+        c->next_start = atap__deadline_in(c->after);
         atap__sched_arm(c, &c->start, c->next_start);
     } else if (c->after) {
-        atap__sched_arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
+        atap__sched_arm(c, &c->start, atap__deadline_in(c->after));
     } else {
         atap__pool_submit(index + 1, s->priority, blocking);
     }
@@ -410,10 +410,10 @@ void atap__sched_kick(struct atap_slot *s, uint32_t index, uint32_t gen)
     if (starts_too_late(s, c, gen)) {
         /* Nothing of this series will run, nor of any later one. */
     } else if (c->kind == ATAP_AT_RATE) {
-        c->next_start = atap__deadline(atap__now_ns(), c->after);
+        c->next_start = atap__deadline_in(c->after);
         atap__sched_arm(c, &c->start, c->next_start);
     } else if (c->after) {
-        atap__sched_arm(c, &c->start, atap__deadline(atap__now_ns(), c->after));
+        atap__sched_arm(c, &c->start, atap__deadline_in(c->after));
     } else {
         atap__pool_submit(index + 1, s->priority, c->blocking);
     }
@@ -465,7 +465,7 @@ void atap__sched_ran_out_unrun(struct atap_slot *s, struct sched *c, uint32_t ge
  * start delay still to wait: true when it was ended so (atap__sched_ran_out_unrun). */
 static bool starts_too_late(struct atap_slot *s, struct sched *c, uint32_t gen)
 {
-    if (c->deadline == UINT64_MAX || atap__deadline(atap__now_ns(), c->after) <= c->deadline)
+    if (c->deadline == UINT64_MAX || atap__deadline_in(c->after) <= c->deadline)
         return false;
     atap__sched_ran_out_unrun(s, c, gen);
     return true;

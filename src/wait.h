@@ -29,4 +29,11 @@ static inline uint64_t atap__deadline(uint64_t now, uint64_t ns)
     return ns >= ATAP__FOREVER - now ? ATAP__FOREVER : now + ns;
 }
 
+/* ns from now, saturating; ATAP__FOREVER reads no clock (a park or wait
+ * with no timeout, the common case, is asked for on every request). */
+static inline uint64_t atap__deadline_in(uint64_t ns)
+{
+    return ns == ATAP__FOREVER ? ATAP__FOREVER : atap__deadline(atap__now_ns(), ns);
+}
+
 #endif
