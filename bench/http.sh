@@ -8,9 +8,9 @@
 # ends with a Markdown table of medians and atap's ratios to the best peer
 # (bench/ratio.py). On a shared machine one run of a server says little
 # (the same server's requests/s moves by half from minute to minute, and
-# every server with it), so each line carries its round, and the ratios
-# are taken within a round (against the best peer of that round), their
-# median over the rounds beside the ratio of the medians.
+# every server with it), so each line carries its round, and beside the
+# ratio of the medians ratio.py takes atap's ratio to each peer within each
+# round, the median over the rounds, against the peer atap fares worst with.
 #   ROUNDS=5                rounds
 #   DURATION=5              seconds of wrk a run
 #   CONNS="100 1000"        wrk connection counts

@@ -1391,7 +1391,8 @@ static void test_park_fd_heard_while_every_worker_runs(void **state)
  * tick, the manager did) and finds them all ready at once: the task whose
  * fd became ready first runs first. A worker runs its own queue newest
  * first, so it hands out a batch of reports from the last to the first;
- * the manager's go to the shared queue, oldest first. (The poll backend
+ * the manager's go to the shared queue in the order read, and a worker
+ * taking a batch from it runs the batch's oldest first. (The poll backend
  * reports in the order of its array, not of readiness: skipped there.) */
 #define N_ORDERED 8
 static atomic_int g_order_next, g_gate_in, g_gate_open;
