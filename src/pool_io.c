@@ -7,7 +7,8 @@
  * reads it hands out itself (park_fd.c, through the conf's io_event), off
  * the idle list first, so the tasks it resumes are queued to it and run on
  * the thread that read their readiness, with no hop through the manager
- * and no wake of another thread. A waker finds it by in_io: the waker
+ * and no wake of another thread; they run in the order the poller
+ * reported them (io_hand_out), the fd ready longest first. A waker finds it by in_io: the waker
  * (atap__pool_unpark) stores the word then reads in_io, the worker stores
  * in_io then reads the word, all seq_cst, so either the worker sees the
  * word or the waker wakes io. A worker that finds the seat taken marks it
