@@ -44,6 +44,11 @@
 static void io_hand_out(const struct atap_poller_event *ev, int n, bool wanted,
                         void (*hand)(void *udata, unsigned events, unsigned kind))
 {
+    /* Each report names a record its hand-out reads first (an fd's), cold
+     * when thousands are watched: all fetched at once, they arrive
+     * together rather than one miss after another. A hint only. */
+    for (int i = 0; i < n; i++)
+        __builtin_prefetch(ev[i].udata);
     if (atap__self)
         for (int i = n - 1; i >= 0; i--)
             hand(ev[i].udata, ev[i].events, ev[i].kind);

@@ -129,6 +129,22 @@ struct atap_slot {
 
 #define PARK_TAIL 24u
 
+/* A hint for a parked task whose next run is being queued: the run reads
+ * its arg first, and the arg is likely cold (a connection among
+ * thousands, parked long ago). Fetched now, its first lines arrive while
+ * the rest of a batch of reports is handed out, rather than one miss
+ * after another in the run. A prefetch never faults: past the end of a
+ * small arg it costs a wasted line. */
+#define ARG_WARM_LINES 3
+
+static inline void slot_warm_arg(const struct atap_slot *s)
+{
+    uintptr_t a = (uintptr_t)s->arg; /* as a number: an arg may be NULL */
+
+    for (uintptr_t i = 0; i < ARG_WARM_LINES; i++)
+        __builtin_prefetch((const void *)(a + 64 * i));
+}
+
 /* The slot's output leaves the park tail free. */
 static inline int slot_park_tail(const struct atap_slot *s)
 {
