@@ -402,12 +402,16 @@ static bool park_worker(struct worker *w)
 
 /* ---- finding work ------------------------------------------------------ */
 
+/* Runs the first of a batch from the shared queue and rings the rest, the
+ * last first: the ring runs newest first, so the batch runs in the order
+ * the shared queue gave it (oldest first: spawns from outside the pool,
+ * the manager's io reports and timers), and a thief takes its far end. */
 static uint32_t from_shared(struct worker *w)
 {
     uint32_t batch[INJ_BATCH];
     unsigned n = atap__inj_pop(&atap__pool.inj, &w->cursor, batch, INJ_BATCH);
 
-    for (unsigned i = 1; i < n; i++)
+    for (unsigned i = n; i-- > 1;)
         atap__pool_push_ring(w, batch[i]);
     if (n > 1)
         atap__pool_notify(); /* the rest of the batch can be stolen */

@@ -2,8 +2,8 @@
  * The pool's internal queues, driven directly: the Chase-Lev ring, the
  * banded shared queue (FIFO per band, aging, exactly-once under many
  * producers and consumers), the slot table's free list under contention,
- * and two pool behaviours seen from outside (ring overflow, idle blocking
- * threads stopping).
+ * and pool behaviours seen from outside (ring overflow, idle blocking
+ * threads stopping, the order of work spawned from outside).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -559,6 +559,60 @@ static void test_queues_ring_overflow_runs_everything(void **state)
     assert_no_failures();
 }
 
+/* ---- the order of work queued from outside ----------------------------- */
+
+#define N_OUTSIDE 40 /* more than one batch taken from the shared queue */
+
+static atomic_int g_gate_in, g_gate_open, g_ran;
+static int g_ran_as[N_OUTSIDE]; /* task i was the g_ran_as[i]-th to run */
+
+/* Holds the only worker until the test lets it go (a plain sleep: a wait
+ * of libatap's could run queued work meanwhile). */
+static int hold_worker(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_store(&g_gate_in, 1);
+    while (!atomic_load(&g_gate_open))
+        usleep(1000);
+    return 0;
+}
+
+static int note_turn(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    g_ran_as[(intptr_t)arg] = atomic_fetch_add(&g_ran, 1);
+    return 0;
+}
+
+/* Tasks spawned from outside the pool go through the shared queue, which
+ * a worker takes a batch at a time: they still start in the order they
+ * were spawned (with one worker, nobody else to take any). */
+static void test_queues_outside_spawns_run_in_order(void **state)
+{
+    (void)state;
+    atap_task holder, t[N_OUTSIDE];
+
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 1}), 0);
+    atomic_store(&g_gate_in, 0);
+    atomic_store(&g_gate_open, 0);
+    atomic_store(&g_ran, 0);
+    assert_int_equal(atap_spawn(&holder, hold_worker, NULL, NULL), 0);
+    assert_true(wait_atomic_at_least(&g_gate_in, 1, ATAP_SEC(10)));
+    for (intptr_t i = 0; i < N_OUTSIDE; i++)
+        assert_int_equal(atap_spawn(&t[i], note_turn, (void *)i, NULL), 0);
+    atomic_store(&g_gate_open, 1);
+    for (int i = 0; i < N_OUTSIDE; i++) {
+        assert_int_equal(atap_join_for(t[i], NULL, 0, ATAP_SEC(10)), 0);
+        atap_release(t[i]);
+    }
+    assert_int_equal(atap_join_for(holder, NULL, 0, ATAP_SEC(10)), 0);
+    atap_release(holder);
+    for (int i = 0; i < N_OUTSIDE; i++)
+        assert_int_equal(g_ran_as[i], i);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_no_failures();
+}
+
 static int sleepy(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx, (void)arg, (void)out;
@@ -606,6 +660,7 @@ int main(void)
         cmocka_unit_test(test_queues_free_list_under_contention),
         cmocka_unit_test(test_queues_ring_overflow_runs_everything),
         cmocka_unit_test(test_queues_blocking_threads_stop_when_idle),
+        cmocka_unit_test(test_queues_outside_spawns_run_in_order),
     };
     return cmocka_run_group_tests(tests, take_refs, give_refs);
 }
