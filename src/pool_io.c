@@ -38,9 +38,10 @@
  * keeps the tail of the waits short. What a worker resumes goes to its own
  * queues, which it runs newest first (the LIFO slot, then the ring's
  * bottom), so a worker hands out from the last report to the first; the
- * manager's go to the shared queue in the order read, and a worker runs
- * a batch it takes from there in that order (pool.c's from_shared). Then, if an idle
- * worker wanted the seat while it was held, wakes one to take it. */
+ * manager's go to the shared queue in the order read, and a worker runs a
+ * batch it takes from there in that order (pool.c's from_shared). Then,
+ * if an idle worker wanted the seat while it was held, wakes one to take
+ * it. */
 static void io_hand_out(const struct atap_poller_event *ev, int n, bool wanted,
                         void (*hand)(void *udata, unsigned events, unsigned kind))
 {
