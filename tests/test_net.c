@@ -376,6 +376,87 @@ static void test_net_recv_until_keeps_what_it_read(void **state)
     close(fds[1]);
 }
 
+/* Filler that starts the delimiter "\r\n\r\n" again and again and never
+ * ends it: every search meets its first byte, and its first three. Its
+ * last byte is no part of the delimiter, so one put after it is the
+ * first whole one. */
+static void near_misses(char *buf, size_t n)
+{
+    static const char pat[] = "ab\r\n\rc";
+
+    for (size_t i = 0; i < n; i++)
+        buf[i] = pat[i % (sizeof pat - 1)];
+    if (n > 0)
+        buf[n - 1] = 'z';
+}
+
+/* The delimiter is found wherever it lies among near misses: in a short
+ * buffer and a long one (the search differs, net.c's SHORT_SEARCH), ending
+ * right at the limit (one byte short of it: too long), and split over two
+ * reads, the search going on from where it stopped. */
+static void test_net_recv_until_finds_every_delimiter(void **state)
+{
+    (void)state;
+    static const size_t at[] = {0, 1, 5, 100, 507, 508, 509, 511, 512, 600, 1500, 2044};
+    static unsigned char store[2048];
+    static char msg[2048];
+    int fds[2];
+    atap_net_reader r;
+    atap_net_io io;
+    atap_net_out out;
+    size_t len;
+
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_reader_init(&r, fds[1], store, sizeof store), 0);
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        size_t k = at[i];
+
+        near_misses(msg, k);
+        memcpy(msg + k, "\r\n\r\n", 4);
+        /* All in one piece. */
+        send_all(fds[0], msg, k + 4);
+        assert_int_equal(atap_net_prep_recv_until(&io, &r, "\r\n\r\n", 4, sizeof store), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, k + 4);
+        atap_net_reader_consume(&r, k + 4);
+        /* Ending right at the limit, then with the limit a byte short. */
+        send_all(fds[0], msg, k + 4);
+        assert_int_equal(atap_net_prep_recv_until(&io, &r, "\r\n\r\n", 4, k + 4), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, k + 4);
+        atap_net_reader_consume(&r, k + 4);
+        if (k > 0) {
+            send_all(fds[0], msg, k + 4);
+            assert_int_equal(atap_net_prep_recv_until(&io, &r, "\r\n\r\n", 4, k + 3), 0);
+            assert_int_equal(run_task(&io, &out, NULL), ATAP_ETOOLONG);
+            assert_int_equal(atap_net_prep_recv_until(&io, &r, "\r\n\r\n", 4, sizeof store), 0);
+            assert_int_equal(run_task(&io, &out, NULL), 0);
+            assert_int_equal(out.n, k + 4);
+            atap_net_reader_consume(&r, k + 4);
+        }
+        /* Split inside the delimiter: the first part is searched, then the
+         * search goes on over the rest as it comes. */
+        {
+            atap_task t;
+            size_t first = k + 2;
+
+            send_all(fds[0], msg, first);
+            assert_int_equal(atap_net_prep_recv_until(&io, &r, "\r\n\r\n", 4, sizeof store), 0);
+            assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+            assert_true(wait_parked(t));
+            send_all(fds[0], msg + first, 2);
+            assert_int_equal(atap_net_join(t, &out), 0);
+            atap_net_release(t, &io);
+        }
+        assert_int_equal(out.n, k + 4);
+        assert_memory_equal(atap_net_reader_data(&r, &len), msg, k + 4);
+        assert_int_equal(len, k + 4);
+        atap_net_reader_consume(&r, k + 4);
+    }
+    close(fds[0]);
+    close(fds[1]);
+}
+
 /* A recv that came back short leaves the reader waiting for readability
  * before its next recv: bytes already there by then (the next request of a
  * client that did not wait for the answer) resume it at once, and bytes
@@ -1281,6 +1362,7 @@ int main(void)
         T(test_net_tcp_errors),
         T(test_net_recv_until_keeps_what_it_read),
         T(test_net_recv_until_after_a_short_read),
+        T(test_net_recv_until_finds_every_delimiter),
         T(test_net_cancel_connect),
         T(test_net_cancel_mid_send),
         T(test_net_cancel_and_timeout_mid_recv),
