@@ -418,10 +418,10 @@ static int do_recv(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 }
 
 /* Below this many bytes a search looks for the delimiter's first byte
- * and compares the rest at each, byte by byte: glibc's memmem sets up a 256-byte table
- * at every call, which costs more than searching a request line or two
- * (1.4 % of an HTTP server's CPU). Longer, memmem, whose time stays
- * linear whatever the bytes. */
+ * and compares the rest at each, byte by byte: glibc's memmem sets up a
+ * 256-byte table at every call, which costs more than searching a request
+ * line or two (1.4 % of an HTTP server's CPU). Longer, memmem, whose time
+ * stays linear whatever the bytes. */
 #define SHORT_SEARCH 512
 
 /* Where the delimiter starts in the first `within` buffered bytes, or
@@ -431,6 +431,7 @@ static const unsigned char *find_delim(atap_net_io *io, size_t within)
     atap_net_reader *r = io->reader;
     size_t from = io->done >= io->len ? io->done - (io->len - 1) : 0;
     const unsigned char *at, *last, *delim = io->buf;
+    size_t j;
 
     if (within < io->len || from > within - io->len)
         return NULL;
@@ -441,7 +442,7 @@ static const unsigned char *find_delim(atap_net_io *io, size_t within)
     for (last = r->buf + r->start + (within - io->len); at <= last; at++) {
         if (!(at = memchr(at, delim[0], (size_t)(last - at) + 1)))
             return NULL;
-        size_t j = 1; /* a few bytes: no call */
+        j = 1; /* a few bytes: no call */
         while (j < io->len && at[j] == delim[j])
             j++;
         if (j == io->len)
