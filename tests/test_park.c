@@ -1395,7 +1395,7 @@ static void test_park_fd_heard_while_every_worker_runs(void **state)
  * taking a batch from it runs the batch's oldest first. (The poll backend
  * reports in the order of its array, not of readiness: skipped there.) */
 #define N_ORDERED 8
-static atomic_int g_order_next, g_gate_in, g_gate_open;
+static atomic_int g_order_next;
 static struct order_reader {
     int fd;
     atomic_int parked;
@@ -1416,20 +1416,12 @@ static int task_read_in_order(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-static int task_gate(atap_ctx *ctx, void *arg, void *out)
-{
-    (void)ctx, (void)arg, (void)out;
-    atomic_store(&g_gate_in, 1);
-    while (!atomic_load(&g_gate_open))
-        ; /* the one worker stays here while the bytes go out */
-    return 0;
-}
-
 static void test_park_fd_first_ready_runs_first(void **state)
 {
     (void)state;
     int p[N_ORDERED][2];
     atap_task ts[N_ORDERED], opener;
+    gate *g = gate_new(0);
 
     if (strcmp(atap__poller_name(), "poll") == 0) {
         print_message("skipped: the poll backend reports in its array's order\n");
@@ -1446,18 +1438,17 @@ static void test_park_fd_first_ready_runs_first(void **state)
         ts[i] = spawn0(task_read_in_order, &g_ordered[i]);
         assert_true(wait_atomic_at_least(&g_ordered[i].parked, 1, ATAP_SEC(10)));
     }
-    atomic_store(&g_gate_in, 0);
-    atomic_store(&g_gate_open, 0);
-    opener = spawn0(task_gate, NULL);
-    assert_true(wait_atomic_at_least(&g_gate_in, 1, ATAP_SEC(10)));
+    /* The one worker stays in the gate while the bytes go out. */
+    opener = spawn8(task_gated, g);
+    assert_true(wait_atomic_at_least(&g->started, 1, ATAP_SEC(10)));
     for (int i = N_ORDERED - 1; i >= 0; i--)
         assert_true(put_byte(p[i][1]));
-    atomic_store(&g_gate_open, 1);
+    atomic_store(&g->open, 1);
     for (int i = 0; i < N_ORDERED; i++) {
         assert_int_equal(atap_join_for(ts[i], NULL, 0, ATAP_SEC(10)), 0);
         atap_release(ts[i]);
     }
-    assert_int_equal(atap_join_for(opener, NULL, 0, ATAP_SEC(10)), 0);
+    assert_int_equal(join8(opener), 0);
     atap_release(opener);
     /* The last task to park had its byte first. Without the order kept it
      * ran last of the batch. */

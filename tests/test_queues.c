@@ -563,19 +563,8 @@ static void test_queues_ring_overflow_runs_everything(void **state)
 
 #define N_OUTSIDE 40 /* more than one batch taken from the shared queue */
 
-static atomic_int g_gate_in, g_gate_open, g_ran;
+static atomic_int g_ran;
 static int g_ran_as[N_OUTSIDE]; /* task i was the g_ran_as[i]-th to run */
-
-/* Holds the only worker until the test lets it go (a plain sleep: a wait
- * of libatap's could run queued work meanwhile). */
-static int hold_worker(atap_ctx *ctx, void *arg, void *out)
-{
-    (void)ctx, (void)arg, (void)out;
-    atomic_store(&g_gate_in, 1);
-    while (!atomic_load(&g_gate_open))
-        usleep(1000);
-    return 0;
-}
 
 static int note_turn(atap_ctx *ctx, void *arg, void *out)
 {
@@ -591,21 +580,22 @@ static void test_queues_outside_spawns_run_in_order(void **state)
 {
     (void)state;
     atap_task holder, t[N_OUTSIDE];
+    gate *g = gate_new(0);
 
     assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 1}), 0);
-    atomic_store(&g_gate_in, 0);
-    atomic_store(&g_gate_open, 0);
     atomic_store(&g_ran, 0);
-    assert_int_equal(atap_spawn(&holder, hold_worker, NULL, NULL), 0);
-    assert_true(wait_atomic_at_least(&g_gate_in, 1, ATAP_SEC(10)));
+    /* The only worker waits in the gate (a plain sleep: a wait of
+     * libatap's could run queued work meanwhile) while the spawns queue. */
+    holder = spawn8(task_gated, g);
+    assert_true(wait_atomic_at_least(&g->started, 1, ATAP_SEC(10)));
     for (intptr_t i = 0; i < N_OUTSIDE; i++)
         assert_int_equal(atap_spawn(&t[i], note_turn, (void *)i, NULL), 0);
-    atomic_store(&g_gate_open, 1);
+    atomic_store(&g->open, 1);
     for (int i = 0; i < N_OUTSIDE; i++) {
         assert_int_equal(atap_join_for(t[i], NULL, 0, ATAP_SEC(10)), 0);
         atap_release(t[i]);
     }
-    assert_int_equal(atap_join_for(holder, NULL, 0, ATAP_SEC(10)), 0);
+    assert_int_equal(join8(holder), 0);
     atap_release(holder);
     for (int i = 0; i < N_OUTSIDE; i++)
         assert_int_equal(g_ran_as[i], i);
