@@ -143,10 +143,8 @@ void atap__park_complete(struct park *p, int by)
     }
     if (by == BY_READY || by == BY_DEADLINE) {
         /* Nothing of p is touched after this: the next run owns it. */
-        if (!atap__exec_resume_stale(s, index, gen)) {
-            slot_warm_arg(s);
-            atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
-        }
+        if (!atap__exec_resume_stale(s, index, gen))
+            atap__park_requeue(s, index);
         return;
     }
     atap__exec_finish_run(s, index, gen, ATAP_EFAILED);

@@ -321,8 +321,7 @@ void atap__park_tail_fd_complete(uint32_t index, int by, bool linked)
     if (by == BY_READY) { /* the claim stays for the resumed run to read */
         /* (A task claimed aside never parks on an fd in the tail: its link
          * may still chain a queue; park.c's tail_fd_park.) */
-        slot_warm_arg(s);
-        atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+        atap__park_requeue(s, index);
         return;
     }
     st_relaxed(&s->out.park.claim, P_IDLE);

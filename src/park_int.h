@@ -13,6 +13,8 @@
 #include <stdint.h>
 
 #include "atap.h"
+#include "pool.h"
+#include "slot.h"
 #include "timer.h"
 
 /* Whether fd is open now. A table indexed by fd (park_fd.c's fdw table, the
@@ -36,6 +38,14 @@ static inline bool atap__grow_cap(size_t *cap, size_t key)
     }
     *cap = c;
     return true;
+}
+
+/* Queues the next run of the parked task in slot index, resumed: its arg
+ * warmed first (slot_warm_arg), as the run reads it first. */
+static inline void atap__park_requeue(const struct atap_slot *s, uint32_t index)
+{
+    slot_warm_arg(s);
+    atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
 }
 
 enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };

@@ -152,7 +152,7 @@ void atap__park_tail_act(uint32_t index, int by, bool batch)
         if (atap__exec_resume_stale(s, index, gen))
             return; /* its old queue entry runs it */
         if (!batch || (s->flags & SF_BLOCKING)) {
-            atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+            atap__park_requeue(s, index);
         } else {
             if (nresumed == RESUME_BATCH)
                 wheel_flush();
