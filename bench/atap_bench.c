@@ -10,14 +10,19 @@
  *                (joining inside a task helps: the worker runs its children)
  *   fib          fib(n): each call with n >= 2 spawns fib(n-1) as a task,
  *                computes fib(n-2) inline, joins; no cutoff
- *   tree         the peers' unbalanced tree (common.h, README.md there): a
- *                task per node, which does its work (32 rounds of
- *                splitmix64), spawns a task per child, joins and releases
+ *   tree, wide_tree  the peers' unbalanced trees (common.h, README.md
+ *                there; one code, the shape from common.h's tree_shape: a
+ *                non-root node has 2 children or none in tree, 8 or none in
+ *                wide_tree): a task per node, which does its work (32 rounds
+ *                of splitmix64), spawns a task per child, joins and releases
  *                them, and outputs its subtree's {nodes, depth, checksum};
- *                the root, spawned by the main thread, has n children.
+ *                the root, spawned by the main thread, has n children. A
+ *                node joins its children in spawn order (as the peers do),
+ *                or last-spawned first with TREE_JOIN=last_first.
  *                ns_per_op = seconds / nodes; extras nodes= depth=
- *                checksum= (as the peers') and peak_workers= (the pool's
- *                most workers at once, read after the run)
+ *                checksum= (as the peers'), join=spawn_order|last_first
+ *                and peak_workers= (the pool's most workers at once, read
+ *                after the run)
  *   chain        task i spawns task i+1 (handle released at once); task n
  *                signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
@@ -138,17 +143,26 @@ static int fib_task(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-/* tree: a node's state and depth, its task's arg. A child's lives in its
- * parent's frame (or, for the root's n, its array) until it is joined. */
+/* tree, wide_tree: a node's state and depth, its task's arg. A child's lives
+ * in its parent's frame (or, for the root's n, its array) until it is
+ * joined. */
 struct tree_node {
     uint64_t s;
     long depth;
 };
 static const atap_spawn_opts opts_tree = {.out_size = sizeof(tree_result)};
 
+/* The run's shape (common.h's tree_shape: fan-out m, probability q) and
+ * whether a node joins its children last-spawned first (TREE_JOIN), both
+ * set by main before the root is spawned. */
+static int tree_m;
+static double tree_q;
+static bool tree_last_first;
+
 static int tree_task(atap_ctx *ctx, void *arg, void *out);
 
-/* node's work, then its k children spawned (kid[i], h[i]), joined, added. */
+/* node's work, then its k children spawned (kid[i], h[i]), joined in the
+ * run's order, added. */
 static tree_result tree_sub(const struct tree_node *node, long k, struct tree_node *kid,
                             atap_task *h) {
     tree_result r = {1, node->depth, tree_work(node->s)};
@@ -157,19 +171,24 @@ static tree_result tree_sub(const struct tree_node *node, long k, struct tree_no
         must(atap_spawn(&h[i], tree_task, &kid[i], &opts_tree), "atap_spawn");
     }
     for (long i = 0; i < k; i++) {
+        long j = tree_last_first ? k - 1 - i : i;
         tree_result c;
-        join_release(h[i], &c, sizeof c);
+        join_release(h[j], &c, sizeof c);
         tree_add(&r, c);
     }
     return r;
 }
 
+/* A non-root node: m children or none. The arrays are as long as the
+ * node's children (the omp peer's way), so tree's frames stay the size of
+ * its 2 (a VLA may not be empty: a leaf's has 1). */
 static int tree_task(atap_ctx *ctx, void *arg, void *out) {
     (void)ctx;
     const struct tree_node *node = arg;
-    struct tree_node kid[2];
-    atap_task h[2];
-    tree_result r = tree_sub(node, tree_kids(node->s), kid, h);
+    int k = tree_kids_of(node->s, tree_m, tree_q);
+    struct tree_node kid[k > 0 ? k : 1];
+    atap_task h[k > 0 ? k : 1];
+    tree_result r = tree_sub(node, k, kid, h);
     memcpy(out, &r, sizeof r);
     return 0;
 }
@@ -185,6 +204,28 @@ static int tree_root_task(atap_ctx *ctx, void *arg, void *out) {
     free(h);
     memcpy(out, &r, sizeof r);
     return 0;
+}
+
+/* TREE_JOIN: unset, empty or "spawn_order" (the peers' order), or
+ * "last_first"; anything else ends the bench, so a typo is seen. */
+static bool tree_join_last_first(void) {
+    const char *e = getenv("TREE_JOIN");
+    if (!e || !*e || !strcmp(e, "spawn_order")) return false;
+    check(!strcmp(e, "last_first"), "TREE_JOIN is spawn_order or last_first");
+    return true;
+}
+
+/* The tree of the run's shape, from the main thread: its extras, after the
+ * peers' nodes= depth= checksum=, are join=. */
+static tree_result tree_run(char *extra, size_t len) {
+    tree_result r;
+    atap_task t;
+    must(atap_spawn(&t, tree_root_task, NULL, &opts_tree), "atap_spawn");
+    join_release(t, &r, sizeof r);
+    tree_fields(r, extra, len);
+    snprintf(extra + strlen(extra), len - strlen(extra), " join=%s",
+             tree_last_first ? "last_first" : "spawn_order");
+    return r;
 }
 
 /* chain and timers: the last task signals the main thread through a condvar. */
@@ -348,6 +389,8 @@ int main(int argc, char **argv) {
                                        : default_n(w);
     const char *peer = "atap";
     check(N > 0, "n > 0");
+    bool is_tree = tree_shape(w, &tree_m, &tree_q);
+    if (is_tree) tree_last_first = tree_join_last_first();
 
     must(atap_init(NULL), "atap_init");
     atap_task warm = spawn(noop, NULL, 0); /* warm-up: workers running */
@@ -360,7 +403,7 @@ int main(int argc, char **argv) {
 
     uint64_t t0 = now_ns();
     double ops = (double)N, per_op = 0; /* per_op: set when ns_per_op is not ns / ops */
-    char extra[160] = "";
+    char extra[256] = "";
     if (!strcmp(w, "spawn_many")) {
         for (long i = 0; i < N; i++) h[i] = spawn(inc, NULL, 0);
         for (long i = 0; i < N; i++) join_release(h[i], NULL, 0);
@@ -374,13 +417,8 @@ int main(int argc, char **argv) {
         if (N == 30) check(r == 832040, "fib(30) == 832040");
         ops = (double)fib_spawned_tasks((int)N);
         snprintf(extra, sizeof extra, " result=%ld tasks=%.0f", r, ops);
-    } else if (!strcmp(w, "tree")) {
-        tree_result r;
-        atap_task t;
-        must(atap_spawn(&t, tree_root_task, NULL, &opts_tree), "atap_spawn");
-        join_release(t, &r, sizeof r);
-        ops = (double)r.nodes;
-        tree_fields(r, extra, sizeof extra);
+    } else if (is_tree) {
+        ops = (double)tree_run(extra, sizeof extra).nodes;
     } else if (!strcmp(w, "timers")) {
         uint64_t seed = BENCH_LCG_SEED, created;
         t_asked = calloc((size_t)N, sizeof *t_asked);
@@ -505,7 +543,7 @@ int main(int argc, char **argv) {
         snprintf(t, sizeof t, "%zu", st.peak_workers);
         setenv("BENCH_THREADS", t, 1);
     }
-    if (!strcmp(w, "tree"))
+    if (is_tree)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " peak_workers=%zu",
                  st.peak_workers);
     report(peer, w, N, ns, per_op ? per_op : ns / ops, extra);
