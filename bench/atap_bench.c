@@ -20,9 +20,10 @@
  *                node joins its children in spawn order (as the peers do),
  *                or last-spawned first with TREE_JOIN=last_first.
  *                ns_per_op = seconds / nodes; extras nodes= depth=
- *                checksum= (as the peers'), join=spawn_order|last_first
- *                and peak_workers= (the pool's most workers at once, read
- *                after the run)
+ *                checksum= (as the peers'), join=spawn_order|last_first,
+ *                peak_live= (the most live tasks, atap_pool_stats' live
+ *                sampled every 1 ms during the run), peak_slots= and
+ *                peak_workers= (the pool's peaks, read after the run)
  *   chain        task i spawns task i+1 (handle released at once); task n
  *                signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
@@ -101,6 +102,11 @@ static atap_task *handles_alloc(long n) {
     /* Not 0: gcc turns malloc + memset(0) into calloc, which touches nothing. */
     memset(h, 0xff, (size_t)n * sizeof *h);
     return h;
+}
+
+static void nap_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
 }
 
 /* ---------------- tasks ---------------- */
@@ -215,16 +221,39 @@ static bool tree_join_last_first(void) {
     return true;
 }
 
+/* tree, wide_tree: the most live tasks (atap_pool_stats' live) while the
+ * tree runs, sampled every 1 ms by a thread of its own: the pool keeps no
+ * peak of that count (peak_slots is the table's span, free slots in it
+ * included), so this is a lower bound of the peak, and peak_slots an upper
+ * one. */
+static atomic_bool live_stop;
+static size_t live_peak;
+
+static void *live_sampler(void *arg) {
+    (void)arg;
+    while (!atomic_load_explicit(&live_stop, memory_order_acquire)) {
+        struct atap_pool_stats st;
+        must(atap_pool_stats(&st), "atap_pool_stats");
+        if (st.live > live_peak) live_peak = st.live;
+        nap_us(1000);
+    }
+    return NULL;
+}
+
 /* The tree of the run's shape, from the main thread: its extras, after the
- * peers' nodes= depth= checksum=, are join=. */
+ * peers' nodes= depth= checksum=, are join= and peak_live=. */
 static tree_result tree_run(char *extra, size_t len) {
+    pthread_t sampler;
     tree_result r;
     atap_task t;
+    check(pthread_create(&sampler, NULL, live_sampler, NULL) == 0, "pthread_create sampler");
     must(atap_spawn(&t, tree_root_task, NULL, &opts_tree), "atap_spawn");
     join_release(t, &r, sizeof r);
+    atomic_store_explicit(&live_stop, true, memory_order_release);
+    pthread_join(sampler, NULL);
     tree_fields(r, extra, len);
-    snprintf(extra + strlen(extra), len - strlen(extra), " join=%s",
-             tree_last_first ? "last_first" : "spawn_order");
+    snprintf(extra + strlen(extra), len - strlen(extra), " join=%s peak_live=%zu",
+             tree_last_first ? "last_first" : "spawn_order", live_peak);
     return r;
 }
 
@@ -366,11 +395,6 @@ static int sleep10(atap_ctx *ctx, void *arg, void *out) {
     atomic_store(&cl_woke, t);
     signal_done();
     return 0;
-}
-
-static void nap_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
 }
 
 /* live_memory: an 8-byte output (the task's index). */
@@ -544,8 +568,8 @@ int main(int argc, char **argv) {
         setenv("BENCH_THREADS", t, 1);
     }
     if (is_tree)
-        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " peak_workers=%zu",
-                 st.peak_workers);
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                 " peak_slots=%zu peak_workers=%zu", st.peak_slots, st.peak_workers);
     report(peer, w, N, ns, per_op ? per_op : ns / ops, extra);
 
     if (h && !strcmp(w, "live_memory"))
