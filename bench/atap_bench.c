@@ -24,6 +24,12 @@
  *                peak_live= (the most live tasks, atap_pool_stats' live
  *                sampled every 1 ms during the run), peak_slots= and
  *                peak_workers= (the pool's peaks, read after the run)
+ *   fan          (libatap only, not in the peers) one task spawns n children
+ *                (default 5,000), each FAN_WORK rounds of splitmix64 (about
+ *                20 us), then joins and releases them in spawn order.
+ *                ns_per_op = seconds / n; extras workers= (the pool's
+ *                workers after the warm-up: ATAP_WORKERS, or one per CPU)
+ *                and checksum=. Run with ATAP_WORKERS=1 and 2 to compare
  *   chain        task i spawns task i+1 (handle released at once); task n
  *                signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
@@ -122,12 +128,32 @@ static int inc(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-/* spawn_local: the parent spawns N children into arg, then joins them. */
+/* fan: a child's work, FAN_WORK rounds of splitmix64 from its index (about
+ * 20 us here), XOR-ed into fan_sum. A fixed count, not a clock: every run
+ * does the same work. */
+#define FAN_WORK 5000
+static _Atomic uint64_t fan_sum;
+
+static int fan_child(atap_ctx *ctx, void *arg, void *out) {
+    (void)ctx, (void)out;
+    uint64_t x = (uint64_t)(uintptr_t)arg;
+    for (int r = 0; r < FAN_WORK; r++) x = splitmix64(x);
+    atomic_fetch_xor_explicit(&fan_sum, x, memory_order_relaxed);
+    return 0;
+}
+
+/* spawn_local and fan: the parent spawns N children of fn (child i's arg:
+ * i) into h, then joins and releases them in spawn order. */
+struct parent_arg {
+    atap_fn *fn;
+    atap_task *h;
+};
+
 static int parent(atap_ctx *ctx, void *arg, void *out) {
     (void)ctx, (void)out;
-    atap_task *h = arg;
-    for (long i = 0; i < N; i++) h[i] = spawn(inc, NULL, 0);
-    for (long i = 0; i < N; i++) join_release(h[i], NULL, 0);
+    const struct parent_arg *p = arg;
+    for (long i = 0; i < N; i++) p->h[i] = spawn(p->fn, (void *)(intptr_t)i, 0);
+    for (long i = 0; i < N; i++) join_release(p->h[i], NULL, 0);
     return 0;
 }
 
@@ -410,6 +436,7 @@ int main(int argc, char **argv) {
     N = argc > 2 ? atol(argv[2])
         : !strcmp(w, "cancel_latency") ? 1000
         : !strcmp(w, "fd_memory") || !strcmp(w, "fd_timed_memory") ? 100000
+        : !strcmp(w, "fan")                                         ? 5000
                                        : default_n(w);
     const char *peer = "atap";
     check(N > 0, "n > 0");
@@ -421,8 +448,12 @@ int main(int argc, char **argv) {
     join_release(warm, NULL, 0);
 
     atap_task *h = NULL;
-    if (!strcmp(w, "spawn_many") || !strcmp(w, "spawn_local") || !strcmp(w, "live_memory"))
+    if (!strcmp(w, "spawn_many") || !strcmp(w, "spawn_local") || !strcmp(w, "live_memory") ||
+        !strcmp(w, "fan"))
         h = handles_alloc(N);
+    struct atap_pool_stats st;
+    must(atap_pool_stats(&st), "atap_pool_stats");
+    size_t workers = st.workers; /* the pool's own, after the warm-up: fan's workers= */
     long rss0 = cur_rss_kb(); /* after the handle array: not counted per task */
 
     uint64_t t0 = now_ns();
@@ -433,8 +464,14 @@ int main(int argc, char **argv) {
         for (long i = 0; i < N; i++) join_release(h[i], NULL, 0);
         check(atomic_load(&counter) == N, "count");
     } else if (!strcmp(w, "spawn_local")) {
-        join_release(spawn(parent, h, 0), NULL, 0);
+        struct parent_arg p = {inc, h};
+        join_release(spawn(parent, &p, 0), NULL, 0);
         check(atomic_load(&counter) == N, "count");
+    } else if (!strcmp(w, "fan")) {
+        struct parent_arg p = {fan_child, h};
+        join_release(spawn(parent, &p, 0), NULL, 0);
+        snprintf(extra, sizeof extra, " workers=%zu checksum=%016llx", workers,
+                 (unsigned long long)atomic_load(&fan_sum));
     } else if (!strcmp(w, "fib")) {
         long r;
         join_release(spawn(fib_task, (void *)(intptr_t)N, sizeof r), &r, sizeof r);
@@ -560,7 +597,6 @@ int main(int argc, char **argv) {
     /* threads= reports the workers that actually ran (this bench starts the
      * default pool, one worker per CPU the process may run on; it does not
      * pass BENCH_THREADS on as atap_config.workers). */
-    struct atap_pool_stats st;
     must(atap_pool_stats(&st), "atap_pool_stats");
     if ((int)st.peak_workers != bench_threads()) {
         char t[32];
