@@ -251,7 +251,8 @@ static bool tree_join_last_first(void) {
  * tree runs, sampled every 1 ms by a thread of its own: the pool keeps no
  * peak of that count (peak_slots is the table's span, free slots in it
  * included), so this is a lower bound of the peak, and peak_slots an upper
- * one. */
+ * one. The thread starts before the timing and is stopped after it (its
+ * start, and the wait for its last nap, are not the tree's). */
 static atomic_bool live_stop;
 static size_t live_peak;
 
@@ -266,20 +267,29 @@ static void *live_sampler(void *arg) {
     return NULL;
 }
 
+static pthread_t live_sampler_start(void) {
+    pthread_t t;
+    check(pthread_create(&t, NULL, live_sampler, NULL) == 0, "pthread_create sampler");
+    return t;
+}
+
+/* Stops the sampler; returns the peak it saw. */
+static size_t live_sampler_stop(pthread_t t) {
+    atomic_store_explicit(&live_stop, true, memory_order_release);
+    pthread_join(t, NULL);
+    return live_peak;
+}
+
 /* The tree of the run's shape, from the main thread: its extras, after the
- * peers' nodes= depth= checksum=, are join= and peak_live=. */
+ * peers' nodes= depth= checksum=, start with join=. */
 static tree_result tree_run(char *extra, size_t len) {
-    pthread_t sampler;
     tree_result r;
     atap_task t;
-    check(pthread_create(&sampler, NULL, live_sampler, NULL) == 0, "pthread_create sampler");
     must(atap_spawn(&t, tree_root_task, NULL, &opts_tree), "atap_spawn");
     join_release(t, &r, sizeof r);
-    atomic_store_explicit(&live_stop, true, memory_order_release);
-    pthread_join(sampler, NULL);
     tree_fields(r, extra, len);
-    snprintf(extra + strlen(extra), len - strlen(extra), " join=%s peak_live=%zu",
-             tree_last_first ? "last_first" : "spawn_order", live_peak);
+    snprintf(extra + strlen(extra), len - strlen(extra), " join=%s",
+             tree_last_first ? "last_first" : "spawn_order");
     return r;
 }
 
@@ -456,6 +466,8 @@ int main(int argc, char **argv) {
     size_t workers = st.workers; /* the pool's own, after the warm-up: fan's workers= */
     long rss0 = cur_rss_kb(); /* after the handle array: not counted per task */
 
+    pthread_t sampler;
+    if (is_tree) sampler = live_sampler_start();
     uint64_t t0 = now_ns();
     double ops = (double)N, per_op = 0; /* per_op: set when ns_per_op is not ns / ops */
     char extra[256] = "";
@@ -593,6 +605,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     uint64_t ns = now_ns() - t0;
+    size_t peak_live = is_tree ? live_sampler_stop(sampler) : 0;
 
     /* threads= reports the workers that actually ran (this bench starts the
      * default pool, one worker per CPU the process may run on; it does not
@@ -605,7 +618,8 @@ int main(int argc, char **argv) {
     }
     if (is_tree)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
-                 " peak_slots=%zu peak_workers=%zu", st.peak_slots, st.peak_workers);
+                 " peak_live=%zu peak_slots=%zu peak_workers=%zu", peak_live, st.peak_slots,
+                 st.peak_workers);
     report(peer, w, N, ns, per_op ? per_op : ns / ops, extra);
 
     if (h && !strcmp(w, "live_memory"))
