@@ -11,11 +11,19 @@
 # free memory to its host, a first touch otherwise costs what the host
 # charges at that moment, and which run pays depended on what ran before).
 #   workloads: spawn_many spawn_local fib chain ping_pong timers idle_memory
-#              tree live_memory (the default is all; live_memory is atap
-#              only). tree: n = the root's children (2000); every runtime
-#              must print the same nodes= depth= checksum= (bench/ratio.py
-#              lists a mismatch); the peers' run.sh gives the omp peer its
-#              OMP_STACKSIZE=256M for it
+#              tree wide_tree live_memory fan (the default is all;
+#              live_memory and fan are atap only). tree, wide_tree: n = the
+#              root's children (2000); every runtime must print the same
+#              nodes= depth= checksum= (bench/ratio.py lists a mismatch);
+#              the peers' run.sh gives the omp peer its OMP_STACKSIZE=256M
+#              for them. fan: n = the children (5000); each round runs it
+#              with ATAP_WORKERS=1, then 2 (bench/ratio.py prints the
+#              speedup)
+#   TREE_JOIN=spawn_order           the order in which atap's tree and
+#                                   wide_tree nodes join their children:
+#                                   spawn_order (the peers'), last_first, or
+#                                   both ("spawn_order last_first": each
+#                                   round runs atap once per order)
 #   REPS=3                          repetitions
 #   PEERS="tbb omp uv tokio naive"  which peers ("" for atap alone)
 #   N_<workload>=<size>             e.g. N_fib=25 N_spawn_many=100000
@@ -35,7 +43,8 @@ export REPS=${REPS:-3}
 export PEERS=${PEERS-"tbb omp uv tokio naive"}
 export TIMEOUT=${TIMEOUT:-300}
 WARM_MB=${WARM_MB:-256}
-all="spawn_many spawn_local fib chain ping_pong timers idle_memory tree live_memory"
+TREE_JOIN=${TREE_JOIN:-spawn_order}
+all="spawn_many spawn_local fib chain ping_pong timers idle_memory tree wide_tree live_memory fan"
 [ $# -gt 0 ] && workloads="$*" || workloads=$all
 
 for w in $workloads; do
@@ -46,7 +55,8 @@ done
 default_n() {
     case $1 in
         fib) echo 30 ;;
-        tree) echo 2000 ;;
+        tree|wide_tree) echo 2000 ;;
+        fan) echo 5000 ;;
         chain|ping_pong|timers) echo 100000 ;;
         *) echo 1000000 ;;
     esac
@@ -81,29 +91,41 @@ results="$B/results.txt"
 : >"$results"
 err="$B/atap_bench.err"
 warm() { [ "$WARM_MB" -gt 0 ] && "$B/bench/warm_memory" "$WARM_MB"; }
-# One run of atap_bench, reported as the peers' run.sh reports one: its
-# line (na= when not applicable), or a status=FAILED line.
+# atap's runs of workload $1 in a round: "atap", or "atap+VAR=value" for a
+# run with that setting in its environment.
+atap_runs() {
+    local j
+    case $1 in
+        fan) echo "atap+ATAP_WORKERS=1 atap+ATAP_WORKERS=2" ;;
+        tree|wide_tree) for j in $TREE_JOIN; do printf 'atap+TREE_JOIN=%s ' "$j"; done ;;
+        *) echo atap ;;
+    esac
+}
+# One run of atap_bench ($3: its setting, VAR=value, or nothing), reported
+# as the peers' run.sh reports one: its line (na= when not applicable), or
+# a status=FAILED line.
 run_atap() {
     local out rc
-    out=$(timeout "$TIMEOUT" "$exe" "$1" "$2" 2>"$err")
+    out=$(env ${3:+"$3"} timeout "$TIMEOUT" "$exe" "$1" "$2" 2>"$err")
     rc=$?
     if [ $rc -ne 0 ] && [ $rc -ne 3 ]; then
-        out="peer=atap workload=$1 n=$2 status=FAILED rc=$rc err=\"$(head -c 200 "$err" | tr '\n' ' ')\""
+        out="peer=atap workload=$1 n=$2 status=FAILED rc=$rc${3:+ env=$3} err=\"$(head -c 200 "$err" | tr '\n' ' ')\""
     fi
     echo "$out"
 }
 for w in $workloads; do
     var="N_$w"
     n=${!var:-$(default_n "$w")}
-    runtimes=atap
-    [ "$w" != live_memory ] && runtimes="$PEERS atap"
+    runtimes=$(atap_runs "$w")
+    case $w in live_memory|fan) ;; *) runtimes="$PEERS $runtimes" ;; esac
     done_with="" # runtimes that said n/a or failed: not run again
     for ((r = 1; r <= REPS; r++)); do
         for p in $runtimes; do
             case " $done_with " in *" $p "*) continue ;; esac
             warm
-            if [ "$p" = atap ]; then
-                out=$(run_atap "$w" "$n")
+            if [ "${p%%+*}" = atap ]; then
+                setting=${p#atap}
+                out=$(run_atap "$w" "$n" "${setting#+}")
             else
                 out=$(env "N_$w=$n" PEERS="$p" REPS=1 "$peers_dir/run.sh" "$w")
             fi
