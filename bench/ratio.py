@@ -7,7 +7,15 @@ For each workload: the median over the repetitions of atap and of every peer,
 then atap's ratio to each peer (atap / peer: below 1 means atap is better)
 and to the best peer. The figure is ns_per_op for the speed workloads,
 bytes_per_task for idle_memory and live_memory, and seconds for timers.
-tree runs that disagree on nodes= depth= checksum= are listed after the table.
+Under each workload's row, a row of the same columns for memory: the median
+peak_rss_kb (the whole process's peak RSS) of each runtime, and atap's
+ratio to each peer's. atap runs with a setting of their own get rows of
+their own, set against the peers' one run: tree and wide_tree with
+join=last_first (the peers join in spawn order, as atap's plain row), fan
+with each workers= (atap only; after the table, the speedup: median seconds
+with 1 worker / median seconds with each other count). tree and wide_tree
+runs with the same n that disagree on nodes= depth= checksum= are listed
+after the table.
 
 HTTP runs (workload http_c<connections>, from bench/http.sh) get a table of
 their own: per server the medians of requests/s, p99 latency and the server's
@@ -23,18 +31,30 @@ import statistics
 import sys
 
 WORKLOADS = ["spawn_many", "spawn_local", "fib", "chain", "ping_pong", "timers",
-             "idle_memory", "tree", "live_memory"]
+             "idle_memory", "tree", "wide_tree", "live_memory", "fan"]
 METRIC = {"timers": "seconds", "idle_memory": "bytes_per_task", "live_memory": "bytes_per_task"}
 UNIT = {
     "spawn_many": "ns/task", "spawn_local": "ns/task", "fib": "ns/spawned task",
     "chain": "ns/hop", "ping_pong": "ns/round trip", "timers": "wall s",
-    "idle_memory": "bytes/parked task", "tree": "ns/node", "live_memory": "bytes/live task",
+    "idle_memory": "bytes/parked task", "tree": "ns/node", "wide_tree": "ns/node",
+    "live_memory": "bytes/live task", "fan": "ns/child",
 }
+TREES = ("tree", "wide_tree")
 TREE_KEYS = ("nodes", "depth", "checksum")
 
 
+def setting(d):
+    """An atap run's setting that gets a row of its own, or "": a tree's
+    join=last_first, fan's workers=."""
+    if d.get("join") == "last_first":
+        return "join=last_first"
+    if d["workload"] == "fan" and "workers" in d:
+        return "workers=" + d["workers"]
+    return ""
+
+
 def parse(lines):
-    runs = {}  # (workload, peer) -> list of {field: value}
+    runs = {}  # (row, peer) -> list of {field: value}; row: "workload [setting]"
     peers = []
     for line in lines:
         if not line.startswith("peer="):
@@ -42,7 +62,8 @@ def parse(lines):
         d = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
         if d["peer"] not in peers:
             peers.append(d["peer"])
-        runs.setdefault((d["workload"], d["peer"]), []).append(d)
+        row = " ".join(filter(None, (d["workload"], setting(d))))
+        runs.setdefault((row, d["peer"]), []).append(d)
     # atap first, the peers in the order they ran
     peers.sort(key=lambda p: p != "atap")
     return runs, peers
@@ -59,23 +80,24 @@ def median(rs, key):
     return statistics.median(vals) if vals else None
 
 
-def fmt(v, w):
-    if w == "timers":
+def fmt(v, key):
+    if key == "seconds":
         return f"{v:.3f}"
     return f"{v:,.1f}" if v < 100 else f"{v:,.0f}"
 
 
-def cell(rs, w, reps):
-    """(text, value): value is None when there is no figure."""
+def cell(rs, key, reps):
+    """(text, value) of the median of field key: value is None when there
+    is no figure."""
     if not rs:
         return "—", None
     if "na" in rs[0]:
         return "n/a", None
     ok = [r for r in rs if "status" not in r]
-    v = median(ok, METRIC.get(w, "ns_per_op"))
+    v = median(ok, key)
     if v is None:
         return rs[0].get("status", "—"), None
-    text = fmt(v, w)
+    text = fmt(v, key)
     if len(ok) < reps:
         text += f" ({len(ok)})"
     return text, v
@@ -143,6 +165,40 @@ def round_ratios(runs, w, others):
     return out
 
 
+def table_row(runs, row, w, others, key, head, reps):
+    """One row of the table: the median of field key for atap's runs of row
+    and for each peer's runs of workload w, and atap's ratios to them."""
+    atap_text, a = cell(runs.get((row, "atap"), []), key, reps)
+    texts, ratios, best = [], [], None
+    for p in others:
+        t, v = cell(runs.get((w, p), []), key, reps)
+        texts.append(t)
+        if a is not None and v:
+            ratios.append(f"{a / v:.2f}")
+            if best is None or v < best[1]:
+                best = (p, v)
+        else:
+            ratios.append("—")
+    best_text = f"{a / best[1]:.2f} ({best[0]})" if best else "—"
+    return f"| {head} | {atap_text} | " + " | ".join(texts + ratios + [best_text]) + " |"
+
+
+def fan_speedup(runs, reps):
+    """fan: median seconds with 1 worker / median seconds with each other
+    count, or [] when fan did not run with 1 worker and another count."""
+    secs = {}
+    for (row, p), rs in runs.items():
+        ok = [r for r in rs if "status" not in r]
+        if p == "atap" and row.startswith("fan workers=") and ok:
+            secs[int(row[len("fan workers="):])] = (median(ok, "seconds"), len(ok))
+    if 1 not in secs or len(secs) < 2:
+        return []
+    one, k1 = secs[1]
+    return ["\nfan speedup (median seconds with 1 worker / with k; higher is better):\n"] + [
+        f"- 1 -> {k} workers: {one:.3f} s / {s:.3f} s = {one / s:.2f}x ({k1} and {kk} runs)"
+        for k, (s, kk) in sorted(secs.items()) if k != 1]
+
+
 def main():
     src = open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin
     runs, peers = parse(src)
@@ -156,37 +212,27 @@ def main():
         "| " + " | ".join(head) + " |",
         "|---|---:|---|" + "---:|" * (len(head) - 3),
     ]
-    if not any(w in WORKLOADS for w, _ in runs):
+    if not any(row.split()[0] in WORKLOADS for row, _ in runs):
         out = []  # HTTP runs only
     for w in WORKLOADS:
-        if not any(k[0] == w for k in runs):
-            continue
-        n = next(rs[0]["n"] for (ww, _), rs in runs.items() if ww == w)
-        atap_text, a = cell(runs.get((w, "atap"), []), w, reps)
-        texts, ratios, best = [], [], None
-        for p in others:
-            t, v = cell(runs.get((w, p), []), w, reps)
-            texts.append(t)
-            if a is not None and v:
-                ratios.append(f"{a / v:.2f}")
-                if best is None or v < best[1]:
-                    best = (p, v)
-            else:
-                ratios.append("—")
-        best_text = f"{a / best[1]:.2f} ({best[0]})" if best else "—"
-        out.append(f"| {w} | {int(n):,} | {UNIT[w]} | {atap_text} | " +
-                   " | ".join(texts + ratios + [best_text]) + " |")
+        rows = sorted({row for row, _ in runs if row.split()[0] == w}, key=lambda r: (r != w, r))
+        for row in rows:
+            n = next(rs[0]["n"] for (rr, _), rs in runs.items() if rr == row)
+            for key, unit in ((METRIC.get(w, "ns_per_op"), UNIT[w]), ("peak_rss_kb", "peak RSS KiB")):
+                out.append(table_row(runs, row, w, others, key, f"{row} | {int(n):,} | {unit}", reps))
 
+    out += fan_speedup(runs, reps)
     out += http_table(runs, peers, reps)
     notes = [(w, p, rs[0]["na"]) for (w, p), rs in runs.items() if rs and "na" in rs[0]]
     fails = [(w, p, " ".join(f"{k}={v}" for k, v in r.items() if k not in ("peer", "workload")))
              for (w, p), rs in runs.items() for r in rs if "status" in r]
-    trees = {(p, tuple(r.get(k) for k in TREE_KEYS)) for (w, p), rs in runs.items()
-             if w == "tree" for r in rs if "nodes" in r}
-    if len({sig for _, sig in trees}) > 1:
-        out.append("\ntree MISMATCH (runtimes disagree on the tree):\n")
-        out += [f"- {p}: " + " ".join(f"{k}={v}" for k, v in zip(TREE_KEYS, sig))
-                for p, sig in sorted(trees)]
+    for tw in TREES:
+        trees = {(p, r["n"], tuple(r.get(k) for k in TREE_KEYS)) for (_, p), rs in runs.items()
+                 for r in rs if r["workload"] == tw and "nodes" in r}
+        if len({sig for _, _, sig in trees}) > len({n for _, n, _ in trees}):
+            out.append(f"\n{tw} MISMATCH (runs with the same n disagree on the tree):\n")
+            out += [f"- {p}: n={n} " + " ".join(f"{k}={v}" for k, v in zip(TREE_KEYS, sig))
+                    for p, n, sig in sorted(trees)]
     if notes:
         out.append("\nNot applicable:\n")
         out += [f"- {p} / {w}: {why}" for w, p, why in notes]
