@@ -21,7 +21,8 @@
  * awaited task, blocking tasks joining scheduled children, deep chains (of
  * joins, of join_first) on the workers the pool has and in little memory a
  * level, many waits for sleeps at little CPU, a waiting worker running
- * other work, and trees of joins.
+ * other work, thread-locals across a wait, fork with waits under way, and
+ * trees of joins.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -1207,6 +1208,198 @@ static void test_waits_waiting_worker_runs_other_work(void **state)
     assert_no_worker_added(2, "a worker waiting for a run deep on another");
 }
 
+/* ---- a wait returns on its own thread, with its thread-locals ----------- */
+
+/* Every task marks its thread in a thread-local: the same value for every
+ * task on one thread, another on each thread. A task that waits (its stack
+ * set aside while the worker runs others, which mark the same thread) must
+ * come back on the thread it left, with that thread's thread-locals: the
+ * mark reads the thread's own, and pthread_self() and the variable's
+ * address are what they were. Half the tasks wait for a child on the CPU
+ * for 2 ms, which another worker may have taken; the other half for a
+ * 2 ms sleep, which holds no thread, so that their waits cannot go on. */
+static _Thread_local uintptr_t tl_mark;
+
+static uintptr_t thread_mark(void)
+{
+    return (uintptr_t)pthread_self() ^ (uintptr_t)0x5eed5eedu;
+}
+
+__attribute__((noinline)) static uintptr_t *tl_mark_address(void)
+{
+    return &tl_mark;
+}
+
+static atomic_int g_tl_elsewhere; /* children that ran on another thread */
+
+typedef struct tl_child {
+    atomic_int started;
+    pthread_t parent;
+} tl_child;
+
+static int task_tl_child(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    tl_child *c = arg;
+    tl_mark = thread_mark();
+    if (!pthread_equal(pthread_self(), c->parent))
+        atomic_fetch_add(&g_tl_elsewhere, 1);
+    atomic_store(&c->started, 1);
+    spin_ns(ATAP_MS(2));
+    return 0;
+}
+
+static int task_tl_parent(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    atap_task t;
+    int rc;
+    tl_mark = thread_mark();
+    pthread_t self = pthread_self();
+    uintptr_t *where = tl_mark_address();
+    if ((uintptr_t)arg & 1) {
+        tl_child *c = malloc(sizeof *c);
+        if (!c)
+            return -1;
+        atomic_init(&c->started, 0);
+        c->parent = self;
+        CHECK(atap_spawn(&t, task_tl_child, c, &(atap_spawn_opts){.arg_free = free}) == 0);
+        /* Give another worker a moment to take the child, so that this
+         * join waits for a run elsewhere rather than running it. */
+        for (uint64_t end = now_ns() + ATAP_MS(1); !atomic_load(&c->started) && now_ns() < end;)
+            ;
+        rc = atap_join_for(t, NULL, 0, limit());
+    } else {
+        uint64_t slept = 0;
+        CHECK(atap_spawn_sleep(&t, ATAP_MS(2), false, NULL) == 0);
+        rc = atap_join_for(t, &slept, sizeof slept, limit());
+    }
+    atap_release(t);
+    CHECK(pthread_equal(self, pthread_self()));
+    CHECK(tl_mark_address() == where);
+    CHECK(tl_mark == thread_mark());
+    return rc;
+}
+
+static void test_waits_wait_returns_on_its_thread_with_its_thread_locals(void **state)
+{
+    (void)state;
+    enum { N = 256, ROUNDS = 4 };
+    static atap_task ts[N];
+    atomic_store(&g_tl_elsewhere, 0);
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < N; i++)
+            assert_int_equal(atap_spawn(&ts[i], task_tl_parent, (void *)(uintptr_t)i, NULL), 0);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(atap_join_for(ts[i], NULL, 0, outer_limit()), 0);
+            atap_release(ts[i]);
+        }
+        assert_no_failures();
+    }
+    print_message("%d of %d spinning children ran on another thread than their parent's\n",
+                  atomic_load(&g_tl_elsewhere), ROUNDS * N / 2);
+}
+
+/* ---- fork while tasks wait ---------------------------------------------- */
+
+/* Tasks waiting (their stacks set aside) for values given only after the
+ * main thread has forked. The child starts from nothing: no runtime, none
+ * of the parent's tasks; it can start its own, spawn, join and stop it.
+ * The parent's waits then still end, with their values. */
+static atomic_int g_fork_waiting;
+
+static int task_fork_waiter(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    atap_task *v = arg;
+    atomic_fetch_add(&g_fork_waiting, 1);
+    int rc = atap_join_for(*v, out, sizeof(uint64_t), limit());
+    atap_release(*v);
+    free(v);
+    return rc;
+}
+
+/* The child's side: no cmocka (its state is the parent's copy); each
+ * failed step exits with its own status. */
+static int fork_child_checks(atap_task parents)
+{
+    uint64_t v = 0;
+    atap_task t;
+    if (atap_initialised())
+        return 10;
+    if (atap_join(parents, &v, sizeof v) != ATAP_ENOTASK)
+        return 11;
+    if (atap_shutdown() != 0 || atap_initialised())
+        return 12;
+#if defined(TEST_TSAN)
+    /* TSan cannot start threads in the child of a multithreaded fork (see
+     * test_lifecycle.c): the plain and ASan builds check the rest. */
+    return 0;
+#else
+    if (atap_init(NULL) != 0 || !atap_initialised())
+        return 13;
+    if (atap_spawn(&t, task_value, (void *)(uintptr_t)9, &(atap_spawn_opts){.out_size = 8}) != 0)
+        return 14;
+    if (atap_join(t, &v, sizeof v) != 0 || v != 9)
+        return 15;
+    atap_release(t);
+    if (atap_shutdown() != 0 || atap_initialised())
+        return 16;
+    return 0;
+#endif
+}
+
+static void test_waits_fork_while_tasks_wait(void **state)
+{
+    (void)state;
+    size_t n = pool_stats().workers * 4;
+    atap_task *vs = calloc(n, sizeof *vs), *ws = calloc(n, sizeof *ws);
+    int status = 0;
+    assert_true(vs && ws);
+    atomic_store(&g_fork_waiting, 0);
+    for (size_t i = 0; i < n; i++) {
+        vs[i] = spawn_echo();
+        assert_int_equal(atap_spawn(&ws[i], task_fork_waiter, handle_copy(vs[i]),
+                                    &(atap_spawn_opts){.out_size = sizeof(uint64_t)}),
+                         0);
+    }
+    /* Waits hold no worker: every waiter starts. */
+    assert_true(wait_atomic_at_least(&g_fork_waiting, (int)n, outer_limit()));
+    sleep_ms(10);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fork_child_checks(ws[0]));
+    uint64_t end = now_ns() + ATAP_SEC(30);
+    pid_t got;
+    while ((got = waitpid(pid, &status, WNOHANG)) == 0 && now_ns() < end)
+        sleep_ms(1);
+    if (got != pid) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("the fork's child did not finish in 30 s");
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fail_msg("the fork's child failed check %d", WEXITSTATUS(status));
+
+    /* The parent's waits go on. */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 100 + i;
+        assert_int_equal(atap_give(vs[i], &v, sizeof v), 0);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = 0;
+        assert_int_equal(atap_join_for(ws[i], &v, sizeof v, outer_limit()), 0);
+        assert_true(v == 100 + i);
+        atap_release(ws[i]);
+        atap_release(vs[i]);
+    }
+    free(vs);
+    free(ws);
+    assert_no_failures();
+}
 /* ---- a tree of joins runs on the workers it has ------------------------- */
 
 /* A node of an unbalanced tree: a little work, then two children spawned
@@ -1338,6 +1531,69 @@ static void test_waits_wide_tree_of_joins_adds_no_worker(void **state)
     assert_no_worker_added(base, "wide trees of joins");
 }
 
+#ifdef ATAP_HAVE_ASIDE_STATS
+/* ---- the pool's count of stacks set aside --------------------------------- */
+
+/* n tasks each waiting for a value nobody has given yet: each has set its
+ * stack aside (aside == n, and its peak at least that; the pool holds at
+ * least those stacks). Once the values are given and the waits are over,
+ * none is aside. */
+static atomic_int g_aside_waiting;
+
+static int task_aside_waiter(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    atap_task *v = arg;
+    atomic_fetch_add(&g_aside_waiting, 1);
+    int rc = atap_join_for(*v, out, sizeof(uint64_t), limit());
+    atap_release(*v);
+    free(v);
+    return rc;
+}
+
+static void test_waits_aside_stats_count_the_stacks_set_aside(void **state)
+{
+    (void)state;
+    size_t base = pool_stats().workers, n = base * 8;
+    atap_task *vs = calloc(n, sizeof *vs), *ws = calloc(n, sizeof *ws);
+    struct atap_pool_stats st;
+    assert_true(vs && ws);
+    atomic_store(&g_aside_waiting, 0);
+    for (size_t i = 0; i < n; i++) {
+        vs[i] = spawn_echo();
+        assert_int_equal(atap_spawn(&ws[i], task_aside_waiter, handle_copy(vs[i]),
+                                    &(atap_spawn_opts){.out_size = sizeof(uint64_t)}),
+                         0);
+    }
+    assert_true(wait_atomic_at_least(&g_aside_waiting, (int)n, outer_limit()));
+    /* A waiter counts itself before its join sets the stack aside. */
+    for (uint64_t end = now_ns() + outer_limit(); pool_stats().aside < n && now_ns() < end;)
+        sleep_us(200);
+    st = pool_stats();
+    if (st.aside != n || st.peak_aside < n || st.stacks < n)
+        fail_msg("%zu tasks waiting: aside %zu, peak_aside %zu, stacks %zu", n, st.aside,
+                 st.peak_aside, st.stacks);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = i;
+        assert_int_equal(atap_give(vs[i], &v, sizeof v), 0);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = ~0ull;
+        assert_int_equal(atap_join_for(ws[i], &v, sizeof v, outer_limit()), 0);
+        assert_true(v == i);
+        atap_release(ws[i]);
+        atap_release(vs[i]);
+    }
+    st = pool_stats();
+    if (st.aside != 0 || st.peak_aside < n)
+        fail_msg("the waits are over: aside %zu, peak_aside %zu", st.aside, st.peak_aside);
+    free(vs);
+    free(ws);
+    assert_no_failures();
+    assert_no_worker_added(base, "tasks waiting for gives");
+}
+#endif
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -1371,6 +1627,11 @@ int main(void)
         T(test_waits_chain_of_join_first_on_two),
         T(test_waits_sibling_waits_for_a_give_after_the_join),
         T(test_waits_a_thousand_waits_for_sleeps),
+        T2(test_waits_wait_returns_on_its_thread_with_its_thread_locals),
+        T(test_waits_fork_while_tasks_wait),
+#ifdef ATAP_HAVE_ASIDE_STATS
+        T(test_waits_aside_stats_count_the_stacks_set_aside),
+#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
