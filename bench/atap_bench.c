@@ -618,8 +618,8 @@ int main(int argc, char **argv) {
     }
     if (is_tree)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
-                 " peak_live=%zu peak_slots=%zu peak_workers=%zu", peak_live, st.peak_slots,
-                 st.peak_workers);
+                 " peak_live=%zu peak_slots=%zu peak_workers=%zu peak_aside=%zu stacks=%zu",
+                 peak_live, st.peak_slots, st.peak_workers, st.peak_aside, st.stacks);
     report(peer, w, N, ns, per_op ? per_op : ns / ops, extra);
 
     if (h && !strcmp(w, "live_memory"))

@@ -256,11 +256,12 @@ struct atap_pool_stats {
     uint64_t deaths;         /* threads lost to a task calling pthread_exit;
                                 counted once the replacement, if any, is live */
     uint64_t completed;      /* runs finished since the process started */
-    size_t waiting;          /* workers blocked in a wait inside a task, their
-                                cores lent to the others */
+    size_t aside;            /* waits inside tasks now, each a stack set
+                                aside: it holds no thread */
     size_t ceiling;          /* the most workers the pool may have */
-    uint64_t stalls;         /* times every worker it may have was waiting and
-                                a wait gave up with ATAP_ELIMIT */
+    size_t peak_aside;       /* the most stacks set aside at once; never falls */
+    size_t stacks;           /* stacks the pool threads hold besides their
+                                own: set aside, running, or kept for reuse */
 };
 
 /*

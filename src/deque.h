@@ -63,6 +63,19 @@ static inline uint32_t ring_bottom_entry(struct ring *r)
 }
 
 /* Owner only. Returns the entry (never 0), or 0 when empty. */
+/* Owner: how deep x lies in the ring, looking at the max newest entries:
+ * 1 for the bottom (newest) entry, 0 if not seen. Only a look: a thief
+ * may take it meanwhile, so the pops that follow check what they get. */
+static inline unsigned ring_find(struct ring *r, uint32_t x, unsigned max)
+{
+    int64_t b = ld_relaxed(&r->bottom), t = ld_relaxed(&r->top);
+
+    for (unsigned d = 1; d <= max && b - (int64_t)d >= t; d++)
+        if (ld_relaxed(&r->buf[(b - (int64_t)d) & RING_MASK]) == x)
+            return d;
+    return 0;
+}
+
 static inline uint32_t ring_pop(struct ring *r)
 {
     int64_t b = ld_relaxed(&r->bottom) - 1, t;

@@ -294,11 +294,19 @@ static __attribute__((noinline, cold)) void settled_for_first(void)
 {
     add_relaxed(&atap__exec_settle_seq, 1);
     atap__word_wake(&atap__exec_settle_seq, true);
+    /* After the count moved: a stack listed before it sees the move in
+     * its still() (join.c), one listed after is found here. */
+    atap__pool_wake_key(&atap__exec_settle_seq);
 }
 
-void atap__exec_wake(struct atap_slot *s)
+void atap__exec_wake(struct atap_slot *s, uint32_t old)
 {
-    atap__word_wake(&s->word, true);
+    if (old & ST_WAITERS)
+        atap__word_wake(&s->word, true);
+    /* The RMW that read `old` read a waiter's still() (pool_aside.c), and
+     * so its listing: the count is seen. */
+    if (old & ST_ASIDE)
+        atap__pool_wake_listed(s);
     if (unlikely(ld_acquire(&atap__first_waiters) != 0))
         settled_for_first();
 }
@@ -321,8 +329,8 @@ static inline __attribute__((always_inline)) bool stop(struct atap_slot *s, uint
             return false;
         /* Release: an output is written before READY can be read. */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, to)));
-    if (cur & ST_WAITERS)
-        atap__exec_wake(s);
+    if (cur & ST_LISTENED)
+        atap__exec_wake(s, cur);
     return true;
 }
 
@@ -350,8 +358,8 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
             word_state(cur) == ST_FAILED)
             break; /* already ended otherwise */
         if (cas_acqrel(&s->word, &cur, make_word(gen, to))) {
-            if (cur & ST_WAITERS)
-                atap__exec_wake(s);
+            if (cur & ST_LISTENED)
+                atap__exec_wake(s, cur);
             break;
         }
     } while (1);
@@ -379,13 +387,13 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
 
     atap__pool_frame_push(w, ref);
     if (FAULT_WORKER_DIES(w->blocking))
-        pthread_exit(NULL); /* an injected death, holding this task */
+        atap__pool_die(w); /* an injected death, holding this task */
     w->cur = &ctx;
     ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ref - 1, gen), s->fn, 0);
     rc = s->fn(&ctx, s->arg, slot_out(s));
     ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ref - 1, gen), NULL, rc);
     w->cur = outer;
-    atap__pool_frame_pop(w, false);
+    atap__pool_frame_pop(w);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
     if (unlikely(rc == ATAP_PARKED && ctx.park_kind)) {
         /* A park has claimants of its own: RUNNING from here, so that its
@@ -426,13 +434,11 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
     finish_run(s, index, gen, rc);
 }
 
-static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur,
-                         bool publish);
-enum { PUBLISH_NONE, PUBLISH_RUN, PUBLISH_HINT };
+static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur);
 static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
-                        struct atap_ctx *ctx, int publish);
+                        struct atap_ctx *ctx);
 
-void atap__exec_run(struct worker *w, uint32_t ref, bool publish)
+void atap__exec_run(struct worker *w, uint32_t ref)
 {
     struct atap_slot *s = atap__table_at(ref - 1);
     uint32_t cur = ld_acquire(&s->word), gen = word_gen(cur);
@@ -447,7 +453,7 @@ void atap__exec_run(struct worker *w, uint32_t ref, bool publish)
         ld_acquire(&s->word) == cur)
         run_unobserved(w, s, ref, gen);
     else
-        run_observed(w, s, ref, cur, publish);
+        run_observed(w, s, ref, cur);
 }
 
 /* The queue entry just taken for a plain task that is no longer PENDING
@@ -490,15 +496,11 @@ bool atap__exec_resume_stale(struct atap_slot *s, uint32_t index, uint32_t gen)
 }
 
 /* A task someone may still cancel, read or wait on, a repeat's run, or one
- * back from a park. cur: its word as exec_run read it; publish: its run, if
- * a plain one, is published (atap__pool_publish). */
-static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur,
-                         bool publish)
+ * back from a park. cur: its word as exec_run read it. */
+static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur)
 {
     uint32_t gen = word_gen(cur);
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen};
-    bool fresh = false;
-
     if (unlikely(word_state(cur) != ST_PENDING) && s->ext == NULL &&
         drop_stale_entry(s, ref - 1, gen))
         return;
@@ -526,27 +528,20 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
                 return;
             }
         } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
-        fresh = true;
     }
-    run_claimed(w, s, ref, &ctx, fresh && publish ? PUBLISH_HINT : PUBLISH_NONE);
+    run_claimed(w, s, ref, &ctx);
 }
 
-/* Runs a claimed task (its RUN is ours) on this thread, and what follows.
- * publish: a plain task just claimed, which a waiter may leapfrog into
- * (help.c); PUBLISH_HINT: taken from a queue, so its slot's link is free
- * to carry where it runs (a claim aside may have left an entry linked
- * through it). */
+/* Runs a claimed task (its RUN is ours) on this thread, and what follows. */
 static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
-                        struct atap_ctx *ctx, int publish)
+                        struct atap_ctx *ctx)
 {
     struct atap_ctx *outer;
-    bool published;
     int rc;
 
     atap__pool_frame_push(w, ref);
     if (FAULT_WORKER_DIES(w->blocking))
-        pthread_exit(NULL); /* an injected death, holding this task */
-    published = publish != PUBLISH_NONE && atap__pool_publish(w, s, publish == PUBLISH_HINT);
+        atap__pool_die(w); /* an injected death, holding this task */
     outer = w->cur;
     w->cur = ctx;
     /* A task that waits for gives: a give (or a receive's round) started
@@ -556,70 +551,13 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
     rc = s->fn(ctx, s->arg, s->ext ? atap__extras.time->output(s) : slot_out(s));
     ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, rc);
     w->cur = outer;
-    atap__pool_frame_pop(w, published);
+    atap__pool_frame_pop(w);
     st_relaxed(&w->completed, ld_relaxed(&w->completed) + 1); /* one writer */
     if (unlikely(rc == ATAP_PARKED) && ctx->park_kind) {
         atap__extras.park->arm(s, ctx); /* RUN goes with the park */
         return;
     }
     finish_run(s, ref - 1, ctx->gen, rc);
-}
-
-/*
- * A claim aside: a pool thread waiting for a plain task (no schedule) that
- * is still queued claims it where it stands, to run it on its own stack.
- * The queue entry stays behind, and it carried the task's RUN; so first a
- * listener is added for the entry with STALE set (one CAS on refs: the
- * slot now outlives the entry, whatever happens to RUN), then PENDING ->
- * RUNNING is won as any dequeuer wins it, and RUN is the claimer's. The
- * entry's dequeuer, finding the task no longer PENDING, takes STALE and
- * drops that listener instead of RUN (drop_stale_entry). A claim that
- * loses the word (a dequeuer ran it, a cancel ended it) takes STALE back
- * and drops its listener, unless the dequeuer, having found the task
- * ended, took STALE first: it then dropped the listener, and the claimer
- * drops RUN in its place. One claimer at a time (STALE already set: no).
- * While the entry stays queued its slot's `link` is the queue's: a run
- * claimed so that parks does not park on an fd in the tail (which links
- * through it), and its resume goes to the entry rather than to a second
- * one (atap__exec_resume_stale).
- * True when it claimed the task: atap__exec_run_claimed runs it.
- */
-bool atap__exec_claim(struct atap_slot *s, uint32_t ref, uint32_t gen)
-{
-    uint64_t r = ld_relaxed(&s->refs);
-    uint32_t cur;
-
-    /* A schedule claims its runs its own way; and a task no longer queued
-     * is not worth a CAS on refs (the usual case of a waiter's look). */
-    if (s->ext != NULL || word_state(ld_relaxed(&s->word)) != ST_PENDING)
-        return false;
-    do {
-        if (refs_gen(r) != gen || !(r & REFS_RUN) || (r & REFS_STALE) ||
-            (r & REFS_COUNT_MASK) == 0 || (r & REFS_HOLDS_MASK) == REFS_HOLDS_MASK)
-            return false;
-    } while (!cas_acqrel(&s->refs, &r, (r + REFS_HOLD) | REFS_STALE));
-    cur = ld_acquire(&s->word);
-    do {
-        if (word_gen(cur) != gen || word_state(cur) != ST_PENDING) {
-            if (atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) &
-                REFS_STALE)
-                release_listener(s, ref - 1, gen, REFS_HOLD);
-            else
-                atap__exec_release_run(s, ref - 1, gen);
-            return false;
-        }
-    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
-    return true;
-}
-
-void atap__exec_run_claimed(struct worker *w, uint32_t ref)
-{
-    struct atap_slot *s = atap__table_at(ref - 1);
-    /* Ours since the claim: its generation stays. */
-    uint32_t gen = word_gen(ld_relaxed(&s->word));
-
-    run_claimed(w, s, ref, &(struct atap_ctx){.slot = s, .index = ref - 1, .gen = gen},
-                PUBLISH_RUN);
 }
 
 void atap__exec_fail_held(uint32_t ref)
@@ -647,8 +585,8 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
             return 0; /* settled: an output that landed is left alone */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
     ATAP_TRACE(TR_CANCEL, ATAP_TRACE_ID(index, gen), NULL, 0);
-    if (cur & ST_WAITERS)
-        atap__exec_wake(s);
+    if (cur & ST_LISTENED)
+        atap__exec_wake(s, cur);
     if (word_state(cur) == ST_RUNNING) /* in a kernel wait or a park, maybe */
         atap__extras.park->interrupt(s, index, gen);
     if (unlikely(s->ext != NULL))
@@ -718,9 +656,5 @@ uint64_t atap_now(void)
 
 const struct atap__pool_ops atap__exec_pool_ops = {
     .run = atap__exec_run,
-    .claim = atap__exec_claim,
-    .run_claimed = atap__exec_run_claimed,
-    .try_hold = atap__exec_try_hold,
-    .release_hold = atap__exec_release_listener,
     .fail_held = atap__exec_fail_held,
 };

@@ -29,14 +29,7 @@ struct atap_ctx {
 /* Claims and runs the queued task ref (slot index + 1) on this thread; a
  * task cancelled while queued is only cleaned up. The queue entry carried
  * the task's RUN reference, which this consumes. */
-void atap__exec_run(struct worker *w, uint32_t ref, bool publish);
-
-/* A pool thread waiting for the queued plain task ref (of generation gen)
- * claims it out of its queue place; false if it could not (the task has a
- * schedule, is no longer queued, or another claim is under way). Its RUN is
- * then the caller's, and atap__exec_run_claimed runs it. See executor.c. */
-bool atap__exec_claim(struct atap_slot *s, uint32_t ref, uint32_t gen);
-void atap__exec_run_claimed(struct worker *w, uint32_t ref);
+void atap__exec_run(struct worker *w, uint32_t ref);
 
 /* The tail of a run: publish (rc 0) or fail, then the run's RUN reference
  * goes, or a repeat goes round. For a parked run taken down, too. */
@@ -66,9 +59,19 @@ void atap__exec_release_listener(struct atap_slot *s, uint32_t index, uint32_t g
 struct atap_ctx;
 struct gate;
 
-/* Wakes the task's listeners (its state moved on with WAITERS set), and
- * any join_first asleep (atap__first_waiters). */
-void atap__exec_wake(struct atap_slot *s);
+/* Wakes the task's listeners (its state moved on by an RMW that read
+ * `old`, with WAITERS or ASIDE set: ST_LISTENED), and any join_first
+ * waiting (atap__first_waiters). */
+void atap__exec_wake(struct atap_slot *s, uint32_t old);
+/* A wait's still() (pool_aside.c) for the task of generation gen in slot
+ * s (read.c): sets ASIDE on the word while the task has not settled, by
+ * an RMW even when the bit is already set, so that the settler's own RMW
+ * reads this one and, with it, the stack's listing. */
+struct atap__listen {
+    struct atap_slot *s;
+    uint32_t gen;
+};
+bool atap__exec_listen_aside(void *arg);
 /* join_first callers asleep now, counted before they look (join.c). A
  * settle with WAITERS set reads it after its state CAS, which saw WAITERS:
  * the join_first that set it had counted itself first, so the read sees
@@ -104,8 +107,8 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen);
  * behind takes it (then the caller queues nothing). See executor.c. */
 bool atap__exec_resume_stale(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* The pool thread w is inside the task ref (slot index + 1): running it or
- * one of its at-rate runs, here or lower on its stack. A wait for it could
- * only end once the wait itself returned. */
+ * one of its at-rate runs, here or lower on the stack it runs on. A wait
+ * for it could only end once the wait itself returned. */
 bool atap__exec_inside(const struct worker *w, uint32_t ref);
 /* The running task's slot (NULL inside atap_block or for NULL). */
 struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);

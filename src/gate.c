@@ -303,8 +303,8 @@ bool atap__gate_publish(struct atap_slot *s, uint32_t gen, bool *kept)
     if (ok && to == ST_PENDING)
         *kept = true; /* the output stays the slot's to let go of */
     spin_unlock(&g->lock);
-    if (ok && (cur & ST_WAITERS))
-        atap__exec_wake(s);
+    if (ok && (cur & ST_LISTENED))
+        atap__exec_wake(s, cur);
     return ok;
 }
 

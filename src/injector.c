@@ -85,12 +85,8 @@ static unsigned pop_ready(struct inj_band *b, uint32_t *out, unsigned max)
         while (ref != 0 && n < max) {
             out[n++] = ref;
             prefetch_ref(ref, WALK_AHEAD); /* ready runs oldest (lowest) first */
-            /* A stale read here is caught by the CAS: the head changed.
-             * Such a read may find a running task's hint (LINK_HINT): no
-             * slot to follow, and the CAS fails. */
+            /* A stale read here is caught by the CAS: the head changed. */
             ref = ld_relaxed(link_of(ref));
-            if (unlikely(ref & LINK_HINT))
-                break;
         }
         if (cas_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
             return n;

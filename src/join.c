@@ -3,17 +3,21 @@
  *
  * join_first waits on many tasks with no waiter record on any of them. The
  * caller counts itself in atap__first_waiters (seq_cst), then marks each
- * unsettled member's word with WAITERS by an RMW (a CAS even when the bit is
+ * unsettled member's word with ASIDE by an RMW (a CAS even when the bit is
  * already set), then looks at the members, then sleeps on the settle count
- * (atap__exec_settle_seq) from a value read before it looked. Whoever moves
- * a task's state on with WAITERS set (atap__exec_wake, executor.c) reads
+ * (atap__exec_settle_seq) from a value read before it looked, or sets its
+ * stack aside under that count's key. Whoever moves a task's state on with
+ * a listener's bit set (atap__exec_wake, executor.c) reads
  * atap__first_waiters after its CAS, which read our RMW or a later value, so
  * it sees us counted, and then bumps the settle count and wakes it: a member
  * that settles after our look changes the value we sleep on. No settle is
  * missed; a settle of an unrelated task only costs a look. A pool thread
- * runs work a set of one needs between looks, as a join does (read.c), and
- * runs nothing for a larger set; it blocks, lending its core, and sleeps in
- * slices to look again.
+ * runs the member of a set of one on top, as a join does (read.c), and
+ * nothing for a larger set.
+ *
+ * join_all awaits every member, so a pool thread may run any of them on
+ * top: first those in its own queues, newest first (the order they come
+ * out of them, the cheapest), then it joins each in turn.
  */
 #include "atap.h"
 #include "atomics.h"
@@ -22,7 +26,6 @@
 #include "slot.h"
 #include "wait.h"
 
-#define HELP_SLICE_NS 10000000u /* a worker waiting here looks for work this often */
 
 /* Index of the first settled member, or n. Marks each unsettled one with
  * WAITERS (an RMW even when already set, so its settler sees us counted). */
@@ -41,7 +44,7 @@ static size_t first_settled(const atap_task *ts, size_t n, bool mark)
                 return k;
             if (!mark)
                 break;
-        } while (!cas_acqrel(&s->word, &cur, cur | ST_WAITERS));
+        } while (!cas_acqrel(&s->word, &cur, cur | ST_ASIDE));
     }
     return n;
 }
@@ -56,19 +59,35 @@ static bool all_inside(const atap_task *ts, size_t n)
     return true;
 }
 
-/* Runs one piece of work the task t needs, on a pool thread (read.c). */
+/* A pool thread's run of the one member of a set of one, found in its
+ * own queues with room to run it on top (read.c's rule). */
 static bool help_one(struct worker *w, atap_task t)
 {
-    uint32_t index, gen, x;
-    struct atap_slot *s = atap__exec_live(t, &index, &gen);
-    enum help_how how;
+    uint32_t x = atap__pool_help_own(w, (uint32_t)t.id + 1);
 
-    if (!s || (x = atap__pool_help_pick(w, s, index + 1, gen, &how, NULL)) == 0)
-        return false;
-    if (ld_relaxed(&w->blocked))
-        atap__pool_blocked(w, false);
-    atap__pool_help_run(w, x, how);
-    return true;
+    if (x)
+        atap__exec_run(w, x);
+    return x != 0;
+}
+
+/* The still() of a stack set aside here (pool_aside.c): no settle since
+ * the look. */
+static bool no_settle_since(void *seen)
+{
+    return ld_acquire(&atap__exec_settle_seq) == *(uint32_t *)seen;
+}
+
+/* Sets the stack aside: for a set of one, as a join of it would (woken by
+ * its settle alone); else until any settle. */
+static int aside(struct worker *w, const atap_task *ts, size_t n, uint32_t *seq,
+                 uint64_t deadline)
+{
+    uint32_t index;
+    struct atap__listen l;
+
+    if (n == 1 && (l.s = atap__exec_live(ts[0], &index, &l.gen)) != NULL)
+        return atap__pool_aside(w, l.s, atap__exec_listen_aside, &l, deadline, 0);
+    return atap__pool_aside(w, &atap__exec_settle_seq, no_settle_since, seq, deadline, 0);
 }
 
 int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,
@@ -96,19 +115,16 @@ int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint
             /* A pool thread runs nothing on top of this wait but the one
              * member of a set of one (read.c's rule): with two or more, no
              * member is work the wait needs (another may end it first, and
-             * the caller may then do what a member waits for). */
+             * the caller may then do what a member waits for). Else its
+             * stack goes aside until a settle. */
             if (w && n == 1 && help_one(w, ts[0]))
                 continue;
-            if (w && !w->blocking)
-                atap__pool_blocked(w, true); /* its core is lent meanwhile */
+            if (w && aside(w, ts, n, &seq, deadline) != ASIDE_NO)
+                continue;
             left = deadline == ATAP__FOREVER ? ATAP__FOREVER : deadline - now;
-            if (w && left > HELP_SLICE_NS) /* a worker looks for work again */
-                left = HELP_SLICE_NS;
             atap__word_wait(&atap__exec_settle_seq, seq, left);
         }
         sub_seqcst(&atap__first_waiters, 1);
-        if (atap__self && ld_relaxed(&atap__self->blocked))
-            atap__pool_blocked(atap__self, false);
         if (k == n)
             return ATAP_ENOTREADY;
     }
@@ -127,8 +143,12 @@ int atap_join_all(const atap_task *ts, size_t n, void *out, size_t size, int *rc
 {
     int first = 0;
 
+    struct worker *w = atap__self;
+
     if (!ts || (n && size && !out))
         return ATAP_EINVAL;
+    for (size_t i = n; w && i-- > 0;)
+        (void)help_one(w, ts[i]);
     for (size_t i = 0; i < n; i++) {
         int rc = atap_join(ts[i], size ? (char *)out + i * size : NULL, size);
 

@@ -63,6 +63,7 @@
 #define INJ_BATCH 16
 #define SPIN_ROUNDS 8 /* a few us of looking (one yield) before a worker parks */
 #define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
+#define STACKS_IDLE_NS 200000000u   /* an idle worker gives spare stacks back */
 
 _Thread_local struct worker *atap__self;
 
@@ -130,13 +131,11 @@ int atap__pool_start_thread(bool blocking, struct worker *self)
     st_relaxed(&w->busy, false);
     w->blocking = blocking;
     w->searching = w->in_idle = w->uncounted = false;
-    st_relaxed(&w->blocked, false);
-    w->lifo_streak = w->depth = w->npub = w->io_runs = 0;
+    w->lifo_streak = w->depth = w->io_runs = 0;
     st_relaxed(&w->in_io, false);
     w->held = w->held_inline;
     w->held_cap = HELD_INLINE;
     w->index = (unsigned)(w - (blocking ? atap__pool_blockers : atap__pool_workers));
-    st_relaxed(&w->awaiting, 0);
     w->cur = NULL;
     st_relaxed(&w->kwait, 0); /* kq stays: it belongs to the record */
     w->rng = (uint64_t)(uintptr_t)w * 0x9e3779b97f4a7c15u | 1;
@@ -366,6 +365,64 @@ void atap__pool_leave_idle(struct worker *w)
     pthread_mutex_unlock(&atap__pool.lock);
 }
 
+/* A stack set aside may go on, or will when a deadline passes: w looks
+ * at its switch point rather than sleep. */
+static inline bool aside_due(const struct worker *w)
+{
+    return w->naside && atap__pool_aside_pending(w);
+}
+
+/* Sleeps on the park word while it reads IDLE: on the hub's io if the
+ * seat is free and no stack set aside has a deadline to keep, else on the
+ * word, until the earliest such deadline (then READY, as a wake of one
+ * would leave it). */
+static uint32_t idle_sleep(struct worker *w)
+{
+    uint32_t word, idle;
+    uint64_t due, now;
+
+    while ((word = ld_acquire(&w->park)) == PARK_IDLE) {
+        if (!w->timed) {
+            /* Stacks kept from a burst of waits are given back once it
+             * has idled for a while. */
+            uint64_t limit = atap__pool_stacks_spare(w) ? STACKS_IDLE_NS : ATAP__FOREVER;
+            int io = atap__pool_idle_io(w, limit);
+
+            if ((io == IO_NONE && !atap__word_wait(&w->park, PARK_IDLE, limit)) ||
+                io == IO_TIMEOUT)
+                atap__pool_stacks_shrink(w);
+            continue;
+        }
+        due = atap__pool_aside_due(w);
+        if ((now = atap__now_ns()) < due) {
+            atap__word_wait(&w->park, PARK_IDLE, due - now);
+            continue;
+        }
+        idle = PARK_IDLE;
+        cas_seqcst(&w->park, &idle, PARK_READY); /* else a waker's word stands */
+    }
+    return word;
+}
+
+/* Off the idle list after a READY: by itself, unless a waker took it off
+ * first, whose word (NOTIFIED or STOP) then comes and stands. */
+static uint32_t leave_ready(struct worker *w)
+{
+    uint32_t word;
+    bool listed;
+
+    pthread_mutex_lock(&atap__pool.lock);
+    if ((listed = w->in_idle))
+        atap__pool_unlink_from(w->blocking ? &atap__pool.bidle_list : &atap__pool.idle,
+                               w->blocking ? &atap__pool.bidle : &atap__pool.nidle, w);
+    pthread_mutex_unlock(&atap__pool.lock);
+    if (listed)
+        return PARK_RUNNING;
+    while ((word = ld_acquire(&w->park)) == PARK_READY || word == PARK_IDLE)
+        atap__word_wait(&w->park, word, ATAP__FOREVER);
+    return word;
+}
+
 /* Returns false when the worker should exit. */
 static bool park_worker(struct worker *w)
 {
@@ -378,13 +435,13 @@ static bool park_worker(struct worker *w)
     if ((word = join_idle(w, &atap__pool.idle, &atap__pool.nidle)) != PARK_IDLE)
         return word == PARK_RUNNING;
     fence_seqcst(); /* parking protocol: nidle before the last look */
-    if (atap__pool_work_visible(false))
+    if (atap__pool_work_visible(false) || aside_due(w))
         atap__pool_leave_idle(w);
     /* A waker that took us off the list stores NOTIFIED (or STOP) after
      * unlocking, then wakes: the futex compare covers the gap. */
-    while ((word = ld_acquire(&w->park)) == PARK_IDLE)
-        if (atap__pool_idle_io(w) == IO_NONE)
-            atap__word_wait(&w->park, PARK_IDLE, ATAP__FOREVER);
+    word = idle_sleep(w);
+    if (word == PARK_READY)
+        word = leave_ready(w);
     st_relaxed(&w->park, PARK_RUNNING);
     if (word == PARK_STOP) {
         /* Reaped: what it read from io before its stop came left tasks in
@@ -489,6 +546,8 @@ static uint32_t find_work(struct worker *w)
     return steal(w);
 }
 
+unsigned atap__pool_records(void) { return ld_acquire(&atap__pool.nrec); }
+
 /* The record's held[] back to its inline array (its thread is leaving). */
 void atap__pool_held_reset(struct worker *w)
 {
@@ -497,12 +556,6 @@ void atap__pool_held_reset(struct worker *w)
     w->held = w->held_inline;
     w->held_cap = HELD_INLINE;
 }
-
-struct worker *atap__pool_record(unsigned i) { return &atap__pool_workers[i]; }
-
-unsigned atap__pool_records(void) { return ld_acquire(&atap__pool.nrec); }
-
-bool atap__pool_live(struct worker *w) { return ld_acquire(&w->status) == W_LIVE; }
 
 /* ---- submitting -------------------------------------------------------- */
 
@@ -613,25 +666,46 @@ static bool spin_for_work(struct worker *w)
     return false;
 }
 
+/* What every loop does first: go on with a stack set aside whose wait is
+ * over (this one, holding no frame, becomes free, and goes on from here
+ * when it is taken again), then run what the stack was taken for. False:
+ * the thread's loop ends (on its own stack). */
+static inline bool loop_top(struct worker *w)
+{
+    uint32_t first;
+
+    if (unlikely(w->stack != w->base) || (unlikely(w->naside != 0) && atap__pool_aside_pending(w)))
+        atap__pool_switch_point(w);
+    if (unlikely(w->exiting))
+        return false;
+    if (unlikely((first = w->handoff) != 0)) {
+        w->handoff = 0;
+        st_relaxed(&w->busy, true);
+        atap__pool.ops->run(w, first);
+        st_relaxed(&w->busy, false);
+    }
+    return true;
+}
+
 static void worker_loop(struct worker *w)
 {
     uint32_t ref;
 
-    for (;;) {
+    while (loop_top(w)) {
         if (FAULT_WORKER_DIES(false))
-            pthread_exit(NULL); /* an injected death, idle */
+            atap__pool_die(w); /* an injected death, idle */
         if ((ref = find_work(w)) != 0) {
             if (w->searching)
                 leave_search(w);
             st_relaxed(&w->busy, true);
-            atap__pool.ops->run(w, ref, true);
+            atap__pool.ops->run(w, ref);
             st_relaxed(&w->busy, false);
             /* So that readiness is heard while every worker is running. */
             if (unlikely(++w->io_runs >= IO_EVERY_RUNS))
                 atap__pool_busy_io(w);
             continue;
         }
-        if (spin_for_work(w))
+        if (spin_for_work(w) || aside_due(w))
             continue;
         if (!park_worker(w))
             return;
@@ -648,20 +722,32 @@ static void worker_loop(struct worker *w)
 static bool blocker_wait(struct worker *w)
 {
     uint32_t word;
+    uint64_t due, now;
     bool listed;
 
     if ((word = join_idle(w, &atap__pool.bidle_list, &atap__pool.bidle)) != PARK_IDLE)
         return word == PARK_RUNNING;
-    fence_seqcst(); /* lost-wake handshake with submit_blocking */
-    if (atap__inj_empty(&atap__pool.binj))
-        atap__word_wait(&w->park, PARK_IDLE, BLOCKING_IDLE_NS);
+    fence_seqcst(); /* lost-wake handshake with submit_blocking (and a kick) */
+    if (atap__inj_empty(&atap__pool.binj) && !aside_due(w)) {
+        /* With stacks set aside it stays (their waits end here), and
+         * wakes for their deadlines. */
+        due = w->naside ? atap__pool_aside_due(w) : atap__deadline_in(BLOCKING_IDLE_NS);
+        if ((now = atap__now_ns()) < due)
+            atap__word_wait(&w->park, PARK_IDLE, due == ATAP__FOREVER ? due : due - now);
+    }
     pthread_mutex_lock(&atap__pool.lock);
-    if ((listed = w->in_idle)) { /* nobody woke us */
+    if ((listed = w->in_idle)) { /* nobody woke us (or a kick: READY) */
         atap__pool_unlink_from(&atap__pool.bidle_list, &atap__pool.bidle, w);
-        sub_relaxed(&atap__pool.blive, 1);
-        w->uncounted = true;
+        if (w->naside == 0) {
+            sub_relaxed(&atap__pool.blive, 1);
+            w->uncounted = true;
+        }
     }
     pthread_mutex_unlock(&atap__pool.lock);
+    if (listed && w->naside) {
+        st_relaxed(&w->park, PARK_RUNNING);
+        return true;
+    }
     if (listed) {
         bool stay;
 
@@ -679,9 +765,10 @@ static bool blocker_wait(struct worker *w)
         pthread_mutex_unlock(&atap__pool.lock);
         return stay;
     }
-    /* Taken off the list by a waker, whose store comes right after. */
-    while ((word = ld_acquire(&w->park)) == PARK_IDLE)
-        atap__word_wait(&w->park, PARK_IDLE, ATAP__FOREVER);
+    /* Taken off the list by a waker, whose store comes right after (over
+     * a kick's READY). */
+    while ((word = ld_acquire(&w->park)) == PARK_IDLE || word == PARK_READY)
+        atap__word_wait(&w->park, word, ATAP__FOREVER);
     st_relaxed(&w->park, PARK_RUNNING);
     return word != PARK_STOP;
 }
@@ -690,9 +777,9 @@ static void blocker_loop(struct worker *w)
 {
     uint32_t ref;
 
-    for (;;) {
+    while (loop_top(w)) {
         if (FAULT_WORKER_DIES(true))
-            pthread_exit(NULL); /* an injected death, idle */
+            atap__pool_die(w); /* an injected death, idle */
         /* Counted busy before the pop, so a drain never sees a task in
          * neither the queue nor the busy count (quiescent). */
         add_seqcst(&atap__pool.bbusy, 1);
@@ -703,7 +790,7 @@ static void blocker_loop(struct worker *w)
              * thread, since this one is about to be busy. */
             if (!atap__inj_empty(&atap__pool.binj))
                 atap__pool_wake_blocker();
-            atap__pool.ops->run(w, ref, true);
+            atap__pool.ops->run(w, ref);
             st_relaxed(&w->busy, false);
             /* What the run queued may have woken nobody (every blocking
              * thread busy): the epoch tells a drain that read the queues
@@ -719,18 +806,12 @@ static void blocker_loop(struct worker *w)
     }
 }
 
-/* The lowest address a run may start nested at on this thread's stack:
- * its low end plus a reserve for the run itself (an eighth of the stack,
- * 64 KiB to 1 MiB). glibc says where the stack lies; elsewhere it is taken
+/* Where this thread's own stack lies: glibc says; elsewhere it is taken
  * to end `size` below here (the thread's first frame). */
-#define STACK_RESERVE_MIN ((size_t)64 << 10)
-#define STACK_RESERVE_MAX ((size_t)1 << 20)
-
-static uintptr_t stack_floor_here(size_t size)
+static __attribute__((noinline)) void stack_here(size_t size, char **lo_out, size_t *size_out)
 {
     char here;
     uintptr_t top = (uintptr_t)&here, lo = 0;
-    size_t reserve;
 #if defined(__GLIBC__)
     pthread_attr_t attr;
     void *addr;
@@ -744,21 +825,30 @@ static uintptr_t stack_floor_here(size_t size)
         pthread_attr_destroy(&attr);
     }
 #endif
-    if (lo == 0)
+    if (lo == 0) {
         lo = top > size ? top - size : 0;
-    reserve = size / 8;
-    reserve = reserve < STACK_RESERVE_MIN ? STACK_RESERVE_MIN
-              : reserve > STACK_RESERVE_MAX ? STACK_RESERVE_MAX
-                                           : reserve;
-    return lo + reserve;
+        size = top - lo;
+    }
+    *lo_out = (char *)lo;
+    *size_out = size;
+}
+
+void atap__pool_loop(struct worker *w)
+{
+    if (w->blocking)
+        blocker_loop(w);
+    else
+        worker_loop(w);
 }
 
 static void *thread_main(void *arg)
 {
     struct worker *w = arg;
+    char *lo;
+    size_t size;
 
     atap__self = w;
-    w->stack_floor = stack_floor_here(atap__pool.stack);
+    stack_here(atap__pool.stack, &lo, &size);
 #if defined(__linux__)
     st_relaxed(&w->tid, (int)syscall(SYS_gettid));
 #endif
@@ -771,11 +861,12 @@ static void *thread_main(void *arg)
     atap__trace_lane_no = w->index + 1;
     ATAP_TRACE(TR_THREAD, 0, NULL, w->blocking);
     pthread_cleanup_push(atap__pool_thread_died, w);
-    if (w->blocking)
-        blocker_loop(w);
-    else
-        worker_loop(w);
+    /* With no record for its own stack (no memory), the thread runs on
+     * it alone: its waits then hold it (read.c). */
+    (void)atap__pool_stacks_begin(w, lo, size);
+    atap__pool_loop(w);
     pthread_cleanup_pop(0);
+    atap__pool_stacks_end(w);
     atap__pool_held_reset(w);
     atap__self = NULL; /* as in thread_died */
     pthread_mutex_lock(&atap__pool.lock);

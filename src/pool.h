@@ -20,9 +20,10 @@
 
 #define LIFO_STREAK 3
 #define POOL_MAX_THREADS 1024 /* records for workers, and again for blocking threads */
-#define PUB_DEPTH 128         /* runs published at once on a worker's stack (leapfrog) */
 
 #define HELD_INLINE 64         /* runs on a stack recorded without the heap */
+
+struct stack;
 
 /* Lines written by the owner on every task are kept apart from the lines
  * other threads scan (status, ring indices), so an idle thread looking for
@@ -35,6 +36,9 @@ struct worker {
     _Atomic bool in_io;                 /* idle, waiting on the hub's io (pool_io.c) */
     pthread_t thread;
     _Atomic int tid;                /* the kernel's id of its thread (Linux) */
+    /* Stacks set aside whose wait is over, pushed by whoever ended it
+     * (pool_aside.c); only the owner takes them. */
+    _Atomic(struct stack *) woken;
     _Alignas(64) _Atomic bool busy; /* inside a task (owner-written, read by stats) */
     _Atomic uint64_t completed;
     bool blocking;             /* a blocking thread, not a worker */
@@ -43,19 +47,17 @@ struct worker {
     bool uncounted;            /* already left the live count (idle stop) */
     struct worker *idle_next;  /* idle list link (pool lock) */
     uint64_t idle_since;       /* when it joined the idle list (pool lock) */
-    _Atomic bool blocked;      /* counted in the pool's blocked count
-                                  (owner-written, read by the tick) */
-    uint64_t blocked_at;       /* when it last counted itself blocked */
     unsigned lifo_streak;
     unsigned io_runs;          /* runs since it last thought of io (pool_io.c) */
-    /* The tasks this thread is inside, outermost first (held[0..depth)):
-     * every run on its stack, nested by waits. Off the stack, so that a
-     * dying thread's cleanup can read them after its stack unwound. */
+    /* The tasks the running stack is inside, outermost first
+     * (held[0..depth)): every run on it, nested by waits. Off the stack, so
+     * that a dying thread's cleanup can read them after its stack unwound.
+     * Each stack of the thread has its own (pool_aside.c swaps them). */
     unsigned depth, held_cap;
     uint32_t *held;            /* held_inline, or a larger heap array */
     uint32_t held_inline[HELD_INLINE];
     uintptr_t stack_floor;     /* no run starts nested below this address */
-    uint32_t fseq;             /* runs published so far */
+    uintptr_t stack_low;       /* the lowest a nested run started at on it */
     unsigned index;            /* its place among the workers (or blocking threads) */
     uint64_t rng;
     struct inj_cursor cursor;
@@ -65,39 +67,16 @@ struct worker {
                                        first use, kept with the record */
     _Atomic uint64_t kwait;         /* gen << 32 | index of the task in a
                                        kernel wait on kq, or 0 */
-    /* The runs a waiter may leapfrog into (help.c), outermost first: the
-     * k-th published run on the stack's seq << 32 | ref, the ring's bottom
-     * when it started, and its depth (its index in held[]). Not every run
-     * publishes: one a waiter took as the task it waits for from its own
-     * queues has nobody else waiting for it, so a deep chain of a thread's
-     * own joins uses no entry, and runs stolen at any depth can be found. */
-    unsigned npub;
-    _Alignas(64) _Atomic uint64_t pub[PUB_DEPTH];
-    _Atomic int64_t pubmark[PUB_DEPTH];
-    _Atomic uint32_t pubdepth[PUB_DEPTH];
-    /* The innermost wait under way on its stack (read.c): gen << 32 | ref
-     * of the task it waits for, or 0; and the runs on the stack then (the
-     * waiting one is held[awaiting_at - 1]; 0 outside any run). */
-    _Atomic uint64_t awaiting;
-    _Atomic uint32_t awaiting_at;
+    /* Its stacks (pool_aside.c; the owner's alone): the one running, its
+     * own thread's, those free to take work, those set aside whose wait is
+     * over in the order to resume them, and those set aside with a
+     * deadline. naside counts the stacks set aside, nfree the free ones. */
+    struct stack *stack, *base, *free, *ready, *ready_tail, *timed;
+    unsigned naside, nfree;
+    uint32_t handoff;          /* a task the next stack taken runs first */
+    struct stack *dead;        /* a stack to unmap once off it */
+    bool exiting;              /* its loop ends on its own stack */
 };
-
-/* A pool thread's wait for the task gen << 32 | ref starts (the innermost
- * run waits); it returns *saved to atap__pool_wait_end. */
-static inline void atap__pool_wait_begin(struct worker *w, uint64_t task, uint64_t saved[2])
-{
-    saved[0] = atomic_load_explicit(&w->awaiting, memory_order_relaxed);
-    saved[1] = atomic_load_explicit(&w->awaiting_at, memory_order_relaxed);
-    atomic_store_explicit(&w->awaiting_at, w->depth, memory_order_relaxed);
-    /* Release: who reads the task reads its depth (or a later one). */
-    atomic_store_explicit(&w->awaiting, task, memory_order_release);
-}
-
-static inline void atap__pool_wait_end(struct worker *w, const uint64_t saved[2])
-{
-    atomic_store_explicit(&w->awaiting_at, (uint32_t)saved[1], memory_order_relaxed);
-    atomic_store_explicit(&w->awaiting, saved[0], memory_order_release);
-}
 
 /* The thread is inside the task ref (slot index + 1): running it, or a run
  * lower on its stack. A wait for such a task could only end once the wait
@@ -111,28 +90,16 @@ static inline bool atap__pool_inside(const struct worker *w, uint32_t ref)
 }
 
 /* A run of ref starts on w's stack (executor.c), and ends. held[] has room:
- * a run nests only through atap__pool_help_pick or atap__pool_help_own,
- * which make sure. */
+ * a run nests only where atap__pool_room said so. */
 static inline void atap__pool_frame_push(struct worker *w, uint32_t ref)
 {
     w->held[w->depth++] = ref;
 }
 
-static inline void atap__pool_frame_pop(struct worker *w, bool published)
+static inline void atap__pool_frame_pop(struct worker *w)
 {
-    /* Unpublished before anything the lower runs push (release stores):
-     * a leapfrogger that takes such an entry sees this (help.c). */
-    if (published)
-        atomic_store_explicit(&w->pub[--w->npub], 0, memory_order_relaxed);
     w->depth--;
 }
-
-struct atap_slot;
-/* Publishes the innermost run, of the plain task in slot s just claimed,
- * so that a thread waiting for it can find what it spawns; hint: its slot's
- * link is free to say where (claimed from a queue, not aside). True if
- * published (atap__pool_frame_pop unpublishes it). */
-bool atap__pool_publish(struct worker *w, struct atap_slot *s, bool hint);
 
 /* A canceller or a timeout stopped the task gen << 32 | index: a thread in
  * a kernel wait for it is woken (its kq). */
@@ -150,17 +117,8 @@ extern _Thread_local struct worker *atap__self;
  * and the pool never names it. ref is a slot index + 1.
  */
 struct atap__pool_ops {
-    /* Runs the queued task ref (its queue entry carried RUN); publish: a
-     * waiter on another thread may look for it (atap__pool_publish). */
-    void (*run)(struct worker *w, uint32_t ref, bool publish);
-    /* A waiter claims the queued task ref of generation gen out of its
-     * queue place (help.c); run_claimed then runs it. */
-    bool (*claim)(struct atap_slot *s, uint32_t ref, uint32_t gen);
-    void (*run_claimed)(struct worker *w, uint32_t ref);
-    /* A hold on a task that may be going, and its release (help.c keeps
-     * a task it leapfrogs into). */
-    bool (*try_hold)(struct atap_slot *s, uint32_t gen);
-    void (*release_hold)(struct atap_slot *s, uint32_t index, uint32_t gen);
+    /* Runs the queued task ref (its queue entry carried RUN). */
+    void (*run)(struct worker *w, uint32_t ref);
     /* The thread running ref is dying (pool_recover.c). */
     void (*fail_held)(uint32_t ref);
 };
@@ -192,23 +150,8 @@ void atap__pool_stop(void);
  * the parent's threads' fds closed, nothing freed (pool_life.c). */
 void atap__pool_forget(void);
 
-/* A worker waiting inside a task with nothing it may run counts as
- * blocked, and the pool lends its core: it wakes an idle worker, or starts
- * one (up to the ceiling) when none has been left unblocked for a while;
- * the tick counts it as stuck. */
-void atap__pool_blocked(struct worker *w, bool blocked);
-
-/* A blocked waiter whose task is still queued asks: is every worker the
- * pool may have waiting, so that nothing can run that task? True for one
- * waiter at a time (it then gives up with ATAP_ELIMIT), counted as a stall. */
-bool atap__pool_stalled(struct worker *w);
-
-/* For help.c: the worker records (records in use, the i-th, whether one
- * has a live thread), and a worker's push into its own ring. */
+/* The worker records in use (each may keep a poller: the soak counts). */
 unsigned atap__pool_records(void);
-struct worker *atap__pool_record(unsigned i);
-bool atap__pool_live(struct worker *w);
-void atap__pool_push_ring(struct worker *w, uint32_t ref);
 
 /* Queues worker tasks (not blocking ones) from outside the pool, each in
  * its priority band, with one wake check for them all. */
@@ -232,32 +175,57 @@ static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int pr
         atap__pool_submit(ref, priority, blocking);
 }
 
-/* A pool thread waiting for the task ref (generation gen, slot s) picks
- * one piece of work that task needs, if there is one and its stack has
- * room: the task itself while it is queued, work it spawned, what it waits
- * for (help.c). Returns its ref, or 0 for none; *how says where it came
- * from. The caller owns its run, and runs it with atap__pool_help_run once
- * it no longer shows itself waiting. *runner (runner may be NULL): the
- * worker found running the task (or what it waits for), whose queues the
- * look searched, else NULL. */
-enum help_how {
-    HELP_OWN,     /* the awaited task, from this worker's own queues */
-    HELP_TAKEN,   /* from another's queue: others may wait for it too */
-    HELP_CLAIMED, /* claimed aside where it sat */
-};
-uint32_t atap__pool_help_pick(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen,
-                              enum help_how *how, struct worker **runner);
-void atap__pool_help_run(struct worker *w, uint32_t x, enum help_how how);
-/* The quick case of a pick: ref itself, in w's LIFO slot or as its
- * ring's newest entry (a join of a task this worker spawned), taken if
- * there is room to run it; 0 otherwise. Its run is the caller's, a run
- * of HELP_OWN. */
-uint32_t atap__pool_help_own(struct worker *w, uint32_t ref);
-/* A waiter that goes on looking rather than block (read.c): what w's own
- * queues hold is out of its reach meanwhile, so an idle worker is woken
- * for it if there is any (atap__pool_blocked does the same for a waiter
- * that blocks). */
-void atap__pool_offer_own(struct worker *w);
+/*
+ * Waits inside tasks (help.c, pool_aside.c). A pool thread waiting for a
+ * task runs on top of its waiting frame only that task, taken from its own
+ * queues while its stack has room; else it sets the stack aside and goes on
+ * with any work on another stack, and the stack set aside resumes on the
+ * same thread once its wait is over (pool_aside.c says how).
+ */
+
+/* The awaited task ref, if it sits in w's LIFO slot or among its ring's
+ * newest entries (a join of a task this worker spawned): taken, its run
+ * the caller's; else 0. */
+uint32_t atap__pool_take_own(struct worker *w, uint32_t ref);
+/* Room on the running stack for one more run nested on it. */
+bool atap__pool_room(struct worker *w);
+/* take_own where there is room: a run of it can go on top now. */
+static inline uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
+{
+    return atap__pool_room(w) ? atap__pool_take_own(w, ref) : 0;
+}
+
+/*
+ * Sets the running stack aside until atap__pool_wake_key(key) or the
+ * deadline (ATAP__FOREVER: none), and runs another: a stack whose own wait
+ * is over, else a free one, which first runs `first` (a task whose run the
+ * caller owns; 0 for none) and then looks for work. still(arg) is called
+ * once the stack is listed under key, with the key's lock held: it says
+ * whether the wait is still on (and makes sure that whatever ends it from
+ * now on calls atap__pool_wake_key). Returns ASIDE_WOKEN once resumed
+ * (woken, the deadline passed, or woken for nothing: the caller looks
+ * again), ASIDE_GONE if still() said no (nothing was set aside, first not
+ * taken), ASIDE_NO if no stack could be had to go on with (first not
+ * taken: the caller waits some other way).
+ */
+enum { ASIDE_NO, ASIDE_GONE, ASIDE_WOKEN };
+int atap__pool_aside(struct worker *w, const void *key, bool (*still)(void *arg), void *arg,
+                     uint64_t deadline, uint32_t first);
+/* An injected death (faults.h): the thread exits through pthread_exit,
+ * from whichever of its stacks runs (pool_aside.c). */
+_Noreturn void atap__pool_die(struct worker *w);
+/* Ends the wait of every stack set aside under key (pool_aside.c). */
+void atap__pool_wake_key(const void *key);
+extern _Atomic unsigned atap__pool_keyed; /* stacks listed under a key */
+/* The same, when a stack may be listed under key: the check costs one
+ * relaxed load. The caller's own RMW read what a waiter's still() wrote
+ * (a CAS on the same word), which came after its listing: so a waiter
+ * listed is counted here. */
+static inline void atap__pool_wake_listed(const void *key)
+{
+    if (atomic_load_explicit(&atap__pool_keyed, memory_order_relaxed) != 0)
+        atap__pool_wake_key(key);
+}
 
 struct atap_pool_stats;
 void atap__pool_stats(struct atap_pool_stats *st);

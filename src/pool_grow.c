@@ -1,29 +1,24 @@
 /*
  * How many threads the pool runs: one more worker when every worker is
- * stuck, a blocked waiter's core lent, a stall declared, the idle worker
- * that idled longest reaped, zombie threads joined. A waiter blocked in a
- * wait (atap__pool_blocked, atap__pool_stalled) and the manager's tick
- * (atap__pool_tick) come here; pool.c starts and wakes the threads.
+ * stuck, the idle worker that idled longest reaped, zombie threads joined.
+ * The manager's tick (atap__pool_tick) comes here; pool.c starts and wakes
+ * the threads.
  *
- * Waits inside tasks (help.c picks what a waiting thread may run): a
- * waiting thread runs only work the awaited task needs, nested on its
- * stack while the stack has room; else it blocks, counted in nblocked, and
- * its core is lent: an idle worker is woken, or one more started when no
- * worker is left unblocked and all sleep, else by the tick, which counts a
- * blocked worker asleep as stuck. Every worker the pool may have blocked
- * with the awaited task still queued is a stall (atap__pool_stalled): one
- * waiter at a time gives up with ATAP_ELIMIT.
+ * Waits inside tasks take no thread: a wait sets its stack aside
+ * (pool_aside.c) and its worker goes on working, so the pool never grows
+ * for waits, only for workers stuck in a call of their own.
  *
  * Growth and reaping (the manager's tick, atap__pool_tick; the supervisor's
  * once the manager is gone for good, manager.c): one more worker when
- * every worker is stuck (blocked in a wait, or inside a task with nothing
- * finished for a tick and off the CPU: sleeping in a call of its own, not
- * merely waiting for a CPU on a busy machine) and work waits, up to the
+ * every worker is stuck (inside a task with nothing finished for a tick
+ * and off the CPU: sleeping in a call of its own, not merely waiting for a
+ * CPU on a busy machine) and work waits, up to the
  * target, past it only under overload, never past the ceiling (the memory
  * and the process's thread limit: thread_ceiling); the idle worker that
  * idled longest goes after 500 ms (50 ms above the target), never below
- * the floor. Blocking threads stop on their
- * own after 500 ms idle, with no floor, and number at most the cap. The
+ * the floor, nor one with stacks set aside (their waits end on it).
+ * Blocking threads stop on their own after 500 ms idle (but with stacks
+ * set aside), with no floor, and number at most the cap. The
  * floor (the workers started at init), the target and the cap come from
  * atap_config or the environment (runtime.c), else from the CPUs the
  * process may run on (cpus.c), never the machine's core count. The live counts (nlive, blive) are
@@ -47,7 +42,7 @@
 #include "trace.h"
 #include "wait.h"
 
-/* ---- one more worker, lending a blocked waiter's core, stalls ---------- */
+/* ---- one more worker ----------------------------------------------------- */
 
 /* Starts one more worker, up to the ceiling; false if none was started
  * for want of a thread (the ceiling, or a refused start). */
@@ -65,93 +60,6 @@ static bool add_worker(void)
     }
     pthread_mutex_unlock(&atap__pool.lock);
     return ok;
-}
-
-/* Workers not blocked in a wait: running, searching or idle. */
-static unsigned unblocked_workers(void)
-{
-    unsigned live = ld_seqcst(&atap__pool.nlive), blocked = ld_seqcst(&atap__pool.nblocked);
-
-    return live > blocked ? live - blocked : 0;
-}
-
-#define LEND_GRACE_NS 1000000u /* blocked this long before a worker is added */
-
-static bool asleep(struct worker *w);
-
-/* Every other live worker blocked is asleep, too: one whose wait has just
- * ended may still be waiting for a CPU on a busy machine, and runs on. */
-static bool others_asleep(struct worker *w)
-{
-    unsigned n = ld_acquire(&atap__pool.nrec);
-
-    for (unsigned i = 0; i < n; i++) {
-        struct worker *v = &atap__pool_workers[i];
-
-        if (v != w && ld_acquire(&v->status) == W_LIVE && !asleep(v))
-            return false;
-    }
-    return true;
-}
-
-void atap__pool_blocked(struct worker *w, bool blocked)
-{
-    if (blocked && !ld_relaxed(&w->blocked)) {
-        st_relaxed(&w->blocked, true);
-        add_seqcst(&atap__pool.nblocked, 1);
-        w->blocked_at = atap__now_ns();
-    } else if (!blocked && ld_relaxed(&w->blocked)) {
-        st_relaxed(&w->blocked, false);
-        sub_seqcst(&atap__pool.nblocked, 1);
-        return;
-    }
-    if (!blocked)
-        return;
-    /* Looked at on every slice of a blocked wait: the core it leaves is
-     * lent. What waits may sit in this worker's own queues, out of its
-     * reach now: an idle worker can steal it (a LIFO slot woke nobody when
-     * it was filled). With none idle, one more worker is started when no
-     * worker is left unblocked (nothing else would ever run the work),
-     * once this one has been blocked for LEND_GRACE_NS: in a tree of joins
-     * every worker is often blocked for a moment, each waiting for a run
-     * the other has just ended or is about to, and a worker started then
-     * only crowds the cores; nor while another blocked one is not asleep
-     * (woken, it waits for a CPU). While one still runs, the tick lends the
-     * core as it does for stuck workers (a blocked one asleep counts as
-     * stuck: all_stuck). More threads than cores, all running, only slow
-     * a tree of joins down. */
-    if (!atap__pool_work_visible(true))
-        return;
-    if (ld_relaxed(&atap__pool.nidle) > 0) {
-        /* Counted a searcher before it wakes, as notify does: woken first,
-         * it could leave the search before it was counted in. */
-        add_seqcst(&atap__pool.nsearching, 1);
-        if (!atap__pool_wake_idle())
-            sub_seqcst(&atap__pool.nsearching, 1);
-    } else if (unblocked_workers() == 0 && atap__now_ns() - w->blocked_at >= LEND_GRACE_NS &&
-               ld_relaxed(&atap__pool.nlive) < atap__pool.ceiling && others_asleep(w)) {
-        /* (The ceiling first: at it, every blocked worker would read every
-         * other's state on each slice for nothing.) */
-        add_worker();
-    }
-}
-
-#define STALL_GAP_NS 20000000u /* a stall is declared at most this often */
-
-bool atap__pool_stalled(struct worker *w)
-{
-    uint64_t now, last;
-
-    if (!ld_relaxed(&w->blocked) || unblocked_workers() > 0 || !atap__pool_work_visible(true))
-        return false;
-    if (ld_relaxed(&atap__pool.nlive) < atap__pool.ceiling && !ld_relaxed(&atap__pool.refused))
-        return false; /* a worker may still be added */
-    now = atap__now_ns();
-    last = ld_relaxed(&atap__pool.stall_at);
-    if (now - last < STALL_GAP_NS || !cas_acqrel(&atap__pool.stall_at, &last, now))
-        return false;
-    add_relaxed(&atap__pool.stalls, 1);
-    return true;
 }
 
 /* ---- the tick: growth and reaping -------------------------------------- */
@@ -221,34 +129,31 @@ static bool off_cpu(struct worker *w, unsigned i)
 #endif
 }
 
-/* Every live worker stuck in a task: blocked in a wait inside it and
- * asleep (one whose wait has just ended may not have had a CPU yet), or
- * inside one with nothing finished since the last tick and off the CPU;
- * the live ones counted in *live. The cheap half of each test first, for
- * every worker: the kernel is asked about their states only when every
- * one of them passes it, and only until one fails. */
+/* Every live worker stuck in a task: inside one with nothing finished
+ * since the last tick and off the CPU; the live ones counted in *live. The
+ * cheap half of the test first, for every worker: the kernel is asked
+ * about their states only when every one of them passes it, and only
+ * until one fails. */
 static bool all_stuck(unsigned *live)
 {
     unsigned n = ld_acquire(&atap__pool.nrec);
-    bool maybe = true, blocked[POOL_MAX_THREADS];
+    bool maybe = true;
 
     *live = 0;
     for (unsigned i = 0; i < n; i++) {
         struct worker *w = &atap__pool_workers[i];
         uint64_t done = ld_relaxed(&w->completed);
 
-        blocked[i] = false;
         if (ld_acquire(&w->status) != W_LIVE)
             continue;
         (*live)++;
-        blocked[i] = ld_relaxed(&w->blocked);
-        if (!blocked[i] && !(ld_relaxed(&w->busy) && done == atap__pool.last_done[i]))
+        if (!(ld_relaxed(&w->busy) && done == atap__pool.last_done[i]))
             maybe = false;
         atap__pool.last_done[i] = done;
     }
     for (unsigned i = 0; maybe && i < n; i++)
         if (ld_acquire(&atap__pool_workers[i].status) == W_LIVE &&
-            !(blocked[i] ? asleep(&atap__pool_workers[i]) : off_cpu(&atap__pool_workers[i], i)))
+            !off_cpu(&atap__pool_workers[i], i))
             maybe = false;
     return maybe && *live > 0;
 }
@@ -268,8 +173,10 @@ static void reap(uint64_t now, unsigned live)
         pthread_mutex_unlock(&atap__pool.lock);
         return;
     }
+    /* One with stacks set aside stays: their waits end on it. Written by
+     * the worker before it listed itself, under this lock. */
     for (w = atap__pool.idle; w; w = w->idle_next)
-        if (!oldest || w->idle_since < oldest->idle_since)
+        if (w->naside == 0 && (!oldest || w->idle_since < oldest->idle_since))
             oldest = w;
     /* idle_since can be later than `now`, read before the lock. */
     if (oldest && now > oldest->idle_since && now - oldest->idle_since >= limit &&
@@ -296,8 +203,8 @@ unsigned atap__pool_keep_going(void)
     if (ld_relaxed(&atap__pool.nidle) > 0 && ld_relaxed(&atap__pool.nsearching) == 0 &&
         atap__pool_work_visible(true))
         atap__pool_notify();
-    /* Every worker stuck (blocked in a wait, or a task holding it in a
-     * call of its own) at two ticks in a row, and work waiting: one more,
+    /* Every worker stuck (a task holding it in a call of its own) at two
+     * ticks in a row, and work waiting: one more,
      * up to the target; past it only under overload. Two, because one
      * look reads the workers one after the other: in a tree of joins one
      * may wake just after it was read asleep, and the other fall asleep

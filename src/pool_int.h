@@ -36,6 +36,8 @@
 #define PARK_IDLE 1u
 #define PARK_NOTIFIED 2u
 #define PARK_STOP 3u
+#define PARK_READY 4u /* still listed idle, but a stack of its own may go on
+                         (pool_aside.c): it takes itself off the list */
 
 /* The pool's state (pool.c defines it, as atap__pool). */
 struct pool {
@@ -45,11 +47,12 @@ struct pool {
     struct injector binj; /* for blocking threads */
     pthread_mutex_t lock; /* idle list, starting and joining threads */
     struct worker *idle;
-    _Atomic unsigned nrec, nlive, nidle, nsearching, peak, nblocked;
+    _Atomic unsigned nrec, nlive, nidle, nsearching, peak;
+    /* Stacks set aside now (a drain waits for them), their peak, and the
+     * stacks mapped (pool_aside.c). */
+    _Atomic unsigned naside, peak_aside, nstacks;
     unsigned floor, target, ceiling; /* fewest, usual most, and most workers */
     _Atomic bool refused;   /* the last worker start was refused */
-    _Atomic uint64_t stall_at; /* when a waiter last got ATAP_ELIMIT */
-    _Atomic uint64_t stalls;
     uint64_t last_done[POOL_MAX_THREADS]; /* manager: completed at the last tick */
 #if !defined(__linux__)
     uint64_t last_cpu[POOL_MAX_THREADS]; /* manager: CPU time at the last look */
@@ -76,6 +79,8 @@ extern struct worker atap__pool_blockers[POOL_MAX_THREADS];
 
 /* pool.c. Starts a thread in a FREE or DEAD record (pool lock held): 0 or -errno. */
 int atap__pool_start_thread(bool blocking, struct worker *self);
+/* pool.c. The owner's push into its own ring (a full one moves half out). */
+void atap__pool_push_ring(struct worker *w, uint32_t ref);
 /* pool.c. Queues refs in the shared queue q, each in its own band. */
 void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n);
 /* pool.c. Work in the shared queue or a ring; with_lifo: in a LIFO slot too. */
@@ -101,9 +106,10 @@ void atap__pool_evacuate(struct worker *w);
  * another thread holds the seat (marked wanted now), or io failed: sleep
  * on the park word. IO_WOKEN: a wake: read the word again. IO_READ:
  * reports handed out, and the worker off the idle list (unless a waker
- * took it off first, whose word then stands): go and find work. */
-enum { IO_NONE, IO_WOKEN, IO_READ };
-int atap__pool_idle_io(struct worker *w);
+ * took it off first, whose word then stands): go and find work.
+ * IO_TIMEOUT: timeout_ns passed with nothing read. */
+enum { IO_NONE, IO_WOKEN, IO_READ, IO_TIMEOUT };
+int atap__pool_idle_io(struct worker *w, uint64_t timeout_ns);
 /* pool_io.c. A busy worker, every IO_EVERY_RUNS runs (w->io_runs): a look
  * at io, so that readiness is heard while every worker is running. */
 #define IO_EVERY_RUNS 61
@@ -112,6 +118,32 @@ void atap__pool_busy_io(struct worker *w);
 void atap__pool_wake_blocker(void);
 /* pool.c. The record's held[] back to its inline array (its thread is leaving). */
 void atap__pool_held_reset(struct worker *w);
+/* pool.c. The thread's loop, worker's or blocking thread's, on whichever
+ * stack runs it; returns when the thread is to end. */
+void atap__pool_loop(struct worker *w);
+
+/* pool_aside.c. The thread's stacks: its own adopted at its start (lo,
+ * size: the stack's bounds), every mapped one unmapped at its end. */
+int atap__pool_stacks_begin(struct worker *w, char *lo, size_t size);
+void atap__pool_stacks_end(struct worker *w);
+/* pool_aside.c. A stack set aside may go on (woken, or its deadline
+ * passed): the owner's switch point (at its loop's top) goes on with it,
+ * the running stack becoming free. */
+bool atap__pool_aside_pending(const struct worker *w);
+void atap__pool_switch_point(struct worker *w);
+/* pool_aside.c. More free stacks kept than an idle thread keeps, and
+ * those unmapped (the thread idle for a while, none set aside). */
+bool atap__pool_stacks_spare(const struct worker *w);
+void atap__pool_stacks_shrink(struct worker *w);
+/* pool_aside.c. The earliest deadline of w's stacks set aside, or
+ * ATAP__FOREVER. */
+uint64_t atap__pool_aside_due(const struct worker *w);
+/* pool_aside.c. A dying thread's stacks (pool_recover.c: the count of
+ * those set aside, each inside a run), and those of threads that died,
+ * unmapped once every thread is joined (the stop). */
+unsigned atap__pool_stacks_died(struct worker *w, void (*fail)(uint32_t ref));
+void atap__pool_stacks_reclaim(void);
+
 /* pool_grow.c. What keeps work moving, every tick and in a drain: the live worker count. */
 unsigned atap__pool_keep_going(void);
 /* pool_recover.c. thread_main's cleanup handler: its thread dies under a task. */

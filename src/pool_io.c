@@ -82,10 +82,11 @@ void atap__pool_busy_io(struct worker *w)
     atap__pool_io_look(IO_GAP_NS, atap__pool.io_event);
 }
 
-int atap__pool_idle_io(struct worker *w)
+int atap__pool_idle_io(struct worker *w, uint64_t timeout_ns)
 {
     struct atap_poller_event ev[IO_BATCH];
     struct atap_poller *io;
+    uint64_t from;
     bool wanted;
     int n = 0;
 
@@ -98,8 +99,9 @@ int atap__pool_idle_io(struct worker *w)
      * either this look sees the waker's word or the waker sees in_io and
      * wakes io (a wake before the wait makes it return). */
     st_seqcst(&w->in_io, true);
+    from = timeout_ns == ATAP__FOREVER ? 0 : atap__now_ns();
     if (ld_seqcst(&w->park) == PARK_IDLE)
-        n = atap__poller_wait(io, ev, IO_BATCH, ATAP__POLLER_FOREVER);
+        n = atap__poller_wait(io, ev, IO_BATCH, timeout_ns);
     /* Relaxed: a waker that still reads true only wakes io for nothing;
      * this worker reads its word again before it sleeps anywhere. */
     st_relaxed(&w->in_io, false);
@@ -109,5 +111,7 @@ int atap__pool_idle_io(struct worker *w)
     if (n > 0)
         atap__pool_leave_idle(w);
     io_hand_out(ev, n > 0 ? n : 0, wanted, atap__pool.io_event);
+    if (n == 0 && from && atap__now_ns() - from >= timeout_ns)
+        return IO_TIMEOUT;
     return n > 0 ? IO_READ : n < 0 ? IO_NONE : IO_WOKEN;
 }

@@ -71,6 +71,7 @@ int atap__pool_start(const struct atap__pool_conf *conf)
     atap__pool.target = target < floor ? floor : at_most(target, atap__pool.ceiling);
     atap__pool.ticks = 0;
     st_relaxed(&atap__pool.peak, 0); /* peaks are per run of the runtime */
+    st_relaxed(&atap__pool.peak_aside, 0);
     atap__pool.stack = stack;
     st_relaxed(&atap__pool.nsearching, 0);
     st_seqcst(&atap__pool.stopping, false);
@@ -100,7 +101,11 @@ static bool quiescent(void)
                  !atap__pool_work_visible(true) && atap__inj_empty(&atap__pool.binj);
 
     fence_seqcst();
-    return quiet && ld_seqcst(&atap__pool.bbusy) == 0 && ld_seqcst(&atap__pool.epoch) == epoch;
+    /* A stack set aside holds a run under way: its worker may sit idle
+     * meanwhile. Counted before the stack's worker could go idle, and
+     * counted out after its run went on. */
+    return quiet && ld_seqcst(&atap__pool.bbusy) == 0 && ld_seqcst(&atap__pool.naside) == 0 &&
+           ld_seqcst(&atap__pool.epoch) == epoch;
 }
 
 static void join_all(struct worker *recs, _Atomic unsigned *nrec)
@@ -136,6 +141,7 @@ void atap__pool_stop(void)
     /* every thread is told to stop: none races this */
     for (; atap__pool.nzombies > 0; atap__pool.nzombies--)
         pthread_join(atap__pool.zombies[atap__pool.nzombies - 1], NULL);
+    atap__pool_stacks_reclaim(); /* every thread that died is gone */
 }
 
 /* ---- stats ------------------------------------------------------------- */
@@ -190,9 +196,10 @@ void atap__pool_stats(struct atap_pool_stats *st)
     st->peak_workers = ld_relaxed(&atap__pool.peak);
     st->deaths = ld_acquire(&atap__pool.deaths);
     st->completed = done;
-    st->waiting = ld_relaxed(&atap__pool.nblocked);
+    st->aside = ld_relaxed(&atap__pool.naside);
     st->ceiling = atap__pool.ceiling;
-    st->stalls = ld_relaxed(&atap__pool.stalls);
+    st->peak_aside = ld_relaxed(&atap__pool.peak_aside);
+    st->stacks = ld_relaxed(&atap__pool.nstacks);
 }
 
 /* ---- after fork() ---------------------------------------------------------- */

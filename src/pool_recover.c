@@ -6,7 +6,7 @@
  *
  * Thread death: a task that calls pthread_exit unwinds its thread through
  * the cleanup handler pushed in thread_main. It fails every task the thread
- * was inside (held[], outermost first, including runs nested by helping),
+ * was inside (held[] of each of its stacks, innermost first),
  * each as a failed run ends (a series with its run, an at-rate run telling
  * its series), moves the thread's queued tasks to the shared queue, starts a
  * replacement, and marks the record DEAD last, so that whoever joins a DEAD
@@ -36,29 +36,28 @@ void atap__pool_evacuate(struct worker *w)
 void atap__pool_thread_died(void *arg)
 {
     struct worker *w = arg;
+    unsigned aside;
 
-    /* It waits no more, and no run of it is on a stack: nothing of its
-     * record may lead a waiter anywhere (the record is reused). Every run
-     * unpublished first, then each failed, innermost first. */
-    st_release(&w->awaiting, 0);
-    while (w->npub > 0)
-        st_relaxed(&w->pub[--w->npub], 0);
+    /* Every run on the stack it dies on fails, innermost first; then
+     * those of its stacks set aside (which no wait's end reaches after). */
     while (w->depth > 0) {
         w->depth--;
         atap__pool.ops->fail_held(w->held[w->depth]);
     }
+    pthread_mutex_lock(&atap__pool.lock); /* the graveyard's */
+    aside = atap__pool_stacks_died(w, atap__pool.ops->fail_held);
+    pthread_mutex_unlock(&atap__pool.lock);
     atap__pool_held_reset(w);
-    if (ld_relaxed(&w->busy) && w->blocking) {
-        /* As a run's end does (blocker_loop): a drain that read the
-         * blocking queue before what this run queued sees the epoch move. */
+    if (w->blocking && (aside || ld_relaxed(&w->busy))) {
+        /* As a run's end does (blocker_loop), for each run it was inside:
+         * a drain that read the blocking queue before what the runs
+         * queued sees the epoch move. */
         add_seqcst(&atap__pool.epoch, 1);
-        sub_seqcst(&atap__pool.bbusy, 1);
+        sub_seqcst(&atap__pool.bbusy, aside + (ld_relaxed(&w->busy) ? 1 : 0));
     }
     st_relaxed(&w->busy, false);
     if (w->searching)
         sub_seqcst(&atap__pool.nsearching, 1);
-    if (ld_relaxed(&w->blocked))
-        atap__pool_blocked(w, false);
     if (!w->blocking)
         atap__pool_evacuate(w);
     pthread_mutex_lock(&atap__pool.lock);

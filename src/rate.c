@@ -285,8 +285,8 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
             (st != ST_PENDING && (ran_out || (st != ST_READY && st != ST_TAKEN))))
             return;
     } while (!cas_acqrel(&p->word, &cur, make_word(pgen, to)));
-    if (cur & ST_WAITERS)
-        atap__exec_wake(p);
+    if (cur & ST_LISTENED)
+        atap__exec_wake(p, cur);
     atap__rate_stop_runs(pc);
     if (atap__timer_disarm(atap__hub_timers(), &pc->start))
         atap__exec_release_run(p, pc->index, pgen);

@@ -375,11 +375,11 @@ int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats)
     return snprintf(buf, n,
                     "workers=%zu busy=%zu blocking_threads=%zu blocking_busy=%zu queued=%zu "
                     "live=%zu slots=%zu peak_slots=%zu peak_workers=%zu deaths=%llu "
-                    "completed=%llu waiting=%zu ceiling=%zu stalls=%llu",
+                    "completed=%llu aside=%zu ceiling=%zu peak_aside=%zu stacks=%zu",
                     st->workers, st->busy, st->blocking_threads, st->blocking_busy, st->queued,
                     st->live, st->slots, st->peak_slots, st->peak_workers,
                     (unsigned long long)st->deaths, (unsigned long long)st->completed,
-                    st->waiting, st->ceiling, (unsigned long long)st->stalls);
+                    st->aside, st->ceiling, st->peak_aside, st->stacks);
 }
 
 int atap_trim(size_t *released)
@@ -412,7 +412,7 @@ const char *atap_strerror(int code)
     case ATAP_EBUSY: return "nothing worth giving back";
     case ATAP_ECLOSED: return "closed";
     case ATAP_ETOOLONG: return "too long";
-    case ATAP_ELIMIT: return "every thread the pool may have is waiting";
+    case ATAP_ELIMIT: return "a limit of the pool was reached";
     }
     if (code < 0 && code > -4096)
         return strerror(-code);

@@ -6,11 +6,12 @@
  * generation so a stale handle can never act on the task that reuses it:
  *
  *   word  (32 bits, the futex word listeners wait on)
- *         gen << 5 | WAITERS << 4 | state
+ *         gen << 5 | WAITERS << 4 | ASIDE << 3 | state
  *         Every state change is a CAS that keeps gen. Whoever wins a
  *         transition owns its consequence (run, wake, drop). WAITERS is set
- *         by a listener before it sleeps, and whoever settles the task
- *         wakes only when it was set.
+ *         by a listener before it sleeps on the word, ASIDE by one before
+ *         it sets its stack aside (pool_aside.c), and whoever settles the
+ *         task wakes each kind only when its bit was set.
  *
  *   refs  (64 bits) gen << 37 | RUN << 36 | RX << 35 | GATED << 34 |
  *         STALE << 33 | handles << 13 | holds
@@ -42,10 +43,7 @@
  * free list while the slot is free, by the injector while it is queued, and
  * by an fd's waiter list while the task is parked on it in the tail; a slot
  * is only ever one of those. The park wheel links through the tail. While
- * a plain task runs, `link` holds where (LINK_HINT | ...: help.c's
- * leapfrogging), never a slot index + 1: a queue that still walks through
- * it (injector.c) tells the two apart by LINK_HINT, which no index + 1 has
- * (TABLE_MAX_INDEX < 2^31).
+ * a plain task runs, `link` is unused.
  */
 #ifndef ATAP_SLOT_H
 #define ATAP_SLOT_H
@@ -59,7 +57,6 @@
 struct side;
 
 #define SLOT_SIZE 120u
-#define LINK_HINT (UINT32_C(1) << 31) /* `link` holds a running task's hint */
 
 #define ST_FREE 0u
 #define ST_PENDING 1u
@@ -70,8 +67,10 @@ struct side;
 #define ST_FAILED 6u
 #define ST_TIMED_OUT 7u
 
-#define ST_MASK 0xfu
+#define ST_MASK 0x7u
+#define ST_ASIDE 0x8u
 #define ST_WAITERS 0x10u
+#define ST_LISTENED (ST_WAITERS | ST_ASIDE) /* a settle wakes someone */
 #define GEN_SHIFT 5
 #define GEN_MAX ((1u << 27) - 1u)
 

@@ -15,7 +15,6 @@
 #define TABLE_FIRST_LOG2 8u /* the first block holds 256 slots */
 #define TABLE_BLOCKS 23u
 #define TABLE_MAX_INDEX ((UINT32_C(256) << TABLE_BLOCKS) - 256u) /* exclusive */
-_Static_assert(TABLE_MAX_INDEX < LINK_HINT, "no slot index + 1 reads as a hint (slot.h)");
 
 /*
  * A thread's own stash of free slots, so a worker that frees and spawns

@@ -449,6 +449,8 @@ static void write_event(FILE *f, uint32_t tid, const struct tev *e)
     case TR_MANAGER: instant(f, "manager starts", us, tid, e, "restarts"); break;
     case TR_RESTART: instant(f, "manager restart", us, tid, e, "failures"); break;
     case TR_THREAD: instant(f, "thread starts", us, tid, e, "blocking"); break;
+    case TR_ASIDE: instant(f, "stack set aside", us, tid, e, "aside"); break;
+    case TR_BACK: instant(f, "stack goes on", us, tid, e, "aside"); break;
     default: break;
     }
 }

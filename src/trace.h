@@ -28,6 +28,8 @@ enum {
     TR_MANAGER,      /* a manager's life starts: arg = restarts so far */
     TR_RESTART,      /* the supervisor restarts a dead manager: arg = failures */
     TR_THREAD,       /* a pool thread starts: arg = 1 for a blocking one */
+    TR_ASIDE,        /* a wait set its stack aside: arg = stacks aside on the thread */
+    TR_BACK,         /* a stack set aside goes on: arg = stacks still aside */
 };
 
 extern _Atomic bool atap__trace_on;

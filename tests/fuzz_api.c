@@ -2066,9 +2066,9 @@ static void *watchdog(void *arg)
             atap_status(&st);
             fprintf(stderr,
                     "fuzz_api: pool: workers %zu busy %zu blocking %zu/%zu queued %zu live %zu "
-                    "waiting %zu deaths %" PRIu64 "; manager alive %d healthy %d\n",
+                    "aside %zu deaths %" PRIu64 "; manager alive %d healthy %d\n",
                     ps.workers, ps.busy, ps.blocking_busy, ps.blocking_threads, ps.queued, ps.live,
-                    ps.waiting, ps.deaths, st.manager_alive, st.healthy);
+                    ps.aside, ps.deaths, st.manager_alive, st.healthy);
             fuzz_fail("no progress for %" PRIu64 " s: a call hangs (%s)", limit / ATAP_SEC(1), g_call);
         }
     }

@@ -29,12 +29,13 @@ map='
 0 trace     trace.h
 1 wait      wait.h wait.c
 1 cpus      cpus.h cpus.c
+1 fiber     fiber.h fiber.c
 2 table     slot.h table.h table.c handle.h
 3 queues    deque.h injector.h injector.c
 3 timer     timer.h timer.c
 3 poller    poller.h poller_epoll.c poller_kqueue.c poller_poll.c
 3 hub       hub.h hub.c
-4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c pool_io.c help.c
+4 pool      pool.h pool_int.h pool.c pool_grow.c pool_recover.c pool_life.c pool_io.c help.c pool_aside.c
 5 executor  executor.h extras.h side.h executor.c spawn.c
 5 executor  read.c join.c
 6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c

@@ -44,7 +44,7 @@ static atap_state state_becomes(atap_task t, atap_state want)
 static const char *const field_names[] = {
     "workers",      "busy",   "blocking_threads", "blocking_busy", "queued",
     "live",         "slots",  "peak_slots",       "peak_workers",  "deaths",
-    "completed",    "waiting", "ceiling",         "stalls"};
+    "completed",    "aside",  "ceiling",          "peak_aside",    "stacks"};
 
 static void test_observe_stats_format_given_stats(void **state)
 {
@@ -53,10 +53,10 @@ static void test_observe_stats_format_given_stats(void **state)
         .workers = 4,      .busy = 1,         .blocking_threads = 2, .blocking_busy = 0,
         .queued = 17,      .live = 3,         .slots = 64,           .peak_slots = 128,
         .peak_workers = 6, .deaths = 1,       .completed = 123456789012ull,
-        .waiting = 2,      .ceiling = 1024,   .stalls = 5};
+        .aside = 2,        .ceiling = 1024,   .peak_aside = 5,       .stacks = 7};
     const char *want = "workers=4 busy=1 blocking_threads=2 blocking_busy=0 queued=17 live=3 "
                        "slots=64 peak_slots=128 peak_workers=6 deaths=1 completed=123456789012 "
-                       "waiting=2 ceiling=1024 stalls=5";
+                       "aside=2 ceiling=1024 peak_aside=5 stacks=7";
     char buf[512];
 
     memset(buf, 'x', sizeof buf);

@@ -1,0 +1,420 @@
+/*
+ * Stacks a thread switches between (fiber.h).
+ *
+ * The switch saves what the ABI says a call keeps (the callee-saved
+ * registers, and the floating-point control words) on the running stack,
+ * stores the stack pointer in `from`, loads `to`'s and pops the same set
+ * back. A stack not yet run holds a context made by hand: its return
+ * address is boot, which calls entry(arg) from registers the pop fills.
+ * boot's unwind information marks the end of the stack, so an unwinder
+ * (a debugger, a thread's exit) stops there. Elsewhere ucontext does the
+ * same, slower.
+ *
+ * What the C library and C++ keep per thread but a stack owns is kept per
+ * stack: glibc's chain of pthread_cleanup_push handlers (a pointer in the
+ * thread's record, found once by pushing two handlers and looking for
+ * them; a thread that exits runs the chain of the stack it exits on, then
+ * the handlers under every stack's first frame), and C++'s exceptions
+ * being handled (__cxa_get_globals, when the program has a C++ runtime).
+ *
+ * The sanitizers are told of every switch, in the order their headers
+ * ask: ASan's start_switch_fiber just before (the stack switched to, and
+ * where the fake frames of the stack left are kept), its
+ * finish_switch_fiber right after, on the stack switched to; TSan's
+ * switch_to_fiber just before.
+ */
+#include "fiber.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FIBER_ASAN 1
+#endif
+#if __has_feature(thread_sanitizer)
+#define FIBER_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(FIBER_ASAN)
+#define FIBER_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(FIBER_TSAN)
+#define FIBER_TSAN 1
+#endif
+
+#ifdef FIBER_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef FIBER_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
+#if (defined(__x86_64__) || defined(__aarch64__)) && !defined(ATAP_FIBER_UCONTEXT) &&             \
+    (defined(__ELF__) || defined(__APPLE__))
+#define FIBER_ASM 1
+#else
+#include <ucontext.h>
+#endif
+
+#ifdef FIBER_ASM
+/* Saves the running context on its stack, *save = its stack pointer;
+ * then runs the context at `to`. */
+void atap__fiber_jump(void **save, void *to);
+void atap__fiber_boot(void);
+
+#if defined(__APPLE__)
+#define ASM_SYM(x) "_" #x
+#define ASM_FUNC(x) ".private_extern _" #x "\n.globl _" #x "\n.p2align 4\n_" #x ":\n"
+#define ASM_END(x) ""
+#else
+#define ASM_SYM(x) #x
+#define ASM_FUNC(x)                                                                                \
+    ".globl " #x "\n.hidden " #x "\n.type " #x ", %function\n.p2align 4\n" #x ":\n"
+#define ASM_END(x) ".size " #x ", .-" #x "\n"
+#endif
+
+#if defined(__x86_64__)
+/* Saved, from the stack pointer up: mxcsr and the x87 control word (8
+ * bytes), r15 r14 r13 r12 rbx rbp, the return address. */
+#define CTX_WORDS 8
+#define CTX_R12 4
+#define CTX_R13 3
+#define CTX_RET 7
+__asm__(".text\n" ASM_FUNC(atap__fiber_jump)
+        "    pushq %rbp\n"
+        "    pushq %rbx\n"
+        "    pushq %r12\n"
+        "    pushq %r13\n"
+        "    pushq %r14\n"
+        "    pushq %r15\n"
+        "    subq $8, %rsp\n"
+        "    stmxcsr (%rsp)\n"
+        "    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n"
+        "    fldcw 4(%rsp)\n"
+        "    addq $8, %rsp\n"
+        "    popq %r15\n"
+        "    popq %r14\n"
+        "    popq %r13\n"
+        "    popq %r12\n"
+        "    popq %rbx\n"
+        "    popq %rbp\n"
+        "    ret\n" ASM_END(atap__fiber_jump)
+        ASM_FUNC(atap__fiber_boot)
+        "    .cfi_startproc\n"
+        "    .cfi_undefined rip\n"
+        "    movq %r12, %rdi\n"
+        "    callq *%r13\n"
+        "    ud2\n"
+        "    .cfi_endproc\n" ASM_END(atap__fiber_boot));
+#elif defined(__aarch64__)
+/* Saved, from the stack pointer up: x19..x28, x29 x30, d8..d15, fpcr. */
+#define CTX_WORDS 22
+#define CTX_R12 0 /* x19: entry's arg */
+#define CTX_R13 1 /* x20: entry */
+#define CTX_RET 11 /* x30 */
+__asm__(".text\n" ASM_FUNC(atap__fiber_jump)
+        "    sub sp, sp, #176\n"
+        "    stp x19, x20, [sp, #0]\n"
+        "    stp x21, x22, [sp, #16]\n"
+        "    stp x23, x24, [sp, #32]\n"
+        "    stp x25, x26, [sp, #48]\n"
+        "    stp x27, x28, [sp, #64]\n"
+        "    stp x29, x30, [sp, #80]\n"
+        "    stp d8, d9, [sp, #96]\n"
+        "    stp d10, d11, [sp, #112]\n"
+        "    stp d12, d13, [sp, #128]\n"
+        "    stp d14, d15, [sp, #144]\n"
+        "    mrs x2, fpcr\n"
+        "    str x2, [sp, #160]\n"
+        "    mov x2, sp\n"
+        "    str x2, [x0]\n"
+        "    mov sp, x1\n"
+        "    ldr x2, [sp, #160]\n"
+        "    msr fpcr, x2\n"
+        "    ldp x19, x20, [sp, #0]\n"
+        "    ldp x21, x22, [sp, #16]\n"
+        "    ldp x23, x24, [sp, #32]\n"
+        "    ldp x25, x26, [sp, #48]\n"
+        "    ldp x27, x28, [sp, #64]\n"
+        "    ldp x29, x30, [sp, #80]\n"
+        "    ldp d8, d9, [sp, #96]\n"
+        "    ldp d10, d11, [sp, #112]\n"
+        "    ldp d12, d13, [sp, #128]\n"
+        "    ldp d14, d15, [sp, #144]\n"
+        "    add sp, sp, #176\n"
+        "    ret\n" ASM_END(atap__fiber_jump)
+        ASM_FUNC(atap__fiber_boot)
+        "    .cfi_startproc\n"
+        "    .cfi_undefined x30\n"
+        "    mov x0, x19\n"
+        "    blr x20\n"
+        "    brk #0\n"
+        "    .cfi_endproc\n" ASM_END(atap__fiber_boot));
+#endif
+#endif /* FIBER_ASM */
+
+/* ---- what a stack owns of the thread's state ------------------------------ */
+
+#if defined(__GLIBC__) && !defined(__EXCEPTIONS)
+#include <pthread.h>
+#define FIBER_CHAIN 1
+/* Where glibc's thread record keeps the head of the chain, or -1. */
+static long chain_at = -1;
+static pthread_once_t chain_once = PTHREAD_ONCE_INIT;
+
+/* Two handlers pushed: the word that held the first, then the second,
+ * is the head. Only a look within the record's first part. */
+static void find_chain(void)
+{
+    __pthread_unwind_buf_t a, b;
+    void **self = (void **)pthread_self();
+    long found = -1;
+    enum { LOOK = 1024 / sizeof(void *) };
+
+    __pthread_register_cancel(&a);
+    for (long i = 0; i < LOOK && found < 0; i++)
+        if (self[i] == (void *)&a) {
+            __pthread_register_cancel(&b);
+            if (self[i] == (void *)&b)
+                found = i;
+            __pthread_unregister_cancel(&b);
+        }
+    __pthread_unregister_cancel(&a);
+    chain_at = found;
+}
+
+void *atap__fiber_chain(void)
+{
+    pthread_once(&chain_once, find_chain);
+    return chain_at < 0 ? NULL : ((void **)pthread_self())[chain_at];
+}
+
+static inline void chain_swap(struct atap_fiber *from, struct atap_fiber *to)
+{
+    if (chain_at >= 0) {
+        void **head = (void **)pthread_self() + chain_at;
+
+        from->chain = *head;
+        *head = to->chain;
+    }
+}
+#else
+void *atap__fiber_chain(void)
+{
+    return NULL;
+}
+
+static inline void chain_swap(struct atap_fiber *from, struct atap_fiber *to)
+{
+    (void)from, (void)to;
+}
+#endif
+
+/* C++'s per-thread record of exceptions being handled (libsupc++ and
+ * libc++abi: the caught list, then the uncaught count), if linked in. */
+extern void *__cxa_get_globals(void) __attribute__((weak));
+
+static inline void eh_swap(struct atap_fiber *from, struct atap_fiber *to)
+{
+    if (__cxa_get_globals) {
+        void **g = __cxa_get_globals();
+
+        memcpy(from->eh, g, sizeof from->eh);
+        memcpy(g, to->eh, sizeof to->eh);
+    }
+}
+
+static size_t page_size(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+
+    return p > 0 ? (size_t)p : 4096;
+}
+
+int atap__fiber_map(struct atap_fiber *f, size_t size)
+{
+    size_t page = page_size(), usable;
+    char *m;
+    int flags = MAP_PRIVATE | MAP_ANON;
+
+#ifdef MAP_NORESERVE
+    flags |= MAP_NORESERVE;
+#endif
+#ifdef MAP_STACK
+    flags |= MAP_STACK;
+#endif
+    if (size > SIZE_MAX / 2)
+        return -ENOMEM;
+    usable = (size + page - 1) / page * page;
+    m = mmap(NULL, usable + page, PROT_READ | PROT_WRITE, flags, -1, 0);
+    if (m == MAP_FAILED)
+        return -errno;
+    if (mprotect(m, page, PROT_NONE) != 0) { /* the guard: an overflow faults */
+        int e = errno;
+
+        munmap(m, usable + page);
+        return -e;
+    }
+    memset(f, 0, sizeof *f);
+    f->map = m;
+    f->len = usable + page;
+    f->lo = m + page;
+    f->size = usable;
+#ifdef FIBER_TSAN
+    f->tsan = __tsan_create_fiber(0);
+#endif
+    return 0;
+}
+
+void atap__fiber_unmap(struct atap_fiber *f)
+{
+    if (!f->map)
+        return;
+#ifdef FIBER_TSAN
+    if (f->tsan)
+        __tsan_destroy_fiber(f->tsan);
+#endif
+#ifdef FIBER_ASAN
+    /* Frames left on it never returned: their redzones would stay
+     * poisoned for whatever is mapped here next. */
+    __asan_unpoison_memory_region(f->lo, f->size);
+#endif
+    free(f->uc);
+    munmap(f->map, f->len);
+    memset(f, 0, sizeof *f);
+}
+
+void atap__fiber_adopt(struct atap_fiber *f, char *lo, size_t size)
+{
+    memset(f, 0, sizeof *f);
+    f->lo = lo;
+    f->size = size;
+#ifdef FIBER_TSAN
+    f->tsan = __tsan_get_current_fiber();
+#endif
+}
+
+void atap__fiber_trim(struct atap_fiber *f, uintptr_t low, uintptr_t high)
+{
+    uintptr_t page = page_size(), lo = (uintptr_t)f->lo;
+
+    low = (low < lo ? lo : low + page - 1) & ~(page - 1);
+    high &= ~(page - 1);
+    if (high <= low)
+        return;
+#ifdef FIBER_ASAN
+    __asan_unpoison_memory_region((void *)low, high - low);
+#endif
+    madvise((void *)low, high - low, MADV_DONTNEED);
+}
+
+#ifdef FIBER_ASM
+void atap__fiber_start(struct atap_fiber *f, void (*entry)(void *), void *arg, void *chain)
+{
+    /* The top, 16-aligned, less one 16-byte unit: the return into boot
+     * leaves the stack pointer 16-aligned, as a call expects it to be. */
+    uintptr_t top = ((uintptr_t)(f->lo + f->size) & ~(uintptr_t)15) - 16;
+    void **ctx = (void **)(top - CTX_WORDS * sizeof(void *));
+
+    memset(ctx, 0, CTX_WORDS * sizeof(void *));
+#if defined(__x86_64__)
+    /* The control words as a new thread starts: all exceptions masked,
+     * round to nearest; x87 double extended. */
+    ((uint32_t *)ctx)[0] = 0x1f80;
+    ((uint16_t *)ctx)[2] = 0x037f;
+#endif
+    ctx[CTX_R12] = arg;
+    ctx[CTX_R13] = (void *)entry;
+    ctx[CTX_RET] = (void *)atap__fiber_boot;
+    f->sp = ctx;
+    f->chain = chain;
+    memset(f->eh, 0, sizeof f->eh);
+}
+
+static inline void jump(struct atap_fiber *from, struct atap_fiber *to)
+{
+    atap__fiber_jump(&from->sp, to->sp);
+}
+#else
+/* makecontext passes ints: the entry and its arg go through here, read by
+ * the new context before anything else can run on this thread. */
+static _Thread_local void (*start_entry)(void *);
+static _Thread_local void *start_arg;
+
+static void ucontext_boot(void)
+{
+    void (*entry)(void *) = start_entry;
+
+    entry(start_arg);
+    abort();
+}
+
+void atap__fiber_start(struct atap_fiber *f, void (*entry)(void *), void *arg, void *chain)
+{
+    ucontext_t *uc = f->uc;
+
+    if (!uc && !(f->uc = uc = calloc(1, sizeof *uc)))
+        abort(); /* a few hundred bytes; the mapping was had */
+    getcontext(uc);
+    uc->uc_stack.ss_sp = f->lo;
+    uc->uc_stack.ss_size = f->size;
+    uc->uc_link = NULL;
+    makecontext(uc, ucontext_boot, 0);
+    f->sp = uc;
+    f->chain = chain;
+    memset(f->eh, 0, sizeof f->eh);
+    start_entry = entry;
+    start_arg = arg;
+}
+
+static inline void jump(struct atap_fiber *from, struct atap_fiber *to)
+{
+    ucontext_t here; /* the context left, saved in its own frame */
+
+    from->sp = &here;
+    swapcontext(&here, to->sp);
+}
+#endif
+
+void atap__fiber_switch(struct atap_fiber *from, struct atap_fiber *to)
+{
+    chain_swap(from, to);
+    eh_swap(from, to);
+#ifdef FIBER_ASAN
+    __sanitizer_start_switch_fiber(&from->asan_fake, to->lo, to->size);
+#endif
+#ifdef FIBER_TSAN
+    __tsan_switch_to_fiber(to->tsan, 0);
+#endif
+    jump(from, to);
+#ifdef FIBER_ASAN
+    __sanitizer_finish_switch_fiber(from->asan_fake, NULL, NULL);
+#endif
+}
+
+void atap__fiber_exiting(struct atap_fiber *own)
+{
+#ifdef FIBER_TSAN
+    /* TSan's pthread_exit checks that the thread is in its own context. */
+    if (own && own->tsan)
+        __tsan_switch_to_fiber(own->tsan, 0);
+#else
+    (void)own;
+#endif
+}
+
+void atap__fiber_entered(void)
+{
+#ifdef FIBER_ASAN
+    __sanitizer_finish_switch_fiber(NULL, NULL, NULL);
+#endif
+}

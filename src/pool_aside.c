@@ -1,0 +1,651 @@
+/*
+ * Stacks set aside: a wait inside a task never holds its thread.
+ *
+ * Each pool thread runs on one of its stacks at a time: its own, or one
+ * mapped here (fiber.h), all of worker_stack's size. A wait that may run
+ * nothing on top of its frame (help.c: only the awaited task, from the
+ * thread's own queues, while there is room) sets the whole running stack
+ * aside, listed under a key (the awaited slot, or join_first's settle
+ * count), and the thread goes on with another stack: one whose wait is
+ * over, else a free one, which looks for work as the thread's loop does
+ * (it runs the loop). A stack set aside resumes on the same thread, so its
+ * task sees its own thread-locals and keeps the locks it holds; it
+ * resumes at the thread's next switch point after its wait ended: a run's
+ * end at the bottom of a stack (the loop's top, where that stack, holding
+ * no frame, becomes free), or a wait of the stack running then. A free
+ * stack's context is its loop's top, so taking it again only goes on with
+ * that loop; the thread's own stack is one of them, and the thread's loop
+ * ends on it (exiting).
+ *
+ * The protocol of a wait, per key, under a bucket's spin lock (buckets
+ * hash the key: one lock, one list):
+ *   waiter: lock; list the stack; still() (for a join: an RMW that sets
+ *           ST_ASIDE on the word while the task has not settled; for
+ *           join_first: the settle count unchanged); unlock; switch away.
+ *   ender:  move the word on (an RMW that reads ST_ASIDE), or bump the
+ *           count; then lock, take every stack listed under the key off
+ *           the list, unlock, and push each onto its owner's `woken`.
+ * The lock orders the two: either the ender's look comes after the
+ * listing, and finds the stack, or before it, and then still() (after the
+ * listing, after the ender's move) sees the wait is over. An ender skips
+ * the lock while no stack is listed anywhere (atap__pool_keyed: a count
+ * the waiter raises before its still(), whose RMW the ender's own RMW
+ * reads). A stack comes off the list exactly once, under the lock: by an
+ * ender (who then pushes it), or by its owner when its deadline passes
+ * (who then queues it itself); a stack found off the list is already on
+ * its way to `woken`. Its owner only resumes stacks from its own ready
+ * list, filled from `woken` (a Treiber stack, exchanged whole) and by its
+ * deadlines, so a stack pushed before its switch away has completed (the
+ * ender can be that quick) is not resumed before it has: the owner is the
+ * thread still switching.
+ *
+ * Waking an idle owner: the ender pushes, then (a seq_cst fence between)
+ * reads the owner's park word, and moves IDLE to READY by CAS, then wakes
+ * the word or the io the owner waits on (pool.c's unpark, but for the
+ * idle list: the owner takes itself off it). The owner stores IDLE (in
+ * join_idle), fences, then looks at `woken` before it sleeps: one of the
+ * two sees the other.
+ */
+#include "pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "atomics.h"
+#include "fiber.h"
+#include "hub.h"
+#include "pool_int.h"
+#include "trace.h"
+#include "wait.h"
+
+/* A stack of a pool thread, and what it keeps of the thread's state while
+ * it does not run (worker's depth, held[], cur, stack_floor). */
+struct stack {
+    struct atap_fiber f;
+    struct stack *next;  /* free, ready or woken list (owner's, or the push) */
+    struct stack *knext; /* its bucket's list */
+    struct stack *tnext; /* the owner's timed list */
+    struct worker *owner;
+    const void *key;     /* what it waits for, while set aside */
+    uint64_t deadline;
+    bool listed;         /* on its bucket's list (the bucket's lock) */
+    bool timed;          /* on the owner's timed list */
+    bool started;        /* its context is its loop's: taking it goes on there */
+    unsigned depth, held_cap;
+    uint32_t *held;
+    struct atap_ctx *cur;
+    uintptr_t floor, low;
+};
+
+#define BUCKETS 64
+#define FREE_KEEP 1024 /* free stacks a thread keeps mapped while it works */
+#define FREE_IDLE 8     /* ... and after it has idled for a while */
+
+static struct {
+    _Alignas(64) atap_spin lock;
+    struct stack *head;
+} buckets[BUCKETS];
+
+_Atomic unsigned atap__pool_keyed;
+
+static inline unsigned bucket_of(const void *key)
+{
+    uintptr_t k = (uintptr_t)key;
+
+    return (unsigned)((k >> 4) ^ (k >> 10) ^ (k >> 16)) % BUCKETS;
+}
+
+/* ---- the thread's stacks -------------------------------------------------- */
+
+/* The lowest address a run may start nested at on a stack: its low end
+ * plus a reserve for the run itself (an eighth of it, 64 KiB to 1 MiB). */
+#define RESERVE_MIN ((size_t)64 << 10)
+#define RESERVE_MAX ((size_t)1 << 20)
+
+static uintptr_t floor_of(const char *lo, size_t size)
+{
+    size_t reserve = size / 8;
+
+    reserve = reserve < RESERVE_MIN ? RESERVE_MIN : reserve > RESERVE_MAX ? RESERVE_MAX : reserve;
+    return (uintptr_t)lo + reserve;
+}
+
+static void unmap_stack(struct stack *s)
+{
+    atap__fiber_unmap(&s->f);
+    free(s->held);
+    free(s);
+    sub_relaxed(&atap__pool.nstacks, 1);
+}
+
+/* A stack left for good is unmapped once the thread is off it. */
+static inline void drop_dead(struct worker *w)
+{
+    struct stack *d = w->dead;
+
+    if (d) {
+        w->dead = NULL;
+        unmap_stack(d);
+    }
+}
+
+/* Saves the running stack's share of the thread's state into `from`,
+ * loads `to`'s, and switches; errno is the waiting frame's again after. */
+static void switch_to(struct worker *w, struct stack *from, struct stack *to)
+{
+    int saved_errno = errno;
+
+    from->depth = w->depth;
+    from->held = w->held;
+    from->held_cap = w->held_cap;
+    from->cur = w->cur;
+    from->floor = w->stack_floor;
+    from->low = w->stack_low;
+    w->depth = to->depth;
+    w->held = to->held;
+    w->held_cap = to->held_cap;
+    w->cur = to->cur;
+    w->stack_floor = to->floor;
+    w->stack_low = to->low;
+    w->stack = to;
+    atap__fiber_switch(&from->f, &to->f);
+    /* Back on `from`, on the same thread: whoever switched here loaded
+     * this stack's state. */
+    drop_dead(w);
+    errno = saved_errno;
+}
+
+static void stack_main(void *arg);
+
+/* The thread's cleanup chain at its loop's top (its own stack's, with
+ * thread_main's handler, which every stack's chain ends in). */
+static _Thread_local void *loop_chain;
+
+/* A free stack, mapped now if none is kept; NULL if none can be had. */
+static struct stack *take_free(struct worker *w)
+{
+    struct stack *s = w->free;
+
+    if (s) {
+        w->free = s->next;
+        w->nfree--;
+        return s;
+    }
+    if (!(s = calloc(1, sizeof *s)))
+        return NULL;
+    if (!(s->held = malloc(HELD_INLINE * sizeof *s->held)) ||
+        atap__fiber_map(&s->f, atap__pool.stack) != 0) {
+        free(s->held);
+        free(s);
+        return NULL;
+    }
+    s->owner = w;
+    s->held_cap = HELD_INLINE;
+    s->floor = floor_of(s->f.lo, s->f.size);
+    s->low = UINTPTR_MAX;
+    add_relaxed(&atap__pool.nstacks, 1);
+    return s;
+}
+
+/* s, at its loop's top (or never started), free for the next taker; past
+ * FREE_KEEP mapped ones, unmapped instead (once off it, if it runs). */
+static void give_free(struct worker *w, struct stack *s)
+{
+    if (w->nfree >= FREE_KEEP && s != w->base) {
+        if (s == w->stack)
+            w->dead = s;
+        else
+            unmap_stack(s);
+        return;
+    }
+    s->next = w->free;
+    w->free = s;
+    w->nfree++;
+}
+
+bool atap__pool_stacks_spare(const struct worker *w)
+{
+    return w->nfree > FREE_IDLE;
+}
+
+void atap__pool_stacks_shrink(struct worker *w)
+{
+    struct stack **p = &w->free, *s;
+
+    while (w->nfree > FREE_IDLE && (s = *p) != NULL) {
+        if (s == w->base || s == w->stack) {
+            p = &s->next;
+            continue;
+        }
+        *p = s->next;
+        w->nfree--;
+        unmap_stack(s);
+    }
+}
+
+/* Goes on with s: a stack set aside, resumed where it waits, or a free
+ * one, which goes on at its loop's top (started now if never run). */
+static void run_stack(struct worker *w, struct stack *s)
+{
+    if (!s->started) {
+        atap__fiber_start(&s->f, stack_main, w, loop_chain);
+        s->started = true;
+    }
+    switch_to(w, w->stack, s);
+}
+
+/* The first run of a mapped stack: the thread's loop, from its top. */
+static void stack_main(void *arg)
+{
+    struct worker *w = arg;
+
+    atap__fiber_entered();
+    drop_dead(w); /* as switch_to does after a switch */
+    atap__pool_loop(w);
+    /* The loop ends (a stop, or reaped) with nothing set aside: the
+     * thread ends on its own stack, which waits free at its loop's top. */
+    w->exiting = true;
+    for (struct stack **p = &w->free; *p; p = &(*p)->next)
+        if (*p == w->base) {
+            *p = w->base->next;
+            w->nfree--;
+            break;
+        }
+    run_stack(w, w->base);
+    __builtin_unreachable();
+}
+
+int atap__pool_stacks_begin(struct worker *w, char *lo, size_t size)
+{
+    struct stack *s;
+
+    w->stack_floor = floor_of(lo, size);
+    w->stack_low = UINTPTR_MAX;
+    w->base = w->stack = NULL;
+    if (!(s = calloc(1, sizeof *s)))
+        return -ENOMEM;
+    atap__fiber_adopt(&s->f, lo, size);
+    loop_chain = atap__fiber_chain();
+    s->owner = w;
+    s->started = true;
+    s->held = w->held;
+    s->held_cap = w->held_cap;
+    w->base = w->stack = s;
+    w->free = w->ready = w->ready_tail = w->timed = w->dead = NULL;
+    w->naside = w->nfree = 0;
+    w->handoff = 0;
+    w->exiting = false;
+    st_relaxed(&w->woken, NULL);
+    return 0;
+}
+
+/* On the thread's own stack, its loop over: every other stack is free. */
+void atap__pool_stacks_end(struct worker *w)
+{
+    struct stack *s, *next;
+
+    if (!w->base)
+        return;
+    for (s = w->free; s; s = next) {
+        next = s->next;
+        if (s != w->base)
+            unmap_stack(s);
+    }
+    free(w->base);
+    w->base = w->stack = w->free = NULL;
+    w->nfree = 0;
+}
+
+/* ---- keys ------------------------------------------------------------------ */
+
+/* Off its bucket's list (that bucket's lock held); false if not on it. */
+static bool unlist(struct stack *s)
+{
+    struct stack **p = &buckets[bucket_of(s->key)].head;
+
+    if (!s->listed)
+        return false;
+    while (*p != s)
+        p = &(*p)->knext;
+    *p = s->knext;
+    s->listed = false;
+    sub_relaxed(&atap__pool_keyed, 1);
+    return true;
+}
+
+/* Wakes w if it sleeps idle (the top comment's second half). */
+static void kick(struct worker *w)
+{
+    uint32_t idle = PARK_IDLE;
+
+    fence_seqcst(); /* the push before the look at the word */
+    if (ld_seqcst(&w->park) != PARK_IDLE || !cas_seqcst(&w->park, &idle, PARK_READY))
+        return;
+    /* seq_cst, as pool.c's unpark: the word before in_io. */
+    if (ld_seqcst(&w->in_io))
+        atap__poller_wake(atap__hub_io());
+    else
+        atap__word_wake(&w->park, false);
+}
+
+void atap__pool_wake_key(const void *key)
+{
+    struct atap_spin *lock = &buckets[bucket_of(key)].lock;
+    struct stack **p, *s, *woke = NULL, *head;
+
+    spin_lock(lock);
+    for (p = &buckets[bucket_of(key)].head; (s = *p) != NULL;) {
+        if (s->key != key) {
+            p = &s->knext;
+            continue;
+        }
+        *p = s->knext;
+        s->listed = false;
+        sub_relaxed(&atap__pool_keyed, 1);
+        s->knext = woke;
+        woke = s;
+    }
+    spin_unlock(lock);
+    /* Off the list, each is ours to push: its owner resumes it only once
+     * the push lands, so the record stays as it is until then. */
+    while ((s = woke) != NULL) {
+        struct worker *w = s->owner;
+
+        woke = s->knext;
+        head = ld_relaxed(&w->woken);
+        do
+            s->next = head;
+        /* Release: the owner's exchange sees what the ender did first. */
+        while (!atomic_compare_exchange_weak_explicit(&w->woken, &head, s, memory_order_release,
+                                                      memory_order_relaxed));
+        kick(w);
+    }
+}
+
+/* ---- setting aside and resuming ------------------------------------------- */
+
+static void ready_push(struct worker *w, struct stack *s)
+{
+    s->next = NULL;
+    if (w->ready_tail)
+        w->ready_tail->next = s;
+    else
+        w->ready = s;
+    w->ready_tail = s;
+}
+
+static void untime(struct worker *w, struct stack *s)
+{
+    if (!s->timed)
+        return;
+    for (struct stack **p = &w->timed; *p; p = &(*p)->tnext)
+        if (*p == s) {
+            *p = s->tnext;
+            break;
+        }
+    s->timed = false;
+}
+
+/* Stacks whose deadline has passed, off their lists and onto the ready
+ * list; those already off were woken, and come by `woken`. */
+static void expire(struct worker *w, uint64_t now)
+{
+    struct stack *s, *next;
+
+    for (s = w->timed; s; s = next) {
+        next = s->tnext;
+        if (s->deadline > now)
+            continue;
+        struct atap_spin *lock = &buckets[bucket_of(s->key)].lock;
+        bool mine;
+
+        spin_lock(lock);
+        mine = unlist(s);
+        spin_unlock(lock);
+        untime(w, s);
+        if (mine)
+            ready_push(w, s);
+    }
+}
+
+uint64_t atap__pool_aside_due(const struct worker *w)
+{
+    uint64_t due = ATAP__FOREVER;
+
+    for (const struct stack *s = w->timed; s; s = s->tnext)
+        if (s->deadline < due)
+            due = s->deadline;
+    return due;
+}
+
+/* The next stack to resume, or NULL: `woken` (oldest first) and passed
+ * deadlines joined to the ready list first. */
+static struct stack *take_ready(struct worker *w)
+{
+    /* Acquire: what each ender did before its push. */
+    struct stack *s = atomic_exchange_explicit(&w->woken, NULL, memory_order_acquire), *rev = NULL;
+
+    while (s) {
+        struct stack *next = s->next;
+
+        s->next = rev;
+        rev = s;
+        s = next;
+    }
+    while ((s = rev) != NULL) {
+        rev = s->next;
+        ready_push(w, s);
+    }
+    if (w->timed)
+        expire(w, atap__now_ns());
+    if ((s = w->ready) != NULL) {
+        w->ready = s->next;
+        if (!w->ready)
+            w->ready_tail = NULL;
+    }
+    return s;
+}
+
+bool atap__pool_aside_pending(const struct worker *w)
+{
+    return w->ready || ld_relaxed(&w->woken) ||
+           (w->timed && atap__pool_aside_due(w) <= atap__now_ns());
+}
+
+/* Nested runs went deeper than this on the running stack, at its loop's
+ * top: the pages they left are given back, so that a stack free or set
+ * aside holds what it uses, not what it once used. */
+#define TRIM_BELOW ((uintptr_t)64 << 10)
+
+static void trim(struct worker *w)
+{
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+
+    if (w->stack_low < here - TRIM_BELOW) {
+        atap__fiber_trim(&w->stack->f, w->stack_low, here - TRIM_BELOW / 2);
+        w->stack_low = here;
+    }
+}
+
+void atap__pool_switch_point(struct worker *w)
+{
+    struct stack *to = w->naside ? take_ready(w) : NULL;
+
+    /* Nothing set aside, and on a mapped stack: back to the thread's own,
+     * free at its loop's top (a thread exits there, and the sanitizers
+     * like a pthread_exit from a task there best). */
+    if (!to && w->naside == 0 && w->stack != w->base) {
+        for (struct stack **p = &w->free; *p; p = &(*p)->next)
+            if (*p == w->base) {
+                *p = w->base->next;
+                w->nfree--;
+                to = w->base;
+                break;
+            }
+    }
+    if (!to)
+        return;
+    /* This stack holds no frame: free, and it goes on from here when
+     * taken again. */
+    trim(w);
+    give_free(w, w->stack);
+    run_stack(w, to);
+}
+
+int atap__pool_aside(struct worker *w, const void *key, bool (*still)(void *arg), void *arg,
+                     uint64_t deadline, uint32_t first)
+{
+    struct stack *me = w->stack, *to;
+    struct atap_spin *lock = &buckets[bucket_of(key)].lock;
+    unsigned now_aside;
+
+    if (!me)
+        return ASIDE_NO; /* the thread runs on its own stack alone */
+    /* A stack to go on with, mapped before anything is listed. */
+    if (!w->free) {
+        if (!(to = take_free(w)))
+            return ASIDE_NO;
+        give_free(w, to);
+    }
+    me->key = key;
+    me->deadline = deadline;
+    spin_lock(lock);
+    me->knext = buckets[bucket_of(key)].head;
+    buckets[bucket_of(key)].head = me;
+    me->listed = true;
+    add_relaxed(&atap__pool_keyed, 1); /* before still(): its RMW publishes it */
+    if (!still(arg)) {
+        unlist(me);
+        spin_unlock(lock);
+        return ASIDE_GONE;
+    }
+    spin_unlock(lock);
+    if (deadline != ATAP__FOREVER) {
+        me->timed = true;
+        me->tnext = w->timed;
+        w->timed = me;
+    }
+    w->naside++;
+    now_aside = add_relaxed(&atap__pool.naside, 1) + 1;
+    if (now_aside > ld_relaxed(&atap__pool.peak_aside))
+        st_relaxed(&atap__pool.peak_aside, now_aside); /* a peak: a lost race only lowers it */
+    ATAP_TRACE(TR_ASIDE, 0, NULL, w->naside);
+    to = first ? NULL : take_ready(w);
+    if (to != me) {
+        if (!to)
+            to = take_free(w); /* there is one: mapped above */
+        w->handoff = first;
+        run_stack(w, to);
+    }
+    /* Resumed: off every list but, maybe, the timed one; inside a run
+     * again (the stack that ran before may have idled). */
+    untime(w, me);
+    st_relaxed(&w->busy, true);
+    w->naside--;
+    /* Release: a drain that reads the count sees this stack's run going on. */
+    atomic_fetch_sub_explicit(&atap__pool.naside, 1, memory_order_release);
+    ATAP_TRACE(TR_BACK, 0, NULL, w->naside);
+    return ASIDE_WOKEN;
+}
+
+_Noreturn void atap__pool_die(struct worker *w)
+{
+    if (w->base)
+        atap__fiber_exiting(&w->base->f);
+    pthread_exit(NULL);
+}
+
+/* ---- a thread that dies with stacks set aside ------------------------------ */
+
+/* Stacks of threads that died, which may still be on one of them until
+ * they are joined: unmapped by atap__pool_stacks_reclaim, at the pool's
+ * stop (pool lock). */
+static struct stack *graveyard;
+
+static void bury(struct stack *s)
+{
+    s->next = graveyard;
+    graveyard = s;
+}
+
+/* The dying thread w's stacks: the runs each one set aside holds are
+ * failed (fail), innermost first, and they come off their lists; every
+ * stack of w goes to the graveyard (pool lock held). The running stack's
+ * own runs are the caller's to fail. Returns how many were set aside
+ * (each inside a run of the thread's loop). */
+unsigned atap__pool_stacks_died(struct worker *w, void (*fail)(uint32_t ref))
+{
+    struct stack *aside = NULL, *s;
+    unsigned n = 0;
+
+    if (!w->base)
+        return 0;
+    w->timed = NULL;
+    for (unsigned b = 0; b < BUCKETS; b++) {
+        struct stack **p;
+
+        spin_lock(&buckets[b].lock);
+        for (p = &buckets[b].head; (s = *p) != NULL;) {
+            if (s->owner != w) {
+                p = &s->knext;
+                continue;
+            }
+            *p = s->knext;
+            s->listed = false;
+            sub_relaxed(&atap__pool_keyed, 1);
+            s->next = aside;
+            aside = s;
+        }
+        spin_unlock(&buckets[b].lock);
+    }
+    /* Those woken already: by `woken`, onto the ready list. Once off
+     * every list, no ender touches them again. */
+    while ((s = take_ready(w)) != NULL) {
+        s->next = aside;
+        aside = s;
+    }
+    while ((s = aside) != NULL) {
+        aside = s->next;
+        while (s->depth > 0)
+            fail(s->held[--s->depth]);
+        w->naside--;
+        sub_relaxed(&atap__pool.naside, 1);
+        n++;
+        if (s != w->base) /* buried last */
+            bury(s);
+    }
+    while ((s = w->free) != NULL) {
+        w->free = s->next;
+        if (s != w->base) /* buried last */
+            bury(s);
+    }
+    /* The running stack's held[] is the record's now: its own again, so
+     * that the record's reset frees only the thread's own stack's. */
+    if (w->stack != w->base) {
+        w->stack->held = w->held;
+        w->held = w->base->held;
+        w->held_cap = w->base->held_cap;
+        bury(w->stack);
+    }
+    if (w->dead)
+        bury(w->dead);
+    bury(w->base);
+    w->base = w->stack = w->dead = NULL;
+    w->nfree = 0;
+    return n;
+}
+
+void atap__pool_stacks_reclaim(void)
+{
+    struct stack *s;
+
+    while ((s = graveyard) != NULL) {
+        graveyard = s->next;
+        if (s->f.map)
+            unmap_stack(s);
+        else
+            free(s); /* a thread's own stack's record */
+    }
+}
