@@ -21,27 +21,22 @@
  *     another thread is still inside a call on that same handle is the
  *     caller's race, as with free(); give each thread its own atap_dup().
  *   - A wait inside a task never makes a deadlock the program does not
- *     contain (a circle of tasks, each waiting for the next). While a pool
- *     thread waits for task A (atap_join, atap_take, atap_wait, and
- *     atap_join_first on one task), it runs, on its own stack, only work A
- *     needs: A itself while it is still queued (any pool thread waiting for
- *     A may claim it, blocking threads included), work spawned while A
- *     runs, and, while A waits in turn, what A waits for. Never other work:
- *     a task run on top of a waiting one cannot return before it, so it
- *     must not be one that could wait for what the waiting task does after
- *     its wait. (The one case this rule does not cover: a task spawned
- *     while A runs that A never waits for, and that itself waits for what
- *     the task waiting for A does later. Join what you spawn, or don't wait
- *     for A inside a task.) With nothing it may run, the thread looks on
- *     while the worker running A keeps finishing runs (up to a millisecond
- *     after a look that found nothing), then blocks, and
- *     the pool lends its core to another worker, a new one only once every
- *     worker has been blocked so, asleep, for a while (a tree of joins runs
- *     on the workers it has, one a core). Nesting is bounded by the
- *     thread's stack: past its room, the next run starts on another
- *     worker's. If every worker the pool may have (atap_pool_stats'
- *     ceiling) is blocked so and the awaited task is still queued, the wait
- *     gives up with ATAP_ELIMIT.
+ *     contain (a circle of tasks, each waiting for the next), and never
+ *     holds its thread. While a pool thread waits for task A (atap_join,
+ *     atap_take, atap_wait, atap_join_first, atap_join_all), it runs on top
+ *     of the waiting frame only A itself, when A is still in the thread's
+ *     own queues (a task it spawned) and the stack has room; join_all runs
+ *     any of its members so. Otherwise it sets the whole stack aside and
+ *     goes on with other work on another stack of the same thread, and the
+ *     stack set aside goes on, on the same thread, once A has settled and
+ *     the thread next finishes a run or waits. So thread-locals, errno and
+ *     pthread_self() are the task's own after a wait, and the pool's thread
+ *     count never grows for waits (atap_pool_stats' aside counts the stacks
+ *     set aside). What a task must still not do: hold a lock across a wait
+ *     that another task may take (a stack set aside keeps its locks while
+ *     its thread runs other tasks, which may be the ones to take it).
+ *     Each stack is worker_stack bytes of address space; only the pages a
+ *     stack has used take memory.
  */
 #ifndef ATAP_H
 #define ATAP_H
@@ -86,7 +81,8 @@ enum {
     ATAP_EBUSY = -10011,     /* atap_trim found nothing worth giving back */
     ATAP_ECLOSED = -10012,   /* a channel or peer closed */
     ATAP_ETOOLONG = -10013,  /* a delimited read hit its limit */
-    ATAP_ELIMIT = -10014,    /* every thread the pool may have is waiting */
+    ATAP_ELIMIT = -10014,    /* a limit of the pool was reached (no call
+                                returns it since waits hold no thread) */
 };
 
 /* A task function returns this, after one of the atap_park_* calls, to give
@@ -550,10 +546,10 @@ ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_s
 /*
  * Waits for the task to settle and copies its output (size bytes, which
  * must equal its out_size) into out; the output stays for other readers.
- * Inside a task, the thread runs only work the awaited task needs while it
- * waits (the task itself if still queued, work it spawned, what it waits
- * for): see "A wait inside a task" at the top of this file for why that
- * is safe. Outside the pool, the calling thread sleeps.
+ * Inside a task, the wait holds no thread: the awaited task runs on top of
+ * it if it is still in the thread's own queues, else the waiting stack is
+ * set aside until the task settles (see "A wait inside a task" at the top
+ * of this file). Outside the pool, the calling thread sleeps.
  * Returns 0; ATAP_EINVAL for a size that is not the task's out_size, a
  * NULL out with a nonzero size, or a task that is waiting for itself (a
  * task joining its own handle, or one lower on the same thread's stack,
@@ -562,22 +558,21 @@ ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_s
  * that settled without a readable output (or the code its function
  * returned, see atap_fn); ATAP_EFINISHED for a series (repeat, at-rate,
  * waiting task) that ran out and whose last output was taken, or that never
- * ran; ATAP_ELIMIT inside a task when
- * the task is still queued and every worker the pool may have is blocked
- * in such a wait (nothing could ever run it).
+ * ran.
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_join(atap_task task, void *out, size_t size);
 
 /* atap_join, giving up after timeout_ns with ATAP_ENOTREADY. It returns as
  * soon as the task settles. A timeout of 0 is atap_try_join. Inside a task
- * it runs work the awaited task needs only while time is left, so it can
- * return late by one such run at most. Returns as atap_join, and
+ * it runs the awaited task on top only while time is left, and a stack
+ * set aside goes on at its thread's next finished run past the deadline,
+ * so it can return late by one run. Returns as atap_join, and
  * ATAP_ENOTREADY. Blocks: up to timeout_ns. Threads: any. */
 ATAP_EXPORT int atap_join_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
 
 /* atap_join without waiting: returns as atap_join, or ATAP_ENOTREADY if
- * the task has not settled yet (never ATAP_ELIMIT).
+ * the task has not settled yet.
  * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_try_join(atap_task task, void *out, size_t size);
 
@@ -595,7 +590,7 @@ ATAP_EXPORT int atap_take(atap_task task, void *out, size_t size);
 ATAP_EXPORT int atap_take_for(atap_task task, void *out, size_t size, uint64_t timeout_ns);
 
 /* atap_take without waiting: returns as atap_take, or ATAP_ENOTREADY if
- * the task has not settled yet (never ATAP_ELIMIT).
+ * the task has not settled yet.
  * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_try_take(atap_task task, void *out, size_t size);
 
@@ -786,10 +781,10 @@ typedef enum atap_join_policy {
  * stores its index in *winner. The winner's handle stays the caller's; the
  * losers are dealt with by policy. A task that settles while the wait is
  * being set up is still found; among several settled at once the lowest
- * index wins. Inside a task, a wait on one task runs work it needs as
- * atap_join does (so it can return late by one such run at most); a wait
- * on two or more runs nothing on top of itself (no member is work it needs:
- * another may settle first), and lends its core while it sleeps.
+ * index wins. Inside a task, a wait on one task is an atap_join of it (so
+ * it can return late by one run at most); a wait on two or more runs
+ * nothing on top of itself (no member is work it needs: another may settle
+ * first) and sets its stack aside until a task settles.
  * Returns 0; ATAP_ENOTREADY if timeout_ns passed first (then no handle is
  * touched; ATAP_FOREVER waits without limit); ATAP_EINVAL for n = 0, NULL
  * tasks or winner, an unknown policy, or, inside a task, when every task
@@ -805,7 +800,10 @@ ATAP_EXPORT int atap_join_first(const atap_task *tasks, size_t n, atap_join_poli
  * task's out_size must be size), and rcs[i] (rcs may be NULL) receives what
  * atap_join returned for it. Returns 0 when every join did, else the first
  * failure's code; ATAP_EINVAL for NULL tasks, or NULL out with a nonzero
- * size. Handles stay the caller's.
+ * size. Handles stay the caller's. Inside a task the whole set is awaited:
+ * the members still in the thread's own queues run first, on top of the
+ * wait, newest first (the order they come out cheapest), as a taskwait
+ * does; then each is joined in turn.
  * Blocks: yes. Threads: any.
  */
 ATAP_EXPORT int atap_join_all(const atap_task *tasks, size_t n, void *out, size_t size, int *rcs);
