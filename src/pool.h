@@ -76,6 +76,7 @@ struct worker {
     uint32_t handoff;          /* a task the next stack taken runs first */
     struct stack *dead;        /* a stack to unmap once off it */
     bool exiting;              /* its loop ends on its own stack */
+    bool dying;                /* a task ended the thread: each stack unwinds */
 };
 
 /* The thread is inside the task ref (slot index + 1): running it, or a run

@@ -158,6 +158,8 @@ static void switch_to(struct worker *w, struct stack *from, struct stack *to)
 }
 
 static void stack_main(void *arg);
+static void stack_died(void *arg);
+static _Noreturn void exit_here(struct worker *w);
 
 /* The thread's cleanup chain at its loop's top (its own stack's, with
  * thread_main's handler, which every stack's chain ends in). */
@@ -243,7 +245,9 @@ static void stack_main(void *arg)
 
     atap__fiber_entered();
     drop_dead(w); /* as switch_to does after a switch */
+    pthread_cleanup_push(stack_died, w);
     atap__pool_loop(w);
+    pthread_cleanup_pop(0);
     /* The loop ends (a stop, or reaped) with nothing set aside: the
      * thread ends on its own stack, which waits free at its loop's top. */
     w->exiting = true;
@@ -276,7 +280,7 @@ int atap__pool_stacks_begin(struct worker *w, char *lo, size_t size)
     w->free = w->ready = w->ready_tail = w->timed = w->dead = NULL;
     w->naside = w->nfree = 0;
     w->handoff = 0;
-    w->exiting = false;
+    w->exiting = w->dying = false;
     st_relaxed(&w->woken, NULL);
     return 0;
 }
@@ -436,7 +440,8 @@ static struct stack *take_ready(struct worker *w)
     }
     while ((s = rev) != NULL) {
         rev = s->next;
-        ready_push(w, s);
+        if (s->owner == w) /* else a dead thread's, pushed late (bury) */
+            ready_push(w, s);
     }
     if (w->timed)
         expire(w, atap__now_ns());
@@ -492,6 +497,8 @@ void atap__pool_switch_point(struct worker *w)
     trim(w);
     give_free(w, w->stack);
     run_stack(w, to);
+    if (unlikely(w->dying)) /* the thread's own stack, to end the thread */
+        exit_here(w);
 }
 
 int atap__pool_aside(struct worker *w, const void *key, bool (*still)(void *arg), void *arg,
@@ -546,95 +553,39 @@ int atap__pool_aside(struct worker *w, const void *key, bool (*still)(void *arg)
     w->naside--;
     /* Release: a drain that reads the count sees this stack's run going on. */
     atomic_fetch_sub_explicit(&atap__pool.naside, 1, memory_order_release);
+    if (unlikely(w->dying))
+        exit_here(w); /* its thread died on another stack: this one unwinds */
     ATAP_TRACE(TR_BACK, 0, NULL, w->naside);
     return ASIDE_WOKEN;
 }
 
-_Noreturn void atap__pool_die(struct worker *w)
-{
-    if (w->base)
-        atap__fiber_exiting(&w->base->f);
-    pthread_exit(NULL);
-}
+/* ---- a thread that dies ----------------------------------------------------- */
 
-/* ---- a thread that dies with stacks set aside ------------------------------ */
+/*
+ * A task ends its thread (pthread_exit, or an injected death) on whichever
+ * stack runs. Every stack of the thread is then unwound in turn, so that
+ * each frame's cleanup runs and each run on it fails, as on a thread with
+ * one stack: a mapped stack's unwinding ends in its bottom handler
+ * (stack_died, pushed by stack_main: its chain never reaches another
+ * stack's frames), which fails the runs still on it and goes on with the
+ * next stack set aside, resumed into a pthread_exit of its own (dying);
+ * the thread's own stack ends in thread_main's handler
+ * (atap__pool_thread_died), which does the same and, once no stack is
+ * set aside, lets the thread end there. A stack left so is never run
+ * again: it goes to the graveyard, unmapped at the pool's stop, once no
+ * thread can be on it.
+ */
 
-/* Stacks of threads that died, which may still be on one of them until
- * they are joined: unmapped by atap__pool_stacks_reclaim, at the pool's
- * stop (pool lock). */
 static struct stack *graveyard;
+static atap_spin grave_lock;
 
 static void bury(struct stack *s)
 {
+    s->owner = NULL; /* a late ender's push is then passed over (take_ready) */
+    spin_lock(&grave_lock);
     s->next = graveyard;
     graveyard = s;
-}
-
-/* The dying thread w's stacks: the runs each one set aside holds are
- * failed (fail), innermost first, and they come off their lists; every
- * stack of w goes to the graveyard (pool lock held). The running stack's
- * own runs are the caller's to fail. Returns how many were set aside
- * (each inside a run of the thread's loop). */
-unsigned atap__pool_stacks_died(struct worker *w, void (*fail)(uint32_t ref))
-{
-    struct stack *aside = NULL, *s;
-    unsigned n = 0;
-
-    if (!w->base)
-        return 0;
-    w->timed = NULL;
-    for (unsigned b = 0; b < BUCKETS; b++) {
-        struct stack **p;
-
-        spin_lock(&buckets[b].lock);
-        for (p = &buckets[b].head; (s = *p) != NULL;) {
-            if (s->owner != w) {
-                p = &s->knext;
-                continue;
-            }
-            *p = s->knext;
-            s->listed = false;
-            sub_relaxed(&atap__pool_keyed, 1);
-            s->next = aside;
-            aside = s;
-        }
-        spin_unlock(&buckets[b].lock);
-    }
-    /* Those woken already: by `woken`, onto the ready list. Once off
-     * every list, no ender touches them again. */
-    while ((s = take_ready(w)) != NULL) {
-        s->next = aside;
-        aside = s;
-    }
-    while ((s = aside) != NULL) {
-        aside = s->next;
-        while (s->depth > 0)
-            fail(s->held[--s->depth]);
-        w->naside--;
-        sub_relaxed(&atap__pool.naside, 1);
-        n++;
-        if (s != w->base) /* buried last */
-            bury(s);
-    }
-    while ((s = w->free) != NULL) {
-        w->free = s->next;
-        if (s != w->base) /* buried last */
-            bury(s);
-    }
-    /* The running stack's held[] is the record's now: its own again, so
-     * that the record's reset frees only the thread's own stack's. */
-    if (w->stack != w->base) {
-        w->stack->held = w->held;
-        w->held = w->base->held;
-        w->held_cap = w->base->held_cap;
-        bury(w->stack);
-    }
-    if (w->dead)
-        bury(w->dead);
-    bury(w->base);
-    w->base = w->stack = w->dead = NULL;
-    w->nfree = 0;
-    return n;
+    spin_unlock(&grave_lock);
 }
 
 void atap__pool_stacks_reclaim(void)
@@ -648,4 +599,122 @@ void atap__pool_stacks_reclaim(void)
         else
             free(s); /* a thread's own stack's record */
     }
+}
+
+/* Exits from the running stack (its chain ends in its own bottom
+ * handler). TSan requires a pthread_exit in the thread's own context. */
+static _Noreturn void exit_here(struct worker *w)
+{
+    if (w->base)
+        atap__fiber_exiting(&w->base->f);
+    pthread_exit(NULL);
+}
+
+_Noreturn void atap__pool_die(struct worker *w)
+{
+    exit_here(w);
+}
+
+/* One stack of w's set aside, off its list, or NULL when none is left:
+ * woken ones first, then listed ones; one an ender has taken off its list
+ * but not pushed yet is waited for (naside still counts it). */
+static struct stack *take_aside(struct worker *w)
+{
+    struct stack *s;
+
+    while (w->naside > 0) {
+        if ((s = take_ready(w)) != NULL)
+            return s;
+        for (unsigned b = 0; b < BUCKETS; b++) {
+            struct stack **p;
+
+            spin_lock(&buckets[b].lock);
+            for (p = &buckets[b].head; (s = *p) != NULL; p = &s->knext)
+                if (s->owner == w) {
+                    *p = s->knext;
+                    s->listed = false;
+                    sub_relaxed(&atap__pool_keyed, 1);
+                    break;
+                }
+            spin_unlock(&buckets[b].lock);
+            if (s) {
+                untime(w, s);
+                return s;
+            }
+        }
+        cpu_relax();
+    }
+    return NULL;
+}
+
+/* The running stack is unwound (its runs failed by the caller): on to the
+ * next stack set aside, into its pthread_exit; with none left, to the
+ * thread's own stack, to end there. Returns only on the thread's own
+ * stack, in its handler, once every other stack is unwound. */
+static void unwind_next(struct worker *w)
+{
+    struct stack *me = w->stack, *to = take_aside(w);
+
+    w->dying = true;
+    if (!to) {
+        if (me == w->base)
+            return;
+        for (struct stack **p = &w->free; *p; p = &(*p)->next)
+            if (*p == w->base) {
+                *p = w->base->next;
+                w->nfree--;
+                break;
+            }
+        to = w->base; /* free at its loop's top, or in its handler */
+    }
+    if (me != w->base)
+        bury(me);
+    switch_to(w, me, to); /* back here only on the thread's own stack */
+}
+
+/* The runs still on the running stack fail, innermost first: each is one
+ * its thread's loop counted busy, for a blocking thread. */
+static void fail_runs(struct worker *w)
+{
+    if (w->depth > 0 && w->blocking) {
+        /* As a run's end does (blocker_loop): a drain that read the
+         * blocking queue before what the run queued sees the epoch move. */
+        add_seqcst(&atap__pool.epoch, 1);
+        sub_seqcst(&atap__pool.bbusy, 1);
+    }
+    while (w->depth > 0) {
+        w->depth--;
+        atap__pool.ops->fail_held(w->held[w->depth]);
+    }
+}
+
+/* A mapped stack's bottom handler (stack_main's): its frames unwound. */
+static void stack_died(void *arg)
+{
+    struct worker *w = arg;
+
+    fail_runs(w);
+    unwind_next(w);
+    __builtin_unreachable(); /* a mapped stack is never resumed */
+}
+
+void atap__pool_stacks_died(struct worker *w)
+{
+    struct stack *s;
+
+    fail_runs(w);
+    if (!w->base)
+        return;
+    unwind_next(w); /* every other stack, unwound */
+    while ((s = w->free) != NULL) {
+        w->free = s->next;
+        if (s != w->base)
+            bury(s);
+    }
+    if (w->dead)
+        bury(w->dead);
+    bury(w->base);
+    w->base = w->stack = w->dead = NULL;
+    w->ready = w->ready_tail = w->timed = NULL;
+    w->nfree = 0;
 }

@@ -138,10 +138,12 @@ void atap__pool_stacks_shrink(struct worker *w);
 /* pool_aside.c. The earliest deadline of w's stacks set aside, or
  * ATAP__FOREVER. */
 uint64_t atap__pool_aside_due(const struct worker *w);
-/* pool_aside.c. A dying thread's stacks (pool_recover.c: the count of
- * those set aside, each inside a run), and those of threads that died,
- * unmapped once every thread is joined (the stop). */
-unsigned atap__pool_stacks_died(struct worker *w, void (*fail)(uint32_t ref));
+/* pool_aside.c. A dying thread, in thread_main's handler on its own stack
+ * (pool_recover.c): the runs on that stack fail, every other stack of it
+ * is unwound (pool_aside.c says how), and its stacks go to the graveyard;
+ * those of threads that died are unmapped once every thread is joined
+ * (the stop). */
+void atap__pool_stacks_died(struct worker *w);
 void atap__pool_stacks_reclaim(void);
 
 /* pool_grow.c. What keeps work moving, every tick and in a drain: the live worker count. */

@@ -36,25 +36,12 @@ void atap__pool_evacuate(struct worker *w)
 void atap__pool_thread_died(void *arg)
 {
     struct worker *w = arg;
-    unsigned aside;
 
-    /* Every run on the stack it dies on fails, innermost first; then
-     * those of its stacks set aside (which no wait's end reaches after). */
-    while (w->depth > 0) {
-        w->depth--;
-        atap__pool.ops->fail_held(w->held[w->depth]);
-    }
-    pthread_mutex_lock(&atap__pool.lock); /* the graveyard's */
-    aside = atap__pool_stacks_died(w, atap__pool.ops->fail_held);
-    pthread_mutex_unlock(&atap__pool.lock);
+    /* Every run on each of its stacks fails, innermost first, each stack
+     * unwound in turn (pool_aside.c); this handler, on its own stack, is
+     * the last to run. */
+    atap__pool_stacks_died(w);
     atap__pool_held_reset(w);
-    if (w->blocking && (aside || ld_relaxed(&w->busy))) {
-        /* As a run's end does (blocker_loop), for each run it was inside:
-         * a drain that read the blocking queue before what the runs
-         * queued sees the epoch move. */
-        add_seqcst(&atap__pool.epoch, 1);
-        sub_seqcst(&atap__pool.bbusy, aside + (ld_relaxed(&w->busy) ? 1 : 0));
-    }
     st_relaxed(&w->busy, false);
     if (w->searching)
         sub_seqcst(&atap__pool.nsearching, 1);
