@@ -19,6 +19,9 @@
  * top: first those in its own queues, newest first (the order they come
  * out of them, the cheapest), then it joins each in turn.
  */
+#include <limits.h>
+#include <stdlib.h>
+
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
@@ -70,24 +73,58 @@ static bool help_one(struct worker *w, atap_task t)
     return x != 0;
 }
 
-/* The still() of a stack set aside here (pool_aside.c): no settle since
- * the look. */
+/* The still() of a stack set aside under the settle count (pool_aside.c):
+ * no settle since the look. */
 static bool no_settle_since(void *seen)
 {
     return ld_acquire(&atap__exec_settle_seq) == *(uint32_t *)seen;
 }
 
-/* Sets the stack aside: for a set of one, as a join of it would (woken by
- * its settle alone); else until any settle. */
+struct members {
+    const atap_task *ts;
+    size_t n;
+};
+
+/* The still() of a stack set aside under every member's slot: ASIDE set
+ * on each member's word by an RMW (read.c's atap__exec_listen_aside),
+ * none settled. */
+static bool none_settled(void *arg)
+{
+    struct members *m = arg;
+
+    for (size_t k = 0; k < m->n; k++) {
+        struct atap__listen l;
+        uint32_t index;
+
+        if (!(l.s = atap__exec_live(m->ts[k], &index, &l.gen)) || !atap__exec_listen_aside(&l))
+            return false;
+    }
+    return true;
+}
+
+#define KEYS_ON_STACK 16
+
+/* Sets the stack aside until a member settles, listed under each member's
+ * slot (woken by its settle alone); under the settle count (woken by any
+ * settle) when the list of keys has no room. */
 static int aside(struct worker *w, const atap_task *ts, size_t n, uint32_t *seq,
                  uint64_t deadline)
 {
-    uint32_t index;
-    struct atap__listen l;
+    const void *on_stack[KEYS_ON_STACK], **keys = on_stack;
+    struct members m = {.ts = ts, .n = n};
+    uint32_t index, gen;
+    int rc;
 
-    if (n == 1 && (l.s = atap__exec_live(ts[0], &index, &l.gen)) != NULL)
-        return atap__pool_aside(w, l.s, atap__exec_listen_aside, &l, deadline, 0);
-    return atap__pool_aside(w, &atap__exec_settle_seq, no_settle_since, seq, deadline, 0);
+    if (n > KEYS_ON_STACK && (n > UINT_MAX || !(keys = malloc(n * sizeof *keys))))
+        return atap__pool_aside(w, (const void *[]){&atap__exec_settle_seq}, 1, no_settle_since,
+                                seq, deadline, 0);
+    for (size_t k = 0; k < n; k++)
+        if (!(keys[k] = atap__exec_live(ts[k], &index, &gen)))
+            keys[k] = &atap__exec_settle_seq; /* gone: none_settled says so */
+    rc = atap__pool_aside(w, keys, (unsigned)n, none_settled, &m, deadline, 0);
+    if (keys != on_stack)
+        free(keys);
+    return rc;
 }
 
 int atap_join_first(const atap_task *ts, size_t n, atap_join_policy policy, uint64_t timeout_ns,

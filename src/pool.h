@@ -197,21 +197,22 @@ static inline uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
 }
 
 /*
- * Sets the running stack aside until atap__pool_wake_key(key) or the
- * deadline (ATAP__FOREVER: none), and runs another: a stack whose own wait
- * is over, else a free one, which first runs `first` (a task whose run the
- * caller owns; 0 for none) and then looks for work. still(arg) is called
- * once the stack is listed under key, with the key's lock held: it says
- * whether the wait is still on (and makes sure that whatever ends it from
- * now on calls atap__pool_wake_key). Returns ASIDE_WOKEN once resumed
- * (woken, the deadline passed, or woken for nothing: the caller looks
- * again), ASIDE_GONE if still() said no (nothing was set aside, first not
- * taken), ASIDE_NO if no stack could be had to go on with (first not
- * taken: the caller waits some other way).
+ * Sets the running stack aside until atap__pool_wake_key of one of its
+ * nkeys keys or the deadline (ATAP__FOREVER: none), and runs another: a
+ * stack whose own wait is over, else a free one, which first runs `first`
+ * (a task whose run the caller owns; 0 for none) and then looks for work.
+ * still(arg) is called once the stack is listed under every key: it says
+ * whether the wait is still on, and makes sure, by an RMW that whoever
+ * ends the wait from then on reads after its own, that it calls
+ * atap__pool_wake_key. Returns ASIDE_WOKEN once resumed (woken, the
+ * deadline passed, or woken for nothing: the caller looks again),
+ * ASIDE_GONE if still() said no (nothing was set aside, first not taken),
+ * ASIDE_NO if no stack could be had to go on with (first not taken: the
+ * caller waits some other way).
  */
 enum { ASIDE_NO, ASIDE_GONE, ASIDE_WOKEN };
-int atap__pool_aside(struct worker *w, const void *key, bool (*still)(void *arg), void *arg,
-                     uint64_t deadline, uint32_t first);
+int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
+                     bool (*still)(void *arg), void *arg, uint64_t deadline, uint32_t first);
 /* An injected death (faults.h): the thread exits through pthread_exit,
  * from whichever of its stacks runs (pool_aside.c). */
 _Noreturn void atap__pool_die(struct worker *w);

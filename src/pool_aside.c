@@ -60,17 +60,30 @@
 #include "trace.h"
 #include "wait.h"
 
+#define KEYS_INLINE 4 /* keys a wait lists without the heap */
+
+/* One key a stack set aside waits on, listed in the key's bucket. */
+struct waiter {
+    const void *key;
+    struct stack *stack;
+    struct waiter *next; /* its bucket's list */
+    bool listed;         /* on it (the bucket's lock) */
+};
+
 /* A stack of a pool thread, and what it keeps of the thread's state while
  * it does not run (worker's depth, held[], cur, stack_floor). */
 struct stack {
     struct atap_fiber f;
     struct stack *next;  /* free, ready or woken list (owner's, or the push) */
-    struct stack *knext; /* its bucket's list */
     struct stack *tnext; /* the owner's timed list */
     struct worker *owner;
-    const void *key;     /* what it waits for, while set aside */
+    struct waiter *keys; /* what it waits for, while set aside: nkeys of them */
+    unsigned nkeys;
+    struct waiter inline_keys[KEYS_INLINE]; /* keys, unless a wait has more */
+    /* Whoever moves it 0 -> 1 (an ender, under its key's lock; the owner
+     * at a deadline or a death) resumes it: one push, or one queueing. */
+    _Atomic int claim;
     uint64_t deadline;
-    bool listed;         /* on its bucket's list (the bucket's lock) */
     bool timed;          /* on the owner's timed list */
     bool started;        /* its context is its loop's: taking it goes on there */
     unsigned depth, held_cap;
@@ -85,7 +98,7 @@ struct stack {
 
 static struct {
     _Alignas(64) atap_spin lock;
-    struct stack *head;
+    struct waiter *head;
 } buckets[BUCKETS];
 
 _Atomic unsigned atap__pool_keyed;
@@ -304,19 +317,41 @@ void atap__pool_stacks_end(struct worker *w)
 
 /* ---- keys ------------------------------------------------------------------ */
 
-/* Off its bucket's list (that bucket's lock held); false if not on it. */
-static bool unlist(struct stack *s)
+/* Lists n of s's waiters, each under its key's lock. */
+static void list(struct waiter *ws, unsigned n)
 {
-    struct stack **p = &buckets[bucket_of(s->key)].head;
+    for (unsigned i = 0; i < n; i++) {
+        struct waiter *k = &ws[i];
+        unsigned b = bucket_of(k->key);
 
-    if (!s->listed)
-        return false;
-    while (*p != s)
-        p = &(*p)->knext;
-    *p = s->knext;
-    s->listed = false;
-    sub_relaxed(&atap__pool_keyed, 1);
-    return true;
+        spin_lock(&buckets[b].lock);
+        k->next = buckets[b].head;
+        buckets[b].head = k;
+        k->listed = true;
+        spin_unlock(&buckets[b].lock);
+    }
+}
+
+/* Takes s's waiters off their lists, each under its key's lock: once it
+ * returns, no ender is still between taking one off and settling `woken`
+ * (both under that lock), so no late push can come. */
+static void unlist_all(struct stack *s)
+{
+    for (unsigned i = 0; i < s->nkeys; i++) {
+        struct waiter *k = &s->keys[i], **p;
+        unsigned b = bucket_of(k->key);
+
+        spin_lock(&buckets[b].lock);
+        if (k->listed) {
+            for (p = &buckets[b].head; *p != k; p = &(*p)->next)
+                ;
+            *p = k->next;
+            k->listed = false;
+        }
+        spin_unlock(&buckets[b].lock);
+    }
+    sub_relaxed(&atap__pool_keyed, s->nkeys);
+    s->nkeys = 0;
 }
 
 /* Wakes w if it sleeps idle (the top comment's second half). */
@@ -334,37 +369,46 @@ static void kick(struct worker *w)
         atap__word_wake(&w->park, false);
 }
 
+static void push_woken(struct stack *s)
+{
+    struct worker *w = s->owner;
+    struct stack *head = ld_relaxed(&w->woken);
+
+    do
+        s->next = head;
+    /* Release: the owner's exchange sees what the ender did first. */
+    while (!atomic_compare_exchange_weak_explicit(&w->woken, &head, s, memory_order_release,
+                                                  memory_order_relaxed));
+    kick(w);
+}
+
 void atap__pool_wake_key(const void *key)
 {
-    struct atap_spin *lock = &buckets[bucket_of(key)].lock;
-    struct stack **p, *s, *woke = NULL, *head;
+    unsigned b = bucket_of(key);
+    struct waiter **p, *k;
+    struct stack *woke = NULL, *s;
 
-    spin_lock(lock);
-    for (p = &buckets[bucket_of(key)].head; (s = *p) != NULL;) {
-        if (s->key != key) {
-            p = &s->knext;
+    spin_lock(&buckets[b].lock);
+    for (p = &buckets[b].head; (k = *p) != NULL;) {
+        if (k->key != key) {
+            p = &k->next;
             continue;
         }
-        *p = s->knext;
-        s->listed = false;
-        sub_relaxed(&atap__pool_keyed, 1);
-        s->knext = woke;
-        woke = s;
+        *p = k->next;
+        k->listed = false;
+        s = k->stack;
+        /* Acquire-release: a stack woken once is pushed once. */
+        if (atomic_exchange_explicit(&s->claim, 1, memory_order_acq_rel) == 0) {
+            s->next = woke;
+            woke = s;
+        }
     }
-    spin_unlock(lock);
-    /* Off the list, each is ours to push: its owner resumes it only once
-     * the push lands, so the record stays as it is until then. */
+    spin_unlock(&buckets[b].lock);
+    /* Each is ours to push: its owner resumes it only once the push lands,
+     * so the record stays as it is until then. */
     while ((s = woke) != NULL) {
-        struct worker *w = s->owner;
-
-        woke = s->knext;
-        head = ld_relaxed(&w->woken);
-        do
-            s->next = head;
-        /* Release: the owner's exchange sees what the ender did first. */
-        while (!atomic_compare_exchange_weak_explicit(&w->woken, &head, s, memory_order_release,
-                                                      memory_order_relaxed));
-        kick(w);
+        woke = s->next;
+        push_woken(s);
     }
 }
 
@@ -392,8 +436,8 @@ static void untime(struct worker *w, struct stack *s)
     s->timed = false;
 }
 
-/* Stacks whose deadline has passed, off their lists and onto the ready
- * list; those already off were woken, and come by `woken`. */
+/* Stacks whose deadline has passed, onto the ready list unless an ender
+ * woke them first (they come by `woken` then). */
 static void expire(struct worker *w, uint64_t now)
 {
     struct stack *s, *next;
@@ -402,14 +446,8 @@ static void expire(struct worker *w, uint64_t now)
         next = s->tnext;
         if (s->deadline > now)
             continue;
-        struct atap_spin *lock = &buckets[bucket_of(s->key)].lock;
-        bool mine;
-
-        spin_lock(lock);
-        mine = unlist(s);
-        spin_unlock(lock);
         untime(w, s);
-        if (mine)
+        if (atomic_exchange_explicit(&s->claim, 1, memory_order_acq_rel) == 0)
             ready_push(w, s);
     }
 }
@@ -501,34 +539,39 @@ void atap__pool_switch_point(struct worker *w)
         exit_here(w);
 }
 
-int atap__pool_aside(struct worker *w, const void *key, bool (*still)(void *arg), void *arg,
-                     uint64_t deadline, uint32_t first)
+int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
+                     bool (*still)(void *arg), void *arg, uint64_t deadline, uint32_t first)
 {
     struct stack *me = w->stack, *to;
-    struct atap_spin *lock = &buckets[bucket_of(key)].lock;
     unsigned now_aside;
 
-    if (!me)
+    if (!me || nkeys == 0)
         return ASIDE_NO; /* the thread runs on its own stack alone */
-    /* A stack to go on with, mapped before anything is listed. */
+    /* A stack to go on with, mapped, and room for the keys, before
+     * anything is listed. */
     if (!w->free) {
         if (!(to = take_free(w)))
             return ASIDE_NO;
         give_free(w, to);
     }
-    me->key = key;
+    me->keys = nkeys <= KEYS_INLINE ? me->inline_keys : malloc(nkeys * sizeof *me->keys);
+    if (!me->keys)
+        return ASIDE_NO;
+    for (unsigned i = 0; i < nkeys; i++)
+        me->keys[i] = (struct waiter){.key = keys[i], .stack = me};
+    me->nkeys = nkeys;
     me->deadline = deadline;
-    spin_lock(lock);
-    me->knext = buckets[bucket_of(key)].head;
-    buckets[bucket_of(key)].head = me;
-    me->listed = true;
-    add_relaxed(&atap__pool_keyed, 1); /* before still(): its RMW publishes it */
+    st_relaxed(&me->claim, 0);
+    /* Counted before still(): its RMWs publish the listing and the count
+     * (atap__pool_wake_listed). */
+    add_relaxed(&atap__pool_keyed, nkeys);
+    list(me->keys, nkeys);
     if (!still(arg)) {
-        unlist(me);
-        spin_unlock(lock);
+        unlist_all(me);
+        if (me->keys != me->inline_keys)
+            free(me->keys);
         return ASIDE_GONE;
     }
-    spin_unlock(lock);
     if (deadline != ATAP__FOREVER) {
         me->timed = true;
         me->tnext = w->timed;
@@ -546,8 +589,11 @@ int atap__pool_aside(struct worker *w, const void *key, bool (*still)(void *arg)
         w->handoff = first;
         run_stack(w, to);
     }
-    /* Resumed: off every list but, maybe, the timed one; inside a run
-     * again (the stack that ran before may have idled). */
+    /* Resumed (woken, expired, or its thread dying): off every list, and
+     * inside a run again (the stack that ran before may have idled). */
+    unlist_all(me);
+    if (me->keys != me->inline_keys)
+        free(me->keys);
     untime(w, me);
     st_relaxed(&w->busy, true);
     w->naside--;
@@ -615,9 +661,10 @@ _Noreturn void atap__pool_die(struct worker *w)
     exit_here(w);
 }
 
-/* One stack of w's set aside, off its list, or NULL when none is left:
- * woken ones first, then listed ones; one an ender has taken off its list
- * but not pushed yet is waited for (naside still counts it). */
+/* One stack of w's set aside, to resume, or NULL when none is left:
+ * woken ones first, then listed ones, taken by moving `woken` (they come
+ * off their lists as they resume); one an ender has woken but not pushed
+ * yet is waited for (naside still counts it). */
 static struct stack *take_aside(struct worker *w)
 {
     struct stack *s;
@@ -626,16 +673,14 @@ static struct stack *take_aside(struct worker *w)
         if ((s = take_ready(w)) != NULL)
             return s;
         for (unsigned b = 0; b < BUCKETS; b++) {
-            struct stack **p;
+            struct waiter *k;
 
+            s = NULL;
             spin_lock(&buckets[b].lock);
-            for (p = &buckets[b].head; (s = *p) != NULL; p = &s->knext)
-                if (s->owner == w) {
-                    *p = s->knext;
-                    s->listed = false;
-                    sub_relaxed(&atap__pool_keyed, 1);
-                    break;
-                }
+            for (k = buckets[b].head; k && !s; k = k->next)
+                if (k->stack->owner == w &&
+                    atomic_exchange_explicit(&k->stack->claim, 1, memory_order_acq_rel) == 0)
+                    s = k->stack;
             spin_unlock(&buckets[b].lock);
             if (s) {
                 untime(w, s);

@@ -73,8 +73,8 @@ bool atap__exec_listen_aside(void *arg)
  * stack. Elsewhere, or with no stack to go on with, it sleeps on the word
  * until woken.
  */
-static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_t deadline,
-                        uint32_t *state)
+static __attribute__((noinline)) int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen,
+                                                  uint64_t deadline, uint32_t *state)
 {
     struct worker *w = atap__self;
     struct atap__listen l = {.s = s, .gen = gen};
@@ -104,7 +104,7 @@ static int wait_settled(struct atap_slot *s, uint32_t ref, uint32_t gen, uint64_
             if (!x && !looked && atap__exec_inside(w, ref))
                 return ATAP_EINVAL;
             looked = true;
-            if (atap__pool_aside(w, s, atap__exec_listen_aside, &l, deadline, x) != ASIDE_NO)
+            if (atap__pool_aside(w, (const void *[]){s}, 1, atap__exec_listen_aside, &l, deadline, x) != ASIDE_NO)
                 continue;
             if (x) { /* no stack to be had: on top, past the room */
                 atap__exec_run(w, x);
