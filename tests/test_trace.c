@@ -615,6 +615,58 @@ static void test_trace_known_program(void **state)
     unlink(path);
 }
 
+/* A wait that sets its stack aside shows as two instants on its thread's
+ * lane: the stack set aside, and the stack going on (a child parked for a
+ * while is not in the waiter's queues, so the join cannot run it). */
+static int trace_napper(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg, (void)out;
+    if (atap_resumed(ctx))
+        return 0;
+    return atap_park_until(ctx, atap_now() + ATAP_MS(20)) == 0 ? ATAP_PARKED : -1;
+}
+
+static int trace_waiter(atap_ctx *ctx, void *arg, void *out)
+{
+    atap_task c;
+    int rc;
+
+    (void)ctx, (void)arg, (void)out;
+    if ((rc = atap_spawn(&c, trace_napper, NULL, NULL)) != 0)
+        return rc;
+    rc = atap_join(c, NULL, 0);
+    atap_release(c);
+    return rc;
+}
+
+static void test_trace_aside(void **state)
+{
+    char path[256];
+    atap_task t;
+    struct jval *doc, *evs;
+    struct atap_pool_stats st;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    assert_int_equal(atap_init(NULL), 0);
+    assert_int_equal(atap_trace_start(path), 0);
+    assert_int_equal(atap_spawn(&t, trace_waiter, NULL, NULL), 0);
+    assert_int_equal(atap_join(t, NULL, 0), 0);
+    atap_release(t);
+    assert_int_equal(atap_pool_stats(&st), 0);
+    assert_true(st.peak_aside >= 1);
+    assert_int_equal(atap_trace_stop(), 0);
+    assert_non_null(doc = jload(path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    assert_true(count_events(evs, "i", "stack set aside", NULL, NULL) >= 1);
+    assert_int_equal(count_events(evs, "i", "stack goes on", NULL, NULL),
+                     count_events(evs, "i", "stack set aside", NULL, NULL));
+    assert_true(lanes_nest(evs));
+    jfree(doc);
+    assert_int_equal(atap_shutdown(), 0);
+    unlink(path);
+}
+
 /* Enough events to fill many chunks while the writer writes: every run is
  * in the file, unless events were dropped, and then the count says so. */
 static void test_trace_many(void **state)
@@ -715,6 +767,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_trace_errors, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_known_program, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_aside, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_env, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_many, ensure_stopped),
     };

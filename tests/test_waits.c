@@ -1542,7 +1542,6 @@ static void test_waits_wide_tree_of_joins_adds_no_worker(void **state)
     assert_no_worker_added(base, "wide trees of joins");
 }
 
-#ifdef ATAP_HAVE_ASIDE_STATS
 /* ---- the pool's count of stacks set aside --------------------------------- */
 
 /* n tasks each waiting for a value nobody has given yet: each has set its
@@ -1603,7 +1602,6 @@ static void test_waits_aside_stats_count_the_stacks_set_aside(void **state)
     assert_no_failures();
     assert_no_worker_added(base, "tasks waiting for gives");
 }
-#endif
 
 int main(void)
 {
@@ -1640,9 +1638,7 @@ int main(void)
         T(test_waits_a_thousand_waits_for_sleeps),
         T2(test_waits_wait_returns_on_its_thread_with_its_thread_locals),
         T(test_waits_fork_while_tasks_wait),
-#ifdef ATAP_HAVE_ASIDE_STATS
         T(test_waits_aside_stats_count_the_stacks_set_aside),
-#endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
