@@ -1,5 +1,5 @@
 /*
- * A worker's ring: a fixed Chase-Lev deque of 256 task indices, with the
+ * A worker's ring: a fixed Chase-Lev deque of 4,096 task indices, with the
  * C11 orderings of Lê, Pop, Cohen and Zappa Nardelli, "Correct and
  * Efficient Work-Stealing for Weak Memory Models" (PPoPP 2013).
  *
@@ -23,7 +23,12 @@
 
 #include "atomics.h"
 
-#define RING_SIZE 256
+/* Room for the siblings a deep descent leaves behind: each level of a
+ * tree of joins leaves one (or seven) waiting while the first child's
+ * subtree runs on top, and one that overflows to the shared queue is no
+ * longer where its parent's join looks (help.c), so that join sets a deep
+ * stack aside (bench/README.md, "tree"). 16 KiB a thread, touched as used. */
+#define RING_SIZE 4096
 #define RING_MASK (RING_SIZE - 1)
 
 struct ring {

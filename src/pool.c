@@ -9,7 +9,7 @@
  * Finding work (find_work): the LIFO slot (at most LIFO_STREAK times in a
  * row), the own ring, a batch from the shared queue (the rest of the batch
  * goes into the ring, where peers can steal it), the LIFO slot again, then
- * stealing half of a peer's ring, or its LIFO slot.
+ * stealing half of a peer's ring (up to STEAL_MAX), or its LIFO slot.
  *
  * Parking, with no lost wake. Counters: nidle (workers on the idle list)
  * and nsearching (workers woken to look for work and not yet settled).
@@ -61,6 +61,7 @@
 #include "wait.h"
 
 #define INJ_BATCH 16
+#define STEAL_MAX 128 /* entries a thief takes from a ring at once, at most */
 #define SPIN_ROUNDS 8 /* a few us of looking (one yield) before a worker parks */
 #define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
 #define STACKS_IDLE_NS 200000000u   /* an idle worker gives spare stacks back */
@@ -171,14 +172,14 @@ static int band_of(uint32_t ref)
 /* Queues refs in the shared queue, each in its own band. */
 void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n)
 {
-    uint32_t by_band[INJ_BANDS][RING_SIZE / 2 + 1];
+    uint32_t by_band[INJ_BANDS][MOVE_CHUNK];
     unsigned count[INJ_BANDS] = {0};
 
     for (unsigned i = 0; i < n; i++) {
         int b = band_of(refs[i]);
 
         by_band[b][count[b]++] = refs[i];
-        if (count[b] == RING_SIZE / 2 + 1) {
+        if (count[b] == MOVE_CHUNK) {
             atap__inj_push(q, by_band[b], count[b], b);
             count[b] = 0;
         }
@@ -187,17 +188,24 @@ void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n
         atap__inj_push(q, by_band[b], count[b], b);
 }
 
-/* Owner: into the ring; a full ring first moves its older half out. */
+/* Owner: into the ring; a full ring first moves its older half out, the
+ * oldest first, a chunk at a time. */
 void atap__pool_push_ring(struct worker *w, uint32_t ref)
 {
-    uint32_t half[RING_SIZE / 2];
-    unsigned n;
+    uint32_t chunk[MOVE_CHUNK];
+    unsigned n, left = RING_SIZE / 2;
 
     if (ring_push(&w->ring, ref))
         return;
-    while ((n = ring_take_oldest(&w->ring, half, RING_SIZE / 2)) == 0 && ring_len(&w->ring) > 0)
-        ; /* a thief took from the top first: look again */
-    atap__pool_push_shared(&atap__pool.inj, half, n);
+    while (left > 0) {
+        if ((n = ring_take_oldest(&w->ring, chunk, left < MOVE_CHUNK ? left : MOVE_CHUNK)) == 0) {
+            if (ring_len(&w->ring) == 0)
+                break;
+            continue; /* a thief took from the top first: look again */
+        }
+        atap__pool_push_shared(&atap__pool.inj, chunk, n);
+        left -= n;
+    }
     if (!ring_push(&w->ring, ref))
         atap__pool_push_shared(&atap__pool.inj, &ref, 1);
 }
@@ -475,14 +483,17 @@ static uint32_t from_shared(struct worker *w)
     return n ? batch[0] : 0;
 }
 
-/* Takes half of v's ring (one CAS each, as Chase-Lev allows), keeping the
- * first and moving the rest into w's ring; else v's LIFO slot. */
+/* Takes half of v's ring, up to STEAL_MAX (one CAS each, as Chase-Lev
+ * allows), keeping the first and moving the rest into w's ring; else v's
+ * LIFO slot. */
 static uint32_t steal_from(struct worker *w, struct worker *v)
 {
     int64_t want = (ring_len(&v->ring) + 1) / 2;
     uint32_t first = 0, x;
     unsigned misses = 0, moved = 0;
 
+    if (want > STEAL_MAX)
+        want = STEAL_MAX;
     while (want > 0 && misses < 8) {
         if ((x = ring_steal(&v->ring)) == UINT32_MAX) {
             misses++;

@@ -79,6 +79,9 @@ extern struct worker atap__pool_blockers[POOL_MAX_THREADS];
 
 /* pool.c. Starts a thread in a FREE or DEAD record (pool lock held): 0 or -errno. */
 int atap__pool_start_thread(bool blocking, struct worker *self);
+/* Entries moved between a ring and the shared queue a batch at a time. */
+#define MOVE_CHUNK 128
+
 /* pool.c. The owner's push into its own ring (a full one moves half out). */
 void atap__pool_push_ring(struct worker *w, uint32_t ref);
 /* pool.c. Queues refs in the shared queue q, each in its own band. */

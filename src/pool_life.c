@@ -225,7 +225,9 @@ static void forget_records(struct worker *recs, unsigned n)
         for (int f = 0; f < nfd; f++)
             close(fds[f]);
     }
-    memset(recs, 0, sizeof atap__pool_workers);
+    /* Only the records in use: the rest were never written (their rings
+     * are 16 KiB each, untouched until used). */
+    memset(recs, 0, (n < POOL_MAX_THREADS ? n : POOL_MAX_THREADS) * sizeof *recs);
 }
 
 void atap__pool_forget(void)

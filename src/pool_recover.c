@@ -23,11 +23,16 @@
  * resumed tasks into its queues: pool.c). */
 void atap__pool_evacuate(struct worker *w)
 {
-    uint32_t refs[RING_SIZE + 1], x;
+    uint32_t refs[MOVE_CHUNK + 1], x;
     unsigned n = 0;
 
-    while ((x = ring_pop(&w->ring)) != 0)
+    while ((x = ring_pop(&w->ring)) != 0) {
         refs[n++] = x;
+        if (n == MOVE_CHUNK) {
+            atap__pool_push_shared(&atap__pool.inj, refs, n);
+            n = 0;
+        }
+    }
     if ((x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
         refs[n++] = x;
     atap__pool_push_shared(&atap__pool.inj, refs, n);
