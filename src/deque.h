@@ -81,6 +81,41 @@ static inline unsigned ring_find(struct ring *r, uint32_t x, unsigned max)
     return 0;
 }
 
+/* Owner: takes the entry `depth` from the bottom (1: the newest) and
+ * keeps the newer ones above it, in their order, at one fence where
+ * popping down to it and pushing back would cost one a pop. As ring_pop
+ * with bottom lowered by depth: past the fence, with top below the new
+ * bottom, [nb, b) is the owner's alone (a thief stops below nb); with top
+ * at it, the entry is the last one and a CAS on top decides; above it,
+ * thieves took it. Returns the entry, or 0 when a thief took it. */
+static inline uint32_t ring_take_at(struct ring *r, unsigned depth)
+{
+    int64_t b = ld_relaxed(&r->bottom), nb = b - (int64_t)depth, t;
+    uint32_t x;
+
+    if (depth == 0)
+        return 0;
+    st_release(&r->bottom, nb);
+    fence_seqcst(); /* bottom's store before top's load, as in ring_pop */
+    t = ld_relaxed(&r->top);
+    if (t < nb) {
+        x = ld_relaxed(&r->buf[nb & RING_MASK]);
+        for (int64_t i = nb + 1; i < b; i++)
+            st_relaxed(&r->buf[(i - 1) & RING_MASK], ld_relaxed(&r->buf[i & RING_MASK]));
+        st_release(&r->bottom, b - 1); /* publishes the entries moved down */
+        return x;
+    }
+    x = 0;
+    if (t == nb) {
+        x = ld_relaxed(&r->buf[nb & RING_MASK]);
+        if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + 1, memory_order_seq_cst,
+                                                     memory_order_relaxed))
+            x = 0;
+    }
+    st_release(&r->bottom, b); /* the newer entries stay where they are */
+    return x;
+}
+
 static inline uint32_t ring_pop(struct ring *r)
 {
     int64_t b = ld_relaxed(&r->bottom) - 1, t;

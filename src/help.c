@@ -21,13 +21,13 @@
 #include "pool_int.h"
 
 /* How deep in its own ring a waiter digs for the task it waits for: the
- * entries above it (newer) are popped and pushed back in their order. */
+ * entries above it (newer) stay, in their order (ring_take_at). */
 #define DIG_MAX 32
 
 uint32_t atap__pool_take_own(struct worker *w, uint32_t ref)
 {
-    uint32_t above[DIG_MAX], x, got = 0;
-    unsigned depth, n = 0;
+    uint32_t x;
+    unsigned depth;
 
     if (w->blocking)
         return 0;
@@ -37,21 +37,15 @@ uint32_t atap__pool_take_own(struct worker *w, uint32_t ref)
         atomic_compare_exchange_strong_explicit(&w->lifo, &ref, 0, memory_order_acq_rel,
                                                 memory_order_relaxed))
         return ref;
-    /* A look first (the owner's to read): pops and pushes back cost a
-     * fence each when it is not there. A task joined in the order spawned
-     * sits under its younger siblings. */
-    if ((depth = ring_find(&w->ring, ref, DIG_MAX)) == 0)
+    /* A look first (the owner's to read), then the entry taken from under
+     * the newer ones: a task joined in the order spawned sits under its
+     * younger siblings. */
+    /* Only thieves move the ring between the look and the take, and they
+     * take from the top: what is taken is ref, or nothing. */
+    if ((depth = ring_find(&w->ring, ref, DIG_MAX)) == 0 ||
+        (x = ring_take_at(&w->ring, depth)) == 0)
         return 0;
-    while (n < depth && (x = ring_pop(&w->ring)) != 0) {
-        if (x == ref) {
-            got = x;
-            break;
-        }
-        above[n++] = x;
-    }
-    while (n > 0) /* back where they were, the oldest first */
-        atap__pool_push_ring(w, above[--n]);
-    return got;
+    return x;
 }
 
 /* Room in held[] for one more run; false with no memory for it. */

@@ -149,6 +149,28 @@ static void push_and_take_oldest(struct ring_run *r, unsigned round)
     }
 }
 
+/* Pushes RING_SIZE entries, taking one from under the newest ones every
+ * seventh push (as a join digs out the task it waits for, help.c): what
+ * comes out is the entry that lay that deep, or nothing if a thief took
+ * it; the newer ones stay. */
+static void push_and_take_at(struct ring_run *r, unsigned round)
+{
+    uint32_t x;
+
+    for (unsigned i = 0; i < RING_SIZE; i++) {
+        assert_true(ring_push(&r->ring, i + 1));
+        if (i % 7 != 6)
+            continue;
+        unsigned depth = 1 + i % 9;
+        if ((x = ring_take_at(&r->ring, depth)) != 0) {
+            if (x > i + 1 - (depth - 1))
+                fail_msg("round %u: took %u from depth %u after pushing %u", round, x, depth,
+                         i + 1);
+            took(r, x);
+        }
+    }
+}
+
 /* The owner pushes and pops while two thieves steal: every entry leaves
  * the ring exactly once. */
 static void test_queues_ring_exactly_once(void **state)
@@ -163,6 +185,39 @@ static void test_queues_ring_take_oldest_exactly_once(void **state)
 {
     (void)state;
     with_thieves(push_and_take_oldest);
+}
+
+/* The owner takes entries from under newer ones while two thieves steal:
+ * every entry leaves exactly once. */
+static void test_queues_ring_take_at_exactly_once(void **state)
+{
+    (void)state;
+    with_thieves(push_and_take_at);
+}
+
+/* Taken from under newer entries, alone: the entry that lay that deep
+ * comes out, and the rest leave in their order. */
+static void test_queues_ring_take_at(void **state)
+{
+    (void)state;
+    struct ring *r = calloc(1, sizeof *r);
+
+    assert_non_null(r);
+    assert_int_equal(ring_take_at(r, 1), 0); /* empty */
+    for (unsigned i = 1; i <= 10; i++)
+        assert_true(ring_push(r, i));
+    assert_int_equal(ring_take_at(r, 3), 8);
+    assert_int_equal(ring_take_at(r, 1), 10);
+    assert_int_equal(ring_take_at(r, 8), 1); /* the oldest: the top */
+    assert_int_equal(ring_take_at(r, 8), 0); /* no entry lies that deep */
+    assert_int_equal(ring_steal(r), 2);      /* oldest first from the top */
+    for (uint32_t want = 9; want >= 3; want--) {
+        if (want == 8)
+            continue;
+        assert_int_equal(ring_pop(r), want);
+    }
+    assert_int_equal(ring_pop(r), 0);
+    free(r);
 }
 
 /* A full ring refuses the push rather than overwriting. */
@@ -642,6 +697,8 @@ int main(void)
         cmocka_unit_test(test_queues_ring_exactly_once),
         cmocka_unit_test(test_queues_ring_take_oldest_exactly_once),
         cmocka_unit_test(test_queues_ring_full),
+        cmocka_unit_test(test_queues_ring_take_at),
+        cmocka_unit_test(test_queues_ring_take_at_exactly_once),
         cmocka_unit_test(test_queues_ring_steal_between),
         cmocka_unit_test(test_queues_injector_fifo),
         cmocka_unit_test(test_queues_injector_bands_and_aging),
