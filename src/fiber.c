@@ -164,9 +164,15 @@ __asm__(".text\n" ASM_FUNC(atap__fiber_jump)
 
 /* ---- what a stack owns of the thread's state ------------------------------ */
 
-#if defined(__GLIBC__) && !defined(__EXCEPTIONS)
+#if defined(__GLIBC__)
 #include <pthread.h>
 #define FIBER_CHAIN 1
+#if defined(__EXCEPTIONS)
+/* glibc's C cleanup handlers, which pthread.h declares only for code built
+ * without -fexceptions: the chain is the thread's either way. */
+extern void __pthread_register_cancel(__pthread_unwind_buf_t *buf) __cleanup_fct_attribute;
+extern void __pthread_unregister_cancel(__pthread_unwind_buf_t *buf) __cleanup_fct_attribute;
+#endif
 /* Where glibc's thread record keeps the head of the chain, or -1. */
 static long chain_at = -1;
 static pthread_once_t chain_once = PTHREAD_ONCE_INIT;

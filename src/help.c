@@ -69,6 +69,16 @@ static bool held_room(struct worker *w)
 /* Room on the running stack (above its floor: its low end less a reserve
  * for the run itself) and in held[]. Past it, a run nests on a fresh
  * stack instead (pool_aside.c: the first task of the stack taken). */
+bool atap__pool_run_past_room(struct worker *w, uint32_t x)
+{
+    if (!held_room(w)) { /* no memory to record it: back to the queues */
+        atap__pool_push_ring(w, x);
+        return false;
+    }
+    atap__pool.ops->run(w, x);
+    return true;
+}
+
 bool atap__pool_room(struct worker *w)
 {
     uintptr_t here = (uintptr_t)__builtin_frame_address(0);

@@ -50,6 +50,7 @@
 #if defined(__linux__)
 #include <sys/syscall.h>
 #endif
+#include <time.h>
 #include <unistd.h>
 
 #include "atomics.h"
@@ -373,6 +374,19 @@ void atap__pool_leave_idle(struct worker *w)
     pthread_mutex_unlock(&atap__pool.lock);
 }
 
+/* A stop (or a reap) reached a thread that still has stacks set aside: a
+ * run under way since the drain looked (an io report's) may have waited.
+ * It stays until they have gone on, looking every millisecond. */
+static bool stay_for_aside(struct worker *w)
+{
+    struct timespec ms = {0, 1000000};
+
+    if (w->naside == 0)
+        return false;
+    nanosleep(&ms, NULL);
+    return true;
+}
+
 /* A stack set aside may go on, or will when a deadline passes: w looks
  * at its switch point rather than sleep. */
 static inline bool aside_due(const struct worker *w)
@@ -441,7 +455,7 @@ static bool park_worker(struct worker *w)
         sub_seqcst(&atap__pool.nsearching, 1);
     }
     if ((word = join_idle(w, &atap__pool.idle, &atap__pool.nidle)) != PARK_IDLE)
-        return word == PARK_RUNNING;
+        return word == PARK_RUNNING || stay_for_aside(w);
     fence_seqcst(); /* parking protocol: nidle before the last look */
     if (atap__pool_work_visible(false) || aside_due(w))
         atap__pool_leave_idle(w);
@@ -451,6 +465,8 @@ static bool park_worker(struct worker *w)
     if (word == PARK_READY)
         word = leave_ready(w);
     st_relaxed(&w->park, PARK_RUNNING);
+    if (word == PARK_STOP && stay_for_aside(w))
+        return true; /* told to stop with stacks set aside */
     if (word == PARK_STOP) {
         /* Reaped: what it read from io before its stop came left tasks in
          * its queues (pool_io.c), and a queuer may have counted on this worker
@@ -685,18 +701,19 @@ static inline bool loop_top(struct worker *w)
 {
     uint32_t first;
 
-    if (unlikely(w->stack != w->base) || (unlikely(w->naside != 0) && atap__pool_aside_pending(w)))
-        atap__pool_switch_point(w);
-    if (unlikely(w->exiting))
-        return false;
+    /* The task this stack was taken for first: nobody else will run it
+     * (its RUN is this thread's), and a switch now would leave it. */
     if (unlikely((first = w->handoff) != 0)) {
         w->handoff = 0;
         st_relaxed(&w->busy, true);
         atap__pool.ops->run(w, first);
         st_relaxed(&w->busy, false);
     }
-    return true;
+    if (unlikely(w->stack != w->base) || (unlikely(w->naside != 0) && atap__pool_aside_pending(w)))
+        atap__pool_switch_point(w);
+    return !unlikely(w->exiting);
 }
+
 
 static void worker_loop(struct worker *w)
 {
@@ -737,7 +754,7 @@ static bool blocker_wait(struct worker *w)
     bool listed;
 
     if ((word = join_idle(w, &atap__pool.bidle_list, &atap__pool.bidle)) != PARK_IDLE)
-        return word == PARK_RUNNING;
+        return word == PARK_RUNNING || stay_for_aside(w);
     fence_seqcst(); /* lost-wake handshake with submit_blocking (and a kick) */
     if (atap__inj_empty(&atap__pool.binj) && !aside_due(w)) {
         /* With stacks set aside it stays (their waits end here), and
@@ -781,7 +798,7 @@ static bool blocker_wait(struct worker *w)
     while ((word = ld_acquire(&w->park)) == PARK_IDLE || word == PARK_READY)
         atap__word_wait(&w->park, word, ATAP__FOREVER);
     st_relaxed(&w->park, PARK_RUNNING);
-    return word != PARK_STOP;
+    return word != PARK_STOP || stay_for_aside(w);
 }
 
 static void blocker_loop(struct worker *w)

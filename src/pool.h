@@ -190,6 +190,10 @@ static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int pr
 uint32_t atap__pool_take_own(struct worker *w, uint32_t ref);
 /* Room on the running stack for one more run nested on it. */
 bool atap__pool_room(struct worker *w);
+/* Runs x (taken by atap__pool_take_own) on top, past the stack's room,
+ * when no other stack can be had: true; false if held[] could not grow,
+ * x then queued again. */
+bool atap__pool_run_past_room(struct worker *w, uint32_t x);
 /* take_own where there is room: a run of it can go on top now. */
 static inline uint32_t atap__pool_help_own(struct worker *w, uint32_t ref)
 {

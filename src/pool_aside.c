@@ -270,6 +270,7 @@ static void stack_main(void *arg)
             w->nfree--;
             break;
         }
+    w->dead = w->stack; /* unmapped by the thread's own stack, off it */
     run_stack(w, w->base);
     __builtin_unreachable();
 }
@@ -462,9 +463,9 @@ uint64_t atap__pool_aside_due(const struct worker *w)
     return due;
 }
 
-/* The next stack to resume, or NULL: `woken` (oldest first) and passed
- * deadlines joined to the ready list first. */
-static struct stack *take_ready(struct worker *w)
+/* `woken` joined to the ready list, oldest first (a dead thread's stack
+ * pushed late, after its record was taken again, is passed over). */
+static void drain_woken(struct worker *w)
 {
     /* Acquire: what each ender did before its push. */
     struct stack *s = atomic_exchange_explicit(&w->woken, NULL, memory_order_acquire), *rev = NULL;
@@ -478,9 +479,18 @@ static struct stack *take_ready(struct worker *w)
     }
     while ((s = rev) != NULL) {
         rev = s->next;
-        if (s->owner == w) /* else a dead thread's, pushed late (bury) */
+        if (s->owner == w)
             ready_push(w, s);
     }
+}
+
+/* The next stack to resume, or NULL: `woken` and passed deadlines joined
+ * to the ready list first. */
+static struct stack *take_ready(struct worker *w)
+{
+    struct stack *s;
+
+    drain_woken(w);
     if (w->timed)
         expire(w, atap__now_ns());
     if ((s = w->ready) != NULL) {
@@ -489,6 +499,25 @@ static struct stack *take_ready(struct worker *w)
             w->ready_tail = NULL;
     }
     return s;
+}
+
+/* me, claimed by an ender whose push may not have landed yet: waited
+ * for, and taken off the ready list it lands on. */
+static void take_back(struct worker *w, struct stack *me)
+{
+    unsigned spins = 0;
+
+    for (;;) {
+        drain_woken(w);
+        for (struct stack **p = &w->ready, *prev = NULL; *p; prev = *p, p = &(*p)->next)
+            if (*p == me) {
+                *p = me->next;
+                if (w->ready_tail == me)
+                    w->ready_tail = prev;
+                return;
+            }
+        spin_pause(&spins);
+    }
 }
 
 bool atap__pool_aside_pending(const struct worker *w)
@@ -570,6 +599,11 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
         unlist_all(me);
         if (me->keys != me->inline_keys)
             free(me->keys);
+        /* An ender that took a key off before still()'s look has claimed
+         * this stack, and its push is on the way: it is taken back here,
+         * so that nothing resumes a stack that never went aside. */
+        if (atomic_exchange_explicit(&me->claim, 1, memory_order_acq_rel) != 0)
+            take_back(w, me);
         return ASIDE_GONE;
     }
     if (deadline != ATAP__FOREVER) {
@@ -654,6 +688,14 @@ static _Noreturn void exit_here(struct worker *w)
     if (w->base)
         atap__fiber_exiting(&w->base->f);
     pthread_exit(NULL);
+}
+
+void atap__pool_aside_forget(void)
+{
+    memset(buckets, 0, sizeof buckets);
+    st_relaxed(&atap__pool_keyed, 0);
+    graveyard = NULL; /* the parent's threads' stacks: not ours to unmap */
+    st_relaxed(&grave_lock.held, 0);
 }
 
 _Noreturn void atap__pool_die(struct worker *w)
@@ -747,6 +789,10 @@ void atap__pool_stacks_died(struct worker *w)
 {
     struct stack *s;
 
+    if (w->handoff) { /* a task a stack was taken for, not run yet: to the others */
+        atap__pool_push_shared(&atap__pool.inj, &w->handoff, 1);
+        w->handoff = 0;
+    }
     fail_runs(w);
     if (!w->base)
         return;

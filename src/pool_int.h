@@ -138,6 +138,8 @@ void atap__pool_switch_point(struct worker *w);
  * those unmapped (the thread idle for a while, none set aside). */
 bool atap__pool_stacks_spare(const struct worker *w);
 void atap__pool_stacks_shrink(struct worker *w);
+/* pool_aside.c. In a fork's child: no stack is listed, nothing buried. */
+void atap__pool_aside_forget(void);
 /* pool_aside.c. The earliest deadline of w's stacks set aside, or
  * ATAP__FOREVER. */
 uint64_t atap__pool_aside_due(const struct worker *w);

@@ -236,5 +236,6 @@ void atap__pool_forget(void)
     forget_records(atap__pool_blockers, ld_relaxed(&atap__pool.brec));
     memset(&atap__pool, 0, sizeof atap__pool);
     atap__pool.lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
+    atap__pool_aside_forget();
     atap__self = NULL;
 }

@@ -79,6 +79,7 @@ static __attribute__((noinline)) int wait_settled(struct atap_slot *s, uint32_t 
     struct worker *w = atap__self;
     struct atap__listen l = {.s = s, .gen = gen};
     bool looked = false;
+    int rc;
     uint64_t now;
     uint32_t cur, x;
 
@@ -104,12 +105,12 @@ static __attribute__((noinline)) int wait_settled(struct atap_slot *s, uint32_t 
             if (!x && !looked && atap__exec_inside(w, ref))
                 return ATAP_EINVAL;
             looked = true;
-            if (atap__pool_aside(w, (const void *[]){s}, 1, atap__exec_listen_aside, &l, deadline, x) != ASIDE_NO)
+            rc = atap__pool_aside(w, (const void *[]){s}, 1, atap__exec_listen_aside, &l, deadline,
+                                  x);
+            /* A task taken but not handed on (settled meanwhile, or no
+             * stack to be had) is run here, past the stack's room. */
+            if (rc == ASIDE_WOKEN || (x && atap__pool_run_past_room(w, x)) || rc == ASIDE_GONE)
                 continue;
-            if (x) { /* no stack to be had: on top, past the room */
-                atap__exec_run(w, x);
-                continue;
-            }
         }
         if (!(cur & ST_WAITERS) && !cas_acqrel(&s->word, &cur, cur | ST_WAITERS))
             continue;
