@@ -17,27 +17,29 @@
  * that loop; the thread's own stack is one of them, and the thread's loop
  * ends on it (exiting).
  *
- * The protocol of a wait, per key, under a bucket's spin lock (buckets
- * hash the key: one lock, one list):
- *   waiter: lock; list the stack; still() (for a join: an RMW that sets
- *           ST_ASIDE on the word while the task has not settled; for
- *           join_first: the settle count unchanged); unlock; switch away.
- *   ender:  move the word on (an RMW that reads ST_ASIDE), or bump the
- *           count; then lock, take every stack listed under the key off
- *           the list, unlock, and push each onto its owner's `woken`.
- * The lock orders the two: either the ender's look comes after the
- * listing, and finds the stack, or before it, and then still() (after the
- * listing, after the ender's move) sees the wait is over. An ender skips
- * the lock while no stack is listed anywhere (atap__pool_keyed: a count
- * the waiter raises before its still(), whose RMW the ender's own RMW
- * reads). A stack comes off the list exactly once, under the lock: by an
- * ender (who then pushes it), or by its owner when its deadline passes
- * (who then queues it itself); a stack found off the list is already on
- * its way to `woken`. Its owner only resumes stacks from its own ready
- * list, filled from `woken` (a Treiber stack, exchanged whole) and by its
- * deadlines, so a stack pushed before its switch away has completed (the
- * ender can be that quick) is not resumed before it has: the owner is the
- * thread still switching.
+ * The protocol of a wait. A stack waits on one or more keys (a join: the
+ * awaited slot; join_first: each member's slot), each a waiter node listed
+ * in its key's bucket under that bucket's spin lock:
+ *   waiter: list every node; still() (for a slot: an RMW that sets
+ *           ST_ASIDE on the word while the task has not settled);
+ *           switch away if it says the wait is on.
+ *   ender:  move the word on (an RMW that reads ST_ASIDE); then, under the
+ *           key's lock, take each node of the key off its list and move
+ *           its stack's claim from 0 to 1; push each stack it claimed onto
+ *           its owner's `woken`, after the lock.
+ * Either the ender's RMW reads the waiter's (its listing came before it,
+ * so the ender's look under the lock finds the node), or the waiter's
+ * still() reads the ender's and says no. An ender skips the lock while no
+ * node is listed anywhere (atap__pool_keyed, raised before still()). The
+ * claim makes a stack resumed once: by the ender that claimed it (a push),
+ * by its owner at a deadline or a death (it claims it itself); a waiter
+ * whose still() says no after an ender claimed it takes that push back.
+ * The owner resumes stacks only from its own ready list, filled from
+ * `woken` (a Treiber stack, exchanged whole) and by its deadlines, so a
+ * stack pushed before its switch away has completed is not resumed before
+ * it has: the owner is the thread still switching. A resumed stack takes
+ * its nodes off their lists, under each lock: an ender that took one off
+ * has claimed under that lock, so no push comes after.
  *
  * Waking an idle owner: the ender pushes, then (a seq_cst fence between)
  * reads the owner's park word, and moves IDLE to READY by CAS, then wakes
