@@ -19,12 +19,14 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "atap.h"
@@ -426,6 +428,27 @@ static inline bool wait_manager(bool alive, uint64_t timeout_ns)
         sleep_us(1000);
     } while (now_ns() < end);
     return false;
+}
+
+/* Waits up to 30 s for a fork's child and asserts it exited with 0; a
+ * nonzero status names the check the child failed. A child still running
+ * then is killed. */
+static inline void child_passed(pid_t pid)
+{
+    uint64_t end = now_ns() + ATAP_SEC(30);
+    int status = 0;
+    pid_t got;
+
+    while ((got = waitpid(pid, &status, WNOHANG)) == 0 && now_ns() < end)
+        sleep_ms(1);
+    if (got != pid) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("the fork's child did not finish in 30 s");
+    }
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fail_msg("the fork's child failed check %d", WEXITSTATUS(status));
 }
 
 #ifdef ATAP_MANAGER_H
