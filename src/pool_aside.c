@@ -132,7 +132,7 @@ static void unmap_stack(struct stack *s)
     atap__fiber_unmap(&s->f);
     free(s->held);
     free(s);
-    sub_relaxed(&atap__pool.nstacks, 1);
+    sub_relaxed(&atap__pool.nstacks, 1); /* a count for the stats alone */
 }
 
 /* A stack left for good is unmapped once the thread is off it. */
@@ -202,7 +202,7 @@ static struct stack *take_free(struct worker *w)
     s->held_cap = HELD_INLINE;
     s->floor = floor_of(s->f.lo, s->f.size);
     s->low = UINTPTR_MAX;
-    add_relaxed(&atap__pool.nstacks, 1);
+    add_relaxed(&atap__pool.nstacks, 1); /* a count for the stats alone */
     return s;
 }
 
@@ -297,7 +297,7 @@ int atap__pool_stacks_begin(struct worker *w, char *lo, size_t size)
     w->naside = w->nfree = 0;
     w->handoff = 0;
     w->exiting = w->dying = false;
-    st_relaxed(&w->woken, NULL);
+    st_relaxed(&w->woken, NULL); /* before its thread runs: a late push there is a dead stack */
     return 0;
 }
 
@@ -353,6 +353,8 @@ static void unlist_all(struct stack *s)
         }
         spin_unlock(&buckets[b].lock);
     }
+    /* Relaxed: an ender's look at the count needs only each waiter's own
+     * raise to be seen (by its still()'s RMW), never another's lowering. */
     sub_relaxed(&atap__pool_keyed, s->nkeys);
     s->nkeys = 0;
 }
@@ -524,6 +526,7 @@ static void take_back(struct worker *w, struct stack *me)
 
 bool atap__pool_aside_pending(const struct worker *w)
 {
+    /* Relaxed: a look; the exchange that takes them reads with acquire. */
     return w->ready || ld_relaxed(&w->woken) ||
            (w->timed && atap__pool_aside_due(w) <= atap__now_ns());
 }
@@ -592,7 +595,7 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
         me->keys[i] = (struct waiter){.key = keys[i], .stack = me};
     me->nkeys = nkeys;
     me->deadline = deadline;
-    st_relaxed(&me->claim, 0);
+    st_relaxed(&me->claim, 0); /* published to enders by list()'s locks */
     /* Counted before still(): its RMWs publish the listing and the count
      * (atap__pool_wake_listed). */
     add_relaxed(&atap__pool_keyed, nkeys);
@@ -614,6 +617,8 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
         w->timed = me;
     }
     w->naside++;
+    /* Relaxed: the owner counts it before it can next go idle, and a drain
+     * reads the count only after the owner's idle handshake (seq_cst). */
     now_aside = add_relaxed(&atap__pool.naside, 1) + 1;
     if (now_aside > ld_relaxed(&atap__pool.peak_aside))
         st_relaxed(&atap__pool.peak_aside, now_aside); /* a peak: a lost race only lowers it */
@@ -631,7 +636,7 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
     if (me->keys != me->inline_keys)
         free(me->keys);
     untime(w, me);
-    st_relaxed(&w->busy, true);
+    st_relaxed(&w->busy, true); /* owner-written, read by the stats */
     w->naside--;
     /* Release: a drain that reads the count sees this stack's run going on. */
     atomic_fetch_sub_explicit(&atap__pool.naside, 1, memory_order_release);
