@@ -166,7 +166,7 @@ static inline unsigned ring_take_oldest(struct ring *r, uint32_t *out, unsigned 
 /* Any thread. Returns the oldest entry if its index lies in [from, to),
  * 0 when there is none, or UINT32_MAX to retry (lost a race). Indices only
  * grow, so a bottom read earlier parts what was pushed before it from what
- * came after (help.c's leapfrogging). */
+ * came after. */
 static inline uint32_t ring_steal_between(struct ring *r, int64_t from, int64_t to)
 {
     int64_t t = ld_acquire(&r->top), b;

@@ -237,8 +237,7 @@ static void test_queues_ring_full(void **state)
 }
 
 /* A steal bounded by index takes the oldest entry only while its index
- * lies in the range: a leapfrogger's look (entries pushed at or above a
- * mark) and its clearing of what lies below one (help.c). */
+ * lies in the range (entries pushed at or above a mark, or below one). */
 static void test_queues_ring_steal_between(void **state)
 {
     (void)state;
