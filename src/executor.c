@@ -54,12 +54,10 @@ struct side *atap__side_of(struct atap_slot *s)
         return rx;
     if (!(fresh = calloc(1, sizeof *fresh)))
         return NULL;
-    pthread_mutex_init(&fresh->lock, NULL);
     /* Release: the record is whole before anyone can find it. */
     if (atomic_compare_exchange_strong_explicit(&s->side, &rx, fresh, memory_order_acq_rel,
                                                 memory_order_acquire))
         return fresh;
-    pthread_mutex_destroy(&fresh->lock);
     free(fresh);
     return rx;
 }
@@ -70,7 +68,6 @@ static void side_destroy(struct atap_slot *s)
     struct side *rx = ld_relaxed(&s->side);
 
     atap__extras.park->destroy(ld_relaxed(&rx->park));
-    pthread_mutex_destroy(&rx->lock);
     free(rx);
     st_relaxed(&s->side, NULL);
 }
@@ -79,36 +76,35 @@ static void side_destroy(struct atap_slot *s)
 
 static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last_state)
 {
-    if (s->filled && last_state != ST_TAKEN && s->out_free)
-        s->out_free(slot_out(s));
+    struct side *side = ld_relaxed(&s->side);
+
+    if (s->filled && last_state != ST_TAKEN && side && side->out_free)
+        side->out_free(slot_out(s));
     if (s->flags & SF_OUT_HEAP)
         free(s->out.heap);
     else if (s->out_size > PARK_TAIL) /* a free slot's park tail reads "not
                                          parked": an output may have filled it */
         st_relaxed(&s->out.park.claim, 0);
-    if (s->arg_free)
-        s->arg_free(s->arg);
-    if (unlikely(s->ext != NULL))
+    if (side && side->arg_free)
+        side->arg_free(s->arg);
+    if (unlikely(slot_sched(s)))
         atap__extras.time->destroy(s);
-    if (unlikely(ld_relaxed(&s->side) != NULL))
+    if (unlikely(side != NULL))
         side_destroy(s);
     s->fn = NULL;
     s->arg = NULL;
-    s->arg_free = NULL;
-    s->out_free = NULL;
-    slot_set_ext(s, NULL);
     s->flags = 0;
     s->filled = 0;
     s->fail_code = 0;
     s->out_size = 0;
 }
 
-/* Nothing to call or give back: no destructor, no heap output, no output
- * over the park tail, no schedule, no dataflow side. */
+/* Nothing to call or give back: no side record (no destructor, no
+ * schedule, no forward, no park record), no heap output, no output over
+ * the park tail. */
 static inline bool bare(const struct atap_slot *s)
 {
-    return !s->out_free && !s->arg_free && !(s->flags & SF_OUT_HEAP) && s->out_size <= PARK_TAIL &&
-           !s->ext && !ld_relaxed(&s->side);
+    return !(s->flags & SF_OUT_HEAP) && s->out_size <= PARK_TAIL && !ld_relaxed(&s->side);
 }
 
 static inline __attribute__((always_inline)) void
@@ -152,7 +148,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
 
     /* The caller owns RUN, so the slot is this task's: a waiting task
      * takes no more gives from here (its gate would hand RUN out again). */
-    if (unlikely(s->ext != NULL) && refs_gen(r) == gen && (r & REFS_RUN) &&
+    if (unlikely(slot_sched(s)) && refs_gen(r) == gen && (r & REFS_RUN) &&
         atap__extras.time->ending(s, gen))
         return; /* an at-rate series' runs under way: the last one drops it */
     do {
@@ -311,7 +307,7 @@ void atap__exec_wake(struct atap_slot *s, uint32_t old)
         settled_for_first();
 }
 
-/* A task with an ext is about to read FAILED: the feature hears first. */
+/* A task with a schedule is about to read FAILED: the feature hears first. */
 static __attribute__((noinline, cold)) void failing(struct atap_slot *s)
 {
     atap__extras.time->failing(s);
@@ -322,7 +318,7 @@ static inline __attribute__((always_inline)) bool stop(struct atap_slot *s, uint
 {
     uint32_t cur = ld_relaxed(&s->word);
 
-    if (unlikely(to == ST_FAILED && s->ext != NULL))
+    if (unlikely(to == ST_FAILED && slot_sched(s)))
         failing(s);
     do {
         if (word_gen(cur) != gen || word_state(cur) != from)
@@ -350,7 +346,7 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
 {
     uint32_t cur = ld_relaxed(&s->word);
 
-    if (unlikely(to == ST_FAILED && s->ext != NULL))
+    if (unlikely(to == ST_FAILED && slot_sched(s)))
         failing(s);
     do {
         if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
@@ -419,7 +415,7 @@ static inline __attribute__((always_inline)) void finish_run(struct atap_slot *s
     /* Before FAILED is published (release): a reader who sees it sees this. */
     if (unlikely(rc < 0))
         s->fail_code = (uint8_t)fail_code_of(rc);
-    if (unlikely(s->ext != NULL)) {
+    if (unlikely(slot_sched(s))) {
         atap__extras.time->done(s, gen, rc);
         return;
     }
@@ -448,7 +444,7 @@ void atap__exec_run(struct worker *w, uint32_t ref)
      * made just before the last release). */
     uint64_t r = ld_acquire(&s->refs);
 
-    if (likely(s->ext == NULL) && word_state(cur) == ST_PENDING &&
+    if (likely(!slot_sched(s)) && word_state(cur) == ST_PENDING &&
         (r & (REFS_RUN | REFS_RX | REFS_COUNT_MASK)) == REFS_RUN && refs_gen(r) == gen &&
         ld_acquire(&s->word) == cur)
         run_unobserved(w, s, ref, gen);
@@ -501,7 +497,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
 {
     uint32_t gen = word_gen(cur);
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen};
-    if (unlikely(word_state(cur) != ST_PENDING) && s->ext == NULL &&
+    if (unlikely(word_state(cur) != ST_PENDING) && !slot_sched(s) &&
         drop_stale_entry(s, ref - 1, gen))
         return;
     if (unlikely(word_state(cur) != ST_PENDING) && atap__extras.park->resume(s, &ctx)) {
@@ -512,11 +508,11 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
          * with the next waiter asleep). */
         if (word_state(ld_acquire(&s->word)) != ST_RUNNING) {
             if (ctx.woke)
-                s->fn(&ctx, s->arg, s->ext ? atap__extras.time->output(s) : slot_out(s));
+                s->fn(&ctx, s->arg, slot_sched(s) ? atap__extras.time->output(s) : slot_out(s));
             atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);
             return;
         }
-    } else if (unlikely(s->ext != NULL)) {
+    } else if (unlikely(slot_sched(s))) {
         if (!atap__extras.time->claim(s, &gen))
             return;
         ctx.gen = gen;
@@ -548,7 +544,7 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
      * this run, and the trace draws its arrow in. */
     ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ctx->index, ctx->gen), s->fn,
                (ld_relaxed(&s->refs) & REFS_GATED) != 0);
-    rc = s->fn(ctx, s->arg, s->ext ? atap__extras.time->output(s) : slot_out(s));
+    rc = s->fn(ctx, s->arg, slot_sched(s) ? atap__extras.time->output(s) : slot_out(s));
     ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, rc);
     w->cur = outer;
     atap__pool_frame_pop(w);
@@ -580,7 +576,7 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
     do {
         if (!word_is(cur, gen))
             return ATAP_ENOTASK;
-        if (s->ext ? !atap__extras.time->cancellable(s, word_state(cur))
+        if (slot_sched(s) ? !atap__extras.time->cancellable(s, word_state(cur))
                    : word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
             return 0; /* settled: an output that landed is left alone */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
@@ -589,7 +585,7 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
         atap__exec_wake(s, cur);
     if (word_state(cur) == ST_RUNNING) /* in a kernel wait or a park, maybe */
         atap__extras.park->interrupt(s, index, gen);
-    if (unlikely(s->ext != NULL))
+    if (unlikely(slot_sched(s)))
         atap__extras.time->cancelled(s, index, gen);
     return 0;
 }
@@ -631,7 +627,7 @@ bool atap__exec_inside(const struct worker *w, uint32_t ref)
     for (unsigned i = 0; w && i < w->depth; i++) {
         struct atap_slot *s = atap__table_at(w->held[i] - 1);
 
-        if (s->ext != NULL && atap__extras.time->series(s, &index, &gen) && index + 1 == ref)
+        if (slot_sched(s) && atap__extras.time->series(s, &index, &gen) && index + 1 == ref)
             return true;
     }
     return false;
@@ -644,7 +640,7 @@ atap_task atap_self(atap_ctx *ctx)
     if (!ctx || !ctx->slot)
         return ATAP_NO_TASK;
     /* An at-rate run has no handle of its own: it names its series. */
-    if (unlikely(ctx->slot->ext != NULL) && atap__extras.time->series(ctx->slot, &index, &gen))
+    if (unlikely(slot_sched(ctx->slot)) && atap__extras.time->series(ctx->slot, &index, &gen))
         return make_task(index, gen);
     return make_task(ctx->index, ctx->gen);
 }

@@ -118,7 +118,7 @@ static uint64_t readable(struct atap_slot *s)
 {
     if (word_state(ld_acquire(&s->word)) != ST_READY)
         return 0;
-    return s->ext ? atap__extras.time->pubs(s) : 1;
+    return slot_sched(s) ? atap__extras.time->pubs(s) : 1;
 }
 
 void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
@@ -130,10 +130,10 @@ void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
     if (!(ld_acquire(&s->refs) & REFS_RX))
         return;
     rx = ld_acquire(&s->side);
-    pthread_mutex_lock(&rx->lock);
+    spin_lock(&rx->lock);
     for (struct reg *r = rx->head; r; r = r->next)
         deliver(r, pub, slot_out(s), s->out_size, kicks);
-    pthread_mutex_unlock(&rx->lock);
+    spin_unlock(&rx->lock);
 }
 
 /* A reg that will get nothing more: its target hears, and, if it was the
@@ -151,13 +151,13 @@ static void reg_close(struct reg *r)
 
 static void read_lock(struct atap_slot *s)
 {
-    if (s->ext)
+    if (slot_sched(s))
         atap__extras.time->read_lock(s);
 }
 
 static void read_unlock(struct atap_slot *s)
 {
-    if (s->ext)
+    if (slot_sched(s))
         atap__extras.time->read_unlock(s);
 }
 
@@ -170,14 +170,14 @@ void atap__flow_close(struct atap_slot *s)
 
     atap__kicks_init(&kicks);
     read_lock(s);
-    pthread_mutex_lock(&rx->lock);
+    spin_lock(&rx->lock);
     rx->closed = true;
     list = rx->head;
     rx->head = NULL;
     if ((pub = readable(s)) != 0)
         for (struct reg *r = list; r; r = r->next)
             deliver(r, pub, slot_out(s), s->out_size, &kicks);
-    pthread_mutex_unlock(&rx->lock);
+    spin_unlock(&rx->lock);
     read_unlock(s);
     atap__flow_kicks_run(&kicks);
     for (; list; list = next) {
@@ -219,7 +219,7 @@ static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
         /* acq_rel: the rx installed above is seen by whoever drops RUN. */
     } while (!cas_acqrel(&s->refs, &refs, refs | REFS_RX));
     read_lock(s);
-    pthread_mutex_lock(&rx->lock);
+    spin_lock(&rx->lock);
     if (live && !rx->closed) {
         r->next = rx->head;
         rx->head = r;
@@ -227,7 +227,7 @@ static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
     }
     if ((pub = readable(s)) != 0)
         deliver(r, pub, slot_out(s), s->out_size, &kicks);
-    pthread_mutex_unlock(&rx->lock);
+    spin_unlock(&rx->lock);
     read_unlock(s);
     atap__flow_kicks_run(&kicks);
     if (!listed)

@@ -724,7 +724,7 @@ const void *atap_input(atap_ctx *ctx, size_t *size)
 {
     struct atap_slot *s = atap__exec_ctx_slot(ctx);
     size_t n = 0;
-    const void *v = s && s->ext ? atap__extras.time->input(s, &n) : NULL;
+    const void *v = s && slot_sched(s) ? atap__extras.time->input(s, &n) : NULL;
 
     if (size)
         *size = v ? n : 0;

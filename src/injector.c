@@ -65,12 +65,10 @@ static inline void prefetch_ref(uint32_t ref, int ahead)
     uint32_t guess = ref + (uint32_t)ahead;
     struct atap_slot *s = guess != 0 ? atap__table_slot(guess - 1) : NULL;
 
-    /* For writing: the walk relinks, the run claims. The run reads up to
-     * `ext`, which may sit on the slot's next line. */
-    if (s) {
+    /* For writing: the walk relinks, the run claims. The run reads the
+     * slot's first line (fn, arg, the output area's start). */
+    if (s)
         __builtin_prefetch(s, 1);
-        __builtin_prefetch(&s->ext, 1);
-    }
 }
 
 /* Pops up to max from ready by one CAS; 0 when ready is empty. */

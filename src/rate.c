@@ -105,7 +105,7 @@ static int set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_
 static int spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
 {
     atap_spawn_opts o = {.out_size = p->out_size,
-                         .out_free = p->out_free,
+                         .out_free = slot_out_free(p),
                          .priority = p->priority,
                          .blocking = (p->flags & SF_BLOCKING) != 0,
                          .timeout_ns = atap__sched_timeout(p)};
@@ -120,14 +120,13 @@ static int spawn_run(struct atap_slot *p, uint32_t pindex, uint32_t pgen)
     if ((rc = atap__exec_fill(s, p->fn, p->arg, &o)) != 0 ||
         (rc = atap__sched_attach(s, index, &o, NULL)) != 0 ||
         (rc = set_parent(s, p, pindex, pgen)) != 0) {
-        if (s->ext)
+        if (slot_sched(s))
             atap__sched_destroy(s);
         atap__exec_unfill(s);
         st_relaxed(&s->word, make_word(gen, ST_FREE));
         atap__table_free(cache, index, gen);
         return rc;
     }
-    s->arg_free = NULL; /* the series owns arg */
     run_started(p);
     st_relaxed(&s->refs, refs_of(gen) | REFS_RUN); /* no handle */
     st_release(&s->word, make_word(gen, ST_PENDING));
@@ -313,8 +312,8 @@ static bool rate_publish(struct atap_slot *p, struct sched *pc, uint32_t pgen, v
     if (ok && p->out_size) {
         /* Replaced before anyone took it: READY, or kept through a restart
          * (PENDING again after a give); a take cleared filled. */
-        if (p->filled && p->out_free)
-            p->out_free(slot_out(p));
+        if (p->filled && slot_out_free(p))
+            slot_out_free(p)(slot_out(p));
         memcpy(slot_out(p), out, p->out_size);
         p->filled = 1;
         *copied = true;

@@ -28,7 +28,7 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
 {
     switch (state) {
     case ST_TAKEN: /* a series that ran out has nothing more coming */
-        return s->ext && atap__extras.time->ran_out(s) ? ATAP_EFINISHED : ATAP_ETAKEN;
+        return slot_sched(s) && atap__extras.time->ran_out(s) ? ATAP_EFINISHED : ATAP_ETAKEN;
     case ST_CANCELLED: return ATAP_ECANCELLED;
     case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
     case ST_FAILED: { /* the run's own code, if it failed with one */
@@ -125,7 +125,7 @@ static inline __attribute__((always_inline)) int copy_out(struct atap_slot *s, u
     uint32_t cur;
     int rc = 0;
 
-    if (unlikely(s->ext != NULL))
+    if (unlikely(slot_sched(s)))
         atap__extras.time->read_lock(s); /* a repeat's next run can't publish meanwhile */
     cur = ld_acquire(&s->word);
     if (!word_is(cur, gen))
@@ -134,7 +134,7 @@ static inline __attribute__((always_inline)) int copy_out(struct atap_slot *s, u
         rc = state_error_of(s, word_state(cur));
     else if (s->out_size)
         copy_bytes(out, slot_out(s), s->out_size);
-    if (unlikely(s->ext != NULL))
+    if (unlikely(slot_sched(s)))
         atap__extras.time->read_unlock(s);
     return rc;
 }
@@ -145,7 +145,7 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
     uint32_t cur;
     int rc = 0;
 
-    if (unlikely(s->ext != NULL))
+    if (unlikely(slot_sched(s)))
         atap__extras.time->read_lock(s); /* what is moved out is what gets copied */
     cur = ld_acquire(&s->word);
     do {
@@ -165,7 +165,7 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
      * filled again, under the write lock this read lock excludes). */
     if (rc == 0)
         s->filled = 0;
-    if (unlikely(s->ext != NULL))
+    if (unlikely(slot_sched(s)))
         atap__extras.time->read_unlock(s);
     return rc;
 }
@@ -266,7 +266,7 @@ atap_state atap_state_of(atap_task t)
         return ATAP_FAILED;
     st = word_state(cur);
     if ((st == ST_PENDING || st == ST_RUNNING) &&
-        (atap__extras.park->parked(s) || (s->ext != NULL && atap__extras.flow->waiting(s))))
+        (atap__extras.park->parked(s) || (slot_sched(s) && atap__extras.flow->waiting(s))))
         return ATAP_WAITING;
     return (atap_state)st;
 }
@@ -278,7 +278,7 @@ bool atap_finished(atap_task t)
 
     if (!s || !handle_live(s, gen, &cur))
         return true;
-    if (unlikely(s->ext != NULL))
+    if (unlikely(slot_sched(s)))
         return atap__extras.time->finished(s, word_state(cur));
     return state_terminal(word_state(cur));
 }

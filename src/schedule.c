@@ -3,7 +3,7 @@
  * (timeout_ns), and repeats (ATAP_REPEAT: back to back, or every_ns from one
  * run's end to the next start, bounded by runs, for_ns or until_ns).
  *
- * A scheduled task has a `struct sched` in slot->ext with two timer records
+ * A scheduled task has a `struct sched` on its side record (side.h) with two timer records
  * on the manager's structure: `start` (a delay or a gap; its fire queues the
  * next run) and `limit` (the run timeout; its fire ends the task TIMED_OUT).
  *
@@ -75,6 +75,7 @@
 #include "park.h"
 #include "pool.h"
 #include "schedule_int.h"
+#include "side.h"
 #include "table.h"
 #include "timer.h"
 #include "trace.h"
@@ -120,6 +121,7 @@ int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opt
                        struct gate *gate)
 {
     struct sched *c = calloc(1, sizeof *c);
+    struct side *side;
 
     if (!c)
         return -ENOMEM;
@@ -140,7 +142,14 @@ int atap__sched_attach(struct atap_slot *s, uint32_t index, const atap_spawn_opt
     c->for_ns = o->for_ns;
     c->deadline = o->until_ns ? o->until_ns : UINT64_MAX;
     c->runs = o->runs;
-    slot_set_ext(s, c);
+    if (!(side = atap__side_of(s))) {
+        free(c->scratch);
+        free(c);
+        return -ENOMEM;
+    }
+    /* Release: the schedule is whole before the rebuild can find it. */
+    st_release(&side->ext, c);
+    s->flags |= SF_SCHED; /* the slot is not published yet */
     if (gate)
         atap__gate_bind(gate, index);
     return 0;
@@ -177,7 +186,7 @@ void atap__sched_destroy(struct atap_slot *s)
     struct sched *c = sched_of(s);
     struct sched *head = ld_relaxed(&graveyard);
 
-    slot_set_ext(s, NULL);
+    st_relaxed(&slot_side(s)->ext, NULL); /* freed with the slot, unseen by the rebuild (held) */
     if (c->gate) { /* nothing but the slot reaches the gate */
         atap__gate_destroy(c->gate);
         c->gate = NULL;
@@ -233,23 +242,30 @@ void atap__sched_reap(bool all)
 /* ---- timers ------------------------------------------------------------- */
 
 /* Every schedule's two records, found from the task table, for the
- * supervisor's rebuild of the timer structure (atap__timers_rebuild). A
- * schedule found through a slot stays allocated while this runs: only the
- * reaper frees one (the manager, which is not running, or the supervisor,
- * which is calling this), and a slot let go of meanwhile sends its schedule
- * to the graveyard. Visiting a record that is not armed costs nothing. */
+ * supervisor's rebuild of the timer structure (atap__timers_rebuild). Each
+ * live slot is held while we look (atap__exec_try_hold), so its side
+ * record, and the schedule on it, stay while we read them; a slot let go
+ * of meanwhile is skipped, its schedule on the graveyard (only the reaper
+ * frees one: the manager, which is not running, or the supervisor, which
+ * is calling this). Visiting a record that is not armed costs nothing. */
 void atap__sched_find_timers(atap__timer_visit *visit, void *cookie)
 {
     size_t span = atap__table_span();
 
     for (size_t i = 0; i < span; i++) {
         struct atap_slot *s = atap__table_slot((uint32_t)i);
-        struct sched *c = s ? slot_ext_acquire(s) : NULL;
+        uint32_t gen = s ? refs_gen(ld_acquire(&s->refs)) : 0;
+        struct side *side;
+        struct sched *c;
 
-        if (c) {
+        if (!s || !atap__exec_try_hold(s, gen))
+            continue;
+        /* Acquire: the schedule attach published whole. */
+        if ((side = ld_acquire(&s->side)) != NULL && (c = ld_acquire(&side->ext)) != NULL) {
             visit(&c->start, cookie);
             visit(&c->limit, cookie);
         }
+        atap__exec_release_listener(s, (uint32_t)i, gen);
     }
 }
 
@@ -536,7 +552,7 @@ const void *atap__sched_input(struct atap_slot *s, size_t *size)
 
 struct gate *atap__sched_gate(struct atap_slot *s)
 {
-    return s->ext ? sched_of(s)->gate : NULL;
+    return slot_sched(s) ? sched_of(s)->gate : NULL;
 }
 
 uint64_t atap__sched_pubs(struct atap_slot *s)
@@ -613,14 +629,14 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
     atap__sched_out_write_lock(c);
     cur = ld_acquire(&s->word);
     if ((ok = word_gen(cur) == gen && word_state(cur) == ST_RUNNING) && s->out_size) {
-        if (c->out_live && s->out_free)
-            s->out_free(slot_out(s)); /* replaced before anyone took it */
+        if (c->out_live && slot_out_free(s))
+            slot_out_free(s)(slot_out(s)); /* replaced before anyone took it */
         memcpy(slot_out(s), c->scratch, s->out_size);
         s->filled = 1;
     }
     /* Not copied: the scratch output is nobody's but ours. (Copied, it is
      * the slot's: filled, let go of at free if no publish follows.) */
-    dropped = !ok && s->out_size && s->out_free;
+    dropped = !ok && s->out_size && slot_out_free(s);
     if (ok)
         c->pubs++; /* counted before readable: see atap__flow_publish */
     if (ok && (ok = c->gate ? atap__gate_publish(s, gen, &c->out_kept)
@@ -628,7 +644,7 @@ static bool publish(struct atap_slot *s, struct sched *c, uint32_t gen)
         atap__flow_publish(s, c->pubs, &after); /* still under the lock: this output */
     atap__sched_out_write_unlock(c);
     if (dropped)
-        s->out_free(c->scratch);
+        slot_out_free(s)(c->scratch);
     atap__flow_kicks_run(&after); /* what it started, after the lock */
     return ok;
 }

@@ -10,12 +10,13 @@
 #include <stdint.h>
 
 #include "atomics.h"
+#include "side.h"
 #include "slot.h"
 #include "timer.h"
 
 struct gate;
 
-/* A scheduled task's schedule, in slot->ext (schedule.c's top comment). */
+/* A scheduled task's schedule, on its side record (schedule.c's top comment). */
 #define OUT_WRITER 0x80000000u /* out_lock: the publisher holds it (schedule_read.c) */
 
 struct sched {
@@ -60,7 +61,7 @@ struct sched {
 
 static inline struct sched *sched_of(struct atap_slot *s)
 {
-    return s->ext;
+    return (struct sched *)ld_relaxed(&slot_side(s)->ext);
 }
 
 /* schedule.c. Arms t (start or limit); false when the manager no longer

@@ -1,32 +1,68 @@
 /*
  * A slot's side record (slot->side): what a task needs only sometimes,
- * made on first use (atap__side_of, one CAS: the first maker wins) and
- * freed with the slot (executor.c). The forwards registered on the task
- * live here (forward.c: the list, under `lock`), and so does the park
- * record of a run that parked (park.c). Once made it stays until the slot
- * is freed, so anyone holding a listener or RUN may read it.
+ * kept off the slot so that a plain task's slot stays small. Made on first
+ * use (atap__side_of, one CAS: the first maker wins), or at spawn for a
+ * task with a destructor (spawn.c), and freed with the slot (executor.c).
+ * Once made it stays until the slot is freed, so anyone holding a
+ * listener or RUN may read it.
+ *
+ *   arg_free, out_free  the spawn's destructors: written before the task
+ *            is published, read by whoever frees the slot or drops an
+ *            output (executor.c, schedule.c, rate.c);
+ *   ext      the task's schedule (schedule.c), set before the task is
+ *            published (slot flag SF_SCHED) and cleared when the slot is
+ *            freed; read with acquire by the supervisor's rebuild of the
+ *            timers, which holds the slot while it looks;
+ *   lock, closed, head  the forwards registered on the task (forward.c);
+ *   park     the park record of a run that parked (park.c);
+ *   fd       the fd of a timed fd park in the slot's tail (park_fd.c),
+ *            whose tail has no room for it.
  */
 #ifndef ATAP_SIDE_H
 #define ATAP_SIDE_H
 
-#include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "atomics.h"
+#include "slot.h"
 
-struct atap_slot;
 struct park;
 struct reg;
 
 struct side {
-    pthread_mutex_t lock;      /* the forward list (forward.c) */
+    atap_spin lock;            /* the forward list (forward.c) */
     bool closed;               /* the list takes no more (forward.c) */
+    int fd;                    /* a timed tail fd park's fd (park_fd.c) */
     struct reg *head;          /* the forwards registered (forward.c) */
     struct park *_Atomic park; /* the run's park record (park.c) */
+    void (*arg_free)(void *);
+    void (*out_free)(void *);
+    void *_Atomic ext; /* the schedule (schedule.c) */
 };
 
 /* The slot's side record, made on first use. The caller holds a listener,
- * or RUN. NULL on -ENOMEM. */
+ * or RUN, or is filling the slot. NULL on -ENOMEM. */
 struct side *atap__side_of(struct atap_slot *s);
+
+/* The side record if the slot has one (the caller holds a listener or RUN). */
+static inline struct side *slot_side(const struct atap_slot *s)
+{
+    return ld_acquire(&((struct atap_slot *)s)->side);
+}
+
+static inline void (*slot_arg_free(const struct atap_slot *s))(void *)
+{
+    struct side *x = slot_side(s);
+
+    return x ? x->arg_free : NULL;
+}
+
+static inline void (*slot_out_free(const struct atap_slot *s))(void *)
+{
+    struct side *x = slot_side(s);
+
+    return x ? x->out_free : NULL;
+}
 
 #endif

@@ -56,7 +56,7 @@
 
 struct side;
 
-#define SLOT_SIZE 120u
+#define SLOT_SIZE 96u
 
 #define ST_FREE 0u
 #define ST_PENDING 1u
@@ -91,6 +91,7 @@ _Static_assert(REFS_HOLDS_MASK > 4 * ATAP_THREADS_MAX, "room for every thread's 
 /* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
 #define SF_OUT_HEAP 0x2u
+#define SF_SCHED 0x4u /* a schedule hangs on the side record (schedule.c) */
 
 struct atap_slot {
     _Atomic uint32_t word;
@@ -107,11 +108,8 @@ struct atap_slot {
                           + ATAP_FAIL_BASE (runner-written before FAILED) */
     atap_fn *fn;
     void *arg;
-    void (*arg_free)(void *);
-    void (*out_free)(void *);
-    void *ext; /* a task that uses time: its schedule (schedule.c); else NULL */
     union {
-        unsigned char bytes[SLOT_SIZE - 72];
+        unsigned char bytes[SLOT_SIZE - 48];
         void *heap;
         /* The tail a small (<= PARK_TAIL bytes) or heap output leaves
          * free: a park on a deadline or an fd keeps itself there (park_fd.c,
@@ -150,22 +148,19 @@ static inline int slot_park_tail(const struct atap_slot *s)
     return (s->flags & SF_OUT_HEAP) || s->out_size <= PARK_TAIL;
 }
 
-#define INLINE_OUT (SLOT_SIZE - 72)
+#define INLINE_OUT (SLOT_SIZE - 48)
 
 /*
- * Inline outputs are aligned for any type of their size. out.bytes is at
- * offset 72 of a 120-byte slot: 16-aligned on every other slot, 8 mod 16
- * on the rest. A type's alignment divides its size, so only an output
- * whose size is a multiple of 16 may need more than 8: on those slots it
- * starts 8 bytes in (slot_out), and one of INLINE_OUT bytes, which would
- * not fit so, lives on the heap instead (slot_out_inline).
+ * Inline outputs are aligned for any type: out.bytes sits at offset 48 of a
+ * slot whose size is a multiple of 16, in a table mapped page-aligned
+ * (table.c), so it is 16-aligned on every slot.
  */
 _Static_assert(_Alignof(max_align_t) <= 16, "inline outputs align to at most 16");
-_Static_assert(INLINE_OUT % 16 == 0, "the one size that does not fit shifted is INLINE_OUT");
+_Static_assert(SLOT_SIZE % 16 == 0, "every slot's output area is 16-aligned");
 
 static inline int slot_out_inline(size_t n)
 {
-    return n < INLINE_OUT;
+    return n <= INLINE_OUT;
 }
 
 /* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ELIMIT as 1 .. 14.
@@ -194,19 +189,9 @@ static inline int state_terminal(uint32_t s) { return s >= ST_READY; }
 /* Ended otherwise than with an output: cancelled, failed, timed out. */
 static inline int state_stopped(uint32_t s) { return s >= ST_CANCELLED; }
 
-/* `ext` is read plainly by whoever the slot's protocols make its owner, and
- * by the supervisor's rebuild of the timers (atap__sched_find_timers) from
- * any slot at any moment: so it is always written atomically, with release,
- * so that a schedule found through it is seen whole. */
-static inline void slot_set_ext(struct atap_slot *s, void *ext)
-{
-    __atomic_store_n(&s->ext, ext, __ATOMIC_RELEASE);
-}
-
-static inline void *slot_ext_acquire(struct atap_slot *s)
-{
-    return __atomic_load_n(&s->ext, __ATOMIC_ACQUIRE);
-}
+/* The task has a schedule (schedule.c): on its side record, found with
+ * sched_of (schedule_int.h). */
+static inline int slot_sched(const struct atap_slot *s) { return (s->flags & SF_SCHED) != 0; }
 
 static inline void *slot_out(struct atap_slot *s)
 {
@@ -214,9 +199,7 @@ static inline void *slot_out(struct atap_slot *s)
         return NULL;
     if (s->flags & SF_OUT_HEAP)
         return s->out.heap;
-    /* 8 more on a slot whose output area is 8 mod 16, for a size that is
-     * a multiple of 16 (see slot_out_inline). */
-    return (void *)(s->out.bytes + ((s->out_size & 15) == 0 ? ((uintptr_t)s->out.bytes & 8) : 0));
+    return s->out.bytes;
 }
 
 static inline atap_task make_task(uint32_t index, uint32_t gen)

@@ -32,6 +32,7 @@
 #include "atomics.h"
 #include "extras.h"
 #include "pool.h"
+#include "side.h"
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
@@ -60,7 +61,7 @@ static inline int check_opts(const atap_spawn_opts *o, bool waiting)
  * caller read (so that no store here makes the compiler read them again). */
 static inline __attribute__((always_inline)) void
 fill_fields(struct atap_slot *s, atap_fn *fn, void *arg, uint8_t flags, uint32_t out_size,
-            int priority, void (*arg_free)(void *), void (*out_free)(void *))
+            int priority)
 {
     s->flags = flags;
     s->filled = 0;
@@ -69,23 +70,32 @@ fill_fields(struct atap_slot *s, atap_fn *fn, void *arg, uint8_t flags, uint32_t
     s->priority = (int8_t)priority;
     s->fn = fn;
     s->arg = arg;
-    s->arg_free = arg_free;
-    s->out_free = out_free;
-    slot_set_ext(s, NULL);
 }
 
-/* Fills a freshly allocated slot; -ENOMEM leaves it untouched. */
+/* Fills a freshly allocated slot (whose side is NULL, as every free
+ * slot's is); -ENOMEM leaves it as it was. The destructors go on a side
+ * record: most tasks have none, and their slot stays one line. */
 static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_fn *fn, void *arg,
                                                       const atap_spawn_opts *o)
 {
     uint8_t flags = o->blocking ? SF_BLOCKING : 0;
+    struct side *side;
 
     if (!slot_out_inline(o->out_size)) {
         if (!(s->out.heap = malloc(o->out_size)))
             return -ENOMEM;
         flags |= SF_OUT_HEAP;
     }
-    fill_fields(s, fn, arg, flags, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
+    if (o->arg_free || o->out_free) {
+        if (!(side = atap__side_of(s))) {
+            if (flags & SF_OUT_HEAP)
+                free(s->out.heap);
+            return -ENOMEM;
+        }
+        side->arg_free = o->arg_free;
+        side->out_free = o->out_free;
+    }
+    fill_fields(s, fn, arg, flags, (uint32_t)o->out_size, o->priority);
     return 0;
 }
 
@@ -101,8 +111,14 @@ int atap__exec_fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spaw
 
 void atap__exec_unfill(struct atap_slot *s)
 {
+    struct side *side = ld_relaxed(&s->side);
+
     if (s->flags & SF_OUT_HEAP)
         free(s->out.heap);
+    if (side) { /* its destructors only: nothing else was hung on it yet */
+        st_relaxed(&s->side, NULL);
+        free(side);
+    }
     s->flags = 0;
 }
 
@@ -114,11 +130,8 @@ prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg, const atap_
 {
     int rc = fill(s, fn, arg, o);
 
-    if (rc == 0 && (!plain(o) || gate) &&
-        (rc = atap__extras.time->attach(s, index, o, gate)) != 0 && (s->flags & SF_OUT_HEAP))
-        free(s->out.heap);
-    if (rc != 0)
-        s->flags = 0;
+    if (rc == 0 && (!plain(o) || gate) && (rc = atap__extras.time->attach(s, index, o, gate)) != 0)
+        atap__exec_unfill(s);
     return rc;
 }
 
@@ -150,7 +163,7 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
             st_release(&s->word, make_word(gen, ST_PENDING));
             *task = make_task(index, gen);
             ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
-            if (unlikely(s->ext != NULL))
+            if (unlikely(slot_sched(s)))
                 atap__extras.time->start(s, index, gen, opts->blocking);
             else
                 atap__pool_submit_from(atap__self, index + 1, opts->priority, opts->blocking);
@@ -168,10 +181,13 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
 }
 
 /* Options a task's spawn from a worker can take in one go: nothing about
- * time or gives, a valid priority, an output that fits the slot. */
+ * time or gives, no destructor, a valid priority, an output that fits the
+ * slot. */
 static inline bool quick(const atap_spawn_opts *o)
 {
-    return plain(o) && (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking) == 0 &&
+    return plain(o) &&
+           (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking | (uintptr_t)o->arg_free |
+            (uintptr_t)o->out_free) == 0 &&
            slot_out_inline(o->out_size) && o->priority >= ATAP_PRIORITY_MIN &&
            o->priority <= ATAP_PRIORITY_MAX;
 }
@@ -184,7 +200,7 @@ spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
 {
     struct atap_slot *s = atap__table_at(index);
 
-    fill_fields(s, fn, arg, 0, (uint32_t)o->out_size, o->priority, o->arg_free, o->out_free);
+    fill_fields(s, fn, arg, 0, (uint32_t)o->out_size, o->priority);
     st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | REFS_HANDLE);
     /* Release: the fields above reach whoever acquires the word or the
      * queue entry (spawn_slot's order). */

@@ -2331,8 +2331,8 @@ static void print_leftovers(void)
             continue;
         by_state[word_state(w)]++;
         if (shown++ < 20)
-            print_message("stress: left over: slot %zu state %u refs %#llx fn %p ext %p\n", i,
-                          word_state(w), (unsigned long long)r, (void *)(uintptr_t)s->fn, s->ext);
+            print_message("stress: left over: slot %zu state %u refs %#llx fn %p side %p\n", i,
+                          word_state(w), (unsigned long long)r, (void *)(uintptr_t)s->fn, (void *)atomic_load(&s->side));
     }
     for (unsigned st = 0; st < 16; st++)
         if (by_state[st])
