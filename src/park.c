@@ -188,19 +188,39 @@ static struct park *park_of(struct atap_slot *s)
     return p;
 }
 
-static bool tail_park(struct atap_slot *s, const struct atap_ctx *ctx)
+/* A deadline a tail park can keep (within PARK_HORIZON of now). One
+ * already past is kept as now: it is due at once either way. */
+static bool tail_deadline(struct atap_ctx *ctx)
 {
-    return ctx->park_kind == PK_UNTIL && ctx->deadline != ATAP__FOREVER && slot_park_tail(s);
+    uint64_t now = atap__now_ns();
+
+    if (ctx->deadline < now)
+        ctx->deadline = now;
+    return ctx->deadline - now < PARK_HORIZON;
 }
 
-static bool tail_fd_park(struct atap_slot *s, const struct atap_ctx *ctx)
+/* A park on a deadline alone, in the slot's tail (park_wheel.c): the
+ * output leaves the whole tail free. */
+static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    return ctx->park_kind == PK_UNTIL && ctx->deadline != ATAP__FOREVER &&
+           slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx);
+}
+
+/* A park on an fd in the slot's tail (park_fd.c): with no deadline, an
+ * output of up to TAIL_FD bytes leaves room; with one, it needs the whole
+ * tail and keeps its fd on the side record (made here: we hold RUN). */
+static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
 {
     /* Not for a task a claim aside left a queue entry of (STALE): the fd's
      * list would take over `link` while that queue still chains through it.
      * STALE is set only while the task is queued, so it cannot appear once
      * this run has started. */
-    return ctx->park_kind == PK_FD && slot_park_tail(s) &&
-           !(ld_acquire(&s->refs) & REFS_STALE);
+    if (ctx->park_kind != PK_FD || (ld_acquire(&s->refs) & REFS_STALE))
+        return false;
+    if (ctx->deadline == ATAP__FOREVER)
+        return slot_tail_room(s, TAIL_FD);
+    return slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx) && atap__side_of(s) != NULL;
 }
 
 void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)

@@ -91,6 +91,7 @@
 #include "hub.h"
 #include "poller.h"
 #include "pool.h"
+#include "side.h"
 #include "slot.h"
 #include "table.h"
 #include "wait.h"
@@ -280,11 +281,20 @@ int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
     }
 }
 
+/* A tail fd park's fd: in the tail, or on the side record for a timed
+ * one (its tail holds the wheel's links and its tick). */
+static int tail_fd(struct atap_slot *s)
+{
+    if (ld_relaxed(&s->out.park.claim) & T_TIMED)
+        return slot_side(s)->fd;
+    return (int)ld_relaxed(&s->out.park.where);
+}
+
 /* fd_lock held: takes slot index off its fd's tail list. */
 static void tail_unlink(uint32_t index)
 {
     struct atap_slot *s = atap__table_at(index);
-    struct fdw *f = fdw_at(ld_relaxed(&s->out.park.fd));
+    struct fdw *f = fdw_at((size_t)tail_fd(s));
     uint32_t x = f->tails;
 
     atomic_fetch_and_explicit(&s->out.park.claim, ~T_LINKED, memory_order_relaxed);
@@ -343,7 +353,7 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         return;
     }
     atap__exec_hold(s); /* the slot stays ours until we are done (see atap__park_arm) */
-    st_relaxed(&s->out.park.fd, (uint32_t)ctx->fd);
+    st_relaxed(&s->out.park.where, (uint32_t)ctx->fd);
     st_seqcst(&s->out.park.claim, c); /* against a canceller */
     pthread_mutex_lock(&fd_lock);
     if (fd_closed) {
@@ -398,8 +408,8 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
     struct fdw *f;
     int by = 0;
 
-    st_relaxed(&s->out.park.fd, (uint32_t)ctx->fd);
-    st_relaxed(&s->out.park.deadline, ctx->deadline);
+    slot_side(s)->fd = ctx->fd; /* made by park.c's tail_fd_park */
+    st_relaxed(&s->out.park.where, atap__park_tick(ctx->deadline));
     st_seqcst(&s->out.park.claim, P_ARMED | ctx->events << T_WANT_SHIFT | T_FD | T_TIMED);
     pthread_mutex_lock(&fd_lock);
     if (fd_closed) {

@@ -120,6 +120,11 @@ void atap__park_tails_close(void);
 /* park_fd.c. In a fork's child (atap__park_forget): the fd table is forgotten. */
 void atap__park_fd_forget(void);
 
+/* A tail park keeps its deadline as a tick modulo 2^32 (park_wheel.c): one
+ * whose deadline is further than this from its arm takes a park record. */
+#define PARK_HORIZON (UINT64_C(1) << 46) /* 2^30 ticks of 65.5 us: 19.5 hours */
+/* park_wheel.c. A deadline as a tail park keeps it. */
+uint32_t atap__park_tick(uint64_t deadline);
 /* park_wheel.c. The runner: a deadline park goes on the wheel, which now owns RUN. */
 void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx);
 /* park_wheel.c. Pushes slot index on the wheel's inbox; false: closed, the parker acts. */

@@ -8,7 +8,7 @@
  *
  * Deadline parks in the slot itself. A park on a deadline, in a task whose
  * output leaves the slot's park tail free (slot.h), costs no memory beyond
- * the slot: its claim word and deadline sit in the tail, and the park wheel
+ * the slot: its claim word and its deadline's tick sit in the tail, and the park wheel
  * below links it through the tail's wnext / wprev. The wheel owns such a
  * park, and its RUN reference, until the manager meets it: at its deadline
  * (or a shutdown), the manager claims it, or finds it claimed by a cancel or
@@ -111,7 +111,7 @@ void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
     uint32_t w, st;
 
-    st_relaxed(&s->out.park.deadline, ctx->deadline);
+    st_relaxed(&s->out.park.where, atap__park_tick(ctx->deadline));
     st_seqcst(&s->out.park.claim, P_ARMED);
     w = ld_seqcst(&s->word);
     st = word_state(w);
@@ -169,9 +169,23 @@ static uint64_t tick_of(uint64_t ns)
     return ns >> WHEEL_TICK_SHIFT;
 }
 
+/* A tail park's deadline, as the tail keeps it: its tick modulo 2^32. */
+uint32_t atap__park_tick(uint64_t deadline)
+{
+    return (uint32_t)tick_of(deadline);
+}
+
+/* Tick a before tick b, both modulo 2^32: they are within 2^31 ticks of
+ * each other (a tail park's deadline is within PARK_HORIZON of its arm,
+ * and the wheel never runs more than a round behind). */
+static bool tick_before(uint32_t a, uint64_t b)
+{
+    return (int32_t)(a - (uint32_t)b) < 0;
+}
+
 static uint32_t bucket_of(struct atap_slot *s)
 {
-    return (uint32_t)(tick_of(ld_relaxed(&s->out.park.deadline)) % WHEEL_N);
+    return ld_relaxed(&s->out.park.where) % WHEEL_N;
 }
 
 static void bucket_used(uint32_t b)
@@ -248,7 +262,9 @@ void atap__park_unfile(uint32_t index)
 }
 
 /* Goes through bucket b: what is due now leaves (and is acted on), the
- * rest (later rounds) is filed again. by: DEADLINE, or OFF for everything. */
+ * rest (later rounds) is filed again. by: DEADLINE, or OFF for everything.
+ * Due: its tick is wholly past (its deadline is before the next tick's
+ * start, which is not after now), so nothing leaves early. */
 static void bucket_run(uint32_t b, uint64_t now, int by)
 {
     uint32_t x = wheel.head[b], due = 0;
@@ -259,7 +275,7 @@ static void bucket_run(uint32_t b, uint64_t now, int by)
         struct atap_slot *s = atap__table_at(x - 1);
         uint32_t next = ld_relaxed(&s->out.park.wnext);
         /* Stopped (claimed): free it now. */
-        bool go = by == BY_OFF || ld_relaxed(&s->out.park.deadline) <= now ||
+        bool go = by == BY_OFF || tick_before(ld_relaxed(&s->out.park.where), tick_of(now)) ||
                   (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED;
 
         if (go) {
@@ -288,9 +304,9 @@ static void take_inbox(uint64_t now)
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
         uint32_t next = ld_relaxed(&s->out.park.wnext);
-        uint64_t deadline = ld_relaxed(&s->out.park.deadline);
+        uint32_t tick = ld_relaxed(&s->out.park.where);
 
-        if (deadline <= now || tick_of(deadline) <= wheel.done ||
+        if (tick_before(tick, tick_of(now)) || !tick_before((uint32_t)wheel.done, tick) ||
             (ld_acquire(&s->out.park.claim) & T_STATE) >= P_CLAIMED) { /* claimed: act now */
             st_relaxed(&s->out.park.wnext, due);
             due = x;

@@ -1,6 +1,8 @@
 /*
- * One task slot: 120 bytes, never moved once mapped. (Not 128: a million
- * live tasks then fit in 128 bytes each with the table's growth slack.)
+ * One task slot: 64 bytes, one cache line, never moved once mapped. What
+ * only some tasks use (destructors, a schedule, forwards, a park record)
+ * hangs on the side record (side.h); an output over INLINE_OUT bytes lives
+ * on the heap.
  *
  * Two atomic words carry every protocol, and both hold the slot's
  * generation so a stale handle can never act on the task that reuses it:
@@ -56,7 +58,7 @@
 
 struct side;
 
-#define SLOT_SIZE 96u
+#define SLOT_SIZE 64u
 
 #define ST_FREE 0u
 #define ST_PENDING 1u
@@ -97,7 +99,7 @@ struct atap_slot {
     _Atomic uint32_t word;
     _Atomic uint32_t link;
     _Atomic uint64_t refs;
-    struct side *_Atomic side; /* what a slot needs only sometimes (forward.c) */
+    struct side *_Atomic side; /* what a task needs only sometimes (side.h) */
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;
@@ -108,23 +110,29 @@ struct atap_slot {
                           + ATAP_FAIL_BASE (runner-written before FAILED) */
     atap_fn *fn;
     void *arg;
+    /* The output: inline up to INLINE_OUT bytes, else on the heap. What
+     * an output leaves free of it holds a park on a deadline or an fd
+     * (park_wheel.c, park_fd.c), with no record of its own: slot_tail_room. */
     union {
         unsigned char bytes[SLOT_SIZE - 48];
         void *heap;
-        /* The tail a small (<= PARK_TAIL bytes) or heap output leaves
-         * free: a park on a deadline or an fd keeps itself there (park_fd.c,
-         * park_wheel.c). */
         struct {
-            unsigned char output[24];
             _Atomic uint32_t wnext, wprev; /* the park wheel's links */
-            _Atomic uint64_t deadline;
+            /* A deadline park's (or a timed fd park's) tick, modulo 2^32
+             * (park_wheel.c); an untimed fd park's fd (park_fd.c). */
+            _Atomic uint32_t where;
             _Atomic uint32_t claim;
-            _Atomic uint32_t fd; /* an fd park in the tail: its fd */
         } park;
     } out;
 };
 
-#define PARK_TAIL 24u
+/* An inline output of up to PARK_TAIL bytes leaves the tail's claim word
+ * alone. */
+#define PARK_TAIL 12u
+/* Of the tail: an untimed fd park uses `where` and `claim`; a deadline
+ * park, or a timed fd park, all of it. */
+#define TAIL_FD 8u
+#define TAIL_ALL 16u
 
 /* A hint for a parked task whose next run is being queued: the run reads
  * its arg first, and the arg is likely cold (a connection among
@@ -142,13 +150,20 @@ static inline void slot_warm_arg(const struct atap_slot *s)
         __builtin_prefetch((const void *)(a + 64 * i));
 }
 
-/* The slot's output leaves the park tail free. */
+#define INLINE_OUT (SLOT_SIZE - 48)
+
+/* The tail's claim word is the park's: the output leaves it alone. */
 static inline int slot_park_tail(const struct atap_slot *s)
 {
     return (s->flags & SF_OUT_HEAP) || s->out_size <= PARK_TAIL;
 }
 
-#define INLINE_OUT (SLOT_SIZE - 48)
+/* The output (inline, or its heap pointer) leaves the last `used` bytes
+ * of the output area free. */
+static inline int slot_tail_room(const struct atap_slot *s, uint32_t used)
+{
+    return (s->flags & SF_OUT_HEAP ? (uint32_t)sizeof(void *) : s->out_size) <= INLINE_OUT - used;
+}
 
 /*
  * Inline outputs are aligned for any type: out.bytes sits at offset 48 of a
@@ -175,6 +190,8 @@ static inline int fail_code_of(int rc)
 }
 
 _Static_assert(sizeof(struct atap_slot) == SLOT_SIZE, "a slot is SLOT_SIZE bytes");
+_Static_assert(offsetof(struct atap_slot, out.park.claim) == SLOT_SIZE - 4 && INLINE_OUT - 4 == PARK_TAIL,
+               "the claim word is the output area's last 4 bytes");
 
 static inline uint32_t word_state(uint32_t w) { return w & ST_MASK; }
 static inline uint32_t word_gen(uint32_t w) { return w >> GEN_SHIFT; }

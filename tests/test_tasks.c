@@ -1278,14 +1278,14 @@ static void test_tasks_spawn_from_task_checks_options(void **state)
 /* ---- every pointer handed to user code is aligned for any type --------- */
 
 /* Misaligned pointers seen, by where they come from: a slot's inline
- * output area (outputs under 48 bytes: a once task's or an at-rate run's
+ * output area (outputs up to 16 bytes: a once task's or an at-rate run's
  * `out`, and every out_free of such an output), and everything else (a
  * series' `out`, heap outputs, atap_input, in_free). Aligned means: for
  * any type of that size, i.e. to the largest power of two dividing the
  * size, up to alignof(max_align_t) (a type's alignment divides its size). */
 static atomic_int al_slot_bad, al_other_bad, al_seen, al_out_frees, al_in_frees;
 
-#define AL_INLINE_MAX 47 /* slot.h: under INLINE_OUT */
+#define AL_INLINE_MAX 16 /* slot.h: INLINE_OUT */
 #define AL_BIG 72
 #define AL_IN 24 /* the inputs' size */
 
