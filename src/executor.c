@@ -325,6 +325,10 @@ static inline __attribute__((always_inline)) bool stop(struct atap_slot *s, uint
             return false;
         /* Release: an output is written before READY can be read. */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, to)));
+    /* Traced before anyone is woken: a waiter that reads TIMED_OUT finds
+     * it in the trace, as a cancel's. */
+    if (to == ST_TIMED_OUT)
+        ATAP_TRACE(TR_TIMEOUT, ATAP_TRACE_ID(atap__table_index_of(s), gen), NULL, 0);
     if (cur & ST_LISTENED)
         atap__exec_wake(s, cur);
     return true;

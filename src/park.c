@@ -209,7 +209,8 @@ static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
 
 /* A park on an fd in the slot's tail (park_fd.c): with no deadline, an
  * output of up to TAIL_FD bytes leaves room; with one, it needs the whole
- * tail and keeps its fd on the side record (made here: we hold RUN). */
+ * tail and keeps its fd in the claim word, or a large one on the side
+ * record (made here: we hold RUN). */
 static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
 {
     /* Not for a task a claim aside left a queue entry of (STALE): the fd's
@@ -220,7 +221,8 @@ static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
         return false;
     if (ctx->deadline == ATAP__FOREVER)
         return slot_tail_room(s, TAIL_FD);
-    return slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx) && atap__side_of(s) != NULL;
+    return slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx) &&
+           (ctx->fd < T_FD_SMALL || atap__side_of(s) != NULL);
 }
 
 void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)

@@ -281,13 +281,15 @@ int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
     }
 }
 
-/* A tail fd park's fd: in the tail, or on the side record for a timed
- * one (its tail holds the wheel's links and its tick). */
+/* A tail fd park's fd: in the tail; for a timed one (whose tail holds the
+ * wheel's links and its tick), in the claim word or on the side record. */
 static int tail_fd(struct atap_slot *s)
 {
-    if (ld_relaxed(&s->out.park.claim) & T_TIMED)
-        return slot_side(s)->fd;
-    return (int)ld_relaxed(&s->out.park.where);
+    uint32_t c = ld_relaxed(&s->out.park.claim);
+
+    if (!(c & T_TIMED))
+        return (int)ld_relaxed(&s->out.park.where);
+    return c >> T_FD_SHIFT ? (int)(c >> T_FD_SHIFT) - 1 : slot_side(s)->fd;
 }
 
 /* fd_lock held: takes slot index off its fd's tail list. */
@@ -403,14 +405,18 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
  * the top); one it has not filed yet it queues when it takes it in. */
 static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    uint32_t w, st;
+    uint32_t w, st, fd1 = 0;
     unsigned got = 0;
     struct fdw *f;
     int by = 0;
 
-    slot_side(s)->fd = ctx->fd; /* made by park.c's tail_fd_park */
+    if (ctx->fd < T_FD_SMALL)
+        fd1 = (uint32_t)ctx->fd + 1;
+    else
+        slot_side(s)->fd = ctx->fd; /* made by park.c's tail_fd_park */
     st_relaxed(&s->out.park.where, atap__park_tick(ctx->deadline));
-    st_seqcst(&s->out.park.claim, P_ARMED | ctx->events << T_WANT_SHIFT | T_FD | T_TIMED);
+    st_seqcst(&s->out.park.claim,
+              P_ARMED | ctx->events << T_WANT_SHIFT | T_FD | T_TIMED | fd1 << T_FD_SHIFT);
     pthread_mutex_lock(&fd_lock);
     if (fd_closed) {
         by = BY_OFF;

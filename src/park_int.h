@@ -89,6 +89,10 @@ struct park {
 #define T_TIMED 0x20000u  /* an fd park with a deadline: on the wheel too */
 #define T_LINKED 0x40000u /* on its fd's list: changed under fd_lock */
 #define T_FILED 0x80000u  /* in a wheel bucket: the manager's alone */
+/* A timed fd park's fd, + 1, in the top bits when below T_FD_SMALL (its
+ * tail has no room for it); 0 there: it is on the side record. */
+#define T_FD_SHIFT 20
+#define T_FD_SMALL 4095
 
 struct atap_ctx;
 struct atap_slot;

@@ -362,7 +362,6 @@ static void fire_limit(struct atap_timer *t)
      * TIMED_OUT, and readers see it at once. The run ends unseen; a kernel
      * wait or a park it is in is cut short. */
     if (atap__exec_stop(s, gen, ST_RUNNING, ST_TIMED_OUT) && atap__exec_try_hold(s, gen)) {
-        ATAP_TRACE(TR_TIMEOUT, ATAP_TRACE_ID(c->index, gen), NULL, 0);
         /* Held: the run may end and free the slot the moment it is stopped. */
         atap__park_interrupt(s, c->index, gen);
         atap__exec_release_listener(s, c->index, gen);

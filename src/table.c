@@ -457,6 +457,19 @@ int atap__test_set_slot_gen(uint32_t index, uint32_t gen)
     return 0;
 }
 
+uint32_t atap__table_index_of(const struct atap_slot *s)
+{
+    for (unsigned b = 0; b < TABLE_BLOCKS; b++) {
+        const struct atap_slot *base = ld_acquire(&atap__table_blocks[b]);
+        size_t n = (size_t)(1u << TABLE_FIRST_LOG2) << b;
+
+        if (base && s >= base && s < base + n)
+            return (uint32_t)((((1u << TABLE_FIRST_LOG2) << b) - (1u << TABLE_FIRST_LOG2)) +
+                              (uint32_t)(s - base));
+    }
+    return UINT32_MAX;
+}
+
 int atap__test_flush_caches(void)
 {
     unsigned n = ld_acquire(&table.ncaches);

@@ -90,6 +90,10 @@ static inline struct atap_slot *atap__table_at(uint32_t index)
     return atomic_load_explicit(&atap__table_blocks[b], memory_order_acquire) + off;
 }
 
+/* The index of s, a slot of the table: a walk of the blocks, for the
+ * trace and other paths off the hot ones. */
+uint32_t atap__table_index_of(const struct atap_slot *s);
+
 /* A trim never lowers the span below this (about 2 MiB of slots); a stash may
  * always keep slots below it. */
 #define TRIM_KEEP 16384u
