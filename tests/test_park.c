@@ -24,6 +24,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "faults.h"  /* atap__owed_watch_failures */
@@ -1328,6 +1329,151 @@ static void test_park_fd_deadline_in_slot(void **state)
     close_pipe(q);
     free(fp);
     free(ts);
+    assert_no_failures();
+}
+
+static int g_lay_wfd = -1;
+
+static void lay_wait_parked(atap_task t)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10) * test_slack();
+
+    while (atap_state_of(t) != ATAP_WAITING && now_ns() < end)
+        sleep_us(200);
+    assert_int_equal(atap_state_of(t), ATAP_WAITING);
+}
+
+/* A park keeps itself in what a task's output leaves of the slot's output
+ * area, or on a record when it does not fit: for every output size (none,
+ * inline up to the area's 16 bytes, on the heap) and every kind (a
+ * deadline, an fd, an fd with a deadline; each ending by its fd or its
+ * deadline), what the first run wrote into its output is still there when
+ * the resumed run reads it, and the resume says why. Then the edges of a
+ * deadline kept as a 32-bit tick: one 30 hours out (past the tail's
+ * horizon: on a record) waits and is cancelled; one long past resumes at
+ * once; and a timed fd park on an fd above 4,095 (kept off the claim word). */
+enum { LAY_UNTIL, LAY_FD, LAY_FD_TIMED };
+
+struct lay {
+    int kind, fd;
+    size_t size;
+    uint64_t timeout;
+    atomic_int reason, bad;
+};
+
+static void lay_pattern(unsigned char *b, size_t n, size_t salt)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)(0xa5u ^ (i * 7u + salt));
+}
+
+static int task_lay(atap_ctx *ctx, void *arg, void *out)
+{
+    struct lay *l = arg;
+    unsigned char want[128];
+
+    lay_pattern(want, l->size, l->size);
+    if (!atap_resumed(ctx)) {
+        if (l->size)
+            memcpy(out, want, l->size);
+        int rc = l->kind == LAY_UNTIL ? atap_park_until(ctx, atap_now() + l->timeout)
+                                      : atap_park_fd(ctx, l->fd, ATAP_READABLE,
+                                                     l->kind == LAY_FD ? ATAP_FOREVER : l->timeout);
+        if (rc != 0)
+            atomic_store(&l->bad, 1);
+        return ATAP_PARKED;
+    }
+    atomic_store(&l->reason, atap_resume_reason(ctx));
+    if (l->size && memcmp(out, want, l->size) != 0)
+        atomic_store(&l->bad, 2); /* the park wrote over the output */
+    return 0;
+}
+
+static void lay_run(struct lay *l, int kind, int fd, size_t size, uint64_t timeout, bool write_fd,
+                    int want_reason)
+{
+    unsigned char got[128], want[128];
+    atap_task t;
+
+    l->kind = kind, l->fd = fd, l->size = size, l->timeout = timeout;
+    atomic_store(&l->reason, 0);
+    atomic_store(&l->bad, 0);
+    assert_int_equal(atap_spawn(&t, task_lay, l, &(atap_spawn_opts){.out_size = size}), 0);
+    if (write_fd) {
+        lay_wait_parked(t);
+        assert_true(put_byte(g_lay_wfd));
+    }
+    int rc = atap_join_for(t, size ? got : NULL, size, ATAP_SEC(20));
+    if (rc != 0)
+        fail_msg("kind %d size %zu: %s", kind, size, atap_strerror(rc));
+    if (atomic_load(&l->bad))
+        fail_msg("kind %d size %zu: bad %d", kind, size, atomic_load(&l->bad));
+    assert_int_equal(atomic_load(&l->reason), want_reason);
+    lay_pattern(want, size, size);
+    assert_memory_equal(got, want, size);
+    atap_release(t);
+}
+
+static void test_park_in_what_the_output_leaves(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {0, 1, 4, 8, 9, 12, 13, 16, 17, 24, 100};
+    struct lay l;
+    int p[2];
+    char c;
+
+    make_pipe(p);
+    g_lay_wfd = p[1];
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        size_t n = sizes[z];
+        lay_run(&l, LAY_UNTIL, -1, n, ATAP_MS(2), false, ATAP_RESUME_DEADLINE);
+        lay_run(&l, LAY_FD, p[0], n, 0, true, ATAP_RESUME_READY);
+        assert_int_equal(read(p[0], &c, 1), 1);
+        lay_run(&l, LAY_FD_TIMED, p[0], n, ATAP_SEC(60), true, ATAP_RESUME_READY);
+        assert_int_equal(read(p[0], &c, 1), 1);
+        lay_run(&l, LAY_FD_TIMED, p[0], n, ATAP_MS(2), false, ATAP_RESUME_DEADLINE);
+    }
+
+    /* A deadline long past: due at once. */
+    lay_run(&l, LAY_UNTIL, -1, 0, 0, false, ATAP_RESUME_DEADLINE);
+
+    /* 30 hours out: past the tail's horizon, on a record; it waits, and a
+     * cancel ends it. */
+    for (size_t z = 0; z < 2; z++) {
+        atap_task t;
+        l.kind = z ? LAY_FD_TIMED : LAY_UNTIL, l.fd = p[0], l.size = 0;
+        l.timeout = 30 * 3600 * ATAP_SEC(1);
+        atomic_store(&l.bad, 0);
+        assert_int_equal(atap_spawn(&t, task_lay, &l, NULL), 0);
+        lay_wait_parked(t);
+        sleep_ms(20);
+        assert_false(atap_finished(t));
+        assert_int_equal(atap_cancel(t), 0);
+        assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), ATAP_ECANCELLED);
+        assert_int_equal(atomic_load(&l.bad), 0);
+        atap_release(t);
+    }
+
+    /* A timed fd park on an fd above 4,095, when the limit allows one. */
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < 5000 && rl.rlim_max >= 5000) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = 5000;
+        assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+        rl.rlim_cur = was;
+    }
+    if (dup2(p[0], 4990) == 4990) {
+        lay_run(&l, LAY_FD_TIMED, 4990, 8, ATAP_SEC(60), true, ATAP_RESUME_READY);
+        assert_int_equal(read(p[0], &c, 1), 1);
+        lay_run(&l, LAY_FD_TIMED, 4990, 0, ATAP_MS(2), false, ATAP_RESUME_DEADLINE);
+        close(4990);
+    } else {
+        print_message("no fd 4990 here (RLIMIT_NOFILE %llu): the high-fd case not run\n",
+                      (unsigned long long)rl.rlim_max);
+    }
+    close_pipe(p);
+    assert_true(wait_live_back(ATAP_SEC(10)));
     assert_no_failures();
 }
 
@@ -2897,6 +3043,7 @@ int main(void)
         T(test_park_fd_repeatedly),
         T(test_park_holds_no_thread),
         T(test_park_fd_deadline_in_slot),
+        T(test_park_in_what_the_output_leaves),
         T(test_park_fd_heard_while_every_worker_runs),
         T(test_park_fd_first_ready_runs_first),
         T(test_park_cancel_frees),
