@@ -207,10 +207,11 @@ static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
            slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx);
 }
 
-/* A park on an fd in the slot's tail (park_fd.c): with no deadline, an
- * output of up to TAIL_FD bytes leaves room; with one, it needs the whole
- * tail and keeps its fd in the claim word, or a large one on the side
- * record (made here: we hold RUN). */
+/* A park on an fd in the slot's tail (park_fd.c). With no deadline, any
+ * task: an output of up to TAIL_FD bytes leaves room for its fd and claim
+ * word, a larger one has them on the side record (made here: we hold RUN;
+ * park_int.h's tail_claim). With a deadline it needs the whole tail, and
+ * keeps its fd in the claim word, or a large one on the side record. */
 static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
 {
     /* Not for a task a claim aside left a queue entry of (STALE): the fd's
@@ -219,8 +220,8 @@ static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
      * this run has started. */
     if (ctx->park_kind != PK_FD || (ld_acquire(&s->refs) & REFS_STALE))
         return false;
-    if (ctx->deadline == ATAP__FOREVER)
-        return slot_tail_room(s, TAIL_FD);
+    if (ctx->deadline == ATAP__FOREVER) /* any output: fd and claim on the side if need be */
+        return slot_tail_room(s, TAIL_FD) || atap__side_of(s) != NULL;
     return slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx) &&
            (ctx->fd < T_FD_SMALL || atap__side_of(s) != NULL);
 }
@@ -321,10 +322,12 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
     struct park *p;
     uint32_t c;
 
-    if (slot_park_tail(s)) {
-        c = ld_acquire(&s->out.park.claim);
+    _Atomic uint32_t *tc = tail_claim(s);
+
+    if (tc) {
+        c = ld_acquire(tc);
         if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
-            st_relaxed(&s->out.park.claim, P_IDLE);
+            st_relaxed(tc, P_IDLE);
             ctx->resumed = (uint8_t)(c & T_STATE & ~P_CLAIMED);
             ctx->events = (c >> T_GOT_SHIFT) & 0xfu;
             return true;
@@ -353,8 +356,8 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
     /* A park in the slot tail: on an fd alone, ended here if claimed from
      * ARMED; on the wheel, claimed here and ended by the manager at its next
      * run (park_wheel.c), and off its fd's list at once if it has one. */
-    if (slot_park_tail(s) && atap__park_tclaim(s, BY_STOP, 0) == 1) {
-        uint32_t c = ld_relaxed(&s->out.park.claim);
+    if (tail_claim(s) && atap__park_tclaim(s, BY_STOP, 0) == 1) {
+        uint32_t c = ld_relaxed(tail_claim(s));
         if ((c & (T_FD | T_TIMED)) == T_FD) {
             atap__park_tail_fd_complete(index, BY_STOP, true);
         } else {
@@ -375,14 +378,15 @@ void atap__park_interrupt(struct atap_slot *s, uint32_t index, uint32_t gen)
 
 bool atap__park_parked(struct atap_slot *s)
 {
+    _Atomic uint32_t *tc = tail_claim(s);
     struct side *side;
     struct park *p;
     uint32_t c;
 
     /* A free slot's tail reads "not parked" (executor.c's destroy), and the
      * listener the caller holds keeps this task's side record. */
-    if (slot_park_tail(s)) {
-        c = ld_acquire(&s->out.park.claim) & T_STATE;
+    if (tc) {
+        c = ld_acquire(tc) & T_STATE;
         if (c == P_ARMING || c == P_ARMED)
             return true;
     }

@@ -142,7 +142,7 @@ static unsigned wanted(const struct fdw *f)
         if (P_STATE(ld_relaxed(&p->claim)) < P_CLAIMED)
             ev |= p->events;
     for (uint32_t x = f->tails; x; x = ld_relaxed(link_of(x - 1))) {
-        uint32_t c = ld_relaxed(&atap__table_at(x - 1)->out.park.claim);
+        uint32_t c = ld_relaxed(tail_claim(atap__table_at(x - 1)));
         if ((c & T_STATE) < P_CLAIMED) /* a stopped one waiting for the wheel wants nothing */
             ev |= (c >> T_WANT_SHIFT) & 0xfu;
     }
@@ -255,10 +255,11 @@ static unsigned take_ready(struct fdw *f, unsigned want)
 
 /* ---- fd parks in the slot tail ---------------------------------------------
  *
- * A park on an fd with no deadline, in a task whose output leaves the slot's
- * park tail free, keeps its claim word (with the events wanted and seen) and
- * its fd in the tail and waits on its fdw's `tails` list through the slot's
- * `link`: it costs nothing beyond the slot. Same claim protocol as a park
+ * A park on an fd with no deadline keeps its claim word (with the events
+ * wanted and seen) and its fd in what the task's output leaves of the
+ * slot's output area (an output of up to 8 bytes: nothing beyond the slot;
+ * a larger one: on the side record, park_int.h's tail_claim) and waits on
+ * its fdw's `tails` list through the slot's `link`. Same claim protocol as a park
  * record (claimed from ARMED: the claimant completes; from ARMING: the
  * parker does), and the completer takes it off the list under fd_lock.
  */
@@ -266,14 +267,14 @@ static unsigned take_ready(struct fdw *f, unsigned want)
 /* 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen. */
 int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
 {
-    uint32_t c = ld_seqcst(&s->out.park.claim);
+    uint32_t c = ld_seqcst(tail_claim(s));
 
     for (;;) {
         uint32_t st = c & T_STATE;
         if (st != P_ARMING && st != P_ARMED)
             return 0;
         if (atomic_compare_exchange_weak_explicit(
-                &s->out.park.claim, &c,
+                tail_claim(s), &c,
                 (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) | got << T_GOT_SHIFT | P_CLAIMED |
                     (uint32_t)by,
                 memory_order_acq_rel, memory_order_acquire))
@@ -281,14 +282,15 @@ int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
     }
 }
 
-/* A tail fd park's fd: in the tail; for a timed one (whose tail holds the
- * wheel's links and its tick), in the claim word or on the side record. */
+/* A tail fd park's fd: in the tail, or on the side record when the output
+ * leaves no room; for a timed one (whose tail holds the wheel's links and
+ * its tick), in the claim word or on the side record. */
 static int tail_fd(struct atap_slot *s)
 {
-    uint32_t c = ld_relaxed(&s->out.park.claim);
+    uint32_t c = ld_relaxed(tail_claim(s));
 
     if (!(c & T_TIMED))
-        return (int)ld_relaxed(&s->out.park.where);
+        return slot_tail_room(s, TAIL_FD) ? (int)ld_relaxed(&s->out.park.where) : slot_side(s)->fd;
     return c >> T_FD_SHIFT ? (int)(c >> T_FD_SHIFT) - 1 : slot_side(s)->fd;
 }
 
@@ -299,7 +301,7 @@ static void tail_unlink(uint32_t index)
     struct fdw *f = fdw_at((size_t)tail_fd(s));
     uint32_t x = f->tails;
 
-    atomic_fetch_and_explicit(&s->out.park.claim, ~T_LINKED, memory_order_relaxed);
+    atomic_fetch_and_explicit(tail_claim(s), ~T_LINKED, memory_order_relaxed);
     if (x == index + 1) {
         f->tails = ld_relaxed(link_of(index));
     } else {
@@ -315,7 +317,7 @@ static void tail_unlink(uint32_t index)
 void atap__park_tail_off_fd(struct atap_slot *s, uint32_t index)
 {
     pthread_mutex_lock(&fd_lock);
-    if (ld_relaxed(&s->out.park.claim) & T_LINKED)
+    if (ld_relaxed(tail_claim(s)) & T_LINKED)
         tail_unlink(index);
     pthread_mutex_unlock(&fd_lock);
 }
@@ -336,7 +338,7 @@ void atap__park_tail_fd_complete(uint32_t index, int by, bool linked)
         atap__park_requeue(s, index);
         return;
     }
-    st_relaxed(&s->out.park.claim, P_IDLE);
+    st_relaxed(tail_claim(s), P_IDLE);
     atap__exec_finish_run(s, index, word_gen(ld_acquire(&s->word)), ATAP_EFAILED);
 }
 
@@ -355,8 +357,11 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         return;
     }
     atap__exec_hold(s); /* the slot stays ours until we are done (see atap__park_arm) */
-    st_relaxed(&s->out.park.where, (uint32_t)ctx->fd);
-    st_seqcst(&s->out.park.claim, c); /* against a canceller */
+    if (slot_tail_room(s, TAIL_FD))
+        st_relaxed(&s->out.park.where, (uint32_t)ctx->fd);
+    else
+        slot_side(s)->fd = ctx->fd; /* made by park.c's tail_fd_park */
+    st_seqcst(tail_claim(s), c); /* against a canceller */
     pthread_mutex_lock(&fd_lock);
     if (fd_closed) {
         by = BY_OFF;
@@ -379,7 +384,7 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         atap__park_tclaim(s, by, by == BY_READY ? got : 0);
     /* seq_cst: with the load of the word below, against the canceller's
      * state change and fence before its claim (store against store). */
-    if (!atomic_compare_exchange_strong_explicit(&s->out.park.claim, &c, P_ARMED | bits,
+    if (!atomic_compare_exchange_strong_explicit(tail_claim(s), &c, P_ARMED | bits,
                                                  memory_order_seq_cst, memory_order_acquire)) {
         atap__park_tail_fd_complete(ctx->index, (int)(c & T_STATE & ~P_CLAIMED), linked);
     } else {
@@ -415,7 +420,7 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
     else
         slot_side(s)->fd = ctx->fd; /* made by park.c's tail_fd_park */
     st_relaxed(&s->out.park.where, atap__park_tick(ctx->deadline));
-    st_seqcst(&s->out.park.claim,
+    st_seqcst(tail_claim(s),
               P_ARMED | ctx->events << T_WANT_SHIFT | T_FD | T_TIMED | fd1 << T_FD_SHIFT);
     pthread_mutex_lock(&fd_lock);
     if (fd_closed) {
@@ -427,7 +432,7 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
     } else {
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
-        atomic_fetch_or_explicit(&s->out.park.claim, T_LINKED, memory_order_relaxed);
+        atomic_fetch_or_explicit(tail_claim(s), T_LINKED, memory_order_relaxed);
         if (rewatch(f, W_JOIN) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             by = BY_READY, got = ATAP_ERROR;
@@ -554,7 +559,7 @@ static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
     }
     for (uint32_t x = f->tails, prev = 0, next; x; x = next) {
         struct atap_slot *t = atap__table_at(x - 1);
-        uint32_t c = ld_acquire(&t->out.park.claim);
+        uint32_t c = ld_acquire(tail_claim(t));
         unsigned want = (c >> T_WANT_SHIFT) & 0xfu;
 
         next = ld_relaxed(link_of(x - 1));
@@ -569,7 +574,7 @@ static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
             else
                 f->tails = next;
             if (c & T_TIMED) {
-                atomic_fetch_and_explicit(&t->out.park.claim, ~T_LINKED, memory_order_relaxed);
+                atomic_fetch_and_explicit(tail_claim(t), ~T_LINKED, memory_order_relaxed);
                 if (r->holder) {
                     st_relaxed(link_of(x - 1), r->ttimed);
                     r->ttimed = x;
@@ -604,7 +609,7 @@ static void complete_ready(struct resumes *r)
     while (r->ttimed) { /* the manager holds those it filed; the rest it meets
                            in its inbox, claimed, and queues then */
         uint32_t next = ld_relaxed(link_of(r->ttimed - 1));
-        if (ld_relaxed(&atap__table_at(r->ttimed - 1)->out.park.claim) & T_FILED) {
+        if (ld_relaxed(tail_claim(atap__table_at(r->ttimed - 1))) & T_FILED) {
             atap__park_unfile(r->ttimed - 1);
             atap__park_tail_fd_complete(r->ttimed - 1, BY_READY, false);
         }
@@ -804,7 +809,7 @@ void atap__park_tails_close(void)
         for (uint32_t x = f ? f->tails : 0, prev = 0, next; x; x = next) {
             struct atap_slot *t = atap__table_at(x - 1);
             next = ld_relaxed(link_of(x - 1));
-            if (ld_relaxed(&t->out.park.claim) & T_TIMED) {
+            if (ld_relaxed(tail_claim(t)) & T_TIMED) {
                 prev = x; /* the wheel's: atap__park_wheel_close, or its parker, ends it */
             } else if (atap__park_tclaim(t, BY_OFF, 0) == 1) {
                 if (prev)

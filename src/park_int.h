@@ -14,6 +14,7 @@
 
 #include "atap.h"
 #include "pool.h"
+#include "side.h"
 #include "slot.h"
 #include "timer.h"
 
@@ -93,6 +94,21 @@ struct park {
  * tail has no room for it); 0 there: it is on the side record. */
 #define T_FD_SHIFT 20
 #define T_FD_SMALL 4095
+
+/* The claim word of a tail park: the last 4 bytes of the slot's output
+ * area, unless an inline output of 13-16 bytes fills them; then the side
+ * record's (only an fd park without a deadline goes in the tail of such a
+ * task, and it makes the record first). NULL: no tail park can be. Where
+ * it is follows from the output's size, set at spawn, so every side finds
+ * the same word. */
+static inline _Atomic uint32_t *tail_claim(struct atap_slot *s)
+{
+    struct side *x;
+
+    if (slot_park_tail(s))
+        return &s->out.park.claim;
+    return (x = slot_side(s)) != NULL ? &x->claim : NULL;
+}
 
 struct atap_ctx;
 struct atap_slot;

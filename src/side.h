@@ -15,8 +15,8 @@
  *            timers, which holds the slot while it looks;
  *   lock, closed, head  the forwards registered on the task (forward.c);
  *   park     the park record of a run that parked (park.c);
- *   fd       the fd of a timed fd park in the slot's tail (park_fd.c),
- *            whose tail has no room for it.
+ *   fd, claim  a tail fd park's fd and claim word (park_fd.c, park_int.h's
+ *            tail_claim), when the task's output leaves its tail no room.
  */
 #ifndef ATAP_SIDE_H
 #define ATAP_SIDE_H
@@ -33,7 +33,8 @@ struct reg;
 struct side {
     atap_spin lock;            /* the forward list (forward.c) */
     bool closed;               /* the list takes no more (forward.c) */
-    int fd;                    /* a timed tail fd park's fd (park_fd.c) */
+    int fd;                    /* a tail fd park's fd, when its tail has no room */
+    _Atomic uint32_t claim;    /* a tail park's claim, when its tail has no room */
     struct reg *head;          /* the forwards registered (forward.c) */
     struct park *_Atomic park; /* the run's park record (park.c) */
     void (*arg_free)(void *);
