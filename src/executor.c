@@ -44,6 +44,15 @@
 #include "handle.h"
 
 
+/* ---- the features (extras.h) ------------------------------------------- */
+
+struct atap__extras atap__extras;
+
+void atap__exec_set_extras(const struct atap__extras *x)
+{
+    atap__extras = *x;
+}
+
 /* ---- the side record (side.h) ------------------------------------------ */
 
 struct side *atap__side_of(struct atap_slot *s)

@@ -11,6 +11,7 @@
 
 struct worker;
 struct atap_slot;
+struct atap__extras;
 
 /* The running task's view of itself (atap_ctx in atap.h). */
 struct atap_ctx {
@@ -113,9 +114,18 @@ bool atap__exec_inside(const struct worker *w, uint32_t ref);
 /* The running task's slot (NULL inside atap_block or for NULL). */
 struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);
 
-/* runtime.c: admission of spawns, so a shutdown can wait for every spawn
- * that got past the door. */
+/* spawn.c: admission of spawns from outside the pool, so a shutdown can
+ * wait for every spawn that got past the door. */
 bool atap__spawn_enter(bool *outside);
 void atap__spawn_exit(bool outside);
+/* spawn.c. The door spawns from outside the pool come in by: opened by the
+ * runtime's start; shut by its last shutdown, which returns once every
+ * spawn let in has queued; forgotten (shut, no one in) in a fork's child. */
+void atap__exec_door_open(void);
+void atap__exec_door_shut(void);
+void atap__exec_door_forget(void);
+/* executor.c. The features' table (extras.h), given by the runtime once,
+ * before its first start. */
+void atap__exec_set_extras(const struct atap__extras *x);
 
 #endif

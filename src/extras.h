@@ -24,7 +24,8 @@
  * that found the task RUNNING, and a reader asking whether it waits. A
  * plain task's spawn, run and join never leave the executor. Each feature
  * defines its part (atap__sched_extras, atap__flow_extras,
- * atap__park_extras) and runtime.c puts them together in atap__extras, as
+ * atap__park_extras) and runtime.c puts them together in atap__extras
+ * (executor.c's: atap__exec_set_extras), as
  * libuv's loop knows a handle's kind only through its callbacks. A new
  * kind of extra is a file of its own and a part here; the executor gains a
  * call only where a task's life has a new moment.
@@ -129,8 +130,9 @@ struct atap__extras {
     const struct atap__extras_park *park;
 };
 
-/* The table the executor reads: runtime.c's, of the parts the features
- * declare in their headers. */
-extern const struct atap__extras atap__extras;
+/* The table the executor reads (executor.c keeps it): runtime.c fills it
+ * once, before its first start (atap__exec_set_extras), with the parts
+ * the features declare in their headers. */
+extern struct atap__extras atap__extras;
 
 #endif

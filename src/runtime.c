@@ -12,11 +12,9 @@
  * an init can never count itself into a runtime that a last shutdown has
  * begun to stop: it finds STOPPING, waits it out, and starts afresh.
  *
- * Admission: a spawn from outside the pool counts itself in `inflight`
- * (seq_cst) before it reads the lifecycle (seq_cst); a shutdown stores
- * STOPPING (seq_cst) before it reads `inflight`. So either the spawn sees
- * STOPPING and backs out, or the shutdown sees it in flight and waits for
- * it to finish queueing before draining the pool. Spawns from inside a task
+ * Admission (spawn.c's door): opened just before the word reads RUNNING,
+ * shut by the last shutdown before it drains, which waits there for every
+ * spawn from outside the pool already let in. Spawns from inside a task
  * are part of the work being drained and are always let in.
  *
  * fork(): only the forking thread goes on in the child, so a runtime the
@@ -66,6 +64,7 @@
 #include "pool.h"
 #include "schedule.h"
 #include "table.h"
+#include "testing.h"
 #include "trace.h"
 
 #define STOPPED 0u
@@ -86,40 +85,12 @@ _Static_assert(POOL_MAX_THREADS == ATAP_THREADS_MAX, "atap.h says how many threa
 static _Atomic uint32_t lifecycle = STOPPED;
 
 static uint32_t life_state(uint32_t w) { return w & STATE_MASK; }
-static _Atomic unsigned inflight;
 
 static void poll_pause(void)
 {
     struct timespec ms = {0, 1000000};
 
     nanosleep(&ms, NULL);
-}
-
-/* Admissions this (outside) thread holds: one inside another (a give's
- * start, say) is let in whatever the lifecycle, since the outer one already
- * keeps a shutdown waiting. */
-static _Thread_local unsigned admitted;
-
-bool atap__spawn_enter(bool *outside)
-{
-    *outside = atap__self == NULL;
-    if (!*outside)
-        return true;
-    add_seqcst(&inflight, 1);
-    if (admitted > 0 || life_state(ld_seqcst(&lifecycle)) == RUNNING) {
-        admitted++;
-        return true;
-    }
-    sub_seqcst(&inflight, 1);
-    return false;
-}
-
-void atap__spawn_exit(bool outside)
-{
-    if (outside) {
-        admitted--;
-        sub_seqcst(&inflight, 1);
-    }
 }
 
 /* Reads a config of any size: known fields copied, unknown ones must be 0. */
@@ -171,12 +142,18 @@ static int env_count(const char *name, unsigned *n)
 }
 
 /* The features, as the executor reaches them (extras.h): the layers meet
- * here, at the top, so that the executor names none of them. */
-const struct atap__extras atap__extras = {
-    .time = &atap__sched_extras,
-    .flow = &atap__flow_extras,
-    .park = &atap__park_extras,
-};
+ * here, at the top, so that the executor names none of them. Given once,
+ * before the first start (pthread_once orders it before every task). */
+static pthread_once_t extras_once = PTHREAD_ONCE_INIT;
+
+static void extras_give(void)
+{
+    atap__exec_set_extras(&(struct atap__extras){
+        .time = &atap__sched_extras,
+        .flow = &atap__flow_extras,
+        .park = &atap__park_extras,
+    });
+}
 
 /* What the pool starts with: the config's counts, else the environment's,
  * else per CPU (config wins, atap.h). The environment is read only where
@@ -222,8 +199,7 @@ static void fork_child(void)
     atap__flow_forget();
     atap__table_forget();
     atap__trace_forget();
-    st_relaxed(&inflight, 0);
-    admitted = 0;
+    atap__exec_door_forget();
     in_shutdown = false;
     st_seqcst(&lifecycle, STOPPED); /* and no users: the parent's are not the child's */
 }
@@ -248,6 +224,8 @@ static int start(const atap_config *cfg)
         atap__pool_stop();
     if (rc != 0)
         atap__trace_runtime_stopped(); /* an ATAP_TRACE it started */
+    else
+        atap__exec_door_open();
     st_seqcst(&lifecycle, rc == 0 ? RUNNING | USER_ONE : STOPPED);
     return rc;
 }
@@ -263,6 +241,7 @@ int atap_init(const atap_config *config)
     pthread_once(&atfork_once, atfork_register);
     if (atfork_rc != 0)
         return atfork_rc;
+    pthread_once(&extras_once, extras_give);
     for (;;) {
         w = ld_seqcst(&lifecycle);
         if (life_state(w) == RUNNING) {
@@ -286,8 +265,7 @@ int atap_init(const atap_config *config)
 static void stop(void)
 {
     in_shutdown = true; /* a callback it runs here must not wait for it */
-    while (ld_seqcst(&inflight) != 0)
-        poll_pause();
+    atap__exec_door_shut(); /* and every spawn from outside let in has queued */
     /* The manager first: what it would still start (delays, gaps, periods)
      * is written off as FAILED, and a repeat ends at its next turn; then the
      * pool drains what is queued or running. */
@@ -333,6 +311,14 @@ int atap_shutdown(void)
 bool atap_initialised(void)
 {
     return life_state(ld_seqcst(&lifecycle)) == RUNNING;
+}
+
+int atap__test_flush_caches(void)
+{
+    if (atap_initialised())
+        return ATAP_EBUSY;
+    atap__table_flush_caches();
+    return 0;
 }
 
 int atap_status(struct atap_status *status)

@@ -15,8 +15,8 @@
  * claiming). A spawn that fails once it holds a slot leaves no task behind
  * and burns the generation: the slot goes back as (gen, FREE).
  *
- * A spawn from outside the pool is admitted first (atap__spawn_enter), so
- * a shutdown can wait for it; one from a task is part of the work a
+ * A spawn from outside the pool is admitted first (atap__spawn_enter, the
+ * door below), so a shutdown can wait for it; one from a task is part of the work a
  * shutdown drains, and always in. The quick path, inline in atap_spawn, is
  * a plain task's from a worker: a slot from the worker's stash, filled and
  * published as above, and into the worker's LIFO slot when that is empty
@@ -27,6 +27,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "atap.h"
 #include "atomics.h"
@@ -36,6 +37,67 @@
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
+
+/* ---- admission ---------------------------------------------------------
+ *
+ * A spawn from outside the pool counts itself in `inflight` (seq_cst)
+ * before it reads `door` (seq_cst); the last shutdown stores the door shut
+ * (seq_cst) before it reads `inflight`. Of the two stores, one is first in
+ * the single order of seq_cst operations, so either the spawn sees the
+ * door shut and backs out, or the shutdown sees it in flight and waits for
+ * it to finish queueing before draining the pool.
+ */
+static _Atomic bool door;
+static _Atomic unsigned inflight;
+/* Admissions this (outside) thread holds: one inside another (a give's
+ * start, say) is let in whatever the door, since the outer one already
+ * keeps a shutdown waiting. */
+static _Thread_local unsigned admitted;
+
+bool atap__spawn_enter(bool *outside)
+{
+    *outside = atap__self == NULL;
+    if (!*outside)
+        return true;
+    add_seqcst(&inflight, 1);
+    if (admitted > 0 || ld_seqcst(&door)) {
+        admitted++;
+        return true;
+    }
+    sub_seqcst(&inflight, 1);
+    return false;
+}
+
+void atap__spawn_exit(bool outside)
+{
+    if (outside) {
+        admitted--;
+        sub_seqcst(&inflight, 1);
+    }
+}
+
+void atap__exec_door_open(void)
+{
+    st_seqcst(&door, true);
+}
+
+void atap__exec_door_shut(void)
+{
+    struct timespec ms = {0, 1000000};
+
+    st_seqcst(&door, false);
+    while (ld_seqcst(&inflight) != 0)
+        nanosleep(&ms, NULL);
+}
+
+void atap__exec_door_forget(void)
+{
+    st_relaxed(&door, false);
+    st_relaxed(&inflight, 0);
+    admitted = 0;
+}
+
+/* ---- spawning ----------------------------------------------------------- */
 
 /* No field about time is set: the task needs no schedule. */
 static inline bool plain(const atap_spawn_opts *o)

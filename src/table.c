@@ -470,20 +470,17 @@ uint32_t atap__table_index_of(const struct atap_slot *s)
     return UINT32_MAX;
 }
 
-int atap__test_flush_caches(void)
+void atap__table_flush_caches(void)
 {
     unsigned n = ld_acquire(&table.ncaches);
     struct slot_cache *c;
 
-    if (atap_initialised())
-        return ATAP_EBUSY;
     for (unsigned i = 0; i < n && i < sizeof table.caches / sizeof table.caches[0]; i++) {
         if ((c = ld_acquire(&table.caches[i])) != NULL && c->n > 0) {
             push_free(c->idx, c->n);
             c->n = 0;
         }
     }
-    return 0;
 }
 
 /*

@@ -90,6 +90,10 @@ static inline struct atap_slot *atap__table_at(uint32_t index)
     return atomic_load_explicit(&atap__table_blocks[b], memory_order_acquire) + off;
 }
 
+/* Every thread's stash back on the shared free list (a test's, with no
+ * runtime running: runtime.c's atap__test_flush_caches). */
+void atap__table_flush_caches(void);
+
 /* The index of s, a slot of the table: a walk of the blocks, for the
  * trace and other paths off the hot ones. */
 uint32_t atap__table_index_of(const struct atap_slot *s);

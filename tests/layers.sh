@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layer check:   bash tests/layers.sh [SRC_DIR]
+# The layer check:   bash tests/layers.sh [SRC_DIR [ARCHIVE]]
 #
 # Reads the `#include "..."` lines of src/ and fails when
 #   - a file is not in the map below (a new file names its layer here),
@@ -12,6 +12,14 @@
 # shrinks: an entry whose include is gone fails the check until it is
 # taken out, so a fixed edge cannot come back unnoticed.
 #
+# Given ARCHIVE, a static library of src/ (the tests' libatap_testing.a),
+# it also reads its symbols (nm) and fails when an object uses an atap_ or
+# atap__ symbol (a call, a variable) defined by an object of a layer above
+# its own: an include alone cannot show a function declared low and
+# defined high. The observers (faults.c, trace.c) are excepted: every
+# layer calls their hooks. LAYERS_PLANT="OBJECT SYMBOL" adds a use, so that
+# the check can be shown to catch one (CTest test_layers_catches).
+#
 # src/README.md describes the layers; this map is the one they are checked
 # against. Layer 0 is what every file may include (the public header, the
 # atomics, fault injection, the test hooks, the trace hooks); faults.c and
@@ -19,6 +27,7 @@
 set -uo pipefail
 
 src=${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../src" && pwd)}
+archive=${2:-}
 
 # LAYER MODULE FILE...
 map='
@@ -118,3 +127,43 @@ function visit(m, path,    k, i, s, nx) {
     colour[m] = 2
 }
 '
+rc=$?
+
+# The symbols: "OBJECT SYMBOL" lines of what each object defines and uses.
+if [ -n "$archive" ]; then
+    command -v nm >/dev/null 2>&1 || { echo "layers: nm not found, symbols not checked"; exit $rc; }
+    [ -f "$archive" ] || { echo "layers: no archive $archive"; exit 1; }
+    sym() { nm -A "$@" "$archive" 2>/dev/null |
+        awk '$NF ~ /^atap_/ { n = split($1, p, ":"); print p[n - 1], $NF }'; }
+    defs=$(nm -A --defined-only "$archive" 2>/dev/null |
+        awk '$NF ~ /^atap_/ && $(NF - 1) ~ /^[A-Z]$/ { n = split($1, p, ":"); print p[n - 1], $NF }')
+    uses=$(sym -u)
+    [ -z "${LAYERS_PLANT:-}" ] || uses=$(printf '%s\n%s' "$uses" "$LAYERS_PLANT")
+    awk -v map="$map" -v defs="$defs" -v uses="$uses" '
+    function fail(msg) { print "layers: " msg; bad = 1 }
+    # An object of the library, by the file it was built from (spawn.c.o:
+    # spawn.c; net.c.o: tasks/net.c).
+    function file_of(o,    f) { f = o; sub(/\.o(bj)?$/, "", f); return (f in layer) ? f : ("tasks/" f) }
+    BEGIN {
+        n = split(map, lines, "\n")
+        for (i = 1; i <= n; i++) {
+            k = split(lines[i], w, " ")
+            for (j = 3; j <= k; j++) { layer[w[j]] = w[1] + 0; module[w[j]] = w[2] }
+        }
+        n = split(defs, lines, "\n")
+        for (i = 1; i <= n; i++)
+            if (split(lines[i], w, " ") == 2) def[w[2]] = file_of(w[1])
+        n = split(uses, lines, "\n")
+        for (i = 1; i <= n; i++) {
+            if (split(lines[i], w, " ") != 2 || !(w[2] in def)) continue
+            f = file_of(w[1]); d = def[w[2]]; nuses++
+            if (!(f in layer) || !(d in layer) || module[d] == "observe") continue
+            if (layer[d] > layer[f])
+                fail(f " (layer " layer[f] ", " module[f] ") uses " w[2] ", defined in " d \
+                     " (layer " layer[d] ", " module[d] ")")
+        }
+        if (!bad) print "layers: symbols ok (" nuses " uses of the library'"'"'s own symbols)"
+        exit bad
+    }' || rc=1
+fi
+exit $rc
