@@ -1653,7 +1653,11 @@ ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, siz
 
 /* Receives what has arrived, up to len bytes, into buf, waiting for at
  * least one (on a datagram socket: one datagram, cut to len). out.n: the
- * count; 0 means the peer closed (a stream socket), not an error. */
+ * count; with len > 0, 0 means the peer closed (a stream socket), not an
+ * error. len 0 asks for nothing: it finishes at once with out.n 0 (which
+ * then says nothing of the peer) and leaves every byte and datagram for
+ * the next read; buf may then be NULL. The same holds for recv_exact and
+ * recv_from of 0 bytes (recv_from's *from_len is then 0: no sender). */
 ATAP_EXPORT int atap_net_prep_recv(atap_net_io *io, int fd, void *buf, size_t len);
 
 /* Receives exactly len bytes into buf. A peer that closes first:
@@ -1788,7 +1792,11 @@ ATAP_EXPORT int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const 
 
 /* Writes an address as text, "1.2.3.4:80", "[::1]:80" or the Unix path
  * ("" unnamed), like snprintf: returns the length of the whole text (>= n:
- * cut), or ATAP_EINVAL for an unknown family or NULL. */
+ * cut), or ATAP_EINVAL for an unknown family, a len too short for its
+ * family's address, or NULL. Only len bytes of addr are read: a len too
+ * short to hold a family (0, as for a datagram from an unbound Unix
+ * socket) is no address and writes "", whatever the storage held before.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf,
                                      size_t n);
 

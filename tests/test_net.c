@@ -1235,6 +1235,139 @@ static void own_free(void *arg)
     atomic_store(&o->freed, 1);
 }
 
+/* A read of 0 bytes asks for nothing: it finishes at once with n = 0,
+ * which is no close (the peer is alive), on an idle socket as on one with
+ * bytes waiting, and takes none of them. The timeout only ends a read that
+ * waited. */
+static void test_net_zero_length_reads(void **state)
+{
+    (void)state;
+    int fds[2], dg[2];
+    unsigned char buf[8];
+    struct sockaddr_storage from;
+    socklen_t from_len;
+    atap_net_io io;
+    atap_net_out out;
+    const atap_spawn_opts limit = {.timeout_ns = ATAP_SEC(5)};
+
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_pair(dg, SOCK_DGRAM), 0);
+    /* Idle: nothing to read, the peer alive. */
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], NULL, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv(&io, dg[0], NULL, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    from_len = sizeof from;
+    assert_int_equal(atap_net_prep_recv_from(&io, dg[0], NULL, 0, (struct sockaddr *)&from,
+                                             &from_len),
+                     0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(from_len, 0); /* no datagram, no sender */
+    /* Bytes waiting stay for the next read. */
+    send_all(fds[1], "abc", 3);
+    send_all(dg[1], "xyz", 3);
+    assert_int_equal(atap_net_prep_recv(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv(&io, dg[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 3), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_memory_equal(buf, "abc", 3);
+    assert_int_equal(atap_net_prep_recv(&io, dg[0], buf, sizeof buf), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 3);
+    assert_memory_equal(buf, "xyz", 3);
+    /* On the calling thread, and stepped, the same. */
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 0), 0);
+    assert_int_equal(atap_net_run(&io, &out), 0);
+    assert_int_equal(out.n, 0);
+    /* A closed peer: a read of 0 still reads 0, with no error. */
+    close(fds[1]);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    close(fds[0]);
+    close(dg[0]);
+    close(dg[1]);
+}
+
+/* The address's length says how much of it there is: a datagram from an
+ * unbound Unix socket comes with none (length 0), and whatever the storage
+ * held before (zeros, or the last sender's address) is not read. */
+static void test_net_addr_format_honours_length(void **state)
+{
+    (void)state;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    char text[128];
+    int u, b, fds[2];
+    char pb[128];
+    unsigned char buf[8];
+    atap_net_io io;
+    atap_net_out out;
+
+    memset(&ss, 0, sizeof ss);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, 0, text, sizeof text), 0);
+    assert_string_equal(text, "");
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&ss, &len, "10.1.2.3:99"), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 11);
+    assert_string_equal(text, "10.1.2.3:99");
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, 0, text, sizeof text), 0);
+    assert_string_equal(text, "");
+    /* Too short for its family's address: a bad argument. */
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len - 1, text, sizeof text),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&ss, &len, "[::1]:7"), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len - 1, text, sizeof text),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 7);
+    /* A real datagram from an unbound socket, into storage that held an
+     * IPv4 sender, then into zeroed storage. */
+    strcpy(pb, temp_path("fmt.dgram"));
+    unlink(pb);
+    assert_int_equal(atap_net_unix_dgram_bind(&b, pb), 0);
+    assert_int_equal(atap_net_unix_dgram_bind(&u, NULL), 0);
+    assert_int_equal(atap_net_dgram_connect(u, pb), 0);
+    for (int round = 0; round < 2; round++) {
+        if (round == 0)
+            assert_int_equal(atap_net_ip_addr((struct sockaddr *)&ss, &len, "10.1.2.3:99"), 0);
+        else
+            memset(&ss, 0, sizeof ss);
+        send_all(u, "anon", 4);
+        len = sizeof ss;
+        assert_int_equal(atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&ss,
+                                                 &len),
+                         0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 4);
+        assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 0);
+        assert_string_equal(text, "");
+    }
+    /* A socket pair's peer is unnamed too. */
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    len = sizeof ss;
+    memset(&ss, 0xff, sizeof ss);
+    assert_int_equal(getpeername(fds[0], (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 0);
+    assert_string_equal(text, "");
+    close(fds[0]);
+    close(fds[1]);
+    close(u);
+    close(b);
+    unlink(pb);
+}
+
 static void test_net_step_in_own_task(void **state)
 {
     (void)state;
@@ -1378,6 +1511,8 @@ int main(void)
         T(test_net_udp),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
+        T(test_net_zero_length_reads),
+        T(test_net_addr_format_honours_length),
         T(test_net_step_in_own_task),
         T(test_net_run_without_runtime),
     };

@@ -396,12 +396,21 @@ static int do_send(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     return finish(out, io->done, 0, -1);
 }
 
+/* A read of 0 bytes asks for nothing, so it waits for nothing: it is done
+ * before the first call. A recv of 0 bytes would wait for data (the kernel
+ * wants a byte before it answers) and then say 0, which reads as a close;
+ * on a datagram socket it would take a datagram and drop it. */
 static int do_recv(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
+    if (io->len == 0) {
+        if (io->addrlen)
+            *io->addrlen = 0; /* no datagram, no sender */
+        return finish(out, 0, 0, -1);
+    }
     for (;;) {
         ssize_t r = xfer(io, false);
 
-        if (r > 0 || (r == 0 && io->op != OP_RECV_EXACT) || (r == 0 && io->len == 0)) {
+        if (r > 0 || (r == 0 && io->op != OP_RECV_EXACT)) {
             io->done += (size_t)r;
             if (io->op != OP_RECV_EXACT || io->done == io->len)
                 return finish(out, io->done, 0, -1);
