@@ -841,7 +841,10 @@ typedef enum atap_fs_op {
     ATAP_FS_READ_AT,    /* path, offset, len: up to len bytes at offset
                            (fewer at the end of the file), into buf if not
                            NULL (then out.data is buf), else a malloc'd
-                           out.data */
+                           out.data sized by what the file gives, never by
+                           len alone (len SIZE_MAX reads the rest of the
+                           file; a file with no size, as in /proc, or one
+                           that grows meanwhile, is read to its end) */
     ATAP_FS_WRITE,      /* path, data, len, mode: create (mode, default
                            0666 before the umask) or truncate, then write */
     ATAP_FS_APPEND,     /* path, data, len, mode: create if missing, append */

@@ -170,6 +170,90 @@ static void test_fs_write_read_append_at(void **state)
     assert_int_equal(o.n, 0);
 }
 
+/* The first chunk of a read_at grows the file it reads (once). */
+static int g_grow_fd = -1;
+static unsigned char *g_grow_tail;
+
+static void grow_once(uint64_t done)
+{
+    (void)done;
+    if (g_grow_fd >= 0) {
+        CHECK(write(g_grow_fd, g_grow_tail, 3 * CHUNK) == (ssize_t)(3 * CHUNK));
+        close(g_grow_fd);
+        g_grow_fd = -1;
+    }
+}
+
+/* A read_at without a buffer sizes its buffer by what the file gives, not
+ * by len: SIZE_MAX reads the rest of the file, of a regular file, of one
+ * whose size says nothing (/proc), and of one that grows while read. */
+static void test_fs_read_at_sized_by_the_file(void **state)
+{
+    (void)state;
+    atap_fs_out o, whole;
+    unsigned char *p = pattern(5 * CHUNK);
+
+    put(at("six"), "abcdef");
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .len = SIZE_MAX});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 6);
+    assert_memory_equal(o.data, "abcdef", 6);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .offset = 4, .len = SIZE_MAX});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 2);
+    assert_memory_equal(o.data, "ef", 2);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .offset = 9, .len = SIZE_MAX});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .offset = 1, .len = 3});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 3);
+    assert_memory_equal(o.data, "bcd", 3);
+    free(o.data);
+    /* Size 0 says nothing in /proc. */
+    if (access("/proc/self/cmdline", R_OK) == 0) {
+        whole = run((atap_fs_req){.op = ATAP_FS_READ, .path = "/proc/self/cmdline"});
+        assert_int_equal(whole.rc, 0);
+        assert_true(whole.n > 0);
+        o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = "/proc/self/cmdline",
+                              .len = SIZE_MAX});
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, whole.n);
+        assert_memory_equal(o.data, whole.data, whole.n);
+        free(o.data);
+        free(whole.data);
+    }
+    /* 2 chunks, grown by 3 more while read: all 5 come back. */
+    {
+        atap_fs_out w = run((atap_fs_req){
+            .op = ATAP_FS_WRITE, .path = at("grows"), .data = p, .len = 2 * CHUNK});
+        assert_int_equal(w.rc, 0);
+    }
+    g_grow_tail = p + 2 * CHUNK;
+    g_grow_fd = open(at("grows"), O_WRONLY | O_APPEND | O_CLOEXEC);
+    assert_true(g_grow_fd >= 0);
+    atomic_store(&atap__fs_chunk_hook, grow_once);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("grows"), .len = SIZE_MAX});
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    assert_int_equal(g_grow_fd, -1);
+    assert_no_failures();
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 5 * CHUNK);
+    assert_memory_equal(o.data, p, 5 * CHUNK);
+    free(o.data);
+    /* Bounded by len all the same. */
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("grows"), .offset = 10,
+                          .len = 2 * CHUNK + 7});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 2 * CHUNK + 7);
+    assert_memory_equal(o.data, p + 10, 2 * CHUNK + 7);
+    free(o.data);
+    free(p);
+}
+
 static void test_fs_large_read_write_in_chunks(void **state)
 {
     (void)state;
@@ -1002,6 +1086,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_fs, teardown_fs)
     const struct CMUnitTest tests[] = {
         T(test_fs_write_read_append_at),
+        T(test_fs_read_at_sized_by_the_file),
         T(test_fs_large_read_write_in_chunks),
         T(test_fs_read_buffer_ownership),
         T(test_fs_block_on_calling_thread),
