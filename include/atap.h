@@ -203,7 +203,11 @@ ATAP_EXPORT int atap_init(const atap_config *config);
  * the runtime runs on, and this returns 0 at once, from any thread, a task
  * included. The shutdown that lets the last user go stops the runtime: new
  * spawns fail with ATAP_ENOTINIT, queued work still runs, running tasks
- * finish, then every thread the runtime started is joined. Handles stay
+ * finish, then every thread the runtime started is joined and every fd it
+ * opened is closed (its pollers, each thread's event queue, the signal
+ * pipe, the inotify fd; a later atap_init opens its own). A signal caught
+ * for atap_park_signal stays caught (atap_signal_release gives it back),
+ * and an fd kept by atap_fd_keep stays kept. Handles stay
  * valid: their outputs can be read after it, and after a later atap_init.
  * It never returns while a task never ends.
  * A call with no user left to let go changes nothing and returns 0: when no
