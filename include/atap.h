@@ -1648,7 +1648,16 @@ ATAP_EXPORT int atap_net_prep_unix_connect(atap_net_io *io, const char *path);
 
 /* Accepts one connection on the listening socket lfd. out.fd: the new
  * socket; the peer's address goes to *peer (up to *peer_len bytes; *peer_len
- * then holds its length) when peer is not NULL. */
+ * then holds its length) when peer is not NULL. Out of fds (the process's
+ * or the system's limit) or of kernel memory for a socket, it waits
+ * rather than fails, and never reports -EMFILE, -ENFILE, -ENOBUFS or
+ * -ENOMEM: the connection stays queued in the kernel (none is lost) and
+ * the task parks on a timer and tries again, 1 ms later, then twice as
+ * long each time up to 64 ms, so it holds no thread and spins no CPU
+ * (the listener stays readable, so a park on it would not wait). It takes
+ * the connection at the first try after an fd comes free, up to 64 ms
+ * late. opts.timeout_ns or a cancel ends that wait as any other;
+ * atap_net_step waits the same way, parking the calling task. */
 ATAP_EXPORT int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *peer,
                                      socklen_t *peer_len);
 
