@@ -962,11 +962,21 @@ ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const ata
  * name is not followed), or, with path NULL, the one open as fd (the task
  * holds a dup of it). Its output is an unsigned int: the ATAP_PATH_* bits
  * of `changes` (0: all) seen since it started watching, or, as a repeat,
- * since the run before reported. It parks on atap_park_path and holds no
- * thread; besides the kernel's reports it compares the file's status with
+ * since the run before reported; or, with opts.out_size
+ * sizeof(atap_fs_watch_report), those bits with the names of the entries
+ * that changed (below). It holds no thread while it waits. On Linux it
+ * has an inotify fd of its own whose kernel watch, made by this call,
+ * lasts as long as the task: every change from the spawn on queues there,
+ * also while no run is parked (between the runs of a repeat, before the
+ * first run), so nothing between two reports is lost (but what the
+ * kernel's queue drops when it overflows, which is reported as every
+ * change but ATAP_PATH_GONE, with `more` set). Elsewhere, or when no
+ * inotify fd can be had (the per-user limit of inotify instances,
+ * fs.inotify.max_user_instances, is reached), it parks on
+ * atap_park_path, whose kernel watch lasts only while a run is parked.
+ * Besides the kernel's reports it compares the file's status with
  * what it last saw (at the start of each run, and every 50 ms while
- * parked), so that changes that came while no run was parked (between the
- * runs of a repeat, before the first park) are reported too: a write as
+ * parked), so that changes no report told of are found too: a write as
  * ATAP_PATH_WRITE (to a directory, ATAP_PATH_ENTRIES), a change of mode,
  * owner or links as ATAP_PATH_ATTRIB, a file left with no name as
  * ATAP_PATH_GONE. (Compared so, a write that leaves the size and the
@@ -979,7 +989,8 @@ ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const ata
  * the gap are not lost, the next run reports them). Where atap_park_path
  * cannot watch (-ENOTSUP with the poll backend outside Linux) or the kernel
  * refuses the watch, the run ends ATAP_EFAILED.
- * opts may be NULL; out_size 0 or sizeof(unsigned); kind ATAP_ONCE or
+ * opts may be NULL; out_size 0, sizeof(unsigned) or
+ * sizeof(atap_fs_watch_report); kind ATAP_ONCE or
  * ATAP_REPEAT (with every_ns, runs, for_ns, until_ns as usual); no
  * arg_free, out_free, gives, in_free or blocking.
  * Returns as atap_spawn; -errno if path cannot be opened or fd duplicated
@@ -989,6 +1000,29 @@ ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const ata
  */
 ATAP_EXPORT int atap_fs_spawn_watch(atap_task *task, const char *path, int fd, unsigned changes,
                                     const atap_spawn_opts *opts);
+
+/* Room for names in an atap_fs_watch_report. */
+#define ATAP_FS_WATCH_NAMES 1024
+
+/*
+ * A watch's report with the entries named: the output of a watch spawned
+ * with opts.out_size sizeof(atap_fs_watch_report) (with 0 or
+ * sizeof(unsigned) the output is the changes alone, as above). names holds
+ * the name of each entry of the watched directory that changed in a way
+ * asked for since the last report (made, removed, renamed from or to,
+ * written, its metadata changed), `count` of them, each NUL-ended, one
+ * after the other, each once, in the order they first changed; the rest
+ * of names is zeros. Where the kernel names no entries (a watched file;
+ * the kqueue backend; a change the status comparison found) there are
+ * none. more: some change was not named (names ran out of room, or the
+ * kernel's queue overflowed and lost them): read the directory again.
+ */
+typedef struct atap_fs_watch_report {
+    unsigned changes; /* ATAP_PATH_* bits, as the unsigned output */
+    unsigned count;   /* names in names */
+    bool more;        /* changed entries not named */
+    char names[ATAP_FS_WATCH_NAMES];
+} atap_fs_watch_report;
 
 /* ---------------------------------------------------------------------- */
 /* Waiting inside a task                                                   */

@@ -894,6 +894,20 @@ static int next_report(atap_task t, unsigned *bits)
     return rc;
 }
 
+/* As next_report, waiting ns at most. */
+static int report_within(atap_task t, unsigned *bits, uint64_t ns)
+{
+    uint64_t end = now_ns() + ns;
+    int rc;
+
+    do {
+        rc = atap_take_for(t, bits, sizeof *bits, ns);
+        if (rc == ATAP_ETAKEN)
+            sleep_ms(1);
+    } while (rc == ATAP_ETAKEN && now_ns() < end);
+    return rc;
+}
+
 /* True if no report came for ns. */
 static bool no_report_for(atap_task t, uint64_t ns)
 {
@@ -1001,6 +1015,159 @@ static void test_fs_watch_dir_create_write_remove(void **state)
 
 /* Changes made while no run of the repeat is parked (in its gap, and before
  * its first run) are reported by the next run. */
+/* A directory watch holds its kernel watch for its whole life: a file in
+ * it rewritten again and again, each rewrite waited for, is reported each
+ * time, wherever the rewrite lands: between the runs of a repeat, while a
+ * run is parked, or while it looks again (every 50 ms). A rewrite is one
+ * pwrite through an fd kept open: one event, so one report. */
+static void test_fs_watch_dir_loses_no_rewrite(void **state)
+{
+    (void)state;
+    const uint64_t gaps[2] = {GAP, ATAP_MS(1)};
+    unsigned bits;
+    int fd;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("rw")}), 0);
+    put(at("rw/f"), "0");
+    fd = open(at("rw/f"), O_WRONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    for (int phase = 0; phase < 2; phase++) {
+        atap_task t;
+        int lost = 0;
+
+        assert_int_equal(atap_fs_spawn_watch(&t, at("rw"), -1, ATAP_PATH_WRITE,
+                                             &(atap_spawn_opts){.kind = ATAP_REPEAT,
+                                                                .every_ns = gaps[phase]}),
+                         0);
+        wait_waiting(t);
+        for (int i = 0; i < 20; i++) {
+            char c = (char)('a' + i);
+            if (phase == 1)
+                sleep_ms((unsigned)(i * 7) % 60); /* at every phase of the 50 ms look */
+            assert_int_equal(pwrite(fd, &c, 1, 0), 1);
+            if (report_within(t, &bits, ATAP_SEC(3)) != 0) {
+                if (++lost == 3)
+                    break; /* enough to tell */
+                continue;
+            }
+            assert_int_equal(bits, ATAP_PATH_WRITE);
+        }
+        assert_int_equal(atap_cancel(t), 0);
+        atap_release(t);
+        if (lost)
+            print_error("phase %d: %d rewrites not reported\n", phase, lost);
+        assert_int_equal(lost, 0);
+    }
+    close(fd);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* Takes the next full report of a watch spawned for them. */
+static int next_named(atap_task t, atap_fs_watch_report *r)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    int rc;
+
+    do {
+        rc = atap_take_for(t, r, sizeof *r, ATAP_SEC(10));
+        if (rc == ATAP_ETAKEN)
+            sleep_ms(1);
+    } while (rc == ATAP_ETAKEN && now_ns() < end);
+    return rc;
+}
+
+/* The names in r: each once, `count` of them, zeros after; seen[i] set
+ * for each of want[0..n) named. */
+static void check_names(const atap_fs_watch_report *r, const char *const *want, size_t n,
+                        bool *seen)
+{
+    size_t at = 0;
+
+    for (unsigned k = 0; k < r->count; k++) {
+        const char *name = r->names + at;
+        size_t len = strnlen(name, sizeof r->names - at);
+        assert_true(len > 0 && at + len < sizeof r->names);
+        for (size_t j = at + len + 1; j < sizeof r->names && r->names[j]; j += strlen(r->names + j) + 1)
+            assert_string_not_equal(r->names + j, name); /* once */
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(want[i], name) == 0)
+                seen[i] = true;
+        at += len + 1;
+    }
+    for (; at < sizeof r->names; at++)
+        assert_int_equal(r->names[at], 0);
+}
+
+/* Each report of a directory watch names the entries that changed; past
+ * the room for names it says `more`. */
+static void test_fs_watch_names_entries(void **state)
+{
+    (void)state;
+    static const char *const abc[3] = {"a", "b", "c"};
+    atap_fs_watch_report r;
+    bool seen[3] = {false, false, false};
+    atap_task t;
+    unsigned changes = 0;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("nm")}), 0);
+    assert_int_equal(atap_fs_spawn_watch(&t, at("nm"), -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_REPEAT,
+                                                            .every_ns = GAP,
+                                                            .out_size = sizeof r}),
+                     0);
+    wait_waiting(t);
+    put(at("nm/a"), "1");
+    put(at("nm/b"), "2");
+    put(at("nm/c"), "3");
+    append_to(at("nm/a"), "more");
+    while (!(seen[0] && seen[1] && seen[2])) {
+        assert_int_equal(next_named(t, &r), 0);
+        assert_false(r.more);
+        assert_int_equal(r.changes & ~(ATAP_PATH_ENTRIES | ATAP_PATH_WRITE | ATAP_PATH_ATTRIB),
+                         0);
+        changes |= r.changes;
+        check_names(&r, abc, 3, seen);
+    }
+    assert_true(changes & ATAP_PATH_ENTRIES);
+    assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+
+    /* A file watch names nothing. */
+    assert_int_equal(atap_fs_spawn_watch(&t, at("nm/a"), -1, 0,
+                                         &(atap_spawn_opts){.out_size = sizeof r}),
+                     0);
+    wait_waiting(t);
+    append_to(at("nm/a"), "x");
+    assert_int_equal(atap_take_for(t, &r, sizeof r, ATAP_SEC(10)), 0);
+    assert_true(r.changes & ATAP_PATH_WRITE);
+    assert_int_equal(r.count, 0);
+    assert_false(r.more);
+    atap_release(t);
+
+    /* 60 names of 30 bytes do not fit in one report: made before the
+     * watch's first run (it watches from its spawn on), they come at once. */
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("many")}), 0);
+    assert_int_equal(atap_fs_spawn_watch(&t, at("many"), -1, ATAP_PATH_ENTRIES,
+                                         &(atap_spawn_opts){.after_ns = ATAP_MS(500),
+                                                            .out_size = sizeof r}),
+                     0);
+    for (int i = 0; i < 60; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "many/entry-with-a-long-name-%02d", i);
+        put(at(name), "");
+    }
+    bool before = atap_state_of(t) == ATAP_PENDING;
+    assert_int_equal(atap_take_for(t, &r, sizeof r, ATAP_SEC(10)), 0);
+    assert_int_equal(r.changes, ATAP_PATH_ENTRIES);
+    check_names(&r, NULL, 0, NULL);
+    if (before) { /* all 60 were queued when it first looked */
+        assert_true(r.more);
+        assert_true(r.count > 0 && r.count < 60);
+    }
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 static void test_fs_watch_repeat_keeps_changes_between_runs(void **state)
 {
     (void)state;
@@ -1101,6 +1268,8 @@ int main(void)
         T(test_fs_watch_file_write_attrib_gone_last),
         T(test_fs_watch_dir_create_write_remove),
         T(test_fs_watch_repeat_keeps_changes_between_runs),
+        T(test_fs_watch_dir_loses_no_rewrite),
+        T(test_fs_watch_names_entries),
         T(test_fs_watch_fd_errors_timeout_cancel),
     };
 #undef T
