@@ -1017,13 +1017,13 @@ static void test_fs_watch_dir_create_write_remove(void **state)
  * its first run) are reported by the next run. */
 /* A directory watch holds its kernel watch for its whole life: a file in
  * it rewritten again and again, each rewrite waited for, is reported each
- * time, wherever the rewrite lands: between the runs of a repeat, while a
- * run is parked, or while it looks again (every 50 ms). A rewrite is one
+ * time, wherever the rewrite lands: between the runs of a repeat (phase
+ * 0: at once after a report is taken), or while a run is parked, at every
+ * point of its 50 ms look (phase 1: after the gap). A rewrite is one
  * pwrite through an fd kept open: one event, so one report. */
 static void test_fs_watch_dir_loses_no_rewrite(void **state)
 {
     (void)state;
-    const uint64_t gaps[2] = {GAP, ATAP_MS(1)};
     unsigned bits;
     int fd;
 
@@ -1037,13 +1037,13 @@ static void test_fs_watch_dir_loses_no_rewrite(void **state)
 
         assert_int_equal(atap_fs_spawn_watch(&t, at("rw"), -1, ATAP_PATH_WRITE,
                                              &(atap_spawn_opts){.kind = ATAP_REPEAT,
-                                                                .every_ns = gaps[phase]}),
+                                                                .every_ns = GAP}),
                          0);
         wait_waiting(t);
         for (int i = 0; i < 20; i++) {
             char c = (char)('a' + i);
-            if (phase == 1)
-                sleep_ms((unsigned)(i * 7) % 60); /* at every phase of the 50 ms look */
+            if (phase == 1) /* the next run parked, at every point of its look */
+                sleep_ms((unsigned)(GAP / ATAP_MS(1)) + (unsigned)(i * 7) % 60);
             assert_int_equal(pwrite(fd, &c, 1, 0), 1);
             if (report_within(t, &bits, ATAP_SEC(3)) != 0) {
                 if (++lost == 3)
