@@ -135,10 +135,13 @@ static int listener(atap_ctx *ctx, void *arg, void *out)
     for (;;) {
         if ((rc = atap_net_step(ctx, &l->io, &r)) != 0)
             return rc;
-        if (r.rc == 0)
-            serve(r.fd);
-        else if (r.rc != -EMFILE && r.rc != -ENFILE && r.rc != -ENOBUFS && r.rc != -ENOMEM)
+        if (r.rc != 0) {
+            /* The listening socket failed. Running out of fds is no
+             * failure: the accept waits for one to come free (atap.h). */
+            fprintf(stderr, "http_hello: accept: %s\n", atap_strerror(r.rc));
             return 0;
+        }
+        serve(r.fd);
         atap_net_prep_accept(&l->io, l->fd, NULL, NULL);
     }
 }

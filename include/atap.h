@@ -203,7 +203,11 @@ ATAP_EXPORT int atap_init(const atap_config *config);
  * the runtime runs on, and this returns 0 at once, from any thread, a task
  * included. The shutdown that lets the last user go stops the runtime: new
  * spawns fail with ATAP_ENOTINIT, queued work still runs, running tasks
- * finish, then every thread the runtime started is joined. Handles stay
+ * finish, then every thread the runtime started is joined and every fd it
+ * opened is closed (its pollers, each thread's event queue, the signal
+ * pipe, the inotify fd; a later atap_init opens its own). A signal caught
+ * for atap_park_signal stays caught (atap_signal_release gives it back),
+ * and an fd kept by atap_fd_keep stays kept. Handles stay
  * valid: their outputs can be read after it, and after a later atap_init.
  * It never returns while a task never ends.
  * A call with no user left to let go changes nothing and returns 0: when no
@@ -841,7 +845,10 @@ typedef enum atap_fs_op {
     ATAP_FS_READ_AT,    /* path, offset, len: up to len bytes at offset
                            (fewer at the end of the file), into buf if not
                            NULL (then out.data is buf), else a malloc'd
-                           out.data */
+                           out.data sized by what the file gives, never by
+                           len alone (len SIZE_MAX reads the rest of the
+                           file; a file with no size, as in /proc, or one
+                           that grows meanwhile, is read to its end) */
     ATAP_FS_WRITE,      /* path, data, len, mode: create (mode, default
                            0666 before the umask) or truncate, then write */
     ATAP_FS_APPEND,     /* path, data, len, mode: create if missing, append */
@@ -955,11 +962,21 @@ ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const ata
  * name is not followed), or, with path NULL, the one open as fd (the task
  * holds a dup of it). Its output is an unsigned int: the ATAP_PATH_* bits
  * of `changes` (0: all) seen since it started watching, or, as a repeat,
- * since the run before reported. It parks on atap_park_path and holds no
- * thread; besides the kernel's reports it compares the file's status with
+ * since the run before reported; or, with opts.out_size
+ * sizeof(atap_fs_watch_report), those bits with the names of the entries
+ * that changed (below). It holds no thread while it waits. On Linux it
+ * has an inotify fd of its own whose kernel watch, made by this call,
+ * lasts as long as the task: every change from the spawn on queues there,
+ * also while no run is parked (between the runs of a repeat, before the
+ * first run), so nothing between two reports is lost (but what the
+ * kernel's queue drops when it overflows, which is reported as every
+ * change but ATAP_PATH_GONE, with `more` set). Elsewhere, or when no
+ * inotify fd can be had (the per-user limit of inotify instances,
+ * fs.inotify.max_user_instances, is reached), it parks on
+ * atap_park_path, whose kernel watch lasts only while a run is parked.
+ * Besides the kernel's reports it compares the file's status with
  * what it last saw (at the start of each run, and every 50 ms while
- * parked), so that changes that came while no run was parked (between the
- * runs of a repeat, before the first park) are reported too: a write as
+ * parked), so that changes no report told of are found too: a write as
  * ATAP_PATH_WRITE (to a directory, ATAP_PATH_ENTRIES), a change of mode,
  * owner or links as ATAP_PATH_ATTRIB, a file left with no name as
  * ATAP_PATH_GONE. (Compared so, a write that leaves the size and the
@@ -972,7 +989,8 @@ ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const ata
  * the gap are not lost, the next run reports them). Where atap_park_path
  * cannot watch (-ENOTSUP with the poll backend outside Linux) or the kernel
  * refuses the watch, the run ends ATAP_EFAILED.
- * opts may be NULL; out_size 0 or sizeof(unsigned); kind ATAP_ONCE or
+ * opts may be NULL; out_size 0, sizeof(unsigned) or
+ * sizeof(atap_fs_watch_report); kind ATAP_ONCE or
  * ATAP_REPEAT (with every_ns, runs, for_ns, until_ns as usual); no
  * arg_free, out_free, gives, in_free or blocking.
  * Returns as atap_spawn; -errno if path cannot be opened or fd duplicated
@@ -982,6 +1000,29 @@ ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const ata
  */
 ATAP_EXPORT int atap_fs_spawn_watch(atap_task *task, const char *path, int fd, unsigned changes,
                                     const atap_spawn_opts *opts);
+
+/* Room for names in an atap_fs_watch_report. */
+#define ATAP_FS_WATCH_NAMES 1024
+
+/*
+ * A watch's report with the entries named: the output of a watch spawned
+ * with opts.out_size sizeof(atap_fs_watch_report) (with 0 or
+ * sizeof(unsigned) the output is the changes alone, as above). names holds
+ * the name of each entry of the watched directory that changed in a way
+ * asked for since the last report (made, removed, renamed from or to,
+ * written, its metadata changed), `count` of them, each NUL-ended, one
+ * after the other, each once, in the order they first changed; the rest
+ * of names is zeros. Where the kernel names no entries (a watched file;
+ * the kqueue backend; a change the status comparison found) there are
+ * none. more: some change was not named (names ran out of room, or the
+ * kernel's queue overflowed and lost them): read the directory again.
+ */
+typedef struct atap_fs_watch_report {
+    unsigned changes; /* ATAP_PATH_* bits, as the unsigned output */
+    unsigned count;   /* names in names */
+    bool more;        /* changed entries not named */
+    char names[ATAP_FS_WATCH_NAMES];
+} atap_fs_watch_report;
 
 /* ---------------------------------------------------------------------- */
 /* Waiting inside a task                                                   */
@@ -1641,7 +1682,16 @@ ATAP_EXPORT int atap_net_prep_unix_connect(atap_net_io *io, const char *path);
 
 /* Accepts one connection on the listening socket lfd. out.fd: the new
  * socket; the peer's address goes to *peer (up to *peer_len bytes; *peer_len
- * then holds its length) when peer is not NULL. */
+ * then holds its length) when peer is not NULL. Out of fds (the process's
+ * or the system's limit) or of kernel memory for a socket, it waits
+ * rather than fails, and never reports -EMFILE, -ENFILE, -ENOBUFS or
+ * -ENOMEM: the connection stays queued in the kernel (none is lost) and
+ * the task parks on a timer and tries again, 1 ms later, then twice as
+ * long each time up to 64 ms, so it holds no thread and spins no CPU
+ * (the listener stays readable, so a park on it would not wait). It takes
+ * the connection at the first try after an fd comes free, up to 64 ms
+ * late. opts.timeout_ns or a cancel ends that wait as any other;
+ * atap_net_step waits the same way, parking the calling task. */
 ATAP_EXPORT int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *peer,
                                      socklen_t *peer_len);
 
@@ -1653,7 +1703,11 @@ ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, siz
 
 /* Receives what has arrived, up to len bytes, into buf, waiting for at
  * least one (on a datagram socket: one datagram, cut to len). out.n: the
- * count; 0 means the peer closed (a stream socket), not an error. */
+ * count; with len > 0, 0 means the peer closed (a stream socket), not an
+ * error. len 0 asks for nothing: it finishes at once with out.n 0 (which
+ * then says nothing of the peer) and leaves every byte and datagram for
+ * the next read; buf may then be NULL. The same holds for recv_exact and
+ * recv_from of 0 bytes (recv_from's *from_len is then 0: no sender). */
 ATAP_EXPORT int atap_net_prep_recv(atap_net_io *io, int fd, void *buf, size_t len);
 
 /* Receives exactly len bytes into buf. A peer that closes first:
@@ -1788,7 +1842,11 @@ ATAP_EXPORT int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const 
 
 /* Writes an address as text, "1.2.3.4:80", "[::1]:80" or the Unix path
  * ("" unnamed), like snprintf: returns the length of the whole text (>= n:
- * cut), or ATAP_EINVAL for an unknown family or NULL. */
+ * cut), or ATAP_EINVAL for an unknown family, a len too short for its
+ * family's address, or NULL. Only len bytes of addr are read: a len too
+ * short to hold a family (0, as for a datagram from an unbound Unix
+ * socket) is no address and writes "", whatever the storage held before.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf,
                                      size_t n);
 

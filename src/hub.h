@@ -6,9 +6,13 @@
  * opens it, drives it, closes it, and moves its state through a life. Kept
  * below the features, so that they need nothing of the manager's.
  *
- * The poller is opened by the first start and kept for the process's life
- * (but by a fork's child, which forgets it: manager.c), so a wake from any
- * thread at any moment pokes a live object. So is `io`, a second poller
+ * The poller is opened by a start and closed by the last shutdown, once
+ * no thread of the runtime is left (atap__hub_close; a fork's child
+ * forgets it: manager.c). A wake may still come from a thread outside the
+ * runtime (a canceller, a settle) at any moment: atap__hub_wake and
+ * atap__hub_wake_io count it in around its look at the poller, and the
+ * close takes the poller away before it waits for that count to be 0, so
+ * a wake pokes a live object or finds none. So is `io`, a second poller
  * that holds the watches of parked fds alone (park_fd.c), and which the
  * pool's idle workers wait on rather than the manager, so that a socket's
  * readiness runs its task on the thread that read it, with no hop through
@@ -46,8 +50,14 @@ struct atap__hub {
 
 extern struct atap__hub atap__hub;
 
-/* Makes the manager look at its timers now (any thread). */
+/* Makes the manager look at its timers now (any thread; none once the
+ * hub is closed). */
 void atap__hub_wake(void);
+/* Wakes the thread waiting on io (any thread; none once closed). */
+void atap__hub_wake_io(void);
+/* The last shutdown, no thread of the runtime left: both pollers are
+ * closed, once no wake is under way; the next start opens new ones. */
+void atap__hub_close(void);
 
 /* The runtime's timer structure (the manager drives it). */
 static inline struct atap_timers *atap__hub_timers(void)

@@ -85,6 +85,9 @@ void atap__park_rearm(void);
  * failed is read as if reported and watched again. */
 void atap__sources_retry(void);
 void atap__sources_forget(void); /* in a fork's child only (runtime.c) */
+/* The last shutdown, after the parks are written off (runtime.c): the
+ * signal pipe and the inotify fd are closed, opened again when needed. */
+void atap__sources_close(void);
 /* Manager, each tick: a parked fd whose watch failed is watched again, and
  * looked at while its watch still fails. One relaxed load when none. */
 void atap__park_retry(void);

@@ -704,7 +704,7 @@ void atap__park_retry(void)
 
 int atap_fd_keep(int fd)
 {
-    struct atap_poller *mp = atap__hub_io();
+    struct atap_poller *mp;
     struct fdw *f;
     unsigned ev;
     int rc;
@@ -712,6 +712,10 @@ int atap_fd_keep(int fd)
     if (fd < 0)
         return ATAP_EINVAL;
     pthread_mutex_lock(&fd_lock);
+    /* Looked at under fd_lock: the last shutdown closes io only after
+     * fd_closed is set under it (atap__park_tails_close), so an io seen
+     * here with fd_closed clear is open. */
+    mp = atap__hub_io();
     if (!mp || fd_closed) {
         rc = ATAP_ENOTINIT;
     } else if (!atap__fd_open(fd)) {
@@ -749,7 +753,7 @@ int atap_fd_unkeep(int fd)
     if ((f = fdw_at((size_t)fd)) != NULL && f->kept) {
         f->kept = false;
         f->kept_ev = f->ready = 0;
-        if (atap__hub_io())
+        if (!fd_closed) /* io is open (atap_fd_keep) */
             rewatch(f, W_AGAIN); /* one-shot for the parks still waiting; none: unwatched */
     }
     pthread_mutex_unlock(&fd_lock);
@@ -759,11 +763,25 @@ int atap_fd_unkeep(int fd)
 /* ---- the manager's side (every fd at once) ------------------------------ */
 
 /* The manager starts: a watch that fails marks its fd deaf again, and tail
- * fd parks are taken. */
+ * fd parks are taken. A keep lasts across a shutdown (atap.h), but the io
+ * it was watched on was closed with the last one (hub.h): each kept fd is
+ * watched on the new io, which reports what is ready now (as a keep's
+ * first watch does). One whose watch fails (closed meanwhile) is kept no
+ * more. */
 void atap__park_tails_open(void)
 {
+    struct atap_poller *mp = atap__hub_io();
+
     pthread_mutex_lock(&fd_lock);
     fd_closed = false;
+    for (size_t fd = 0; mp && fd < fdchunks * FD_CHUNK; fd++) {
+        struct fdw *f = fdw_at(fd);
+        if (!f || !f->kept)
+            continue;
+        f->ready = 0;
+        if (atap__poller_watch_kept(mp, f->fd, f->kept_ev | wanted(f), f) != 0)
+            f->kept = false, f->kept_ev = 0;
+    }
     pthread_mutex_unlock(&fd_lock);
 }
 

@@ -242,7 +242,7 @@ void atap__pool_unpark(struct worker *w, uint32_t word)
      * worker seen there reads its word again before it could sleep on it. */
     st_seqcst(&w->park, word);
     if (ld_seqcst(&w->in_io))
-        atap__poller_wake(atap__hub_io());
+        atap__hub_wake_io();
     else
         atap__word_wake(&w->park, false);
 }

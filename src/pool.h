@@ -63,8 +63,9 @@ struct worker {
     struct inj_cursor cursor;
     struct slot_cache cache;
     struct atap_ctx *cur;           /* the task running now (innermost), or NULL */
-    struct atap_poller *_Atomic kq; /* its own event queue (park.c), made on
-                                       first use, kept with the record */
+    struct atap_poller *_Atomic kq; /* its own event queue (kwait.c), made on
+                                       first use, kept with the record until
+                                       the pool stops (pool_life.c) */
     _Atomic uint64_t kwait;         /* gen << 32 | index of the task in a
                                        kernel wait on kq, or 0 */
     /* Its stacks (pool_aside.c; the owner's alone): the one running, its

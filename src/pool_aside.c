@@ -369,7 +369,7 @@ static void kick(struct worker *w)
         return;
     /* seq_cst, as pool.c's unpark: the word before in_io. */
     if (ld_seqcst(&w->in_io))
-        atap__poller_wake(atap__hub_io());
+        atap__hub_wake_io();
     else
         atap__word_wake(&w->park, false);
 }

@@ -7,9 +7,10 @@
  * Shutdown drains: it waits until every worker is idle, every queue empty
  * and no blocking task runs, checked under an epoch that moves whenever a
  * thread may start running (taken off an idle list, or started), then stops
- * and joins every thread (quiescent() says why one look is enough). The
- * manager is stopped by then, so the drain makes the tick's hand-offs itself
- * (keep_going).
+ * and joins every thread (quiescent() says why one look is enough), and
+ * closes the event queue each record kept for its threads' kernel waits
+ * (close_queues). The manager is stopped by then, so the drain makes the
+ * tick's hand-offs itself (keep_going).
  */
 #include "pool.h"
 
@@ -120,6 +121,31 @@ static void join_all(struct worker *recs, _Atomic unsigned *nrec)
     }
 }
 
+/* Cancellers inside interrupt_in, between their look at a record's kq and
+ * their wake of it: close_queues waits for none to be left. */
+static _Atomic unsigned interrupters;
+
+/* No thread is left (joined): each record's own event queue is closed, and
+ * the thread that next runs on the record makes a new one (kwait.c). A
+ * canceller may still be looking (atap__pool_interrupt, from any thread):
+ * the queue is taken off the record (seq_cst) before the count of those
+ * is read (seq_cst), and they count themselves in before they look, so
+ * either it waits for one or that one finds no queue. */
+static void close_queues(struct worker *recs, unsigned n)
+{
+    struct atap_poller *kq;
+    unsigned spins = 0;
+
+    for (unsigned i = 0; i < n; i++) {
+        if (!(kq = ld_relaxed(&recs[i].kq)))
+            continue;
+        st_seqcst(&recs[i].kq, NULL);
+        while (ld_seqcst(&interrupters) != 0)
+            spin_pause(&spins);
+        atap__poller_close(kq);
+    }
+}
+
 void atap__pool_stop(void)
 {
     struct timespec poll = {0, 1000000};
@@ -142,6 +168,8 @@ void atap__pool_stop(void)
     for (; atap__pool.nzombies > 0; atap__pool.nzombies--)
         pthread_join(atap__pool.zombies[atap__pool.nzombies - 1], NULL);
     atap__pool_stacks_reclaim(); /* every thread that died is gone */
+    close_queues(atap__pool_workers, ld_relaxed(&atap__pool.nrec));
+    close_queues(atap__pool_blockers, ld_relaxed(&atap__pool.brec));
 }
 
 /* ---- stats ------------------------------------------------------------- */
@@ -168,9 +196,11 @@ static void interrupt_in(struct worker *recs, unsigned n, uint64_t key)
         /* seq_cst: pairs with the waiter's store of kwait before it looks at
          * its task's state (kwait.c): one of us sees the other. */
         if (ld_seqcst(&recs[i].kwait) == key) {
-            struct atap_poller *kq = ld_acquire(&recs[i].kq);
-            if (kq)
+            struct atap_poller *kq;
+            add_seqcst(&interrupters, 1); /* against close_queues */
+            if ((kq = ld_seqcst(&recs[i].kq)) != NULL)
                 atap__poller_wake(kq);
+            sub_seqcst(&interrupters, 1);
         }
     }
 }

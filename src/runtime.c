@@ -58,6 +58,7 @@
 #include "atomics.h"
 #include "executor.h"
 #include "extras.h"
+#include "hub.h"
 #include "dataflow.h"
 #include "manager.h"
 #include "park.h"
@@ -276,6 +277,10 @@ static void stop(void)
      * with them after the manager's last reap): nothing runs now. */
     atap__sched_reap(true);
     atap__park_reap(true);
+    /* No thread of the runtime is left: the fds it opened go (the pool's
+     * thread queues went with its stop); the next start opens its own. */
+    atap__sources_close();
+    atap__hub_close();
     atap__trace_runtime_stopped(); /* an ATAP_TRACE trace is complete now */
     st_seqcst(&lifecycle, STOPPED);
     in_shutdown = false;

@@ -85,6 +85,11 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "the handler's count needs lock-free
 static bool sig_caught[NSIG];
 static int sig_pipe[2] = {-1, -1};
 static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
+/* Handlers (and pokes) between their look at sig_write_fd and their
+ * write: atap__sources_close waits for none to be left. A lock-free
+ * atomic, so the handler may count itself. */
+static _Atomic unsigned sig_writers;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the handler's count needs lock-free atomics");
 static struct park **wd_waiters; /* by inotify watch descriptor (kqueue: by fd) */
 static size_t wdcap;
 /* Some source may be deaf: set under src_lock by the watch that failed, and
@@ -106,18 +111,32 @@ static void *vnode_udata(int fd)
     return (void *)((uintptr_t)fd + 1);
 }
 
+/* A byte down the signal pipe, if it is open. seq_cst, against
+ * atap__sources_close: counted in, then the look at the fd; it sets the
+ * fd to -1, then reads the count. Either it waits for this write or this
+ * finds -1, so no byte goes to an fd that closed (and may be reused). */
+static void wake_pipe(void)
+{
+    char b = 0;
+    int fd;
+
+    atomic_fetch_add_explicit(&sig_writers, 1, memory_order_seq_cst);
+    fd = atomic_load_explicit(&sig_write_fd, memory_order_seq_cst);
+    if (fd >= 0 && write(fd, &b, 1) < 0) {
+        /* full: a byte is there already */
+    }
+    atomic_fetch_sub_explicit(&sig_writers, 1, memory_order_seq_cst);
+}
+
 static void on_signal(int signo)
 {
     int saved = errno;
-    char b = 0;
 
     /* Counted before the pending flag: a reader that finds no flag but a
      * count newer than it saw (atap__signal_poke) sets it again. */
     atomic_fetch_add_explicit(&sig_count[signo], 1, memory_order_seq_cst);
     atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
-    if (write(atomic_load_explicit(&sig_write_fd, memory_order_acquire), &b, 1) < 0) {
-        /* full: a byte is there already */
-    }
+    wake_pipe();
     errno = saved;
 }
 
@@ -272,13 +291,8 @@ uint64_t atap__signal_count(int signo)
 
 void atap__signal_poke(int signo)
 {
-    char b = 0;
-    int fd = atomic_load_explicit(&sig_write_fd, memory_order_acquire);
-
     atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
-    if (fd >= 0 && write(fd, &b, 1) < 0) {
-        /* full: a byte is there already */
-    }
+    wake_pipe();
 }
 
 int atap__source_add(struct park *p)
@@ -518,6 +532,36 @@ void atap__sources_retry(void)
         source_event(&sig_source);
     if (path)
         source_event(&path_source);
+}
+
+/* The last shutdown (runtime.c), no thread of the runtime left and no
+ * park listed (all written off): the signal pipe and the inotify fd are
+ * closed; the next park that needs one opens it again (source_watch). A
+ * handler installed stays installed (a signal that comes meanwhile counts
+ * and marks itself pending, as before any park): only its pipe goes,
+ * once no handler is writing to it (wake_pipe). */
+void atap__sources_close(void)
+{
+    unsigned spins = 0;
+
+    pthread_mutex_lock(&src_lock);
+    atomic_store_explicit(&sig_write_fd, -1, memory_order_seq_cst);
+    while (atomic_load_explicit(&sig_writers, memory_order_seq_cst) != 0)
+        spin_pause(&spins);
+    for (int i = 0; i < 2; i++)
+        if (sig_pipe[i] >= 0)
+            close(sig_pipe[i]);
+    sig_pipe[0] = sig_pipe[1] = -1;
+    if (path_source.fd >= 0)
+        close(path_source.fd);
+    sig_source = (struct source){.fd = -1};
+    path_source = (struct source){.fd = -1};
+    /* The watch numbers were the inotify fd's: a new one starts afresh. */
+    free(wd_waiters);
+    wd_waiters = NULL;
+    wdcap = 0;
+    st_relaxed(&sources_deaf, false);
+    pthread_mutex_unlock(&src_lock);
 }
 
 /* In a fork's child (its one thread; runtime.c): the signal pipe and the

@@ -170,6 +170,90 @@ static void test_fs_write_read_append_at(void **state)
     assert_int_equal(o.n, 0);
 }
 
+/* The first chunk of a read_at grows the file it reads (once). */
+static int g_grow_fd = -1;
+static unsigned char *g_grow_tail;
+
+static void grow_once(uint64_t done)
+{
+    (void)done;
+    if (g_grow_fd >= 0) {
+        CHECK(write(g_grow_fd, g_grow_tail, 3 * CHUNK) == (ssize_t)(3 * CHUNK));
+        close(g_grow_fd);
+        g_grow_fd = -1;
+    }
+}
+
+/* A read_at without a buffer sizes its buffer by what the file gives, not
+ * by len: SIZE_MAX reads the rest of the file, of a regular file, of one
+ * whose size says nothing (/proc), and of one that grows while read. */
+static void test_fs_read_at_sized_by_the_file(void **state)
+{
+    (void)state;
+    atap_fs_out o, whole;
+    unsigned char *p = pattern(5 * CHUNK);
+
+    put(at("six"), "abcdef");
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .len = SIZE_MAX});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 6);
+    assert_memory_equal(o.data, "abcdef", 6);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .offset = 4, .len = SIZE_MAX});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 2);
+    assert_memory_equal(o.data, "ef", 2);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .offset = 9, .len = SIZE_MAX});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("six"), .offset = 1, .len = 3});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 3);
+    assert_memory_equal(o.data, "bcd", 3);
+    free(o.data);
+    /* Size 0 says nothing in /proc. */
+    if (access("/proc/self/cmdline", R_OK) == 0) {
+        whole = run((atap_fs_req){.op = ATAP_FS_READ, .path = "/proc/self/cmdline"});
+        assert_int_equal(whole.rc, 0);
+        assert_true(whole.n > 0);
+        o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = "/proc/self/cmdline",
+                              .len = SIZE_MAX});
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, whole.n);
+        assert_memory_equal(o.data, whole.data, whole.n);
+        free(o.data);
+        free(whole.data);
+    }
+    /* 2 chunks, grown by 3 more while read: all 5 come back. */
+    {
+        atap_fs_out w = run((atap_fs_req){
+            .op = ATAP_FS_WRITE, .path = at("grows"), .data = p, .len = 2 * CHUNK});
+        assert_int_equal(w.rc, 0);
+    }
+    g_grow_tail = p + 2 * CHUNK;
+    g_grow_fd = open(at("grows"), O_WRONLY | O_APPEND | O_CLOEXEC);
+    assert_true(g_grow_fd >= 0);
+    atomic_store(&atap__fs_chunk_hook, grow_once);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("grows"), .len = SIZE_MAX});
+    atomic_store(&atap__fs_chunk_hook, NULL);
+    assert_int_equal(g_grow_fd, -1);
+    assert_no_failures();
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 5 * CHUNK);
+    assert_memory_equal(o.data, p, 5 * CHUNK);
+    free(o.data);
+    /* Bounded by len all the same. */
+    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("grows"), .offset = 10,
+                          .len = 2 * CHUNK + 7});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 2 * CHUNK + 7);
+    assert_memory_equal(o.data, p + 10, 2 * CHUNK + 7);
+    free(o.data);
+    free(p);
+}
+
 static void test_fs_large_read_write_in_chunks(void **state)
 {
     (void)state;
@@ -810,6 +894,20 @@ static int next_report(atap_task t, unsigned *bits)
     return rc;
 }
 
+/* As next_report, waiting ns at most. */
+static int report_within(atap_task t, unsigned *bits, uint64_t ns)
+{
+    uint64_t end = now_ns() + ns;
+    int rc;
+
+    do {
+        rc = atap_take_for(t, bits, sizeof *bits, ns);
+        if (rc == ATAP_ETAKEN)
+            sleep_ms(1);
+    } while (rc == ATAP_ETAKEN && now_ns() < end);
+    return rc;
+}
+
 /* True if no report came for ns. */
 static bool no_report_for(atap_task t, uint64_t ns)
 {
@@ -917,6 +1015,159 @@ static void test_fs_watch_dir_create_write_remove(void **state)
 
 /* Changes made while no run of the repeat is parked (in its gap, and before
  * its first run) are reported by the next run. */
+/* A directory watch holds its kernel watch for its whole life: a file in
+ * it rewritten again and again, each rewrite waited for, is reported each
+ * time, wherever the rewrite lands: between the runs of a repeat (phase
+ * 0: at once after a report is taken), or while a run is parked, at every
+ * point of its 50 ms look (phase 1: after the gap). A rewrite is one
+ * pwrite through an fd kept open: one event, so one report. */
+static void test_fs_watch_dir_loses_no_rewrite(void **state)
+{
+    (void)state;
+    unsigned bits;
+    int fd;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("rw")}), 0);
+    put(at("rw/f"), "0");
+    fd = open(at("rw/f"), O_WRONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    for (int phase = 0; phase < 2; phase++) {
+        atap_task t;
+        int lost = 0;
+
+        assert_int_equal(atap_fs_spawn_watch(&t, at("rw"), -1, ATAP_PATH_WRITE,
+                                             &(atap_spawn_opts){.kind = ATAP_REPEAT,
+                                                                .every_ns = GAP}),
+                         0);
+        wait_waiting(t);
+        for (int i = 0; i < 20; i++) {
+            char c = (char)('a' + i);
+            if (phase == 1) /* the next run parked, at every point of its look */
+                sleep_ms((unsigned)(GAP / ATAP_MS(1)) + (unsigned)(i * 7) % 60);
+            assert_int_equal(pwrite(fd, &c, 1, 0), 1);
+            if (report_within(t, &bits, ATAP_SEC(3)) != 0) {
+                if (++lost == 3)
+                    break; /* enough to tell */
+                continue;
+            }
+            assert_int_equal(bits, ATAP_PATH_WRITE);
+        }
+        assert_int_equal(atap_cancel(t), 0);
+        atap_release(t);
+        if (lost)
+            print_error("phase %d: %d rewrites not reported\n", phase, lost);
+        assert_int_equal(lost, 0);
+    }
+    close(fd);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* Takes the next full report of a watch spawned for them. */
+static int next_named(atap_task t, atap_fs_watch_report *r)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10);
+    int rc;
+
+    do {
+        rc = atap_take_for(t, r, sizeof *r, ATAP_SEC(10));
+        if (rc == ATAP_ETAKEN)
+            sleep_ms(1);
+    } while (rc == ATAP_ETAKEN && now_ns() < end);
+    return rc;
+}
+
+/* The names in r: each once, `count` of them, zeros after; seen[i] set
+ * for each of want[0..n) named. */
+static void check_names(const atap_fs_watch_report *r, const char *const *want, size_t n,
+                        bool *seen)
+{
+    size_t at = 0;
+
+    for (unsigned k = 0; k < r->count; k++) {
+        const char *name = r->names + at;
+        size_t len = strnlen(name, sizeof r->names - at);
+        assert_true(len > 0 && at + len < sizeof r->names);
+        for (size_t j = at + len + 1; j < sizeof r->names && r->names[j]; j += strlen(r->names + j) + 1)
+            assert_string_not_equal(r->names + j, name); /* once */
+        for (size_t i = 0; i < n; i++)
+            if (strcmp(want[i], name) == 0)
+                seen[i] = true;
+        at += len + 1;
+    }
+    for (; at < sizeof r->names; at++)
+        assert_int_equal(r->names[at], 0);
+}
+
+/* Each report of a directory watch names the entries that changed; past
+ * the room for names it says `more`. */
+static void test_fs_watch_names_entries(void **state)
+{
+    (void)state;
+    static const char *const abc[3] = {"a", "b", "c"};
+    atap_fs_watch_report r;
+    bool seen[3] = {false, false, false};
+    atap_task t;
+    unsigned changes = 0;
+
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("nm")}), 0);
+    assert_int_equal(atap_fs_spawn_watch(&t, at("nm"), -1, 0,
+                                         &(atap_spawn_opts){.kind = ATAP_REPEAT,
+                                                            .every_ns = GAP,
+                                                            .out_size = sizeof r}),
+                     0);
+    wait_waiting(t);
+    put(at("nm/a"), "1");
+    put(at("nm/b"), "2");
+    put(at("nm/c"), "3");
+    append_to(at("nm/a"), "more");
+    while (!(seen[0] && seen[1] && seen[2])) {
+        assert_int_equal(next_named(t, &r), 0);
+        assert_false(r.more);
+        assert_int_equal(r.changes & ~(ATAP_PATH_ENTRIES | ATAP_PATH_WRITE | ATAP_PATH_ATTRIB),
+                         0);
+        changes |= r.changes;
+        check_names(&r, abc, 3, seen);
+    }
+    assert_true(changes & ATAP_PATH_ENTRIES);
+    assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+
+    /* A file watch names nothing. */
+    assert_int_equal(atap_fs_spawn_watch(&t, at("nm/a"), -1, 0,
+                                         &(atap_spawn_opts){.out_size = sizeof r}),
+                     0);
+    wait_waiting(t);
+    append_to(at("nm/a"), "x");
+    assert_int_equal(atap_take_for(t, &r, sizeof r, ATAP_SEC(10)), 0);
+    assert_true(r.changes & ATAP_PATH_WRITE);
+    assert_int_equal(r.count, 0);
+    assert_false(r.more);
+    atap_release(t);
+
+    /* 60 names of 30 bytes do not fit in one report: made before the
+     * watch's first run (it watches from its spawn on), they come at once. */
+    assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("many")}), 0);
+    assert_int_equal(atap_fs_spawn_watch(&t, at("many"), -1, ATAP_PATH_ENTRIES,
+                                         &(atap_spawn_opts){.after_ns = ATAP_MS(500),
+                                                            .out_size = sizeof r}),
+                     0);
+    for (int i = 0; i < 60; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "many/entry-with-a-long-name-%02d", i);
+        put(at(name), "");
+    }
+    bool before = atap_state_of(t) == ATAP_PENDING;
+    assert_int_equal(atap_take_for(t, &r, sizeof r, ATAP_SEC(10)), 0);
+    assert_int_equal(r.changes, ATAP_PATH_ENTRIES);
+    check_names(&r, NULL, 0, NULL);
+    if (before) { /* all 60 were queued when it first looked */
+        assert_true(r.more);
+        assert_true(r.count > 0 && r.count < 60);
+    }
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 static void test_fs_watch_repeat_keeps_changes_between_runs(void **state)
 {
     (void)state;
@@ -1002,6 +1253,7 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_fs, teardown_fs)
     const struct CMUnitTest tests[] = {
         T(test_fs_write_read_append_at),
+        T(test_fs_read_at_sized_by_the_file),
         T(test_fs_large_read_write_in_chunks),
         T(test_fs_read_buffer_ownership),
         T(test_fs_block_on_calling_thread),
@@ -1016,6 +1268,8 @@ int main(void)
         T(test_fs_watch_file_write_attrib_gone_last),
         T(test_fs_watch_dir_create_write_remove),
         T(test_fs_watch_repeat_keeps_changes_between_runs),
+        T(test_fs_watch_dir_loses_no_rewrite),
+        T(test_fs_watch_names_entries),
         T(test_fs_watch_fd_errors_timeout_cancel),
     };
 #undef T

@@ -1027,6 +1027,86 @@ static void test_lifecycle_fds_close_on_exec(void **state)
     assert_int_equal(leaked, 0);
 }
 
+/* The fds of one run of the runtime that used every kind of wait: kernel
+ * sleeps on several threads at once, a deadline, an fd, a signal and a path
+ * parked. 0, or the check that failed. */
+static int fdc_one_run(void)
+{
+    enum { N = 16 };
+    atap_task t[N];
+
+    if (atap_init(NULL) != 0)
+        return 2;
+    atomic_store(&fdx_done, 0);
+    for (int i = 0; i < N; i++)
+        if (atap_spawn(&t[i], fdx_task, (void *)(intptr_t)(i < 8 ? 0 : i % 5),
+                       &(atap_spawn_opts){.blocking = i == 0}) != 0)
+            return 3;
+    for (int i = 0; i < N; i++) {
+        if (atap_join(t[i], NULL, 0) != 0)
+            return 4;
+        atap_release(t[i]);
+    }
+    if (atomic_load(&fdx_done) != N)
+        return 5;
+    return atap_shutdown() == 0 ? 0 : 6;
+}
+
+/* In a fork's child, which starts with none of libatap's fds open: a run
+ * of the runtime leaves none behind, nor does a second one (what the first
+ * closed opens again). */
+static int fdc_child(void)
+{
+    static fd_set_seen before, after;
+    int rc;
+
+    if (!fds_list(&before))
+        return 7;
+    for (int run = 0; run < 2; run++) {
+        if ((rc = fdc_one_run()) != 0)
+            return rc;
+        if (!fds_list(&after))
+            return 7;
+        for (int i = 0; i < after.n; i++)
+            if (!fds_has(&before, after.fd[i], after.what[i]))
+                fprintf(stderr, "run %d: fd %d (%s) stays open\n", run, after.fd[i],
+                        after.what[i]);
+        if (after.n != before.n)
+            return 10 + run;
+    }
+    (void)atap_signal_release(SIGUSR2);
+    return 0;
+}
+
+static void test_lifecycle_last_shutdown_closes_fds(void **state)
+{
+    (void)state;
+    char tmpl[] = "/tmp/atap-fdclose-XXXXXX";
+    fd_set_seen *probe = malloc(sizeof *probe);
+    pid_t pid;
+
+    assert_non_null(probe);
+    if (!fds_list(probe)) {
+        free(probe);
+        skip(); /* no /proc/self/fd */
+    }
+    free(probe);
+    assert_non_null(mkdtemp(tmpl));
+    fdx_dir = open(tmpl, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    assert_true(fdx_dir >= 0);
+    assert_int_equal(pipe2(fdx_pipe, O_CLOEXEC), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fdc_child());
+    child_passed(pid);
+    close(fdx_dir);
+    close(fdx_pipe[0]);
+    close(fdx_pipe[1]);
+    fdx_dir = fdx_pipe[0] = fdx_pipe[1] = -1;
+    rmdir(tmpl);
+}
+
 /* ---- fork(): the child starts fresh, the parent goes on ------------------ */
 
 #define FORK_GATED 3000
@@ -1307,6 +1387,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_lifecycle_many_restarts, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_shutdown_lets_waiting_tasks_go, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_fds_close_on_exec, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_last_shutdown_closes_fds, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_fork_child_starts_fresh, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_fork_after_shutdown_child_starts, ensure_stopped),
     };

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -1235,6 +1236,235 @@ static void own_free(void *arg)
     atomic_store(&o->freed, 1);
 }
 
+/* A read of 0 bytes asks for nothing: it finishes at once with n = 0,
+ * which is no close (the peer is alive), on an idle socket as on one with
+ * bytes waiting, and takes none of them. The timeout only ends a read that
+ * waited. */
+static void test_net_zero_length_reads(void **state)
+{
+    (void)state;
+    int fds[2], dg[2];
+    unsigned char buf[8];
+    struct sockaddr_storage from;
+    socklen_t from_len;
+    atap_net_io io;
+    atap_net_out out;
+    const atap_spawn_opts limit = {.timeout_ns = ATAP_SEC(5)};
+
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_pair(dg, SOCK_DGRAM), 0);
+    /* Idle: nothing to read, the peer alive. */
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], NULL, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv(&io, dg[0], NULL, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    from_len = sizeof from;
+    assert_int_equal(atap_net_prep_recv_from(&io, dg[0], NULL, 0, (struct sockaddr *)&from,
+                                             &from_len),
+                     0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(from_len, 0); /* no datagram, no sender */
+    /* Bytes waiting stay for the next read. */
+    send_all(fds[1], "abc", 3);
+    send_all(dg[1], "xyz", 3);
+    assert_int_equal(atap_net_prep_recv(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv(&io, dg[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 3), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_memory_equal(buf, "abc", 3);
+    assert_int_equal(atap_net_prep_recv(&io, dg[0], buf, sizeof buf), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 3);
+    assert_memory_equal(buf, "xyz", 3);
+    /* On the calling thread, and stepped, the same. */
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 0), 0);
+    assert_int_equal(atap_net_run(&io, &out), 0);
+    assert_int_equal(out.n, 0);
+    /* A closed peer: a read of 0 still reads 0, with no error. */
+    close(fds[1]);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[0], buf, 0), 0);
+    assert_int_equal(run_task(&io, &out, &limit), 0);
+    assert_int_equal(out.n, 0);
+    close(fds[0]);
+    close(dg[0]);
+    close(dg[1]);
+}
+
+/* The address's length says how much of it there is: a datagram from an
+ * unbound Unix socket comes with none (length 0), and whatever the storage
+ * held before (zeros, or the last sender's address) is not read. */
+static void test_net_addr_format_honours_length(void **state)
+{
+    (void)state;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    char text[128];
+    int u, b, fds[2];
+    char pb[128];
+    unsigned char buf[8];
+    atap_net_io io;
+    atap_net_out out;
+
+    memset(&ss, 0, sizeof ss);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, 0, text, sizeof text), 0);
+    assert_string_equal(text, "");
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&ss, &len, "10.1.2.3:99"), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 11);
+    assert_string_equal(text, "10.1.2.3:99");
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, 0, text, sizeof text), 0);
+    assert_string_equal(text, "");
+    /* Too short for its family's address: a bad argument. */
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len - 1, text, sizeof text),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&ss, &len, "[::1]:7"), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len - 1, text, sizeof text),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 7);
+    /* A real datagram from an unbound socket, into storage that held an
+     * IPv4 sender, then into zeroed storage. */
+    strcpy(pb, temp_path("fmt.dgram"));
+    unlink(pb);
+    assert_int_equal(atap_net_unix_dgram_bind(&b, pb), 0);
+    assert_int_equal(atap_net_unix_dgram_bind(&u, NULL), 0);
+    assert_int_equal(atap_net_dgram_connect(u, pb), 0);
+    for (int round = 0; round < 2; round++) {
+        if (round == 0)
+            assert_int_equal(atap_net_ip_addr((struct sockaddr *)&ss, &len, "10.1.2.3:99"), 0);
+        else
+            memset(&ss, 0, sizeof ss);
+        send_all(u, "anon", 4);
+        len = sizeof ss;
+        assert_int_equal(atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&ss,
+                                                 &len),
+                         0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 4);
+        assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 0);
+        assert_string_equal(text, "");
+    }
+    /* A socket pair's peer is unnamed too. */
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    len = sizeof ss;
+    memset(&ss, 0xff, sizeof ss);
+    assert_int_equal(getpeername(fds[0], (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 0);
+    assert_string_equal(text, "");
+    close(fds[0]);
+    close(fds[1]);
+    close(u);
+    close(b);
+    unlink(pb);
+}
+
+/* The fork's child of test_net_accept_waits_for_a_free_fd: 0, or the
+ * check that failed. */
+static int accept_out_of_fds_child(void)
+{
+    enum { MAX_FILL = 4096 };
+    static int fill[MAX_FILL];
+    int lfd, c, n_fill = 0, rc, port;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    struct rlimit rl;
+    struct timespec c0, c1;
+    uint64_t w0, w1, cpu_ns;
+    atap_net_io io;
+    atap_net_out out;
+    atap_task t;
+    char b = 0;
+
+    if (atap_init(NULL) != 0)
+        return 2;
+    if (atap_net_listen(&lfd, "127.0.0.1:0", 0) != 0)
+        return 3;
+    port = atap_net_local_port(lfd);
+    if (atap_net_ip_addr((struct sockaddr *)&ss, &len, "127.0.0.1:0") != 0)
+        return 3;
+    ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
+    /* A connection queued on the listener, nobody having accepted it. */
+    if ((c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+        connect(c, (struct sockaddr *)&ss, len) != 0)
+        return 4;
+    /* No fd left: the limit just above what is open, the rest filled. */
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 5;
+    rl.rlim_cur = (rlim_t)c + 16 < rl.rlim_cur ? (rlim_t)c + 16 : rl.rlim_cur;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return 5;
+    while (n_fill < MAX_FILL && (fill[n_fill] = dup(0)) >= 0)
+        n_fill++;
+    if (n_fill == 0 || n_fill == MAX_FILL || errno != EMFILE)
+        return 6;
+    if (atap_net_prep_accept(&io, lfd, NULL, NULL) != 0 || atap_net_spawn(&t, &io, NULL) != 0)
+        return 7;
+    /* It waits, using little CPU: the process's whole CPU time over ~300
+     * ms of waiting stays under 30 % of that (spinning took a core). */
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    w0 = now_ns();
+    sleep_ms(300);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    w1 = now_ns();
+    if (atap_finished(t)) {
+        rc = atap_net_join(t, &out);
+        fprintf(stderr, "accept ended while no fd was free: %s\n", atap_strerror(rc));
+        return 8;
+    }
+    cpu_ns = (uint64_t)(c1.tv_sec - c0.tv_sec) * 1000000000u + (uint64_t)c1.tv_nsec -
+             (uint64_t)c0.tv_nsec;
+    fprintf(stderr, "accept waiting out of fds: %.1f ms CPU over %.1f ms\n", cpu_ns / 1e6,
+            (w1 - w0) / 1e6);
+    if (cpu_ns * 10 > (w1 - w0) * 3)
+        return 9;
+    /* One fd free: the queued connection is accepted, none lost. */
+    close(fill[--n_fill]);
+    if ((rc = atap_join_for(t, &out, sizeof out, SLOW)) != 0 || out.rc != 0 || out.fd < 0) {
+        fprintf(stderr, "accept after an fd came free: %s / %s\n", atap_strerror(rc),
+                atap_strerror(out.rc));
+        return 10;
+    }
+    atap_net_release(t, &io);
+    if (write(c, "k", 1) != 1 || atap_wait_fd(out.fd, ATAP_READABLE, SLOW) < 0 ||
+        read(out.fd, &b, 1) != 1 || b != 'k')
+        return 11;
+    close(out.fd);
+    while (n_fill > 0)
+        close(fill[--n_fill]);
+    close(c);
+    close(lfd);
+    return atap_shutdown() == 0 ? 0 : 12;
+}
+
+/* With no fd free, an accept waits for one (parked, not spinning), and
+ * takes the queued connection once one is. */
+static void test_net_accept_waits_for_a_free_fd(void **state)
+{
+    (void)state;
+    pid_t pid;
+
+    /* Forked with no runtime running: a child of a process with threads
+     * may start none of its own under TSan. */
+    assert_int_equal(atap_shutdown(), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(accept_out_of_fds_child());
+    assert_int_equal(atap_init(NULL), 0); /* for the teardown */
+    child_passed(pid);
+}
+
 static void test_net_step_in_own_task(void **state)
 {
     (void)state;
@@ -1378,6 +1608,9 @@ int main(void)
         T(test_net_udp),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
+        T(test_net_zero_length_reads),
+        T(test_net_addr_format_honours_length),
+        T(test_net_accept_waits_for_a_free_fd),
         T(test_net_step_in_own_task),
         T(test_net_run_without_runtime),
     };

@@ -144,6 +144,56 @@ out:
     return rc;
 }
 
+/* The room a READ_AT without a buffer starts with: what the file holds
+ * past off by its size now, and a byte more to see its end without a
+ * second allocation; a chunk for a file whose size says nothing (0 from
+ * /proc, a device); never more than len. Never the request itself: a len
+ * of SIZE_MAX asks for "the rest", not for that much memory. */
+static size_t first_room(int fd, uint64_t off, size_t len)
+{
+    struct stat st;
+    size_t room = CHUNK;
+
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        uint64_t left = (uint64_t)st.st_size > off ? (uint64_t)st.st_size - off : 0;
+        room = left < SIZE_MAX - 1 ? (size_t)left + 1 : SIZE_MAX;
+    }
+    return room < len ? room : len;
+}
+
+/* Reads up to len bytes at off into a buffer of its own (*out), grown
+ * (doubled, up to len) while the file fills it: a file may have grown
+ * since its size was looked at, or have no size to look at. */
+static int read_at_grown(atap_ctx *ctx, int fd, uint64_t off, size_t len, unsigned char **out,
+                         size_t *got)
+{
+    size_t cap = first_room(fd, off, len), n;
+    unsigned char *buf = malloc(cap ? cap : 1), *b;
+    int rc;
+
+    *got = 0;
+    if (!buf)
+        return -ENOMEM;
+    for (;;) {
+        rc = move_chunks(ctx, fd, true, buf + *got, cap - *got, (int64_t)(off + *got), &n);
+        *got += n;
+        if (rc != 0 || *got < cap || cap == len)
+            break; /* an error, the end of the file, or all that was asked */
+        cap = cap <= len / 2 ? cap * 2 : len;
+        if (!(b = realloc(buf, cap))) {
+            rc = -ENOMEM;
+            break;
+        }
+        buf = b;
+    }
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    return 0;
+}
+
 static int op_read_at(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
 {
     unsigned char *buf = q->buf;
@@ -154,11 +204,10 @@ static int op_read_at(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         return ATAP_EINVAL;
     if ((fd = open_rd(q->path, 0)) < 0)
         return fd;
-    if (!buf && !(buf = malloc(q->len ? q->len : 1))) {
-        close(fd);
-        return -ENOMEM;
-    }
-    rc = move_chunks(ctx, fd, true, buf, q->len, (int64_t)q->offset, &got);
+    if (buf)
+        rc = move_chunks(ctx, fd, true, buf, q->len, (int64_t)q->offset, &got);
+    else
+        rc = read_at_grown(ctx, fd, q->offset, q->len, &buf, &got);
     if (rc == -EISDIR || (rc == 0 && got == 0 && q->len > 0)) {
         struct stat st; /* pread of a directory says EISDIR on Linux; elsewhere look */
         if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))

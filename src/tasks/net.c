@@ -328,6 +328,35 @@ static int unix_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     return finish(out, 0, rc, -1);
 }
 
+/* No fd to accept into (the process's or the system's limit), or no
+ * kernel memory for one: the connection stays queued on the listener. */
+static bool out_of_fds(int e)
+{
+    return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+}
+
+/* An accept out of fds cannot park on the listener: it stays readable, so
+ * the park would resume at once and the task would spin. It parks on a
+ * deadline instead and tries again, ACCEPT_RETRY_NS first, then twice as
+ * long each time, ACCEPT_RETRY_DOUBLINGS times at most (io->err counts them:
+ * a connect's field, free in an accept, cleared by each prep and spawn),
+ * so that a server out of fds makes a few calls a second and loses no
+ * connection: what it could not accept waits in the kernel's queue. */
+#define ACCEPT_RETRY_NS ATAP_MS(1)
+#define ACCEPT_RETRY_DOUBLINGS 6 /* up to 64 ms */
+
+static int accept_later(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    uint64_t wait = ACCEPT_RETRY_NS << io->err;
+    int rc;
+
+    if (io->err < ACCEPT_RETRY_DOUBLINGS)
+        io->err++;
+    if ((rc = atap_park_until(ctx, atap_now() + wait)) != 0)
+        return finish(out, 0, rc, -1);
+    return ATAP_PARKED;
+}
+
 static int do_accept(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
     for (;;) {
@@ -346,6 +375,8 @@ static int do_accept(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
         }
         if (again(errno))
             return park(ctx, out, io, ATAP_READABLE);
+        if (out_of_fds(errno))
+            return accept_later(ctx, io, out);
         if (errno != EINTR && errno != ECONNABORTED)
             return finish(out, 0, -errno, -1);
     }
@@ -396,12 +427,21 @@ static int do_send(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     return finish(out, io->done, 0, -1);
 }
 
+/* A read of 0 bytes asks for nothing, so it waits for nothing: it is done
+ * before the first call. A recv of 0 bytes would wait for data (the kernel
+ * wants a byte before it answers) and then say 0, which reads as a close;
+ * on a datagram socket it would take a datagram and drop it. */
 static int do_recv(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
+    if (io->len == 0) {
+        if (io->addrlen)
+            *io->addrlen = 0; /* no datagram, no sender */
+        return finish(out, 0, 0, -1);
+    }
     for (;;) {
         ssize_t r = xfer(io, false);
 
-        if (r > 0 || (r == 0 && io->op != OP_RECV_EXACT) || (r == 0 && io->len == 0)) {
+        if (r > 0 || (r == 0 && io->op != OP_RECV_EXACT)) {
             io->done += (size_t)r;
             if (io->op != OP_RECV_EXACT || io->done == io->len)
                 return finish(out, io->done, 0, -1);

@@ -163,14 +163,23 @@ int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf, 
 
     if (!addr || (!buf && n))
         return ATAP_EINVAL;
+    /* Too short to name a family: no address (a datagram from an unbound
+     * Unix socket comes with length 0). The storage is not read past len:
+     * it may hold zeros, or an earlier sender's address. */
+    if ((size_t)len < offsetof(struct sockaddr, sa_family) + sizeof addr->sa_family)
+        return snprintf(buf, n, "%s", "");
     switch (addr->sa_family) {
     case AF_INET: {
         const struct sockaddr_in *a = (const void *)addr;
+        if ((size_t)len < sizeof *a)
+            return ATAP_EINVAL;
         inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
         return snprintf(buf, n, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
     }
     case AF_INET6: {
         const struct sockaddr_in6 *a = (const void *)addr;
+        if ((size_t)len < sizeof *a)
+            return ATAP_EINVAL;
         inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip);
         return snprintf(buf, n, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
     }
