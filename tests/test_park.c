@@ -2210,6 +2210,134 @@ static void test_park_wake_then_cancel_hands_on(void **state)
     assert_no_failures();
 }
 
+/* A wake racing a cancel of a task parked for it: one outcome, agreed by
+ * both sides. A wake that returned true is seen by the task (a run resumed
+ * READY, atap_cancelled() or not); one that returned false is not (the
+ * task's only run was its first). Batches of tasks parked at once, each
+ * woken by a helper thread while the test thread cancels it, the two sides
+ * lined up task by task and moved against each other a little. */
+enum { WVC_BATCH = 128 };
+
+struct wvc_task {
+    atomic_int runs, reason;
+};
+
+static struct wvc {
+    struct wvc_task task[WVC_BATCH];
+    atap_waker waker[WVC_BATCH];
+    atomic_int woke[WVC_BATCH]; /* what atap_wake returned, + 1 */
+    atomic_int parked, gone;
+    atomic_int turn; /* the task both sides are at, + 1; -1: done */
+    atomic_int done; /* the helper's wake of that task returned, + 1 */
+} g_wvc;
+
+static int task_wvc(atap_ctx *ctx, void *arg, void *out)
+{
+    struct wvc_task *t = arg;
+    size_t i = (size_t)(t - g_wvc.task);
+
+    (void)out;
+    if (atomic_fetch_add(&t->runs, 1) > 0) {
+        atomic_store(&t->reason, atap_resume_reason(ctx));
+        return 0;
+    }
+    g_wvc.waker[i] = atap_waker_of(ctx);
+    CHECK(atap_park_wake(ctx, ATAP_FOREVER) == 0);
+    atomic_fetch_add(&g_wvc.parked, 1);
+    return ATAP_PARKED;
+}
+
+static void wvc_gone(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&g_wvc.gone, 1);
+}
+
+/* Spins (yielding now and then: a loaded machine) until *a reads want or -1. */
+static int wvc_wait(atomic_int *a, int want)
+{
+    int v;
+
+    for (unsigned n = 1; (v = atomic_load(a)) != want && v != -1; n++)
+        if (n % 256 == 0)
+            sched_yield();
+    return v;
+}
+
+static void wvc_spin(unsigned n)
+{
+    for (volatile unsigned k = 0; k < n; k++) {
+    }
+}
+
+static void *wvc_waker_thread(void *arg)
+{
+    (void)arg;
+    for (int i = 1;; i++) {
+        if (wvc_wait(&g_wvc.turn, i) == -1)
+            return NULL;
+        wvc_spin((unsigned)(i * 7 % 13) * 20u);
+        atomic_store(&g_wvc.woke[(i - 1) % WVC_BATCH], atap_wake(g_wvc.waker[(i - 1) % WVC_BATCH]) + 1);
+        atomic_store(&g_wvc.done, i);
+    }
+}
+
+static void test_park_wake_vs_cancel_agree(void **state)
+{
+    size_t batches = scaled(160, 20), woke = 0, said_no = 0;
+    atap_spawn_opts o = {.arg_free = wvc_gone};
+    struct wvc *g = &g_wvc;
+    atap_task t[WVC_BATCH];
+    pthread_t th;
+    int turn = 0;
+
+    (void)state;
+    atomic_store(&g->turn, 0);
+    atomic_store(&g->done, 0);
+    assert_int_equal(pthread_create(&th, NULL, wvc_waker_thread, NULL), 0);
+    for (size_t b = 0; b < batches; b++) {
+        atomic_store(&g->parked, 0);
+        atomic_store(&g->gone, 0);
+        for (int i = 0; i < WVC_BATCH; i++) {
+            atomic_store(&g->task[i].runs, 0);
+            atomic_store(&g->task[i].reason, 0);
+            assert_int_equal(atap_spawn(&t[i], task_wvc, &g->task[i], &o), 0);
+        }
+        assert_true(wait_atomic_at_least(&g->parked, WVC_BATCH, ATAP_SEC(10) * test_slack()));
+        for (int i = 0; i < WVC_BATCH; i++) {
+            uint64_t end = now_ns() + ATAP_SEC(10) * test_slack();
+            while (atap_state_of(t[i]) != ATAP_WAITING && now_ns() < end)
+                sched_yield();
+            assert_int_equal(atap_state_of(t[i]), ATAP_WAITING);
+        }
+        for (int i = 0; i < WVC_BATCH; i++) {
+            atomic_store(&g->turn, ++turn);
+            wvc_spin((unsigned)(turn * 5 % 11) * 60u);
+            assert_int_equal(atap_cancel(t[i]), 0);
+            wvc_wait(&g->done, turn);
+        }
+        for (int i = 0; i < WVC_BATCH; i++)
+            atap_release(t[i]);
+        assert_true(wait_atomic_at_least(&g->gone, WVC_BATCH, ATAP_SEC(10) * test_slack()));
+        for (int i = 0; i < WVC_BATCH; i++) {
+            bool said = atomic_load(&g->woke[i]) == 2;
+            int runs = atomic_load(&g->task[i].runs);
+
+            if (said != (runs == 2) || (runs == 2 && atomic_load(&g->task[i].reason) !=
+                                                         ATAP_RESUME_READY))
+                fail_msg("batch %zu task %d: atap_wake said %d, the task ran %d times",
+                         b, i, said, runs);
+            woke += said;
+            said_no += !said;
+        }
+    }
+    atomic_store(&g->turn, -1);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("wake vs cancel: %zu woken, %zu not\n", woke, said_no);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
 static int block_park_wake(atap_ctx *ctx, void *arg, void *out)
 {
     (void)arg;
@@ -2913,6 +3041,7 @@ int main(void)
         T(test_park_wake_timeout),
         T(test_park_wake_cancel),
         T(test_park_wake_then_cancel_hands_on),
+        T(test_park_wake_vs_cancel_agree),
         T(test_park_wake_bad_calls),
         T(test_park_sleep_task),
         T(test_park_race_cancel_vs_fd),
