@@ -575,6 +575,54 @@ static void test_limits_fds_channels(void **state)
     run_in_child(child_fds_channels, 60);
 }
 
+/* A child wait that cannot be set up (no fd for its mux) fails with
+ * -EMFILE and leaves the caller's child as it was: running, not signalled,
+ * not reaped; with fds back, a second call waits for it. A child a spawn
+ * started itself is killed and reaped when the spawn fails. */
+static bool running_unreaped(pid_t pid)
+{
+    siginfo_t si;
+
+    memset(&si, 0, sizeof si);
+    return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == 0;
+}
+
+static int child_fds_child_wait(void)
+{
+    const char *const argv[] = {"sleep", "100", NULL};
+    atap_child ch;
+    atap_task w;
+    int st = 0;
+
+    REQUIRE_RC(atap_init(NULL), 0);
+    REQUIRE_RC(atap_child_start(&ch, &(atap_cmd){.program = "sleep", .argv = argv}), 0);
+    fds_exhaust();
+    REQUIRE_RC(atap_spawn_child_wait(&w, ch.pid, NULL), -EMFILE);
+    REQUIRE(w.id == 0);
+    sleep_ms(20); /* a kill would have landed by now */
+    REQUIRE(running_unreaped(ch.pid));
+    REQUIRE_RC(atap_spawn_run(&w, &(atap_cmd){.program = "sleep", .argv = argv}, NULL), -EMFILE);
+    fds_restore();
+    REQUIRE(running_unreaped(ch.pid));
+    REQUIRE_RC(atap_spawn_child_wait(&w, ch.pid, NULL), 0);
+    REQUIRE(kill(ch.pid, SIGTERM) == 0);
+    REQUIRE_RC(atap_join_for(w, &st, sizeof st, ATAP_SEC(20)), 0);
+    REQUIRE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+    atap_release(w);
+    close(ch.in_fd);
+    close(ch.out_fd);
+    close(ch.err_fd);
+    REQUIRE(waitpid(-1, &st, WNOHANG) < 0 && errno == ECHILD); /* nothing else left */
+    REQUIRE_RC(atap_shutdown(), 0);
+    return child_done();
+}
+
+static void test_limits_fds_child_wait(void **state)
+{
+    (void)state;
+    run_in_child(child_fds_child_wait, 60);
+}
+
 /* ---- threads ------------------------------------------------------------- */
 
 static int count_threads(void)
@@ -1518,6 +1566,7 @@ int main(void)
         cmocka_unit_test(test_limits_fds_kernel_waits),
         cmocka_unit_test(test_limits_fds_parks),
         cmocka_unit_test(test_limits_fds_channels),
+        cmocka_unit_test(test_limits_fds_child_wait),
         cmocka_unit_test(test_limits_threads_init),
         cmocka_unit_test(test_limits_threads_pool_growth),
         cmocka_unit_test(test_limits_threads_blocking),
