@@ -1394,7 +1394,9 @@ ATAP_EXPORT int atap_child_start(atap_child *child, const atap_cmd *cmd);
  * its process group and reaps it, as atap_spawn_run. At most one wait
  * task per child. opts as atap_spawn_run. Returns 0; ATAP_EINVAL for NULL
  * task, pid <= 0 or opts outside those; -ECHILD when pid is no child of
- * ours (or already reaped); ATAP_ENOTINIT; -EMFILE, -ENOMEM.
+ * ours (or already reaped); ATAP_ENOTINIT; -EMFILE, -ENOMEM. On any
+ * failure the child is left as it was: not signalled, not reaped, the
+ * caller's still (a later call may wait for it).
  * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_spawn_child_wait(atap_task *task, int pid, const atap_spawn_opts *opts);
