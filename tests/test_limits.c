@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -1078,6 +1079,155 @@ static void test_limits_memory(void **state)
     run_in_child(child_memory, 60);
 }
 
+/* Trims until nothing is left worth giving back (twice in a row, a little
+ * apart: the pool's own trim may hold the flag a moment); the bytes given
+ * back. */
+static size_t trim_all(void)
+{
+    size_t total = 0, got;
+    int busy = 0;
+
+    for (int i = 0; i < 10000 && busy < 2; i++) {
+        if (atap_trim(&got) == 0) {
+            total += got;
+            busy = 0;
+        } else {
+            busy++;
+            sleep_ms(5);
+        }
+    }
+    return total;
+}
+
+static size_t table_span(void)
+{
+    struct atap_pool_stats st;
+
+    REQUIRE(atap_pool_stats(&st) == 0);
+    return st.slots;
+}
+
+/* Spawns up to n plain tasks into h, then releases them and waits for the
+ * table to be empty again: how many went in, *refused the code that ended
+ * it early (0: none did). */
+static size_t fill_and_empty(atap_task *h, size_t n, int *refused)
+{
+    size_t got = 0;
+    int rc = 0;
+
+    while (got < n && (rc = atap_spawn(&h[got], task_noop, NULL, NULL)) == 0)
+        got++;
+    *refused = rc;
+    return got;
+}
+
+static void let_all_go(atap_task *h, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        atap_release(h[i]);
+    REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+}
+
+/* What the two children of test_limits_memory_trim saw: [0] after running
+ * out, [1] the control. In memory shared with the test process. */
+struct trim_seen {
+    size_t tasks, span, back, span_end;
+};
+static struct trim_seen *g_trim_seen;
+
+/* Fills the table with n tasks (or until refused: 0 or the code in *rc),
+ * lets them go, and trims: what it saw, in *seen. */
+static void fill_let_go_trim(atap_task *h, size_t n, struct trim_seen *seen, int *rc)
+{
+    seen->tasks = fill_and_empty(h, n, rc);
+    seen->span = table_span();
+    let_all_go(h, seen->tasks);
+    seen->back = trim_all();
+    seen->span_end = table_span();
+}
+
+/* The table run out (RLIMIT_AS: its next block cannot be mapped);
+ * LIMITS_REFUSALS more refusals (default 10,000) leave its span exactly
+ * where it was; the tasks let go and the limit raised, trimmed. */
+static int child_memory_trim_out(void)
+{
+    size_t refusals = env_size("LIMITS_REFUSALS", 10000), span;
+    atap_task *h = calloc(MEM_HANDLES, sizeof *h), t;
+    struct trim_seen *seen = &g_trim_seen[0];
+    struct rlimit old, low;
+    uint64_t t0;
+    int rc;
+
+    REQUIRE(h != NULL);
+    memset(h, 0, MEM_HANDLES * sizeof *h); /* touched before the limit */
+    REQUIRE_RC(atap_init(NULL), 0);
+    spawn_join_works();
+    REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)(statm_bytes(0) + MEM_ROOM);
+    REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+    seen->tasks = fill_and_empty(h, MEM_HANDLES, &rc);
+    REQUIRE_RC(rc, -ENOMEM);
+    span = seen->span = table_span();
+    t0 = now_ns();
+    for (size_t i = 0; i < refusals; i++)
+        REQUIRE_RC(atap_spawn(&t, task_noop, NULL, NULL), -ENOMEM);
+    printf("%zu tasks, span %zu; %zu refusals, %.2f us each, span then %zu\n", seen->tasks, span,
+           refusals, (double)(now_ns() - t0) / 1e3 / (double)refusals, table_span());
+    REQUIRE(table_span() == span);
+    let_all_go(h, seen->tasks);
+    REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+    seen->back = trim_all();
+    seen->span_end = table_span();
+    spawn_join_works();
+    REQUIRE_RC(atap_shutdown(), 0);
+    free(h);
+    return child_done();
+}
+
+/* The control: as many tasks as the first child had, with no limit. */
+static int child_memory_trim_control(void)
+{
+    atap_task *h = calloc(g_trim_seen[0].tasks, sizeof *h);
+    int rc;
+
+    REQUIRE(h != NULL);
+    REQUIRE_RC(atap_init(NULL), 0);
+    fill_let_go_trim(h, g_trim_seen[0].tasks, &g_trim_seen[1], &rc);
+    REQUIRE_RC(rc, 0);
+    REQUIRE_RC(atap_shutdown(), 0);
+    free(h);
+    return child_done();
+}
+
+/* Refused spawns cost nothing that stays: no index for a refusal (the
+ * span stays put), and trim then brings the table down as far as for one
+ * that never ran out, giving back about as much. The pool's own trim (after
+ * seconds of idling) may take a first share of either: the span each ends
+ * at is the measure, the bytes are printed. */
+static void test_limits_memory_trim(void **state)
+{
+    struct trim_seen *seen;
+
+    (void)state;
+    if (UNDER_SANITIZER) {
+        print_message("RLIMIT_AS is not tried under a sanitizer: its shadow memory reserves "
+                      "more address space than any limit worth testing\n");
+        skip();
+    }
+    seen = mmap(NULL, 2 * sizeof *seen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(seen != MAP_FAILED);
+    g_trim_seen = seen;
+    run_in_child(child_memory_trim_out, 90);
+    run_in_child(child_memory_trim_control, 90);
+    print_message("trimmed after running out: %zu KiB back, span %zu -> %zu; the control: %zu "
+                  "KiB, span %zu -> %zu\n",
+                  seen[0].back >> 10, seen[0].span, seen[0].span_end, seen[1].back >> 10,
+                  seen[1].span, seen[1].span_end);
+    assert_true(seen[0].span_end <= seen[1].span_end + seen[1].span_end / 10);
+    munmap(seen, 2 * sizeof *seen);
+}
+
 /* Takes every byte malloc can still give this thread under the limit, as
  * a list threaded through the blocks; heap_give_back frees them. */
 static void *heap_take_all(void)
@@ -1572,6 +1722,7 @@ int main(void)
         cmocka_unit_test(test_limits_threads_blocking),
         cmocka_unit_test(test_limits_threads_kernel_refuses),
         cmocka_unit_test(test_limits_memory),
+        cmocka_unit_test(test_limits_memory_trim),
         cmocka_unit_test(test_limits_memory_heap),
         cmocka_unit_test(test_limits_memory_injected),
         cmocka_unit_test(test_limits_million_cycles),
