@@ -719,10 +719,22 @@ static void hold_release(atap_task *h, size_t n)
     }
 }
 
+/* The pool's ceiling reaches n: false if it did not in time. */
+static bool ceiling_reaches(size_t n)
+{
+    uint64_t end = now_ns() + ATAP_SEC(20) * test_slack();
+
+    while (pool_stats().ceiling != n && now_ns() < end)
+        sleep_ms(1);
+    return pool_stats().ceiling == n;
+}
+
 /* Every worker held, thread starts refused: the pool cannot grow, the new
- * task waits (no hang, no crash); refusals over, the tick grows the pool
- * and it runs. Then every worker dies with its replacement refused: a
- * spawn waits; refusals over, a worker comes back and runs it. */
+ * task waits (no hang, no crash), and the refused start lowers the ceiling
+ * to the workers there are; refusals over, the tick reads the limits
+ * again, grows the pool and it runs. Then every worker dies with its
+ * replacement refused: a spawn waits; refusals over, a worker comes back
+ * and runs it. */
 static int child_threads_pool_growth(void)
 {
     enum { MAXH = 64 };
@@ -737,10 +749,11 @@ static int child_threads_pool_growth(void)
     REQUIRE_RC(atap_spawn(&x, task_value, (void *)7, &(atap_spawn_opts){.out_size = sizeof v}), 0);
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_MS(300)), ATAP_ENOTREADY);
     REQUIRE(atap_pool_stats(&st) == 0 && st.workers == n);
+    REQUIRE(ceiling_reaches(n));
     atap_inject_spawn_refusals(0);
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_SEC(20)), 0);
     REQUIRE(v == 7);
-    REQUIRE(atap_pool_stats(&st) == 0 && st.workers > n);
+    REQUIRE(atap_pool_stats(&st) == 0 && st.workers > n && st.ceiling >= st.workers);
     atap_release(x);
     hold_release(h, n);
 
@@ -923,6 +936,11 @@ static int child_threads_kernel_refuses(void)
         REQUIRE(!atap_initialised() && pool_stats().workers == 0);
         REQUIRE(threads_back_to(threads));
     }
+    /* room for a few more: the ceiling is what RLIMIT_NPROC leaves */
+    nproc_allow(cores() + 16);
+    REQUIRE_RC(atap_init(NULL), 0);
+    REQUIRE(pool_stats().ceiling <= cores() + 16);
+    REQUIRE_RC(atap_shutdown(), 0);
     nproc_raise();
     REQUIRE_RC(atap_init(NULL), 0);
     REQUIRE(wait_manager(true, ATAP_SEC(5)));
@@ -1420,6 +1438,62 @@ static void test_limits_memory_injected(void **state)
     run_in_child(child_memory_injected, 60);
 }
 
+/* Under RLIMIT_AS the ceiling is what the address space left holds: at
+ * most its room over a worker's stack reservation (8 MiB and a guard page
+ * here). Workers held and a backlog of held tasks grow the pool until it
+ * can grow no more, and it then stands at its ceiling: reached, or lowered
+ * to the workers there are by the kernel's refusal, never a ceiling the
+ * kernel will not give. */
+static int child_threads_address_space(void)
+{
+    enum { HOLDS = 4096 };
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), reserve = ((size_t)8 << 20) + page;
+    size_t room = 40 * reserve, bound;
+    atap_task *h = calloc(HOLDS, sizeof *h);
+    struct atap_pool_stats st;
+    struct rlimit old, low;
+    uint64_t end;
+
+    REQUIRE(h != NULL);
+    REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)(statm_bytes(0) + room);
+    REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+    REQUIRE_RC(atap_init(NULL), 0);
+    bound = room / reserve;
+    REQUIRE(atap_pool_stats(&st) == 0);
+    printf("ceiling %zu under RLIMIT_AS (at most %zu), %zu workers\n", st.ceiling, bound,
+           st.workers);
+    REQUIRE(st.ceiling <= bound && st.ceiling >= st.workers);
+    atomic_store(&g_hold_open, 0);
+    atomic_store(&g_hold_started, 0);
+    for (size_t i = 0; i < HOLDS; i++)
+        REQUIRE_RC(atap_spawn(&h[i], task_hold, NULL, NULL), 0);
+    end = now_ns() + ATAP_SEC(20) * test_slack();
+    do {
+        sleep_ms(1);
+        REQUIRE(atap_pool_stats(&st) == 0);
+    } while ((st.workers != st.ceiling || st.workers < cores() + 1) && now_ns() < end);
+    printf("grown to %zu workers, ceiling %zu\n", st.workers, st.ceiling);
+    REQUIRE(st.workers == st.ceiling);
+    REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+    hold_release(h, HOLDS);
+    REQUIRE_RC(atap_shutdown(), 0);
+    free(h);
+    return child_done();
+}
+
+static void test_limits_threads_address_space(void **state)
+{
+    (void)state;
+    if (UNDER_SANITIZER) {
+        print_message("RLIMIT_AS is not tried under a sanitizer: its shadow memory reserves "
+                      "more address space than any limit worth testing\n");
+        skip();
+    }
+    run_in_child(child_threads_address_space, 90);
+}
+
 /* ---- a million cycles ------------------------------------------------------ */
 
 /* Spawn, cancel, release, a million times: every one accepted, live tasks
@@ -1725,6 +1799,7 @@ int main(void)
         cmocka_unit_test(test_limits_memory_trim),
         cmocka_unit_test(test_limits_memory_heap),
         cmocka_unit_test(test_limits_memory_injected),
+        cmocka_unit_test(test_limits_threads_address_space),
         cmocka_unit_test(test_limits_million_cycles),
         cmocka_unit_test(test_limits_manager_kills),
     };
