@@ -67,6 +67,8 @@ enum {
  * the test's own making (cpus.h). */
 unsigned atap__cpus(void);
 unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount);
+/* The threads the cgroup's pids.max leaves, read likewise (cpus.h). */
+unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount);
 
 /* Sets the hook at point (NULL: none). ATAP_EINVAL for an unknown point,
  * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */
