@@ -139,6 +139,8 @@ void atap__park_complete(struct park *p, int by)
     if (p->timed && by != BY_DEADLINE)
         atap__timer_disarm(atap__hub_timers(), &p->timer); /* lost: see the top */
     registry_remove(p);
+    if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE)
+        TEST_HOOK(ATAP__TEST_STOP_WAKE);
     /* Stopped with a wake pending: one that came before the park was armed,
      * or that a stop overtook (atap__park_wake counted it delivered, unless
      * it takes it back: the exchange and its take-back are RMWs of one
@@ -586,6 +588,7 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
     live = word_gen(w) == gen && (word_state(w) == ST_RUNNING || word_state(w) == ST_PENDING);
     if (live && (side = ld_acquire(&s->side)) != NULL &&
         (p = ld_acquire(&side->park))) {
+        TEST_HOOK(ATAP__TEST_WAKE_LIVE);
         atomic_fetch_add_explicit(&p->woken, 1, memory_order_seq_cst);
         c = P_STATE(ld_seqcst(&p->claim));
         if (c == P_ARMED) {
