@@ -127,8 +127,13 @@ ATAP_EXPORT const char *atap_version_string(void);
  * a wait inside a task, or stuck in a call of their own), asleep rather
  * than running or waiting for a CPU, and work waits: up
  * to workers_per_core a CPU (its target), past that only under overload,
- * never past atap_pool_stats' ceiling. Blocking threads start on demand
- * and stop when idle: at most `blocking_threads`.
+ * never past atap_pool_stats' ceiling. The ceiling is what the kernel would
+ * give, read at atap_init: a quarter of the memory over worker_stack, and
+ * the threads RLIMIT_NPROC, the cgroup's pids.max and RLIMIT_AS (its room
+ * over worker_stack and a guard page) leave; a thread start the kernel
+ * refuses lowers it to the workers there are, and it is read again (at
+ * most once a second) while the pool would grow past it. Blocking threads
+ * start on demand and stop when idle: at most `blocking_threads`.
  *
  * The environment. ATAP_WORKERS and ATAP_BLOCKING_THREADS set `workers`
  * and `blocking_threads` for a program that does not: the config wins.
@@ -258,7 +263,8 @@ struct atap_pool_stats {
     uint64_t completed;      /* runs finished since the process started */
     size_t aside;            /* waits inside tasks now, each a stack set
                                 aside: it holds no thread */
-    size_t ceiling;          /* the most workers the pool may have */
+    size_t ceiling;          /* the most workers the pool may have: what the
+                                kernel would give (see atap_config) */
     size_t peak_aside;       /* the most stacks set aside at once; never falls */
     size_t stacks;           /* stacks the pool threads hold besides their
                                 own: set aside, running, or kept for reuse */
@@ -1435,7 +1441,9 @@ ATAP_EXPORT int atap_child_start(atap_child *child, const atap_cmd *cmd);
  * its process group and reaps it, as atap_spawn_run. At most one wait
  * task per child. opts as atap_spawn_run. Returns 0; ATAP_EINVAL for NULL
  * task, pid <= 0 or opts outside those; -ECHILD when pid is no child of
- * ours (or already reaped); ATAP_ENOTINIT; -EMFILE, -ENOMEM.
+ * ours (or already reaped); ATAP_ENOTINIT; -EMFILE, -ENOMEM. On any
+ * failure the child is left as it was: not signalled, not reaped, the
+ * caller's still (a later call may wait for it).
  * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_spawn_child_wait(atap_task *task, int pid, const atap_spawn_opts *opts);

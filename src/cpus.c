@@ -1,6 +1,7 @@
 /*
  * The CPUs this process may run on: what the pool sizes itself by (its
- * default worker count, its target, the cap on blocking threads).
+ * default worker count, its target, the cap on blocking threads); and the
+ * threads the kernel would still let it start, which bound its ceiling.
  *
  * Not the machine's core count. On Linux, the smaller of:
  *   - the affinity mask (sched_getaffinity): `taskset -c 0`, a cpuset, a
@@ -11,12 +12,25 @@
  * cgroup v1's cpu.cfs_quota_us is not read. Elsewhere the online CPUs
  * (sysconf). Never 0. Read at each start of the runtime (atap_init), never
  * on a hot path: a few small files and one system call.
+ *
+ * Threads (atap__thread_room): the fewest of what each limit leaves, for
+ * threads on top of those running now:
+ *   - RLIMIT_NPROC less the process's own threads (Linux counts threads;
+ *     the user's other processes count too but are not seen: a refused
+ *     start tells the pool the rest, pool_grow.c);
+ *   - the cgroup v2 pids.max of the process's cgroup and of every one
+ *     above it, less its pids.current;
+ *   - RLIMIT_AS less the address space in use, divided by what a thread
+ *     reserves (its stack and guard page).
+ * Read at a start and when the pool would grow past its ceiling, never on a
+ * hot path.
  */
 #include "cpus.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #if defined(__linux__)
 #include <sched.h>
@@ -54,25 +68,49 @@ static unsigned affinity_cpus(void)
     return 0;
 }
 
+/* The first line of file `name` in dir, into line; false if none. */
+static bool first_line(const char *dir, const char *name, char *line, int size)
+{
+    char path[PATH_MAX];
+    FILE *f;
+    bool got;
+
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return false;
+    if (!(f = fopen(path, "re")))
+        return false;
+    got = fgets(line, size, f) != NULL;
+    fclose(f);
+    return got;
+}
+
 /* One cpu.max file: its quota in whole CPUs (rounded up), 0 for none
  * ("max"), no file, or a line that does not parse. */
 static unsigned quota_at(const char *dir)
 {
-    char path[PATH_MAX], line[64];
+    char line[64];
     unsigned long long quota, period;
-    FILE *f;
-    int got;
 
-    if (snprintf(path, sizeof path, "%s/cpu.max", dir) >= (int)sizeof path)
-        return 0;
-    if (!(f = fopen(path, "re")))
-        return 0;
-    got = fgets(line, sizeof line, f) != NULL;
-    fclose(f);
-    if (!got || sscanf(line, "%llu %llu", &quota, &period) != 2 || period == 0 || quota == 0)
+    if (!first_line(dir, "cpu.max", line, sizeof line) ||
+        sscanf(line, "%llu %llu", &quota, &period) != 2 || period == 0 || quota == 0)
         return 0; /* "max 100000" reads as no quota */
     quota = quota / period + (quota % period != 0);
     return quota < UINT_MAX ? (unsigned)quota : UINT_MAX;
+}
+
+/* One cgroup's pids.max less its pids.current, plus 1 (0 is kept for
+ * none: "max", no file, or a line that does not parse). */
+static unsigned pids_at(const char *dir)
+{
+    char line[64];
+    unsigned long long max, cur = 0;
+
+    if (!first_line(dir, "pids.max", line, sizeof line) || sscanf(line, "%llu", &max) != 1)
+        return 0; /* "max" reads as no limit */
+    if (first_line(dir, "pids.current", line, sizeof line) && sscanf(line, "%llu", &cur) != 1)
+        cur = 0;
+    max = max > cur ? max - cur : 0;
+    return max < UINT_MAX - 1 ? (unsigned)max + 1 : UINT_MAX;
 }
 
 /* The cgroup v2 path in a /proc/self/cgroup listing ("0::/path"), into
@@ -99,22 +137,25 @@ static bool v2_path(const char *self_cgroup, char *path, size_t size)
     return found;
 }
 
-unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount)
+/* The smallest nonzero value `at` reads in the cgroup v2 that self_cgroup
+ * names under mount and in every cgroup above it; 0 when none has one. */
+static unsigned smallest_up(const char *self_cgroup, const char *mount,
+                            unsigned (*at)(const char *dir))
 {
     char rel[PATH_MAX], dir[PATH_MAX];
     unsigned best = 0, q;
     size_t base;
 
     /* A path outside this cgroup namespace's view ("/../..") or none: the
-     * mount's own cpu.max, which is the namespace root's. */
+     * mount's own file, which is the namespace root's. */
     if (!v2_path(self_cgroup, rel, sizeof rel) || rel[0] != '/' || strstr(rel, "/..") ||
         snprintf(dir, sizeof dir, "%s%s", mount, strcmp(rel, "/") == 0 ? "" : rel) >=
             (int)sizeof dir)
-        return quota_at(mount);
-    /* From the process's cgroup up to the mount: the smallest quota holds. */
+        return at(mount);
+    /* From the process's cgroup up to the mount: the smallest holds. */
     base = strlen(mount);
     for (;;) {
-        if ((q = quota_at(dir)) != 0 && (best == 0 || q < best))
+        if ((q = at(dir)) != 0 && (best == 0 || q < best))
             best = q;
         char *slash = strrchr(dir, '/');
         if (strlen(dir) <= base || !slash || (size_t)(slash - dir) < base)
@@ -123,6 +164,42 @@ unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount)
     }
     return best;
 }
+
+unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount)
+{
+    return smallest_up(self_cgroup, mount, quota_at);
+}
+
+unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount)
+{
+    unsigned room = smallest_up(self_cgroup, mount, pids_at);
+
+    return room == 0 ? UINT_MAX : room - 1;
+}
+
+/* Field `field` of a "Name:  value" line of /proc/self/status; 0 if none. */
+static unsigned long long self_status(const char *field)
+{
+    char line[256];
+    size_t len = strlen(field);
+    unsigned long long v = 0;
+    FILE *f = fopen("/proc/self/status", "re");
+
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, field, len) == 0 && line[len] == ':') {
+            if (sscanf(line + len + 1, "%llu", &v) != 1)
+                v = 0;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+static unsigned long long own_threads(void) { return self_status("Threads"); }
+
+static unsigned long long address_space_used(void) { return self_status("VmSize") * 1024u; }
 
 unsigned atap__cpus(void)
 {
@@ -143,6 +220,40 @@ unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount)
     return 0;
 }
 
+unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount)
+{
+    (void)self_cgroup, (void)mount;
+    return UINT_MAX;
+}
+
 unsigned atap__cpus(void) { return online_cpus(); }
 
+/* Not counted here: RLIMIT_NPROC keeps 256 for the program's own threads,
+ * and the address space in use is not known (RLIMIT_AS is left to a
+ * refused start). */
+static unsigned long long own_threads(void) { return 256; }
+
+static unsigned long long address_space_used(void) { return 0; }
+
 #endif
+
+static unsigned long long at_most_ull(unsigned long long a, unsigned long long b)
+{
+    return a < b ? a : b;
+}
+
+unsigned atap__thread_room(size_t per_thread)
+{
+    unsigned long long room = UINT_MAX, own, used;
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        own = own_threads();
+        room = at_most_ull(room, rl.rlim_cur > own ? rl.rlim_cur - own : 0);
+    }
+    if (per_thread > 0 && getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        (used = address_space_used()) != 0)
+        room = at_most_ull(room, rl.rlim_cur > used ? (rl.rlim_cur - used) / per_thread : 0);
+    room = at_most_ull(room, atap__cgroup_pids_room("/proc/self/cgroup", "/sys/fs/cgroup"));
+    return (unsigned)room;
+}

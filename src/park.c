@@ -28,15 +28,22 @@
  * the canceller's fence) so a cancel that came while the park was being set
  * up is not missed.
  *
- * Wakes (atap_wake: wakers, which channels are built on) set a flag
- * in the park record before they look at the claim; a parker that arms
- * after the flag sees it. Every wake counted delivered is acted on once: a
- * woken task whose run is then dropped (cancelled after the wake claimed
- * it) still gets that run, with atap_cancelled() true, so that it can hand
- * the wake on (executor.c); and a stop that claims a park whose flag is
- * still set (the wake came while it was being armed) completes it as woken
- * instead, for the same run. The parker clears the flag only with a claim
- * won, so the flag is always left to whoever ends the park.
+ * Wakes (atap_wake: wakers, which channels are built on) add one to
+ * `woken`, the count of wakes not yet acted on, before they look at the
+ * claim; a parker that arms after the add sees it. The count is emptied
+ * only by whoever acts on it, and only with a claim won: a waker or the
+ * parker that claimed the park READY, or a stop's completion, which then
+ * completes it as woken instead (the wake came while the park was being
+ * armed, or a stop overtook it). Every wake counted delivered is acted on
+ * once: a woken task whose run is then dropped (cancelled after the wake
+ * claimed it) still gets that run, with atap_cancelled() true, so that it
+ * can hand the wake on (executor.c). A waker that finds its park claimed by
+ * a stop takes its own one back if it is still there (then it reports
+ * "woke nothing", and the stop finds nothing of it); if it is gone, the
+ * stop's completion took it and runs the task woken (then it reports a
+ * wake). Both are read-modify-writes of the one count, whose modification
+ * order puts one before the other: exactly one of them has the wake, so
+ * the waker's answer and the task's run agree.
  *
  * Parks on fds are park_fd.c's: several on one fd share a `struct fdw`,
  * watched on the hub's io poller, and an fd whose watch fails is watched
@@ -132,10 +139,14 @@ void atap__park_complete(struct park *p, int by)
     if (p->timed && by != BY_DEADLINE)
         atap__timer_disarm(atap__hub_timers(), &p->timer); /* lost: see the top */
     registry_remove(p);
+    if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE)
+        TEST_HOOK(ATAP__TEST_STOP_WAKE);
     /* Stopped with a wake pending: one that came before the park was armed,
-     * or that a stop overtook (atap__park_wake counted it delivered). The
-     * task runs once more, woken, to hand it on (a channel's value, or
-     * room), as a task woken and then stopped does (run_observed). */
+     * or that a stop overtook (atap__park_wake counted it delivered, unless
+     * it takes it back: the exchange and its take-back are RMWs of one
+     * count, so one of them has it). The task runs once more, woken, to
+     * hand it on (a channel's value, or room), as a task woken and then
+     * stopped does (run_observed). */
     if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE &&
         atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
         st_release(&p->claim, (ld_relaxed(&p->claim) & ~0xffu) | P_CLAIMED | BY_READY);
@@ -295,10 +306,10 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
         atap__park_complete(p, (int)(P_STATE(c) & ~P_CLAIMED)); /* claimed while we armed it */
     } else if (ctx->park_kind == PK_WAKE && ld_seqcst(&p->woken)) {
         /* A wake that came before the park was armed (atap__park_wake).
-         * The flag goes only with a claim won: a stop that claims first
+         * The count goes only with a claim won: a stop that claims first
          * finds it and hands the wake on (atap__park_complete). */
         if (atap__park_claim(p, BY_READY) == 1) {
-            st_seqcst(&p->woken, 0);
+            atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst);
             atap__park_complete(p, BY_READY);
         }
     } else {
@@ -562,13 +573,30 @@ bool atap_waker_live(atap_waker w)
     return word_is(cur, gen) && !state_terminal(word_state(cur));
 }
 
+/* Takes one wake back from the count, if one is left: true if it did. */
+static bool unwake(struct park *p)
+{
+    uint64_t n = ld_relaxed(&p->woken);
+
+    /* seq_cst like every change of the count; the RMW's place in the
+     * count's modification order is what decides, against the stop's
+     * exchange (atap__park_complete), which of the two has the wake. */
+    while (n && !atomic_compare_exchange_weak_explicit(&p->woken, &n, n - 1,
+                                                       memory_order_seq_cst,
+                                                       memory_order_relaxed)) {
+    }
+    return n != 0;
+}
+
 /*
  * Wakes the task (index, gen) parked, or about to park, by
- * atap__park_wait_wake. The flag first, then the claim: a parker that armed
- * before our flag is claimed here; one that arms after sees the flag (both
- * seq_cst). Whoever takes the flag back to 0 acts, so a wake acts once. A
+ * atap_park_wake. The count first, then the claim: a parker that armed
+ * before our add is claimed here; one that arms after sees the count (both
+ * seq_cst). Only a claim won empties the count, so a wake acts once. A
  * wake for a task that is not waiting makes its next wait return at once
- * (a spurious wake: the channel tasks look again).
+ * (a spurious wake: the channel tasks look again). A park a stop claimed:
+ * our wake, if still counted, is taken back and we say nothing was woken;
+ * if it is gone, the stop's completion took it and runs the task woken.
  */
 bool atap__park_wake(uint32_t index, uint32_t gen)
 {
@@ -586,17 +614,23 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
     live = word_gen(w) == gen && (word_state(w) == ST_RUNNING || word_state(w) == ST_PENDING);
     if (live && (side = ld_acquire(&s->side)) != NULL &&
         (p = ld_acquire(&side->park))) {
-        atomic_store_explicit(&p->woken, 1, memory_order_seq_cst);
+        TEST_HOOK(ATAP__TEST_WAKE_LIVE);
+        atomic_fetch_add_explicit(&p->woken, 1, memory_order_seq_cst);
         c = P_STATE(ld_seqcst(&p->claim));
-        if (c == P_ARMED && atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
+        if (c == P_ARMED) {
             int r = atap__park_claim(p, BY_READY);
-            if (r == 1)
+            if (r == 1) {
+                /* Ours: every wake counted so far is this run's. Emptied
+                 * before the completion hands p to the next run. */
+                atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst);
                 atap__park_complete(p, BY_READY);
+            }
             c = r ? P_CLAIMED | BY_READY : P_STATE(ld_acquire(&p->claim));
         }
         /* Taken down by a cancel, a timeout or a shutdown: it will not look
-         * again, so the wake did not reach anyone. */
-        if (c == (P_CLAIMED | BY_STOP) || c == (P_CLAIMED | BY_OFF))
+         * again. Ours taken back, the wake reached no one; gone, the stop's
+         * completion has it and the task runs woken (see the top). */
+        if ((c == (P_CLAIMED | BY_STOP) || c == (P_CLAIMED | BY_OFF)) && unwake(p))
             live = false;
     }
     atap__exec_release_listener(s, index, gen);

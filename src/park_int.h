@@ -71,7 +71,7 @@ struct park {
     int fd;          /* PK_FD: the fd; a source's: its list (signal, watch) */
     unsigned events;
     _Atomic unsigned got;
-    _Atomic uint32_t woken; /* PK_WAKE: a wake came (atap__park_wake) */
+    _Atomic uint64_t woken; /* PK_WAKE: wakes not yet acted on (atap__park_wake) */
     _Atomic uint64_t deadline;
     struct park *fd_next;     /* its waiter list's lock (park_fd.c or sources.c) */
     struct park *prev, *next; /* registry, reg_lock */

@@ -13,8 +13,12 @@
  * every worker is stuck (inside a task with nothing finished for a tick
  * and off the CPU: sleeping in a call of its own, not merely waiting for a
  * CPU on a busy machine) and work waits, up to the
- * target, past it only under overload, never past the ceiling (the memory
- * and the process's thread limit: thread_ceiling); the idle worker that
+ * target, past it only under overload, never past the ceiling (what the
+ * kernel would give: the memory, RLIMIT_NPROC, the cgroup's pids.max and
+ * RLIMIT_AS; atap__pool_ceiling_read). A start the kernel refuses lowers
+ * the ceiling to the workers there are, and a tick that would grow past the
+ * ceiling reads the limits again (at most every CEILING_READ_TICKS), so it
+ * rises again once they do; the idle worker that
  * idled longest goes after 500 ms (50 ms above the target), never below
  * the floor, nor one with stacks set aside (their waits end on it).
  * Blocking threads stop on their own after 500 ms idle (but with stacks
@@ -44,18 +48,35 @@
 
 /* ---- one more worker ----------------------------------------------------- */
 
+#define CEILING_READ_TICKS 100 /* the limits read again at most this often: 1 s */
+
 /* Starts one more worker, up to the ceiling; false if none was started
- * for want of a thread (the ceiling, or a refused start). */
+ * for want of a thread (the ceiling, or a refused start). At the ceiling,
+ * the kernel's limits are read again first (outside the lock: a few small
+ * files), at most every CEILING_READ_TICKS; a refused start lowers the
+ * ceiling to the workers running (never below the floor). The tick and a
+ * drain are the only callers, one at a time, so ceiling_read_at is theirs. */
 static bool add_worker(void)
 {
-    bool ok = true;
+    unsigned live = ld_relaxed(&atap__pool.nlive), read = 0;
+    bool ok = true, refused = false;
 
+    if (live >= ld_relaxed(&atap__pool.ceiling) &&
+        atap__pool.ticks - atap__pool.ceiling_read_at >= CEILING_READ_TICKS) {
+        atap__pool.ceiling_read_at = atap__pool.ticks;
+        read = atap__pool_ceiling_read(live);
+    }
     pthread_mutex_lock(&atap__pool.lock);
     if (!ld_relaxed(&atap__pool.stopping)) {
-        ok = ld_relaxed(&atap__pool.nlive) < atap__pool.ceiling &&
-             atap__pool_start_thread(false, NULL) == 0;
+        live = ld_relaxed(&atap__pool.nlive);
+        if (read)
+            st_relaxed(&atap__pool.ceiling, read);
+        ok = live < ld_relaxed(&atap__pool.ceiling) &&
+             !(refused = atap__pool_start_thread(false, NULL) != 0);
         if (ok)
             ATAP_TRACE(TR_GROW, 0, NULL, ld_relaxed(&atap__pool.nlive));
+        if (refused) /* what the kernel gives is what runs */
+            st_relaxed(&atap__pool.ceiling, live > atap__pool.floor ? live : atap__pool.floor);
         st_relaxed(&atap__pool.refused, !ok);
     }
     pthread_mutex_unlock(&atap__pool.lock);

@@ -51,7 +51,12 @@ struct pool {
     /* Stacks set aside now (a drain waits for them), their peak, and the
      * stacks mapped (pool_aside.c). */
     _Atomic unsigned naside, peak_aside, nstacks;
-    unsigned floor, target, ceiling; /* fewest, usual most, and most workers */
+    unsigned floor, target; /* fewest and usual most workers */
+    /* The most workers: what the kernel would give (pool_life.c); lowered
+     * by a refused start, read again by the tick (pool_grow.c). Written
+     * under the pool lock, read anywhere (relaxed: a bound, not a hand-off). */
+    _Atomic unsigned ceiling;
+    unsigned ceiling_read_at; /* manager: the tick it was last read at */
     _Atomic bool refused;   /* the last worker start was refused */
     uint64_t last_done[POOL_MAX_THREADS]; /* manager: completed at the last tick */
 #if !defined(__linux__)
@@ -79,6 +84,8 @@ extern struct worker atap__pool_blockers[POOL_MAX_THREADS];
 
 /* pool.c. Starts a thread in a FREE or DEAD record (pool lock held): 0 or -errno. */
 int atap__pool_start_thread(bool blocking, struct worker *self);
+/* pool_life.c. The ceiling the kernel's limits give now, with `live` workers running. */
+unsigned atap__pool_ceiling_read(unsigned live);
 /* Entries moved between a ring and the shared queue a batch at a time. */
 #define MOVE_CHUNK 128
 

@@ -15,7 +15,6 @@
 #include "pool.h"
 
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,25 +26,30 @@
 
 /* ---- start, drain, stop ------------------------------------------------ */
 
-/* The most workers (atap.h, atap_pool_stats): what the process may still
- * start (RLIMIT_NPROC less 256 for the program's own threads), and as many
- * whole worker stacks as a quarter of the machine's memory holds (a worker
- * blocked deep in a chain of waits has touched all of its own); never
- * below the floor nor above the records. */
-static unsigned thread_ceiling(unsigned floor, size_t stack)
+/* The most workers (atap.h, atap_pool_stats), with `live` running now:
+ * those and as many more as the kernel would let the process start
+ * (atap__thread_room: RLIMIT_NPROC, the cgroup's pids.max, and RLIMIT_AS's
+ * room over what a thread reserves, its stack rounded up to pages and a
+ * guard page), and as many whole worker stacks as a quarter of the
+ * machine's memory holds (a worker blocked deep in a chain of waits has
+ * touched all of its own); never below the floor nor above the records.
+ * Read at the start, and again by the tick when the pool would grow past
+ * it (pool_grow.c), which also lowers it to the workers there are when the
+ * kernel refuses a start. */
+unsigned atap__pool_ceiling_read(unsigned live)
 {
-    struct rlimit rl;
-    unsigned long limit = POOL_MAX_THREADS;
+    unsigned long long limit = POOL_MAX_THREADS, room;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t stack = atap__pool.stack, reserve;
 
-    if (getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-        limit = rl.rlim_cur > 256 ? (unsigned long)(rl.rlim_cur - 256) : 0;
     if (pages > 0 && page > 0 && stack > 0 &&
         (unsigned long long)pages * (unsigned long long)page / 4 / stack < limit)
-        limit = (unsigned long)((unsigned long long)pages * (unsigned long long)page / 4 / stack);
-    if (limit > POOL_MAX_THREADS)
-        limit = POOL_MAX_THREADS;
-    return limit < floor ? floor : (unsigned)limit;
+        limit = (unsigned long long)pages * (unsigned long long)page / 4 / stack;
+    reserve = page > 0 ? (stack + (size_t)page - 1) / (size_t)page * (size_t)page + (size_t)page
+                       : stack;
+    if ((room = (unsigned long long)live + atap__thread_room(reserve)) < limit)
+        limit = room;
+    return limit < atap__pool.floor ? atap__pool.floor : (unsigned)limit;
 }
 
 static unsigned at_most(unsigned long n, unsigned max) { return n < max ? (unsigned)n : max; }
@@ -68,12 +72,12 @@ int atap__pool_start(const struct atap__pool_conf *conf)
     atap__pool.io_event = conf->io_event;
     atap__pool.bcap = at_most(bcap, POOL_MAX_THREADS);
     atap__pool.floor = floor;
-    atap__pool.ceiling = thread_ceiling(floor, stack);
-    atap__pool.target = target < floor ? floor : at_most(target, atap__pool.ceiling);
-    atap__pool.ticks = 0;
+    atap__pool.stack = stack;
+    st_relaxed(&atap__pool.ceiling, atap__pool_ceiling_read(0));
+    atap__pool.target = target < floor ? floor : at_most(target, ld_relaxed(&atap__pool.ceiling));
+    atap__pool.ticks = atap__pool.ceiling_read_at = 0;
     st_relaxed(&atap__pool.peak, 0); /* peaks are per run of the runtime */
     st_relaxed(&atap__pool.peak_aside, 0);
-    atap__pool.stack = stack;
     st_relaxed(&atap__pool.nsearching, 0);
     st_seqcst(&atap__pool.stopping, false);
     pthread_mutex_lock(&atap__pool.lock);
@@ -227,7 +231,7 @@ void atap__pool_stats(struct atap_pool_stats *st)
     st->deaths = ld_acquire(&atap__pool.deaths);
     st->completed = done;
     st->aside = ld_relaxed(&atap__pool.naside);
-    st->ceiling = atap__pool.ceiling;
+    st->ceiling = ld_relaxed(&atap__pool.ceiling);
     st->peak_aside = ld_relaxed(&atap__pool.peak_aside);
     st->stacks = ld_relaxed(&atap__pool.nstacks);
 }

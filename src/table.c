@@ -11,9 +11,13 @@
  * is a valid free slot with generation 0; it takes the generation `gen_base`
  * when first handed out.
  *
- * Allocation: pop the free list, else take `next` and grow (a stash takes
+ * Allocation: pop the free list, else grow: map the block(s) the next
+ * index (or run) lies in, then take it by a CAS on `next` (a stash takes
  * a run of GROW_RUN slots at once while the span is below TRIM_KEEP, so
- * threads that grow the table together keep apart). The free list is
+ * threads that grow the table together keep apart). An index is taken only
+ * with memory behind it, so a growth refused (-ENOMEM) takes nothing: an
+ * index taken and never mapped could never be freed, and would stop every
+ * trim below it for good. The free list is
  * a Treiber stack whose head is tag << 32 | (index + 1); every pop bumps the
  * tag, so a head that was popped and pushed back in between cannot be
  * mistaken for the one read (ABA). The link lives in the slot (`link`).
@@ -168,16 +172,13 @@ static void count_free(struct slot_cache *c)
 }
 
 /* The rest of a run of slots taken from the table's growth (n fresh
- * slots from first on), for a stash: into it when the run lies below
- * TRIM_KEEP (the stash's rule: a trim never wants them), lowest index
- * handed out first; else onto the shared list. A block that cannot be
- * mapped leaves them unused, as a failed single index is. */
+ * slots from first on, their blocks mapped), for a stash: into it when the
+ * run lies below TRIM_KEEP (the stash's rule: a trim never wants them),
+ * lowest index handed out first; else onto the shared list. */
 static void keep_run(struct slot_cache *c, uint32_t first, uint32_t n)
 {
-    uint32_t idx[GROW_RUN], off;
+    uint32_t idx[GROW_RUN];
 
-    if (first + n > TABLE_MAX_INDEX || map_block(atap__table_block_of(first + n - 1, &off)) != 0)
-        return;
     if (first + n <= TRIM_KEEP) {
         for (uint32_t j = first + n; j-- > first;)
             c->idx[c->n++] = j;
@@ -188,36 +189,50 @@ static void keep_run(struct slot_cache *c, uint32_t first, uint32_t n)
     push_free(idx, n);
 }
 
-int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *gen)
+/* Takes the next index (and, for a stash, a run) from the table's growth,
+ * its memory mapped first: -ENOMEM takes nothing (see the top). */
+static int grow(struct slot_cache *c, uint32_t *index, uint32_t *gen)
 {
-    uint32_t got, off, g;
+    uint32_t i = ld_relaxed(&table.next), k, off;
 
-    if (c && c->n > 0) {
-        got = c->idx[--c->n] + 1;
-    } else if ((got = pop_free()) == 0) {
+    for (;;) {
         /* A stash takes a run of GROW_RUN at once while the span is small:
          * slots are not a cache line each, and two threads growing the
          * table one index at a time would take neighbours, then write
          * lines each other's tasks share. */
-        uint32_t k = c && ld_relaxed(&table.next) + GROW_RUN <= TRIM_KEEP ? GROW_RUN : 1;
-        /* Acquire: an index below a trim's lowered `next` comes with the
-         * trim's raised gen_base (its release CAS on next), read below. */
-        uint32_t i = atomic_fetch_add_explicit(&table.next, k, memory_order_acquire);
-
-        /* A failure leaves index i unused for good: one index, no memory.
-         * Later allocations retry the mapping. */
-        if (i >= TABLE_MAX_INDEX || map_block(atap__table_block_of(i, &off)) != 0)
+        k = c && i + GROW_RUN <= TRIM_KEEP ? GROW_RUN : 1;
+        /* Mapped for good (but by a fork's child): a CAS that fails below
+         * leaves a block for a later growth, never an index. */
+        if (i >= TABLE_MAX_INDEX || map_block(atap__table_block_of(i, &off)) != 0 ||
+            map_block(atap__table_block_of(i + k - 1, &off)) != 0)
             return -ENOMEM;
-        if (k > 1)
-            keep_run(c, i + 1, k - 1);
-        *index = i;
-        /* Above the span every slot is new or was trimmed (zeroed, or on a
-         * page edge with a generation below gen_base): no need to read it,
-         * which would fault the page in twice (zero page, then copy). */
-        *gen = ld_relaxed(&table.gen_base);
-        count_alloc(c);
-        return 0;
+        /* Acquire: an index below a trim's lowered `next` comes with the
+         * trim's raised gen_base (its release CAS on next), read below. A
+         * failure reads the newer `next` to try again from; the success
+         * that ends the loop is the read that counts. */
+        if (atomic_compare_exchange_weak_explicit(&table.next, &i, i + k, memory_order_acquire,
+                                                  memory_order_relaxed))
+            break;
     }
+    if (k > 1)
+        keep_run(c, i + 1, k - 1);
+    *index = i;
+    /* Above the span every slot is new or was trimmed (zeroed, or on a
+     * page edge with a generation below gen_base): no need to read it,
+     * which would fault the page in twice (zero page, then copy). */
+    *gen = ld_relaxed(&table.gen_base);
+    count_alloc(c);
+    return 0;
+}
+
+int atap__table_alloc_shared(struct slot_cache *c, uint32_t *index, uint32_t *gen)
+{
+    uint32_t got, g;
+
+    if (c && c->n > 0)
+        got = c->idx[--c->n] + 1;
+    else if ((got = pop_free()) == 0)
+        return grow(c, index, gen);
     *index = got - 1;
     g = word_gen(ld_relaxed(&atap__table_at(*index)->word));
     *gen = g == 0 ? ld_relaxed(&table.gen_base) : g + 1;

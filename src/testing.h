@@ -47,7 +47,11 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_KICK          a waiting task's start admitted, before it is
  *                            queued or armed (schedule.c);
  *   ATAP__TEST_ALLOC         an allocation at a site atap_inject_alloc_failures
- *                            reaches, before it is made (faults.h). */
+ *                            reaches, before it is made (faults.h);
+ *   ATAP__TEST_WAKE_LIVE     a wake that found its task queued or running,
+ *                            before it counts itself (park.c);
+ *   ATAP__TEST_STOP_WAKE     a stop that claimed a park for a wake, before it
+ *                            looks for a wake pending (park.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
@@ -58,6 +62,8 @@ enum {
     ATAP__TEST_PARK_FIRE,
     ATAP__TEST_KICK,
     ATAP__TEST_ALLOC,
+    ATAP__TEST_WAKE_LIVE,
+    ATAP__TEST_STOP_WAKE,
     ATAP__TEST_POINTS
 };
 
@@ -67,6 +73,8 @@ enum {
  * the test's own making (cpus.h). */
 unsigned atap__cpus(void);
 unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount);
+/* The threads the cgroup's pids.max leaves, read likewise (cpus.h). */
+unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount);
 
 /* Sets the hook at point (NULL: none). ATAP_EINVAL for an unknown point,
  * -ENOTSUP in a build without ATAP_FAULT_INJECTION. */

@@ -422,6 +422,49 @@ static void test_config_cgroup_quota(void **state)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", cg_root);
     assert_int_equal(system(cmd), 0);
 }
+static unsigned cg_pids(void)
+{
+    char list[128], mount[128];
+    snprintf(list, sizeof list, "%s/self_cgroup", cg_root);
+    snprintf(mount, sizeof mount, "%s/fs", cg_root);
+    return atap__cgroup_pids_room(list, mount);
+}
+
+/* The threads pids.max leaves (less pids.current), the fewest over the
+ * cgroup and those above it; none set: no limit. */
+static void test_config_cgroup_pids(void **state)
+{
+    char cmd[128];
+
+    (void)state;
+    snprintf(cg_root, sizeof cg_root, "/tmp/atap_cgp_%ld", (long)getpid());
+    assert_int_equal(mkdir(cg_root, 0700), 0);
+    make_dir("fs");
+    make_dir("fs/app");
+    make_dir("fs/app/svc");
+    put_file("self_cgroup", "0::/app/svc\n");
+    assert_int_equal(cg_pids(), UINT_MAX); /* no pids.max anywhere */
+    put_file("fs/app/svc/pids.max", "max\n");
+    assert_int_equal(cg_pids(), UINT_MAX);
+    put_file("fs/app/svc/pids.max", "100\n");
+    put_file("fs/app/svc/pids.current", "30\n");
+    assert_int_equal(cg_pids(), 70);
+    /* a parent with less room left holds */
+    put_file("fs/app/pids.max", "500\n");
+    put_file("fs/app/pids.current", "480\n");
+    assert_int_equal(cg_pids(), 20);
+    /* full, or past full: no room */
+    put_file("fs/app/pids.current", "500\n");
+    assert_int_equal(cg_pids(), 0);
+    put_file("fs/app/pids.current", "510\n");
+    assert_int_equal(cg_pids(), 0);
+    /* a pids.current that does not parse counts none */
+    put_file("fs/app/pids.max", "max\n");
+    put_file("fs/app/svc/pids.current", "garbage\n");
+    assert_int_equal(cg_pids(), 100);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cg_root);
+    assert_int_equal(system(cmd), 0);
+}
 #endif
 
 int main(int argc, char **argv)
@@ -449,6 +492,7 @@ int main(int argc, char **argv)
 #if defined(__linux__)
         cmocka_unit_test_teardown(test_config_affinity_one_cpu_one_worker, ensure_stopped),
         cmocka_unit_test(test_config_cgroup_quota),
+        cmocka_unit_test(test_config_cgroup_pids),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,7 +11,8 @@
  * runtime is usable once the limit is raised again or things are let go. The
  * parent waits for the child with a generous timeout (a few times what a
  * loaded machine needs, and inside CTest's 300 s for the file even when one
- * case hangs) and kills it on a hang.
+ * case hangs; both stretched by ATAP_TEST_SLACK, as is every wait and bound
+ * on lateness in the children: WAIT) and kills it on a hang.
  *
  * In the child cmocka's asserts are not used (its state is the parent's
  * copy): REQUIRE prints the failed condition and exits nonzero; task code
@@ -34,6 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -81,6 +83,11 @@
         }                                                                                          \
     } while (0)
 
+/* A bound on lateness (a wait for what must come, how late a timer may
+ * be), stretched by test_slack() on a loaded machine. What is promised
+ * (never early, exact counts, a task that must not run yet) is not. */
+#define WAIT(ns) ((uint64_t)(ns) * test_slack())
+
 /* The child's last look: no CHECK failed on another thread. */
 static int child_done(void)
 {
@@ -114,13 +121,14 @@ static void run_in_child(int (*body)(void), unsigned timeout_s)
         fflush(NULL);
         exit(rc); /* exit, not _exit: a leak checker gets its look */
     }
-    end = now_ns() + ATAP_SEC(timeout_s);
+    end = now_ns() + WAIT(ATAP_SEC(timeout_s));
     while ((got = waitpid(pid, &status, WNOHANG)) == 0 && now_ns() < end)
         sleep_ms(5);
     if (got == 0) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
-        fail_msg("the child hung: killed after %u s", timeout_s);
+        fail_msg("the child hung: killed after %llu s",
+                 (unsigned long long)(WAIT(ATAP_SEC(timeout_s)) / ATAP_SEC(1)));
     }
     assert_int_equal(got, pid);
     if (WIFSIGNALED(status))
@@ -156,7 +164,7 @@ static void spawn_join_works(void)
     REQUIRE_RC(atap_spawn(&t, task_value, (void *)(uintptr_t)42,
                           &(atap_spawn_opts){.out_size = sizeof v}),
                0);
-    REQUIRE_RC(atap_join_for(t, &v, sizeof v, ATAP_SEC(20)), 0);
+    REQUIRE_RC(atap_join_for(t, &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(v == 42);
     atap_release(t);
 }
@@ -335,21 +343,21 @@ static void kwait_round(const char *why)
     t[3] = spawn_kwait(&g_kw[3], KW_FD_FOREVER, c[0], 0);
     t[4] = spawn_kwait(&g_kw[4], KW_SLEEP_LONG, -1, ATAP_MS(50));
     t[5] = spawn_kwait(&g_kw[5], KW_BLOCKING, c[0], 0);
-    spin_until(&g_kw[2].started, ATAP_SEC(10));
-    spin_until(&g_kw[3].started, ATAP_SEC(10));
-    spin_until(&g_kw[5].started, ATAP_SEC(10));
+    spin_until(&g_kw[2].started, WAIT(ATAP_SEC(10)));
+    spin_until(&g_kw[3].started, WAIT(ATAP_SEC(10)));
+    spin_until(&g_kw[5].started, WAIT(ATAP_SEC(10)));
     REQUIRE(write(b[1], "x", 1) == 1);
     sleep_ms(20); /* the cancels come to waits under way */
     t0 = now_ns();
     REQUIRE_RC(atap_cancel(t[3]), 0);
     REQUIRE_RC(atap_cancel(t[5]), 0);
     for (int i = 0; i < 6; i++) { /* a cancel or a timeout settles the task at once */
-        REQUIRE_RC(atap_join_for(t[i], NULL, 0, ATAP_SEC(5)),
+        REQUIRE_RC(atap_join_for(t[i], NULL, 0, WAIT(ATAP_SEC(5))),
                    i == 3 || i == 5 ? ATAP_ECANCELLED : i == 4 ? ATAP_ETIMEDOUT : 0);
         REQUIRE(atap_wait(t[i], &st) == 0);
         atap_release(t[i]);
     }
-    REQUIRE(now_ns() - t0 < ATAP_SEC(5));
+    REQUIRE(now_ns() - t0 < WAIT(ATAP_SEC(5)));
     REQUIRE_RC(atomic_load(&g_kw[0].rc), 0);
     REQUIRE(atomic_load(&g_kw[0].took) >= ATAP_MS(20));
     REQUIRE_RC(atomic_load(&g_kw[1].rc), ATAP_ENOTREADY);
@@ -357,7 +365,7 @@ static void kwait_round(const char *why)
     REQUIRE(atomic_load(&g_kw[2].rc) > 0 && (atomic_load(&g_kw[2].rc) & ATAP_READABLE));
     /* the waits that were stopped came back with why, and in good time */
     for (int i = 3; i < 6; i++) { /* and the wait inside it ends too */
-        uint64_t end = now_ns() + ATAP_SEC(5);
+        uint64_t end = now_ns() + WAIT(ATAP_SEC(5));
         while (atomic_load(&g_kw[i].rc) == 12345 && now_ns() < end)
             sleep_ms(1);
         if (atomic_load(&g_kw[i].rc) == 12345)
@@ -367,7 +375,7 @@ static void kwait_round(const char *why)
     REQUIRE_RC(atomic_load(&g_kw[3].rc), ATAP_ECANCELLED);
     REQUIRE_RC(atomic_load(&g_kw[5].rc), ATAP_ECANCELLED);
     REQUIRE_RC(atomic_load(&g_kw[4].rc), ATAP_ETIMEDOUT);
-    REQUIRE(atomic_load(&g_kw[4].took) < ATAP_SEC(5));
+    REQUIRE(atomic_load(&g_kw[4].took) < WAIT(ATAP_SEC(5)));
     for (int i = 0; i < 2; i++)
         close(a[i]), close(b[i]), close(c[i]);
 }
@@ -460,9 +468,9 @@ static bool caught(int signo)
  * returns, and an uncaught SIGUSR1 would end the process. */
 static void poke_until_done(atap_task t, struct parker *p, int write_fd)
 {
-    uint64_t end = now_ns() + ATAP_SEC(10);
+    uint64_t end = now_ns() + WAIT(ATAP_SEC(10));
 
-    spin_until(&p->parked, ATAP_SEC(10));
+    spin_until(&p->parked, WAIT(ATAP_SEC(10)));
     while (p->on == P_SIGNAL && !caught(SIGUSR1) && now_ns() < end)
         sleep_ms(1);
     while (!atap_finished(t) && now_ns() < end) {
@@ -472,7 +480,7 @@ static void poke_until_done(atap_task t, struct parker *p, int write_fd)
             REQUIRE(write(write_fd, "x", 1) == 1);
         sleep_ms(20);
     }
-    REQUIRE_RC(atap_join_for(t, NULL, 0, ATAP_SEC(1)), 0);
+    REQUIRE_RC(atap_join_for(t, NULL, 0, WAIT(ATAP_SEC(1))), 0);
 }
 
 static int child_fds_parks(void)
@@ -493,8 +501,8 @@ static int child_fds_parks(void)
     t[2] = spawn_parker(&g_pk[2], P_SIGNAL, -1, 0);
     t[3] = spawn_parker(&g_pk[3], P_PATH, file, 0);
     for (int i = 1; i < 4; i++) /* no fd needed to end these */
-        REQUIRE_RC(atap_join_for(t[i], NULL, 0, ATAP_SEC(10)), 0);
-    spin_until(&g_pk[0].parked, ATAP_SEC(10));
+        REQUIRE_RC(atap_join_for(t[i], NULL, 0, WAIT(ATAP_SEC(10))), 0);
+    spin_until(&g_pk[0].parked, WAIT(ATAP_SEC(10)));
     REQUIRE(!atap_finished(t[0]));
     poke_until_done(t[0], &g_pk[0], p[1]);
     REQUIRE(atomic_load(&g_pk[0].reason) == ATAP_RESUME_READY);
@@ -551,16 +559,16 @@ static int child_fds_channels(void)
         REQUIRE_RC(atap_chan_spawn_send(&s[i], ch, &v, NULL), 0);
     }
     for (int i = 0; i < N; i++) {
-        REQUIRE_RC(atap_join_for(r[i], &v, sizeof v, ATAP_SEC(20)), 0);
+        REQUIRE_RC(atap_join_for(r[i], &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
         sum += v;
-        REQUIRE_RC(atap_join_for(s[i], NULL, 0, ATAP_SEC(20)), 0);
+        REQUIRE_RC(atap_join_for(s[i], NULL, 0, WAIT(ATAP_SEC(20))), 0);
         atap_release(r[i]);
         atap_release(s[i]);
     }
     REQUIRE(sum == (uint64_t)N * (N + 1) / 2);
     atap_chan_close_sender(ch);
     REQUIRE_RC(atap_chan_spawn_recv(&r[0], ch, &(atap_spawn_opts){.out_size = sizeof v}), 0);
-    REQUIRE_RC(atap_join_for(r[0], &v, sizeof v, ATAP_SEC(20)), ATAP_ECLOSED);
+    REQUIRE_RC(atap_join_for(r[0], &v, sizeof v, WAIT(ATAP_SEC(20))), ATAP_ECLOSED);
     atap_release(r[0]);
     atap_chan_close_receiver(ch);
     fds_restore();
@@ -573,6 +581,54 @@ static void test_limits_fds_channels(void **state)
 {
     (void)state;
     run_in_child(child_fds_channels, 60);
+}
+
+/* A child wait that cannot be set up (no fd for its mux) fails with
+ * -EMFILE and leaves the caller's child as it was: running, not signalled,
+ * not reaped; with fds back, a second call waits for it. A child a spawn
+ * started itself is killed and reaped when the spawn fails. */
+static bool running_unreaped(pid_t pid)
+{
+    siginfo_t si;
+
+    memset(&si, 0, sizeof si);
+    return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == 0;
+}
+
+static int child_fds_child_wait(void)
+{
+    const char *const argv[] = {"sleep", "100", NULL};
+    atap_child ch;
+    atap_task w;
+    int st = 0;
+
+    REQUIRE_RC(atap_init(NULL), 0);
+    REQUIRE_RC(atap_child_start(&ch, &(atap_cmd){.program = "sleep", .argv = argv}), 0);
+    fds_exhaust();
+    REQUIRE_RC(atap_spawn_child_wait(&w, ch.pid, NULL), -EMFILE);
+    REQUIRE(w.id == 0);
+    sleep_ms(20); /* a kill would have landed by now */
+    REQUIRE(running_unreaped(ch.pid));
+    REQUIRE_RC(atap_spawn_run(&w, &(atap_cmd){.program = "sleep", .argv = argv}, NULL), -EMFILE);
+    fds_restore();
+    REQUIRE(running_unreaped(ch.pid));
+    REQUIRE_RC(atap_spawn_child_wait(&w, ch.pid, NULL), 0);
+    REQUIRE(kill(ch.pid, SIGTERM) == 0);
+    REQUIRE_RC(atap_join_for(w, &st, sizeof st, WAIT(ATAP_SEC(20))), 0);
+    REQUIRE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM);
+    atap_release(w);
+    close(ch.in_fd);
+    close(ch.out_fd);
+    close(ch.err_fd);
+    REQUIRE(waitpid(-1, &st, WNOHANG) < 0 && errno == ECHILD); /* nothing else left */
+    REQUIRE_RC(atap_shutdown(), 0);
+    return child_done();
+}
+
+static void test_limits_fds_child_wait(void **state)
+{
+    (void)state;
+    run_in_child(child_fds_child_wait, 60);
 }
 
 /* ---- threads ------------------------------------------------------------- */
@@ -648,7 +704,7 @@ static int task_hold(atap_ctx *ctx, void *arg, void *out)
 static size_t hold_all(atap_task *h, size_t max)
 {
     size_t n = 0, workers;
-    uint64_t end = now_ns() + ATAP_SEC(20);
+    uint64_t end = now_ns() + WAIT(ATAP_SEC(20));
 
     atomic_store(&g_hold_open, 0);
     atomic_store(&g_hold_started, 0);
@@ -665,15 +721,27 @@ static void hold_release(atap_task *h, size_t n)
 {
     atomic_store(&g_hold_open, 1);
     for (size_t i = 0; i < n; i++) {
-        REQUIRE_RC(atap_join_for(h[i], NULL, 0, ATAP_SEC(20)), 0);
+        REQUIRE_RC(atap_join_for(h[i], NULL, 0, WAIT(ATAP_SEC(20))), 0);
         atap_release(h[i]);
     }
 }
 
+/* The pool's ceiling reaches n: false if it did not in time. */
+static bool ceiling_reaches(size_t n)
+{
+    uint64_t end = now_ns() + ATAP_SEC(20) * test_slack();
+
+    while (pool_stats().ceiling != n && now_ns() < end)
+        sleep_ms(1);
+    return pool_stats().ceiling == n;
+}
+
 /* Every worker held, thread starts refused: the pool cannot grow, the new
- * task waits (no hang, no crash); refusals over, the tick grows the pool
- * and it runs. Then every worker dies with its replacement refused: a
- * spawn waits; refusals over, a worker comes back and runs it. */
+ * task waits (no hang, no crash), and the refused start lowers the ceiling
+ * to the workers there are; refusals over, the tick reads the limits
+ * again, grows the pool and it runs. Then every worker dies with its
+ * replacement refused: a spawn waits; refusals over, a worker comes back
+ * and runs it. */
 static int child_threads_pool_growth(void)
 {
     enum { MAXH = 64 };
@@ -688,24 +756,25 @@ static int child_threads_pool_growth(void)
     REQUIRE_RC(atap_spawn(&x, task_value, (void *)7, &(atap_spawn_opts){.out_size = sizeof v}), 0);
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_MS(300)), ATAP_ENOTREADY);
     REQUIRE(atap_pool_stats(&st) == 0 && st.workers == n);
+    REQUIRE(ceiling_reaches(n));
     atap_inject_spawn_refusals(0);
-    REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_SEC(20)), 0);
+    REQUIRE_RC(atap_join_for(x, &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(v == 7);
-    REQUIRE(atap_pool_stats(&st) == 0 && st.workers > n);
+    REQUIRE(atap_pool_stats(&st) == 0 && st.workers > n && st.ceiling >= st.workers);
     atap_release(x);
     hold_release(h, n);
 
     /* every worker gone, none may start */
     atap_inject_spawn_refusals(UINT32_MAX);
     atap_inject_thread_deaths((unsigned)pool_stats().workers, 0);
-    uint64_t end = now_ns() + ATAP_SEC(20);
+    uint64_t end = now_ns() + WAIT(ATAP_SEC(20));
     while (pool_stats().workers > 0 && now_ns() < end)
         sleep_ms(1);
     REQUIRE(pool_stats().workers == 0);
     REQUIRE_RC(atap_spawn(&x, task_value, (void *)8, &(atap_spawn_opts){.out_size = sizeof v}), 0);
     REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_MS(300)), ATAP_ENOTREADY);
     atap_inject_spawn_refusals(0);
-    REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_SEC(20)), 0);
+    REQUIRE_RC(atap_join_for(x, &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(v == 8);
     atap_release(x);
     spawn_join_works();
@@ -737,7 +806,7 @@ static int child_threads_blocking(void)
     spawn_join_works(); /* the workers are not held up */
     atap_inject_spawn_refusals(0);
     for (uintptr_t i = 0; i < 4; i++) {
-        REQUIRE_RC(atap_join_for(b[i], &v, sizeof v, ATAP_SEC(20)), 0);
+        REQUIRE_RC(atap_join_for(b[i], &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
         REQUIRE(v == i + 1);
         atap_release(b[i]);
     }
@@ -847,9 +916,9 @@ static void growth_refused_by_kernel(void)
      * many at most, never too few (pool_grow.c) */
     REQUIRE(pool_stats().workers <= n + 1 && pool_stats().blocking_threads <= 1);
     nproc_raise();
-    REQUIRE_RC(atap_join_for(x, &v, sizeof v, ATAP_SEC(20)), 0);
+    REQUIRE_RC(atap_join_for(x, &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(v == 3);
-    REQUIRE_RC(atap_join_for(b, &v, sizeof v, ATAP_SEC(20)), 0);
+    REQUIRE_RC(atap_join_for(b, &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(v == 4);
     atap_release(x);
     atap_release(b);
@@ -874,9 +943,14 @@ static int child_threads_kernel_refuses(void)
         REQUIRE(!atap_initialised() && pool_stats().workers == 0);
         REQUIRE(threads_back_to(threads));
     }
+    /* room for a few more: the ceiling is what RLIMIT_NPROC leaves */
+    nproc_allow(cores() + 16);
+    REQUIRE_RC(atap_init(NULL), 0);
+    REQUIRE(pool_stats().ceiling <= cores() + 16);
+    REQUIRE_RC(atap_shutdown(), 0);
     nproc_raise();
     REQUIRE_RC(atap_init(NULL), 0);
-    REQUIRE(wait_manager(true, ATAP_SEC(5)));
+    REQUIRE(wait_manager(true, WAIT(ATAP_SEC(5))));
     growth_refused_by_kernel();
 
     /* The manager dies and may not start again: its supervisor keeps trying
@@ -887,11 +961,11 @@ static int child_threads_kernel_refuses(void)
     nproc_lower();
     r0 = atap__manager_restarts();
     atap_inject_manager_faults(1);
-    REQUIRE(wait_restarts(r0 + 4, ATAP_SEC(20))); /* three starts refused */
+    REQUIRE(wait_restarts(r0 + 4, WAIT(ATAP_SEC(20)))); /* three starts refused */
     spawn_join_works();
     nproc_raise();
-    REQUIRE(wait_manager(true, ATAP_SEC(20)));
-    REQUIRE_RC(atap_join_for(d0, NULL, 0, ATAP_SEC(20)), 0);
+    REQUIRE(wait_manager(true, WAIT(ATAP_SEC(20))));
+    REQUIRE_RC(atap_join_for(d0, NULL, 0, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(atomic_load(&g_dl[0].runs) == 1);
     REQUIRE(atomic_load(&g_dl[0].ran_at) >= g_dl[0].spawned + g_dl[0].delay);
     atap_release(d0);
@@ -900,23 +974,23 @@ static int child_threads_kernel_refuses(void)
      * still works, a delay pending reads ATAP_EFAILED (written off, as
      * atap_spawn says); a new init brings the manager back. */
     atap__test_restart_window(ATAP_SEC(5));
-    d1 = spawn_delayed(&g_dl[1], ATAP_SEC(60));
+    d1 = spawn_delayed(&g_dl[1], WAIT(ATAP_SEC(60))); /* never due before the manager goes */
     nproc_lower();
     atap_inject_manager_faults(1);
-    uint64_t end = now_ns() + ATAP_SEC(20);
+    uint64_t end = now_ns() + WAIT(ATAP_SEC(20));
     while (!atap__hub_gone() && now_ns() < end)
         sleep_ms(1);
     REQUIRE(atap__hub_gone());
-    REQUIRE_RC(atap_join_for(d1, NULL, 0, ATAP_SEC(20)), ATAP_EFAILED);
+    REQUIRE_RC(atap_join_for(d1, NULL, 0, WAIT(ATAP_SEC(20))), ATAP_EFAILED);
     REQUIRE(atomic_load(&g_dl[1].runs) == 0);
     atap_release(d1);
     spawn_join_works();
     nproc_raise();
     REQUIRE_RC(atap_shutdown(), 0);
     REQUIRE_RC(atap_init(NULL), 0);
-    REQUIRE(wait_manager(true, ATAP_SEC(5)));
+    REQUIRE(wait_manager(true, WAIT(ATAP_SEC(5))));
     d1 = spawn_delayed(&g_dl[2], ATAP_MS(20));
-    REQUIRE_RC(atap_join_for(d1, NULL, 0, ATAP_SEC(20)), 0);
+    REQUIRE_RC(atap_join_for(d1, NULL, 0, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(atomic_load(&g_dl[2].ran_at) >= g_dl[2].spawned + g_dl[2].delay);
     atap_release(d1);
     REQUIRE_RC(atap_shutdown(), 0);
@@ -999,13 +1073,13 @@ static int child_memory(void)
     printf("the table stopped growing at %zu tasks\n", n);
     for (size_t i = 0; i < n; i++)
         atap_release(h[i]);
-    REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+    REQUIRE(wait_live_at_most(0, WAIT(ATAP_SEC(30))));
     spawn_join_works();
 
     REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
     REQUIRE((buf = malloc(mid)) != NULL);
     REQUIRE_RC(atap_spawn(&t, task_big_out, &mid, &(atap_spawn_opts){.out_size = mid}), 0);
-    REQUIRE_RC(atap_join_for(t, buf, mid, ATAP_SEC(20)), 0);
+    REQUIRE_RC(atap_join_for(t, buf, mid, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(buf[0] == 0xa5 && buf[mid - 1] == 0x5a);
     atap_release(t);
     free(buf);
@@ -1013,7 +1087,7 @@ static int child_memory(void)
         REQUIRE_RC(atap_spawn(&h[i], task_noop, NULL, NULL), 0);
     for (size_t i = 0; i < n + 1000; i++)
         atap_release(h[i]);
-    REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+    REQUIRE(wait_live_at_most(0, WAIT(ATAP_SEC(30))));
     REQUIRE_RC(atap_shutdown(), 0);
     free(h);
     return child_done();
@@ -1028,6 +1102,155 @@ static void test_limits_memory(void **state)
         skip();
     }
     run_in_child(child_memory, 60);
+}
+
+/* Trims until nothing is left worth giving back (twice in a row, a little
+ * apart: the pool's own trim may hold the flag a moment); the bytes given
+ * back. */
+static size_t trim_all(void)
+{
+    size_t total = 0, got;
+    int busy = 0;
+
+    for (int i = 0; i < 10000 && busy < 2; i++) {
+        if (atap_trim(&got) == 0) {
+            total += got;
+            busy = 0;
+        } else {
+            busy++;
+            sleep_ms(5);
+        }
+    }
+    return total;
+}
+
+static size_t table_span(void)
+{
+    struct atap_pool_stats st;
+
+    REQUIRE(atap_pool_stats(&st) == 0);
+    return st.slots;
+}
+
+/* Spawns up to n plain tasks into h, then releases them and waits for the
+ * table to be empty again: how many went in, *refused the code that ended
+ * it early (0: none did). */
+static size_t fill_and_empty(atap_task *h, size_t n, int *refused)
+{
+    size_t got = 0;
+    int rc = 0;
+
+    while (got < n && (rc = atap_spawn(&h[got], task_noop, NULL, NULL)) == 0)
+        got++;
+    *refused = rc;
+    return got;
+}
+
+static void let_all_go(atap_task *h, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        atap_release(h[i]);
+    REQUIRE(wait_live_at_most(0, WAIT(ATAP_SEC(30))));
+}
+
+/* What the two children of test_limits_memory_trim saw: [0] after running
+ * out, [1] the control. In memory shared with the test process. */
+struct trim_seen {
+    size_t tasks, span, back, span_end;
+};
+static struct trim_seen *g_trim_seen;
+
+/* Fills the table with n tasks (or until refused: 0 or the code in *rc),
+ * lets them go, and trims: what it saw, in *seen. */
+static void fill_let_go_trim(atap_task *h, size_t n, struct trim_seen *seen, int *rc)
+{
+    seen->tasks = fill_and_empty(h, n, rc);
+    seen->span = table_span();
+    let_all_go(h, seen->tasks);
+    seen->back = trim_all();
+    seen->span_end = table_span();
+}
+
+/* The table run out (RLIMIT_AS: its next block cannot be mapped);
+ * LIMITS_REFUSALS more refusals (default 10,000) leave its span exactly
+ * where it was; the tasks let go and the limit raised, trimmed. */
+static int child_memory_trim_out(void)
+{
+    size_t refusals = env_size("LIMITS_REFUSALS", 10000), span;
+    atap_task *h = calloc(MEM_HANDLES, sizeof *h), t;
+    struct trim_seen *seen = &g_trim_seen[0];
+    struct rlimit old, low;
+    uint64_t t0;
+    int rc;
+
+    REQUIRE(h != NULL);
+    memset(h, 0, MEM_HANDLES * sizeof *h); /* touched before the limit */
+    REQUIRE_RC(atap_init(NULL), 0);
+    spawn_join_works();
+    REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)(statm_bytes(0) + MEM_ROOM);
+    REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+    seen->tasks = fill_and_empty(h, MEM_HANDLES, &rc);
+    REQUIRE_RC(rc, -ENOMEM);
+    span = seen->span = table_span();
+    t0 = now_ns();
+    for (size_t i = 0; i < refusals; i++)
+        REQUIRE_RC(atap_spawn(&t, task_noop, NULL, NULL), -ENOMEM);
+    printf("%zu tasks, span %zu; %zu refusals, %.2f us each, span then %zu\n", seen->tasks, span,
+           refusals, (double)(now_ns() - t0) / 1e3 / (double)refusals, table_span());
+    REQUIRE(table_span() == span);
+    let_all_go(h, seen->tasks);
+    REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+    seen->back = trim_all();
+    seen->span_end = table_span();
+    spawn_join_works();
+    REQUIRE_RC(atap_shutdown(), 0);
+    free(h);
+    return child_done();
+}
+
+/* The control: as many tasks as the first child had, with no limit. */
+static int child_memory_trim_control(void)
+{
+    atap_task *h = calloc(g_trim_seen[0].tasks, sizeof *h);
+    int rc;
+
+    REQUIRE(h != NULL);
+    REQUIRE_RC(atap_init(NULL), 0);
+    fill_let_go_trim(h, g_trim_seen[0].tasks, &g_trim_seen[1], &rc);
+    REQUIRE_RC(rc, 0);
+    REQUIRE_RC(atap_shutdown(), 0);
+    free(h);
+    return child_done();
+}
+
+/* Refused spawns cost nothing that stays: no index for a refusal (the
+ * span stays put), and trim then brings the table down as far as for one
+ * that never ran out, giving back about as much. The pool's own trim (after
+ * seconds of idling) may take a first share of either: the span each ends
+ * at is the measure, the bytes are printed. */
+static void test_limits_memory_trim(void **state)
+{
+    struct trim_seen *seen;
+
+    (void)state;
+    if (UNDER_SANITIZER) {
+        print_message("RLIMIT_AS is not tried under a sanitizer: its shadow memory reserves "
+                      "more address space than any limit worth testing\n");
+        skip();
+    }
+    seen = mmap(NULL, 2 * sizeof *seen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(seen != MAP_FAILED);
+    g_trim_seen = seen;
+    run_in_child(child_memory_trim_out, 90);
+    run_in_child(child_memory_trim_control, 90);
+    print_message("trimmed after running out: %zu KiB back, span %zu -> %zu; the control: %zu "
+                  "KiB, span %zu -> %zu\n",
+                  seen[0].back >> 10, seen[0].span, seen[0].span_end, seen[1].back >> 10,
+                  seen[1].span, seen[1].span_end);
+    assert_true(seen[0].span_end <= seen[1].span_end + seen[1].span_end / 10);
+    munmap(seen, 2 * sizeof *seen);
 }
 
 /* Takes every byte malloc can still give this thread under the limit, as
@@ -1097,7 +1320,7 @@ static int child_memory_heap(void)
             for (int i = 0; i < 6; i++)
                 REQUIRE(t[i].id == 0);
             REQUIRE(ch == NULL);
-            REQUIRE_RC(atap_join_for(t[6], NULL, 0, ATAP_SEC(20)), 0);
+            REQUIRE_RC(atap_join_for(t[6], NULL, 0, WAIT(ATAP_SEC(20))), 0);
             atap_release(t[6]);
             heap_give_back(hog);
             REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
@@ -1109,14 +1332,14 @@ static int child_memory_heap(void)
             static unsigned char out[4096];
             size_t size = i == 1 ? sizeof out : i == 5 ? sizeof(uint64_t) : 0;
 
-            REQUIRE_RC(atap_join_for(t[i], size ? out : NULL, size, ATAP_SEC(20)), 0);
+            REQUIRE_RC(atap_join_for(t[i], size ? out : NULL, size, WAIT(ATAP_SEC(20))), 0);
             atap_release(t[i]);
         }
         REQUIRE(atap_chan_len(ch) == 1);
         atap_chan_close_sender(ch);
         atap_chan_close_receiver(ch);
     }
-    REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+    REQUIRE(wait_live_at_most(0, WAIT(ATAP_SEC(30))));
     REQUIRE_RC(atap_shutdown(), 0);
     return child_done();
 }
@@ -1175,7 +1398,7 @@ static void receive_all_round(bool starve)
     REQUIRE_RC(atap_receive_all(&rx, task_rx, NULL, m, 2,
                                 &(atap_spawn_opts){.out_size = sizeof v}),
                0);
-    REQUIRE(wait_finished(rx, ATAP_SEC(20)));
+    REQUIRE(wait_finished(rx, WAIT(ATAP_SEC(20))));
     runs = atomic_load(&g_rx_runs);
     atap_inject_alloc_failures(0);
     printf("receive_all, %s: %d runs\n", starve ? "buffers refused" : "buffers there", runs);
@@ -1184,7 +1407,7 @@ static void receive_all_round(bool starve)
     REQUIRE_RC(atap_join(rx, &v, sizeof v), 0);
     REQUIRE(v == 1);
     for (int i = 0; i < 2; i++) {
-        REQUIRE(wait_finished(m[i], ATAP_SEC(20)));
+        REQUIRE(wait_finished(m[i], WAIT(ATAP_SEC(20))));
         atap_release(m[i]);
     }
     atap_release(rx);
@@ -1220,6 +1443,62 @@ static void test_limits_memory_injected(void **state)
 {
     (void)state;
     run_in_child(child_memory_injected, 60);
+}
+
+/* Under RLIMIT_AS the ceiling is what the address space left holds: at
+ * most its room over a worker's stack reservation (8 MiB and a guard page
+ * here). Workers held and a backlog of held tasks grow the pool until it
+ * can grow no more, and it then stands at its ceiling: reached, or lowered
+ * to the workers there are by the kernel's refusal, never a ceiling the
+ * kernel will not give. */
+static int child_threads_address_space(void)
+{
+    enum { HOLDS = 4096 };
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), reserve = ((size_t)8 << 20) + page;
+    size_t room = 40 * reserve, bound;
+    atap_task *h = calloc(HOLDS, sizeof *h);
+    struct atap_pool_stats st;
+    struct rlimit old, low;
+    uint64_t end;
+
+    REQUIRE(h != NULL);
+    REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)(statm_bytes(0) + room);
+    REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+    REQUIRE_RC(atap_init(NULL), 0);
+    bound = room / reserve;
+    REQUIRE(atap_pool_stats(&st) == 0);
+    printf("ceiling %zu under RLIMIT_AS (at most %zu), %zu workers\n", st.ceiling, bound,
+           st.workers);
+    REQUIRE(st.ceiling <= bound && st.ceiling >= st.workers);
+    atomic_store(&g_hold_open, 0);
+    atomic_store(&g_hold_started, 0);
+    for (size_t i = 0; i < HOLDS; i++)
+        REQUIRE_RC(atap_spawn(&h[i], task_hold, NULL, NULL), 0);
+    end = now_ns() + ATAP_SEC(20) * test_slack();
+    do {
+        sleep_ms(1);
+        REQUIRE(atap_pool_stats(&st) == 0);
+    } while ((st.workers != st.ceiling || st.workers < cores() + 1) && now_ns() < end);
+    printf("grown to %zu workers, ceiling %zu\n", st.workers, st.ceiling);
+    REQUIRE(st.workers == st.ceiling);
+    REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+    hold_release(h, HOLDS);
+    REQUIRE_RC(atap_shutdown(), 0);
+    free(h);
+    return child_done();
+}
+
+static void test_limits_threads_address_space(void **state)
+{
+    (void)state;
+    if (UNDER_SANITIZER) {
+        print_message("RLIMIT_AS is not tried under a sanitizer: its shadow memory reserves "
+                      "more address space than any limit worth testing\n");
+        skip();
+    }
+    run_in_child(child_threads_address_space, 90);
 }
 
 /* ---- a million cycles ------------------------------------------------------ */
@@ -1260,14 +1539,14 @@ static int child_cycles(void)
         REQUIRE_RC(atap_cancel(t), 0);
         atap_release(t);
         if (i % 256 == 255 && pool_stats().live > CYCLE_BACKLOG)
-            REQUIRE(wait_live_at_most(CYCLE_BACKLOG / 4, ATAP_SEC(30)));
+            REQUIRE(wait_live_at_most(CYCLE_BACKLOG / 4, WAIT(ATAP_SEC(30))));
         if (i + 1 == tenth) {
-            REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+            REQUIRE(wait_live_at_most(0, WAIT(ATAP_SEC(30))));
             rss_first = statm_bytes(1);
             peak_first = pool_stats().peak_slots;
         }
     }
-    REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+    REQUIRE(wait_live_at_most(0, WAIT(ATAP_SEC(30))));
     rss_last = statm_bytes(1);
     REQUIRE(atap_pool_stats(&st) == 0);
     printf("%zu cycles in %.2f s; RSS %zu KiB after the first %zu, %zu KiB after the last; "
@@ -1461,7 +1740,7 @@ static int child_manager_kills(void)
         unsigned r = atap__manager_restarts();
 
         atap_inject_manager_faults(1);
-        if (!wait_restarts(r + 1, ATAP_SEC(30))) { /* a loaded machine */
+        if (!wait_restarts(r + 1, WAIT(ATAP_SEC(30)))) { /* a loaded machine */
             fprintf(stderr, "kill %zu: the manager did not die\n", k);
             REQUIRE(0);
         }
@@ -1472,8 +1751,8 @@ static int child_manager_kills(void)
     printf("%zu kills in %.2f s (%u restarts), %zu timers spread over %.1f s\n", kills,
            (now_ns() - t0) / 1e9, atap__manager_restarts() - r0, n, span / 1e9);
     REQUIRE(atap__manager_restarts() - r0 >= kills);
-    REQUIRE(wait_manager(true, ATAP_SEC(10)));
-    end = now_ns() + span + ATAP_SEC(60);
+    REQUIRE(wait_manager(true, WAIT(ATAP_SEC(10))));
+    end = now_ns() + span + WAIT(ATAP_SEC(60));
     for (size_t i = 0; i < n; i++) {
         while (!atap_finished(h[i]) && now_ns() < end) {
             early += sample_timeouts(h, n);
@@ -1494,8 +1773,8 @@ static int child_manager_kills(void)
     printf("latest: delay %.1f ms, gap %.1f ms, park timeout %.1f ms\n", late_max[K_DELAY] / 1e6,
            late_max[K_GAP] / 1e6, late_max[K_PARK] / 1e6);
     for (int k = 0; k < K_KINDS; k++)
-        REQUIRE(late_max[k] < ATAP_SEC(10));
-    REQUIRE(wait_live_at_most(0, ATAP_SEC(30)));
+        REQUIRE(late_max[k] < WAIT(ATAP_SEC(10)));
+    REQUIRE(wait_live_at_most(0, WAIT(ATAP_SEC(30))));
     atap__test_restart_window(ATAP_SEC(5));
     spawn_join_works();
     REQUIRE_RC(atap_shutdown(), 0);
@@ -1518,13 +1797,16 @@ int main(void)
         cmocka_unit_test(test_limits_fds_kernel_waits),
         cmocka_unit_test(test_limits_fds_parks),
         cmocka_unit_test(test_limits_fds_channels),
+        cmocka_unit_test(test_limits_fds_child_wait),
         cmocka_unit_test(test_limits_threads_init),
         cmocka_unit_test(test_limits_threads_pool_growth),
         cmocka_unit_test(test_limits_threads_blocking),
         cmocka_unit_test(test_limits_threads_kernel_refuses),
         cmocka_unit_test(test_limits_memory),
+        cmocka_unit_test(test_limits_memory_trim),
         cmocka_unit_test(test_limits_memory_heap),
         cmocka_unit_test(test_limits_memory_injected),
+        cmocka_unit_test(test_limits_threads_address_space),
         cmocka_unit_test(test_limits_million_cycles),
         cmocka_unit_test(test_limits_manager_kills),
     };

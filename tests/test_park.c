@@ -2356,6 +2356,232 @@ static void test_park_wake_then_cancel_hands_on(void **state)
     assert_no_failures();
 }
 
+/* A wake racing a cancel of a task parked for it: one outcome, agreed by
+ * both sides. A wake that returned true is seen by the task (a run resumed
+ * READY, atap_cancelled() or not); one that returned false is not (the
+ * task's only run was its first). Batches of tasks parked at once, each
+ * woken by a helper thread while the test thread cancels it, the two sides
+ * lined up task by task and moved against each other a little. In every
+ * other batch each side goes only once the other is there (both on a CPU),
+ * and the side that mostly won the last such batch waits a little longer
+ * in the next; in the rest the cancel goes as soon as the wake is due, so
+ * the wake comes just after it. Both outcomes, and the moment between a
+ * stop's claim and its end, come often on any build and any load. */
+enum { WVC_BATCH = 128 };
+
+struct wvc_task {
+    atomic_int runs, reason;
+};
+
+static struct wvc {
+    struct wvc_task task[WVC_BATCH];
+    atap_waker waker[WVC_BATCH];
+    atomic_int woke[WVC_BATCH]; /* what atap_wake returned, + 1 */
+    atomic_int parked, gone;
+    atomic_int turn; /* the task both sides are at, + 1; -1: done */
+    atomic_int ack;  /* the helper is there too */
+    atomic_int done; /* the helper's wake of that task returned, + 1 */
+    atomic_int lead; /* spins: > 0 the cancel waits them, < 0 the wake */
+} g_wvc;
+
+static int task_wvc(atap_ctx *ctx, void *arg, void *out)
+{
+    struct wvc_task *t = arg;
+    size_t i = (size_t)(t - g_wvc.task);
+
+    (void)out;
+    if (atomic_fetch_add(&t->runs, 1) > 0) {
+        atomic_store(&t->reason, atap_resume_reason(ctx));
+        return 0;
+    }
+    g_wvc.waker[i] = atap_waker_of(ctx);
+    CHECK(atap_park_wake(ctx, ATAP_FOREVER) == 0);
+    atomic_fetch_add(&g_wvc.parked, 1);
+    return ATAP_PARKED;
+}
+
+static void wvc_gone(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&g_wvc.gone, 1);
+}
+
+/* Spins until *a reads want or -1. A yield on a loaded machine gives the
+ * CPU away for a while, so only a long wait (the other side is off its
+ * CPU) yields, now and then. */
+static int wvc_wait(atomic_int *a, int want)
+{
+    int v;
+
+    for (unsigned n = 1; (v = atomic_load(a)) != want && v != -1; n++)
+        if (n % 4096 == 0)
+            sched_yield();
+    return v;
+}
+
+static void wvc_spin(unsigned n)
+{
+    for (volatile unsigned k = 0; k < n; k++) {
+    }
+}
+
+static void *wvc_waker_thread(void *arg)
+{
+    (void)arg;
+    for (int i = 1;; i++) {
+        int lead;
+
+        if (wvc_wait(&g_wvc.turn, i) == -1)
+            return NULL;
+        lead = atomic_load(&g_wvc.lead);
+        atomic_store(&g_wvc.ack, i);
+        wvc_spin((lead < 0 ? (unsigned)-lead : 0) + (unsigned)(i * 7 % 13) * 20u);
+        atomic_store(&g_wvc.woke[(i - 1) % WVC_BATCH], atap_wake(g_wvc.waker[(i - 1) % WVC_BATCH]) + 1);
+        atomic_store(&g_wvc.done, i);
+    }
+}
+
+static void test_park_wake_vs_cancel_agree(void **state)
+{
+    size_t batches = scaled(200, 40), woke = 0, said_no = 0;
+    atap_spawn_opts o = {.arg_free = wvc_gone};
+    struct wvc *g = &g_wvc;
+    atap_task t[WVC_BATCH];
+    pthread_t th;
+    int turn = 0, lead = 0;
+
+    (void)state;
+    atomic_store(&g->turn, 0);
+    atomic_store(&g->ack, 0);
+    atomic_store(&g->done, 0);
+    atomic_store(&g->lead, 0);
+    assert_int_equal(pthread_create(&th, NULL, wvc_waker_thread, NULL), 0);
+    for (size_t b = 0; b < batches; b++) {
+        atomic_store(&g->parked, 0);
+        atomic_store(&g->gone, 0);
+        for (int i = 0; i < WVC_BATCH; i++) {
+            atomic_store(&g->task[i].runs, 0);
+            atomic_store(&g->task[i].reason, 0);
+            assert_int_equal(atap_spawn(&t[i], task_wvc, &g->task[i], &o), 0);
+        }
+        assert_true(wait_atomic_at_least(&g->parked, WVC_BATCH, ATAP_SEC(10) * test_slack()));
+        for (int i = 0; i < WVC_BATCH; i++) {
+            uint64_t end = now_ns() + ATAP_SEC(10) * test_slack();
+            while (atap_state_of(t[i]) != ATAP_WAITING && now_ns() < end)
+                sched_yield();
+            assert_int_equal(atap_state_of(t[i]), ATAP_WAITING);
+        }
+        for (int i = 0; i < WVC_BATCH; i++) {
+            atomic_store(&g->turn, ++turn);
+            if (b % 2 == 0)
+                wvc_wait(&g->ack, turn);
+            wvc_spin((lead > 0 ? (unsigned)lead : 0) + (unsigned)(turn * 5 % 11) * 20u);
+            assert_int_equal(atap_cancel(t[i]), 0);
+            wvc_wait(&g->done, turn);
+        }
+        for (int i = 0; i < WVC_BATCH; i++)
+            atap_release(t[i]);
+        assert_true(wait_atomic_at_least(&g->gone, WVC_BATCH, ATAP_SEC(10) * test_slack()));
+        int batch_woke = 0;
+        for (int i = 0; i < WVC_BATCH; i++) {
+            bool said = atomic_load(&g->woke[i]) == 2;
+            int runs = atomic_load(&g->task[i].runs);
+
+            if (said != (runs == 2) || (runs == 2 && atomic_load(&g->task[i].reason) !=
+                                                         ATAP_RESUME_READY))
+                fail_msg("batch %zu task %d: atap_wake said %d, the task ran %d times",
+                         b, i, said, runs);
+            woke += said;
+            said_no += !said;
+            batch_woke += said;
+        }
+        if (batch_woke < WVC_BATCH / 4 && lead < 2000)
+            lead += 50;
+        else if (batch_woke > WVC_BATCH * 3 / 4 && lead > -2000)
+            lead -= 50;
+        atomic_store(&g->lead, lead);
+    }
+    atomic_store(&g->turn, -1);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    print_message("wake vs cancel: %zu woken, %zu not (lead %d)\n", woke, said_no, lead);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* The same race made to happen every time (two test hooks): the wake finds
+ * its task parked and live, the cancel then claims the park for its stop,
+ * and the wake counts itself and looks at the claim before the stop's
+ * completion looks for a wake pending. The wake then says it woke nothing
+ * and the task does not run again. */
+static struct {
+    atomic_int armed;   /* the hooks act once each */
+    atomic_int looked;  /* the wake found its task live */
+    atomic_int claimed; /* the stop claimed the park */
+    atomic_int woke;    /* what atap_wake returned, + 1 */
+    atap_waker w;
+} g_wis;
+
+static void wis_wait(atomic_int *a)
+{
+    uint64_t end = now_ns() + ATAP_SEC(5) * test_slack();
+
+    while (!atomic_load(a) && now_ns() < end)
+        sleep_us(100);
+}
+
+static void wis_wake_live(void)
+{
+    if (!(atomic_fetch_and(&g_wis.armed, ~1) & 1))
+        return;
+    atomic_store(&g_wis.looked, 1);
+    wis_wait(&g_wis.claimed); /* the stop claims the park meanwhile */
+}
+
+static void wis_stop_wake(void)
+{
+    if (!(atomic_fetch_and(&g_wis.armed, ~2) & 2))
+        return;
+    atomic_store(&g_wis.claimed, 1);
+    wis_wait(&g_wis.woke); /* the wake has counted itself and returned */
+}
+
+static void *wis_waker_thread(void *arg)
+{
+    (void)arg;
+    atomic_store(&g_wis.woke, atap_wake(g_wis.w) + 1);
+    return NULL;
+}
+
+static void test_park_wake_inside_a_stop(void **state)
+{
+    static struct waker_arg a;
+    pthread_t th;
+    atap_task t;
+
+    (void)state;
+    memset(&a, 0, sizeof a);
+    g_wis.w = spawn_waiting(&a, &t);
+    atomic_store(&g_wis.looked, 0);
+    atomic_store(&g_wis.claimed, 0);
+    atomic_store(&g_wis.woke, 0);
+    atomic_store(&g_wis.armed, 3);
+    assert_int_equal(atap__test_on(ATAP__TEST_WAKE_LIVE, wis_wake_live), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_STOP_WAKE, wis_stop_wake), 0);
+    assert_int_equal(pthread_create(&th, NULL, wis_waker_thread, NULL), 0);
+    wis_wait(&g_wis.looked);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    atap__test_on(ATAP__TEST_WAKE_LIVE, NULL);
+    atap__test_on(ATAP__TEST_STOP_WAKE, NULL);
+    assert_int_equal(atomic_load(&g_wis.armed), 0); /* both hooks were passed */
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&g_wis.woke), 1); /* false: it woke nothing */
+    assert_int_equal(atomic_load(&a.runs), 1);     /* and the task agrees */
+    assert_no_failures();
+}
+
 static int block_park_wake(atap_ctx *ctx, void *arg, void *out)
 {
     (void)arg;
@@ -3060,6 +3286,8 @@ int main(void)
         T(test_park_wake_timeout),
         T(test_park_wake_cancel),
         T(test_park_wake_then_cancel_hands_on),
+        T(test_park_wake_vs_cancel_agree),
+        T(test_park_wake_inside_a_stop),
         T(test_park_wake_bad_calls),
         T(test_park_sleep_task),
         T(test_park_race_cancel_vs_fd),

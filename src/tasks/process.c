@@ -27,6 +27,14 @@
  * ends. c->lock keeps the two apart, and once reaped the pid is never
  * signalled again (it may be another process's by then).
  *
+ * A call that fails leaves what the caller owned as it was. A child the
+ * call started itself (atap_spawn_run, _output) is killed and reaped when
+ * the call then fails, so none is left behind; the caller's own child
+ * (atap_spawn_child_wait) is let go instead (`let_go`: never signalled or
+ * reaped here). For that the task's run must not reap it before the call
+ * knows it succeeded: the call holds c->lock from the task's spawn until
+ * its guard is in place, and a run reaps only under c->lock.
+ *
  * SIGPIPE: a write to a child that closed its stdin is done with SIGPIPE
  * blocked on the writing thread, and the pending SIGPIPE it raised is
  * taken back (sigtimedwait), so the process is never killed by it.
@@ -85,6 +93,7 @@ struct proc {
     pthread_mutex_t lock; /* pid's reaping: reaped, and the waitpids */
     pid_t pid;
     bool reaped, capture;
+    bool let_go; /* the caller's child, left to the caller by a failed call */
     int status;
     int mux;      /* epoll / kqueue of the fds below; -1 if none could be had */
     int pidfd;    /* Linux: readable once the child exits; -1: polled */
@@ -222,7 +231,7 @@ static void kill_and_reap(pid_t pid)
 static void end_child(struct proc *c)
 {
     pthread_mutex_lock(&c->lock);
-    if (!c->reaped && c->pid > 0) {
+    if (!c->reaped && !c->let_go && c->pid > 0) {
         kill_and_reap(c->pid);
         c->reaped = true;
     }
@@ -429,8 +438,8 @@ static int step(struct proc *c)
     if (c->out_fd >= 0)
         return 0;
     pthread_mutex_lock(&c->lock);
-    if (c->reaped) {
-        r = -1; /* by the guard: this run was cancelled */
+    if (c->reaped || c->let_go) {
+        r = -1; /* by the guard, or the call failed: this run was cancelled */
         errno = ECHILD;
     } else {
         while ((r = waitpid(c->pid, &st, WNOHANG)) < 0 && errno == EINTR) {
@@ -527,27 +536,32 @@ static int guard_run(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-/* The guard of task t (see the top of spawn_for): 0 or an error, t then
- * left as it was. */
-static int guard(atap_task t, struct proc *c, size_t out_size)
+/* The guard (see the top of spawn_for), made before its task: c counted
+ * for it. 0 or an error, c then as it was. */
+static int guard_new(atap_task *g, struct proc *c, size_t out_size)
 {
-    atap_task g;
     int rc;
 
     atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
-    if ((rc = atap_spawn_waiting(&g, guard_run, c, out_size,
-                                 &(atap_spawn_opts){.arg_free = proc_free})) != 0) {
+    if ((rc = atap_spawn_waiting(g, guard_run, c, out_size,
+                                 &(atap_spawn_opts){.arg_free = proc_free})) != 0)
         atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
-        return rc;
-    }
-    rc = atap_forward(t, g);
-    atap_release(g); /* forwarded: the forward holds it; not: it goes now */
+    return rc;
+}
+
+/* A failed call is done with c: a child it started is killed and reaped
+ * with it, the caller's is left as it was. Returns rc. */
+static int give_up(struct proc *c, bool callers, int rc)
+{
+    c->let_go = callers; /* c is nobody else's yet */
+    proc_free(c);
     return rc;
 }
 
 /*
  * Spawns the task for c (its child started): c is the task's from now on,
- * or, on failure, gone with its child killed and reaped.
+ * or, on failure, gone, with its child killed and reaped if the call
+ * started it, and left untouched if it is the caller's (callers).
  *
  * The task's arg_free runs only once its last handle is released, too late
  * for a cancel or a timeout to kill the child by. So each task has a guard:
@@ -558,26 +572,44 @@ static int guard(atap_task t, struct proc *c, size_t out_size)
  * guard, no giver left, is then let go, and its arg_free (proc_free, on the
  * thread that ended the task) kills and reaps the child unless the task's
  * own run reaped it. c is counted (refs) by the task and the guard.
+ *
+ * The caller's child: from the task's spawn until the forward is in place
+ * the call holds c->lock, so no run reaps the child before the call knows
+ * it succeeded (a run that comes meanwhile waits a moment: nothing here
+ * waits for a run, and proc_free, which takes the lock, runs only once it
+ * is let go). A failed forward sets let_go under the lock, so a run that
+ * takes it next reaps nothing.
  */
 static int spawn_for(atap_task *task, struct proc *c, atap_fn *fn, size_t out_size,
-                     void (*out_free)(void *), atap_spawn_opts o)
+                     void (*out_free)(void *), atap_spawn_opts o, bool callers)
 {
+    atap_task g;
     int rc;
 
-    if ((rc = mux_open(c)) != 0) {
-        proc_free(c);
-        return rc;
-    }
+    if ((rc = mux_open(c)) != 0 || (rc = guard_new(&g, c, out_size)) != 0)
+        return give_up(c, callers, rc);
     o.out_size = out_size;
     o.out_free = out_free;
     o.arg_free = proc_free;
+    if (callers)
+        pthread_mutex_lock(&c->lock);
     if ((rc = atap_spawn(task, fn, c, &o)) != 0) {
-        proc_free(c);
-        return rc;
+        if (callers) {
+            c->let_go = true;
+            pthread_mutex_unlock(&c->lock);
+        }
+        atap_release(g); /* proc_free: c's count for it */
+        return give_up(c, callers, rc);
     }
-    if ((rc = guard(*task, c, out_size)) != 0) {
+    rc = atap_forward(*task, g);
+    if (callers) {
+        c->let_go = rc != 0;
+        pthread_mutex_unlock(&c->lock);
+    }
+    atap_release(g); /* forwarded: the forward holds it; not: it goes now */
+    if (rc != 0) {
         atap_cancel(*task);
-        atap_release(*task); /* its arg_free kills and reaps the child */
+        atap_release(*task); /* its arg_free kills and reaps a child of ours */
         *task = ATAP_NO_TASK;
     }
     return rc;
@@ -619,8 +651,8 @@ static int spawn_cmd(atap_task *task, const atap_cmd *cmd, const atap_spawn_opts
     c->out_fd = fds[1];
     c->capture = capture;
     if (capture)
-        return spawn_for(task, c, output_run, sizeof(atap_output), output_free, o);
-    return spawn_for(task, c, status_run, sizeof(int), NULL, o);
+        return spawn_for(task, c, output_run, sizeof(atap_output), output_free, o, false);
+    return spawn_for(task, c, status_run, sizeof(int), NULL, o, false);
 }
 
 int atap_spawn_run(atap_task *task, const atap_cmd *cmd, const atap_spawn_opts *opts)
@@ -681,5 +713,5 @@ int atap_spawn_child_wait(atap_task *task, int pid, const atap_spawn_opts *opts)
     if (!(c = proc_new()))
         return -ENOMEM;
     c->pid = pid;
-    return spawn_for(task, c, status_run, sizeof(int), NULL, o);
+    return spawn_for(task, c, status_run, sizeof(int), NULL, o, true);
 }
