@@ -71,14 +71,71 @@ struct side *atap__side_of(struct atap_slot *s)
     return rx;
 }
 
+/*
+ * Freeing a side record against the rebuild of the timers, which reads
+ * side records from any slot at any moment (schedule.c's
+ * atap__sched_find_timers). The freer takes the record off its slot, then
+ * reads `keeping`; the rebuild sets `keeping`, then reads slots' records:
+ * both seq_cst, so of a record the rebuild reads, the freer sees it
+ * keeping and defers the free, pushing the record on `deferred` (a Treiber
+ * stack, pushes only and whole takes). Whoever finds `keeping` clear after
+ * a push, or the rebuild when it lets go, frees what is there.
+ */
+static _Atomic unsigned keeping;
+static struct side *_Atomic deferred;
+
+static void sides_free_deferred(void)
+{
+    struct side *x = atomic_exchange_explicit(&deferred, NULL, memory_order_acquire), *next;
+
+    for (; x; x = next) {
+        next = x->deferred;
+        free(x);
+    }
+}
+
+void atap__side_free(struct atap_slot *s)
+{
+    struct side *rx = ld_relaxed(&s->side), *head;
+
+    st_seqcst(&s->side, NULL);
+    if (likely(!ld_seqcst(&keeping))) {
+        free(rx);
+        return;
+    }
+    head = ld_relaxed(&deferred);
+    do
+        rx->deferred = head;
+    while (!atomic_compare_exchange_weak_explicit(&deferred, &head, rx, memory_order_release,
+                                                  memory_order_relaxed));
+    if (!ld_seqcst(&keeping)) /* let go since: its drain may have missed ours */
+        sides_free_deferred();
+}
+
+void atap__exec_sides_keep(void)
+{
+    st_seqcst(&keeping, 1);
+}
+
+void atap__exec_sides_let_go(void)
+{
+    st_seqcst(&keeping, 0);
+    sides_free_deferred();
+}
+
+/* In a fork's child: no rebuild is under way (its supervisor is not
+ * there); what one deferred is the parent's, left unfreed. */
+void atap__exec_sides_forget(void)
+{
+    st_relaxed(&keeping, 0);
+    st_relaxed(&deferred, NULL);
+}
+
 /* The slot is being freed: no forward and no park is left on it. */
 static void side_destroy(struct atap_slot *s)
 {
-    struct side *rx = ld_relaxed(&s->side);
-
-    atap__extras.park->destroy(ld_relaxed(&rx->park));
-    free(rx);
-    st_relaxed(&s->side, NULL);
+    atap__extras.park->destroy(ld_relaxed(&ld_relaxed(&s->side)->park));
+    atap__side_free(s);
 }
 
 /* ---- freeing ---------------------------------------------------------- */

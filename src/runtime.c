@@ -64,6 +64,7 @@
 #include "park.h"
 #include "pool.h"
 #include "schedule.h"
+#include "side.h"
 #include "table.h"
 #include "testing.h"
 #include "trace.h"
@@ -201,6 +202,7 @@ static void fork_child(void)
     atap__table_forget();
     atap__trace_forget();
     atap__exec_door_forget();
+    atap__exec_sides_forget();
     in_shutdown = false;
     st_seqcst(&lifecycle, STOPPED); /* and no users: the parent's are not the child's */
 }

@@ -242,31 +242,30 @@ void atap__sched_reap(bool all)
 /* ---- timers ------------------------------------------------------------- */
 
 /* Every schedule's two records, found from the task table, for the
- * supervisor's rebuild of the timer structure (atap__timers_rebuild). Each
- * live slot is held while we look (atap__exec_try_hold), so its side
- * record, and the schedule on it, stay while we read them; a slot let go
- * of meanwhile is skipped, its schedule on the graveyard (only the reaper
- * frees one: the manager, which is not running, or the supervisor, which
- * is calling this). Visiting a record that is not armed costs nothing. */
+ * supervisor's rebuild of the timer structure (atap__timers_rebuild). While
+ * we look, no side record is freed (atap__exec_sides_keep: one read with
+ * seq_cst stays allocated), and a schedule found on one stays allocated:
+ * only the reaper frees one (the manager, which is not running, or the
+ * supervisor, which is calling this), and a slot let go of meanwhile sends
+ * its schedule to the graveyard. Visiting a record that is not armed costs
+ * nothing. */
 void atap__sched_find_timers(atap__timer_visit *visit, void *cookie)
 {
     size_t span = atap__table_span();
 
+    atap__exec_sides_keep();
     for (size_t i = 0; i < span; i++) {
         struct atap_slot *s = atap__table_slot((uint32_t)i);
-        uint32_t gen = s ? refs_gen(ld_acquire(&s->refs)) : 0;
-        struct side *side;
-        struct sched *c;
-
-        if (!s || !atap__exec_try_hold(s, gen))
-            continue;
+        struct side *side = s ? ld_seqcst(&s->side) : NULL;
         /* Acquire: the schedule attach published whole. */
-        if ((side = ld_acquire(&s->side)) != NULL && (c = ld_acquire(&side->ext)) != NULL) {
+        struct sched *c = side ? ld_acquire(&side->ext) : NULL;
+
+        if (c) {
             visit(&c->start, cookie);
             visit(&c->limit, cookie);
         }
-        atap__exec_release_listener(s, (uint32_t)i, gen);
     }
+    atap__exec_sides_let_go();
 }
 
 /* Ends a task whose next run will never come: FAILED unless it already

@@ -12,7 +12,8 @@
  *   ext      the task's schedule (schedule.c), set before the task is
  *            published (slot flag SF_SCHED) and cleared when the slot is
  *            freed; read with acquire by the supervisor's rebuild of the
- *            timers, which holds the slot while it looks;
+ *            timers, from any slot at any moment: while it looks, no side
+ *            record is freed (atap__exec_sides_keep, executor.c);
  *   lock, closed, head  the forwards registered on the task (forward.c);
  *   park     the park record of a run that parked (park.c);
  *   fd, claim  a tail fd park's fd and claim word (park_fd.c, park_int.h's
@@ -35,7 +36,10 @@ struct side {
     bool closed;               /* the list takes no more (forward.c) */
     int fd;                    /* a tail fd park's fd, when its tail has no room */
     _Atomic uint32_t claim;    /* a tail park's claim, when its tail has no room */
-    struct reg *head;          /* the forwards registered (forward.c) */
+    union {
+        struct reg *head;     /* the forwards registered (forward.c) */
+        struct side *deferred; /* freed while the timers are rebuilt (executor.c) */
+    };
     struct park *_Atomic park; /* the run's park record (park.c) */
     void (*arg_free)(void *);
     void (*out_free)(void *);
@@ -45,6 +49,16 @@ struct side {
 /* The slot's side record, made on first use. The caller holds a listener,
  * or RUN, or is filling the slot. NULL on -ENOMEM. */
 struct side *atap__side_of(struct atap_slot *s);
+/* The slot's side record goes (the slot is being freed, or was never
+ * published), now or once a rebuild of the timers has looked. */
+void atap__side_free(struct atap_slot *s);
+/* The rebuild of the timers (schedule.c): while kept, a side record read
+ * from any slot (with seq_cst) stays allocated; let go, those freed
+ * meanwhile are. */
+void atap__exec_sides_keep(void);
+void atap__exec_sides_let_go(void);
+/* In a fork's child (runtime.c): back to no rebuild under way. */
+void atap__exec_sides_forget(void);
 
 /* The side record if the slot has one (the caller holds a listener or RUN). */
 static inline struct side *slot_side(const struct atap_slot *s)

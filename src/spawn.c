@@ -173,14 +173,10 @@ int atap__exec_fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spaw
 
 void atap__exec_unfill(struct atap_slot *s)
 {
-    struct side *side = ld_relaxed(&s->side);
-
     if (s->flags & SF_OUT_HEAP)
         free(s->out.heap);
-    if (side) { /* its destructors only: nothing else was hung on it yet */
-        st_relaxed(&s->side, NULL);
-        free(side);
-    }
+    if (ld_relaxed(&s->side)) /* its destructors only: nothing else hangs on it yet */
+        atap__side_free(s);
     s->flags = 0;
 }
 
