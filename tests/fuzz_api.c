@@ -77,8 +77,8 @@
 #define MAX_OPS 80      /* operations per program */
 #define MAX_ELEMS 256   /* channel values per program */
 #define MAX_FWD 8       /* forwards into one task */
-#define REC_SMALL 32    /* output sizes: inline in the slot ... */
-#define REC_BIG 512     /* ... and one that is not */
+#define REC_SMALL 32    /* output sizes: small (on the heap past the slot's 16 bytes) ... */
+#define REC_BIG 512     /* ... and big */
 #define TIME_SLACK ATAP_SEC(2) /* lateness tolerated where an upper bound is checked */
 
 /* ---------------------------------------------------------------------- */
@@ -491,10 +491,43 @@ static void run_join(ftask *t)
     check_inside_read(t, rc, buf);
 }
 
+/* The handles of children spawned inside tasks, until released: a task
+ * whose frame a thread death unwinds (an injected one, while it waits)
+ * never releases its own, and the program's end releases them here, so a
+ * child's output on the heap is not left for ASan to find. */
+#define MAX_KIDS 1024
+static _Atomic uint64_t g_kids[MAX_KIDS];
+
+static int kid_keep(atap_task k)
+{
+    for (int i = 0; i < MAX_KIDS; i++) {
+        uint64_t none = 0;
+        if (atomic_compare_exchange_strong(&g_kids[i], &none, k.id))
+            return i;
+    }
+    return -1; /* full: this one is the frame's alone */
+}
+
+static void kid_let_go(int i)
+{
+    if (i >= 0)
+        atomic_store(&g_kids[i], 0);
+}
+
+static void kids_release_left(void)
+{
+    for (int i = 0; i < MAX_KIDS; i++) {
+        uint64_t id = atomic_exchange(&g_kids[i], 0);
+        if (id)
+            atap_release((atap_task){id});
+    }
+}
+
 static void run_spawn(ftask *t)
 {
     atap_task kids[3];
     uint32_t uids[3];
+    int kept[3];
     size_t n = 1 + t->work_ns % 3;
 
     for (size_t i = 0; i < n; i++) {
@@ -505,6 +538,7 @@ static void run_spawn(ftask *t)
                  TARGS(t), rc);
         if (rc != 0)
             kids[i] = ATAP_NO_TASK;
+        kept[i] = rc == 0 ? kid_keep(kids[i]) : -1;
     }
     for (size_t i = 0; i < n; i++) {
         if (kids[i].id == 0)
@@ -519,6 +553,7 @@ static void run_spawn(ftask *t)
             FZ_CHECK(rc != 0 || (rec_read(buf, sizeof buf, &uid, &serial) && uid == uids[i]),
                      TFMT ": a child's output is torn or another's", TARGS(t));
         }
+        kid_let_go(kept[i]);
         atap_release(kids[i]);
     }
 }
@@ -1979,6 +2014,7 @@ static void program_end(unsigned b)
                 put_slot(i);
     FZ_CHECK(atap_shutdown() == 0, "atap_shutdown at the end");
     G.running = false;
+    kids_release_left(); /* no task runs now: those a dead task's frame held */
     step();
     if (!release_first)
         for (int i = 0; i < NH; i++)
