@@ -350,8 +350,8 @@ int atap_dup(atap_task t, atap_task *copy)
 _Atomic uint32_t atap__first_waiters;
 _Atomic uint32_t atap__exec_settle_seq;
 
-/* join_first's wake-up, off the settle's path: one relaxed load when no
- * join_first waits. */
+/* join_first's wake-up, off the settle's path: one load (acquire, of
+ * atap__first_waiters) when no join_first waits. */
 static __attribute__((noinline, cold)) void settled_for_first(void)
 {
     add_relaxed(&atap__exec_settle_seq, 1);

@@ -386,7 +386,9 @@ void atap__park_wheel_open(void)
 {
     uint32_t closed = INBOX_CLOSED;
 
-    atomic_compare_exchange_strong(&inbox, &closed, 0);
+    /* acq_rel: the close's (and its runner's) writes are seen here, and
+     * ours by the next arm that finds the inbox open. */
+    cas_acqrel(&inbox, &closed, 0);
     wheel.started = false;
 }
 
