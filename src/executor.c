@@ -522,54 +522,12 @@ void atap__exec_run(struct worker *w, uint32_t ref)
         run_observed(w, s, ref, cur);
 }
 
-/* The queue entry just taken for a plain task that is no longer PENDING
- * may be one a claim aside left behind (atap__exec_claim): it then
- * holds a listener, not RUN, and that listener is all it lets go. A
- * relaxed look is enough to pass over the common case: a claimer whose
- * STALE this misses finds it again itself (its claim failed) and takes
- * the entry's part back. */
-static bool drop_stale_entry(struct atap_slot *s, uint32_t index, uint32_t gen)
-{
-    /* Acquire: a resumer that handed this entry its resume (below) made
-     * the park's state ours with its RMW. */
-    if (likely(!(ld_acquire(&s->refs) & REFS_STALE)))
-        return false;
-    if (!(atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) & REFS_STALE))
-        return false;
-    release_listener(s, index, gen, REFS_HOLD);
-    return true;
-}
-
-/*
- * A parked plain task goes back to a queue (its resume). If a claim aside
- * left its old queue entry behind (STALE, still queued), that entry takes
- * the resume instead: the slot's `link` still chains that queue, and a
- * second entry would tie two queues through it (a cycle no popper leaves).
- * One RMW decides against the entry's dequeuer (drop_stale_entry): whoever
- * clears STALE has it. A resumer that does lets go of the entry's listener
- * (RUN, which the park hands on to the entry, keeps the slot now), and the
- * dequeuer, finding STALE clear, runs the entry as the resume. True: the
- * caller must not queue the task.
- */
-bool atap__exec_resume_stale(struct atap_slot *s, uint32_t index, uint32_t gen)
-{
-    if (likely(!(ld_relaxed(&s->refs) & REFS_STALE)))
-        return false;
-    if (!(atomic_fetch_and_explicit(&s->refs, ~REFS_STALE, memory_order_acq_rel) & REFS_STALE))
-        return false;
-    release_listener(s, index, gen, REFS_HOLD);
-    return true;
-}
-
 /* A task someone may still cancel, read or wait on, a repeat's run, or one
  * back from a park. cur: its word as exec_run read it. */
 static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur)
 {
     uint32_t gen = word_gen(cur);
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen};
-    if (unlikely(word_state(cur) != ST_PENDING) && !slot_sched(s) &&
-        drop_stale_entry(s, ref - 1, gen))
-        return;
     if (unlikely(word_state(cur) != ST_PENDING) && atap__extras.park->resume(s, &ctx)) {
         ATAP_TRACE(TR_RESUME, ATAP_TRACE_ID(ctx.index, ctx.gen), NULL, ctx.resumed);
         /* Back from a park: still RUNNING, unless stopped since. A runtime
@@ -589,8 +547,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
     } else {
         do {
             if (word_state(cur) != ST_PENDING) { /* cancelled while queued */
-                if (!drop_stale_entry(s, ref - 1, gen))
-                    atap__exec_release_run(s, ref - 1, gen);
+                atap__exec_release_run(s, ref - 1, gen);
                 return;
             }
         } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));

@@ -104,9 +104,6 @@ bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen);
 /* atap_cancel's work on a task the caller holds (a handle, a hold, or its
  * series' list of runs): 0, or ATAP_ENOTASK when gen is gone. */
 int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen);
-/* A parked task's resume: true when the queue entry a claim aside left
- * behind takes it (then the caller queues nothing). See executor.c. */
-bool atap__exec_resume_stale(struct atap_slot *s, uint32_t index, uint32_t gen);
 /* The pool thread w is inside the task ref (slot index + 1): running it or
  * one of its at-rate runs, here or lower on the stack it runs on. A wait
  * for it could only end once the wait itself returned. */

@@ -154,8 +154,7 @@ void atap__park_complete(struct park *p, int by)
     }
     if (by == BY_READY || by == BY_DEADLINE) {
         /* Nothing of p is touched after this: the next run owns it. */
-        if (!atap__exec_resume_stale(s, index, gen))
-            atap__park_requeue(s, index);
+        atap__park_requeue(s, index);
         return;
     }
     atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
@@ -225,11 +224,7 @@ static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
  * keeps its fd in the claim word, or a large one on the side record. */
 static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    /* Not for a task a claim aside left a queue entry of (STALE): the fd's
-     * list would take over `link` while that queue still chains through it.
-     * STALE is set only while the task is queued, so it cannot appear once
-     * this run has started. */
-    if (ctx->park_kind != PK_FD || (ld_acquire(&s->refs) & REFS_STALE))
+    if (ctx->park_kind != PK_FD)
         return false;
     if (ctx->deadline == ATAP__FOREVER) /* any output: fd and claim on the side if need be */
         return slot_tail_room(s, TAIL_FD) || atap__side_of(s) != NULL;

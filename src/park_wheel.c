@@ -149,8 +149,6 @@ void atap__park_tail_act(uint32_t index, int by, bool batch)
     if (c & T_FD)
         atap__park_tail_off_fd(s, index);
     if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
-        if (atap__exec_resume_stale(s, index, gen))
-            return; /* its old queue entry runs it */
         if (!batch || (s->flags & SF_BLOCKING)) {
             atap__park_requeue(s, index);
         } else {

@@ -16,11 +16,11 @@
  *         task wakes each kind only when its bit was set.
  *
  *   refs  (64 bits) gen << 37 | RUN << 36 | RX << 35 | GATED << 34 |
- *         STALE << 33 | handles << 13 | holds
+ *         handles << 13 | holds
  *         Listeners, counted in two fields: one per handle (atap_spawn,
  *         atap_dup), and the runtime's own holds (a waker's or a helper's,
  *         brief; a parked run's; the feeders of a waiting task, one for all
- *         of them; RX's and STALE's below). A handle names its task while
+ *         of them; RX's below). A handle names its task while
  *         handles is not 0: the holds keep the slot, never the name, so
  *         every copy of the last handle reads ATAP_ENOTASK once it is
  *         released, whatever the runtime still holds. Each field is
@@ -36,10 +36,6 @@
  *         GATED: the task waits for gives (gate.c), so its last
  *         listener of either kind going may let it go: a handle can give,
  *         and so can a feeder; read with the count, no extra load.
- *         STALE: a waiter claimed the task out of its queue place
- *         (executor.c, atap__exec_claim) and took its RUN; the entry
- *         left in the queue holds one hold instead, dropped by whoever
- *         dequeues it (or by the claimer, if the claim failed first).
  *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
  * free list while the slot is free, by the injector while it is queued, and
@@ -80,14 +76,14 @@ struct side;
 #define REFS_RUN (UINT64_C(1) << 36)
 #define REFS_RX (UINT64_C(1) << 35)
 #define REFS_GATED (UINT64_C(1) << 34) /* waits for gives: set at spawn */
-#define REFS_STALE (UINT64_C(1) << 33) /* a claim aside left a queue entry */
 #define REFS_HANDLE (UINT64_C(1) << 13) /* one handle */
 #define REFS_HOLD UINT64_C(1)           /* one of the runtime's holds */
-#define REFS_HANDLES_MASK (REFS_STALE - REFS_HANDLE)
+#define REFS_COUNT_END (UINT64_C(1) << 33) /* bit 33 unused: 2^20 - 1 handles, as atap.h says */
+#define REFS_HANDLES_MASK (REFS_COUNT_END - REFS_HANDLE)
 #define REFS_HOLDS_MASK (REFS_HANDLE - 1)
-#define REFS_COUNT_MASK (REFS_STALE - 1) /* listeners of either kind */
+#define REFS_COUNT_MASK (REFS_COUNT_END - 1) /* listeners of either kind */
 /* Holds are brief and one per thread (wakers, helpers), or one per task
- * (its park, its feeders, RX, STALE): room for every thread there can be. */
+ * (its park, its feeders, RX): room for every thread there can be. */
 _Static_assert(REFS_HOLDS_MASK > 4 * ATAP_THREADS_MAX, "room for every thread's hold");
 
 /* flags: set at spawn, read-only after */
