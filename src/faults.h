@@ -17,6 +17,8 @@
 #define HELP_DEPTH UINT_MAX /* tasks run nested by waits: no limit but the stack */
 
 #ifdef ATAP_FAULT_INJECTION
+#include "atap/inject.h" /* the atap_inject_* calls the owed faults come from */
+
 extern _Atomic unsigned atap__owed_worker_deaths, atap__owed_blocking_deaths;
 extern _Atomic unsigned atap__owed_spawn_refusals, atap__help_limit, atap__owed_arm_pause_ms;
 extern _Atomic unsigned atap__owed_watch_failures;

@@ -96,6 +96,22 @@ for cxx in g++ clang++; do
     done
 done
 
+# Each area's header alone (with atap/core.h), and the runtime's without
+# <sys/socket.h>, which only atap/net.h brings in.
+area_alone() {
+    printf '#include <atap/%s.h>\nint main(void) { return 0; }\n' "$1" >"$tmp/area-$1.c" &&
+        gcc -std=c99 "${strict[@]}" -c "$tmp/area-$1.c" -o "$tmp/area.o" &&
+        g++ -x c++ -std=c++11 "${strict[@]}" -c "$tmp/area-$1.c" -o "$tmp/area.o"
+}
+core_lean() {
+    printf '#include <atap/core.h>\n#ifdef AF_INET\n#error atap/core.h brought in <sys/socket.h>\n#endif\nint main(void) { return 0; }\n' >"$tmp/lean.c" &&
+        gcc -std=c99 "${strict[@]}" -c "$tmp/lean.c" -o "$tmp/lean.o"
+}
+for area in core fs net process tasks; do
+    check "atap/$area.h alone, gcc -std=c99 and g++ -std=c++11, -Werror -pedantic" area_alone $area
+done
+check "atap/core.h alone brings in no <sys/socket.h>" core_lean
+
 # --- installs --------------------------------------------------------------
 # install_lib NAME CMAKE_ARGS...: a top-level build with the tests on (as
 # run_suite configures it), only the library built, installed to $tmp/NAME.
@@ -120,6 +136,14 @@ exports_atap_only() {
 
 check "static install (top-level, tests on) to a temp prefix" install_lib static
 check "static install: libatap.a has no atap_inject_* symbol" no_inject "$tmp/static/lib/libatap.a"
+installed_headers() {
+    local inc=$tmp/static/include
+    for h in atap.h atap.hpp atap/core.h atap/fs.h atap/net.h atap/process.h atap/tasks.h; do
+        [ -f "$inc/$h" ] || { echo "no $inc/$h"; return 1; }
+    done
+    [ ! -e "$inc/atap/inject.h" ] || { echo "atap/inject.h is installed"; return 1; }
+}
+check "static install: atap.h and its areas installed, atap/inject.h not" installed_headers
 check "static install: CMake package sets no ATAP_FAULT_INJECTION" package_clean static
 check "shared install (top-level, tests on) to a temp prefix" install_lib shared -DBUILD_SHARED_LIBS=ON
 check "shared install: nm -D shows only atap_* symbols, no atap_inject_*" exports_atap_only

@@ -62,6 +62,7 @@
 #include <unistd.h>
 
 #include "atap.h"
+#include "atap/inject.h" /* atap_inject_*: the tests link atap_testing, which has them */
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)

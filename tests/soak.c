@@ -64,6 +64,7 @@
 #include <unistd.h>
 
 #include "atap.h"
+#include "atap/inject.h" /* atap_inject_*: the tests link atap_testing, which has them */
 #include "manager.h" /* atap__manager_restarts */
 #include "pool.h"    /* atap__pool_records: the workers' records, each may keep a poller */
 #include "testing.h" /* atap__test_restart_window */

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "atap.h"
+#include "atap/inject.h" /* atap_inject_*: the tests link atap_testing, which has them */
 #include "testing.h" /* atap__cpus */
 
 /* ---- which sanitizer, if any, this file is built with ---------------- */

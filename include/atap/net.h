@@ -1,0 +1,308 @@
+/*
+ * libatap's built-in tasks: sockets (TCP, UDP, Unix). Written on the runtime's public calls
+ * alone (atap/core.h). <atap.h> includes this header; a program may
+ * include it alone, with <atap/core.h>, to keep the other areas out.
+ */
+#ifndef ATAP_NET_H
+#define ATAP_NET_H
+
+#include "core.h"
+#include <sys/socket.h> /* struct sockaddr, socklen_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Sockets: TCP, UDP, Unix                                                 */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * File descriptors are the currency: every call takes an fd, and any fd
+ * the caller already has will do (one it hands in must be non-blocking for
+ * a task to park rather than hold its thread: libatap's own fds are).
+ * Every fd libatap creates is SOCK_CLOEXEC | SOCK_NONBLOCK and is the
+ * caller's to close.
+ *
+ * Calls that never wait (listen, bind, the setters) are plain calls. Each
+ * that may wait (connect, accept, send, recv...) is an operation in two
+ * steps: an atap_net_prep_* call fills an atap_net_io that the caller
+ * owns, then atap_net_spawn runs it as a task, or atap_net_run runs it on
+ * the calling thread (as atap_block: no slot, no cancel). A spawned
+ * operation parks on its fd (atap_park_fd) while the kernel has nothing
+ * for it, holding no thread; its opts.timeout_ns limits the whole
+ * operation, and atap_cancel ends it at once, even while the peer is
+ * silent. One still parked at the last atap_shutdown is written off as
+ * every park is (ATAP_EFAILED).
+ *
+ * Ownership. The atap_net_io, and every buffer, address and reader a prep
+ * call was given, stay the caller's, and must stay alive and untouched
+ * (but for reading io->done) from the spawn until atap_net_release has
+ * returned (or, with atap_net_run, until it returns). A cancelled run may
+ * still be inside a system call on the caller's buffer when a join already
+ * reads ATAP_ECANCELLED: atap_net_release waits for it to let go. Names
+ * (connect's "host:port" or path) are copied: they need only live through
+ * the prep and spawn calls. libatap allocates nothing per operation,
+ * except a connect (its copy of the name, its address list): a connection
+ * loop that reuses one io, one buffer and one reader spawns each
+ * operation into a table slot and allocates nothing. An io may be prepared
+ * (or spawned as prepared) again once atap_net_release has returned.
+ *
+ * Results. A task's output is an atap_net_out (16 bytes, kept inside the
+ * task's slot). Its rc is 0 or the operation's error: -errno from the
+ * kernel (-ECONNREFUSED, -ECONNRESET, -EPIPE, -ENOENT, -EADDRINUSE...),
+ * ATAP_ECLOSED for a peer that closed before a recv_exact or recv_until
+ * had its bytes, ATAP_ETOOLONG for a recv_until past its limit. The task
+ * itself always ends READY with that output, unless it is cancelled, times
+ * out or is written off: then a join reads ATAP_ECANCELLED,
+ * ATAP_ETIMEDOUT or ATAP_EFAILED and io->done says how far it got (bytes
+ * sent or received so far; for send, nothing beyond them was sent).
+ * atap_net_join folds the two into one code.
+ */
+typedef struct atap_net_out {
+    int64_t n; /* bytes moved: sent, received, or a recv_until's line */
+    int rc;    /* 0 or the operation's error (above) */
+    int fd;    /* connect, accept: the new connection's fd (the caller's
+                  to close); -1 for the other operations and on error */
+} atap_net_out;
+
+/* Buffered input of one connection, for atap_net_prep_recv_until: the
+ * bytes read past a delimiter, or up to a limit, stay here for the next
+ * read. The storage is the caller's (atap_net_reader_init); the fields are
+ * libatap's. */
+typedef struct atap_net_reader {
+    int fd;
+    bool drained; /* its last recv left the socket empty */
+    unsigned char *buf;
+    size_t cap, start, end; /* buffered: buf[start..end) */
+} atap_net_reader;
+
+/* One operation's state: filled by an atap_net_prep_* call, read and
+ * written by its task. Callers read only `done`, and `fd` after a prep. */
+typedef struct atap_net_io {
+    int fd;       /* the socket operated on (-1 for a connect) */
+    int op;       /* which operation (libatap's) */
+    void *buf;    /* the caller's buffer (send's bytes, recv's room) */
+    size_t len;   /* its length */
+    size_t done;  /* bytes moved so far: readable after a cancel */
+    size_t limit; /* recv_until's limit */
+    struct sockaddr *addr; /* send_to's destination, recv_from's / accept's peer */
+    socklen_t *addrlen;    /* recv_from / accept: in, the room; out, the length */
+    socklen_t to_len;      /* send_to's destination length */
+    int pending;           /* a connect under way: its fd, else -1 */
+    int err;               /* a connect: the last address's error */
+    int busy;              /* a task holds the io (libatap's, atomic) */
+    const char *name;      /* connect: the "host:port" or path (spawned: libatap's copy) */
+    atap_net_reader *reader;
+    void *list, *next;     /* a connect's addresses (libatap's) */
+} atap_net_io;
+
+/*
+ * TCP connect to name, "host:port" ("example.com:80", "127.0.0.1:8080",
+ * "[::1]:8080"). The name is resolved when the task runs: a numeric host
+ * is parsed at once; any other is looked up (getaddrinfo) by a task that
+ * runs on the blocking threads, which a cancel reaches only once the
+ * lookup returns. Each address is tried in turn, and the last one's error
+ * is the result. out.fd: the connected socket.
+ * Results: -ECONNREFUSED, -ETIMEDOUT, -ENETUNREACH... from the kernel; a
+ * name that does not resolve: -ENXIO ("no such device or address"); a
+ * lookup that failed for now: -EAGAIN; a port that is not a number or a
+ * known service: ATAP_EINVAL.
+ * Prep returns 0; ATAP_EINVAL for NULL io or name, or a name with no ':'.
+ */
+ATAP_EXPORT int atap_net_prep_connect(atap_net_io *io, const char *name);
+
+/* Unix stream connect to path. Results: -ENOENT (no such file),
+ * -ECONNREFUSED (a file nobody listens on: a stale socket file),
+ * -EACCES... While the listener's backlog is full it tries again every
+ * millisecond. Prep returns 0; ATAP_EINVAL for NULL io or path or an empty
+ * path; -ENAMETOOLONG for a path longer than sun_path holds. */
+ATAP_EXPORT int atap_net_prep_unix_connect(atap_net_io *io, const char *path);
+
+/* Accepts one connection on the listening socket lfd. out.fd: the new
+ * socket; the peer's address goes to *peer (up to *peer_len bytes; *peer_len
+ * then holds its length) when peer is not NULL. Out of fds (the process's
+ * or the system's limit) or of kernel memory for a socket, it waits
+ * rather than fails, and never reports -EMFILE, -ENFILE, -ENOBUFS or
+ * -ENOMEM: the connection stays queued in the kernel (none is lost) and
+ * the task parks on a timer and tries again, 1 ms later, then twice as
+ * long each time up to 64 ms, so it holds no thread and spins no CPU
+ * (the listener stays readable, so a park on it would not wait). It takes
+ * the connection at the first try after an fd comes free, up to 64 ms
+ * late. opts.timeout_ns or a cancel ends that wait as any other;
+ * atap_net_step waits the same way, parking the calling task. */
+ATAP_EXPORT int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *peer,
+                                     socklen_t *peer_len);
+
+/* Sends all len bytes of buf (on a datagram socket: one datagram). out.n
+ * = len. Only a cancel, a timeout or an error stops it part way: io->done
+ * (out.n on an error) says how many went. A peer gone: -EPIPE or
+ * -ECONNRESET (no SIGPIPE is raised). */
+ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len);
+
+/* Receives what has arrived, up to len bytes, into buf, waiting for at
+ * least one (on a datagram socket: one datagram, cut to len). out.n: the
+ * count; with len > 0, 0 means the peer closed (a stream socket), not an
+ * error. len 0 asks for nothing: it finishes at once with out.n 0 (which
+ * then says nothing of the peer) and leaves every byte and datagram for
+ * the next read; buf may then be NULL. The same holds for recv_exact and
+ * recv_from of 0 bytes (recv_from's *from_len is then 0: no sender). */
+ATAP_EXPORT int atap_net_prep_recv(atap_net_io *io, int fd, void *buf, size_t len);
+
+/* Receives exactly len bytes into buf. A peer that closes first:
+ * ATAP_ECLOSED, out.n (and io->done) the bytes that did come. */
+ATAP_EXPORT int atap_net_prep_recv_exact(atap_net_io *io, int fd, void *buf, size_t len);
+
+/* Datagrams: sends buf as one datagram to `to` (to_len bytes), or receives
+ * one into buf (cut to len) with its source in *from (as accept's peer).
+ * A receive parks until one comes. */
+ATAP_EXPORT int atap_net_prep_send_to(atap_net_io *io, int fd, const void *buf, size_t len,
+                                      const struct sockaddr *to, socklen_t to_len);
+ATAP_EXPORT int atap_net_prep_recv_from(atap_net_io *io, int fd, void *buf, size_t len,
+                                        struct sockaddr *from, socklen_t *from_len);
+
+/*
+ * Reads through reader until its buffered bytes hold delim (delim_len
+ * bytes, 1 or more; the caller's, kept as the io's buffers). out.n: the
+ * length of the line, delimiter included, which starts at
+ * atap_net_reader_data(); it stays buffered until atap_net_reader_consume.
+ * No delimiter within limit bytes (at most the reader's capacity):
+ * ATAP_ETOOLONG; a peer that closes first: ATAP_ECLOSED. Either way
+ * nothing read is lost: it all stays in the reader.
+ * Prep returns 0; ATAP_EINVAL for NULL io, reader or delim, delim_len 0,
+ * or a limit below delim_len or above the reader's capacity.
+ */
+ATAP_EXPORT int atap_net_prep_recv_until(atap_net_io *io, atap_net_reader *reader,
+                                         const void *delim, size_t delim_len, size_t limit);
+
+/*
+ * Runs a prepared operation as a task (*task: its handle, the caller's to
+ * release). opts may be NULL; out_size must be 0 or sizeof(atap_net_out)
+ * (it is that), kind ATAP_ONCE, and no arg_free / out_free; priority,
+ * timeout_ns and after_ns apply; blocking is libatap's to set (a connect
+ * that looks a name up). Returns as atap_spawn, and ATAP_EINVAL for a NULL
+ * or unprepared io or options outside those (nothing then runs).
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts);
+
+/* Runs a prepared operation on the calling thread until it is done (as
+ * atap_block: waits in the kernel, no cancel, no timeout), filling *out
+ * (may be NULL). Returns out.rc, or ATAP_EINVAL for an unprepared io.
+ * Blocks: yes. Threads: any. */
+ATAP_EXPORT int atap_net_run(atap_net_io *io, atap_net_out *out);
+
+/* atap_join on an operation's task, then its result: returns the join's
+ * code (ATAP_ECANCELLED, ATAP_ETIMEDOUT...) if it failed, else out->rc.
+ * out may be NULL. Blocks: yes. Threads: any. */
+ATAP_EXPORT int atap_net_join(atap_task task, atap_net_out *out);
+
+/*
+ * Inside a task of your own: runs the prepared operation as far as it can
+ * go now, so that one task (a connection's, say) can do many operations
+ * in turn without a task each and without holding a thread between them.
+ * Returns 0 when the operation is done (*out filled, as a spawned
+ * operation's output); ATAP_PARKED when it parked the calling task on its
+ * fd: return ATAP_PARKED from the task, and when it runs again call
+ * atap_net_step with the same io, which goes on where it stopped. The
+ * calling task's timeout and cancel apply. Prepare the io before each
+ * operation (a done one is not started again). io lives where the task
+ * keeps its state (its arg). A connect's name is not copied and is looked
+ * up on the calling thread: give a numeric host or a Unix path. A task
+ * that ends before its connect is done (cancelled, timed out) lets go of
+ * it with atap_net_abandon(io), from its arg_free say.
+ * Returns 0, ATAP_PARKED, or ATAP_EINVAL for NULL ctx, io or out, or an
+ * unprepared io; a park that cannot be set up ends the operation with its
+ * code in out->rc. Blocks: no. Threads: the task's own.
+ */
+ATAP_EXPORT int atap_net_step(atap_ctx *ctx, atap_net_io *io, atap_net_out *out);
+
+/* Lets go of what an unfinished operation run by atap_net_step holds (a
+ * connect's socket and address list); nothing for the others. io may then
+ * be freed. NULL is ignored. Blocks: no. Threads: any. */
+ATAP_EXPORT void atap_net_abandon(atap_net_io *io);
+
+/* Releases an operation's handle (its last: a task spawned by
+ * atap_net_spawn, never atap_dup'd, or every copy released but this one),
+ * then waits until the task has let go of io: its run over (a cancelled
+ * run is in no system call for long; a parked one is taken down at once,
+ * its arg let go up to a manager tick later). From then on io, its buffers
+ * and its reader are the caller's again. A NULL io releases only.
+ * Blocks: briefly, as above. Threads: any. */
+ATAP_EXPORT void atap_net_release(atap_task task, atap_net_io *io);
+
+/* Makes reader read fd, buffering into buf (cap bytes, the caller's, kept
+ * while the reader is used). Returns 0; ATAP_EINVAL for NULL reader or
+ * buf, or cap 0. */
+ATAP_EXPORT int atap_net_reader_init(atap_net_reader *reader, int fd, void *buf, size_t cap);
+/* The bytes buffered now, and their count in *len (may be NULL). */
+ATAP_EXPORT const void *atap_net_reader_data(const atap_net_reader *reader, size_t *len);
+/* Drops the first n buffered bytes (at most what is buffered). */
+ATAP_EXPORT void atap_net_reader_consume(atap_net_reader *reader, size_t n);
+
+/*
+ * Listens on TCP name, "host:port" with a numeric host ("127.0.0.1:0",
+ * "[::]:8080"; an empty host, ":8080", is every IPv4 address). Port 0
+ * picks a free one: atap_net_local_port reads it. SO_REUSEADDR is set.
+ * backlog <= 0: SOMAXCONN. Returns 0 and *fd; ATAP_EINVAL for a name that
+ * is not numeric; -EADDRINUSE, -EACCES... Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_net_listen(int *fd, const char *name, int backlog);
+
+/* Listens on the Unix path (the file is created; it is the caller's to
+ * remove). Returns 0 and *fd; -EADDRINUSE when the path exists (a stale
+ * file included: remove it first); -ENAMETOOLONG past sun_path's room;
+ * ATAP_EINVAL for NULL or empty path. Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_unix_listen(int *fd, const char *path, int backlog);
+
+/* A UDP socket bound to name (numeric, as atap_net_listen; port 0 picks).
+ * Returns 0 and *fd, or as atap_net_listen. */
+ATAP_EXPORT int atap_net_udp_bind(int *fd, const char *name);
+
+/* Connects a datagram socket (UDP, or Unix with a path starting with '/'
+ * or '.') to name, numeric, so that send / recv need no address: recv
+ * then takes only the peer's datagrams. Returns 0; -errno. Blocks: no. */
+ATAP_EXPORT int atap_net_dgram_connect(int fd, const char *name);
+
+/* A Unix datagram socket bound to path (NULL: unbound, it can only send).
+ * Returns 0 and *fd; as atap_net_unix_listen. */
+ATAP_EXPORT int atap_net_unix_dgram_bind(int *fd, const char *path);
+
+/* A connected pair of Unix sockets (socketpair), type SOCK_STREAM or
+ * SOCK_DGRAM. Returns 0; ATAP_EINVAL for another type or NULL; -errno. */
+ATAP_EXPORT int atap_net_pair(int fds[2], int type);
+
+/* An address for send_to: name as atap_net_listen's (numeric IPv4 / IPv6),
+ * or a Unix path (atap_net_unix_addr), into *addr (at least
+ * sizeof(struct sockaddr_storage) bytes) and *len. Returns 0; ATAP_EINVAL;
+ * -ENAMETOOLONG (a path). */
+ATAP_EXPORT int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name);
+ATAP_EXPORT int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path);
+
+/* Writes an address as text, "1.2.3.4:80", "[::1]:80" or the Unix path
+ * ("" unnamed), like snprintf: returns the length of the whole text (>= n:
+ * cut), or ATAP_EINVAL for an unknown family, a len too short for its
+ * family's address, or NULL. Only len bytes of addr are read: a len too
+ * short to hold a family (0, as for a datagram from an unbound Unix
+ * socket) is no address and writes "", whatever the storage held before.
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf,
+                                     size_t n);
+
+/* The port an IP socket is bound to (the one a port 0 picked), or -errno /
+ * ATAP_EINVAL (not an IP socket). Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_local_port(int fd);
+
+/* Setters: half-close (no more sends: the peer reads end of stream, this
+ * side can still receive), TCP_NODELAY, SO_KEEPALIVE (with idle_s > 0 also
+ * the idle time before the first probe, where the platform has it).
+ * Return 0 or -errno. Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_shutdown_write(int fd);
+ATAP_EXPORT int atap_net_set_nodelay(int fd, bool on);
+ATAP_EXPORT int atap_net_set_keepalive(int fd, bool on, unsigned idle_s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATAP_NET_H */

@@ -1,0 +1,189 @@
+/*
+ * libatap's built-in tasks: child processes and signals. Written on the runtime's public calls
+ * alone (atap/core.h). <atap.h> includes this header; a program may
+ * include it alone, with <atap/core.h>, to keep the other areas out.
+ */
+#ifndef ATAP_PROCESS_H
+#define ATAP_PROCESS_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Child processes and signals                                             */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * What to run. Strings are read during the call that starts the child and
+ * are not kept (input is copied). POSIX only.
+ *   program: a name without a '/' is looked up in PATH (the caller's PATH,
+ *     even when env is given), as execvp does.
+ *   argv: NULL-terminated, argv[0] included; NULL runs program with no
+ *     arguments (argv[0] = program).
+ *   dir: the child's working directory; NULL: the caller's. Set with
+ *     posix_spawn_file_actions_addchdir_np, which this build uses with
+ *     glibc 2.29 or later, macOS and FreeBSD; elsewhere a dir is -ENOTSUP.
+ *   env: the child's whole environment, NULL-terminated "NAME=value"
+ *     strings; NULL: the caller's (environ).
+ *   input, input_len: bytes written to the child's stdin, which is then
+ *     closed (atap_spawn_run, atap_spawn_output); input_len 0 gives an
+ *     empty stdin. NULL: stdin is /dev/null.
+ * The child starts in a process group of its own (its pid is the group's
+ * id), with no signal blocked and every signal at its default disposition.
+ * Being in its own group, it is not in a terminal's foreground group: it
+ * gets no Ctrl-C of the terminal's, and a read from the terminal stops
+ * it (SIGTTIN).
+ */
+typedef struct atap_cmd {
+    const char *program;
+    const char *const *argv;
+    const char *dir;
+    const char *const *env;
+    const void *input;
+    size_t input_len;
+} atap_cmd;
+
+/*
+ * Starts cmd now and spawns a task that waits for it to exit, parked (it
+ * holds no thread: on Linux it parks on a pidfd of the child, on kqueue
+ * systems on EVFILT_PROC; where Linux refuses a pidfd, before 5.3 or under
+ * a seccomp filter, it looks for the exit every 10 ms, still parked). The
+ * output is an int, the child's wait status as waitpid gives it (read it
+ * with WIFEXITED / WEXITSTATUS / WIFSIGNALED / WTERMSIG): a child that ran
+ * and failed is not a failed task. stdout and stderr are the caller's.
+ * A cancel, a run timeout (opts->timeout_ns) or the task failing kills the
+ * child's whole process group with SIGKILL (grandchildren in it too) and
+ * reaps the child as the task ends, on the thread that ends it (the
+ * atap_cancel caller's, the manager's for a timeout), which so waits the
+ * moment a killed process takes to exit. Releasing the handles of a task
+ * still running leaves it running: it reaps the child when it exits. The
+ * child is never left a zombie of this process. Each such task holds a
+ * second slot (atap_pool_stats' live counts it) until it ends. The task
+ * reaps its own child (waitpid on its pid): a program that reaps every
+ * child itself (waitpid(-1) in a SIGCHLD handler, or SIGCHLD set to
+ * SIG_IGN, which lets the kernel reap them) takes the status away, and
+ * the task then fails (ATAP_EFAILED).
+ * opts: kind ONCE; no after_ns, arg_free, out_free, gives or in_free;
+ * out_size 0 or sizeof(int); priority and timeout_ns apply.
+ * Returns 0; ATAP_EINVAL for NULL task, cmd or cmd->program, input_len
+ * without input, or opts outside those; ATAP_ENOTINIT; -ENOENT when the
+ * program is not found (in PATH, or dir does not exist), -EACCES and the
+ * other errors of posix_spawnp and exec; -EMFILE, -ENOMEM. On failure no
+ * child is left behind.
+ * Blocks: while the child is started (a posix_spawnp). Threads: any.
+ */
+ATAP_EXPORT int atap_spawn_run(atap_task *task, const atap_cmd *cmd, const atap_spawn_opts *opts);
+
+/* The output of atap_spawn_output: the wait status (as atap_spawn_run)
+ * and everything the child wrote to stdout and stderr, interleaved as it
+ * wrote them (both are one pipe), len bytes in data, NUL-terminated after
+ * them. data is malloc'd: a join's copy points into the task's output and
+ * is valid until the last handle is released; a take moves it to the
+ * caller, who frees it with free(). */
+typedef struct atap_output {
+    int status;
+    char *data;
+    size_t len;
+} atap_output;
+
+/*
+ * As atap_spawn_run, but stdout and stderr go to one pipe read by the task
+ * as the child writes (parked while it has nothing to read), so a child
+ * that writes a lot never blocks on a full pipe; input, if any, is written
+ * as the pipe takes it, in the same parks. The task ends once the pipe is
+ * at its end (every writer closed it: a grandchild that keeps it open
+ * keeps the task waiting) and the child has exited. Output: atap_output.
+ * The output grows in memory without a limit: no memory fails the task
+ * (ATAP_EFAILED, the child killed as for a cancel).
+ * opts as atap_spawn_run (out_size 0 or sizeof(atap_output)).
+ * Returns as atap_spawn_run. Blocks: as atap_spawn_run. Threads: any.
+ */
+ATAP_EXPORT int atap_spawn_output(atap_task *task, const atap_cmd *cmd,
+                                  const atap_spawn_opts *opts);
+
+/* A started child: its pid (also its process group's id) and our ends of
+ * its three pipes, each close-on-exec and non-blocking (park on them with
+ * atap_park_fd, or use atap_wait_fd). They are the caller's to close. */
+typedef struct atap_child {
+    int pid;
+    int in_fd;  /* write to the child's stdin; close it to send EOF */
+    int out_fd; /* read the child's stdout */
+    int err_fd; /* read the child's stderr */
+} atap_child;
+
+/*
+ * Starts cmd with its stdin, stdout and stderr on pipes (cmd->input must be
+ * NULL). The child is the caller's: reap it with atap_spawn_child_wait (a
+ * child never waited for stays a zombie once it exits); signal it with
+ * atap_spawn_signal_send (its pid, or -pid for its whole group). Returns 0
+ * and *child; as atap_spawn_run otherwise (on failure child->pid is -1 and
+ * no fd is open). Blocks: as atap_spawn_run. Threads: any.
+ */
+ATAP_EXPORT int atap_child_start(atap_child *child, const atap_cmd *cmd);
+
+/*
+ * Spawns a task that waits, parked, for the child pid (a child of this
+ * process not yet reaped; atap_child_start's, say) to exit and reaps it;
+ * output: its wait status (an int). A cancel, run timeout or failure kills
+ * its process group and reaps it, as atap_spawn_run. At most one wait
+ * task per child. opts as atap_spawn_run. Returns 0; ATAP_EINVAL for NULL
+ * task, pid <= 0 or opts outside those; -ECHILD when pid is no child of
+ * ours (or already reaped); ATAP_ENOTINIT; -EMFILE, -ENOMEM. On any
+ * failure the child is left as it was: not signalled, not reaped, the
+ * caller's still (a later call may wait for it).
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_spawn_child_wait(atap_task *task, int pid, const atap_spawn_opts *opts);
+
+/*
+ * Signals. atap_spawn_signal_wait takes signo over (libatap's handler
+ * catches it from this call on, for the rest of the process or until
+ * atap_signal_release) and spawns a task that waits for it, parked.
+ * Output: a uint64_t, the deliveries the handler saw since the task started
+ * watching (at this call), at least 1. The kernel merges deliveries of a
+ * standard signal still pending, so this counts deliveries, not sends.
+ * As ATAP_REPEAT it is a handler: each run waits for at least one delivery
+ * and outputs, and hands to fn (may be NULL) on the task's thread, the
+ * deliveries since the previous run, so deliveries that come between runs
+ * are not lost but counted by the next. fn(signo, count, fn_arg).
+ * opts: out_size 0 or 8; kind ONCE or REPEAT; no arg_free, out_free,
+ * gives or in_free; the rest applies (timeout_ns, every_ns, runs ...).
+ * Returns 0; ATAP_EINVAL for NULL task, a signo atap_park_signal refuses
+ * (out of range, SIGKILL, SIGSTOP, a fault signal, one the C library
+ * keeps) or opts outside those; ATAP_ENOTINIT; -ENOMEM; -errno from
+ * sigaction. Blocks: no. Threads: any.
+ */
+typedef void atap_signal_fn(int signo, uint64_t count, void *arg);
+ATAP_EXPORT int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_fn *fn,
+                                       void *fn_arg, const atap_spawn_opts *opts);
+
+/*
+ * Spawns a task that sends signo to pid (kill(2): a pid, or -pgid for a
+ * process group; signo 0 only checks the target exists); no output. The
+ * task fails with the kill's error as ATAP_EFAILED; use kill(2) directly
+ * to read the errno. opts: kind ONCE, no out_size, arg_free, out_free,
+ * gives or in_free. Returns 0; ATAP_EINVAL for NULL task, pid 0 or -1
+ * (every process: refused), a signo out of range; ATAP_ENOTINIT.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_spawn_signal_send(atap_task *task, int pid, int signo,
+                                       const atap_spawn_opts *opts);
+
+/*
+ * Gives signo back to its default disposition (SIG_DFL). A task still
+ * parked waiting for it is not woken by it again (it ends at its timeout
+ * or cancel); a later atap_spawn_signal_wait or atap_park_signal takes it
+ * over again. Returns 0 (also when libatap never caught it); ATAP_EINVAL
+ * for a signo atap_spawn_signal_wait refuses; -errno from sigaction.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_signal_release(int signo);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATAP_PROCESS_H */
