@@ -788,7 +788,8 @@ ATAP_EXPORT int atap_forward(atap_task from, atap_task to);
  * TIMED_OUT; for a repeat or at-rate series, once the series ended; for a
  * waiting task, once it takes no more gives (its gives used up, or let go).
  * A cancelled task is over when its run under way, if any, has returned:
- * a join may read ATAP_ECANCELLED a little earlier.
+ * a join may read ATAP_ECANCELLED a little earlier. Likewise a join may
+ * return an output a moment before its task is over (the run letting go).
  *
  * `task` is the handle registered (its value, not a new handle) and
  * `state` the task's state when it was over: ATAP_READY, ATAP_TAKEN,
@@ -828,8 +829,10 @@ ATAP_EXPORT int atap_on_settle(atap_task task, atap_settle_fn *fn, void *arg);
  * eventfd on Linux (reads 8 bytes, a count of 1), the read end of a pipe
  * elsewhere (one byte). Close-on-exec and non-blocking; the caller owns it
  * and closes it whenever it likes, before or after the task is over. For
- * a task over already it is readable at once. Made readable on the thread
- * that ended the task, with a single write: no task is spawned.
+ * a task over already it is readable at once (one whose join just
+ * returned may still be letting go of its run: readable a moment later).
+ * Made readable on the thread that ended the task, with a single write:
+ * no task is spawned.
  * Returns 0 with the descriptor in *fd (-1 on failure); ATAP_EINVAL for a
  * NULL fd; ATAP_ENOTASK; -ENOMEM; -EMFILE or -ENFILE.
  * Blocks: no. Threads: any.
