@@ -11,6 +11,9 @@
  *   forward.c  the forwards: a slot's side record and its list of regs,
  *              delivery, publish, close, attach; the kicks a delivery
  *              leaves for after the locks; atap_forward, atap_receive_*.
+ *   settle.c   settle listeners: regs that feed no task but tell a
+ *              callback or an fd that their task is over; atap_on_settle,
+ *              atap_settle_fd.
  * Each file's top comment has its protocol.
  *
  * Lock order: output lock, then list mutex, then a target's gate; a target
@@ -73,11 +76,19 @@ struct gate {
     uint32_t kick_gen;
 };
 
-/* One forward: a task whose outputs feed the gate of task `to` (forward.c). */
+/* What a reg is: a forward (or a receiver's member), or a settle
+ * listener (settle.c), which is handed no output and only hears the
+ * close. */
+enum { REG_FEED, REG_SETTLE };
+
+/* One forward: a task whose outputs feed the gate of task `to` (forward.c).
+ * A REG_SETTLE reg is the head of a settle.c record, and uses no field
+ * after `kind`. */
 struct reg {
     struct reg *next;
     uint32_t to, to_gen; /* the task fed (index, generation) */
     uint32_t place;      /* receive_all: the member's place */
+    uint8_t kind;        /* REG_FEED or REG_SETTLE */
     size_t offset;       /* receive_all: where its bytes go */
     uint64_t seen;       /* the last output number handed over */
 };
@@ -103,5 +114,21 @@ void atap__gate_member_closed(const struct reg *r);
 
 /* Notes target g (generation gen), which a give just moved IDLE -> BUSY, for kicks_run. */
 void atap__flow_kicks_add(struct kicks *k, struct gate *g, uint32_t gen);
+
+/* ---- forward.c, for settle.c --------------------------------------------- */
+
+/* Registers r on the task s of generation gen, on which the caller holds a
+ * handle: listed until the task's RUN goes, or closed at once when the
+ * task is over already. 0; -ENOMEM or ATAP_ENOTASK, and then a REG_SETTLE
+ * reg is left unlisted and unclosed, the caller's to free. */
+int atap__flow_attach(struct atap_slot *s, uint32_t gen, struct reg *r);
+
+/* ---- settle.c, for forward.c --------------------------------------------- */
+
+/* Settle listener r, registered on the task s, is closed: the task can
+ * publish no more. The caller holds a listener or RUN on s (its state is
+ * final and readable) and none of its locks; r is freed, now or by what
+ * it started. */
+void atap__settle_closed(struct reg *r, struct atap_slot *s);
 
 #endif

@@ -22,6 +22,12 @@
  * when the reg has not had it, under the list's mutex. So every reg gets
  * every output published after it registered, plus the one readable when
  * it did, exactly once. The lock order is dataflow_int.h's.
+ *
+ * A settle listener (settle.c) is a reg of kind REG_SETTLE on the same
+ * list: handed no output, it only hears the close, which for any reg
+ * comes once, when the task can publish no more (so with its state
+ * final), on whichever thread closes the list or, for a task over already,
+ * on the registrar's.
  */
 #include "dataflow.h"
 #include "dataflow_int.h"
@@ -100,11 +106,13 @@ void atap__flow_kicks_run(struct kicks *k)
 static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
                     struct kicks *kicks)
 {
-    struct atap_slot *t = atap__table_at(r->to);
-    struct gate *g = atap__extras.time->gate(t);
+    struct atap_slot *t;
+    struct gate *g;
 
-    if (r->seen >= pub)
-        return;
+    if (r->kind == REG_SETTLE || r->seen >= pub)
+        return; /* a settle listener hears only the close */
+    t = atap__table_at(r->to);
+    g = atap__extras.time->gate(t);
     r->seen = pub;
     if (g->role == ROLE_ALL)
         atap__gate_gather(t, r->to_gen, r, out, size, kicks);
@@ -136,13 +144,20 @@ void atap__flow_publish(struct atap_slot *s, uint64_t pub, struct kicks *kicks)
     spin_unlock(&rx->lock);
 }
 
-/* A reg that will get nothing more: its target hears, and, if it was the
- * last, the feeders' hold on the target goes. */
-static void reg_close(struct reg *r)
+/* A reg that will get nothing more from its source s: its target hears,
+ * and, if it was the last, the feeders' hold on the target goes; a settle
+ * listener is told. */
+static void reg_close(struct reg *r, struct atap_slot *s)
 {
-    struct atap_slot *t = atap__table_at(r->to);
-    struct gate *g = atap__extras.time->gate(t);
+    struct atap_slot *t;
+    struct gate *g;
 
+    if (r->kind == REG_SETTLE) {
+        atap__settle_closed(r, s);
+        return;
+    }
+    t = atap__table_at(r->to);
+    g = atap__extras.time->gate(t);
     atap__gate_member_closed(r);
     if (atomic_fetch_sub_explicit(&g->feeders, 1, memory_order_acq_rel) == 1)
         atap__exec_release_listener(t, r->to, r->to_gen);
@@ -182,34 +197,40 @@ void atap__flow_close(struct atap_slot *s)
     atap__flow_kicks_run(&kicks);
     for (; list; list = next) {
         next = list->next;
-        reg_close(list);
+        reg_close(list, s);
     }
 }
 
+/* attach could not list r: a forward closes (its target hears), a settle
+ * listener is left to its registrar, which says so. */
+static int refused(struct reg *r, int rc)
+{
+    if (r->kind != REG_SETTLE)
+        reg_close(r, NULL);
+    return rc;
+}
+
 /*
- * Registers r (which holds a listener on its target) on the task s of
+ * Registers r (a forward holds a listener on its target) on the task s of
  * generation gen, on which the caller holds a listener. The readable output, if
  * any, is handed over now; a task that can publish no more closes r at
- * once. 0 or -ENOMEM / ATAP_ENOTASK (r is then closed and freed).
+ * once. 0 or -ENOMEM / ATAP_ENOTASK (a forward is then closed and freed;
+ * a settle listener is the caller's).
  */
-static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
+int atap__flow_attach(struct atap_slot *s, uint32_t gen, struct reg *r)
 {
     struct kicks kicks;
     struct side *rx = atap__side_of(s);
     bool live = true, listed = false;
     uint64_t refs, pub;
 
-    if (!rx) {
-        reg_close(r);
-        return -ENOMEM;
-    }
+    if (!rx)
+        return refused(r, -ENOMEM);
     atap__kicks_init(&kicks);
     refs = ld_relaxed(&s->refs);
     do {
-        if (refs_gen(refs) != gen || (refs & REFS_COUNT_MASK) == 0) {
-            reg_close(r);
-            return ATAP_ENOTASK;
-        }
+        if (refs_gen(refs) != gen || (refs & REFS_COUNT_MASK) == 0)
+            return refused(r, ATAP_ENOTASK);
         if (!(refs & REFS_RUN)) {
             live = false; /* over: no RUN will be dropped to close r */
             break;
@@ -231,7 +252,7 @@ static int attach(struct atap_slot *s, uint32_t gen, struct reg *r)
     read_unlock(s);
     atap__flow_kicks_run(&kicks);
     if (!listed)
-        reg_close(r);
+        reg_close(r, s);
     return 0;
 }
 
@@ -282,7 +303,7 @@ int atap_forward(atap_task from, atap_task to)
     if (!(r = reg_new(t, g, ti, tg, 0, 0)))
         return -ENOMEM;
     (void)fi;
-    return attach(f, fg, r);
+    return atap__flow_attach(f, fg, r);
 }
 
 /* receive_all / receive_any: checks the members, spawns the task, and
@@ -334,9 +355,9 @@ static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *fro
             continue;
         }
         if (m)
-            attach(m, mg, r);
+            atap__flow_attach(m, mg, r);
         else
-            reg_close(r);
+            reg_close(r, NULL);
         offset += role == ROLE_ALL && m ? m->out_size : 0;
     }
     return 0;

@@ -50,7 +50,7 @@ map='
 6 park      park.h park_int.h park.c park_fd.c park_wheel.c sources.c
 6 kwait     kwait.c
 6 schedule  schedule.h schedule_int.h schedule.c schedule_read.c rate.c
-6 dataflow  dataflow.h dataflow_int.h gate.c forward.c
+6 dataflow  dataflow.h dataflow_int.h gate.c forward.c settle.c
 7 manager   manager.h manager.c
 8 runtime   runtime.c
 9 tasks     tasks/sleep.c tasks/channel.c tasks/process.c tasks/signal.c tasks/net.c tasks/net_sock.c tasks/net_int.h tasks/fs.c tasks/fs_watch.c

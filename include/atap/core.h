@@ -780,6 +780,66 @@ ATAP_EXPORT int atap_receive_any(atap_task *task, atap_fn *fn, void *arg, const 
  */
 ATAP_EXPORT int atap_forward(atap_task from, atap_task to);
 
+/*
+ * Told when a task is over, without waiting for it: what an event loop of
+ * its own (libuv, GLib, epoll, kqueue) needs to take results back.
+ *
+ * A task is over once it can publish nothing more and no run of it is
+ * under way: it ended READY (or was TAKEN since), FAILED, CANCELLED or
+ * TIMED_OUT; for a repeat or at-rate series, once the series ended; for a
+ * waiting task, once it takes no more gives (its gives used up, or let go).
+ * A cancelled task is over when its run under way, if any, has returned:
+ * a join may read ATAP_ECANCELLED a little earlier. Likewise a join may
+ * return an output a moment before its task is over (the run letting go).
+ *
+ * `task` is the handle registered (its value, not a new handle) and
+ * `state` the task's state when it was over: ATAP_READY, ATAP_TAKEN,
+ * ATAP_CANCELLED, ATAP_TIMED_OUT or ATAP_FAILED (a series: its last
+ * state). The callback may read the task (atap_join, atap_take,
+ * atap_state_of, atap_release) through `task` while the caller holds a
+ * handle on it; once every handle was released those read ATAP_ENOTASK.
+ */
+typedef void atap_settle_fn(atap_task task, atap_state state, void *arg);
+
+/*
+ * Calls fn(task, state, arg) once, when the task is over (above), on a
+ * pool thread: a small task of its own is spawned to call it. If that
+ * spawn is refused (no runtime any more: a task that atap_shutdown itself
+ * ends after the pool stopped; -ENOMEM), fn runs on the thread that ended
+ * the task instead (a worker, the runtime's manager, or the caller of
+ * atap_release, atap_cancel or atap_shutdown), holding none of the task's
+ * locks. So fn runs exactly once, also for a task over already when this
+ * is called, and every fn of a task that a shutdown ends has run by the
+ * time atap_shutdown returns. A task may have any number of them; each
+ * hears every way a task ends, as a join does (a cancel, a timeout, a
+ * failure, a thread's death). It keeps no handle and does not keep
+ * the task's slot past the task's end: releasing every handle before the
+ * task is over still calls fn (reading ATAP_ENOTASK through `task`). A
+ * registration cannot be withdrawn. fn should not wait long: it holds a
+ * worker.
+ * Returns 0; ATAP_EINVAL for a NULL fn; ATAP_ENOTASK when the handle names
+ * no task (released, stale, never spawned); -ENOMEM. fn is not called
+ * when this fails.
+ * Blocks: no (a short lock per task). Threads: any.
+ */
+ATAP_EXPORT int atap_on_settle(atap_task task, atap_settle_fn *fn, void *arg);
+
+/*
+ * A descriptor that becomes readable once the task is over (as for
+ * atap_on_settle), and then stays readable until it is read from: an
+ * eventfd on Linux (reads 8 bytes, a count of 1), the read end of a pipe
+ * elsewhere (one byte). Close-on-exec and non-blocking; the caller owns it
+ * and closes it whenever it likes, before or after the task is over. For
+ * a task over already it is readable at once (one whose join just
+ * returned may still be letting go of its run: readable a moment later).
+ * Made readable on the thread that ended the task, with a single write:
+ * no task is spawned.
+ * Returns 0 with the descriptor in *fd (-1 on failure); ATAP_EINVAL for a
+ * NULL fd; ATAP_ENOTASK; -ENOMEM; -EMFILE or -ENFILE.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_settle_fd(atap_task task, int *fd);
+
 typedef enum atap_join_policy {
     ATAP_PASS_BACK = 0, /* the losers stay the caller's, in their places */
     ATAP_CANCEL = 1,    /* each loser is cancelled, and its handle released */
