@@ -386,6 +386,9 @@ static inline void jump(struct atap_fiber *from, struct atap_fiber *to)
 {
     ucontext_t here; /* the context left, saved in its own frame */
 
+    /* The frame left stays, suspended, until this context is switched
+     * back to: its address is the point. */
+    // cppcheck-suppress autoVariables
     from->sp = &here;
     swapcontext(&here, to->sp);
 }

@@ -226,9 +226,10 @@ static struct fdw *fdw_of(int fd)
 
         if (!atap__fd_open(fd) || !atap__grow_cap(&cap, c))
             return NULL;
-        if (!(t = realloc(fdtab, cap * sizeof *t)))
+        /* t is an array of chunk pointers: sizeof *t is a pointer's. */
+        if (!(t = realloc(fdtab, cap * sizeof *t))) // NOLINT(bugprone-sizeof-expression)
             return NULL;
-        memset(t + fdchunks, 0, (cap - fdchunks) * sizeof *t);
+        memset(t + fdchunks, 0, (cap - fdchunks) * sizeof *t); // NOLINT(bugprone-sizeof-expression)
         fdtab = t;
         fdchunks = cap;
     }

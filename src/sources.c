@@ -230,9 +230,10 @@ static int wd_room(int key)
         return -EBADF;
     if (!atap__grow_cap(&cap, (size_t)key))
         return -ENOMEM;
-    if (!(t = realloc(wd_waiters, cap * sizeof *t)))
+    /* t is an array of list heads: sizeof *t is a pointer's. */
+    if (!(t = realloc(wd_waiters, cap * sizeof *t))) // NOLINT(bugprone-sizeof-expression)
         return -ENOMEM;
-    memset(t + wdcap, 0, (cap - wdcap) * sizeof *t);
+    memset(t + wdcap, 0, (cap - wdcap) * sizeof *t); // NOLINT(bugprone-sizeof-expression)
     wd_waiters = t;
     wdcap = cap;
     return 0;
@@ -356,6 +357,8 @@ static void claim_list(struct park **head, unsigned got, bool every, struct park
 {
     struct park *p, **at;
 
+    /* *head is the caller's list head, set (NULL when empty). */
+    // cppcheck-suppress uninitvar
     for (at = head; (p = *at) != NULL;) {
         if ((every || !got || (p->events & got)) &&
             (st_relaxed(&p->got, got), atap__park_claim(p, BY_READY) == 1)) {

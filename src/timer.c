@@ -258,7 +258,8 @@ static struct atap_tlink *radix_pass(struct atap_tlink *l, unsigned shift)
         tail[d] = &l->next;
     }
     for (unsigned d = 0; d < 256; d++) {
-        if (tail[d] != &head[d]) {
+        if (tail[d] != &head[d]) { /* then head[d] was written through tail[d] */
+            // cppcheck-suppress uninitvar
             *end = head[d];
             end = tail[d];
         }

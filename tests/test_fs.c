@@ -530,6 +530,10 @@ static void test_fs_errors(void **state)
     atap_task t;
 
     put(at("f"), "x");
+    /* No request, and no output asked for: nothing to read or free. */
+    assert_int_equal(atap_block(atap_fs_run, NULL, NULL, 0), 0);
+    assert_int_equal(atap_block(atap_fs_run, NULL, &o, sizeof o), 0);
+    assert_int_equal(o.rc, ATAP_EINVAL);
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = at("none")}).rc, -ENOENT);
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ, .path = g_dir}).rc, -EISDIR);
     assert_int_equal(run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = g_dir, .len = 4}).rc,

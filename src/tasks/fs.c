@@ -128,6 +128,8 @@ static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         }
         want = cap - 1 - len;
         /* read, not pread: a FIFO or a device reads too */
+        /* buf is set: the first pass through the loop allocated it. */
+        // cppcheck-suppress nullPointerArithmeticRedundantCheck
         if ((rc = move_chunks(ctx, fd, true, buf + len, want, -1, &got)) != 0)
             goto out;
         len += got;
@@ -648,7 +650,7 @@ int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
     o.rc = rc;
     if (out)
         memcpy(out, &o, sizeof o);
-    else if (o.data != q->buf)
+    else if (q && o.data != q->buf)
         free(o.data); /* nobody asked for it */
     return 0;
 }

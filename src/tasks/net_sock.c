@@ -200,6 +200,7 @@ int atap_net_local_port(int fd)
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
 
+    memset(&ss, 0, sizeof ss); /* a family the kernel does not fill reads AF_UNSPEC */
     if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
         return -errno;
     if (ss.ss_family == AF_INET)

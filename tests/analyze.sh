@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Static analysis:   bash tests/analyze.sh [BUILD_DIR]
+#
+# cppcheck (warning and portability checks) and clang-tidy (the checks in
+# .clang-tidy, each left-out one with its reason there) over every source
+# file of the library as this platform builds it (from a compile database
+# configured in BUILD_DIR, default build/analyze). Any finding fails it. A
+# finding that is wrong is suppressed where it stands, with the reason
+# (`// cppcheck-suppress <id>` or `// NOLINT(<check>)`). The last line is
+# "analysis: ok" or "analysis: N finding(s)".
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${1:-$root/build/analyze}
+jobs=${ATAP_JOBS:-2}
+
+for tool in cppcheck clang-tidy clang; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "analyze: $tool not found"; echo "analysis: 1 finding(s)"; exit 1; }
+done
+cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DATAP_BUILD_TESTS=OFF -DATAP_BUILD_EXAMPLES=OFF \
+    -DATAP_BUILD_BENCH=OFF >/dev/null || { echo "analysis: 1 finding(s)"; exit 1; }
+# The library's own sources, as the compile database names them.
+mapfile -t files < <(sed -nE 's/^ *"file": "([^"]*\/src\/[^"]*\.c)",?$/\1/p' "$build/compile_commands.json" | sort -u)
+[ ${#files[@]} -gt 0 ] || { echo "analyze: no source in $build/compile_commands.json"; echo "analysis: 1 finding(s)"; exit 1; }
+
+findings=0
+out=$(cppcheck --quiet --enable=warning,portability --inline-suppr --std=c11 \
+    -I "$root/include" -I "$root/src" --error-exitcode=0 "${files[@]}" 2>&1 | grep -E '^[^ ].*: (error|warning|portability):')
+if [ -n "$out" ]; then
+    echo "$out"
+    findings=$((findings + $(echo "$out" | wc -l)))
+fi
+echo "analyze: cppcheck over ${#files[@]} files done"
+
+tidy_log=$build/clang-tidy.log
+printf '%s\n' "${files[@]}" | xargs -P "$jobs" -n 4 clang-tidy -p "$build" --quiet >"$tidy_log" 2>/dev/null
+out=$(grep -E ': (error|warning): ' "$tidy_log" | sort -u)
+if [ -n "$out" ]; then
+    echo "$out"
+    findings=$((findings + $(echo "$out" | wc -l)))
+fi
+echo "analyze: clang-tidy over ${#files[@]} files done"
+
+if [ "$findings" -eq 0 ]; then
+    echo "analysis: ok"
+else
+    echo "analysis: $findings finding(s)"
+    exit 1
+fi
