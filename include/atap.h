@@ -303,23 +303,30 @@ ATAP_EXPORT int atap_trim(size_t *released);
 
 /*
  * A trace of what the runtime does, written as a Chrome trace-event JSON
- * file ({"traceEvents":[...]}) that ui.perfetto.dev and chrome://tracing
- * open:
- *   - a lane per thread, named by metadata events: "atap-worker N",
- *     "atap-blocking N", "atap-manager", "atap-supervisor", and any other
- *     thread that spawns, gives or cancels under its own name;
- *   - a slice per run ("B"/"E"), named after the task's function, with the
- *     task's id ("0x" + hex of atap_task.id) and the run's return code.
+ * file ({"traceEvents":[...]}) that ui.perfetto.dev, Chrome DevTools and
+ * chrome://tracing open:
+ *   - a lane per thread, its "tid" the OS thread id (gettid on Linux,
+ *     pthread_threadid_np on macOS: the ids perf and gdb show), named by
+ *     metadata events: "atap-worker N", "atap-blocking N", "atap-manager",
+ *     "atap-supervisor", and any other thread that spawns, gives or cancels
+ *     under its own name;
+ *   - a slice per run ("B"/"E", both named after the task's function, of
+ *     category "atap"), with the task's id ("0x" + hex of atap_task.id) and
+ *     the run's return code; a run still under way when the file is written
+ *     ends at that moment, and one whose end was dropped ends at the next
+ *     event its thread recorded, both marked "end": "not recorded".
  *     The name comes from dladdr when the trace is written: a function of
  *     a shared library, or of a program linked with -rdynamic
  *     (CMake: ENABLE_EXPORTS), reads by its symbol; anything else reads
  *     "object+0xoffset" (for addr2line) or its address;
- *   - instants ("i") for spawn, park, resume, cancel, timeout and give;
- *     "pool grows", "thread starts", "manager starts" (each life of the
- *     manager, with the restarts so far) and "manager restart";
- *   - flow arrows ("s"/"f") from a spawn to the task's run and from a give
- *     to the run of the task given to (a spawn or give outside any run
- *     leaves from a 1 ns slice of its own, named "spawn" or "give");
+ *   - a slice of no length ("X") for each spawn and give, with the task's
+ *     id; instants ("i") for park, resume, cancel, timeout, "pool grows",
+ *     "thread starts", "manager starts" (each life of the manager, with
+ *     the restarts so far) and "manager restart";
+ *   - flow arrows ("s"/"f"), each pairing one start with one end: from a
+ *     spawn to the task's first run (not a repeat's later runs, nor a run
+ *     after a park), and from a give to the run it started (a give that a
+ *     newer one replaced before a run took it has none);
  *   - at the end, a global instant "dropped events" with the count of
  *     events lost (see below), 0 when none was.
  *
@@ -330,6 +337,13 @@ ATAP_EXPORT int atap_trim(size_t *released);
  * behind (about 20 MiB of events waiting), or while atap_trace_stop takes
  * a thread's buffer, events are dropped and counted.
  *
+ * The file is a whole trace at every moment the trace's writer is not
+ * writing it (every 20 ms it writes what filled up, then the closing
+ * events and brackets, which its next round writes over), so a program
+ * that dies leaves one that opens. A program that exits (exit, or a
+ * return from main) while a trace is being written finishes the file from
+ * an atexit handler: atap_shutdown is not needed for a whole trace.
+ *
  * The environment: ATAP_TRACE=path starts a trace at the atap_init that
  * starts the runtime (unless one is already being written), and the
  * atap_shutdown that stops the runtime stops it, so the file is complete
@@ -337,8 +351,16 @@ ATAP_EXPORT int atap_trim(size_t *released);
  * cannot be opened makes that atap_init fail with its -errno. Unset or
  * empty: no trace.
  *
- * atap_trace_start starts writing a trace to path (created or truncated);
- * it needs no runtime, and one trace at a time runs in the process.
+ * fork(): the child of a process writing a trace writes nothing to it. A
+ * trace the child starts (its atap_init with ATAP_TRACE still set, or
+ * atap_trace_start) on a path another process is writing a trace to goes
+ * to "path.PID" instead, PID the child's process id: the parent's file is
+ * never truncated. The same holds for any two processes given one path
+ * (the file is locked with flock while its trace is written).
+ *
+ * atap_trace_start starts writing a trace to path (created or truncated,
+ * unless another process's trace holds it: see fork() above); it needs no
+ * runtime, and one trace at a time runs in the process.
  * Returns 0; ATAP_EINVAL for a NULL or empty path; ATAP_EALREADY while a
  * trace is being written (by ATAP_TRACE too); -errno when the file cannot
  * be opened or the writer thread cannot start (nothing then runs).
