@@ -225,7 +225,24 @@ ATAP_EXPORT int atap_shutdown(void);
  * atap_init (see atap_init). Blocks: no. Threads: any. */
 ATAP_EXPORT bool atap_initialised(void);
 
-/* Named like stat(): struct atap_status and the call atap_status(). */
+/*
+ * Named like stat(): struct atap_status and the call atap_status(), and so
+ * struct atap_pool_stats and atap_pool_stats(). C and C++ use them alike
+ * (`struct atap_status s; atap_status(&s);`). In C++ the function hides the
+ * struct's implicit constructor, which g++ -Wshadow reports (as it would
+ * for stat(), were <sys/stat.h> not a system header): the two declarations
+ * below are made with that one warning off, so a program built with
+ * -Wshadow -Werror includes this header as it is. atap.hpp also has
+ * atap::status() and atap::pool_stats(), which return the structs.
+ */
+#if defined(__cplusplus) && defined(__GNUC__)
+#define ATAP_SAME_NAME_BEGIN_ _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wshadow\"")
+#define ATAP_SAME_NAME_END_ _Pragma("GCC diagnostic pop")
+#else
+#define ATAP_SAME_NAME_BEGIN_
+#define ATAP_SAME_NAME_END_
+#endif
+
 struct atap_status {
     bool initialised;   /* atap_init has completed and the last user's
                            shutdown not begun */
@@ -235,7 +252,9 @@ struct atap_status {
 };
 
 /* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any. */
+ATAP_SAME_NAME_BEGIN_
 ATAP_EXPORT int atap_status(struct atap_status *status);
+ATAP_SAME_NAME_END_
 
 struct atap_pool_stats {
     size_t workers;          /* worker threads alive */
@@ -265,7 +284,9 @@ struct atap_pool_stats {
  * one). Works whether or not the runtime is running.
  * Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any.
  */
+ATAP_SAME_NAME_BEGIN_
 ATAP_EXPORT int atap_pool_stats(struct atap_pool_stats *stats);
+ATAP_SAME_NAME_END_
 
 /*
  * Writes the pool's stats as one line, for a log, like snprintf: at most
