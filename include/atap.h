@@ -399,6 +399,7 @@ ATAP_EXPORT int atap_trace_start(const char *path);
  */
 ATAP_EXPORT int atap_trace_stop(void);
 
+
 /* ---------------------------------------------------------------------- */
 /* Tasks and handles                                                       */
 /* ---------------------------------------------------------------------- */
@@ -434,6 +435,16 @@ typedef struct atap_ctx atap_ctx;
  * always divides its size).
  */
 typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
+
+/*
+ * Names fn's runs (their slices) in traces, in place of what dladdr says:
+ * for functions dladdr cannot name, or that run many things (atap.hpp
+ * names each lambda's runs after its type this way). name is copied (up to
+ * 95 bytes); NULL or "" forgets fn's name. Applies to traces written from
+ * then on, the one being written included. Returns 0; ATAP_EINVAL for NULL
+ * fn; -ENOMEM. Blocks: briefly (a lock). Threads: any.
+ */
+ATAP_EXPORT int atap_trace_name(atap_fn *fn, const char *name);
 
 typedef enum atap_state {
     ATAP_PENDING = 1,   /* waiting to be claimed by a worker (or for its

@@ -462,6 +462,66 @@ static struct {
     char name[96];
 } fn_cache[FN_CACHE];
 
+/* Names given by atap_trace_name, looked up (under names_mu) when a
+ * function is first named in a trace; each change bumps names_gen, and the
+ * writer empties its cache when it sees a new one. */
+struct given_name {
+    struct given_name *next;
+    atap_fn *fn;
+    char name[96];
+};
+static pthread_mutex_t names_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct given_name *given_names;
+static _Atomic unsigned names_gen;
+static unsigned cache_gen; /* the writer's */
+
+int atap_trace_name(atap_fn *fn, const char *name)
+{
+    struct given_name **pp, *g;
+
+    if (!fn)
+        return ATAP_EINVAL;
+    pthread_mutex_lock(&names_mu);
+    for (pp = &given_names; (g = *pp) != NULL; pp = &g->next)
+        if (g->fn == fn)
+            break;
+    if (!name || !*name) {
+        if (g) {
+            *pp = g->next;
+            free(g);
+        }
+    } else {
+        if (!g) {
+            if (!(g = calloc(1, sizeof *g))) {
+                pthread_mutex_unlock(&names_mu);
+                return -ENOMEM;
+            }
+            g->fn = fn;
+            g->next = given_names;
+            given_names = g;
+        }
+        snprintf(g->name, sizeof g->name, "%s", name);
+    }
+    add_relaxed(&names_gen, 1);
+    pthread_mutex_unlock(&names_mu);
+    return 0;
+}
+
+static bool given_name_of(atap_fn *fn, char *buf, size_t n)
+{
+    bool found = false;
+
+    pthread_mutex_lock(&names_mu);
+    for (struct given_name *g = given_names; g; g = g->next)
+        if (g->fn == fn) {
+            snprintf(buf, n, "%s", g->name);
+            found = true;
+            break;
+        }
+    pthread_mutex_unlock(&names_mu);
+    return found;
+}
+
 /* JSON string contents: quotes, backslashes and control characters escaped. */
 static void put_escaped(FILE *f, const char *s)
 {
@@ -488,11 +548,17 @@ static const char *fn_name(atap_fn *fn)
 
     if (!fn)
         return "";
+    if (ld_relaxed(&names_gen) != cache_gen) {
+        cache_gen = ld_relaxed(&names_gen);
+        memset(fn_cache, 0, sizeof fn_cache);
+    }
     if (fn_cache[slot].fn == fn)
         return fn_cache[slot].name;
     memcpy(&addr, &fn, sizeof addr);
     fn_cache[slot].fn = fn;
-    if (dladdr(addr, &info) && info.dli_sname && info.dli_saddr == addr) {
+    if (given_name_of(fn, fn_cache[slot].name, sizeof fn_cache[slot].name)) {
+        /* named by atap_trace_name */
+    } else if (dladdr(addr, &info) && info.dli_sname && info.dli_saddr == addr) {
         snprintf(fn_cache[slot].name, sizeof fn_cache[slot].name, "%s", info.dli_sname);
     } else if (info.dli_fname && info.dli_fbase) {
         const char *base = strrchr(info.dli_fname, '/');
@@ -1084,6 +1150,7 @@ void atap__trace_forget(void)
     st_relaxed(&atap__trace_on, false);
     pthread_mutex_init(&tr.ctl, NULL);
     pthread_mutex_init(&tr.names, NULL);
+    pthread_mutex_init(&names_mu, NULL);
     if (tr.f) {
         int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
 
