@@ -133,8 +133,8 @@ struct lane {
  * innermost last, each with the depth its thread recorded it at. */
 struct open_run {
     uint64_t id;
-    atap_fn *fn;
     uint16_t level;
+    char name[96]; /* its B's, so that its E reads the same whatever is renamed since */
 };
 
 struct wlane {
@@ -748,7 +748,7 @@ static void end_event(FILE *f, uint64_t tid, const struct open_run *r, double us
 {
     begin_event(f);
     fputs("{\"name\":\"", f);
-    put_escaped(f, fn_name(r->fn));
+    put_escaped(f, r->name);
     fprintf(f, "\",\"cat\":\"" CAT "\",\"ph\":\"E\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
                "\"args\":{",
             us, tr.pid, (unsigned long long)tid);
@@ -780,7 +780,9 @@ static void run_begins(FILE *f, struct wlane *l, const struct tev *e)
         l->open = o;
         l->cap = cap;
     }
-    l->open[l->n++] = (struct open_run){.id = e->id, .fn = e->fn, .level = e->depth};
+    l->open[l->n] = (struct open_run){.id = e->id, .level = e->depth};
+    snprintf(l->open[l->n].name, sizeof l->open[l->n].name, "%s", fn_name(e->fn));
+    l->n++;
     begin_event(tr.f);
     fputs("{\"name\":\"", f);
     put_escaped(f, fn_name(e->fn));
