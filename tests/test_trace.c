@@ -969,9 +969,12 @@ static void test_trace_fork(void **state)
     if ((pid = fork()) == 0) {
         atap_task t;
 
-#if defined(TEST_TSAN)
+#if defined(TEST_TSAN) || defined(TEST_ASAN)
         /* TSan cannot start threads in the child of a multithreaded fork
-         * (test_lifecycle says more): the child starts no runtime. */
+         * (test_lifecycle says more), and ASan's allocator may be left
+         * locked by a parent's thread (seen: the child's new threads
+         * waiting in it for good): the child starts no runtime. The plain
+         * build runs the whole test. */
         _exit(0);
 #endif
         if (atap_init(NULL) != 0)
@@ -1005,8 +1008,8 @@ static void test_trace_fork(void **state)
     trace_checked(path);
 
     snprintf(child_path, sizeof child_path, "%s.%d", path, (int)pid);
-#if defined(TEST_TSAN)
-    print_message("TSan: the child started no trace (no threads after a multithreaded fork)\n");
+#if defined(TEST_TSAN) || defined(TEST_ASAN)
+    print_message("sanitizer: the child started no trace (no threads after a multithreaded fork)\n");
     atap_release(before);
     atap_release(after);
     unlink(path);
