@@ -91,4 +91,9 @@ uint64_t atap__test_restart_window(uint64_t ns);
  * (tasks/process.c). Linux only; a no-op elsewhere. */
 void atap__test_proc_no_pidfd(bool on);
 
+/* true: every trace event recorded from now on is dropped and counted, as
+ * when the trace's buffers are full (trace.c). Fault injection builds only;
+ * a no-op elsewhere. */
+void atap__test_trace_drop(bool on);
+
 #endif

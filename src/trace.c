@@ -1,6 +1,8 @@
 /*
  * Tracing: a Chrome trace-event JSON file ({"traceEvents":[...]}, what
- * ui.perfetto.dev and chrome://tracing open) of what the runtime does.
+ * ui.perfetto.dev, Chrome DevTools and chrome://tracing open) of what the
+ * runtime does. tests/trace_check.py checks a file against the rules of the
+ * Trace Event Format relied on here, which its top comment lists.
  *
  * Off, every hook is ATAP_TRACE in trace.h: a relaxed load of
  * atap__trace_on and a branch not taken. On, a hook appends one fixed-size
@@ -10,47 +12,92 @@
  *
  * Buffers. Each thread that records has a record of its own (struct
  * tthread, kept for the process's life and reused after its thread ends),
- * with a lane number (the JSON "tid") and a current chunk of CHUNK_EVENTS
- * records. The thread's record has a tiny lock word that only two parties
- * ever take: its owner, to append (a CAS from 0 that nobody else holds but
- * for an instant), and a stop or a start, to take the chunk away. An owner
- * that finds it taken does not wait: the event is dropped and counted. A
- * full chunk goes on the `full` list (a Treiber push; the writer takes the
- * whole list with one exchange, so there is no ABA) and the owner mallocs a
- * fresh one, at most CHUNKS_MAX in existence: past that, events are dropped
- * and counted until the writer frees some. So a worker never waits for the
- * writer, and memory stays bounded.
+ * with its lane (the JSON "tid": the OS thread id, gettid on Linux,
+ * pthread_threadid_np on macOS, so a trace reads beside perf and gdb) and a
+ * current chunk of CHUNK_EVENTS records. The thread's record has a tiny
+ * lock word that only two parties ever take: its owner, to append (a CAS
+ * from 0 that nobody else holds but for an instant), and a stop or a start,
+ * to take the chunk away. An owner that finds it taken does not wait: the
+ * event is dropped and counted. A full chunk goes on the `full` list (a
+ * Treiber push; the writer takes the whole list with one exchange, so there
+ * is no ABA) and the owner mallocs a fresh one, at most CHUNKS_MAX in
+ * existence: past that, events are dropped and counted until the writer
+ * frees some. So a worker never waits for the writer, and memory stays
+ * bounded. A dropped event still moves its thread's count of runs open
+ * (each record carries it), which is how the writer closes a slice whose
+ * end was dropped.
  *
  * The writer is a thread of its own, started by atap_trace_start: every
  * WRITE_EVERY it writes the full chunks to the file and frees them.
  * atap_trace_stop clears atap__trace_on, joins the writer, takes every
- * thread's current chunk, writes the rest, the thread names (metadata
- * events) and the count of dropped events, and closes the file. A hook
- * that read the flag just before the stop may still append afterwards: its
- * record is older than the next trace's start and the next start throws
- * such chunks away, so it shows in no file.
+ * thread's current chunk, writes the rest and the tail, and closes the
+ * file. A hook that read the flag just before the stop may still append
+ * afterwards: its record is older than the next trace's start and the next
+ * start throws such chunks away, so it shows in no file.
+ *
+ * A file that opens at every moment. The writer keeps, for each lane, the
+ * runs it has written a "B" for and no "E" yet. After each round it writes
+ * the tail (an "E" for each run still open, named as its "B", the lanes'
+ * names, the dropped count, and the closing "]}"), flushes, cuts the file
+ * there and seeks back to the tail's start, which the next round writes
+ * over. So the file on disk is a whole trace after every round, a program
+ * that dies reads up to its last round, and no viewer's tolerance of a
+ * missing "]" is relied on. A program that exits without atap_shutdown
+ * writes what it traced from an atexit handler (threads of the runtime may
+ * still be running then: the stop takes their chunks as it takes any, and
+ * what they record after that is left out).
+ *
+ * Arrows. A flow event binds, in Perfetto, to the innermost slice open on
+ * its thread, and in Chrome DevTools to the event of the same pid, tid, cat
+ * and ts; its two ends pair by id, cat and name. So every slice and arrow
+ * is of one category, "atap"; a spawn or a give is a slice of no length
+ * ("X") that the arrow's start shares its ts with; the arrow's end is at
+ * the ts of the run's "B". An arrow pairs one start with one end: a spawn
+ * with the task's first run only (a repeat's later runs and a run after a
+ * park are not a spawn's), a give with the run it started. Threads record
+ * which is which (flow_tab, below) and the writer writes an arrow once it
+ * has seen both ends, whichever lane it read first; an end whose other end
+ * never came (a task cancelled before it ran, a give a newer one replaced)
+ * is never written.
  *
  * Lanes: "atap-worker N", "atap-blocking N" (N the pool's index of the
  * thread), "atap-manager", "atap-supervisor", and for any other thread its
  * own name (pthread_getname_np) or "thread".
+ *
+ * fork(): the child keeps nothing of the parent's trace (trace_forget),
+ * and a trace started in the child never truncates the parent's file: a
+ * path another process holds a trace open on (flock) is written as
+ * path.PID instead.
  */
 #include "trace.h"
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#elif defined(__FreeBSD__)
+#include <pthread_np.h>
+#endif
 
 #include "atap.h"
+#include "testing.h"
 #include "wait.h"
 
 #define CHUNK_EVENTS 2048u
 #define CHUNKS_MAX 256u /* 256 x 80 KiB: 20 MiB at most */
 #define WRITE_EVERY_NS 20000000u /* 20 ms */
 #define NAME_MAX_LEN 48
+#define CAT "atap"      /* every slice's and arrow's category (see the top) */
+#define PENDING_MAX (1u << 18) /* arrow ends waiting for their other end */
+#define PENDING_SWEEP (1u << 16) /* past this many, ends older than PENDING_AGE go */
+#define PENDING_AGE_NS (10ull * 1000000000ull)
 
 struct tev {
     uint64_t ts; /* atap__now_ns() */
@@ -63,7 +110,7 @@ struct tev {
 
 struct chunk {
     struct chunk *next;
-    uint32_t tid;
+    uint64_t tid;
     uint32_t n;
     struct tev ev[CHUNK_EVENTS];
 };
@@ -72,15 +119,40 @@ struct tthread {
     struct tthread *next;   /* every record ever made (push only) */
     _Atomic uint32_t lock;  /* 0 free, 1 held (owner or stopper) */
     _Atomic bool owned;     /* a live thread has it */
-    uint32_t tid;           /* its lane */
+    uint64_t tid;           /* its lane: the OS thread id */
     uint16_t depth;         /* runs open now (owner only) */
     struct chunk *cur;      /* under lock */
 };
 
 struct lane {
-    uint32_t tid;
+    uint64_t tid;
     char name[NAME_MAX_LEN];
 };
+
+/* The writer's view of a lane: the runs it wrote a "B" for and no "E" yet,
+ * innermost last, each with the depth its thread recorded it at. */
+struct open_run {
+    uint64_t id;
+    uint16_t level;
+    char name[96]; /* its B's, so that its E reads the same whatever is renamed since */
+};
+
+struct wlane {
+    uint64_t tid;
+    struct open_run *open;
+    unsigned n, cap;
+};
+
+/* One end of an arrow the writer has seen, waiting for the other. */
+struct pend {
+    struct pend *next;
+    uint64_t key; /* the flow's id */
+    uint8_t kind; /* TR_SPAWN or TR_GIVE */
+    bool has_s, has_f;
+    uint64_t s_ts, f_ts, s_tid, f_tid;
+};
+
+#define PEND_BUCKETS 4096u
 
 _Atomic bool atap__trace_on;
 
@@ -91,24 +163,98 @@ static struct {
     bool running;          /* a trace is being written (ctl) */
     bool from_env;         /* started by ATAP_TRACE (ctl) */
     bool first;            /* no event written yet (the writer's) */
+    bool seekable;         /* the tail can be written over (a regular file) */
+    bool dirty;            /* events written since the tail was (the writer's) */
     uint64_t base;         /* ts of the start */
-    int pid;               /* the JSON "pid" of every event */
+    int pid;               /* the JSON "pid" of every event: the tracing process */
     pthread_t writer;
     _Atomic uint32_t stop_writer;
     _Atomic(struct chunk *) full;
     _Atomic unsigned chunks;
     _Atomic uint64_t dropped;
     _Atomic(struct tthread *) threads;
-    _Atomic uint32_t next_tid;
     struct lane *lanes;
     size_t nlanes, caplanes;
+    /* The writer's (the writer thread, then the stop): */
+    struct wlane *wl;
+    size_t nwl, capwl;
+    struct pend *pend[PEND_BUCKETS];
+    size_t npend;
 } tr = {.ctl = PTHREAD_MUTEX_INITIALIZER, .names = PTHREAD_MUTEX_INITIALIZER};
 
 static _Thread_local struct tthread *self_t;
 static pthread_key_t exit_key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
+#ifdef ATAP_FAULT_INJECTION
+static _Atomic bool test_drop;
+
+void atap__test_trace_drop(bool on)
+{
+    st_relaxed(&test_drop, on);
+}
+#define DROP_FOR_TEST() ld_relaxed(&test_drop)
+#else
+void atap__test_trace_drop(bool on)
+{
+    (void)on;
+}
+#define DROP_FOR_TEST() false
+#endif
+
 /* ---- recording (any thread) ------------------------------------------- */
+
+static uint64_t os_tid(void)
+{
+#if defined(__linux__)
+    return (uint64_t)syscall(SYS_gettid);
+#elif defined(__APPLE__)
+    uint64_t id = 0;
+
+    (void)pthread_threadid_np(NULL, &id);
+    return id;
+#elif defined(__FreeBSD__)
+    return (uint64_t)pthread_getthreadid_np();
+#else
+    static _Atomic uint64_t next;
+
+    return add_relaxed(&next, 1) + 1;
+#endif
+}
+
+/*
+ * Which run a spawn's arrow goes to, and which give a run's arrow comes
+ * from, told by the threads that record them (the writer reads lanes in no
+ * particular order). A slot of the table is shared by the tasks whose
+ * indexes agree in their low bits:
+ *   - ran: the id of the task that last began a run here. A run that finds
+ *     another id is its task's first (a task's runs never overlap, and each
+ *     follows the last through the runtime's own hand-over, so relaxed is
+ *     enough). A task sharing the slot in between can make a later run look
+ *     first: the writer pairs a spawn with one run only, so that costs at
+ *     most a misplaced arrow.
+ *   - gives: a count of the gives recorded here; a give is numbered by it,
+ *     and a run started by gives takes the newest number (the give's hook
+ *     is recorded before its value is, so the number is there before the
+ *     run). A give whose number no run takes has no arrow.
+ */
+#define FLOW_TAB 16384u
+static struct {
+    _Atomic uint64_t ran;
+    _Atomic uint32_t gives;
+} flow_tab[FLOW_TAB];
+
+/* A give's arrow id: the task's id and the give's number, mixed into the
+ * 64 bits both viewers read an id as. */
+static uint64_t give_flow_id(uint64_t task, uint32_t seq)
+{
+    uint64_t x = task ^ ((uint64_t)seq * UINT64_C(0x9e3779b97f4a7c15));
+
+    x ^= x >> 31;
+    x *= UINT64_C(0xbf58476d1ce4e5b9);
+    x ^= x >> 29;
+    return x;
+}
 
 static void push_full(struct chunk *c)
 {
@@ -120,7 +266,7 @@ static void push_full(struct chunk *c)
                                                   memory_order_relaxed));
 }
 
-static struct chunk *new_chunk(uint32_t tid)
+static struct chunk *new_chunk(uint64_t tid)
 {
     struct chunk *c;
 
@@ -237,7 +383,7 @@ static __attribute__((noinline, cold)) struct tthread *thread_record(void)
                                                       memory_order_release, memory_order_relaxed))
             ;
     }
-    t->tid = add_relaxed(&tr.next_tid, 1) + 1; /* a new lane for a new thread */
+    t->tid = os_tid();
     t->depth = 0;
     pthread_mutex_lock(&tr.names);
     if (tr.nlanes == tr.caplanes) {
@@ -264,12 +410,27 @@ void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg)
     struct tthread *t = self_t;
     struct chunk *c;
     struct tev *e;
+    uint16_t depth;
 
     if (unlikely(!t) && !(t = thread_record())) {
         add_relaxed(&tr.dropped, 1);
         return;
     }
-    if (!lock_try(t)) { /* a stop or a start has it: never wait */
+    /* The count of runs open moves whether or not the event is kept. */
+    depth = t->depth;
+    if (kind == TR_RUN_BEGIN) {
+        t->depth++;
+        if (atomic_exchange_explicit(&flow_tab[(uint32_t)id % FLOW_TAB].ran, id,
+                                     memory_order_relaxed) != id)
+            arg |= TR_FIRST_RUN;
+        if (arg & TR_GATED)
+            arg |= (uint64_t)ld_relaxed(&flow_tab[(uint32_t)id % FLOW_TAB].gives) << 32;
+    } else if (kind == TR_RUN_END && t->depth) {
+        t->depth--;
+    } else if (kind == TR_GIVE) {
+        arg = add_relaxed(&flow_tab[(uint32_t)id % FLOW_TAB].gives, 1) + 1;
+    }
+    if (DROP_FOR_TEST() || !lock_try(t)) { /* a stop or a start has it: never wait */
         add_relaxed(&tr.dropped, 1);
         return;
     }
@@ -288,11 +449,7 @@ void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg)
     e->fn = fn;
     e->arg = arg;
     e->kind = (uint16_t)kind;
-    e->depth = t->depth;
-    if (kind == TR_RUN_BEGIN)
-        t->depth++;
-    else if (kind == TR_RUN_END && t->depth)
-        t->depth--;
+    e->depth = depth;
     unlock(t);
 }
 
@@ -304,6 +461,66 @@ static struct {
     atap_fn *fn;
     char name[96];
 } fn_cache[FN_CACHE];
+
+/* Names given by atap_trace_name, looked up (under names_mu) when a
+ * function is first named in a trace; each change bumps names_gen, and the
+ * writer empties its cache when it sees a new one. */
+struct given_name {
+    struct given_name *next;
+    atap_fn *fn;
+    char name[96];
+};
+static pthread_mutex_t names_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct given_name *given_names;
+static _Atomic unsigned names_gen;
+static unsigned cache_gen; /* the writer's */
+
+int atap_trace_name(atap_fn *fn, const char *name)
+{
+    struct given_name **pp, *g;
+
+    if (!fn)
+        return ATAP_EINVAL;
+    pthread_mutex_lock(&names_mu);
+    for (pp = &given_names; (g = *pp) != NULL; pp = &g->next)
+        if (g->fn == fn)
+            break;
+    if (!name || !*name) {
+        if (g) {
+            *pp = g->next;
+            free(g);
+        }
+    } else {
+        if (!g) {
+            if (!(g = calloc(1, sizeof *g))) {
+                pthread_mutex_unlock(&names_mu);
+                return -ENOMEM;
+            }
+            g->fn = fn;
+            g->next = given_names;
+            given_names = g;
+        }
+        snprintf(g->name, sizeof g->name, "%s", name);
+    }
+    add_relaxed(&names_gen, 1);
+    pthread_mutex_unlock(&names_mu);
+    return 0;
+}
+
+static bool given_name_of(atap_fn *fn, char *buf, size_t n)
+{
+    bool found = false;
+
+    pthread_mutex_lock(&names_mu);
+    for (struct given_name *g = given_names; g; g = g->next)
+        if (g->fn == fn) {
+            snprintf(buf, n, "%s", g->name);
+            found = true;
+            break;
+        }
+    pthread_mutex_unlock(&names_mu);
+    return found;
+}
 
 /* JSON string contents: quotes, backslashes and control characters escaped. */
 static void put_escaped(FILE *f, const char *s)
@@ -331,11 +548,17 @@ static const char *fn_name(atap_fn *fn)
 
     if (!fn)
         return "";
+    if (ld_relaxed(&names_gen) != cache_gen) {
+        cache_gen = ld_relaxed(&names_gen);
+        memset(fn_cache, 0, sizeof fn_cache);
+    }
     if (fn_cache[slot].fn == fn)
         return fn_cache[slot].name;
     memcpy(&addr, &fn, sizeof addr);
     fn_cache[slot].fn = fn;
-    if (dladdr(addr, &info) && info.dli_sname && info.dli_saddr == addr) {
+    if (given_name_of(fn, fn_cache[slot].name, sizeof fn_cache[slot].name)) {
+        /* named by atap_trace_name */
+    } else if (dladdr(addr, &info) && info.dli_sname && info.dli_saddr == addr) {
         snprintf(fn_cache[slot].name, sizeof fn_cache[slot].name, "%s", info.dli_sname);
     } else if (info.dli_fname && info.dli_fbase) {
         const char *base = strrchr(info.dli_fname, '/');
@@ -356,15 +579,23 @@ static void begin_event(FILE *f)
     tr.first = false;
 }
 
+/* A record's time as the file writes it: microseconds since the start,
+ * always from the same nanoseconds the same way, so that two events of one
+ * moment (an arrow's end and its slice) print the same ts. */
+static double us_of(uint64_t ts)
+{
+    return ts < tr.base ? 0.0 : (double)(ts - tr.base) / 1000.0;
+}
+
 /* One instant (thread scope), with the task's id and, if any, its
  * function and a number. */
-static void instant(FILE *f, const char *name, double us, uint32_t tid, const struct tev *e,
+static void instant(FILE *f, const char *name, uint64_t tid, const struct tev *e,
                     const char *argname)
 {
     begin_event(f);
-    fprintf(f, "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,\"tid\":%u,"
-               "\"args\":{",
-            name, us, tr.pid, tid);
+    fprintf(f, "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,"
+               "\"tid\":%llu,\"args\":{",
+            name, us_of(e->ts), tr.pid, (unsigned long long)tid);
     if (e->id)
         fprintf(f, "\"task\":\"0x%llx\"", (unsigned long long)e->id);
     if (e->fn) {
@@ -377,88 +608,256 @@ static void instant(FILE *f, const char *name, double us, uint32_t tid, const st
     fputs("}}", f);
 }
 
-/* The start of a flow (an arrow) named name, from this point of the
- * thread's lane. Outside any run there is no slice for it to leave from,
- * so it gets one of its own, 1 ns long, named after it. */
-static void flow_start(FILE *f, const char *name, double us, uint32_t tid, const struct tev *e)
+/* A spawn or a give: a slice of no length on its lane, which the arrow's
+ * start binds to. */
+static void marker(FILE *f, const char *name, uint64_t tid, const struct tev *e)
 {
-    if (e->depth == 0) {
-        begin_event(f);
-        fprintf(f, "{\"name\":\"%s\",\"cat\":\"atap\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":0.001,"
-                   "\"pid\":%d,\"tid\":%u,\"args\":{\"task\":\"0x%llx\"}}",
-                name, us, tr.pid, tid, (unsigned long long)e->id);
+    begin_event(f);
+    fprintf(f, "{\"name\":\"%s\",\"cat\":\"" CAT "\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":0,"
+               "\"pid\":%d,\"tid\":%llu,\"args\":{\"task\":\"0x%llx\"",
+            name, us_of(e->ts), tr.pid, (unsigned long long)tid, (unsigned long long)e->id);
+    if (e->fn) {
+        fputs(",\"fn\":\"", f);
+        put_escaped(f, fn_name(e->fn));
+        fputc('"', f);
     }
-    begin_event(f);
-    fprintf(f, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"s\",\"id\":\"0x%llx\",\"ts\":%.3f,"
-               "\"pid\":%d,\"tid\":%u}",
-            name, name, (unsigned long long)e->id, us, tr.pid, tid);
+    fputs("}}", f);
 }
 
-static void flow_end(FILE *f, const char *name, double us, uint32_t tid, const struct tev *e)
+static void flow_event(FILE *f, char ph, uint8_t kind, uint64_t key, uint64_t ts, uint64_t tid)
 {
     begin_event(f);
-    fprintf(f, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"f\",\"bp\":\"e\",\"id\":\"0x%llx\","
-               "\"ts\":%.3f,\"pid\":%d,\"tid\":%u}",
-            name, name, (unsigned long long)e->id, us, tr.pid, tid);
+    fprintf(f, "{\"name\":\"%s\",\"cat\":\"" CAT "\",\"ph\":\"%c\",%s\"id\":\"0x%llx\","
+               "\"ts\":%.3f,\"pid\":%d,\"tid\":%llu}",
+            kind == TR_SPAWN ? "spawn" : "give", ph, ph == 'f' ? "\"bp\":\"e\"," : "",
+            (unsigned long long)key, us_of(ts), tr.pid, (unsigned long long)tid);
 }
 
-static void write_event(FILE *f, uint32_t tid, const struct tev *e)
+/* One end of an arrow (s: its start, else its end): written with its other
+ * end once both are seen, else kept until then. */
+static void flow_end_seen(FILE *f, uint8_t kind, uint64_t key, bool s, uint64_t ts, uint64_t tid)
 {
-    double us;
-    int pid = tr.pid;
+    size_t b = (size_t)((key ^ (key >> 29) ^ kind) % PEND_BUCKETS);
+    struct pend **pp, *p;
+
+    for (pp = &tr.pend[b]; (p = *pp) != NULL; pp = &p->next)
+        if (p->key == key && p->kind == kind)
+            break;
+    if (!p) {
+        if (tr.npend >= PENDING_MAX || !(p = calloc(1, sizeof *p)))
+            return; /* no room: this arrow is not drawn */
+        p->key = key;
+        p->kind = kind;
+        p->next = tr.pend[b];
+        tr.pend[b] = p;
+        tr.npend++;
+        pp = &tr.pend[b];
+    }
+    if (s ? p->has_s : p->has_f)
+        return; /* an end seen twice (a run that only looked first): one arrow */
+    if (s) {
+        p->has_s = true;
+        p->s_ts = ts;
+        p->s_tid = tid;
+    } else {
+        p->has_f = true;
+        p->f_ts = ts;
+        p->f_tid = tid;
+    }
+    if (!(p->has_s && p->has_f))
+        return;
+    if (p->f_ts >= p->s_ts) {
+        flow_event(f, 's', kind, key, p->s_ts, p->s_tid);
+        flow_event(f, 'f', kind, key, p->f_ts, p->f_tid);
+    }
+    for (pp = &tr.pend[b]; *pp != p; pp = &(*pp)->next)
+        ;
+    *pp = p->next;
+    free(p);
+    tr.npend--;
+}
+
+/* Ends that waited long for their other end (a task cancelled before it
+ * ran, a give no run took): let go, once there are many. */
+static void pend_sweep(uint64_t now)
+{
+    if (tr.npend < PENDING_SWEEP)
+        return;
+    for (size_t b = 0; b < PEND_BUCKETS; b++) {
+        struct pend **pp = &tr.pend[b], *p;
+
+        while ((p = *pp) != NULL) {
+            uint64_t ts = p->has_s ? p->s_ts : p->f_ts;
+
+            if (ts + PENDING_AGE_NS < now) {
+                *pp = p->next;
+                free(p);
+                tr.npend--;
+            } else {
+                pp = &p->next;
+            }
+        }
+    }
+}
+
+static void pend_clear(void)
+{
+    for (size_t b = 0; b < PEND_BUCKETS; b++) {
+        struct pend *p = tr.pend[b], *next;
+
+        for (; p; p = next) {
+            next = p->next;
+            free(p);
+        }
+        tr.pend[b] = NULL;
+    }
+    tr.npend = 0;
+}
+
+static struct wlane *wlane_of(uint64_t tid)
+{
+    struct wlane *l;
+
+    for (size_t i = 0; i < tr.nwl; i++)
+        if (tr.wl[i].tid == tid)
+            return &tr.wl[i];
+    if (tr.nwl == tr.capwl) {
+        size_t cap = tr.capwl ? 2 * tr.capwl : 16;
+
+        if (!(l = realloc(tr.wl, cap * sizeof *l)))
+            return NULL;
+        tr.wl = l;
+        tr.capwl = cap;
+    }
+    l = &tr.wl[tr.nwl++];
+    *l = (struct wlane){.tid = tid};
+    return l;
+}
+
+static void wlanes_clear(void)
+{
+    for (size_t i = 0; i < tr.nwl; i++)
+        free(tr.wl[i].open);
+    free(tr.wl);
+    tr.wl = NULL;
+    tr.nwl = tr.capwl = 0;
+}
+
+static void end_event(FILE *f, uint64_t tid, const struct open_run *r, double us, bool recorded,
+                      long long rc)
+{
+    begin_event(f);
+    fputs("{\"name\":\"", f);
+    put_escaped(f, r->name);
+    fprintf(f, "\",\"cat\":\"" CAT "\",\"ph\":\"E\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
+               "\"args\":{",
+            us, tr.pid, (unsigned long long)tid);
+    if (recorded)
+        fprintf(f, "\"rc\":%lld}}", rc);
+    else
+        fputs("\"end\":\"not recorded\"}}", f);
+}
+
+/* Closes the lane's runs recorded at level or deeper: their ends were
+ * dropped (an event of a shallower depth came after them). */
+static void close_from(FILE *f, struct wlane *l, uint16_t level, double us)
+{
+    while (l->n && l->open[l->n - 1].level >= level)
+        end_event(f, l->tid, &l->open[--l->n], us, false, 0);
+}
+
+static void run_begins(FILE *f, struct wlane *l, const struct tev *e)
+{
+    double us = us_of(e->ts);
+
+    close_from(f, l, e->depth, us);
+    if (l->n == l->cap) {
+        unsigned cap = l->cap ? 2 * l->cap : 8;
+        struct open_run *o = realloc(l->open, cap * sizeof *o);
+
+        if (!o)
+            return; /* neither B nor (then) E: the lane stays whole */
+        l->open = o;
+        l->cap = cap;
+    }
+    l->open[l->n] = (struct open_run){.id = e->id, .level = e->depth};
+    snprintf(l->open[l->n].name, sizeof l->open[l->n].name, "%s", fn_name(e->fn));
+    l->n++;
+    begin_event(tr.f);
+    fputs("{\"name\":\"", f);
+    put_escaped(f, fn_name(e->fn));
+    fprintf(f, "\",\"cat\":\"" CAT "\",\"ph\":\"B\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
+               "\"args\":{\"task\":\"0x%llx\",\"fn\":\"",
+            us, tr.pid, (unsigned long long)l->tid, (unsigned long long)e->id);
+    put_escaped(f, fn_name(e->fn));
+    fputs("\"}}", f);
+    /* Arrows in: from the spawn, to a first run; from the give that
+     * started it, to a run of a task that waits for gives. */
+    if (e->arg & TR_FIRST_RUN)
+        flow_end_seen(f, TR_SPAWN, e->id, false, e->ts, l->tid);
+    if (e->arg & TR_GATED)
+        flow_end_seen(f, TR_GIVE, give_flow_id(e->id, (uint32_t)(e->arg >> 32)), false, e->ts,
+                      l->tid);
+}
+
+static void run_ends(FILE *f, struct wlane *l, const struct tev *e)
+{
+    double us = us_of(e->ts);
+    uint16_t level = e->depth ? (uint16_t)(e->depth - 1) : 0;
+
+    close_from(f, l, (uint16_t)(level + 1), us);
+    if (l->n && l->open[l->n - 1].level == level && l->open[l->n - 1].id == e->id)
+        end_event(f, l->tid, &l->open[--l->n], us, true, (long long)e->arg);
+    /* else its "B" is not in the file (dropped, or before the start) */
+}
+
+static void write_event(FILE *f, struct wlane *l, const struct tev *e)
+{
+    uint64_t tid = l->tid;
 
     if (e->ts < tr.base)
         return; /* recorded before this trace started */
-    us = (double)(e->ts - tr.base) / 1000.0;
+    if (e->kind == TR_RUN_BEGIN) {
+        run_begins(f, l, e);
+        return;
+    }
+    if (e->kind == TR_RUN_END) {
+        run_ends(f, l, e);
+        return;
+    }
+    close_from(f, l, e->depth, us_of(e->ts));
     switch (e->kind) {
     case TR_SPAWN:
-        instant(f, "spawn", us, tid, e, NULL);
-        flow_start(f, "spawn", us, tid, e);
+        marker(f, "spawn", tid, e);
+        flow_end_seen(f, TR_SPAWN, e->id, true, e->ts, tid);
         break;
-    case TR_RUN_BEGIN:
-        begin_event(f);
-        fputs("{\"name\":\"", f);
-        put_escaped(f, fn_name(e->fn));
-        fprintf(f, "\",\"cat\":\"run\",\"ph\":\"B\",\"ts\":%.3f,\"pid\":%d,\"tid\":%u,"
-                   "\"args\":{\"task\":\"0x%llx\",\"fn\":\"",
-                us, pid, tid, (unsigned long long)e->id);
-        put_escaped(f, fn_name(e->fn));
-        fputs("\"}}", f);
-        /* Arrows in: from the spawn, and (a task that waits for gives)
-         * from the give that started this run. An arrow whose start is
-         * not in the file (a repeat's later runs) is ignored by the
-         * viewers. */
-        flow_end(f, "spawn", us, tid, e);
-        if (e->arg)
-            flow_end(f, "give", us, tid, e);
-        break;
-    case TR_RUN_END:
-        begin_event(f);
-        fprintf(f, "{\"ph\":\"E\",\"ts\":%.3f,\"pid\":%d,\"tid\":%u,\"args\":{\"rc\":%lld}}",
-                us, pid, tid, (long long)e->arg);
-        break;
-    case TR_PARK: instant(f, "park", us, tid, e, "kind"); break;
-    case TR_RESUME: instant(f, "resume", us, tid, e, "reason"); break;
-    case TR_CANCEL: instant(f, "cancel", us, tid, e, NULL); break;
-    case TR_TIMEOUT: instant(f, "timeout", us, tid, e, NULL); break;
     case TR_GIVE:
-        instant(f, "give", us, tid, e, NULL);
-        flow_start(f, "give", us, tid, e);
+        marker(f, "give", tid, e);
+        flow_end_seen(f, TR_GIVE, give_flow_id(e->id, (uint32_t)e->arg), true, e->ts, tid);
         break;
-    case TR_GROW: instant(f, "pool grows", us, tid, e, "workers"); break;
-    case TR_MANAGER: instant(f, "manager starts", us, tid, e, "restarts"); break;
-    case TR_RESTART: instant(f, "manager restart", us, tid, e, "failures"); break;
-    case TR_THREAD: instant(f, "thread starts", us, tid, e, "blocking"); break;
-    case TR_ASIDE: instant(f, "stack set aside", us, tid, e, "aside"); break;
-    case TR_BACK: instant(f, "stack goes on", us, tid, e, "aside"); break;
+    case TR_PARK: instant(f, "park", tid, e, "kind"); break;
+    case TR_RESUME: instant(f, "resume", tid, e, "reason"); break;
+    case TR_CANCEL: instant(f, "cancel", tid, e, NULL); break;
+    case TR_TIMEOUT: instant(f, "timeout", tid, e, NULL); break;
+    case TR_GROW: instant(f, "pool grows", tid, e, "workers"); break;
+    case TR_MANAGER: instant(f, "manager starts", tid, e, "restarts"); break;
+    case TR_RESTART: instant(f, "manager restart", tid, e, "failures"); break;
+    case TR_THREAD: instant(f, "thread starts", tid, e, "blocking"); break;
+    case TR_ASIDE: instant(f, "stack set aside", tid, e, "aside"); break;
+    case TR_BACK: instant(f, "stack goes on", tid, e, "aside"); break;
     default: break;
     }
 }
 
 static void write_chunk(struct chunk *c)
 {
+    struct wlane *l = wlane_of(c->tid);
+
+    if (!l)
+        return;
+    tr.dirty = true;
     for (uint32_t i = 0; i < c->n; i++)
-        write_event(tr.f, c->tid, &c->ev[i]);
+        write_event(tr.f, l, &c->ev[i]);
 }
 
 /* Writes and frees the full chunks, oldest first (the list is LIFO), so a
@@ -480,12 +879,65 @@ static void drain_full(bool write)
     }
 }
 
+/* What makes the events so far a whole trace: an "E" for every run still
+ * open (at end_us), the process's and lanes' names, the dropped count, and
+ * the closing brackets. */
+static void write_tail(FILE *f, double end_us)
+{
+    int pid = tr.pid;
+
+    for (size_t i = 0; i < tr.nwl; i++)
+        for (unsigned k = tr.wl[i].n; k-- > 0;)
+            end_event(f, tr.wl[i].tid, &tr.wl[i].open[k], end_us, false, 0);
+    begin_event(f);
+    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+               "\"args\":{\"name\":\"libatap\"}}",
+            pid);
+    pthread_mutex_lock(&tr.names);
+    for (size_t i = 0; i < tr.nlanes; i++) {
+        begin_event(f);
+        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%llu,"
+                   "\"args\":{\"name\":\"",
+                pid, (unsigned long long)tr.lanes[i].tid);
+        put_escaped(f, tr.lanes[i].name);
+        fputs("\"}}", f);
+    }
+    pthread_mutex_unlock(&tr.names);
+    begin_event(f);
+    fprintf(f, "{\"name\":\"dropped events\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":%d,"
+               "\"tid\":0,\"args\":{\"dropped\":%llu}}",
+            end_us, pid, (unsigned long long)ld_relaxed(&tr.dropped));
+    fputs("\n]}\n", f);
+}
+
+/* After a round that wrote events: the tail written, flushed and cut
+ * there, and the next round to write over it. A round that wrote nothing
+ * leaves the file as it is. */
+static void write_tail_over(void)
+{
+    bool first = tr.first;
+    long at;
+
+    if (!tr.dirty)
+        return;
+    tr.dirty = false;
+    fflush(tr.f);
+    if (!tr.seekable || (at = ftell(tr.f)) < 0)
+        return;
+    write_tail(tr.f, us_of(atap__now_ns()));
+    fflush(tr.f);
+    if (ftruncate(fileno(tr.f), (off_t)ftell(tr.f)) != 0 || fseek(tr.f, at, SEEK_SET) != 0)
+        tr.seekable = false; /* the file gets its tail at the stop only */
+    tr.first = first;
+}
+
 static void *writer_main(void *arg)
 {
     (void)arg;
     while (!ld_acquire(&tr.stop_writer)) {
         drain_full(true);
-        fflush(tr.f);
+        pend_sweep(atap__now_ns());
+        write_tail_over();
         atap__word_wait(&tr.stop_writer, 0, WRITE_EVERY_NS);
     }
     return NULL;
@@ -509,55 +961,92 @@ static void take_current(bool write)
     }
 }
 
-static void write_metadata(FILE *f, double end_us)
-{
-    int pid = tr.pid;
+/* ---- the API -------------------------------------------------------------- */
 
-    begin_event(f);
-    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-               "\"args\":{\"name\":\"libatap\"}}",
-            pid);
-    pthread_mutex_lock(&tr.names);
-    for (size_t i = 0; i < tr.nlanes; i++) {
-        begin_event(f);
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%u,"
-                   "\"args\":{\"name\":\"",
-                pid, tr.lanes[i].tid);
-        put_escaped(f, tr.lanes[i].name);
-        fputs("\"}}", f);
+/* Opens path for a trace without truncating another process's: the file is
+ * locked (flock) while its trace is written, and a path locked by another
+ * process (a forked child's parent, or another program given the same
+ * ATAP_TRACE) is written as path.PID instead. */
+static FILE *open_trace(const char *path, char *alt, size_t altn)
+{
+    int fd;
+    FILE *f;
+
+    if ((fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666)) < 0)
+        return NULL;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+
+        close(fd);
+        if (err != EWOULDBLOCK) {
+            errno = err;
+            return NULL;
+        }
+        if ((size_t)snprintf(alt, altn, "%s.%d", path, (int)getpid()) >= altn) {
+            errno = ENAMETOOLONG;
+            return NULL;
+        }
+        if ((fd = open(alt, O_WRONLY | O_CREAT | O_CLOEXEC, 0666)) < 0)
+            return NULL;
+        (void)flock(fd, LOCK_EX | LOCK_NB);
+    } else {
+        snprintf(alt, altn, "%s", path);
     }
-    pthread_mutex_unlock(&tr.names);
-    begin_event(f);
-    fprintf(f, "{\"name\":\"dropped events\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":%d,"
-               "\"tid\":0,\"args\":{\"dropped\":%llu}}",
-            end_us, pid, (unsigned long long)ld_relaxed(&tr.dropped));
+    if (ftruncate(fd, 0) != 0 && errno != EINVAL) { /* EINVAL: a pipe, a tty */
+        int err = errno;
+
+        close(fd);
+        errno = err;
+        return NULL;
+    }
+    if (!(f = fdopen(fd, "w"))) {
+        int err = errno;
+
+        close(fd);
+        errno = err;
+    }
+    return f;
 }
 
-/* ---- the API -------------------------------------------------------------- */
+static void trace_atexit(void);
+static void trace_fork_child(void);
+static pthread_once_t hooks_once = PTHREAD_ONCE_INIT;
+
+static void register_hooks(void)
+{
+    (void)atexit(trace_atexit);
+    (void)pthread_atfork(NULL, NULL, trace_fork_child);
+}
 
 static int start_locked(const char *path)
 {
+    char used[4096];
     FILE *f;
     int rc;
 
     if (tr.running)
         return ATAP_EALREADY;
-    if (!(f = fopen(path, "w")))
+    pthread_once(&hooks_once, register_hooks);
+    errno = 0;
+    if (!(f = open_trace(path, used, sizeof used)))
         return errno ? -errno : -EIO;
     /* What a late hook left behind from an earlier trace goes first. */
     drain_full(false);
     take_current(false);
     tr.f = f;
     tr.first = true;
+    tr.seekable = lseek(fileno(f), 0, SEEK_CUR) == 0;
     st_relaxed(&tr.dropped, 0);
     st_relaxed(&tr.stop_writer, 0);
     tr.pid = (int)getpid();
     memset(fn_cache, 0, sizeof fn_cache); /* a library may have gone since */
     tr.base = atap__now_ns();
     fputs("{\"traceEvents\":[\n", f);
+    tr.dirty = true;
+    write_tail_over(); /* whole from the start */
     if ((rc = pthread_create(&tr.writer, NULL, writer_main, NULL)) != 0) {
         fclose(f);
-        (void)remove(path);
+        (void)remove(used);
         tr.f = NULL;
         return -rc;
     }
@@ -591,11 +1080,15 @@ static int stop_locked(void)
     pthread_join(tr.writer, NULL);
     drain_full(true);
     take_current(true);
-    write_metadata(tr.f, (double)(atap__now_ns() - tr.base) / 1000.0);
-    fputs("\n]}\n", tr.f);
+    write_tail(tr.f, us_of(atap__now_ns()));
+    wlanes_clear();
+    pend_clear();
+    fflush(tr.f);
+    if (tr.seekable && ftruncate(fileno(tr.f), (off_t)ftell(tr.f)) != 0)
+        rc = -EIO;
     if (ferror(tr.f))
         rc = -EIO;
-    if (fclose(tr.f) != 0 && rc == 0)
+    if (fclose(tr.f) != 0 && rc == 0) /* and the lock goes with the fd */
         rc = errno ? -errno : -EIO;
     tr.f = NULL;
     tr.running = false;
@@ -611,6 +1104,17 @@ int atap_trace_stop(void)
     rc = stop_locked();
     pthread_mutex_unlock(&tr.ctl);
     return rc;
+}
+
+/* The program exits with a trace still being written (no atap_shutdown, or
+ * no atap_trace_stop): what was recorded is written and the file finished.
+ * Only in the process that started the trace. */
+static void trace_atexit(void)
+{
+    pthread_mutex_lock(&tr.ctl);
+    if (tr.running && tr.pid == (int)getpid())
+        (void)stop_locked();
+    pthread_mutex_unlock(&tr.ctl);
 }
 
 int atap__trace_env_start(void)
@@ -637,22 +1141,44 @@ void atap__trace_runtime_stopped(void)
 
 /* The child of a fork (its one thread): no writer came along, and the
  * other threads' records may be held by threads that do not exist here.
- * The file is the parent's: its fd is closed, its buffered bytes are not
- * written twice (the FILE is let go unflushed). */
+ * The file is the parent's: its fd is pointed at /dev/null rather than
+ * closed, so that the FILE's buffered bytes, flushed when the child exits,
+ * go nowhere (a closed fd's number may be the child's next file). The
+ * parent's memory is let go unfreed. Called by the trace's own atfork
+ * handler and by the runtime's (runtime.c); the second call finds nothing
+ * to do. */
 void atap__trace_forget(void)
 {
     st_relaxed(&atap__trace_on, false);
     pthread_mutex_init(&tr.ctl, NULL);
     pthread_mutex_init(&tr.names, NULL);
-    if (tr.f)
-        close(fileno(tr.f));
+    pthread_mutex_init(&names_mu, NULL);
+    if (tr.f) {
+        int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
+
+        if (nul >= 0) {
+            (void)dup2(nul, fileno(tr.f));
+            close(nul);
+        }
+    }
     tr.f = NULL;
     tr.running = tr.from_env = false;
+    tr.wl = NULL;
+    tr.nwl = tr.capwl = 0;
+    memset(tr.pend, 0, sizeof tr.pend);
+    tr.npend = 0;
     st_relaxed(&tr.full, NULL); /* the parent's chunks: let go */
     st_relaxed(&tr.chunks, 0);
+    tr.nlanes = 0; /* the parent's lanes; this thread names its own again */
     for (struct tthread *t = ld_relaxed(&tr.threads); t; t = t->next) {
         st_relaxed(&t->lock, 0);
         t->cur = NULL;
-        st_relaxed(&t->owned, t == self_t);
+        st_relaxed(&t->owned, false);
     }
+    self_t = NULL; /* a thread of its own in the child: a record and a lane anew */
+}
+
+static void trace_fork_child(void)
+{
+    atap__trace_forget();
 }

@@ -32,6 +32,11 @@ enum {
     TR_BACK,         /* a stack set aside goes on: arg = stacks still aside */
 };
 
+/* TR_RUN_BEGIN's arg: the run was started by a give (the caller's), and
+ * the task's first run (trace.c's, as it records). */
+#define TR_GATED 1u
+#define TR_FIRST_RUN 2u
+
 extern _Atomic bool atap__trace_on;
 
 /* This thread's lane in a trace, set by the runtime's own threads when

@@ -7,6 +7,11 @@
  * slices on every lane, and the names of the workers' and the manager's
  * lanes. The task functions are not static, and this program is linked
  * with ENABLE_EXPORTS (tests/CMakeLists.txt), so that dladdr names them.
+ *
+ * Each file is also given to tests/trace_check.py, the checker of the
+ * Trace Event Format's rules the viewers rely on, when the build found a
+ * python3 (ATAP_TRACE_CHECK, set by CTest, is the command); without one
+ * that check is skipped and said so.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +22,10 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <sys/stat.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #include "test_util.h"
 
@@ -323,10 +332,11 @@ static bool lane_named(const struct jval *evs, const char *prefix)
  * What a viewer needs of each lane (Perfetto's JSON import drops what breaks
  * it): events in time order; B and E balanced, an E no earlier than its B;
  * slices that nest perfectly, never overlapping in part (an X inside a run
- * ends before the run does; siblings one after the other); and the two ends
- * of every arrow (s, f) inside a slice of their lane, so that they bind to it.
+ * ends before the run does; siblings one after the other). Arrows (s, f)
+ * may come later in the file than their slices: trace_check.py checks what
+ * they bind to.
  */
-#define LANES 256
+#define LANES 1024
 #define LANE_DEPTH 512
 #define TS_EPS 1e-6 /* timestamps are printed in microseconds, 3 decimals */
 
@@ -335,7 +345,6 @@ struct lane {
     unsigned depth;                /* open B slices */
     double open[LANE_DEPTH];       /* their starts */
     double kids_end[LANE_DEPTH + 1]; /* where the last slice at each level ended */
-    double x_begin, x_end;         /* the lane's latest X slice */
 };
 
 static bool lanes_nest(const struct jval *evs)
@@ -349,13 +358,13 @@ static bool lanes_nest(const struct jval *evs)
         struct lane *l;
         double t;
 
-        if (!ph || strcmp(ph, "M") == 0)
-            continue;
-        if (!tid || !ts || tid->num < 0 || tid->num >= LANES) {
+        if (!ph || strcmp(ph, "M") == 0 || strcmp(ph, "s") == 0 || strcmp(ph, "f") == 0)
+            continue; /* arrows may be written after their slices: trace_check.py binds them */
+        if (!tid || !ts || tid->num < 0) {
             ok = false;
             break;
         }
-        l = &lanes[(size_t)tid->num];
+        l = &lanes[(size_t)tid->num % LANES]; /* OS thread ids: few, apart */
         t = ts->num;
         if (t < l->last - TS_EPS)
             ok = false; /* out of order on its lane */
@@ -376,21 +385,16 @@ static bool lanes_nest(const struct jval *evs)
         } else if (strcmp(ph, "X") == 0) {
             if (!(dur = jget(e, "dur")) || dur->num < 0 || t < l->kids_end[l->depth] - TS_EPS)
                 ok = false;
-            else {
-                l->x_begin = t;
-                l->x_end = l->kids_end[l->depth] = t + dur->num;
-            }
-        } else if (strcmp(ph, "s") == 0 || strcmp(ph, "f") == 0) {
-            if (l->depth == 0 && !(t >= l->x_begin - TS_EPS && t <= l->x_end + TS_EPS))
-                ok = false; /* an arrow's end bound to no slice */
+            else
+                l->kids_end[l->depth] = t + dur->num;
         }
     }
     free(lanes);
     return ok;
 }
 
-/* Every arrow that starts (s) ends (f) in the file, with the same cat and
- * id: a give or a spawn always leads to a run. */
+/* Every arrow that starts (s) ends (f) in the file, with the same cat,
+ * name and id, once: a give or a spawn leads to one run. */
 static bool arrows_end(const struct jval *evs)
 {
     for (size_t i = 0; i < evs->n; i++) {
@@ -402,9 +406,14 @@ static bool arrows_end(const struct jval *evs)
             continue;
         if (!cat || !id)
             return false;
-        for (size_t k = 0; k < evs->n && !ended; k++)
-            ended = jis(evs->items[k], "ph", "f") && jis(evs->items[k], "cat", cat) &&
-                    jis(evs->items[k], "id", id);
+        for (size_t k = 0; k < evs->n; k++)
+            if (jis(evs->items[k], "ph", "f") && jis(evs->items[k], "cat", cat) &&
+                jis(evs->items[k], "id", id) &&
+                jis(evs->items[k], "name", jstr(e, "name"))) {
+                if (ended)
+                    return false; /* two ends for one start */
+                ended = true;
+            }
         if (!ended)
             return false;
     }
@@ -414,6 +423,56 @@ static bool arrows_end(const struct jval *evs)
 static void id_of(atap_task t, char *buf, size_t n)
 {
     snprintf(buf, n, "0x%llx", (unsigned long long)t.id);
+}
+
+/* The file through tests/trace_check.py, when there is a python3. */
+static void trace_checked(const char *path)
+{
+    const char *cmd = getenv("ATAP_TRACE_CHECK");
+    char line[1024];
+    int status;
+
+    if (!cmd || !*cmd) {
+        print_message("trace_check.py not run on %s (no python3 found by the build)\n", path);
+        return;
+    }
+    snprintf(line, sizeof line, "%s '%s'", cmd, path);
+    status = system(line);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("trace_check.py refused %s (status %d)", path, status);
+}
+
+static long long this_thread_id(void)
+{
+#if defined(__linux__)
+    return (long long)syscall(SYS_gettid);
+#else
+    return -1; /* the lanes' ids are checked on Linux */
+#endif
+}
+
+/* A thread_name metadata event for the lane of OS thread id tid. */
+static bool lane_of_tid(const struct jval *evs, long long tid)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const struct jval *e = evs->items[i], *t = jget(e, "tid");
+
+        if (jis(e, "ph", "M") && jis(e, "name", "thread_name") && t && t->type == J_NUM &&
+            (long long)t->num == tid)
+            return true;
+    }
+    return false;
+}
+
+static size_t dropped_count(const struct jval *evs)
+{
+    const struct jval *d;
+
+    for (size_t i = 0; i < evs->n; i++)
+        if (jis(evs->items[i], "name", "dropped events") &&
+            (d = jget(jget(evs->items[i], "args"), "dropped")) != NULL)
+            return (size_t)d->num;
+    return 0;
 }
 
 static void temp_path(char *buf, size_t n)
@@ -504,8 +563,9 @@ static void wait_state(atap_task t, atap_state want)
 static void test_trace_known_program(void **state)
 {
     char path[256], id[40];
-    atap_task parent, piped, cancelled, slow, given;
+    atap_task parent, piped, cancelled, slow, given, repeat;
     struct jval *doc, *evs;
+    uint64_t end;
     long v;
 
     (void)state;
@@ -555,6 +615,16 @@ static void test_trace_known_program(void **state)
     assert_int_equal(atap_join(given, &v, sizeof v), 0);
     assert_int_equal(v, 42);
 
+    /* A repeat: three runs, one spawn. */
+    assert_int_equal(atap_spawn(&repeat, trace_child, (void *)(intptr_t)5,
+                                &(atap_spawn_opts){.out_size = sizeof(long), .kind = ATAP_REPEAT,
+                                                   .runs = 3, .every_ns = ATAP_MS(1)}),
+                     0);
+    end = now_ns() + ATAP_SEC(20);
+    while (!atap_finished(repeat) && now_ns() < end)
+        sleep_ms(1);
+    assert_true(atap_finished(repeat));
+
     assert_int_equal(atap_trace_stop(), 0);
     assert_int_equal(atap_trace_stop(), ATAP_EINVAL);
 
@@ -563,21 +633,26 @@ static void test_trace_known_program(void **state)
     assert_non_null(evs = jget(doc, "traceEvents"));
     assert_int_equal(evs->type, J_ARR);
 
-    /* A run slice named after its function, and a spawn arrow into it. */
+    /* A run slice named after its function, ended by an E of the same
+     * name, and a spawn (a slice of no length) with an arrow into it, all
+     * of one category, which the arrows bind by. */
     id_of(parent, id, sizeof id);
-    assert_int_equal(count_events(evs, "B", "trace_parent", id, NULL), 1);
-    assert_int_equal(count_events(evs, "s", "spawn", id, "spawn"), 1);
-    assert_int_equal(count_events(evs, "f", "spawn", id, "spawn"), 1);
-    assert_int_equal(count_events(evs, "i", "spawn", id, NULL), 1);
+    assert_int_equal(count_events(evs, "B", "trace_parent", id, "atap"), 1);
+    assert_int_equal(count_events(evs, "E", "trace_parent", NULL, "atap"), 1);
+    assert_int_equal(count_events(evs, "s", "spawn", id, "atap"), 1);
+    assert_int_equal(count_events(evs, "f", "spawn", id, "atap"), 1);
+    assert_int_equal(count_events(evs, "X", "spawn", id, "atap"), 1);
     for (int i = 0; i < CHILDREN; i++) {
         id_of(children[i], id, sizeof id);
         assert_int_equal(count_events(evs, "B", "trace_child", id, NULL), 1);
-        assert_int_equal(count_events(evs, "s", "spawn", id, "spawn"), 1);
-        assert_int_equal(count_events(evs, "f", "spawn", id, "spawn"), 1);
+        assert_int_equal(count_events(evs, "s", "spawn", id, "atap"), 1);
+        assert_int_equal(count_events(evs, "f", "spawn", id, "atap"), 1);
     }
-    /* Parked, resumed: two runs. */
+    /* Parked, resumed: two runs, the spawn's arrow into the first only. */
     id_of(piped, id, sizeof id);
     assert_int_equal(count_events(evs, "B", "trace_piped", id, NULL), 2);
+    assert_int_equal(count_events(evs, "E", "trace_piped", NULL, NULL), 2);
+    assert_int_equal(count_events(evs, "f", "spawn", id, "atap"), 1);
     assert_int_equal(count_events(evs, "i", "park", id, NULL), 1);
     assert_int_equal(count_events(evs, "i", "resume", id, NULL), 1);
     id_of(cancelled, id, sizeof id);
@@ -586,12 +661,20 @@ static void test_trace_known_program(void **state)
     assert_int_equal(count_events(evs, "i", "cancel", id, NULL), 1);
     id_of(slow, id, sizeof id);
     assert_int_equal(count_events(evs, "i", "timeout", id, NULL), 1);
-    /* The give, its arrow, and the run it started. */
+    /* The give, its arrow, and the run it started (the one give here). */
     id_of(given, id, sizeof id);
-    assert_int_equal(count_events(evs, "i", "give", id, NULL), 1);
-    assert_int_equal(count_events(evs, "s", "give", id, "give"), 1);
-    assert_int_equal(count_events(evs, "f", "give", id, "give"), 1);
+    assert_int_equal(count_events(evs, "X", "give", id, "atap"), 1);
+    assert_int_equal(count_events(evs, "s", "give", NULL, "atap"), 1);
+    assert_int_equal(count_events(evs, "f", "give", NULL, "atap"), 1);
     assert_int_equal(count_events(evs, "B", "trace_given", id, NULL), 1);
+    /* The repeat: three runs, one arrow from its spawn, to the first. */
+    id_of(repeat, id, sizeof id);
+    assert_int_equal(count_events(evs, "B", "trace_child", id, NULL), 3);
+    assert_int_equal(count_events(evs, "s", "spawn", id, "atap"), 1);
+    assert_int_equal(count_events(evs, "f", "spawn", id, "atap"), 1);
+    /* The lanes carry the OS's thread ids: this thread spawned. */
+    if (this_thread_id() >= 0)
+        assert_true(lane_of_tid(evs, this_thread_id()));
 
     assert_true(count_events(evs, "i", "manager starts", NULL, NULL) >= 1);
     assert_true(lane_named(evs, "atap-worker "));
@@ -601,7 +684,9 @@ static void test_trace_known_program(void **state)
     assert_true(lanes_nest(evs));
     assert_true(arrows_end(evs));
     jfree(doc);
+    trace_checked(path);
 
+    atap_release(repeat);
     atap_release(parent);
     for (int i = 0; i < CHILDREN; i++)
         atap_release(children[i]);
@@ -663,6 +748,7 @@ static void test_trace_aside(void **state)
                      count_events(evs, "i", "stack set aside", NULL, NULL));
     assert_true(lanes_nest(evs));
     jfree(doc);
+    trace_checked(path);
     assert_int_equal(atap_shutdown(), 0);
     unlink(path);
 }
@@ -674,7 +760,7 @@ static void test_trace_many(void **state)
     char path[256];
     size_t n = scaled(20000, 2000), runs, dropped = 0;
     atap_task *ts = calloc(n, sizeof *ts);
-    struct jval *doc, *evs, *d;
+    struct jval *doc, *evs;
     long v;
 
     (void)state;
@@ -694,16 +780,14 @@ static void test_trace_many(void **state)
     assert_non_null(doc = jload(path));
     evs = jget(doc, "traceEvents");
     runs = count_events(evs, "B", "trace_child", NULL, NULL);
-    for (size_t i = 0; i < evs->n; i++)
-        if (jis(evs->items[i], "name", "dropped events") &&
-            (d = jget(jget(evs->items[i], "args"), "dropped")) != NULL)
-            dropped = (size_t)d->num;
+    dropped = dropped_count(evs);
     if (dropped == 0)
         assert_int_equal(runs, n);
     else
         assert_true(runs < n);
-    assert_true(lanes_nest(evs) || dropped > 0);
+    assert_true(lanes_nest(evs)); /* dropped events or not */
     jfree(doc);
+    trace_checked(path);
     free(ts);
     unlink(path);
 }
@@ -753,16 +837,298 @@ static void test_trace_env(void **state)
     unlink(path);
 }
 
+/* Holds its worker in a kernel wait until the program ends: a run still
+ * open when the program exits. */
+int trace_holder(atap_ctx *ctx, void *arg, void *out);
+int trace_holder(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    (void)atap_sleep_relaxed(ATAP_SEC(60));
+    return 0;
+}
+
+/* Set in a fork's child about to exit(): the handler main registers first
+ * (so it runs after libatap's own exit handler, registered later) ends the
+ * child there. What a fork's child inherits of its parent's runtime is
+ * never freed (runtime.c), and LeakSanitizer's check at exit would call it
+ * a leak. */
+static volatile sig_atomic_t exiting_child;
+
+static void end_exiting_child(void)
+{
+    if (exiting_child)
+        _exit(0);
+}
+
+/* A program that exits without atap_shutdown (nor atap_trace_stop) leaves a
+ * whole trace: what it recorded, and the run still under way closed. Run in
+ * a fork's child, which exits with the runtime running. */
+static void test_trace_exit_without_shutdown(void **state)
+{
+    char path[256];
+    struct jval *doc, *evs;
+    atap_task parent, holder;
+    pid_t pid;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    if ((pid = fork()) == 0) {
+        long v = 0;
+
+        setenv("ATAP_TRACE", path, 1);
+        if (atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}) != 0)
+            _exit(1);
+        if (atap_spawn(&parent, trace_parent, NULL,
+                       &(atap_spawn_opts){.out_size = sizeof(long)}) != 0 ||
+            atap_join(parent, &v, sizeof v) != 0 || v != 6)
+            _exit(2);
+        if (atap_spawn(&holder, trace_holder, NULL, NULL) != 0)
+            _exit(3);
+        while (atap_state_of(holder) != ATAP_RUNNING)
+            sleep_ms(1);
+        exiting_child = 1;
+        exit(0); /* no atap_shutdown */
+    }
+    assert_true(pid > 0);
+    child_passed(pid);
+    assert_non_null(doc = jload(path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    assert_int_equal(count_events(evs, "B", "trace_parent", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "E", "trace_parent", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "B", "trace_child", NULL, NULL), CHILDREN);
+    assert_int_equal(count_events(evs, "B", "trace_holder", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "E", "trace_holder", NULL, NULL), 1);
+    assert_true(lane_named(evs, "atap-worker "));
+    assert_true(lanes_nest(evs));
+    assert_true(arrows_end(evs));
+    jfree(doc);
+    trace_checked(path);
+    unlink(path);
+}
+
+/* The file is a whole trace after each of the writer's rounds, not only
+ * once the trace stops: a program that ends without running its exit
+ * handlers (_exit, here in a fork's child) leaves what the last round
+ * wrote, a file the viewers open. The child fills its own buffer (one
+ * spawn event each) so that a round has it to write. */
+static void test_trace_whole_between_rounds(void **state)
+{
+    char path[256];
+    struct jval *doc, *evs;
+    pid_t pid;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    if ((pid = fork()) == 0) {
+        atap_task t;
+        long v;
+
+        if (atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 1}) != 0 ||
+            atap_trace_start(path) != 0)
+            _exit(1);
+        for (int i = 0; i < 2100; i++) {
+            if (atap_spawn(&t, trace_child, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}) !=
+                    0 ||
+                atap_join(t, &v, sizeof v) != 0)
+                _exit(2);
+            atap_release(t);
+        }
+        sleep_ms(300); /* rounds every 20 ms */
+        _exit(0);      /* no exit handler, no stop */
+    }
+    assert_true(pid > 0);
+    child_passed(pid);
+    assert_non_null(doc = jload(path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    assert_true(count_events(evs, "X", "spawn", NULL, NULL) >= 2048);
+    assert_true(lanes_nest(evs));
+    jfree(doc);
+    trace_checked(path);
+    unlink(path);
+}
+
+/* A fork's child that starts a runtime with ATAP_TRACE still set writes
+ * its own trace to path.PID, and the parent's file stays whole, with the
+ * parent's runs from before the fork and after it. */
+static void test_trace_fork(void **state)
+{
+    char path[256], child_path[300], id[40];
+    struct jval *doc, *evs;
+    atap_task before, after;
+    pid_t pid;
+    long v;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    setenv("ATAP_TRACE", path, 1);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}), 0);
+    assert_int_equal(atap_spawn(&before, trace_child, (void *)(intptr_t)1,
+                                &(atap_spawn_opts){.out_size = sizeof(long)}),
+                     0);
+    assert_int_equal(atap_join(before, &v, sizeof v), 0);
+    if ((pid = fork()) == 0) {
+        atap_task t;
+
+#if defined(TEST_TSAN) || defined(TEST_ASAN)
+        /* TSan cannot start threads in the child of a multithreaded fork
+         * (test_lifecycle says more), and ASan's allocator may be left
+         * locked by a parent's thread (seen: the child's new threads
+         * waiting in it for good): the child starts no runtime. The plain
+         * build runs the whole test. */
+        _exit(0);
+#endif
+        if (atap_init(NULL) != 0)
+            _exit(1);
+        if (atap_spawn(&t, trace_given, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}) != 0 ||
+            atap_join(t, &v, sizeof v) != 0)
+            _exit(2);
+        atap_release(t);
+        if (atap_shutdown() != 0)
+            _exit(3);
+        _exit(0);
+    }
+    assert_true(pid > 0);
+    unsetenv("ATAP_TRACE");
+    child_passed(pid);
+    assert_int_equal(atap_spawn(&after, trace_child, (void *)(intptr_t)2,
+                                &(atap_spawn_opts){.out_size = sizeof(long)}),
+                     0);
+    assert_int_equal(atap_join(after, &v, sizeof v), 0);
+    assert_int_equal(atap_shutdown(), 0);
+
+    assert_non_null(doc = jload(path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    id_of(before, id, sizeof id);
+    assert_int_equal(count_events(evs, "B", "trace_child", id, NULL), 1);
+    id_of(after, id, sizeof id);
+    assert_int_equal(count_events(evs, "B", "trace_child", id, NULL), 1);
+    assert_int_equal(count_events(evs, "B", "trace_given", NULL, NULL), 0);
+    assert_true(lanes_nest(evs));
+    jfree(doc);
+    trace_checked(path);
+
+    snprintf(child_path, sizeof child_path, "%s.%d", path, (int)pid);
+#if defined(TEST_TSAN) || defined(TEST_ASAN)
+    print_message("sanitizer: the child started no trace (no threads after a multithreaded fork)\n");
+    atap_release(before);
+    atap_release(after);
+    unlink(path);
+    return;
+#endif
+    assert_non_null(doc = jload(child_path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    assert_int_equal(count_events(evs, "B", "trace_given", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "B", "trace_child", NULL, NULL), 0);
+    jfree(doc);
+    trace_checked(child_path);
+    atap_release(before);
+    atap_release(after);
+    unlink(child_path);
+    unlink(path);
+}
+
+/* Drops its run's own end: every event from here is dropped, as when the
+ * trace's buffers are full. */
+int trace_dropper(atap_ctx *ctx, void *arg, void *out);
+int trace_dropper(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atap__test_trace_drop(true);
+    return 0;
+}
+
+/* Events dropped (a run's end among them): every slice in the file is
+ * still closed, named as it began, and the count says how many went. */
+static void test_trace_dropped(void **state)
+{
+    char path[256];
+    struct jval *doc, *evs;
+    atap_task t, more[4];
+    long v;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 1}), 0);
+    assert_int_equal(atap_trace_start(path), 0);
+    assert_int_equal(atap_spawn(&t, trace_dropper, NULL, NULL), 0);
+    assert_int_equal(atap_join(t, NULL, 0), 0);
+    atap__test_trace_drop(false);
+    atap_release(t);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(atap_spawn(&more[i], trace_child, (void *)(intptr_t)i,
+                                    &(atap_spawn_opts){.out_size = sizeof(long)}),
+                         0);
+        assert_int_equal(atap_join(more[i], &v, sizeof v), 0);
+        atap_release(more[i]);
+    }
+    assert_int_equal(atap_trace_stop(), 0);
+    assert_non_null(doc = jload(path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    assert_true(dropped_count(evs) >= 1);
+    assert_int_equal(count_events(evs, "B", "trace_dropper", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "E", "trace_dropper", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "B", "trace_child", NULL, NULL), 4);
+    assert_int_equal(count_events(evs, "E", "trace_child", NULL, NULL), 4);
+    assert_true(lanes_nest(evs));
+    jfree(doc);
+    trace_checked(path);
+    assert_int_equal(atap_shutdown(), 0);
+    unlink(path);
+}
+
+/* atap_trace_name: a function's runs under the name given, then (the name
+ * forgotten) under dladdr's again. */
+static void test_trace_given_name(void **state)
+{
+    char path[256];
+    struct jval *doc, *evs;
+    atap_task t;
+    long v;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    assert_int_equal(atap_trace_name(NULL, "x"), ATAP_EINVAL);
+    assert_int_equal(atap_init(NULL), 0);
+    assert_int_equal(atap_trace_name(trace_child, "child \"renamed\""), 0);
+    assert_int_equal(atap_trace_start(path), 0);
+    assert_int_equal(atap_spawn(&t, trace_child, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}),
+                     0);
+    assert_int_equal(atap_join(t, &v, sizeof v), 0);
+    atap_release(t);
+    assert_int_equal(atap_trace_stop(), 0);
+    assert_non_null(doc = jload(path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    assert_int_equal(count_events(evs, "B", "child \"renamed\"", NULL, NULL), 1);
+    assert_int_equal(count_events(evs, "E", "child \"renamed\"", NULL, NULL), 1);
+    jfree(doc);
+    trace_checked(path);
+
+    assert_int_equal(atap_trace_name(trace_child, NULL), 0);
+    assert_int_equal(atap_trace_start(path), 0);
+    assert_int_equal(atap_spawn(&t, trace_child, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}),
+                     0);
+    assert_int_equal(atap_join(t, &v, sizeof v), 0);
+    atap_release(t);
+    assert_int_equal(atap_trace_stop(), 0);
+    assert_non_null(doc = jload(path));
+    assert_int_equal(count_events(jget(doc, "traceEvents"), "B", "trace_child", NULL, NULL), 1);
+    jfree(doc);
+    assert_int_equal(atap_shutdown(), 0);
+    unlink(path);
+}
+
 static int ensure_stopped(void **state)
 {
     (void)state;
     unsetenv("ATAP_TRACE");
+    atap__test_trace_drop(false);
     (void)atap_trace_stop();
     return atap_shutdown() == 0 && !atap_initialised() ? 0 : -1;
 }
 
 int main(void)
 {
+    atexit(end_exiting_child);
     unsetenv("ATAP_TRACE");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_trace_errors, ensure_stopped),
@@ -770,6 +1136,11 @@ int main(void)
         cmocka_unit_test_teardown(test_trace_aside, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_env, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_many, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_exit_without_shutdown, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_whole_between_rounds, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_fork, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_dropped, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_given_name, ensure_stopped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

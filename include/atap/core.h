@@ -235,7 +235,24 @@ ATAP_EXPORT int atap_shutdown(void);
  * atap_init (see atap_init). Blocks: no. Threads: any. */
 ATAP_EXPORT bool atap_initialised(void);
 
-/* Named like stat(): struct atap_status and the call atap_status(). */
+/*
+ * Named like stat(): struct atap_status and the call atap_status(), and so
+ * struct atap_pool_stats and atap_pool_stats(). C and C++ use them alike
+ * (`struct atap_status s; atap_status(&s);`). In C++ the function hides the
+ * struct's implicit constructor, which g++ -Wshadow reports (as it would
+ * for stat(), were <sys/stat.h> not a system header): the two declarations
+ * below are made with that one warning off, so a program built with
+ * -Wshadow -Werror includes this header as it is. atap.hpp also has
+ * atap::status() and atap::pool_stats(), which return the structs.
+ */
+#if defined(__cplusplus) && defined(__GNUC__)
+#define ATAP_SAME_NAME_BEGIN_ _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wshadow\"")
+#define ATAP_SAME_NAME_END_ _Pragma("GCC diagnostic pop")
+#else
+#define ATAP_SAME_NAME_BEGIN_
+#define ATAP_SAME_NAME_END_
+#endif
+
 struct atap_status {
     bool initialised;   /* atap_init has completed and the last user's
                            shutdown not begun */
@@ -245,7 +262,9 @@ struct atap_status {
 };
 
 /* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any. */
+ATAP_SAME_NAME_BEGIN_
 ATAP_EXPORT int atap_status(struct atap_status *status);
+ATAP_SAME_NAME_END_
 
 struct atap_pool_stats {
     size_t workers;          /* worker threads alive */
@@ -276,7 +295,9 @@ struct atap_pool_stats {
  * one). Works whether or not the runtime is running.
  * Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any.
  */
+ATAP_SAME_NAME_BEGIN_
 ATAP_EXPORT int atap_pool_stats(struct atap_pool_stats *stats);
+ATAP_SAME_NAME_END_
 
 /*
  * Writes the pool's stats as one line, for a log, like snprintf: at most
@@ -314,23 +335,30 @@ ATAP_EXPORT int atap_trim(size_t *released);
 
 /*
  * A trace of what the runtime does, written as a Chrome trace-event JSON
- * file ({"traceEvents":[...]}) that ui.perfetto.dev and chrome://tracing
- * open:
- *   - a lane per thread, named by metadata events: "atap-worker N",
- *     "atap-blocking N", "atap-manager", "atap-supervisor", and any other
- *     thread that spawns, gives or cancels under its own name;
- *   - a slice per run ("B"/"E"), named after the task's function, with the
- *     task's id ("0x" + hex of atap_task.id) and the run's return code.
+ * file ({"traceEvents":[...]}) that ui.perfetto.dev, Chrome DevTools and
+ * chrome://tracing open:
+ *   - a lane per thread, its "tid" the OS thread id (gettid on Linux,
+ *     pthread_threadid_np on macOS: the ids perf and gdb show), named by
+ *     metadata events: "atap-worker N", "atap-blocking N", "atap-manager",
+ *     "atap-supervisor", and any other thread that spawns, gives or cancels
+ *     under its own name;
+ *   - a slice per run ("B"/"E", both named after the task's function, of
+ *     category "atap"), with the task's id ("0x" + hex of atap_task.id) and
+ *     the run's return code; a run still under way when the file is written
+ *     ends at that moment, and one whose end was dropped ends at the next
+ *     event its thread recorded, both marked "end": "not recorded".
  *     The name comes from dladdr when the trace is written: a function of
  *     a shared library, or of a program linked with -rdynamic
  *     (CMake: ENABLE_EXPORTS), reads by its symbol; anything else reads
  *     "object+0xoffset" (for addr2line) or its address;
- *   - instants ("i") for spawn, park, resume, cancel, timeout and give;
- *     "pool grows", "thread starts", "manager starts" (each life of the
- *     manager, with the restarts so far) and "manager restart";
- *   - flow arrows ("s"/"f") from a spawn to the task's run and from a give
- *     to the run of the task given to (a spawn or give outside any run
- *     leaves from a 1 ns slice of its own, named "spawn" or "give");
+ *   - a slice of no length ("X") for each spawn and give, with the task's
+ *     id; instants ("i") for park, resume, cancel, timeout, "pool grows",
+ *     "thread starts", "manager starts" (each life of the manager, with
+ *     the restarts so far) and "manager restart";
+ *   - flow arrows ("s"/"f"), each pairing one start with one end: from a
+ *     spawn to the task's first run (not a repeat's later runs, nor a run
+ *     after a park), and from a give to the run it started (a give that a
+ *     newer one replaced before a run took it has none);
  *   - at the end, a global instant "dropped events" with the count of
  *     events lost (see below), 0 when none was.
  *
@@ -341,6 +369,13 @@ ATAP_EXPORT int atap_trim(size_t *released);
  * behind (about 20 MiB of events waiting), or while atap_trace_stop takes
  * a thread's buffer, events are dropped and counted.
  *
+ * The file is a whole trace at every moment the trace's writer is not
+ * writing it (every 20 ms it writes what filled up, then the closing
+ * events and brackets, which its next round writes over), so a program
+ * that dies leaves one that opens. A program that exits (exit, or a
+ * return from main) while a trace is being written finishes the file from
+ * an atexit handler: atap_shutdown is not needed for a whole trace.
+ *
  * The environment: ATAP_TRACE=path starts a trace at the atap_init that
  * starts the runtime (unless one is already being written), and the
  * atap_shutdown that stops the runtime stops it, so the file is complete
@@ -348,8 +383,16 @@ ATAP_EXPORT int atap_trim(size_t *released);
  * cannot be opened makes that atap_init fail with its -errno. Unset or
  * empty: no trace.
  *
- * atap_trace_start starts writing a trace to path (created or truncated);
- * it needs no runtime, and one trace at a time runs in the process.
+ * fork(): the child of a process writing a trace writes nothing to it. A
+ * trace the child starts (its atap_init with ATAP_TRACE still set, or
+ * atap_trace_start) on a path another process is writing a trace to goes
+ * to "path.PID" instead, PID the child's process id: the parent's file is
+ * never truncated. The same holds for any two processes given one path
+ * (the file is locked with flock while its trace is written).
+ *
+ * atap_trace_start starts writing a trace to path (created or truncated,
+ * unless another process's trace holds it: see fork() above); it needs no
+ * runtime, and one trace at a time runs in the process.
  * Returns 0; ATAP_EINVAL for a NULL or empty path; ATAP_EALREADY while a
  * trace is being written (by ATAP_TRACE too); -errno when the file cannot
  * be opened or the writer thread cannot start (nothing then runs).
@@ -366,6 +409,7 @@ ATAP_EXPORT int atap_trace_start(const char *path);
  * writes the file. Threads: any, a task included.
  */
 ATAP_EXPORT int atap_trace_stop(void);
+
 
 /* ---------------------------------------------------------------------- */
 /* Tasks and handles                                                       */
@@ -402,6 +446,16 @@ typedef struct atap_ctx atap_ctx;
  * always divides its size).
  */
 typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
+
+/*
+ * Names fn's runs (their slices) in traces, in place of what dladdr says:
+ * for functions dladdr cannot name, or that run many things (atap.hpp
+ * names each lambda's runs after its type this way). name is copied (up to
+ * 95 bytes); NULL or "" forgets fn's name. Applies to traces written from
+ * then on, the one being written included. Returns 0; ATAP_EINVAL for NULL
+ * fn; -ENOMEM. Blocks: briefly (a lock). Threads: any.
+ */
+ATAP_EXPORT int atap_trace_name(atap_fn *fn, const char *name);
 
 typedef enum atap_state {
     ATAP_PENDING = 1,   /* waiting to be claimed by a worker (or for its
