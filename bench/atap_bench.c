@@ -76,7 +76,8 @@ static atomic_long counter;
 static long N;
 
 /* Any failing libatap call ends the benchmark with a message. */
-static void must(int rc, const char *what) {
+static void must(int rc, const char *what)
+{
     if (rc != 0) {
         fprintf(stderr, "%s: %s (%d)\n", what, atap_strerror(rc), rc);
         exit(1);
@@ -88,21 +89,24 @@ static void must(int rc, const char *what) {
  * `rep stos`) costs more than some of the spawns measured here. */
 static const atap_spawn_opts opts_none, opts_word = {.out_size = sizeof(long)};
 
-static atap_task spawn(atap_fn *fn, void *arg, size_t out_size) {
+static atap_task spawn(atap_fn *fn, void *arg, size_t out_size)
+{
     atap_task t;
     check(out_size == 0 || out_size == sizeof(long), "spawn: an output size with no options");
     must(atap_spawn(&t, fn, arg, out_size ? &opts_word : &opts_none), "atap_spawn");
     return t;
 }
 
-static void join_release(atap_task t, void *out, size_t size) {
+static void join_release(atap_task t, void *out, size_t size)
+{
     must(atap_join(t, out, size), "atap_join");
     atap_release(t);
 }
 
 /* Handles kept by spawn_many, spawn_local and live_memory: allocated and
  * touched before the timing starts. */
-static atap_task *handles_alloc(long n) {
+static atap_task *handles_alloc(long n)
+{
     atap_task *h = malloc((size_t)n * sizeof *h);
     check(h != NULL, "malloc handles");
     /* Not 0: gcc turns malloc + memset(0) into calloc, which touches nothing. */
@@ -110,19 +114,22 @@ static atap_task *handles_alloc(long n) {
     return h;
 }
 
-static void nap_us(long us) {
+static void nap_us(long us)
+{
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
 }
 
 /* ---------------- tasks ---------------- */
 
-static int noop(atap_ctx *ctx, void *arg, void *out) {
+static int noop(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx, (void)arg, (void)out;
     return 0;
 }
 
-static int inc(atap_ctx *ctx, void *arg, void *out) {
+static int inc(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx, (void)arg, (void)out;
     atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
     return 0;
@@ -134,10 +141,12 @@ static int inc(atap_ctx *ctx, void *arg, void *out) {
 #define FAN_WORK 5000
 static _Atomic uint64_t fan_sum;
 
-static int fan_child(atap_ctx *ctx, void *arg, void *out) {
+static int fan_child(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx, (void)out;
     uint64_t x = (uint64_t)(uintptr_t)arg;
-    for (int r = 0; r < FAN_WORK; r++) x = splitmix64(x);
+    for (int r = 0; r < FAN_WORK; r++)
+        x = splitmix64(x);
     atomic_fetch_xor_explicit(&fan_sum, x, memory_order_relaxed);
     return 0;
 }
@@ -149,18 +158,23 @@ struct parent_arg {
     atap_task *h;
 };
 
-static int parent(atap_ctx *ctx, void *arg, void *out) {
+static int parent(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx, (void)out;
     const struct parent_arg *p = arg;
-    for (long i = 0; i < N; i++) p->h[i] = spawn(p->fn, (void *)(intptr_t)i, 0);
-    for (long i = 0; i < N; i++) join_release(p->h[i], NULL, 0);
+    for (long i = 0; i < N; i++)
+        p->h[i] = spawn(p->fn, (void *)(intptr_t)i, 0);
+    for (long i = 0; i < N; i++)
+        join_release(p->h[i], NULL, 0);
     return 0;
 }
 
 static int fib_task(atap_ctx *ctx, void *arg, void *out);
 
-static long fib(long n) {
-    if (n < 2) return n;
+static long fib(long n)
+{
+    if (n < 2)
+        return n;
     atap_task h = spawn(fib_task, (void *)(intptr_t)(n - 1), sizeof(long));
     long b = fib(n - 2);
     long a;
@@ -168,7 +182,8 @@ static long fib(long n) {
     return a + b;
 }
 
-static int fib_task(atap_ctx *ctx, void *arg, void *out) {
+static int fib_task(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx;
     long r = fib((long)(intptr_t)arg);
     memcpy(out, &r, sizeof r);
@@ -196,7 +211,8 @@ static int tree_task(atap_ctx *ctx, void *arg, void *out);
 /* node's work, then its k children spawned (kid[i], h[i]), joined in the
  * run's order, added. */
 static tree_result tree_sub(const struct tree_node *node, long k, struct tree_node *kid,
-                            atap_task *h) {
+                            atap_task *h)
+{
     tree_result r = {1, node->depth, tree_work(node->s)};
     for (long i = 0; i < k; i++) {
         kid[i] = (struct tree_node){tree_child(node->s, i), node->depth + 1};
@@ -214,7 +230,8 @@ static tree_result tree_sub(const struct tree_node *node, long k, struct tree_no
 /* A non-root node: m children or none. The arrays are as long as the
  * node's children (the omp peer's way), so tree's frames stay the size of
  * its 2 (a VLA may not be empty: a leaf's has 1). */
-static int tree_task(atap_ctx *ctx, void *arg, void *out) {
+static int tree_task(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx;
     const struct tree_node *node = arg;
     int k = tree_kids_of(node->s, tree_m, tree_q);
@@ -226,7 +243,8 @@ static int tree_task(atap_ctx *ctx, void *arg, void *out) {
 }
 
 /* The root: the same with N children. */
-static int tree_root_task(atap_ctx *ctx, void *arg, void *out) {
+static int tree_root_task(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx, (void)arg;
     struct tree_node root = {tree_root(), 0}, *kid = malloc((size_t)N * sizeof *kid);
     atap_task *h = malloc((size_t)N * sizeof *h);
@@ -240,9 +258,11 @@ static int tree_root_task(atap_ctx *ctx, void *arg, void *out) {
 
 /* TREE_JOIN: unset, empty or "spawn_order" (the peers' order), or
  * "last_first"; anything else ends the bench, so a typo is seen. */
-static bool tree_join_last_first(void) {
+static bool tree_join_last_first(void)
+{
     const char *e = getenv("TREE_JOIN");
-    if (!e || !*e || !strcmp(e, "spawn_order")) return false;
+    if (!e || !*e || !strcmp(e, "spawn_order"))
+        return false;
     check(!strcmp(e, "last_first"), "TREE_JOIN is spawn_order or last_first");
     return true;
 }
@@ -256,25 +276,29 @@ static bool tree_join_last_first(void) {
 static atomic_bool live_stop;
 static size_t live_peak;
 
-static void *live_sampler(void *arg) {
+static void *live_sampler(void *arg)
+{
     (void)arg;
     while (!atomic_load_explicit(&live_stop, memory_order_acquire)) {
         struct atap_pool_stats st;
         must(atap_pool_stats(&st), "atap_pool_stats");
-        if (st.live > live_peak) live_peak = st.live;
+        if (st.live > live_peak)
+            live_peak = st.live;
         nap_us(1000);
     }
     return NULL;
 }
 
-static pthread_t live_sampler_start(void) {
+static pthread_t live_sampler_start(void)
+{
     pthread_t t;
     check(pthread_create(&t, NULL, live_sampler, NULL) == 0, "pthread_create sampler");
     return t;
 }
 
 /* Stops the sampler; returns the peak it saw. */
-static size_t live_sampler_stop(pthread_t t) {
+static size_t live_sampler_stop(pthread_t t)
+{
     atomic_store_explicit(&live_stop, true, memory_order_release);
     pthread_join(t, NULL);
     return live_peak;
@@ -282,7 +306,8 @@ static size_t live_sampler_stop(pthread_t t) {
 
 /* The tree of the run's shape, from the main thread: its extras, after the
  * peers' nodes= depth= checksum=, start with join=. */
-static tree_result tree_run(char *extra, size_t len) {
+static tree_result tree_run(char *extra, size_t len)
+{
     tree_result r;
     atap_task t;
     must(atap_spawn(&t, tree_root_task, NULL, &opts_tree), "atap_spawn");
@@ -298,14 +323,16 @@ static pthread_mutex_t done_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;
 static int done;
 
-static void signal_done(void) {
+static void signal_done(void)
+{
     pthread_mutex_lock(&done_mu);
     done = 1;
     pthread_cond_signal(&done_cv);
     pthread_mutex_unlock(&done_mu);
 }
 
-static int hop(atap_ctx *ctx, void *arg, void *out) {
+static int hop(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx, (void)out;
     long i = (long)(intptr_t)arg;
     if (i < N) {
@@ -316,9 +343,11 @@ static int hop(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-static void wait_done(void) {
+static void wait_done(void)
+{
     pthread_mutex_lock(&done_mu);
-    while (!done) pthread_cond_wait(&done_cv, &done_mu);
+    while (!done)
+        pthread_cond_wait(&done_cv, &done_mu);
     pthread_mutex_unlock(&done_mu);
 }
 
@@ -330,7 +359,8 @@ static atomic_long t_woke;
 /* Like the peers' tasks (a tokio task awaiting sleep): the task starts at
  * once and parks on its deadline, holding no thread; its resumed run notes
  * how late it woke. */
-static int woke(atap_ctx *ctx, void *arg, void *out) {
+static int woke(atap_ctx *ctx, void *arg, void *out)
+{
     (void)out;
     long i = (long)(intptr_t)arg;
     if (!atap_resumed(ctx)) {
@@ -338,7 +368,8 @@ static int woke(atap_ctx *ctx, void *arg, void *out) {
         return ATAP_PARKED;
     }
     t_late[i] = (int64_t)(now_ns() - (t_asked[i] + t_delay[i]));
-    if (atomic_fetch_add_explicit(&t_woke, 1, memory_order_acq_rel) + 1 == N) signal_done();
+    if (atomic_fetch_add_explicit(&t_woke, 1, memory_order_acq_rel) + 1 == N)
+        signal_done();
     return 0;
 }
 
@@ -351,11 +382,14 @@ struct ping_pong {
     atomic_int left; /* 2: A has seen token n, B's last give has returned */
 };
 
-static void pp_one_done(struct ping_pong *pp) {
-    if (atomic_fetch_sub_explicit(&pp->left, 1, memory_order_acq_rel) == 1) signal_done();
+static void pp_one_done(struct ping_pong *pp)
+{
+    if (atomic_fetch_sub_explicit(&pp->left, 1, memory_order_acq_rel) == 1)
+        signal_done();
 }
 
-static int ping(atap_ctx *ctx, void *arg, void *out) {
+static int ping(atap_ctx *ctx, void *arg, void *out)
+{
     (void)out;
     struct ping_pong *pp = arg;
     uint64_t v;
@@ -370,7 +404,8 @@ static int ping(atap_ctx *ctx, void *arg, void *out) {
     return 0;
 }
 
-static int pong(atap_ctx *ctx, void *arg, void *out) {
+static int pong(atap_ctx *ctx, void *arg, void *out)
+{
     (void)out;
     struct ping_pong *pp = arg;
     uint64_t v;
@@ -378,7 +413,8 @@ static int pong(atap_ctx *ctx, void *arg, void *out) {
     must(atap_give(pp->a, &v, sizeof v), "atap_give to A");
     /* A may run and see n before this give has returned: main may release
      * pp->a only once this last give is out of it. */
-    if (v == (uint64_t)N) pp_one_done(pp);
+    if (v == (uint64_t)N)
+        pp_one_done(pp);
     return 0;
 }
 
@@ -388,16 +424,19 @@ static int pong(atap_ctx *ctx, void *arg, void *out) {
 static atomic_long fd_left, fd_runs;
 static uint64_t fd_timeout = ATAP_FOREVER;
 
-static int fd_parked(atap_ctx *ctx, void *arg, void *out) {
+static int fd_parked(atap_ctx *ctx, void *arg, void *out)
+{
     (void)out;
     int fd = (int)(intptr_t)arg;
     char c;
-    if (!atap_resumed(ctx)) atomic_fetch_add_explicit(&fd_runs, 1, memory_order_relaxed);
+    if (!atap_resumed(ctx))
+        atomic_fetch_add_explicit(&fd_runs, 1, memory_order_relaxed);
     if (read(fd, &c, 1) != 1) {
         atap_park_fd(ctx, fd, ATAP_READABLE, fd_timeout);
         return ATAP_PARKED;
     }
-    if (atomic_fetch_sub_explicit(&fd_left, 1, memory_order_acq_rel) == 1) signal_done();
+    if (atomic_fetch_sub_explicit(&fd_left, 1, memory_order_acq_rel) == 1)
+        signal_done();
     return 0;
 }
 
@@ -407,13 +446,15 @@ static int fd_parked(atap_ctx *ctx, void *arg, void *out) {
 static atomic_bool all_spawned;
 static atomic_long idle_left;
 
-static int idle(atap_ctx *ctx, void *arg, void *out) {
+static int idle(atap_ctx *ctx, void *arg, void *out)
+{
     (void)arg, (void)out;
     if (!atap_resumed(ctx) || !atomic_load_explicit(&all_spawned, memory_order_acquire)) {
         must(atap_park_until(ctx, atap_now() + ATAP_SEC(2)), "atap_park_until");
         return ATAP_PARKED;
     }
-    if (atomic_fetch_sub_explicit(&idle_left, 1, memory_order_acq_rel) == 1) signal_done();
+    if (atomic_fetch_sub_explicit(&idle_left, 1, memory_order_acq_rel) == 1)
+        signal_done();
     return 0;
 }
 
@@ -422,7 +463,8 @@ static int idle(atap_ctx *ctx, void *arg, void *out) {
 static atomic_int cl_entered;
 static _Atomic uint64_t cl_woke;
 
-static int sleep10(atap_ctx *ctx, void *arg, void *out) {
+static int sleep10(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx, (void)arg, (void)out;
     atomic_store(&cl_entered, 1);
     int rc = atap_sleep(ATAP_SEC(10));
@@ -434,24 +476,27 @@ static int sleep10(atap_ctx *ctx, void *arg, void *out) {
 }
 
 /* live_memory: an 8-byte output (the task's index). */
-static int put8(atap_ctx *ctx, void *arg, void *out) {
+static int put8(atap_ctx *ctx, void *arg, void *out)
+{
     (void)ctx;
     uint64_t v = (uint64_t)(uintptr_t)arg;
     memcpy(out, &v, sizeof v);
     return 0;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     const char *w = argc > 1 ? argv[1] : "spawn_many";
-    N = argc > 2 ? atol(argv[2])
-        : !strcmp(w, "cancel_latency") ? 1000
+    N = argc > 2                                                   ? atol(argv[2])
+        : !strcmp(w, "cancel_latency")                             ? 1000
         : !strcmp(w, "fd_memory") || !strcmp(w, "fd_timed_memory") ? 100000
-        : !strcmp(w, "fan")                                         ? 5000
-                                       : default_n(w);
+        : !strcmp(w, "fan")                                        ? 5000
+                                                                   : default_n(w);
     const char *peer = "atap";
     check(N > 0, "n > 0");
     bool is_tree = tree_shape(w, &tree_m, &tree_q);
-    if (is_tree) tree_last_first = tree_join_last_first();
+    if (is_tree)
+        tree_last_first = tree_join_last_first();
 
     must(atap_init(NULL), "atap_init");
     atap_task warm = spawn(noop, NULL, 0); /* warm-up: workers running */
@@ -464,16 +509,19 @@ int main(int argc, char **argv) {
     struct atap_pool_stats st;
     must(atap_pool_stats(&st), "atap_pool_stats");
     size_t workers = st.workers; /* the pool's own, after the warm-up: fan's workers= */
-    long rss0 = cur_rss_kb(); /* after the handle array: not counted per task */
+    long rss0 = cur_rss_kb();    /* after the handle array: not counted per task */
 
     pthread_t sampler;
-    if (is_tree) sampler = live_sampler_start();
+    if (is_tree)
+        sampler = live_sampler_start();
     uint64_t t0 = now_ns();
     double ops = (double)N, per_op = 0; /* per_op: set when ns_per_op is not ns / ops */
     char extra[256] = "";
     if (!strcmp(w, "spawn_many")) {
-        for (long i = 0; i < N; i++) h[i] = spawn(inc, NULL, 0);
-        for (long i = 0; i < N; i++) join_release(h[i], NULL, 0);
+        for (long i = 0; i < N; i++)
+            h[i] = spawn(inc, NULL, 0);
+        for (long i = 0; i < N; i++)
+            join_release(h[i], NULL, 0);
         check(atomic_load(&counter) == N, "count");
     } else if (!strcmp(w, "spawn_local")) {
         struct parent_arg p = {inc, h};
@@ -487,7 +535,8 @@ int main(int argc, char **argv) {
     } else if (!strcmp(w, "fib")) {
         long r;
         join_release(spawn(fib_task, (void *)(intptr_t)N, sizeof r), &r, sizeof r);
-        if (N == 30) check(r == 832040, "fib(30) == 832040");
+        if (N == 30)
+            check(r == 832040, "fib(30) == 832040");
         ops = (double)fib_spawned_tasks((int)N);
         snprintf(extra, sizeof extra, " result=%ld tasks=%.0f", r, ops);
     } else if (is_tree) {
@@ -528,7 +577,8 @@ int main(int argc, char **argv) {
         atap_release(pp.b);
     } else if (!strcmp(w, "idle_memory")) {
         atomic_store(&idle_left, N);
-        for (long i = 0; i < N; i++) atap_release(spawn(idle, NULL, 0));
+        for (long i = 0; i < N; i++)
+            atap_release(spawn(idle, NULL, 0));
         atomic_store_explicit(&all_spawned, true, memory_order_release);
         uint64_t parked = now_ns();
         wait_done();
@@ -551,8 +601,9 @@ int main(int argc, char **argv) {
         for (long i = 0; i < N; i++)
             atap_release(spawn(fd_parked, (void *)(intptr_t)pipes[i % FD_PIPES][0], 0));
         uint64_t parked = now_ns();
-        while (atomic_load(&fd_runs) < N) usleep(1000); /* every one has looked */
-        usleep(20000);                                  /* and parked */
+        while (atomic_load(&fd_runs) < N)
+            usleep(1000); /* every one has looked */
+        usleep(20000);    /* and parked */
         long rss_parked = cur_rss_kb();
         for (long i = 0; i < N; i++) {
             char one = 1;
@@ -574,7 +625,8 @@ int main(int argc, char **argv) {
             atomic_store(&cl_woke, 0);
             done = 0; /* only the task signals, once it has stamped cl_woke */
             atap_task t = spawn(sleep10, NULL, 0);
-            while (!atomic_load(&cl_entered)) nap_us(50);
+            while (!atomic_load(&cl_entered))
+                nap_us(50);
             nap_us(1000 + i % 1000); /* 1-2 ms: well inside the sleep */
             check(atap_state_of(t) == ATAP_RUNNING, "the task is running when cancelled");
             uint64_t asked = now_ns();
@@ -591,7 +643,8 @@ int main(int argc, char **argv) {
                  lat[N * 50 / 100] / 1e3, lat[N * 99 / 100] / 1e3, lat[N - 1] / 1e3, lat[0] / 1e3);
         free(lat);
     } else if (!strcmp(w, "live_memory")) {
-        for (long i = 0; i < N; i++) h[i] = spawn(put8, (void *)(uintptr_t)i, sizeof(uint64_t));
+        for (long i = 0; i < N; i++)
+            h[i] = spawn(put8, (void *)(uintptr_t)i, sizeof(uint64_t));
         for (long i = 0; i < N; i++) {
             uint64_t v;
             must(atap_join(h[i], &v, sizeof v), "atap_join");
@@ -623,7 +676,8 @@ int main(int argc, char **argv) {
     report(peer, w, N, ns, per_op ? per_op : ns / ops, extra);
 
     if (h && !strcmp(w, "live_memory"))
-        for (long i = 0; i < N; i++) atap_release(h[i]);
+        for (long i = 0; i < N; i++)
+            atap_release(h[i]);
     free(h);
     must(atap_shutdown(), "atap_shutdown");
     return 0;

@@ -67,7 +67,8 @@ int main()
         opts.every_ns = ATAP_MS(1);
         atap::task<int> t;
         int count = 0, last = 0;
-        int rc = atap::spawn(t, [count](atap_ctx *) mutable { return ++count; }, opts);
+        int rc = atap::spawn(
+            t, [count](atap_ctx *) mutable { return ++count; }, opts);
         while (rc == 0 && !t.finished())
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         rc = rc ? rc : t.take(last);
@@ -104,6 +105,6 @@ int main()
          "atap_shutdown: the cancelled task saw its cancel, its capture is freed; live tasks",
          (long)st.live);
     std::printf("cpp_tour: %s\n", failures ? "some steps did not behave as documented"
-                                          : "every step behaved as documented");
+                                           : "every step behaved as documented");
     return failures != 0;
 }

@@ -153,7 +153,8 @@ static int start_server(int port, int buffer, atap_task *task)
 
     snprintf(name, sizeof name, "127.0.0.1:%d", port);
     if (!l || (rc = atap_net_listen(&l->fd, name, 0)) != 0) {
-        fprintf(stderr, "echo_server: listen on %s: %s\n", name, l ? atap_strerror(rc) : "no memory");
+        fprintf(stderr, "echo_server: listen on %s: %s\n", name,
+                l ? atap_strerror(rc) : "no memory");
         exit(1);
     }
     if (buffer > 0)
@@ -185,10 +186,10 @@ struct client {
     enum step step;
     int fd;
     char name[32];
-    size_t size, got;       /* bytes to send; echoed back and checked */
-    unsigned char *data;    /* what it sends, kept until the send lets go */
+    size_t size, got;    /* bytes to send; echoed back and checked */
+    unsigned char *data; /* what it sends, kept until the send lets go */
     atap_net_io io, send_io;
-    atap_task send;         /* the send task, running beside the reads */
+    atap_task send; /* the send task, running beside the reads */
     unsigned char buf[4096];
 };
 
@@ -330,9 +331,8 @@ static int self_test(int n)
     atap_task server, *clients = calloc((size_t)n, sizeof *clients);
     int port = start_server(0, tiny_buffer, &server), failed = 0;
     long bytes = 0;
-    atap_spawn_opts opts = {.out_size = sizeof(struct verdict),
-                            .arg_free = client_free,
-                            .timeout_ns = CLIENT_TIMEOUT};
+    atap_spawn_opts opts = {
+        .out_size = sizeof(struct verdict), .arg_free = client_free, .timeout_ns = CLIENT_TIMEOUT};
 
     if (!clients) {
         perror("echo_server: calloc");

@@ -83,9 +83,11 @@ int main(void)
      * A producer that has already finished is handed over at once. */
     for (int i = 0; i < N; i++) {
         nums[i] = i + 1;
-        must(atap_spawn(&produced[i], produce, &nums[i], &(atap_spawn_opts){.out_size = sizeof(long)}),
+        must(atap_spawn(&produced[i], produce, &nums[i],
+                        &(atap_spawn_opts){.out_size = sizeof(long)}),
              "atap_spawn");
-        must(atap_spawn_waiting(&squared[i], square, NULL, sizeof(long), &once), "atap_spawn_waiting");
+        must(atap_spawn_waiting(&squared[i], square, NULL, sizeof(long), &once),
+             "atap_spawn_waiting");
         must(atap_forward(produced[i], squared[i]), "atap_forward");
     }
 

@@ -68,12 +68,12 @@
 #define ATAP_HPP_EXCEPTIONS 0
 #endif
 
-namespace atap {
+namespace atap
+{
 
 /* A duration in the nanoseconds atap.h takes (negative: 0; too long:
  * ATAP_FOREVER). */
-template <class Rep, class Period>
-uint64_t ns(std::chrono::duration<Rep, Period> d) noexcept
+template <class Rep, class Period> uint64_t ns(std::chrono::duration<Rep, Period> d) noexcept
 {
     typedef std::chrono::duration<long double, std::nano> ldns;
     long double n = std::chrono::duration_cast<ldns>(d).count();
@@ -86,7 +86,8 @@ uint64_t ns(std::chrono::duration<Rep, Period> d) noexcept
 
 #if ATAP_HPP_EXCEPTIONS
 /* An atap.h code, thrown where C++ has no code to return (atap::runtime). */
-class error : public std::runtime_error {
+class error : public std::runtime_error
+{
   public:
     explicit error(int code) : std::runtime_error(atap_strerror(code)), code_(code) {}
     int code() const noexcept { return code_; }
@@ -99,7 +100,8 @@ class error : public std::runtime_error {
 /* The runtime as a scope: atap_init(config) when made, atap_shutdown when
  * destroyed. A failed init throws atap::error (without exceptions, code()
  * says it and the destructor does nothing). */
-class runtime {
+class runtime
+{
   public:
     explicit runtime(const atap_config *config = nullptr) : rc_(atap_init(config))
     {
@@ -135,30 +137,31 @@ inline struct atap_pool_stats pool_stats() noexcept
     return s;
 }
 
-template <class Rep, class Period>
-int sleep(std::chrono::duration<Rep, Period> d) noexcept
+template <class Rep, class Period> int sleep(std::chrono::duration<Rep, Period> d) noexcept
 {
     return atap_sleep(ns(d));
 }
-template <class Rep, class Period>
-int sleep_relaxed(std::chrono::duration<Rep, Period> d) noexcept
+template <class Rep, class Period> int sleep_relaxed(std::chrono::duration<Rep, Period> d) noexcept
 {
     return atap_sleep_relaxed(ns(d));
 }
 
-namespace detail {
+namespace detail
+{
 
 /* R the runtime copies as bytes (the task's output), or void. */
 template <class R>
-struct as_bytes : std::integral_constant<bool, std::is_trivially_copyable<R>::value> {};
-template <>
-struct as_bytes<void> : std::true_type {};
+struct as_bytes : std::integral_constant<bool, std::is_trivially_copyable<R>::value> {
+};
+template <> struct as_bytes<void> : std::true_type {
+};
 
 /* What a run leaves beside the runtime's output: the exception that left
  * the callable, and an R that is not copied as bytes. Lives in the task's
  * argument (a closure, below): written by the run, read after the task
  * settled (the runtime's publish orders the two), freed with the task. */
-class outcome_base {
+class outcome_base
+{
   public:
 #if ATAP_HPP_EXCEPTIONS
     std::exception_ptr error;
@@ -172,11 +175,12 @@ class outcome_base {
 #endif
 };
 
-template <class R, bool Bytes = as_bytes<R>::value>
-class outcome : public outcome_base {};
+template <class R, bool Bytes = as_bytes<R>::value> class outcome : public outcome_base
+{
+};
 
-template <class R>
-class outcome<R, false> : public outcome_base {
+template <class R> class outcome<R, false> : public outcome_base
+{
   public:
     outcome() noexcept : has_(false), taken_(false) {}
     ~outcome()
@@ -187,8 +191,7 @@ class outcome<R, false> : public outcome_base {
     outcome(const outcome &) = delete;
     outcome &operator=(const outcome &) = delete;
 
-    template <class F>
-    void make(F &f, atap_ctx *ctx)
+    template <class F> void make(F &f, atap_ctx *ctx)
     {
         new (static_cast<void *>(buf_)) R(f(ctx));
         has_ = true;
@@ -206,42 +209,31 @@ class outcome<R, false> : public outcome_base {
 };
 
 /* The task's argument: the callable and what its runs leave. */
-template <class Fn, class R>
-struct closure : outcome<R> {
+template <class Fn, class R> struct closure : outcome<R> {
     explicit closure(Fn &&f) : fn(std::move(f)) {}
     Fn fn;
 };
 
 /* Writes a run's result: R by copy into out, void as nothing, any other R
  * into the closure. */
-template <class R, bool Bytes = as_bytes<R>::value>
-struct publish {
-    template <class Fn>
-    static void run(closure<Fn, R> &c, atap_ctx *ctx, void *out)
+template <class R, bool Bytes = as_bytes<R>::value> struct publish {
+    template <class Fn> static void run(closure<Fn, R> &c, atap_ctx *ctx, void *out)
     {
         R r = c.fn(ctx); /* copied as bytes: out need not be aligned for R */
         std::memcpy(out, &r, sizeof r);
     }
 };
-template <>
-struct publish<void, true> {
-    template <class Fn>
-    static void run(closure<Fn, void> &c, atap_ctx *ctx, void *)
-    {
-        c.fn(ctx);
-    }
+template <> struct publish<void, true> {
+    template <class Fn> static void run(closure<Fn, void> &c, atap_ctx *ctx, void *) { c.fn(ctx); }
 };
-template <class R>
-struct publish<R, false> {
-    template <class Fn>
-    static void run(closure<Fn, R> &c, atap_ctx *ctx, void *)
+template <class R> struct publish<R, false> {
+    template <class Fn> static void run(closure<Fn, R> &c, atap_ctx *ctx, void *)
     {
         c.make(c.fn, ctx);
     }
 };
 
-template <class Fn, class R>
-int trampoline(atap_ctx *ctx, void *arg, void *out)
+template <class Fn, class R> int trampoline(atap_ctx *ctx, void *arg, void *out)
 {
     closure<Fn, R> &c = *static_cast<closure<Fn, R> *>(arg);
 #if ATAP_HPP_EXCEPTIONS
@@ -257,21 +249,17 @@ int trampoline(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-template <class C>
-void destroy(void *arg)
-{
-    delete static_cast<C *>(arg);
-}
+template <class C> void destroy(void *arg) { delete static_cast<C *>(arg); }
 
 template <class R>
-struct out_size : std::integral_constant<size_t, as_bytes<R>::value ? sizeof(R) : 0> {};
-template <>
-struct out_size<void> : std::integral_constant<size_t, 0> {};
+struct out_size : std::integral_constant<size_t, as_bytes<R>::value ? sizeof(R) : 0> {
+};
+template <> struct out_size<void> : std::integral_constant<size_t, 0> {
+};
 
 /* A type's name as the compiler spells it ("main()::<lambda(atap_ctx*)>"),
  * for traces; "" where the compiler gives none. */
-template <class T>
-const char *type_name() noexcept
+template <class T> const char *type_name() noexcept
 {
 #if defined(__GNUC__)
     struct spelled {
@@ -289,7 +277,8 @@ const char *type_name() noexcept
 }
 
 /* Release rules shared by every task<R>. */
-class handle {
+class handle
+{
   public:
     handle() noexcept : t_(ATAP_NO_TASK) {}
     explicit handle(atap_task t) noexcept : t_(t) {}
@@ -333,18 +322,16 @@ class handle {
 
 } // namespace detail
 
-template <class R>
-class task;
-template <class R, class F>
-int spawn(task<R> &t, F &&f, atap_spawn_opts opts = atap_spawn_opts());
-namespace detail {
-template <class R, class F>
-int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts, const char *name);
+template <class R> class task;
+template <class R, class F> int spawn(task<R> &t, F &&f, atap_spawn_opts opts = atap_spawn_opts());
+namespace detail
+{
+template <class R, class F> int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts, const char *name);
 }
 
 /* What task<R> shares whatever R is: the handle and the runs' outcome. */
-template <class R>
-class task_base : public detail::handle {
+template <class R> class task_base : public detail::handle
+{
   public:
     task_base() noexcept : out_(nullptr) {}
     explicit task_base(atap_task t) noexcept : handle(t), out_(nullptr) {}
@@ -394,8 +381,8 @@ class task_base : public detail::handle {
  * moved from, or after a failed spawn. join, take and their kin return
  * atap.h's codes, and rethrow the exception a run threw (then the task
  * reads ATAP_EFAILED). */
-template <class R>
-class task : public task_base<R> {
+template <class R> class task : public task_base<R>
+{
     typedef task_base<R> base;
     static const bool bytes = detail::as_bytes<R>::value;
 
@@ -417,10 +404,7 @@ class task : public task_base<R> {
     {
         return read(out, ns(timeout), false, false);
     }
-    int join_for(R &out, uint64_t timeout_ns) const
-    {
-        return read(out, timeout_ns, false, false);
-    }
+    int join_for(R &out, uint64_t timeout_ns) const { return read(out, timeout_ns, false, false); }
     /* Waits and moves the result out: one caller only (later: ATAP_ETAKEN). */
     int take(R &out) const { return read(out, ATAP_FOREVER, false, true); }
 
@@ -444,8 +428,8 @@ class task : public task_base<R> {
     int read_as(R &out, uint64_t timeout_ns, bool now, bool take_it, std::true_type) const
     {
         atap_task t = this->get();
-        int rc = take_it ? atap_take(t, &out, sizeof out)
-                 : now   ? atap_try_join(t, &out, sizeof out)
+        int rc = take_it                      ? atap_take(t, &out, sizeof out)
+                 : now                        ? atap_try_join(t, &out, sizeof out)
                  : timeout_ns == ATAP_FOREVER ? atap_join(t, &out, sizeof out)
                                               : atap_join_for(t, &out, sizeof out, timeout_ns);
         return this->checked(rc);
@@ -453,7 +437,7 @@ class task : public task_base<R> {
     int read_as(R &out, uint64_t timeout_ns, bool now, bool take_it, std::false_type) const
     {
         atap_task t = this->get();
-        int rc = now ? atap_try_join(t, nullptr, 0)
+        int rc = now                          ? atap_try_join(t, nullptr, 0)
                  : timeout_ns == ATAP_FOREVER ? atap_join(t, nullptr, 0)
                                               : atap_join_for(t, nullptr, 0, timeout_ns);
         if (rc != 0)
@@ -475,8 +459,8 @@ class task : public task_base<R> {
 };
 
 /* A task with no result: join waits for it to settle. */
-template <>
-class task<void> : public task_base<void> {
+template <> class task<void> : public task_base<void>
+{
   public:
     task() noexcept = default;
     explicit task(atap_task t) noexcept : task_base(t) {}
@@ -505,9 +489,9 @@ class task<void> : public task_base<void> {
     }
 };
 
-namespace detail {
-template <class R, class F>
-int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts, const char *name)
+namespace detail
+{
+template <class R, class F> int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts, const char *name)
 {
     typedef typename std::decay<F>::type Fn;
     typedef decltype(std::declval<Fn &>()(static_cast<atap_ctx *>(nullptr))) Result;
@@ -564,8 +548,7 @@ int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts, const char *name)
  * a one-shot, or ATAP_EFAILED when f cannot be moved to the heap (no
  * memory, or its constructor threw).
  */
-template <class R, class F>
-int spawn(task<R> &t, F &&f, atap_spawn_opts opts)
+template <class R, class F> int spawn(task<R> &t, F &&f, atap_spawn_opts opts)
 {
     return detail::spawn_as(t, std::forward<F>(f), opts, nullptr);
 }
@@ -586,7 +569,8 @@ int spawn_named(task<R> &t, const char *name, F &&f, atap_spawn_opts opts = atap
  * first exception a member's run threw, once every member is joined.
  */
 template <class R>
-int join_all(const std::vector<task<R>> &tasks, std::vector<R> &out, std::vector<int> *rcs = nullptr)
+int join_all(const std::vector<task<R>> &tasks, std::vector<R> &out,
+             std::vector<int> *rcs = nullptr)
 {
     size_t n = tasks.size();
     std::vector<atap_task> raw(n);
@@ -646,8 +630,8 @@ inline int join_all(const std::vector<task<void>> &tasks, std::vector<int> *rcs 
  * (ATAP_ENOTREADY past the timeout; nothing is touched then).
  */
 template <class R>
-int join_first(std::vector<task<R>> &tasks, size_t &winner, atap_join_policy policy = ATAP_PASS_BACK,
-               uint64_t timeout_ns = ATAP_FOREVER)
+int join_first(std::vector<task<R>> &tasks, size_t &winner,
+               atap_join_policy policy = ATAP_PASS_BACK, uint64_t timeout_ns = ATAP_FOREVER)
 {
     std::vector<atap_task> raw(tasks.size());
     for (size_t i = 0; i < tasks.size(); i++)
@@ -674,7 +658,8 @@ int join_first(std::vector<task<R>> &tasks, size_t &winner, atap_join_policy pol
  * them threw. The destructor waits for what was not waited for (and
  * swallows what it would throw).
  */
-class task_group {
+class task_group
+{
   public:
     task_group() = default;
     task_group(const task_group &) = delete;
@@ -692,8 +677,7 @@ class task_group {
     }
 
     /* Returns atap_spawn's code (f then is not run). */
-    template <class F>
-    int run(F &&f, atap_spawn_opts opts = atap_spawn_opts())
+    template <class F> int run(F &&f, atap_spawn_opts opts = atap_spawn_opts())
     {
         typedef typename std::decay<F>::type Fn;
         task<void> t;
@@ -723,10 +707,8 @@ class task_group {
     size_t size() const noexcept { return tasks_.size(); }
 
   private:
-    template <class Fn>
-    struct no_ctx {
-        template <class G>
-        explicit no_ctx(G &&g) : f(std::forward<G>(g)) {}
+    template <class Fn> struct no_ctx {
+        template <class G> explicit no_ctx(G &&g) : f(std::forward<G>(g)) {}
         void operator()(atap_ctx *) { f(); }
         Fn f;
     };
@@ -739,8 +721,8 @@ class task_group {
  * is destroyed or close_* is called. recv and send_task spawn the channel's
  * tasks into task<T> / task<void>.
  */
-template <class T>
-class channel {
+template <class T> class channel
+{
     static_assert(std::is_trivially_copyable<T>::value,
                   "atap::channel<T>: values are copied as bytes");
 

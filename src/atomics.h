@@ -29,11 +29,9 @@
 
 /* Compare-and-swap; on failure *expected is refreshed. */
 #define cas_acqrel(p, e, v)                                                                        \
-    atomic_compare_exchange_weak_explicit((p), (e), (v), memory_order_acq_rel,                     \
-                                          memory_order_acquire)
+    atomic_compare_exchange_weak_explicit((p), (e), (v), memory_order_acq_rel, memory_order_acquire)
 #define cas_release(p, e, v)                                                                       \
-    atomic_compare_exchange_weak_explicit((p), (e), (v), memory_order_release,                     \
-                                          memory_order_relaxed)
+    atomic_compare_exchange_weak_explicit((p), (e), (v), memory_order_release, memory_order_relaxed)
 #define cas_seqcst(p, e, v)                                                                        \
     atomic_compare_exchange_strong_explicit((p), (e), (v), memory_order_seq_cst,                   \
                                             memory_order_seq_cst)
@@ -48,7 +46,6 @@
 #else
 #define cpu_relax() ((void)0)
 #endif
-
 
 /*
  * A test-and-test-and-set lock for short critical sections that never
@@ -81,9 +78,6 @@ static inline void spin_lock(atap_spin *l)
             spin_pause(&spins);
 }
 
-static inline void spin_unlock(atap_spin *l)
-{
-    st_release(&l->held, 0);
-}
+static inline void spin_unlock(atap_spin *l) { st_release(&l->held, 0); }
 
 #endif

@@ -51,25 +51,25 @@ struct gate {
     uint32_t index;           /* its slot */
     bool linked;
     uint8_t state, role;
-    bool series;           /* kind REPEAT or AT_RATE: a give starts a series */
-    bool last;             /* the start under way is the last one */
-    bool orphan;           /* no handle or forward can give any more */
+    bool series; /* kind REPEAT or AT_RATE: a give starts a series */
+    bool last;   /* the start under way is the last one */
+    bool orphan; /* no handle or forward can give any more */
     /* regs feeding this task: the first holds it for all (one hold, not
      * one each: a receiver over a million members holds its slot once),
      * the last to close lets go. acq_rel: what a closing feeder delivered
      * reaches whoever frees, through the last one's release. */
     _Atomic size_t feeders;
-    bool claimed;          /* BUSY: the run has taken its value (ONCE) */
+    bool claimed; /* BUSY: the run has taken its value (ONCE) */
     bool has_pending, pending_owned, current_owned;
-    uint32_t left;         /* starts left; UINT32_MAX: no limit */
-    uint32_t open;         /* receive_any: members that may still publish */
+    uint32_t left; /* starts left; UINT32_MAX: no limit */
+    uint32_t open; /* receive_any: members that may still publish */
     size_t in_size;
     void (*in_free)(void *);
     unsigned char *pending, *current, *spare;
     /* receive_all: the round being gathered (NULL once the last round went:
      * `last` is set then) */
     size_t n, nfilled, nclosed;
-    uint64_t *filled;      /* n bits */
+    uint64_t *filled; /* n bits */
     unsigned char *gathering;
     /* on a delivery's list of targets to kick (struct kicks) */
     struct gate *kick_next;

@@ -35,23 +35,19 @@
 #include "atap.h"
 #include "atomics.h"
 #include "extras.h"
+#include "handle.h"
 #include "pool.h"
 #include "side.h"
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
 #include "wait.h"
-#include "handle.h"
-
 
 /* ---- the features (extras.h) ------------------------------------------- */
 
 struct atap__extras atap__extras;
 
-void atap__exec_set_extras(const struct atap__extras *x)
-{
-    atap__extras = *x;
-}
+void atap__exec_set_extras(const struct atap__extras *x) { atap__extras = *x; }
 
 /* ---- the side record (side.h) ------------------------------------------ */
 
@@ -112,10 +108,7 @@ void atap__side_free(struct atap_slot *s)
         sides_free_deferred();
 }
 
-void atap__exec_sides_keep(void)
-{
-    st_seqcst(&keeping, 1);
-}
+void atap__exec_sides_keep(void) { st_seqcst(&keeping, 1); }
 
 void atap__exec_sides_let_go(void)
 {
@@ -173,8 +166,8 @@ static inline bool bare(const struct atap_slot *s)
     return !(s->flags & SF_OUT_HEAP) && s->out_size <= PARK_TAIL && !ld_relaxed(&s->side);
 }
 
-static inline __attribute__((always_inline)) void
-free_slot(struct worker *w, struct atap_slot *s, uint32_t index, uint32_t gen)
+static inline __attribute__((always_inline)) void free_slot(struct worker *w, struct atap_slot *s,
+                                                            uint32_t index, uint32_t gen)
 {
     /* Release: a stale reader that sees FREE sees nothing of what follows;
      * the destroy below happens after every listener let go (acq_rel on
@@ -239,7 +232,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
  * RMW, so the count is the latest: only a holder adds listeners, and the
  * caller (one of kind `one`) is the only holder when it reads just its own. */
 static __attribute__((noinline, cold)) uint64_t maybe_orphan(struct atap_slot *s, uint32_t index,
-                                                            uint32_t gen, uint64_t one)
+                                                             uint32_t gen, uint64_t one)
 {
     uint64_t r = atomic_fetch_add_explicit(&s->refs, 0, memory_order_acq_rel);
 
@@ -251,8 +244,7 @@ static __attribute__((noinline, cold)) uint64_t maybe_orphan(struct atap_slot *s
 /* Lets go of one listener of kind `one` (REFS_HANDLE or REFS_HOLD): none
  * of that kind left (a stale handle, a handle released twice) is a no-op,
  * so a handle can never drop the runtime's holds. */
-static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen,
-                                    uint64_t one)
+static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_t gen, uint64_t one)
 {
     const uint64_t mask = one == REFS_HANDLE ? REFS_HANDLES_MASK : REFS_HOLDS_MASK;
     const uint64_t last = REFS_GATED | REFS_RUN | one;
@@ -296,10 +288,7 @@ void atap_release(atap_task t)
 
 /* One more hold on a live task (it cannot be going: the caller holds a
  * listener of its own, or RUN). */
-void atap__exec_hold(struct atap_slot *s)
-{
-    add_relaxed(&s->refs, REFS_HOLD);
-}
+void atap__exec_hold(struct atap_slot *s) { add_relaxed(&s->refs, REFS_HOLD); }
 
 bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen)
 {
@@ -406,8 +395,7 @@ bool atap__exec_stop(struct atap_slot *s, uint32_t gen, uint32_t from, uint32_t 
 }
 
 /* RUNNING -> READY or FAILED, unless a cancel got there first. */
-static inline __attribute__((always_inline)) void settle(struct atap_slot *s, uint32_t gen,
-                                                         bool ok)
+static inline __attribute__((always_inline)) void settle(struct atap_slot *s, uint32_t gen, bool ok)
 {
     stop(s, gen, ST_RUNNING, ok ? ST_READY : ST_FAILED);
 }
@@ -419,9 +407,8 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
     if (unlikely(to == ST_FAILED && slot_sched(s)))
         failing(s);
     do {
-        if (word_gen(cur) != gen || word_state(cur) == ST_FREE ||
-            word_state(cur) == ST_CANCELLED || word_state(cur) == ST_TIMED_OUT ||
-            word_state(cur) == ST_FAILED)
+        if (word_gen(cur) != gen || word_state(cur) == ST_FREE || word_state(cur) == ST_CANCELLED ||
+            word_state(cur) == ST_TIMED_OUT || word_state(cur) == ST_FAILED)
             break; /* already ended otherwise */
         if (cas_acqrel(&s->word, &cur, make_word(gen, to))) {
             if (cur & ST_LISTENED)
@@ -501,8 +488,7 @@ void atap__exec_finish_run(struct atap_slot *s, uint32_t index, uint32_t gen, in
 }
 
 static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t cur);
-static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
-                        struct atap_ctx *ctx);
+static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref, struct atap_ctx *ctx);
 
 void atap__exec_run(struct worker *w, uint32_t ref)
 {
@@ -556,8 +542,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
 }
 
 /* Runs a claimed task (its RUN is ours) on this thread, and what follows. */
-static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref,
-                        struct atap_ctx *ctx)
+static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref, struct atap_ctx *ctx)
 {
     struct atap_ctx *outer;
     int rc;
@@ -604,7 +589,7 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
         if (!word_is(cur, gen))
             return ATAP_ENOTASK;
         if (slot_sched(s) ? !atap__extras.time->cancellable(s, word_state(cur))
-                   : word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
+                          : word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
             return 0; /* settled: an output that landed is left alone */
     } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
     ATAP_TRACE(TR_CANCEL, ATAP_TRACE_ID(index, gen), NULL, 0);
@@ -638,10 +623,7 @@ bool atap_cancelled(atap_ctx *ctx)
            (word_state(w) == ST_CANCELLED || word_state(w) == ST_TIMED_OUT);
 }
 
-struct atap_slot *atap__exec_ctx_slot(atap_ctx *ctx)
-{
-    return ctx ? ctx->slot : NULL;
-}
+struct atap_slot *atap__exec_ctx_slot(atap_ctx *ctx) { return ctx ? ctx->slot : NULL; }
 
 bool atap__exec_inside(const struct worker *w, uint32_t ref)
 {
@@ -672,10 +654,7 @@ atap_task atap_self(atap_ctx *ctx)
     return make_task(ctx->index, ctx->gen);
 }
 
-uint64_t atap_now(void)
-{
-    return atap__now_ns();
-}
+uint64_t atap_now(void) { return atap__now_ns(); }
 
 const struct atap__pool_ops atap__exec_pool_ops = {
     .run = atap__exec_run,

@@ -19,10 +19,10 @@ struct atap_ctx {
     uint32_t index, gen;
     /* a park asked for in this run (park.c): kind 0 for none */
     uint8_t park_kind;
-    uint8_t resumed;  /* this run follows a park: ATAP_RESUME_* */
-    bool in_block;    /* run by atap_block: a park waits on the caller */
-    bool woke;        /* resumed by a wake (atap_wake) */
-    unsigned events;  /* park: the events asked for; resumed: those seen */
+    uint8_t resumed; /* this run follows a park: ATAP_RESUME_* */
+    bool in_block;   /* run by atap_block: a park waits on the caller */
+    bool woke;       /* resumed by a wake (atap_wake) */
+    unsigned events; /* park: the events asked for; resumed: those seen */
     int fd;
     uint64_t deadline;
 };

@@ -53,8 +53,7 @@ struct atap__extras_time {
      * ext's from a 0 return on; 0 or -ENOMEM); the slot published PENDING
      * with RUN: queue it, or arm its start delay. */
     int (*check)(const atap_spawn_opts *o);
-    int (*attach)(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o,
-                  struct gate *gate);
+    int (*attach)(struct atap_slot *s, uint32_t index, const atap_spawn_opts *o, struct gate *gate);
     void (*start)(struct atap_slot *s, uint32_t index, uint32_t gen, bool blocking);
     /* A run: claim one (false: nothing to run, and RUN was dealt with); the
      * output it writes; it returned rc: publish, and go round or end. */

@@ -20,30 +20,15 @@ _Atomic unsigned atap__owed_arm_pause_ms;
 _Atomic unsigned atap__owed_watch_failures;
 _Atomic unsigned atap__owed_alloc_failures;
 
-void atap_inject_spawn_refusals(unsigned n)
-{
-    st_relaxed(&atap__owed_spawn_refusals, n);
-}
+void atap_inject_spawn_refusals(unsigned n) { st_relaxed(&atap__owed_spawn_refusals, n); }
 
-void atap_inject_help_depth(unsigned depth)
-{
-    st_relaxed(&atap__help_limit, depth);
-}
+void atap_inject_help_depth(unsigned depth) { st_relaxed(&atap__help_limit, depth); }
 
-void atap_inject_arm_pause(unsigned ms)
-{
-    st_relaxed(&atap__owed_arm_pause_ms, ms);
-}
+void atap_inject_arm_pause(unsigned ms) { st_relaxed(&atap__owed_arm_pause_ms, ms); }
 
-void atap_inject_watch_failures(unsigned n)
-{
-    st_relaxed(&atap__owed_watch_failures, n);
-}
+void atap_inject_watch_failures(unsigned n) { st_relaxed(&atap__owed_watch_failures, n); }
 
-void atap_inject_alloc_failures(unsigned n)
-{
-    st_relaxed(&atap__owed_alloc_failures, n);
-}
+void atap_inject_alloc_failures(unsigned n) { st_relaxed(&atap__owed_alloc_failures, n); }
 
 void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
 

@@ -57,7 +57,7 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
 extern void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
 #define TEST_HOOK(point)                                                                           \
     do {                                                                                           \
-        void (*hook_)(void) = ld_relaxed(&atap__test_hooks[point]);                               \
+        void (*hook_)(void) = ld_relaxed(&atap__test_hooks[point]);                                \
         if (unlikely(hook_ != NULL))                                                               \
             hook_();                                                                               \
     } while (0)

@@ -55,7 +55,7 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
-#if (defined(__x86_64__) || defined(__aarch64__)) && !defined(ATAP_FIBER_UCONTEXT) &&             \
+#if (defined(__x86_64__) || defined(__aarch64__)) && !defined(ATAP_FIBER_UCONTEXT) &&              \
     (defined(__ELF__) || defined(__APPLE__))
 #define FIBER_ASM 1
 #else
@@ -74,8 +74,7 @@ void atap__fiber_boot(void);
 #define ASM_END(x) ""
 #else
 #define ASM_SYM(x) #x
-#define ASM_FUNC(x)                                                                                \
-    ".globl " #x "\n.hidden " #x "\n.type " #x ", %function\n.p2align 4\n" #x ":\n"
+#define ASM_FUNC(x) ".globl " #x "\n.hidden " #x "\n.type " #x ", %function\n.p2align 4\n" #x ":\n"
 #define ASM_END(x) ".size " #x ", .-" #x "\n"
 #endif
 
@@ -86,79 +85,77 @@ void atap__fiber_boot(void);
 #define CTX_R12 4
 #define CTX_R13 3
 #define CTX_RET 7
-__asm__(".text\n" ASM_FUNC(atap__fiber_jump)
-        "    pushq %rbp\n"
-        "    pushq %rbx\n"
-        "    pushq %r12\n"
-        "    pushq %r13\n"
-        "    pushq %r14\n"
-        "    pushq %r15\n"
-        "    subq $8, %rsp\n"
-        "    stmxcsr (%rsp)\n"
-        "    fnstcw 4(%rsp)\n"
-        "    movq %rsp, (%rdi)\n"
-        "    movq %rsi, %rsp\n"
-        "    ldmxcsr (%rsp)\n"
-        "    fldcw 4(%rsp)\n"
-        "    addq $8, %rsp\n"
-        "    popq %r15\n"
-        "    popq %r14\n"
-        "    popq %r13\n"
-        "    popq %r12\n"
-        "    popq %rbx\n"
-        "    popq %rbp\n"
-        "    ret\n" ASM_END(atap__fiber_jump)
-        ASM_FUNC(atap__fiber_boot)
-        "    .cfi_startproc\n"
-        "    .cfi_undefined rip\n"
-        "    movq %r12, %rdi\n"
-        "    callq *%r13\n"
-        "    ud2\n"
-        "    .cfi_endproc\n" ASM_END(atap__fiber_boot));
+__asm__(".text\n" ASM_FUNC(atap__fiber_jump) "    pushq %rbp\n"
+                                             "    pushq %rbx\n"
+                                             "    pushq %r12\n"
+                                             "    pushq %r13\n"
+                                             "    pushq %r14\n"
+                                             "    pushq %r15\n"
+                                             "    subq $8, %rsp\n"
+                                             "    stmxcsr (%rsp)\n"
+                                             "    fnstcw 4(%rsp)\n"
+                                             "    movq %rsp, (%rdi)\n"
+                                             "    movq %rsi, %rsp\n"
+                                             "    ldmxcsr (%rsp)\n"
+                                             "    fldcw 4(%rsp)\n"
+                                             "    addq $8, %rsp\n"
+                                             "    popq %r15\n"
+                                             "    popq %r14\n"
+                                             "    popq %r13\n"
+                                             "    popq %r12\n"
+                                             "    popq %rbx\n"
+                                             "    popq %rbp\n"
+                                             "    ret\n" ASM_END(atap__fiber_jump) ASM_FUNC(
+                                                 atap__fiber_boot) "    .cfi_startproc\n"
+                                                                   "    .cfi_undefined rip\n"
+                                                                   "    movq %r12, %rdi\n"
+                                                                   "    callq *%r13\n"
+                                                                   "    ud2\n"
+                                                                   "    .cfi_endproc\n" ASM_END(
+                                                                       atap__fiber_boot));
 #elif defined(__aarch64__)
 /* Saved, from the stack pointer up: x19..x28, x29 x30, d8..d15, fpcr. */
 #define CTX_WORDS 22
-#define CTX_R12 0 /* x19: entry's arg */
-#define CTX_R13 1 /* x20: entry */
+#define CTX_R12 0  /* x19: entry's arg */
+#define CTX_R13 1  /* x20: entry */
 #define CTX_RET 11 /* x30 */
-__asm__(".text\n" ASM_FUNC(atap__fiber_jump)
-        "    sub sp, sp, #176\n"
-        "    stp x19, x20, [sp, #0]\n"
-        "    stp x21, x22, [sp, #16]\n"
-        "    stp x23, x24, [sp, #32]\n"
-        "    stp x25, x26, [sp, #48]\n"
-        "    stp x27, x28, [sp, #64]\n"
-        "    stp x29, x30, [sp, #80]\n"
-        "    stp d8, d9, [sp, #96]\n"
-        "    stp d10, d11, [sp, #112]\n"
-        "    stp d12, d13, [sp, #128]\n"
-        "    stp d14, d15, [sp, #144]\n"
-        "    mrs x2, fpcr\n"
-        "    str x2, [sp, #160]\n"
-        "    mov x2, sp\n"
-        "    str x2, [x0]\n"
-        "    mov sp, x1\n"
-        "    ldr x2, [sp, #160]\n"
-        "    msr fpcr, x2\n"
-        "    ldp x19, x20, [sp, #0]\n"
-        "    ldp x21, x22, [sp, #16]\n"
-        "    ldp x23, x24, [sp, #32]\n"
-        "    ldp x25, x26, [sp, #48]\n"
-        "    ldp x27, x28, [sp, #64]\n"
-        "    ldp x29, x30, [sp, #80]\n"
-        "    ldp d8, d9, [sp, #96]\n"
-        "    ldp d10, d11, [sp, #112]\n"
-        "    ldp d12, d13, [sp, #128]\n"
-        "    ldp d14, d15, [sp, #144]\n"
-        "    add sp, sp, #176\n"
-        "    ret\n" ASM_END(atap__fiber_jump)
-        ASM_FUNC(atap__fiber_boot)
-        "    .cfi_startproc\n"
-        "    .cfi_undefined x30\n"
-        "    mov x0, x19\n"
-        "    blr x20\n"
-        "    brk #0\n"
-        "    .cfi_endproc\n" ASM_END(atap__fiber_boot));
+__asm__(".text\n" ASM_FUNC(atap__fiber_jump) "    sub sp, sp, #176\n"
+                                             "    stp x19, x20, [sp, #0]\n"
+                                             "    stp x21, x22, [sp, #16]\n"
+                                             "    stp x23, x24, [sp, #32]\n"
+                                             "    stp x25, x26, [sp, #48]\n"
+                                             "    stp x27, x28, [sp, #64]\n"
+                                             "    stp x29, x30, [sp, #80]\n"
+                                             "    stp d8, d9, [sp, #96]\n"
+                                             "    stp d10, d11, [sp, #112]\n"
+                                             "    stp d12, d13, [sp, #128]\n"
+                                             "    stp d14, d15, [sp, #144]\n"
+                                             "    mrs x2, fpcr\n"
+                                             "    str x2, [sp, #160]\n"
+                                             "    mov x2, sp\n"
+                                             "    str x2, [x0]\n"
+                                             "    mov sp, x1\n"
+                                             "    ldr x2, [sp, #160]\n"
+                                             "    msr fpcr, x2\n"
+                                             "    ldp x19, x20, [sp, #0]\n"
+                                             "    ldp x21, x22, [sp, #16]\n"
+                                             "    ldp x23, x24, [sp, #32]\n"
+                                             "    ldp x25, x26, [sp, #48]\n"
+                                             "    ldp x27, x28, [sp, #64]\n"
+                                             "    ldp x29, x30, [sp, #80]\n"
+                                             "    ldp d8, d9, [sp, #96]\n"
+                                             "    ldp d10, d11, [sp, #112]\n"
+                                             "    ldp d12, d13, [sp, #128]\n"
+                                             "    ldp d14, d15, [sp, #144]\n"
+                                             "    add sp, sp, #176\n"
+                                             "    ret\n" ASM_END(atap__fiber_jump) ASM_FUNC(
+                                                 atap__fiber_boot) "    .cfi_startproc\n"
+                                                                   "    .cfi_undefined x30\n"
+                                                                   "    mov x0, x19\n"
+                                                                   "    blr x20\n"
+                                                                   "    brk #0\n"
+                                                                   "    .cfi_endproc\n" ASM_END(
+                                                                       atap__fiber_boot));
 #endif
 #endif /* FIBER_ASM */
 
@@ -214,10 +211,7 @@ static inline void chain_swap(struct atap_fiber *from, struct atap_fiber *to)
     }
 }
 #else
-void *atap__fiber_chain(void)
-{
-    return NULL;
-}
+void *atap__fiber_chain(void) { return NULL; }
 
 static inline void chain_swap(struct atap_fiber *from, struct atap_fiber *to)
 {

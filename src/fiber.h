@@ -20,12 +20,12 @@
 #include <stdint.h>
 
 struct atap_fiber {
-    void *sp;    /* the saved context, while it does not run */
-    char *map;   /* its mapping (guard page first), NULL for a thread's own */
-    size_t len;  /* the mapping's length */
-    char *lo;    /* the lowest usable address of the stack */
-    size_t size; /* the usable bytes from lo up */
-    void *tsan;  /* TSan's fiber, when built with TSan */
+    void *sp;        /* the saved context, while it does not run */
+    char *map;       /* its mapping (guard page first), NULL for a thread's own */
+    size_t len;      /* the mapping's length */
+    char *lo;        /* the lowest usable address of the stack */
+    size_t size;     /* the usable bytes from lo up */
+    void *tsan;      /* TSan's fiber, when built with TSan */
     void *asan_fake; /* ASan's fake stack while switched away */
     void *uc;        /* ucontext only: the context a start makes */
     void *chain;     /* the thread's pthread_cleanup_push chain on it */

@@ -103,8 +103,7 @@ void atap__flow_kicks_run(struct kicks *k)
 /* ---- forwards ------------------------------------------------------------ */
 
 /* Hands output number pub (bytes at out) to r unless it had it. */
-static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size,
-                    struct kicks *kicks)
+static void deliver(struct reg *r, uint64_t pub, const void *out, size_t size, struct kicks *kicks)
 {
     struct atap_slot *t;
     struct gate *g;

@@ -404,10 +404,14 @@ bool atap__gate_accepts(const struct gate *g)
 int atap__gate_closed_error(struct atap_slot *s)
 {
     switch (word_state(ld_acquire(&s->word))) {
-    case ST_CANCELLED: return ATAP_ECANCELLED;
-    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
-    case ST_FAILED: return ATAP_EFAILED;
-    default: return ATAP_EFINISHED;
+    case ST_CANCELLED:
+        return ATAP_ECANCELLED;
+    case ST_TIMED_OUT:
+        return ATAP_ETIMEDOUT;
+    case ST_FAILED:
+        return ATAP_EFAILED;
+    default:
+        return ATAP_EFINISHED;
     }
 }
 

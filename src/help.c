@@ -6,11 +6,10 @@
  * A thread waiting for task A runs, on the waiting frame's stack, only A,
  * and only when it finds A in its own queues (its LIFO slot, or its ring's
  * newest entries: where a task that spawned A and now joins it left it,
- * under the siblings spawned after A) and the stack has room. A frame run on top of a waiting one cannot return
- * before it; A cannot wait for what the waiting frame does after its wait
- * unless the program waits in a circle already. Anything else, work A
- * spawned included, runs on another stack (pool_aside.c), so that nothing
- * can be stuck under a frame it waits for.
+ * under the siblings spawned after A) and the stack has room. A frame run on top of a waiting one
+ * cannot return before it; A cannot wait for what the waiting frame does after its wait unless the
+ * program waits in a circle already. Anything else, work A spawned included, runs on another stack
+ * (pool_aside.c), so that nothing can be stuck under a frame it waits for.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -22,15 +22,9 @@ static void wake(_Atomic(struct atap_poller *) *at)
     sub_seqcst(&wakers, 1);
 }
 
-void atap__hub_wake(void)
-{
-    wake(&atap__hub.poller);
-}
+void atap__hub_wake(void) { wake(&atap__hub.poller); }
 
-void atap__hub_wake_io(void)
-{
-    wake(&atap__hub.io);
-}
+void atap__hub_wake_io(void) { wake(&atap__hub.io); }
 
 void atap__hub_close(void)
 {

@@ -60,16 +60,10 @@ void atap__hub_wake_io(void);
 void atap__hub_close(void);
 
 /* The runtime's timer structure (the manager drives it). */
-static inline struct atap_timers *atap__hub_timers(void)
-{
-    return &atap__hub.timers;
-}
+static inline struct atap_timers *atap__hub_timers(void) { return &atap__hub.timers; }
 
 /* The poller parked tasks' fds and the sources are watched on. */
-static inline struct atap_poller *atap__hub_poller(void)
-{
-    return ld_acquire(&atap__hub.poller);
-}
+static inline struct atap_poller *atap__hub_poller(void) { return ld_acquire(&atap__hub.poller); }
 
 /*
  * The seat: io is waited on by one thread at a time (the poller's rule),
@@ -87,10 +81,7 @@ static inline struct atap_poller *atap__hub_poller(void)
 #define IO_SEAT_HELD 1u
 #define IO_SEAT_WANTED 2u
 
-static inline struct atap_poller *atap__hub_io(void)
-{
-    return ld_acquire(&atap__hub.io);
-}
+static inline struct atap_poller *atap__hub_io(void) { return ld_acquire(&atap__hub.io); }
 
 /* Takes the seat if it is free: the caller may wait on io. Acquire: what
  * the last holder did before giving it back is seen. */
@@ -129,10 +120,7 @@ static inline bool atap__hub_io_give(uint64_t now)
 
 /* Whether an armed timer will be fired: false once a shutdown or the
  * supervisor giving up closed the structure (seq_cst, above). */
-static inline bool atap__hub_accepting(void)
-{
-    return !ld_seqcst(&atap__hub.closed);
-}
+static inline bool atap__hub_accepting(void) { return !ld_seqcst(&atap__hub.closed); }
 
 static inline bool atap__hub_gone(void) /* the supervisor gave up */
 {

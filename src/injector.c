@@ -28,10 +28,7 @@
 #include "atomics.h"
 #include "table.h"
 
-static inline _Atomic uint32_t *link_of(uint32_t ref)
-{
-    return &atap__table_at(ref - 1)->link;
-}
+static inline _Atomic uint32_t *link_of(uint32_t ref) { return &atap__table_at(ref - 1)->link; }
 
 void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int band)
 {
@@ -113,7 +110,7 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
     /* Acquire: the pushers' slots. Release too: a drain that sees incoming
      * emptied here sees what this thread did before it (pool_life.c quiescent). */
     ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acq_rel);
-    while (ref != 0) { /* reverse: oldest first */
+    while (ref != 0) {                  /* reverse: oldest first */
         prefetch_ref(ref, -WALK_AHEAD); /* incoming runs newest first */
         next = ld_relaxed(link_of(ref));
         st_relaxed(link_of(ref), prev);

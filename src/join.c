@@ -29,7 +29,6 @@
 #include "slot.h"
 #include "wait.h"
 
-
 /* Index of the first settled member, or n. Marks each unsettled one with
  * WAITERS (an RMW even when already set, so its settler sees us counted). */
 static size_t first_settled(const atap_task *ts, size_t n, bool mark)
@@ -107,8 +106,7 @@ static bool none_settled(void *arg)
 /* Sets the stack aside until a member settles, listed under each member's
  * slot (woken by its settle alone); under the settle count (woken by any
  * settle) when the list of keys has no room. */
-static int aside(struct worker *w, const atap_task *ts, size_t n, uint32_t *seq,
-                 uint64_t deadline)
+static int aside(struct worker *w, const atap_task *ts, size_t n, uint32_t *seq, uint64_t deadline)
 {
     const void *on_stack[KEYS_ON_STACK], **keys = on_stack;
     struct members m = {.ts = ts, .n = n};

@@ -30,7 +30,7 @@
 #include "slot.h"
 #include "wait.h"
 
-#define SPIN_NS 500000u /* atap_sleep spins the last 500 us */
+#define SPIN_NS 500000u   /* atap_sleep spins the last 500 us */
 #define SLICE_NS 5000000u /* with no poller: how often a wait looks for a stop */
 #define EVENT_BITS (ATAP_READABLE | ATAP_WRITABLE)
 
@@ -42,7 +42,7 @@ int atap__plain_wait(uint64_t deadline, bool precise, int fd, unsigned events)
 
         if (fd >= 0) { /* looks once even when the time is up (a timeout of 0) */
             struct pollfd pfd = {.fd = fd, .events = atap__poll_interest(events)};
-            int ms = now >= deadline ? 0
+            int ms = now >= deadline             ? 0
                      : deadline == ATAP__FOREVER ? -1
                      : (deadline - now) / 1000000u >= INT32_MAX
                          ? INT32_MAX
@@ -82,9 +82,12 @@ static int stopped(const struct atap_ctx *ctx)
     if (word_gen(w) != ctx->gen)
         return 0;
     switch (word_state(w)) {
-    case ST_CANCELLED: return ATAP_ECANCELLED;
-    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
-    default: return 0;
+    case ST_CANCELLED:
+        return ATAP_ECANCELLED;
+    case ST_TIMED_OUT:
+        return ATAP_ETIMEDOUT;
+    default:
+        return 0;
     }
 }
 
@@ -171,9 +174,8 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
                 cpu_relax();
             break;
         }
-        n = atap__poller_wait(kq, ev, 3,
-                              deadline == ATAP__FOREVER ? ATAP__FOREVER
-                                                        : left - (precise ? SPIN_NS : 0));
+        n = atap__poller_wait(
+            kq, ev, 3, deadline == ATAP__FOREVER ? ATAP__FOREVER : left - (precise ? SPIN_NS : 0));
         if (n > 0) {
             rc = (int)fd_events(ev, n);
             break;
@@ -190,15 +192,9 @@ static int kernel_wait(uint64_t deadline, bool precise, int fd, unsigned events)
     return rc;
 }
 
-int atap_sleep(uint64_t ns)
-{
-    return kernel_wait(atap__deadline_in(ns), true, -1, 0);
-}
+int atap_sleep(uint64_t ns) { return kernel_wait(atap__deadline_in(ns), true, -1, 0); }
 
-int atap_sleep_relaxed(uint64_t ns)
-{
-    return kernel_wait(atap__deadline_in(ns), false, -1, 0);
-}
+int atap_sleep_relaxed(uint64_t ns) { return kernel_wait(atap__deadline_in(ns), false, -1, 0); }
 
 int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
 {
@@ -208,4 +204,3 @@ int atap_wait_fd(int fd, unsigned events, uint64_t timeout_ns)
         return -EBADF;
     return kernel_wait(atap__deadline_in(timeout_ns), false, fd, events);
 }
-

@@ -135,7 +135,7 @@ static bool manager_life(void)
         if (n < 0)
             return true; /* the backend failed under us: die and be restarted */
         if (MANAGER_FALLS_APART())
-            return true; /* the worst moment: holding events nobody was given */
+            return true;            /* the worst moment: holding events nobody was given */
         for (int i = 0; i < n; i++) /* what parked tasks wait on */
             atap__park_event(events[i].udata, events[i].events, events[i].kind);
     }
@@ -315,20 +315,11 @@ void atap__manager_stop(void)
     st_release(&atap__hub.state, HUB_STOPPED);
 }
 
-bool atap__manager_alive(void)
-{
-    return ld_acquire(&atap__hub.state) == HUB_RUNNING;
-}
+bool atap__manager_alive(void) { return ld_acquire(&atap__hub.state) == HUB_RUNNING; }
 
-unsigned atap__manager_restarts(void)
-{
-    return ld_relaxed(&mgr.restarts);
-}
+unsigned atap__manager_restarts(void) { return ld_relaxed(&mgr.restarts); }
 
-size_t atap__manager_refiled(void)
-{
-    return ld_relaxed(&mgr.refiled);
-}
+size_t atap__manager_refiled(void) { return ld_relaxed(&mgr.refiled); }
 
 /* In a fork's child (its one thread; runtime.c): no manager nor supervisor
  * came along. The pollers' fds (the hub's poller and io) are the parent's

@@ -502,8 +502,8 @@ void atap__park_reap(bool all)
 /* atap_block's park: on the calling thread, in the kernel. */
 static void park_block(struct atap_ctx *ctx)
 {
-    int rc = atap__plain_wait(ctx->deadline, false, ctx->park_kind == PK_FD ? ctx->fd : -1,
-                        ctx->events);
+    int rc =
+        atap__plain_wait(ctx->deadline, false, ctx->park_kind == PK_FD ? ctx->fd : -1, ctx->events);
 
     ctx->resumed = ctx->park_kind == PK_FD && rc != ATAP_ENOTREADY ? BY_READY : BY_DEADLINE;
     ctx->events = rc > 0 ? (unsigned)rc : rc < 0 && rc != ATAP_ENOTREADY ? ATAP_ERROR : 0;
@@ -576,8 +576,7 @@ static bool unwake(struct park *p)
     /* seq_cst like every change of the count; the RMW's place in the
      * count's modification order is what decides, against the stop's
      * exchange (atap__park_complete), which of the two has the wake. */
-    while (n && !atomic_compare_exchange_weak_explicit(&p->woken, &n, n - 1,
-                                                       memory_order_seq_cst,
+    while (n && !atomic_compare_exchange_weak_explicit(&p->woken, &n, n - 1, memory_order_seq_cst,
                                                        memory_order_relaxed)) {
     }
     return n != 0;
@@ -607,8 +606,7 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
      * PENDING (executor.c's run_unobserved) until it parks. */
     w = ld_acquire(&s->word);
     live = word_gen(w) == gen && (word_state(w) == ST_RUNNING || word_state(w) == ST_PENDING);
-    if (live && (side = ld_acquire(&s->side)) != NULL &&
-        (p = ld_acquire(&side->park))) {
+    if (live && (side = ld_acquire(&s->side)) != NULL && (p = ld_acquire(&side->park))) {
         TEST_HOOK(ATAP__TEST_WAKE_LIVE);
         atomic_fetch_add_explicit(&p->woken, 1, memory_order_seq_cst);
         c = P_STATE(ld_seqcst(&p->claim));
@@ -666,8 +664,14 @@ bool atap__signal_catchable(int signo)
     struct sigaction old;
 
     switch (signo) {
-    case SIGKILL: case SIGSTOP: case SIGSEGV: case SIGBUS: case SIGFPE: case SIGILL:
-    case SIGTRAP: case SIGSYS:
+    case SIGKILL:
+    case SIGSTOP:
+    case SIGSEGV:
+    case SIGBUS:
+    case SIGFPE:
+    case SIGILL:
+    case SIGTRAP:
+    case SIGSYS:
         return false;
     default:
         return signo > 0 && signo < NSIG && sigaction(signo, NULL, &old) == 0;
@@ -717,24 +721,17 @@ int atap_park_path(atap_ctx *ctx, int fd, unsigned changes, uint64_t timeout_ns)
 {
     if (!atap__source_paths())
         return -ENOTSUP; /* the poll backend off Linux */
-    if (fd < 0 || !changes || (changes & ~(ATAP_PATH_WRITE | ATAP_PATH_ATTRIB |
-                                           ATAP_PATH_ENTRIES | ATAP_PATH_GONE)))
+    if (fd < 0 || !changes ||
+        (changes & ~(ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES | ATAP_PATH_GONE)))
         return ATAP_EINVAL;
     if (ctx && ctx->in_block)
         return ATAP_EINVAL;
-    return ask(ctx, PK_PATH, fd, changes | ATAP_PATH_GONE,
-               atap__deadline_in(timeout_ns));
+    return ask(ctx, PK_PATH, fd, changes | ATAP_PATH_GONE, atap__deadline_in(timeout_ns));
 }
 
-bool atap_resumed(atap_ctx *ctx)
-{
-    return ctx && ctx->resumed != 0;
-}
+bool atap_resumed(atap_ctx *ctx) { return ctx && ctx->resumed != 0; }
 
-int atap_resume_reason(atap_ctx *ctx)
-{
-    return ctx ? ctx->resumed : 0;
-}
+int atap_resume_reason(atap_ctx *ctx) { return ctx ? ctx->resumed : 0; }
 
 unsigned atap_resume_events(atap_ctx *ctx)
 {

@@ -126,10 +126,7 @@ static struct fdw *_Atomic deaf_fds;
 
 /* ---- fds ----------------------------------------------------------------- */
 
-static _Atomic uint32_t *link_of(uint32_t index)
-{
-    return &atap__table_at(index)->link;
-}
+static _Atomic uint32_t *link_of(uint32_t index) { return &atap__table_at(index)->link; }
 
 static unsigned wanted(const struct fdw *f)
 {
@@ -250,7 +247,7 @@ static unsigned take_ready(struct fdw *f, unsigned want)
 {
     unsigned got = f->kept ? f->ready & (want | ATAP_HANGUP | ATAP_ERROR) : 0;
 
-    f->ready &= (uint8_t)~(got & EVENT_BITS);
+    f->ready &= (uint8_t) ~(got & EVENT_BITS);
     return got;
 }
 
@@ -274,11 +271,10 @@ int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
         uint32_t st = c & T_STATE;
         if (st != P_ARMING && st != P_ARMED)
             return 0;
-        if (atomic_compare_exchange_weak_explicit(
-                tail_claim(s), &c,
-                (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) | got << T_GOT_SHIFT | P_CLAIMED |
-                    (uint32_t)by,
-                memory_order_acq_rel, memory_order_acquire))
+        if (atomic_compare_exchange_weak_explicit(tail_claim(s), &c,
+                                                  (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) |
+                                                      got << T_GOT_SHIFT | P_CLAIMED | (uint32_t)by,
+                                                  memory_order_acq_rel, memory_order_acquire))
             return st == P_ARMED ? 1 : -1;
     }
 }
@@ -362,7 +358,7 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         st_relaxed(&s->out.park.where, (uint32_t)ctx->fd);
     else
         slot_side(s)->fd = ctx->fd; /* made by park.c's tail_fd_park */
-    st_seqcst(tail_claim(s), c); /* against a canceller */
+    st_seqcst(tail_claim(s), c);    /* against a canceller */
     pthread_mutex_lock(&fd_lock);
     if (fd_closed) {
         by = BY_OFF;
@@ -754,7 +750,7 @@ int atap_fd_unkeep(int fd)
     if ((f = fdw_at((size_t)fd)) != NULL && f->kept) {
         f->kept = false;
         f->kept_ev = f->ready = 0;
-        if (!fd_closed) /* io is open (atap_fd_keep) */
+        if (!fd_closed)          /* io is open (atap_fd_keep) */
             rewatch(f, W_AGAIN); /* one-shot for the parks still waiting; none: unwatched */
     }
     pthread_mutex_unlock(&fd_lock);

@@ -21,10 +21,7 @@
 /* Whether fd is open now. A table indexed by fd (park_fd.c's fdw table, the
  * kqueue path lists in sources.c) grows only for an open one: a closed fd,
  * however large, must not cost a table that size. */
-static inline bool atap__fd_open(int fd)
-{
-    return fd >= 0 && fcntl(fd, F_GETFD) != -1;
-}
+static inline bool atap__fd_open(int fd) { return fd >= 0 && fcntl(fd, F_GETFD) != -1; }
 
 /* Doubles *cap (from 64) until it exceeds key; false when that many
  * pointer entries could not be counted in a size_t. */
@@ -55,7 +52,7 @@ enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
  * to stall between its reads and its claim across all of them to mistake
  * one park for another. */
 enum { P_IDLE = 0, P_ARMING = 1, P_ARMED = 2, P_CLAIMED = 0x10 };
-#define P_STATE(c) ((c) & 0xffu)
+#define P_STATE(c) ((c)&0xffu)
 #define P_SEQ_ONE 0x100u
 enum { BY_READY = ATAP_RESUME_READY, BY_DEADLINE = ATAP_RESUME_DEADLINE, BY_STOP = 3, BY_OFF = 4 };
 

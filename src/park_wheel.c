@@ -73,8 +73,8 @@ bool atap__park_wheel_push(uint32_t index)
             return false;
         st_relaxed(&s->out.park.wnext, head);
         /* Release: the deadline, claim and link reach the manager. */
-    } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, index + 1,
-                                                    memory_order_release, memory_order_relaxed));
+    } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, index + 1, memory_order_release,
+                                                    memory_order_relaxed));
     if (head == 0)
         atap__hub_wake(); /* it files what it finds and sleeps again */
     return true;
@@ -162,29 +162,17 @@ void atap__park_tail_act(uint32_t index, int by, bool batch)
     atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
 }
 
-static uint64_t tick_of(uint64_t ns)
-{
-    return ns >> WHEEL_TICK_SHIFT;
-}
+static uint64_t tick_of(uint64_t ns) { return ns >> WHEEL_TICK_SHIFT; }
 
 /* A tail park's deadline, as the tail keeps it: its tick modulo 2^32. */
-uint32_t atap__park_tick(uint64_t deadline)
-{
-    return (uint32_t)tick_of(deadline);
-}
+uint32_t atap__park_tick(uint64_t deadline) { return (uint32_t)tick_of(deadline); }
 
 /* Tick a before tick b, both modulo 2^32: they are within 2^31 ticks of
  * each other (a tail park's deadline is within PARK_HORIZON of its arm,
  * and the wheel never runs more than a round behind). */
-static bool tick_before(uint32_t a, uint64_t b)
-{
-    return (int32_t)(a - (uint32_t)b) < 0;
-}
+static bool tick_before(uint32_t a, uint64_t b) { return (int32_t)(a - (uint32_t)b) < 0; }
 
-static uint32_t bucket_of(struct atap_slot *s)
-{
-    return ld_relaxed(&s->out.park.where) % WHEEL_N;
-}
+static uint32_t bucket_of(struct atap_slot *s) { return ld_relaxed(&s->out.park.where) % WHEEL_N; }
 
 static void bucket_used(uint32_t b)
 {
@@ -338,8 +326,8 @@ uint64_t atap__park_wheel_run(uint64_t now)
         wheel.started = true;
     }
     take_inbox(now);
-    if (ld_relaxed(&stops_pending) && atomic_exchange_explicit(&stops_pending, false,
-                                                                memory_order_acquire)) {
+    if (ld_relaxed(&stops_pending) &&
+        atomic_exchange_explicit(&stops_pending, false, memory_order_acquire)) {
         for (uint32_t w = 0; w < WORDS; w++) {
             uint64_t bits = ld_relaxed(&stop_bits[w])
                                 ? atomic_exchange_explicit(&stop_bits[w], 0, memory_order_acquire)

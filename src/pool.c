@@ -62,8 +62,8 @@
 #include "wait.h"
 
 #define INJ_BATCH 16
-#define STEAL_MAX 128 /* entries a thief takes from a ring at once, at most */
-#define SPIN_ROUNDS 8 /* a few us of looking (one yield) before a worker parks */
+#define STEAL_MAX 128               /* entries a thief takes from a ring at once, at most */
+#define SPIN_ROUNDS 8               /* a few us of looking (one yield) before a worker parks */
 #define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
 #define STACKS_IDLE_NS 200000000u   /* an idle worker gives spare stacks back */
 
@@ -165,10 +165,7 @@ int atap__pool_start_thread(bool blocking, struct worker *self)
 
 /* ---- queues ------------------------------------------------------------ */
 
-static int band_of(uint32_t ref)
-{
-    return atap__inj_band(atap__table_at(ref - 1)->priority);
-}
+static int band_of(uint32_t ref) { return atap__inj_band(atap__table_at(ref - 1)->priority); }
 
 /* Queues refs in the shared queue, each in its own band. */
 void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n)
@@ -410,8 +407,7 @@ static uint32_t idle_sleep(struct worker *w)
             uint64_t limit = atap__pool_stacks_spare(w) ? STACKS_IDLE_NS : ATAP__FOREVER;
             int io = atap__pool_idle_io(w, limit);
 
-            if ((io == IO_NONE && !atap__word_wait(&w->park, PARK_IDLE, limit)) ||
-                io == IO_TIMEOUT)
+            if ((io == IO_NONE && !atap__word_wait(&w->park, PARK_IDLE, limit)) || io == IO_TIMEOUT)
                 atap__pool_stacks_shrink(w);
             continue;
         }
@@ -713,7 +709,6 @@ static inline bool loop_top(struct worker *w)
         atap__pool_switch_point(w);
     return !unlikely(w->exiting);
 }
-
 
 static void worker_loop(struct worker *w)
 {

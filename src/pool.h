@@ -21,7 +21,7 @@
 #define LIFO_STREAK 3
 #define POOL_MAX_THREADS 1024 /* records for workers, and again for blocking threads */
 
-#define HELD_INLINE 64         /* runs on a stack recorded without the heap */
+#define HELD_INLINE 64 /* runs on a stack recorded without the heap */
 
 struct stack;
 
@@ -35,30 +35,30 @@ struct worker {
     _Atomic uint32_t park;              /* futex word, see pool.c */
     _Atomic bool in_io;                 /* idle, waiting on the hub's io (pool_io.c) */
     pthread_t thread;
-    _Atomic int tid;                /* the kernel's id of its thread (Linux) */
+    _Atomic int tid; /* the kernel's id of its thread (Linux) */
     /* Stacks set aside whose wait is over, pushed by whoever ended it
      * (pool_aside.c); only the owner takes them. */
     _Atomic(struct stack *) woken;
     _Alignas(64) _Atomic bool busy; /* inside a task (owner-written, read by stats) */
     _Atomic uint64_t completed;
-    bool blocking;             /* a blocking thread, not a worker */
-    bool searching;            /* counted in the pool's searcher count */
-    bool in_idle;              /* on the idle list (pool lock) */
-    bool uncounted;            /* already left the live count (idle stop) */
-    struct worker *idle_next;  /* idle list link (pool lock) */
-    uint64_t idle_since;       /* when it joined the idle list (pool lock) */
+    bool blocking;            /* a blocking thread, not a worker */
+    bool searching;           /* counted in the pool's searcher count */
+    bool in_idle;             /* on the idle list (pool lock) */
+    bool uncounted;           /* already left the live count (idle stop) */
+    struct worker *idle_next; /* idle list link (pool lock) */
+    uint64_t idle_since;      /* when it joined the idle list (pool lock) */
     unsigned lifo_streak;
-    unsigned io_runs;          /* runs since it last thought of io (pool_io.c) */
+    unsigned io_runs; /* runs since it last thought of io (pool_io.c) */
     /* The tasks the running stack is inside, outermost first
      * (held[0..depth)): every run on it, nested by waits. Off the stack, so
      * that a dying thread's cleanup can read them after its stack unwound.
      * Each stack of the thread has its own (pool_aside.c swaps them). */
     unsigned depth, held_cap;
-    uint32_t *held;            /* held_inline, or a larger heap array */
+    uint32_t *held; /* held_inline, or a larger heap array */
     uint32_t held_inline[HELD_INLINE];
-    uintptr_t stack_floor;     /* no run starts nested below this address */
-    uintptr_t stack_low;       /* the lowest a nested run started at on it */
-    unsigned index;            /* its place among the workers (or blocking threads) */
+    uintptr_t stack_floor; /* no run starts nested below this address */
+    uintptr_t stack_low;   /* the lowest a nested run started at on it */
+    unsigned index;        /* its place among the workers (or blocking threads) */
     uint64_t rng;
     struct inj_cursor cursor;
     struct slot_cache cache;
@@ -74,10 +74,10 @@ struct worker {
      * deadline. naside counts the stacks set aside, nfree the free ones. */
     struct stack *stack, *base, *free, *ready, *ready_tail, *timed;
     unsigned naside, nfree;
-    uint32_t handoff;          /* a task the next stack taken runs first */
-    struct stack *dead;        /* a stack to unmap once off it */
-    bool exiting;              /* its loop ends on its own stack */
-    bool dying;                /* a task ended the thread: each stack unwinds */
+    uint32_t handoff;   /* a task the next stack taken runs first */
+    struct stack *dead; /* a stack to unmap once off it */
+    bool exiting;       /* its loop ends on its own stack */
+    bool dying;         /* a task ended the thread: each stack unwinds */
 };
 
 /* The thread is inside the task ref (slot index + 1): running it, or a run
@@ -98,10 +98,7 @@ static inline void atap__pool_frame_push(struct worker *w, uint32_t ref)
     w->held[w->depth++] = ref;
 }
 
-static inline void atap__pool_frame_pop(struct worker *w)
-{
-    w->depth--;
-}
+static inline void atap__pool_frame_pop(struct worker *w) { w->depth--; }
 
 /* A canceller or a timeout stopped the task gen << 32 | index: a thread in
  * a kernel wait for it is woken (its kq). */
@@ -127,11 +124,11 @@ struct atap__pool_ops {
 
 struct atap__pool_conf {
     const struct atap__pool_ops *ops; /* the executor's */
-    unsigned workers;          /* the base count of workers; 0: one per CPU */
-    unsigned workers_per_cpu;  /* the target, a CPU */
-    unsigned blocking;         /* the most blocking threads; 0: per CPU */
-    unsigned blocking_per_cpu; /* the most blocking threads, a CPU */
-    size_t stack;              /* a thread's stack, bytes */
+    unsigned workers;                 /* the base count of workers; 0: one per CPU */
+    unsigned workers_per_cpu;         /* the target, a CPU */
+    unsigned blocking;                /* the most blocking threads; 0: per CPU */
+    unsigned blocking_per_cpu;        /* the most blocking threads, a CPU */
+    size_t stack;                     /* a thread's stack, bytes */
     /* Hands out one report of the hub's io poller (park_fd.c's, on the
      * thread that read it: not the manager's). NULL: nobody waits on io
      * but the manager. */
@@ -170,8 +167,7 @@ void atap__pool_submit(uint32_t ref, int priority, bool blocking);
 static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int priority,
                                           bool blocking)
 {
-    if (w && !blocking && !w->blocking &&
-        atomic_load_explicit(&w->lifo, memory_order_relaxed) == 0)
+    if (w && !blocking && !w->blocking && atomic_load_explicit(&w->lifo, memory_order_relaxed) == 0)
         atomic_store_explicit(&w->lifo, ref, memory_order_release);
     else
         atap__pool_submit(ref, priority, blocking);

@@ -86,8 +86,8 @@ struct stack {
      * at a deadline or a death) resumes it: one push, or one queueing. */
     _Atomic int claim;
     uint64_t deadline;
-    bool timed;          /* on the owner's timed list */
-    bool started;        /* its context is its loop's: taking it goes on there */
+    bool timed;   /* on the owner's timed list */
+    bool started; /* its context is its loop's: taking it goes on there */
     unsigned depth, held_cap;
     uint32_t *held;
     struct atap_ctx *cur;
@@ -96,7 +96,7 @@ struct stack {
 
 #define BUCKETS 64
 #define FREE_KEEP 1024 /* free stacks a thread keeps mapped while it works */
-#define FREE_IDLE 8     /* ... and after it has idled for a while */
+#define FREE_IDLE 8    /* ... and after it has idled for a while */
 
 static struct {
     _Alignas(64) atap_spin lock;
@@ -222,10 +222,7 @@ static void give_free(struct worker *w, struct stack *s)
     w->nfree++;
 }
 
-bool atap__pool_stacks_spare(const struct worker *w)
-{
-    return w->nfree > FREE_IDLE;
-}
+bool atap__pool_stacks_spare(const struct worker *w) { return w->nfree > FREE_IDLE; }
 
 void atap__pool_stacks_shrink(struct worker *w)
 {
@@ -705,10 +702,7 @@ void atap__pool_aside_forget(void)
     st_relaxed(&grave_lock.held, 0);
 }
 
-_Noreturn void atap__pool_die(struct worker *w)
-{
-    exit_here(w);
-}
+_Noreturn void atap__pool_die(struct worker *w) { exit_here(w); }
 
 /* One stack of w's set aside, to resume, or NULL when none is left:
  * woken ones first, then listed ones, taken by moving `woken` (they come

@@ -86,9 +86,9 @@ static bool add_worker(void)
 /* ---- the tick: growth and reaping -------------------------------------- */
 
 #define REAP_IDLE_NS 500000000u     /* an idle worker above the floor goes */
-#define REAP_IDLE_OVER_NS 50000000u  /* ... sooner above the target */
-#define OVERLOAD_RATIO 64            /* queued per worker that counts as overload */
-#define TRIM_EVERY_TICKS 500         /* about 5 s */
+#define REAP_IDLE_OVER_NS 50000000u /* ... sooner above the target */
+#define OVERLOAD_RATIO 64           /* queued per worker that counts as overload */
+#define TRIM_EVERY_TICKS 500        /* about 5 s */
 
 /*
  * Asleep in the kernel (a wait, or a task holding the thread in a call of

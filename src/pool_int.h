@@ -36,15 +36,16 @@
 #define PARK_IDLE 1u
 #define PARK_NOTIFIED 2u
 #define PARK_STOP 3u
-#define PARK_READY 4u /* still listed idle, but a stack of its own may go on
-                         (pool_aside.c): it takes itself off the list */
+#define PARK_READY                                                                                 \
+    4u /* still listed idle, but a stack of its own may go on                                      \
+          (pool_aside.c): it takes itself off the list */
 
 /* The pool's state (pool.c defines it, as atap__pool). */
 struct pool {
-    const struct atap__pool_ops *ops; /* the executor's (pool.h) */
+    const struct atap__pool_ops *ops;                              /* the executor's (pool.h) */
     void (*io_event)(void *udata, unsigned events, unsigned kind); /* the conf's */
-    struct injector inj;  /* for workers */
-    struct injector binj; /* for blocking threads */
+    struct injector inj;                                           /* for workers */
+    struct injector binj;                                          /* for blocking threads */
     pthread_mutex_t lock; /* idle list, starting and joining threads */
     struct worker *idle;
     _Atomic unsigned nrec, nlive, nidle, nsearching, peak;
@@ -56,14 +57,14 @@ struct pool {
      * by a refused start, read again by the tick (pool_grow.c). Written
      * under the pool lock, read anywhere (relaxed: a bound, not a hand-off). */
     _Atomic unsigned ceiling;
-    unsigned ceiling_read_at; /* manager: the tick it was last read at */
-    _Atomic bool refused;   /* the last worker start was refused */
+    unsigned ceiling_read_at;             /* manager: the tick it was last read at */
+    _Atomic bool refused;                 /* the last worker start was refused */
     uint64_t last_done[POOL_MAX_THREADS]; /* manager: completed at the last tick */
 #if !defined(__linux__)
     uint64_t last_cpu[POOL_MAX_THREADS]; /* manager: CPU time at the last look */
 #endif
-    unsigned ticks;                       /* manager: ticks since start */
-    unsigned stuck_ticks;                 /* manager: ticks in a row with every worker stuck */
+    unsigned ticks;         /* manager: ticks since start */
+    unsigned stuck_ticks;   /* manager: ticks in a row with every worker stuck */
     _Atomic uint64_t epoch; /* moves when a thread leaves an idle list or starts */
     _Atomic bool stopping;
     struct worker *bidle_list; /* idle blocking threads (pool lock) */

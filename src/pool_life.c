@@ -45,8 +45,8 @@ unsigned atap__pool_ceiling_read(unsigned live)
     if (pages > 0 && page > 0 && stack > 0 &&
         (unsigned long long)pages * (unsigned long long)page / 4 / stack < limit)
         limit = (unsigned long long)pages * (unsigned long long)page / 4 / stack;
-    reserve = page > 0 ? (stack + (size_t)page - 1) / (size_t)page * (size_t)page + (size_t)page
-                       : stack;
+    reserve =
+        page > 0 ? (stack + (size_t)page - 1) / (size_t)page * (size_t)page + (size_t)page : stack;
     if ((room = (unsigned long long)live + atap__thread_room(reserve)) < limit)
         limit = room;
     return limit < atap__pool.floor ? atap__pool.floor : (unsigned)limit;
@@ -62,8 +62,8 @@ int atap__pool_start(const struct atap__pool_conf *conf)
 {
     unsigned cpus = atap__cpus();
     unsigned floor = at_most(conf->workers ? conf->workers : cpus, POOL_MAX_THREADS);
-    unsigned long bcap = conf->blocking ? conf->blocking
-                                        : (unsigned long)cpus * conf->blocking_per_cpu;
+    unsigned long bcap =
+        conf->blocking ? conf->blocking : (unsigned long)cpus * conf->blocking_per_cpu;
     unsigned long target = (unsigned long)cpus * conf->workers_per_cpu;
     size_t stack = conf->stack;
     int rc = 0;

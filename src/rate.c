@@ -58,15 +58,9 @@
 /* ---- at a rate ------------------------------------------------------------ */
 
 /* An at-rate run's series: its slot, and its schedule. */
-struct atap_slot *atap__rate_series_slot(struct sched *c)
-{
-    return atap__table_at(c->parent - 1);
-}
+struct atap_slot *atap__rate_series_slot(struct sched *c) { return atap__table_at(c->parent - 1); }
 
-static struct sched *series_of(struct sched *c)
-{
-    return sched_of(atap__rate_series_slot(c));
-}
+static struct sched *series_of(struct sched *c) { return sched_of(atap__rate_series_slot(c)); }
 
 /* An at-rate series' fail code is written once, by whichever comes first:
  * a run that failed (atap__rate_run_done, its own code) or another path to
@@ -179,8 +173,8 @@ void atap__rate_tick(struct sched *c)
     if (next <= now) {
         uint64_t skip = (now - next) / c->every + 1;
 
-        next = skip > ATAP__FOREVER / c->every ? ATAP__FOREVER
-                                               : atap__deadline(next, skip * c->every);
+        next =
+            skip > ATAP__FOREVER / c->every ? ATAP__FOREVER : atap__deadline(next, skip * c->every);
     }
     c->next_start = next;
     if (next > c->deadline)
@@ -202,7 +196,6 @@ static int set_parent(struct atap_slot *s, struct atap_slot *p, uint32_t parent_
     c->parent_gen = parent_gen;
     return 0;
 }
-
 
 /* Run c, published PENDING and not yet queued, joins its series' list:
  * false if the series was stopped (the run must not start). */
@@ -361,7 +354,7 @@ void atap__rate_run_done(struct atap_slot *s, struct sched *c, uint32_t gen, int
 
     if (word_state(cur) == ST_CANCELLED) { /* its series stopped (atap__rate_stop_runs) */
         if (rc == 0)
-            s->filled = 1; /* nobody will read it: dropped at free */
+            s->filled = 1;                        /* nobody will read it: dropped at free */
     } else if (word_state(cur) == ST_TIMED_OUT) { /* the first run past its limit */
         if (rc == 0)
             s->filled = 1; /* dropped at free */

@@ -16,29 +16,32 @@
 
 #include "atap.h"
 #include "atomics.h"
-#include "extras.h"
 #include "executor.h"
+#include "extras.h"
 #include "handle.h"
 #include "pool.h"
 #include "slot.h"
 #include "wait.h"
-
 
 static int state_error_of(struct atap_slot *s, uint32_t state)
 {
     switch (state) {
     case ST_TAKEN: /* a series that ran out has nothing more coming */
         return slot_sched(s) && atap__extras.time->ran_out(s) ? ATAP_EFINISHED : ATAP_ETAKEN;
-    case ST_CANCELLED: return ATAP_ECANCELLED;
-    case ST_TIMED_OUT: return ATAP_ETIMEDOUT;
+    case ST_CANCELLED:
+        return ATAP_ECANCELLED;
+    case ST_TIMED_OUT:
+        return ATAP_ETIMEDOUT;
     case ST_FAILED: { /* the run's own code, if it failed with one */
         /* Atomic: an at-rate series' runs write it (rate.c). */
         uint8_t code = __atomic_load_n(&s->fail_code, __ATOMIC_RELAXED);
 
         return code ? ATAP_FAIL_BASE - code : ATAP_EFAILED;
     }
-    case ST_READY: return 0;
-    default: return ATAP_ENOTREADY;
+    case ST_READY:
+        return 0;
+    default:
+        return ATAP_ENOTREADY;
     }
 }
 
@@ -46,10 +49,18 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
 static inline void copy_bytes(void *dst, const void *src, size_t n)
 {
     switch (n) {
-    case 4: memcpy(dst, src, 4); break;
-    case 8: memcpy(dst, src, 8); break;
-    case 16: memcpy(dst, src, 16); break;
-    default: memcpy(dst, src, n); break;
+    case 4:
+        memcpy(dst, src, 4);
+        break;
+    case 8:
+        memcpy(dst, src, 8);
+        break;
+    case 16:
+        memcpy(dst, src, 16);
+        break;
+    default:
+        memcpy(dst, src, n);
+        break;
     }
 }
 

@@ -56,10 +56,10 @@
 
 #include "atap.h"
 #include "atomics.h"
+#include "dataflow.h"
 #include "executor.h"
 #include "extras.h"
 #include "hub.h"
-#include "dataflow.h"
 #include "manager.h"
 #include "park.h"
 #include "pool.h"
@@ -74,8 +74,8 @@
 #define RUNNING 2u
 #define STOPPING 3u
 #define STATE_MASK 3u
-#define USER_ONE 4u                      /* one user, in the lifecycle word */
-#define USERS_FULL (UINT32_MAX - 7u)     /* past this, an init is refused */
+#define USER_ONE 4u                  /* one user, in the lifecycle word */
+#define USERS_FULL (UINT32_MAX - 7u) /* past this, an init is refused */
 
 #define DEFAULT_WORKERS_PER_CORE 4u
 #define DEFAULT_BLOCKING_PER_CORE 8u
@@ -184,10 +184,7 @@ static _Thread_local bool in_shutdown;
 
 /* A thread the runtime waits for while it stops: a pool thread, the
  * manager or its supervisor, or the one running atap_shutdown. */
-static bool on_runtime_thread(void)
-{
-    return atap__self || atap__manager_thread || in_shutdown;
-}
+static bool on_runtime_thread(void) { return atap__self || atap__manager_thread || in_shutdown; }
 
 /* The child of a fork: see the top comment. Table last: the others only
  * drop what points at its slots. */
@@ -210,10 +207,7 @@ static void fork_child(void)
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static int atfork_rc;
 
-static void atfork_register(void)
-{
-    atfork_rc = -pthread_atfork(NULL, NULL, fork_child);
-}
+static void atfork_register(void) { atfork_rc = -pthread_atfork(NULL, NULL, fork_child); }
 
 /* The init that found STOPPED (the word reads STARTING): starts the pool
  * and the manager, then RUNNING with one user, or STOPPED on a failure. */
@@ -267,7 +261,7 @@ int atap_init(const atap_config *config)
 /* The last user's shutdown (the word reads STOPPING): drains, then stops. */
 static void stop(void)
 {
-    in_shutdown = true; /* a callback it runs here must not wait for it */
+    in_shutdown = true;     /* a callback it runs here must not wait for it */
     atap__exec_door_shut(); /* and every spawn from outside let in has queued */
     /* The manager first: what it would still start (delays, gaps, periods)
      * is written off as FAILED, and a repeat ends at its next turn; then the
@@ -315,10 +309,7 @@ int atap_shutdown(void)
     }
 }
 
-bool atap_initialised(void)
-{
-    return life_state(ld_seqcst(&lifecycle)) == RUNNING;
-}
+bool atap_initialised(void) { return life_state(ld_seqcst(&lifecycle)) == RUNNING; }
 
 int atap__test_flush_caches(void)
 {
@@ -371,14 +362,11 @@ int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats)
                     "completed=%llu aside=%zu ceiling=%zu peak_aside=%zu stacks=%zu",
                     st->workers, st->busy, st->blocking_threads, st->blocking_busy, st->queued,
                     st->live, st->slots, st->peak_slots, st->peak_workers,
-                    (unsigned long long)st->deaths, (unsigned long long)st->completed,
-                    st->aside, st->ceiling, st->peak_aside, st->stacks);
+                    (unsigned long long)st->deaths, (unsigned long long)st->completed, st->aside,
+                    st->ceiling, st->peak_aside, st->stacks);
 }
 
-int atap_trim(size_t *released)
-{
-    return atap__table_trim(released);
-}
+int atap_trim(size_t *released) { return atap__table_trim(released); }
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
@@ -391,21 +379,36 @@ const char *atap_version_string(void)
 const char *atap_strerror(int code)
 {
     switch (code) {
-    case 0: return "success";
-    case ATAP_ENOTINIT: return "no runtime is running";
-    case ATAP_EALREADY: return "a trace is already being written";
-    case ATAP_ENOTREADY: return "the task has not settled yet";
-    case ATAP_ETAKEN: return "the output was taken";
-    case ATAP_EFINISHED: return "the task has finished";
-    case ATAP_ECANCELLED: return "the task was cancelled";
-    case ATAP_ETIMEDOUT: return "a run passed its timeout";
-    case ATAP_EFAILED: return "the task failed";
-    case ATAP_ENOTASK: return "no task behind the handle";
-    case ATAP_EINVAL: return "invalid argument";
-    case ATAP_EBUSY: return "nothing worth giving back";
-    case ATAP_ECLOSED: return "closed";
-    case ATAP_ETOOLONG: return "too long";
-    case ATAP_ELIMIT: return "a limit of the pool was reached";
+    case 0:
+        return "success";
+    case ATAP_ENOTINIT:
+        return "no runtime is running";
+    case ATAP_EALREADY:
+        return "a trace is already being written";
+    case ATAP_ENOTREADY:
+        return "the task has not settled yet";
+    case ATAP_ETAKEN:
+        return "the output was taken";
+    case ATAP_EFINISHED:
+        return "the task has finished";
+    case ATAP_ECANCELLED:
+        return "the task was cancelled";
+    case ATAP_ETIMEDOUT:
+        return "a run passed its timeout";
+    case ATAP_EFAILED:
+        return "the task failed";
+    case ATAP_ENOTASK:
+        return "no task behind the handle";
+    case ATAP_EINVAL:
+        return "invalid argument";
+    case ATAP_EBUSY:
+        return "nothing worth giving back";
+    case ATAP_ECLOSED:
+        return "closed";
+    case ATAP_ETOOLONG:
+        return "too long";
+    case ATAP_ELIMIT:
+        return "a limit of the pool was reached";
     }
     if (code < 0 && code > -4096)
         return strerror(-code);

@@ -82,10 +82,7 @@
 #include "wait.h"
 
 /* Each run rewrites the output, so runs write to scratch and publish. */
-static bool rewrites(const struct sched *c)
-{
-    return c->kind == ATAP_REPEAT || c->gate != NULL;
-}
+static bool rewrites(const struct sched *c) { return c->kind == ATAP_REPEAT || c->gate != NULL; }
 
 static struct sched *start_owner(struct atap_timer *t)
 {
@@ -187,7 +184,7 @@ void atap__sched_destroy(struct atap_slot *s)
     struct sched *head = ld_relaxed(&graveyard);
 
     st_relaxed(&slot_side(s)->ext, NULL); /* freed with the slot, unseen by the rebuild (held) */
-    if (c->gate) { /* nothing but the slot reaches the gate */
+    if (c->gate) {                        /* nothing but the slot reaches the gate */
         atap__gate_destroy(c->gate);
         c->gate = NULL;
     }
@@ -196,8 +193,7 @@ void atap__sched_destroy(struct atap_slot *s)
      * after can still sit in its inbox, until shutdown lets go of it. Or
      * the runtime stopped (a handle released after shutdown, or a task the
      * drain ended): the structure is gone, only an arm under way counts. */
-    if ((atap__hub_gone() && !held(c)) ||
-        (atap__hub_stopped() && ld_acquire(&c->arming) == 0)) {
+    if ((atap__hub_gone() && !held(c)) || (atap__hub_stopped() && ld_acquire(&c->arming) == 0)) {
         sched_free(c);
         return;
     }
@@ -389,7 +385,7 @@ void atap__sched_start(struct atap_slot *s, uint32_t index, uint32_t gen, bool b
     if (c->gate)
         return; /* its first give starts it (atap__sched_kick) */
     if (starts_too_late(s, c, gen))
-        return; /* settled at spawn: nothing will ever run */
+        return;                    /* settled at spawn: nothing will ever run */
     if (c->kind == ATAP_AT_RATE) { /* the series itself never runs: its timer
                                       starts a fresh run every period */
         c->next_start = atap__deadline_in(c->after);
@@ -576,10 +572,7 @@ void atap__sched_restarting(struct atap_slot *s, uint32_t gen)
     c->out_kept = st == ST_READY; /* still the slot's to let go of */
 }
 
-void atap__sched_mark_finished(struct atap_slot *s)
-{
-    st_release(&sched_of(s)->finished, true);
-}
+void atap__sched_mark_finished(struct atap_slot *s) { st_release(&sched_of(s)->finished, true); }
 
 bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
 {
@@ -607,10 +600,7 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
     return false;
 }
 
-bool atap__sched_at_rate(struct atap_slot *s)
-{
-    return sched_of(s)->kind == ATAP_AT_RATE;
-}
+bool atap__sched_at_rate(struct atap_slot *s) { return sched_of(s)->kind == ATAP_AT_RATE; }
 
 /* A repeat's new output replaces the one standing, under the write lock,
  * and only while the run still counts (RUNNING): then READY. Otherwise

@@ -34,25 +34,25 @@ struct sched {
     uint64_t limit_at;            /* ... for this moment */
     uint64_t after, every, timeout, for_ns, deadline; /* deadline: UINT64_MAX none */
     uint32_t runs, done;
-    void *scratch; /* a repeat's run writes here (out_size bytes) */
-    uint64_t next_start;        /* at-rate: the period the next fire is for */
-    struct sched *grave_next;   /* on the graveyard, once its slot is gone */
-    _Atomic unsigned arming;    /* arms under way (atap__sched_arm): not to be freed yet */
+    void *scratch;               /* a repeat's run writes here (out_size bytes) */
+    uint64_t next_start;         /* at-rate: the period the next fire is for */
+    struct sched *grave_next;    /* on the graveyard, once its slot is gone */
+    _Atomic unsigned arming;     /* arms under way (atap__sched_arm): not to be freed yet */
     uint32_t parent, parent_gen; /* an at-rate run: its series (index + 1), or 0 */
     struct gate *gate;           /* a task that waits for gives; else NULL */
     uint64_t pubs;               /* outputs published (under out_lock) */
     void *input;                 /* an at-rate run of a waiting series: its value */
     size_t input_size;
-    _Atomic uint32_t inflight;   /* at-rate: runs under way | RUN_OWED (rate.c) */
+    _Atomic uint32_t inflight; /* at-rate: runs under way | RUN_OWED (rate.c) */
     /* At a rate, the runs under way, for a stop to reach (rate.c's top
      * comment): a series' list and its lock; a run's links in it. */
     atap_spin runs_lock;
-    bool runs_stopped;             /* series, under runs_lock: link no more */
-    struct sched *run_list;        /* series: the first run linked */
+    bool runs_stopped;      /* series, under runs_lock: link no more */
+    struct sched *run_list; /* series: the first run linked */
     struct sched *run_prev, *run_next;
-    uint32_t run_gen;              /* run: its slot's generation */
-    bool linked;                   /* run: on its series' list (its own thread's) */
-    bool stop_seen;                /* run, under runs_lock: a stop took it */
+    uint32_t run_gen; /* run: its slot's generation */
+    bool linked;      /* run: on its series' list (its own thread's) */
+    bool stop_seen;   /* run, under runs_lock: a stop took it */
 };
 
 /* inflight's top bit: the series' RUN was dropped while runs were under

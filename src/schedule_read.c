@@ -44,17 +44,11 @@ void atap__sched_out_write_lock(struct sched *c)
 }
 
 /* Release: the new output is whole before a reader can get in. */
-void atap__sched_out_write_unlock(struct sched *c)
-{
-    st_release(&c->out_lock, 0);
-}
+void atap__sched_out_write_unlock(struct sched *c) { st_release(&c->out_lock, 0); }
 
 /* ---- cancelling, reading ------------------------------------------------- */
 
-uint64_t atap__sched_timeout(struct atap_slot *s)
-{
-    return sched_of(s)->timeout;
-}
+uint64_t atap__sched_timeout(struct atap_slot *s) { return sched_of(s)->timeout; }
 
 bool atap__sched_cancellable(struct atap_slot *s, uint32_t state)
 {
@@ -106,8 +100,8 @@ void atap__sched_read_lock(struct atap_slot *s)
         return;
     for (;;) {
         if (!(cur & OUT_WRITER) &&
-            atomic_compare_exchange_weak_explicit(&c->out_lock, &cur, cur + 1,
-                                                  memory_order_acquire, memory_order_relaxed))
+            atomic_compare_exchange_weak_explicit(&c->out_lock, &cur, cur + 1, memory_order_acquire,
+                                                  memory_order_relaxed))
             return;
         spin_pause(&spins); /* a writer may be delivering forwards */
         cur = ld_relaxed(&c->out_lock);

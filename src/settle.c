@@ -45,12 +45,12 @@
 #include "slot.h"
 
 struct settle {
-    struct reg reg;      /* first: the reg forward.c lists (REG_SETTLE) */
-    atap_settle_fn *fn;  /* the callback; NULL for an fd */
+    struct reg reg;     /* first: the reg forward.c lists (REG_SETTLE) */
+    atap_settle_fn *fn; /* the callback; NULL for an fd */
     void *arg;
-    atap_task task;      /* as registered: what the callback is handed */
-    atap_state state;    /* read at the close */
-    int keep[2];         /* an fd's: ours to write to, and a pipe's read end (or -1) */
+    atap_task task;   /* as registered: what the callback is handed */
+    atap_state state; /* read at the close */
+    int keep[2];      /* an fd's: ours to write to, and a pipe's read end (or -1) */
 };
 
 /* ---- callbacks ----------------------------------------------------------- */

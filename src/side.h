@@ -32,12 +32,12 @@ struct park;
 struct reg;
 
 struct side {
-    atap_spin lock;            /* the forward list (forward.c) */
-    bool closed;               /* the list takes no more (forward.c) */
-    int fd;                    /* a tail fd park's fd, when its tail has no room */
-    _Atomic uint32_t claim;    /* a tail park's claim, when its tail has no room */
+    atap_spin lock;         /* the forward list (forward.c) */
+    bool closed;            /* the list takes no more (forward.c) */
+    int fd;                 /* a tail fd park's fd, when its tail has no room */
+    _Atomic uint32_t claim; /* a tail park's claim, when its tail has no room */
     union {
-        struct reg *head;     /* the forwards registered (forward.c) */
+        struct reg *head;      /* the forwards registered (forward.c) */
         struct side *deferred; /* freed while the timers are rebuilt (executor.c) */
     };
     struct park *_Atomic park; /* the run's park record (park.c) */

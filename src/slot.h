@@ -75,9 +75,9 @@ struct side;
 #define REFS_GEN_SHIFT 37
 #define REFS_RUN (UINT64_C(1) << 36)
 #define REFS_RX (UINT64_C(1) << 35)
-#define REFS_GATED (UINT64_C(1) << 34) /* waits for gives: set at spawn */
-#define REFS_HANDLE (UINT64_C(1) << 13) /* one handle */
-#define REFS_HOLD UINT64_C(1)           /* one of the runtime's holds */
+#define REFS_GATED (UINT64_C(1) << 34)     /* waits for gives: set at spawn */
+#define REFS_HANDLE (UINT64_C(1) << 13)    /* one handle */
+#define REFS_HOLD UINT64_C(1)              /* one of the runtime's holds */
 #define REFS_COUNT_END (UINT64_C(1) << 33) /* bit 33 unused: 2^20 - 1 handles, as atap.h says */
 #define REFS_HANDLES_MASK (REFS_COUNT_END - REFS_HANDLE)
 #define REFS_HOLDS_MASK (REFS_HANDLE - 1)
@@ -99,9 +99,9 @@ struct atap_slot {
     uint32_t out_size;
     int8_t priority;
     uint8_t flags;
-    uint8_t filled; /* an output stands in the slot for nobody yet: set by
-                       runs, cleared by the take that moves it out (kept
-                       apart from flags, which others read meanwhile) */
+    uint8_t filled;    /* an output stands in the slot for nobody yet: set by
+                          runs, cleared by the take that moves it out (kept
+                          apart from flags, which others read meanwhile) */
     uint8_t fail_code; /* a run that failed with an ATAP_E* code: the code
                           + ATAP_FAIL_BASE (runner-written before FAILED) */
     atap_fn *fn;
@@ -169,10 +169,7 @@ static inline int slot_tail_room(const struct atap_slot *s, uint32_t used)
 _Static_assert(_Alignof(max_align_t) <= 16, "inline outputs align to at most 16");
 _Static_assert(SLOT_SIZE % 16 == 0, "every slot's output area is 16-aligned");
 
-static inline int slot_out_inline(size_t n)
-{
-    return n <= INLINE_OUT;
-}
+static inline int slot_out_inline(size_t n) { return n <= INLINE_OUT; }
 
 /* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ELIMIT as 1 .. 14.
  * Not ATAP_ENOTREADY: a reader given it would take the task for unsettled
@@ -180,13 +177,13 @@ static inline int slot_out_inline(size_t n)
 #define ATAP_FAIL_BASE (-10000)
 static inline int fail_code_of(int rc)
 {
-    return rc <= ATAP_ENOTINIT && rc >= ATAP_ELIMIT && rc != ATAP_ENOTREADY
-               ? ATAP_FAIL_BASE - rc
-               : 0;
+    return rc <= ATAP_ENOTINIT && rc >= ATAP_ELIMIT && rc != ATAP_ENOTREADY ? ATAP_FAIL_BASE - rc
+                                                                            : 0;
 }
 
 _Static_assert(sizeof(struct atap_slot) == SLOT_SIZE, "a slot is SLOT_SIZE bytes");
-_Static_assert(offsetof(struct atap_slot, out.park.claim) == SLOT_SIZE - 4 && INLINE_OUT - 4 == PARK_TAIL,
+_Static_assert(offsetof(struct atap_slot, out.park.claim) == SLOT_SIZE - 4 &&
+                   INLINE_OUT - 4 == PARK_TAIL,
                "the claim word is the output area's last 4 bytes");
 
 static inline uint32_t word_state(uint32_t w) { return w & ST_MASK; }

@@ -106,10 +106,7 @@ static struct park **list_of(struct park *p)
 }
 
 /* kqueue's path watch on fd reports this udata: fd + 1, no memory of ours. */
-static void *vnode_udata(int fd)
-{
-    return (void *)((uintptr_t)fd + 1);
-}
+static void *vnode_udata(int fd) { return (void *)((uintptr_t)fd + 1); }
 
 /* A byte down the signal pipe, if it is open. seq_cst, against
  * atap__sources_close: counted in, then the look at the fd; it sets the
@@ -200,7 +197,7 @@ static unsigned changes_of(uint32_t mask)
     return ((mask & (IN_MODIFY | IN_CLOSE_WRITE)) ? ATAP_PATH_WRITE : 0) |
            ((mask & IN_ATTRIB) ? ATAP_PATH_ATTRIB : 0) |
            ((mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) ? ATAP_PATH_ENTRIES
-                                                                             : 0) |
+                                                                           : 0) |
            ((mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) ? ATAP_PATH_GONE
                                                                                : 0);
 }

@@ -76,10 +76,7 @@ void atap__spawn_exit(bool outside)
     }
 }
 
-void atap__exec_door_open(void)
-{
-    st_seqcst(&door, true);
-}
+void atap__exec_door_open(void) { st_seqcst(&door, true); }
 
 void atap__exec_door_shut(void)
 {
@@ -121,9 +118,9 @@ static inline int check_opts(const atap_spawn_opts *o, bool waiting)
 
 /* The task's fields of a freshly allocated slot, from option values the
  * caller read (so that no store here makes the compiler read them again). */
-static inline __attribute__((always_inline)) void
-fill_fields(struct atap_slot *s, atap_fn *fn, void *arg, uint8_t flags, uint32_t out_size,
-            int priority)
+static inline __attribute__((always_inline)) void fill_fields(struct atap_slot *s, atap_fn *fn,
+                                                              void *arg, uint8_t flags,
+                                                              uint32_t out_size, int priority)
 {
     s->flags = flags;
     s->filled = 0;
@@ -161,10 +158,7 @@ static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_
     return 0;
 }
 
-int atap__exec_check(const atap_spawn_opts *o, bool waiting)
-{
-    return check_opts(o, waiting);
-}
+int atap__exec_check(const atap_spawn_opts *o, bool waiting) { return check_opts(o, waiting); }
 
 int atap__exec_fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spawn_opts *o)
 {
@@ -182,9 +176,10 @@ void atap__exec_unfill(struct atap_slot *s)
 
 /* fill, and the schedule if the options use time or the task waits for
  * gives; on -ENOMEM nothing is left allocated (the gate is the caller's). */
-static inline __attribute__((always_inline)) int
-prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg, const atap_spawn_opts *o,
-        struct gate *gate)
+static inline __attribute__((always_inline)) int prepare(struct atap_slot *s, uint32_t index,
+                                                         atap_fn *fn, void *arg,
+                                                         const atap_spawn_opts *o,
+                                                         struct gate *gate)
 {
     int rc = fill(s, fn, arg, o);
 
@@ -193,9 +188,8 @@ prepare(struct atap_slot *s, uint32_t index, atap_fn *fn, void *arg, const atap_
     return rc;
 }
 
-
-static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
-                             const atap_spawn_opts *opts, struct gate *gate)
+static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts,
+                             struct gate *gate)
 {
     struct slot_cache *cache;
     uint32_t index, gen;
@@ -214,8 +208,7 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg,
             st_relaxed(&s->word, make_word(gen, ST_FREE));
             atap__table_free(cache, index, gen);
         } else {
-            st_relaxed(&s->refs,
-                       refs_of(gen) | REFS_RUN | (gate ? REFS_GATED : 0) | REFS_HANDLE);
+            st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | (gate ? REFS_GATED : 0) | REFS_HANDLE);
             /* Release: the fields above are visible to whoever acquires the
              * word (a reader) or the queue entry (a worker). */
             st_release(&s->word, make_word(gen, ST_PENDING));

@@ -69,10 +69,7 @@ static struct {
     _Atomic(struct slot_cache *) caches[4096];
 } table __attribute__((aligned(64))) = {.gen_base = 1, .trimming = ATOMIC_FLAG_INIT};
 
-static size_t block_bytes(unsigned b)
-{
-    return ((size_t)1 << (TABLE_FIRST_LOG2 + b)) * SLOT_SIZE;
-}
+static size_t block_bytes(unsigned b) { return ((size_t)1 << (TABLE_FIRST_LOG2 + b)) * SLOT_SIZE; }
 
 static int map_block(unsigned b)
 {

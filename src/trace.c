@@ -91,11 +91,11 @@
 #include "wait.h"
 
 #define CHUNK_EVENTS 2048u
-#define CHUNKS_MAX 256u /* 256 x 80 KiB: 20 MiB at most */
+#define CHUNKS_MAX 256u          /* 256 x 80 KiB: 20 MiB at most */
 #define WRITE_EVERY_NS 20000000u /* 20 ms */
 #define NAME_MAX_LEN 48
-#define CAT "atap"      /* every slice's and arrow's category (see the top) */
-#define PENDING_MAX (1u << 18) /* arrow ends waiting for their other end */
+#define CAT "atap"               /* every slice's and arrow's category (see the top) */
+#define PENDING_MAX (1u << 18)   /* arrow ends waiting for their other end */
 #define PENDING_SWEEP (1u << 16) /* past this many, ends older than PENDING_AGE go */
 #define PENDING_AGE_NS (10ull * 1000000000ull)
 
@@ -116,12 +116,12 @@ struct chunk {
 };
 
 struct tthread {
-    struct tthread *next;   /* every record ever made (push only) */
-    _Atomic uint32_t lock;  /* 0 free, 1 held (owner or stopper) */
-    _Atomic bool owned;     /* a live thread has it */
-    uint64_t tid;           /* its lane: the OS thread id */
-    uint16_t depth;         /* runs open now (owner only) */
-    struct chunk *cur;      /* under lock */
+    struct tthread *next;  /* every record ever made (push only) */
+    _Atomic uint32_t lock; /* 0 free, 1 held (owner or stopper) */
+    _Atomic bool owned;    /* a live thread has it */
+    uint64_t tid;          /* its lane: the OS thread id */
+    uint16_t depth;        /* runs open now (owner only) */
+    struct chunk *cur;     /* under lock */
 };
 
 struct lane {
@@ -160,13 +160,13 @@ static struct {
     pthread_mutex_t ctl;   /* start / stop, one at a time */
     pthread_mutex_t names; /* lanes[] and thread records' making */
     FILE *f;
-    bool running;          /* a trace is being written (ctl) */
-    bool from_env;         /* started by ATAP_TRACE (ctl) */
-    bool first;            /* no event written yet (the writer's) */
-    bool seekable;         /* the tail can be written over (a regular file) */
-    bool dirty;            /* events written since the tail was (the writer's) */
-    uint64_t base;         /* ts of the start */
-    int pid;               /* the JSON "pid" of every event: the tracing process */
+    bool running;  /* a trace is being written (ctl) */
+    bool from_env; /* started by ATAP_TRACE (ctl) */
+    bool first;    /* no event written yet (the writer's) */
+    bool seekable; /* the tail can be written over (a regular file) */
+    bool dirty;    /* events written since the tail was (the writer's) */
+    uint64_t base; /* ts of the start */
+    int pid;       /* the JSON "pid" of every event: the tracing process */
     pthread_t writer;
     _Atomic uint32_t stop_writer;
     _Atomic(struct chunk *) full;
@@ -189,16 +189,10 @@ static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 #ifdef ATAP_FAULT_INJECTION
 static _Atomic bool test_drop;
 
-void atap__test_trace_drop(bool on)
-{
-    st_relaxed(&test_drop, on);
-}
+void atap__test_trace_drop(bool on) { st_relaxed(&test_drop, on); }
 #define DROP_FOR_TEST() ld_relaxed(&test_drop)
 #else
-void atap__test_trace_drop(bool on)
-{
-    (void)on;
-}
+void atap__test_trace_drop(bool on) { (void)on; }
 #define DROP_FOR_TEST() false
 #endif
 
@@ -307,10 +301,7 @@ static void lock_wait(struct tthread *t)
         spin_pause(&spins);
 }
 
-static void unlock(struct tthread *t)
-{
-    st_release(&t->lock, 0);
-}
+static void unlock(struct tthread *t) { st_release(&t->lock, 0); }
 
 /* The thread is ending: its chunk goes to the writer, its record to the
  * next thread that needs one. */
@@ -329,10 +320,7 @@ static void thread_exit(void *arg)
         self_t = NULL;
 }
 
-static void make_key(void)
-{
-    (void)pthread_key_create(&exit_key, thread_exit);
-}
+static void make_key(void) { (void)pthread_key_create(&exit_key, thread_exit); }
 
 _Thread_local const char *atap__trace_lane;
 _Thread_local unsigned atap__trace_lane_no;
@@ -582,10 +570,7 @@ static void begin_event(FILE *f)
 /* A record's time as the file writes it: microseconds since the start,
  * always from the same nanoseconds the same way, so that two events of one
  * moment (an arrow's end and its slice) print the same ts. */
-static double us_of(uint64_t ts)
-{
-    return ts < tr.base ? 0.0 : (double)(ts - tr.base) / 1000.0;
-}
+static double us_of(uint64_t ts) { return ts < tr.base ? 0.0 : (double)(ts - tr.base) / 1000.0; }
 
 /* One instant (thread scope), with the task's id and, if any, its
  * function and a number. */
@@ -593,8 +578,9 @@ static void instant(FILE *f, const char *name, uint64_t tid, const struct tev *e
                     const char *argname)
 {
     begin_event(f);
-    fprintf(f, "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,"
-               "\"tid\":%llu,\"args\":{",
+    fprintf(f,
+            "{\"name\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,\"pid\":%d,"
+            "\"tid\":%llu,\"args\":{",
             name, us_of(e->ts), tr.pid, (unsigned long long)tid);
     if (e->id)
         fprintf(f, "\"task\":\"0x%llx\"", (unsigned long long)e->id);
@@ -613,8 +599,9 @@ static void instant(FILE *f, const char *name, uint64_t tid, const struct tev *e
 static void marker(FILE *f, const char *name, uint64_t tid, const struct tev *e)
 {
     begin_event(f);
-    fprintf(f, "{\"name\":\"%s\",\"cat\":\"" CAT "\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":0,"
-               "\"pid\":%d,\"tid\":%llu,\"args\":{\"task\":\"0x%llx\"",
+    fprintf(f,
+            "{\"name\":\"%s\",\"cat\":\"" CAT "\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":0,"
+            "\"pid\":%d,\"tid\":%llu,\"args\":{\"task\":\"0x%llx\"",
             name, us_of(e->ts), tr.pid, (unsigned long long)tid, (unsigned long long)e->id);
     if (e->fn) {
         fputs(",\"fn\":\"", f);
@@ -627,8 +614,9 @@ static void marker(FILE *f, const char *name, uint64_t tid, const struct tev *e)
 static void flow_event(FILE *f, char ph, uint8_t kind, uint64_t key, uint64_t ts, uint64_t tid)
 {
     begin_event(f);
-    fprintf(f, "{\"name\":\"%s\",\"cat\":\"" CAT "\",\"ph\":\"%c\",%s\"id\":\"0x%llx\","
-               "\"ts\":%.3f,\"pid\":%d,\"tid\":%llu}",
+    fprintf(f,
+            "{\"name\":\"%s\",\"cat\":\"" CAT "\",\"ph\":\"%c\",%s\"id\":\"0x%llx\","
+            "\"ts\":%.3f,\"pid\":%d,\"tid\":%llu}",
             kind == TR_SPAWN ? "spawn" : "give", ph, ph == 'f' ? "\"bp\":\"e\"," : "",
             (unsigned long long)key, us_of(ts), tr.pid, (unsigned long long)tid);
 }
@@ -749,8 +737,9 @@ static void end_event(FILE *f, uint64_t tid, const struct open_run *r, double us
     begin_event(f);
     fputs("{\"name\":\"", f);
     put_escaped(f, r->name);
-    fprintf(f, "\",\"cat\":\"" CAT "\",\"ph\":\"E\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
-               "\"args\":{",
+    fprintf(f,
+            "\",\"cat\":\"" CAT "\",\"ph\":\"E\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
+            "\"args\":{",
             us, tr.pid, (unsigned long long)tid);
     if (recorded)
         fprintf(f, "\"rc\":%lld}}", rc);
@@ -786,8 +775,9 @@ static void run_begins(FILE *f, struct wlane *l, const struct tev *e)
     begin_event(tr.f);
     fputs("{\"name\":\"", f);
     put_escaped(f, fn_name(e->fn));
-    fprintf(f, "\",\"cat\":\"" CAT "\",\"ph\":\"B\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
-               "\"args\":{\"task\":\"0x%llx\",\"fn\":\"",
+    fprintf(f,
+            "\",\"cat\":\"" CAT "\",\"ph\":\"B\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
+            "\"args\":{\"task\":\"0x%llx\",\"fn\":\"",
             us, tr.pid, (unsigned long long)l->tid, (unsigned long long)e->id);
     put_escaped(f, fn_name(e->fn));
     fputs("\"}}", f);
@@ -835,17 +825,38 @@ static void write_event(FILE *f, struct wlane *l, const struct tev *e)
         marker(f, "give", tid, e);
         flow_end_seen(f, TR_GIVE, give_flow_id(e->id, (uint32_t)e->arg), true, e->ts, tid);
         break;
-    case TR_PARK: instant(f, "park", tid, e, "kind"); break;
-    case TR_RESUME: instant(f, "resume", tid, e, "reason"); break;
-    case TR_CANCEL: instant(f, "cancel", tid, e, NULL); break;
-    case TR_TIMEOUT: instant(f, "timeout", tid, e, NULL); break;
-    case TR_GROW: instant(f, "pool grows", tid, e, "workers"); break;
-    case TR_MANAGER: instant(f, "manager starts", tid, e, "restarts"); break;
-    case TR_RESTART: instant(f, "manager restart", tid, e, "failures"); break;
-    case TR_THREAD: instant(f, "thread starts", tid, e, "blocking"); break;
-    case TR_ASIDE: instant(f, "stack set aside", tid, e, "aside"); break;
-    case TR_BACK: instant(f, "stack goes on", tid, e, "aside"); break;
-    default: break;
+    case TR_PARK:
+        instant(f, "park", tid, e, "kind");
+        break;
+    case TR_RESUME:
+        instant(f, "resume", tid, e, "reason");
+        break;
+    case TR_CANCEL:
+        instant(f, "cancel", tid, e, NULL);
+        break;
+    case TR_TIMEOUT:
+        instant(f, "timeout", tid, e, NULL);
+        break;
+    case TR_GROW:
+        instant(f, "pool grows", tid, e, "workers");
+        break;
+    case TR_MANAGER:
+        instant(f, "manager starts", tid, e, "restarts");
+        break;
+    case TR_RESTART:
+        instant(f, "manager restart", tid, e, "failures");
+        break;
+    case TR_THREAD:
+        instant(f, "thread starts", tid, e, "blocking");
+        break;
+    case TR_ASIDE:
+        instant(f, "stack set aside", tid, e, "aside");
+        break;
+    case TR_BACK:
+        instant(f, "stack goes on", tid, e, "aside");
+        break;
+    default:
+        break;
     }
 }
 
@@ -890,22 +901,25 @@ static void write_tail(FILE *f, double end_us)
         for (unsigned k = tr.wl[i].n; k-- > 0;)
             end_event(f, tr.wl[i].tid, &tr.wl[i].open[k], end_us, false, 0);
     begin_event(f);
-    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
-               "\"args\":{\"name\":\"libatap\"}}",
+    fprintf(f,
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+            "\"args\":{\"name\":\"libatap\"}}",
             pid);
     pthread_mutex_lock(&tr.names);
     for (size_t i = 0; i < tr.nlanes; i++) {
         begin_event(f);
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%llu,"
-                   "\"args\":{\"name\":\"",
+        fprintf(f,
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%llu,"
+                "\"args\":{\"name\":\"",
                 pid, (unsigned long long)tr.lanes[i].tid);
         put_escaped(f, tr.lanes[i].name);
         fputs("\"}}", f);
     }
     pthread_mutex_unlock(&tr.names);
     begin_event(f);
-    fprintf(f, "{\"name\":\"dropped events\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":%d,"
-               "\"tid\":0,\"args\":{\"dropped\":%llu}}",
+    fprintf(f,
+            "{\"name\":\"dropped events\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":%d,"
+            "\"tid\":0,\"args\":{\"dropped\":%llu}}",
             end_us, pid, (unsigned long long)ld_relaxed(&tr.dropped));
     fputs("\n]}\n", f);
 }
@@ -1178,7 +1192,4 @@ void atap__trace_forget(void)
     self_t = NULL; /* a thread of its own in the child: a record and a lane anew */
 }
 
-static void trace_fork_child(void)
-{
-    atap__trace_forget();
-}
+static void trace_fork_child(void) { atap__trace_forget(); }

@@ -16,20 +16,20 @@
 
 /* What a hook records. */
 enum {
-    TR_SPAWN = 1,    /* task spawned: id, fn (a flow starts at it) */
-    TR_RUN_BEGIN,    /* a run starts on this thread: id, fn */
-    TR_RUN_END,      /* the run returns: id, arg = its return code */
-    TR_PARK,         /* the run parked: id, arg = the park's kind */
-    TR_RESUME,       /* a run after a park starts: id, arg = resume reason */
-    TR_CANCEL,       /* a cancel took the task: id */
-    TR_TIMEOUT,      /* a run passed its limit: id */
-    TR_GIVE,         /* a value given to a waiting task: id (a flow starts) */
-    TR_GROW,         /* the pool started one more worker: arg = workers live */
-    TR_MANAGER,      /* a manager's life starts: arg = restarts so far */
-    TR_RESTART,      /* the supervisor restarts a dead manager: arg = failures */
-    TR_THREAD,       /* a pool thread starts: arg = 1 for a blocking one */
-    TR_ASIDE,        /* a wait set its stack aside: arg = stacks aside on the thread */
-    TR_BACK,         /* a stack set aside goes on: arg = stacks still aside */
+    TR_SPAWN = 1, /* task spawned: id, fn (a flow starts at it) */
+    TR_RUN_BEGIN, /* a run starts on this thread: id, fn */
+    TR_RUN_END,   /* the run returns: id, arg = its return code */
+    TR_PARK,      /* the run parked: id, arg = the park's kind */
+    TR_RESUME,    /* a run after a park starts: id, arg = resume reason */
+    TR_CANCEL,    /* a cancel took the task: id */
+    TR_TIMEOUT,   /* a run passed its limit: id */
+    TR_GIVE,      /* a value given to a waiting task: id (a flow starts) */
+    TR_GROW,      /* the pool started one more worker: arg = workers live */
+    TR_MANAGER,   /* a manager's life starts: arg = restarts so far */
+    TR_RESTART,   /* the supervisor restarts a dead manager: arg = failures */
+    TR_THREAD,    /* a pool thread starts: arg = 1 for a blocking one */
+    TR_ASIDE,     /* a wait set its stack aside: arg = stacks aside on the thread */
+    TR_BACK,      /* a stack set aside goes on: arg = stacks still aside */
 };
 
 /* TR_RUN_BEGIN's arg: the run was started by a give (the caller's), and
@@ -61,7 +61,7 @@ void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg);
 #define ATAP_TRACE(kind, id, fn, arg)                                                              \
     do {                                                                                           \
         if (unlikely(ld_relaxed(&atap__trace_on)))                                                 \
-            atap__trace_event((kind), (id), (fn), (uint64_t)(arg));                               \
+            atap__trace_event((kind), (id), (fn), (uint64_t)(arg));                                \
     } while (0)
 #else
 #define ATAP_TRACE(kind, id, fn, arg) ((void)(id), (void)(fn), (void)(arg))

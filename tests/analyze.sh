@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Static analysis:   bash tests/analyze.sh [BUILD_DIR]
 #
+# The tree's format (clang-format --dry-run against .clang-format, with the
+# clang-format Debian 12 ships, 14: another version may format otherwise),
 # cppcheck (warning and portability checks) and clang-tidy (the checks in
 # .clang-tidy, each left-out one with its reason there) over every source
 # file of the library as this platform builds it (from a compile database
@@ -14,7 +16,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-$root/build/analyze}
 jobs=${ATAP_JOBS:-2}
 
-for tool in cppcheck clang-tidy clang; do
+for tool in clang-format cppcheck clang-tidy clang; do
     command -v "$tool" >/dev/null 2>&1 || { echo "analyze: $tool not found"; echo "analysis: 1 finding(s)"; exit 1; }
 done
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Debug \
@@ -25,6 +27,19 @@ mapfile -t files < <(sed -nE 's/^ *"file": "([^"]*\/src\/[^"]*\.c)",?$/\1/p' "$b
 [ ${#files[@]} -gt 0 ] || { echo "analyze: no source in $build/compile_commands.json"; echo "analysis: 1 finding(s)"; exit 1; }
 
 findings=0
+# The C and C++ files of the tree (git's list when this is a clone).
+if git -C "$root" rev-parse --git-dir >/dev/null 2>&1; then
+    mapfile -t sources < <(git -C "$root" ls-files '*.c' '*.h' '*.cpp' '*.hpp' | grep -v '^tests/corpus/')
+else
+    mapfile -t sources < <(cd "$root" && find src include tests examples bench \( -name '*.[ch]' -o -name '*.[ch]pp' \) | grep -v '^tests/corpus/')
+fi
+out=$(cd "$root" && clang-format --dry-run "${sources[@]}" 2>&1 | grep -E ': (warning|error): ' | sed -E 's/: (warning|error): .*//' | sort -u)
+if [ -n "$out" ]; then
+    echo "analyze: not formatted as .clang-format says (clang-format -i <file> fixes it):"
+    echo "$out"
+    findings=$((findings + $(echo "$out" | wc -l)))
+fi
+echo "analyze: clang-format over ${#sources[@]} files done"
 out=$(cppcheck --quiet --enable=warning,portability --inline-suppr --std=c11 \
     -I "$root/include" -I "$root/src" --error-exitcode=0 "${files[@]}" 2>&1 | grep -E '^[^ ].*: (error|warning|portability):')
 if [ -n "$out" ]; then

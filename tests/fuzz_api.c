@@ -73,13 +73,13 @@
 #define FUZZ_TSAN 1
 #endif
 
-#define NH 16           /* handles a program works on */
-#define MAX_TASKS 192   /* spawns per program */
-#define MAX_OPS 80      /* operations per program */
-#define MAX_ELEMS 256   /* channel values per program */
-#define MAX_FWD 8       /* forwards into one task */
-#define REC_SMALL 32    /* output sizes: small (on the heap past the slot's 16 bytes) ... */
-#define REC_BIG 512     /* ... and big */
+#define NH 16                  /* handles a program works on */
+#define MAX_TASKS 192          /* spawns per program */
+#define MAX_OPS 80             /* operations per program */
+#define MAX_ELEMS 256          /* channel values per program */
+#define MAX_FWD 8              /* forwards into one task */
+#define REC_SMALL 32           /* output sizes: small (on the heap past the slot's 16 bytes) ... */
+#define REC_BIG 512            /* ... and big */
 #define TIME_SLACK ATAP_SEC(2) /* lateness tolerated where an upper bound is checked */
 
 /* ---------------------------------------------------------------------- */
@@ -95,7 +95,8 @@ static uint64_t now_ns(void)
 
 static void sleep_ns(uint64_t ns)
 {
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u), .tv_nsec = (long)(ns % 1000000000u)};
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u),
+                          .tv_nsec = (long)(ns % 1000000000u)};
     while (nanosleep(&ts, &ts) != 0) {
     }
 }
@@ -116,7 +117,7 @@ static size_t g_prog_len;
 static uint64_t g_seed;
 static int64_t g_index = -1; /* program index under the seed; -1: a file */
 static const char *g_source = "";
-static atomic_int g_op;      /* the operation under way */
+static atomic_int g_op;                 /* the operation under way */
 static atomic_uint_fast64_t g_progress; /* now_ns() at the last step */
 static atomic_int g_failing;
 static bool g_libfuzzer;
@@ -148,7 +149,8 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fuzz_fail(const char
     if (!g_libfuzzer) {
         char path[256];
         if (g_index >= 0)
-            snprintf(path, sizeof path, "fuzz_api-fail-%" PRIu64 "-%" PRId64 ".bin", g_seed, g_index);
+            snprintf(path, sizeof path, "fuzz_api-fail-%" PRIu64 "-%" PRId64 ".bin", g_seed,
+                     g_index);
         else
             snprintf(path, sizeof path, "fuzz_api-fail-replay.bin");
         save_program(path);
@@ -158,8 +160,8 @@ __attribute__((format(printf, 1, 2), noreturn)) static void fuzz_fail(const char
         fprintf(stderr, "fuzz_api: program %s (%zu bytes) saved to %s/%s; replay: fuzz_api %s/%s\n",
                 g_source, g_prog_len, cwd, path, cwd, path);
         if (g_index >= 0)
-            fprintf(stderr, "fuzz_api: or: fuzz_api --seed %" PRIu64 " --index %" PRId64 "\n", g_seed,
-                    g_index);
+            fprintf(stderr, "fuzz_api: or: fuzz_api --seed %" PRIu64 " --index %" PRId64 "\n",
+                    g_seed, g_index);
     }
     fflush(stderr);
     abort();
@@ -225,17 +227,23 @@ static size_t rec_size(const void *p)
     return n == REC_SMALL / 8 || n == REC_BIG / 8 ? n * 8 : 0;
 }
 
-static bool aligned_max(const void *p)
-{
-    return ((uintptr_t)p % alignof(max_align_t)) == 0;
-}
+static bool aligned_max(const void *p) { return ((uintptr_t)p % alignof(max_align_t)) == 0; }
 
 /* ---------------------------------------------------------------------- */
 /* The model                                                               */
 /* ---------------------------------------------------------------------- */
 
 enum fmt { FMT_NONE, FMT_REC, FMT_U64 };
-enum fn_kind { FN_VALUE, FN_SLEEP, FN_FAIL, FN_PARK_PIPE, FN_PARK_UNTIL, FN_JOIN, FN_SPAWN, FN_KINDS };
+enum fn_kind {
+    FN_VALUE,
+    FN_SLEEP,
+    FN_FAIL,
+    FN_PARK_PIPE,
+    FN_PARK_UNTIL,
+    FN_JOIN,
+    FN_SPAWN,
+    FN_KINDS
+};
 enum origin { O_SPAWN, O_WAITING, O_RECV_ALL, O_RECV_ANY, O_SLEEP, O_CHAN_RECV, O_CHAN_SEND };
 
 typedef struct ftask {
@@ -312,10 +320,10 @@ static struct {
     bool chan_sender, chan_receiver;
     size_t chan_cap;
     uint64_t elem_next;
-    atomic_int elem_sent[MAX_ELEMS];  /* 1: the channel has it (or dropped it) */
-    atomic_int elem_gone[MAX_ELEMS];  /* taken or passed to elem_free */
+    atomic_int elem_sent[MAX_ELEMS]; /* 1: the channel has it (or dropped it) */
+    atomic_int elem_gone[MAX_ELEMS]; /* taken or passed to elem_free */
     uint64_t give_next;
-    bool deaths; /* thread deaths in play: frames lost, leaks allowed */
+    bool deaths;      /* thread deaths in play: frames lost, leaks allowed */
     size_t live_base; /* live tasks before the program: what earlier thread
                          deaths left (their frames' handles never released) */
     uint64_t deaths_at_start;
@@ -335,7 +343,7 @@ static ftask *task_by_uid(uint32_t uid)
 
 static const char *origin_name(enum origin o)
 {
-    static const char *names[] = {"spawn", "waiting", "receive_all", "receive_any",
+    static const char *names[] = {"spawn", "waiting",   "receive_all", "receive_any",
                                   "sleep", "chan_recv", "chan_send"};
     return names[o];
 }
@@ -346,14 +354,14 @@ static const char *kind_name(atap_kind k)
 }
 
 #define TFMT "task %u (%s %s fn %d out %zu)"
-#define TARGS(t) (t)->uid, origin_name((t)->origin), kind_name((t)->kind), (int)(t)->fn, (t)->out_size
+#define TARGS(t)                                                                                   \
+    (t)->uid, origin_name((t)->origin), kind_name((t)->kind), (int)(t)->fn, (t)->out_size
 
 static void note_call(const char *call, const ftask *t)
 {
     snprintf(g_call, sizeof g_call, "%s on " TFMT " bounded %d runs %" PRIu64 " cancelled %d", call,
              TARGS(t), t->bounded, (uint64_t)atomic_load(&t->runs), atomic_load(&t->cancel_done));
 }
-
 
 /* ---------------------------------------------------------------------- */
 /* Callbacks: count every call, check what they are handed                  */
@@ -375,7 +383,8 @@ static void fz_out_free(void *out)
     uint32_t uid;
     uint64_t serial;
     size_t size = rec_size(out);
-    FZ_CHECK(size && rec_read(out, size, &uid, &serial), "out_free handed a torn or foreign output");
+    FZ_CHECK(size && rec_read(out, size, &uid, &serial),
+             "out_free handed a torn or foreign output");
     ftask *t = task_by_uid(uid);
     FZ_CHECK(t != NULL && t->has_out_free && t->out_size == size,
              "out_free handed an output of uid %u, no task of this program with out_free", uid);
@@ -401,8 +410,7 @@ static void fz_elem_free(void *v)
 {
     uint32_t uid;
     uint64_t serial;
-    FZ_CHECK(aligned_max(v),
-             "elem_free handed %p, not aligned for max_align_t", v);
+    FZ_CHECK(aligned_max(v), "elem_free handed %p, not aligned for max_align_t", v);
     FZ_CHECK(rec_read(v, REC_SMALL, &uid, &serial) && uid == G.chan_uid && serial < MAX_ELEMS,
              "elem_free handed a torn or foreign value");
     int n = atomic_fetch_add(&G.elem_gone[serial], 1) + 1;
@@ -421,12 +429,13 @@ static bool rc_in(int rc, const int *set, size_t n)
     return false;
 }
 
-#define RC_IN(rc, ...) rc_in((rc), (const int[]){__VA_ARGS__}, sizeof((const int[]){__VA_ARGS__}) / sizeof(int))
+#define RC_IN(rc, ...)                                                                             \
+    rc_in((rc), (const int[]){__VA_ARGS__}, sizeof((const int[]){__VA_ARGS__}) / sizeof(int))
 
 /* What a read (join, take ...) may return: atap.h's list, plus the codes our
  * tasks end with (their function's ATAP_E* return, ECLOSED for a channel). */
 #define READ_CODES                                                                                 \
-    0, ATAP_EINVAL, ATAP_ENOTASK, ATAP_ETAKEN, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED,       \
+    0, ATAP_EINVAL, ATAP_ENOTASK, ATAP_ETAKEN, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED,      \
         ATAP_EFINISHED, ATAP_ECLOSED
 
 /* A run of a cancelled task must see it. */
@@ -454,7 +463,8 @@ static void check_inside_read(ftask *t, int rc, const void *buf)
     uint32_t uid;
     uint64_t serial;
     FZ_CHECK(rec_read(buf, o->out_size, &uid, &serial) && uid == o->out_uid,
-             TFMT ": a join inside a task read a torn or crossed output of " TFMT, TARGS(t), TARGS(o));
+             TFMT ": a join inside a task read a torn or crossed output of " TFMT, TARGS(t),
+             TARGS(o));
 }
 
 /* Joins the other task, as t->join_mode says. */
@@ -579,7 +589,8 @@ static void check_input(ftask *t, atap_ctx *ctx)
     if (t->origin == O_RECV_ALL) {
         size_t off = 0;
         for (size_t i = 0; i < t->nmembers; i++) {
-            FZ_CHECK(rec_read(in + off, t->member_size[i], &uid, &serial) && uid == t->member_uid[i],
+            FZ_CHECK(rec_read(in + off, t->member_size[i], &uid, &serial) &&
+                         uid == t->member_uid[i],
                      TFMT ": receive_all input %zu is torn or not member %u's", TARGS(t), i,
                      t->member_uid[i]);
             off += t->member_size[i];
@@ -609,15 +620,18 @@ static void check_run_start(ftask *t, atap_ctx *ctx, void *out)
     uint64_t at = now_ns();
     bool fed = t->origin != O_SPAWN;
 
-    FZ_CHECK(at >= t->t0 + t->after_ns, TFMT ": run %" PRIu64 " started %" PRIu64
-             " ns after the spawn, before its after_ns %" PRIu64, TARGS(t), n, at - t->t0, t->after_ns);
+    FZ_CHECK(at >= t->t0 + t->after_ns,
+             TFMT ": run %" PRIu64 " started %" PRIu64
+                  " ns after the spawn, before its after_ns %" PRIu64,
+             TARGS(t), n, at - t->t0, t->after_ns);
     if (!fed && t->runs_limit)
         FZ_CHECK(n < t->runs_limit, TFMT ": run %" PRIu64 " of a series of %u runs", TARGS(t), n,
                  t->runs_limit);
     if (!fed && t->kind == ATAP_REPEAT && n > 0) {
         uint64_t end = atomic_load(&t->last_end);
         FZ_CHECK(end != 0 && at - end >= t->every_ns,
-                 TFMT ": repeat run %" PRIu64 " started %" PRIu64 " ns after the last ended, gap %" PRIu64,
+                 TFMT ": repeat run %" PRIu64 " started %" PRIu64
+                      " ns after the last ended, gap %" PRIu64,
                  TARGS(t), n, end ? at - end : 0, t->every_ns);
     }
     if (!fed && t->kind == ATAP_AT_RATE)
@@ -625,11 +639,10 @@ static void check_run_start(ftask *t, atap_ctx *ctx, void *out)
                  TFMT ": %" PRIu64 " runs started within %" PRIu64 " ns, period %" PRIu64, TARGS(t),
                  n + 1, at - t->t0, t->every_ns);
     if (t->until_ns && !fed)
-        FZ_CHECK(at <= t->until_ns + TIME_SLACK, TFMT ": a run started %" PRIu64 " ns past until_ns",
-                 TARGS(t), at - t->until_ns);
+        FZ_CHECK(at <= t->until_ns + TIME_SLACK,
+                 TFMT ": a run started %" PRIu64 " ns past until_ns", TARGS(t), at - t->until_ns);
     if (out != NULL)
-        FZ_CHECK(aligned_max(out),
-                 TFMT ": out %p not aligned for max_align_t", TARGS(t), out);
+        FZ_CHECK(aligned_max(out), TFMT ": out %p not aligned for max_align_t", TARGS(t), out);
     atap_task self = atap_self(ctx);
     uint64_t want = atomic_load(&t->self_id);
     FZ_CHECK(self.id != 0, TFMT ": atap_self names no task", TARGS(t));
@@ -717,8 +730,8 @@ static int fz_task(atap_ctx *ctx, void *arg, void *out)
     case FN_PARK_UNTIL:
         if (resumed) {
             uint64_t at = now_ns(), d = atomic_load(&t->park_deadline);
-            FZ_CHECK(atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE, TFMT ": park_until resumed by %d",
-                     TARGS(t), atap_resume_reason(ctx));
+            FZ_CHECK(atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE,
+                     TFMT ": park_until resumed by %d", TARGS(t), atap_resume_reason(ctx));
             FZ_CHECK(at >= d, TFMT ": park_until resumed %" PRIu64 " ns early", TARGS(t), d - at);
             return finish(t, ctx, out, 0);
         }
@@ -743,20 +756,11 @@ static int fz_task(atap_ctx *ctx, void *arg, void *out)
 
 static const uint8_t *g_pc, *g_end;
 
-static unsigned u8(void)
-{
-    return g_pc < g_end ? *g_pc++ : 0;
-}
+static unsigned u8(void) { return g_pc < g_end ? *g_pc++ : 0; }
 
-static uint64_t ms(unsigned n)
-{
-    return ATAP_MS(n);
-}
+static uint64_t ms(unsigned n) { return ATAP_MS(n); }
 
-static void step(void)
-{
-    atomic_store(&g_progress, now_ns());
-}
+static void step(void) { atomic_store(&g_progress, now_ns()); }
 
 static ftask *new_task(void)
 {
@@ -936,7 +940,8 @@ static void op_spawn(void)
     t->after_ns = o.after_ns;
     t->timeout_ns = o.timeout_ns;
     fn_setup(t, fb, ab);
-    t->bounded = t->fn != FN_PARK_PIPE || t->work_ns != ATAP_FOREVER || atomic_load(&G.pipe_written);
+    t->bounded =
+        t->fn != FN_PARK_PIPE || t->work_ns != ATAP_FOREVER || atomic_load(&G.pipe_written);
     t->t0 = now_ns();
     atap_task h = {123};
     int rc = atap_spawn(&h, fz_task, t, &o);
@@ -1008,12 +1013,13 @@ static void op_series(void)
     t->bounded = o.runs || o.for_ns || o.until_ns;
     t->t0 = now_ns();
     if (getenv("FUZZ_TRACE"))
-        fprintf(stderr, "series uid %u kind %d every %" PRIu64 " runs %u for %" PRIu64
-                        " until %+" PRId64 " after %" PRIu64 " timeout %" PRIu64 " fn %d work %" PRIu64
-                        " blocking %d prio %d\n",
+        fprintf(stderr,
+                "series uid %u kind %d every %" PRIu64 " runs %u for %" PRIu64 " until %+" PRId64
+                " after %" PRIu64 " timeout %" PRIu64 " fn %d work %" PRIu64
+                " blocking %d prio %d\n",
                 t->uid, (int)o.kind, o.every_ns, o.runs, o.for_ns,
-                o.until_ns ? (int64_t)(o.until_ns - t->t0) : 0, o.after_ns, o.timeout_ns, (int)t->fn,
-                t->work_ns, o.blocking, o.priority);
+                o.until_ns ? (int64_t)(o.until_ns - t->t0) : 0, o.after_ns, o.timeout_ns,
+                (int)t->fn, t->work_ns, o.blocking, o.priority);
     atap_task h = {0};
     int rc = atap_spawn(&h, fz_task, t, &o);
     spawned(s, t, rc, h, valid, "atap_spawn (series)");
@@ -1141,9 +1147,10 @@ static void op_forward(void)
     if (!valid)
         FZ_CHECK(rc == ATAP_EINVAL, "atap_forward into a task that cannot take it returned %d", rc);
     else
-        FZ_CHECK(RC_IN(rc, 0, ATAP_EFINISHED, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED, -ENOMEM),
-                 "atap_forward " TFMT " -> " TFMT " returned %d (%s)", TARGS(from), TARGS(to), rc,
-                 atap_strerror(rc));
+        FZ_CHECK(
+            RC_IN(rc, 0, ATAP_EFINISHED, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED, -ENOMEM),
+            "atap_forward " TFMT " -> " TFMT " returned %d (%s)", TARGS(from), TARGS(to), rc,
+            atap_strerror(rc));
 }
 
 static void op_sleep_task(void)
@@ -1178,10 +1185,7 @@ static void op_sleep_task(void)
     spawned(s, t, rc, h, true, "atap_spawn_sleep");
 }
 
-static void chan_value(uint64_t serial, void *v)
-{
-    rec_fill(v, REC_SMALL, G.chan_uid, serial);
-}
+static void chan_value(uint64_t serial, void *v) { rec_fill(v, REC_SMALL, G.chan_uid, serial); }
 
 static void op_chan(void)
 {
@@ -1195,7 +1199,8 @@ static void op_chan(void)
         uint64_t e = G.elem_next++;
         chan_value(e, v);
         int rc = atap_chan_send(G.chan, v);
-        FZ_CHECK(RC_IN(rc, 0, ATAP_ECLOSED, ATAP_ENOTREADY, -ENOMEM), "atap_chan_send returned %d", rc);
+        FZ_CHECK(RC_IN(rc, 0, ATAP_ECLOSED, ATAP_ENOTREADY, -ENOMEM), "atap_chan_send returned %d",
+                 rc);
         FZ_CHECK(rc != ATAP_ENOTREADY || G.chan_cap, "an unbounded channel said full");
         if (rc == 0 || rc == ATAP_ECLOSED)
             atomic_store(&G.elem_sent[e], 1);
@@ -1256,8 +1261,9 @@ static void op_chan(void)
         return;
     default:
         if (G.chan_sender || G.chan_receiver)
-            FZ_CHECK(atap_chan_len(G.chan) <= G.elem_next, "atap_chan_len %zu > values sent %" PRIu64,
-                     atap_chan_len(G.chan), G.elem_next);
+            FZ_CHECK(atap_chan_len(G.chan) <= G.elem_next,
+                     "atap_chan_len %zu > values sent %" PRIu64, atap_chan_len(G.chan),
+                     G.elem_next);
         return;
     }
 }
@@ -1276,8 +1282,8 @@ static void check_output(ftask *t, const unsigned char *buf, bool take)
         /* after_ns counts in the sleep (atap.h) */
         uint64_t least = t->work_ns > t->after_ns ? t->work_ns : t->after_ns;
         FZ_CHECK(now_ns() - t->t0 >= least,
-                 TFMT ": a sleep task settled %" PRIu64 " ns after its spawn, before %" PRIu64, TARGS(t),
-                 now_ns() - t->t0, least);
+                 TFMT ": a sleep task settled %" PRIu64 " ns after its spawn, before %" PRIu64,
+                 TARGS(t), now_ns() - t->t0, least);
         return;
     }
     if (t->fmt != FMT_REC)
@@ -1316,8 +1322,8 @@ static void check_sticky(ftask *t, int rc, const char *call)
     if (rc == ATAP_EINVAL || rc == ATAP_ETAKEN || rc == ATAP_ELIMIT)
         return;
     if (t->sticky) {
-        FZ_CHECK(rc == t->sticky_rc, TFMT ": %s returned %d, it settled with %d", TARGS(t), call, rc,
-                 t->sticky_rc);
+        FZ_CHECK(rc == t->sticky_rc, TFMT ": %s returned %d, it settled with %d", TARGS(t), call,
+                 rc, t->sticky_rc);
     } else {
         t->sticky = true;
         t->sticky_rc = rc;
@@ -1346,18 +1352,18 @@ static void op_read(bool take)
     const char *call;
     if (take) {
         call = mode == 0 ? "atap_take" : mode == 1 ? "atap_take_for" : "atap_try_take";
-        rc = mode == 0 ? atap_take(G.hs[s].h, out, size)
+        rc = mode == 0   ? atap_take(G.hs[s].h, out, size)
              : mode == 1 ? atap_take_for(G.hs[s].h, out, size, tmo)
                          : atap_try_take(G.hs[s].h, out, size);
     } else {
         call = mode == 0 ? "atap_join" : mode == 1 ? "atap_join_for" : "atap_try_join";
-        rc = mode == 0 ? atap_join(G.hs[s].h, out, size)
+        rc = mode == 0   ? atap_join(G.hs[s].h, out, size)
              : mode == 1 ? atap_join_for(G.hs[s].h, out, size, tmo)
                          : atap_try_join(G.hs[s].h, out, size);
     }
     step();
-    FZ_CHECK(RC_IN(rc, READ_CODES, ATAP_ENOTREADY), TFMT ": %s returned %d (%s)", TARGS(t), call, rc,
-             atap_strerror(rc));
+    FZ_CHECK(RC_IN(rc, READ_CODES, ATAP_ENOTREADY), TFMT ": %s returned %d (%s)", TARGS(t), call,
+             rc, atap_strerror(rc));
     FZ_CHECK(!wrong || rc == ATAP_EINVAL || rc == ATAP_ENOTASK,
              TFMT ": %s with a wrong size returned %d", TARGS(t), call, rc);
     FZ_CHECK(wrong || rc != ATAP_EINVAL, TFMT ": %s returned EINVAL", TARGS(t), call);
@@ -1378,15 +1384,13 @@ static void op_read(bool take)
     }
 }
 
-static bool settled_state(int st)
-{
-    return st >= ATAP_READY && st <= ATAP_TIMED_OUT;
-}
+static bool settled_state(int st) { return st >= ATAP_READY && st <= ATAP_TIMED_OUT; }
 
 /* States move forward; a terminal one sticks. */
 static void check_state(ftask *t, int st, const char *call)
 {
-    FZ_CHECK(st >= ATAP_PENDING && st <= ATAP_WAITING, TFMT ": %s gave state %d", TARGS(t), call, st);
+    FZ_CHECK(st >= ATAP_PENDING && st <= ATAP_WAITING, TFMT ": %s gave state %d", TARGS(t), call,
+             st);
     int last = t->last_state;
     bool terminal = last == ATAP_CANCELLED || last == ATAP_FAILED || last == ATAP_TIMED_OUT;
     if (terminal)
@@ -1395,8 +1399,8 @@ static void check_state(ftask *t, int st, const char *call)
         /* WAITING (8): parked, as RUNNING (resumed, it runs again) */
         static const int rank[] = {0, 0, 1, 2, 3, 4, 4, 4, 1};
         FZ_CHECK(rank[st] >= rank[last], TFMT ": %s: state %d after %d", TARGS(t), call, st, last);
-        FZ_CHECK(!(last == ATAP_READY && (st == ATAP_CANCELLED || st == ATAP_TIMED_OUT ||
-                                           st == ATAP_FAILED)),
+        FZ_CHECK(!(last == ATAP_READY &&
+                   (st == ATAP_CANCELLED || st == ATAP_TIMED_OUT || st == ATAP_FAILED)),
                  TFMT ": %s: a ready one-shot became %d", TARGS(t), call, st);
     }
     t->last_state = st;
@@ -1475,8 +1479,9 @@ static void op_give(void)
     else if (!G.running)
         FZ_CHECK(rc == ATAP_ENOTINIT, TFMT ": a give while stopped returned %d", TARGS(t), rc);
     else
-        FZ_CHECK(RC_IN(rc, 0, ATAP_EFINISHED, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED, -ENOMEM),
-                 TFMT ": atap_give returned %d (%s)", TARGS(t), rc, atap_strerror(rc));
+        FZ_CHECK(
+            RC_IN(rc, 0, ATAP_EFINISHED, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED, -ENOMEM),
+            TFMT ": atap_give returned %d (%s)", TARGS(t), rc, atap_strerror(rc));
     if (t->has_in_free && rc != ATAP_EINVAL && rc != ATAP_ENOTASK && rc != -ENOMEM)
         t->in_free_owed++;
     if (rc == 0 && t->once_plain)
@@ -1584,10 +1589,11 @@ static void op_join_all(void)
         ftask *t = G.hs[slots[i]].t;
         FZ_CHECK(RC_IN(rcs[i], READ_CODES), TFMT ": atap_join_all gave rcs[%d] %d", TARGS(t), i,
                  rcs[i]);
-        FZ_CHECK(rcs[i] != ATAP_ENOTASK, TFMT ": join_all says a held handle has no task", TARGS(t));
+        FZ_CHECK(rcs[i] != ATAP_ENOTASK, TFMT ": join_all says a held handle has no task",
+                 TARGS(t));
         FZ_CHECK((rcs[i] == ATAP_EINVAL) == (t->out_size != size),
-                 TFMT ": join_all gave %d for out_size %zu, size %zu", TARGS(t), rcs[i], t->out_size,
-                 size);
+                 TFMT ": join_all gave %d for out_size %zu, size %zu", TARGS(t), rcs[i],
+                 t->out_size, size);
         if (rcs[i] == 0)
             check_output(t, out + (size_t)i * size, false);
         check_sticky(t, rcs[i], "atap_join_all");
@@ -1618,8 +1624,8 @@ static int kept_reader_task(atap_ctx *ctx, void *arg, void *out)
     while ((n = read(G.kept_fd[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
         if (n > 0)
             atomic_fetch_add(&G.kept_got, (uint64_t)n);
-    FZ_CHECK(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "the kept reader read %zd (%s)",
-             n, n < 0 ? strerror(errno) : "");
+    FZ_CHECK(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "the kept reader read %zd (%s)", n,
+             n < 0 ? strerror(errno) : "");
     FZ_CHECK(atap_park_fd(ctx, G.kept_fd[0], ATAP_READABLE, ATAP_FOREVER) == 0,
              "the kept reader's park refused");
     return ATAP_PARKED;
@@ -1718,7 +1724,8 @@ static void op_lifecycle(void)
     }
     int rc = atap_init(NULL);
     step();
-    FZ_CHECK(rc == 0 || (rc < 0 && rc > -4096), "atap_init returned %d (%s)", rc, atap_strerror(rc));
+    FZ_CHECK(rc == 0 || (rc < 0 && rc > -4096), "atap_init returned %d (%s)", rc,
+             atap_strerror(rc));
     G.running = rc == 0;
     FZ_CHECK(atap_initialised() == G.running, "atap_initialised says %d after init returned %d",
              atap_initialised(), rc);
@@ -1772,10 +1779,33 @@ static void op_stale(void)
 }
 
 enum {
-    OP_SPAWN, OP_SERIES, OP_WAITING, OP_RECEIVE, OP_FORWARD, OP_SLEEP_TASK, OP_CHAN,
-    OP_JOIN, OP_TAKE, OP_WAIT, OP_CANCEL, OP_DUP, OP_RELEASE, OP_GIVE, OP_QUERY,
-    OP_JOIN_FIRST, OP_JOIN_ALL, OP_PIPE, OP_FAULT, OP_LIFECYCLE, OP_PAUSE, OP_STALE,
-    OP_SPAWN2, OP_GIVE2, OP_JOIN2, OP_KEPT, OP_COUNT
+    OP_SPAWN,
+    OP_SERIES,
+    OP_WAITING,
+    OP_RECEIVE,
+    OP_FORWARD,
+    OP_SLEEP_TASK,
+    OP_CHAN,
+    OP_JOIN,
+    OP_TAKE,
+    OP_WAIT,
+    OP_CANCEL,
+    OP_DUP,
+    OP_RELEASE,
+    OP_GIVE,
+    OP_QUERY,
+    OP_JOIN_FIRST,
+    OP_JOIN_ALL,
+    OP_PIPE,
+    OP_FAULT,
+    OP_LIFECYCLE,
+    OP_PAUSE,
+    OP_STALE,
+    OP_SPAWN2,
+    OP_GIVE2,
+    OP_JOIN2,
+    OP_KEPT,
+    OP_COUNT
 };
 
 static void run_op(unsigned op)
@@ -1930,8 +1960,9 @@ static void settle_all(void)
         uint64_t start = now_ns();
         while (!atap_finished(G.hs[i].h)) {
             FZ_CHECK(now_ns() - start < bound,
-                     TFMT ": not finished %" PRIu64 " s after what it waits for was there (state %d, "
-                     "%" PRIu64 " runs; cancelled %d)",
+                     TFMT ": not finished %" PRIu64
+                          " s after what it waits for was there (state %d, "
+                          "%" PRIu64 " runs; cancelled %d)",
                      TARGS(t), bound / ATAP_SEC(1), (int)atap_state_of(G.hs[i].h),
                      (uint64_t)atomic_load(&t->runs), atomic_load(&t->cancel_done));
             sleep_ns(ATAP_US(200));
@@ -1993,8 +2024,9 @@ static void program_end(unsigned b)
                  (uint64_t)atomic_load(&G.kept_got), G.kept_sent, bound / ATAP_SEC(1));
         sleep_ns(ATAP_US(200));
     }
-    FZ_CHECK(atomic_load(&G.kept_got) == G.kept_sent, "the kept reader read %" PRIu64
-             " bytes, %" PRIu64 " were written", (uint64_t)atomic_load(&G.kept_got), G.kept_sent);
+    FZ_CHECK(atomic_load(&G.kept_got) == G.kept_sent,
+             "the kept reader read %" PRIu64 " bytes, %" PRIu64 " were written",
+             (uint64_t)atomic_load(&G.kept_got), G.kept_sent);
     if (G.kept_reading) {
         atap_cancel(G.kept_reader);
         atap_release(G.kept_reader);
@@ -2054,7 +2086,8 @@ static void program_end(unsigned b)
             FZ_CHECK(atomic_load(&t->arg_freed) == 1, TFMT ": arg_free ran %" PRIu64 " times",
                      TARGS(t), (uint64_t)atomic_load(&t->arg_freed));
         if (t->has_out_free) {
-            uint64_t made = atomic_load(&t->produced), gone = atomic_load(&t->taken) + atomic_load(&t->out_freed);
+            uint64_t made = atomic_load(&t->produced),
+                     gone = atomic_load(&t->taken) + atomic_load(&t->out_freed);
             FZ_CHECK(deaths ? gone <= made : gone == made,
                      TFMT ": %" PRIu64 " outputs made, %" PRIu64 " taken, %" PRIu64 " to out_free",
                      TARGS(t), made, (uint64_t)atomic_load(&t->taken),
@@ -2106,7 +2139,8 @@ static void *watchdog(void *arg)
                     "aside %zu deaths %" PRIu64 "; manager alive %d healthy %d\n",
                     ps.workers, ps.busy, ps.blocking_busy, ps.blocking_threads, ps.queued, ps.live,
                     ps.aside, ps.deaths, st.manager_alive, st.healthy);
-            fuzz_fail("no progress for %" PRIu64 " s: a call hangs (%s)", limit / ATAP_SEC(1), g_call);
+            fuzz_fail("no progress for %" PRIu64 " s: a call hangs (%s)", limit / ATAP_SEC(1),
+                      g_call);
         }
     }
     return NULL;
@@ -2206,19 +2240,22 @@ static void on_sanitizer_death(void)
     char path[256];
     snprintf(path, sizeof path, "fuzz_api-fail-%" PRIu64 "-%" PRId64 ".bin", g_seed, g_index);
     save_program(path);
-    fprintf(stderr, "fuzz_api: sanitizer report in program %s, seed %" PRIu64 " index %" PRId64
-                    ", saved to %s\n",
+    fprintf(stderr,
+            "fuzz_api: sanitizer report in program %s, seed %" PRIu64 " index %" PRId64
+            ", saved to %s\n",
             g_source, g_seed, g_index, path);
 }
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: fuzz_api [--seconds S] [--seed N] [--index I] [--runs N] [--save DIR] [FILE|DIR]...\n"
-            "  replays each FILE and every file in DIR, then runs random programs from\n"
-            "  the seed (default: from the clock) for S seconds (default $ATAP_FUZZ_SECONDS, else 0)\n"
-            "  or N programs; --index I runs program I of the seed alone; --save DIR writes\n"
-            "  each random program run to DIR (to seed a corpus).\n");
+    fprintf(
+        stderr,
+        "usage: fuzz_api [--seconds S] [--seed N] [--index I] [--runs N] [--save DIR] "
+        "[FILE|DIR]...\n"
+        "  replays each FILE and every file in DIR, then runs random programs from\n"
+        "  the seed (default: from the clock) for S seconds (default $ATAP_FUZZ_SECONDS, else 0)\n"
+        "  or N programs; --index I runs program I of the seed alone; --save DIR writes\n"
+        "  each random program run to DIR (to seed a corpus).\n");
     exit(2);
 }
 
@@ -2256,7 +2293,8 @@ int main(int argc, char **argv)
     uint64_t t_start = now_ns();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seconds") || !strcmp(argv[i], "--seed") ||
-            !strcmp(argv[i], "--index") || !strcmp(argv[i], "--runs") || !strcmp(argv[i], "--save")) {
+            !strcmp(argv[i], "--index") || !strcmp(argv[i], "--runs") ||
+            !strcmp(argv[i], "--save")) {
             i++;
             continue;
         }
@@ -2292,8 +2330,8 @@ int main(int argc, char **argv)
             g_programs++;
         }
     }
-    printf("fuzz_api: %" PRIu64 " programs (%" PRIu64 " files, %" PRIu64 " random from seed %" PRIu64
-           ") in %.1f s, all promises kept\n",
+    printf("fuzz_api: %" PRIu64 " programs (%" PRIu64 " files, %" PRIu64
+           " random from seed %" PRIu64 ") in %.1f s, all promises kept\n",
            g_programs, t_files, g_programs - t_files, seed, (double)(now_ns() - t_start) / 1e9);
     return 0;
 }

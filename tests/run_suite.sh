@@ -10,6 +10,8 @@
 #          and gcc 12's TSan reports false races on correct fence code; clang 14's does not.
 #   consumers  tests/consumers.sh: libatap as its users get it (installs, find_package,
 #          pkg-config, add_subdirectory, C and C++ consumers, exported symbols)
+#   analysis   tests/analyze.sh: the tree's format (clang-format), cppcheck and
+#          clang-tidy (.clang-tidy); any finding fails it (one check in the count)
 # ATAP_LOAD=N runs N busy loops beside the whole suite (0 by default), to show
 # that it holds on a loaded machine (4 x cores is a heavily loaded one); the
 # tests' timeouts and their bounds on lateness then stretch by 1 + N / cores
@@ -22,7 +24,7 @@ set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_root=${ATAP_BUILD_ROOT:-$root/build}
-stages=${ATAP_SUITE:-plain asan tsan consumers}
+stages=${ATAP_SUITE:-plain analysis asan tsan consumers}
 jobs=${ATAP_JOBS:-2}
 cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 slack=$((1 + (${ATAP_LOAD:-0} + cores - 1) / cores))
@@ -33,7 +35,8 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
 have() { command -v "$1" >/dev/null 2>&1; }
-needs_clang() { [[ " $stages " == *" asan "* || " $stages " == *" tsan "* ]]; }
+needs_clang() { [[ " $stages " == *" asan "* || " $stages " == *" tsan "* || " $stages " == *" analysis "* ]]; }
+needs_analysis() { [[ " $stages " == *" analysis "* ]]; }
 
 # Can clang build and link both sanitizer flavours? (Debian 12 ships the
 # runtimes apart from clang, in libclang-rt-14-dev.)
@@ -55,6 +58,11 @@ install_deps() {
     have gcc || missing+=(gcc)
     have pkg-config || missing+=(pkg-config)
     [ -f /usr/include/cmocka.h ] || pkg-config --exists cmocka 2>/dev/null || missing+=(libcmocka-dev)
+    if needs_analysis; then
+        have clang-format || missing+=(clang-format)
+        have clang-tidy || missing+=(clang-tidy)
+        have cppcheck || missing+=(cppcheck)
+    fi
     if needs_clang; then
         have clang || missing+=(clang)
         have clang && sanitizers_ok || rt_ok=no
@@ -130,6 +138,17 @@ run_consumers() {
     return $rc
 }
 
+# The analysis stage: tests/analyze.sh, one check in the count.
+run_analysis() {
+    echo "=== analysis: tests/analyze.sh ==="
+    if bash "$root/tests/analyze.sh" "$build_root/analyze"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        return 1
+    fi
+}
+
 # The load, if asked for: busy loops, ended with the script.
 loaders=()
 stop_load() { [ ${#loaders[@]} -eq 0 ] || kill "${loaders[@]}" 2>/dev/null; }
@@ -149,7 +168,8 @@ for stage in $stages; do
         asan) run_stage asan clang address ;;
         tsan) run_stage tsan clang thread ;;
         consumers) run_consumers ;;
-        *) echo "run_suite: unknown stage '$stage' (plain, asan, tsan, consumers)" >&2; failed=$((failed + 1)); false ;;
+        analysis) run_analysis ;;
+        *) echo "run_suite: unknown stage '$stage' (plain, analysis, asan, tsan, consumers)" >&2; failed=$((failed + 1)); false ;;
     esac || bad_stages+=("$stage")
     echo "=== $stage: done in $((SECONDS - start)) s ==="
 done

@@ -65,9 +65,9 @@
 
 #include "atap.h"
 #include "atap/inject.h" /* atap_inject_*: the tests link atap_testing, which has them */
-#include "manager.h" /* atap__manager_restarts */
-#include "pool.h"    /* atap__pool_records: the workers' records, each may keep a poller */
-#include "testing.h" /* atap__test_restart_window */
+#include "manager.h"     /* atap__manager_restarts */
+#include "pool.h"        /* atap__pool_records: the workers' records, each may keep a poller */
+#include "testing.h"     /* atap__test_restart_window */
 
 #define N_DRIVERS 3
 #define N_CLIENTS 2
@@ -97,10 +97,10 @@ static atomic_u64 g_elems_owed, g_elem_frees; /* elem_free calls owed and made *
 static atomic_u64 g_elems_made;               /* values handed to send tasks */
 static atomic_int g_printed;                  /* failure messages printed */
 
-static atomic_int g_stop;   /* the run is over */
+static atomic_int g_stop;        /* the run is over */
 static atomic_int g_server_stop; /* the clients are gone: the listener may go */
-static atomic_int g_pause;  /* a checkpoint wants the load paused */
-static atomic_int g_paused; /* threads paused at a checkpoint */
+static atomic_int g_pause;       /* a checkpoint wants the load paused */
+static atomic_int g_paused;      /* threads paused at a checkpoint */
 
 static uint64_t now_ns(void)
 {
@@ -156,7 +156,10 @@ static uint64_t rnd(uint64_t *s)
     return *s;
 }
 
-static uint64_t rnd_in(uint64_t *s, uint64_t lo, uint64_t hi) { return lo + rnd(s) % (hi - lo + 1); }
+static uint64_t rnd_in(uint64_t *s, uint64_t lo, uint64_t hi)
+{
+    return lo + rnd(s) % (hi - lo + 1);
+}
 
 /* ---- checked outputs ------------------------------------------------------------- */
 
@@ -164,7 +167,10 @@ typedef struct out3 {
     uint64_t tag, val, sum;
 } out3;
 
-static uint64_t out_sum(uint64_t tag, uint64_t val) { return mix64(tag * 0x100000001B3ull ^ val) ^ 0xC0FFEEull; }
+static uint64_t out_sum(uint64_t tag, uint64_t val)
+{
+    return mix64(tag * 0x100000001B3ull ^ val) ^ 0xC0FFEEull;
+}
 
 static out3 out_make(uint64_t tag, uint64_t val) { return (out3){tag, val, out_sum(tag, val)}; }
 
@@ -173,11 +179,13 @@ static bool out_ok(const out3 *o, uint64_t tag, const char *kind)
 {
     atomic_fetch_add(&g_checked, 1);
     if (o->sum != out_sum(o->tag, o->val)) {
-        fail(&g_crossed, "%s: torn output (tag %#" PRIx64 ", wanted %#" PRIx64 ")", kind, o->tag, tag);
+        fail(&g_crossed, "%s: torn output (tag %#" PRIx64 ", wanted %#" PRIx64 ")", kind, o->tag,
+             tag);
         return false;
     }
     if (o->tag != tag) {
-        fail(&g_crossed, "%s: crossed output: tag %#" PRIx64 ", wanted %#" PRIx64, kind, o->tag, tag);
+        fail(&g_crossed, "%s: crossed output: tag %#" PRIx64 ", wanted %#" PRIx64, kind, o->tag,
+             tag);
         return false;
     }
     return true;
@@ -339,8 +347,8 @@ static void do_after(driver *d)
         fail(&g_failures, "after: spawn");
         return;
     }
-    if (EXPECT(d, "after", atap_join_for(t, &o, sizeof o, STALL_NS), 0) == 0 && out_ok(&o, tag, "after") &&
-        o.val < t0 + after)
+    if (EXPECT(d, "after", atap_join_for(t, &o, sizeof o, STALL_NS), 0) == 0 &&
+        out_ok(&o, tag, "after") && o.val < t0 + after)
         early("a start delay", o.val, t0 + after);
     atap_release(t);
 }
@@ -363,7 +371,8 @@ static void do_timeout(driver *d)
     out3 o;
     uint64_t t0 = now_ns();
     if (atap_spawn(&t, task_long_sleep, (void *)(uintptr_t)ATAP_SEC(20),
-                   &(atap_spawn_opts){.out_size = sizeof(out3), .timeout_ns = limit,
+                   &(atap_spawn_opts){.out_size = sizeof(out3),
+                                      .timeout_ns = limit,
                                       .blocking = rnd_in(&d->rng, 0, 3) == 0}) != 0) {
         fail(&g_failures, "timeout: spawn");
         return;
@@ -384,7 +393,8 @@ static void do_cancel(driver *d)
     out3 o;
     uint64_t after = rnd_in(&d->rng, 0, 2) == 0 ? ATAP_MS(2) : 0;
     if (atap_spawn(&t, task_long_sleep, (void *)(uintptr_t)ATAP_SEC(20),
-                   &(atap_spawn_opts){.out_size = sizeof(out3), .after_ns = after,
+                   &(atap_spawn_opts){.out_size = sizeof(out3),
+                                      .after_ns = after,
                                       .blocking = rnd_in(&d->rng, 0, 3) == 0}) != 0) {
         fail(&g_failures, "cancel: spawn");
         return;
@@ -450,12 +460,16 @@ static void do_series(driver *d, bool rate)
         return;
     uint32_t runs = (uint32_t)rnd_in(&d->rng, 2, 4);
     s->tag = new_tag(d);
-    s->every = rate ? rnd_in(&d->rng, ATAP_MS(1), ATAP_MS(3)) : rnd_in(&d->rng, ATAP_US(200), ATAP_MS(2));
+    s->every =
+        rate ? rnd_in(&d->rng, ATAP_MS(1), ATAP_MS(3)) : rnd_in(&d->rng, ATAP_US(200), ATAP_MS(2));
     atap_task t;
     out3 o;
     if (atap_spawn(&t, rate ? task_rate : task_repeat, s,
-                   &(atap_spawn_opts){.out_size = sizeof(out3), .kind = rate ? ATAP_AT_RATE : ATAP_REPEAT,
-                                      .every_ns = s->every, .runs = runs, .arg_free = free}) != 0) {
+                   &(atap_spawn_opts){.out_size = sizeof(out3),
+                                      .kind = rate ? ATAP_AT_RATE : ATAP_REPEAT,
+                                      .every_ns = s->every,
+                                      .runs = runs,
+                                      .arg_free = free}) != 0) {
         fail(&g_failures, "%s: spawn", kind);
         free(s);
         return;
@@ -469,8 +483,8 @@ static void do_series(driver *d, bool rate)
         out_ok(&o, s->tag, kind)) {
         uint64_t n = atomic_load(&s->runs);
         if (rate ? (o.val < 1 || o.val > runs || n > runs) : (o.val != runs || n != runs))
-            fail(&g_failures, "%s: output of run %" PRIu64 ", %" PRIu64 " runs, %u asked", kind, o.val, n,
-                 runs);
+            fail(&g_failures, "%s: output of run %" PRIu64 ", %" PRIu64 " runs, %u asked", kind,
+                 o.val, n, runs);
     }
     atap_release(t);
 }
@@ -504,7 +518,8 @@ static void do_give(driver *d)
     atap_task t;
     out3 o;
     if (atap_spawn_waiting(&t, task_given, (void *)(uintptr_t)tag, sizeof(uint64_t),
-                           &(atap_spawn_opts){.out_size = sizeof(out3), .gives = gives,
+                           &(atap_spawn_opts){.out_size = sizeof(out3),
+                                              .gives = gives,
                                               .in_free = count_in_free,
                                               .blocking = rnd_in(&d->rng, 0, 3) == 0}) != 0) {
         fail(&g_failures, "give: spawn_waiting");
@@ -575,7 +590,8 @@ static void do_receive(driver *d, bool all)
         if (atap_spawn(&m[made], rnd_in(&d->rng, 0, 1) ? task_out3 : task_start_time,
                        (void *)(uintptr_t)mt[made],
                        &(atap_spawn_opts){.out_size = sizeof(out3),
-                                          .after_ns = rnd_in(&d->rng, 0, 1) ? 0 : ATAP_US(300)}) != 0)
+                                          .after_ns = rnd_in(&d->rng, 0, 1) ? 0 : ATAP_US(300)}) !=
+            0)
             break;
     }
     if (made < n) {
@@ -681,7 +697,8 @@ static void do_chan(driver *d)
             if (got[k])
                 fail(&g_failures, "chan: value %zu received twice", k);
             got[k] = true;
-        } else if (hit && (rc == ATAP_ENOTREADY || rc == ATAP_ECLOSED || died_since(d->deaths0, rc))) {
+        } else if (hit &&
+                   (rc == ATAP_ENOTREADY || rc == ATAP_ECLOSED || died_since(d->deaths0, rc))) {
             atap_cancel(rcv[i]);
         } else if (!hit && died_since(d->deaths0, rc)) {
             hit = true; /* a receive whose thread died may have taken its value with it */
@@ -752,7 +769,8 @@ static void do_park_fd(driver *d)
     p->timeout = rnd_in(&d->rng, 0, 1) ? ATAP_FOREVER : rnd_in(&d->rng, ATAP_MS(1), ATAP_MS(4));
     atap_task t;
     out3 o;
-    if (atap_spawn(&t, task_park_fd, p, &(atap_spawn_opts){.out_size = sizeof(out3), .arg_free = free}) != 0) {
+    if (atap_spawn(&t, task_park_fd, p,
+                   &(atap_spawn_opts){.out_size = sizeof(out3), .arg_free = free}) != 0) {
         fail(&g_failures, "park_fd: spawn");
         free(p);
         close(fds[0]);
@@ -762,7 +780,8 @@ static void do_park_fd(driver *d)
     sleep_ns(rnd_in(&d->rng, 0, ATAP_MS(3)));
     if (write(fds[1], "x", 1) != 1)
         fail(&g_failures, "park_fd: write");
-    if (EXPECT(d, "park_fd", atap_join_for(t, &o, sizeof o, STALL_NS), 0) == 0 && out_ok(&o, p->tag, "park_fd")) {
+    if (EXPECT(d, "park_fd", atap_join_for(t, &o, sizeof o, STALL_NS), 0) == 0 &&
+        out_ok(&o, p->tag, "park_fd")) {
         if (o.val == 2 && atomic_load(&p->bad))
             fail(&g_early, "park_fd: a deadline resume before its timeout");
     }
@@ -911,21 +930,37 @@ static void do_tree(driver *d)
     uint64_t tag = n->tag, want = tree_val(n->tag, n->depth);
     atap_task t;
     out3 o;
-    if (atap_spawn(&t, task_tree, n, &(atap_spawn_opts){.out_size = sizeof(out3), .arg_free = free}) != 0) {
+    if (atap_spawn(&t, task_tree, n,
+                   &(atap_spawn_opts){.out_size = sizeof(out3), .arg_free = free}) != 0) {
         fail(&g_failures, "tree: spawn");
         free(n);
         return;
     }
-    if (EXPECT(d, "tree", atap_join_for(t, &o, sizeof o, STALL_NS), 0) == 0 && out_ok(&o, tag, "tree") &&
-        o.val != want)
+    if (EXPECT(d, "tree", atap_join_for(t, &o, sizeof o, STALL_NS), 0) == 0 &&
+        out_ok(&o, tag, "tree") && o.val != want)
         fail(&g_crossed, "tree: a value from other children");
     atap_release(t);
 }
 
 /* ---- the drivers ------------------------------------------------------------------------ */
 
-enum kind { K_ONCE, K_AFTER, K_TIMEOUT, K_CANCEL, K_REPEAT, K_RATE, K_GIVE, K_RALL, K_RANY,
-            K_CHAN, K_PARK_FD, K_PARK_UNTIL, K_SLEEP, K_TREE, K_COUNT };
+enum kind {
+    K_ONCE,
+    K_AFTER,
+    K_TIMEOUT,
+    K_CANCEL,
+    K_REPEAT,
+    K_RATE,
+    K_GIVE,
+    K_RALL,
+    K_RANY,
+    K_CHAN,
+    K_PARK_FD,
+    K_PARK_UNTIL,
+    K_SLEEP,
+    K_TREE,
+    K_COUNT
+};
 
 /* Between operations: stay put while a checkpoint wants the load paused. */
 static void pause_point(void)
@@ -945,20 +980,48 @@ static void *driver_main(void *arg)
         pause_point();
         d->deaths0 = pool_deaths();
         switch ((enum kind)rnd_in(&d->rng, 0, K_COUNT - 1)) {
-        case K_ONCE: do_once(d); break;
-        case K_AFTER: do_after(d); break;
-        case K_TIMEOUT: do_timeout(d); break;
-        case K_CANCEL: do_cancel(d); break;
-        case K_REPEAT: do_series(d, false); break;
-        case K_RATE: do_series(d, true); break;
-        case K_GIVE: do_give(d); break;
-        case K_RALL: do_receive(d, true); break;
-        case K_RANY: do_receive(d, false); break;
-        case K_CHAN: do_chan(d); break;
-        case K_PARK_FD: do_park_fd(d); break;
-        case K_PARK_UNTIL: do_park_until(d); break;
-        case K_SLEEP: do_sleep_task(d); break;
-        default: do_tree(d); break;
+        case K_ONCE:
+            do_once(d);
+            break;
+        case K_AFTER:
+            do_after(d);
+            break;
+        case K_TIMEOUT:
+            do_timeout(d);
+            break;
+        case K_CANCEL:
+            do_cancel(d);
+            break;
+        case K_REPEAT:
+            do_series(d, false);
+            break;
+        case K_RATE:
+            do_series(d, true);
+            break;
+        case K_GIVE:
+            do_give(d);
+            break;
+        case K_RALL:
+            do_receive(d, true);
+            break;
+        case K_RANY:
+            do_receive(d, false);
+            break;
+        case K_CHAN:
+            do_chan(d);
+            break;
+        case K_PARK_FD:
+            do_park_fd(d);
+            break;
+        case K_PARK_UNTIL:
+            do_park_until(d);
+            break;
+        case K_SLEEP:
+            do_sleep_task(d);
+            break;
+        default:
+            do_tree(d);
+            break;
         }
         atomic_fetch_add(&g_ops, 1);
     }
@@ -1006,8 +1069,9 @@ static int task_conn(atap_ctx *ctx, void *arg, void *out)
         if (r == 0)
             return 0;
         if (r < 0)
-            return errno == EAGAIN || errno == EWOULDBLOCK ? park_or_fail(ctx, c->fd, ATAP_READABLE, ATAP_FOREVER)
-                                                           : 0;
+            return errno == EAGAIN || errno == EWOULDBLOCK
+                       ? park_or_fail(ctx, c->fd, ATAP_READABLE, ATAP_FOREVER)
+                       : 0;
         c->off = 0;
         c->len = (size_t)r;
     }
@@ -1077,7 +1141,8 @@ static void *server_main(void *arg)
             sleep_ns(ATAP_MS(100));
             continue;
         }
-        while (!atomic_load(&g_server_stop) && (rc = atap_join_for(t, NULL, 0, ATAP_MS(100))) == ATAP_ENOTREADY) {
+        while (!atomic_load(&g_server_stop) &&
+               (rc = atap_join_for(t, NULL, 0, ATAP_MS(100))) == ATAP_ENOTREADY) {
         }
         if (atomic_load(&g_server_stop)) {
             atap_cancel(t);
@@ -1100,7 +1165,10 @@ typedef struct client {
     pthread_t th;
 } client;
 
-static unsigned char payload_byte(uint64_t tag, size_t i) { return (unsigned char)(mix64(tag + i / 8) >> (8 * (i % 8))); }
+static unsigned char payload_byte(uint64_t tag, size_t i)
+{
+    return (unsigned char)(mix64(tag + i / 8) >> (8 * (i % 8)));
+}
 
 /* Sends everything; false on a broken connection. */
 static bool send_all(int fd, const unsigned char *p, size_t n)
@@ -1123,7 +1191,8 @@ static bool send_all(int fd, const unsigned char *p, size_t n)
 static int client_exchange(client *c, uint64_t deaths0)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)g_port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     struct timeval tv = {10, 0};
     if (fd < 0)
@@ -1156,7 +1225,8 @@ static int client_exchange(client *c, uint64_t deaths0)
             if (r < 0 && errno == EINTR)
                 continue;
             if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                fail(&g_stalls, "client: STALLED: no echo within 10 s (%zu of %zu bytes)", got, 16 + len);
+                fail(&g_stalls, "client: STALLED: no echo within 10 s (%zu of %zu bytes)", got,
+                     16 + len);
                 result = -1;
                 break;
             }
@@ -1172,7 +1242,8 @@ static int client_exchange(client *c, uint64_t deaths0)
         if (memcmp(in, out, 16 + len) != 0) {
             uint64_t t2;
             memcpy(&t2, in, 8);
-            fail(&g_crossed, "client: echo of %zu bytes differs (tag %#" PRIx64 ", sent %#" PRIx64 ")", len, t2,
+            fail(&g_crossed,
+                 "client: echo of %zu bytes differs (tag %#" PRIx64 ", sent %#" PRIx64 ")", len, t2,
                  tag);
             result = -1;
         }
@@ -1265,13 +1336,14 @@ static void *reaper_main(void *arg)
         atomic_fetch_add(&g_deaths, 1 + blocking);
         while (pool_deaths() < want) {
             if (now_ns() > end) {
-                fail(&g_stalls, "reaper: STALLED: %u deaths owed, %" PRIu64 " counted within 10 s", 1 + blocking,
-                     pool_deaths() - before);
+                fail(&g_stalls, "reaper: STALLED: %u deaths owed, %" PRIu64 " counted within 10 s",
+                     1 + blocking, pool_deaths() - before);
                 break;
             }
             if (now_ns() > poke) { /* give an owed death a thread to take it */
                 atap_task t;
-                if (atap_spawn(&t, task_poke, NULL, &(atap_spawn_opts){.blocking = blocking != 0}) == 0) {
+                if (atap_spawn(&t, task_poke, NULL,
+                               &(atap_spawn_opts){.blocking = blocking != 0}) == 0) {
                     atap_join_for(t, NULL, 0, STALL_NS);
                     atap_release(t);
                 }
@@ -1310,7 +1382,8 @@ static void *watchdog_main(void *arg)
     return NULL;
 }
 
-/* ---- measuring ----------------------------------------------------------------------------------- */
+/* ---- measuring
+ * ----------------------------------------------------------------------------------- */
 
 static long rss_kib(void)
 {
@@ -1357,13 +1430,14 @@ static double g_minutes;
 static void report(const char *label, long rss, long fds, long anon, size_t live)
 {
     struct atap_pool_stats st = pool_stats();
-    printf("soak: %s %.1f min: ops=%" PRIu64 " checked=%" PRIu64 " crossed=%" PRIu64 " early=%" PRIu64
-           " stalls=%" PRIu64 " failures=%" PRIu64 " live=%zu rss_kib=%ld fds=%ld (pollers %ld)"
+    printf("soak: %s %.1f min: ops=%" PRIu64 " checked=%" PRIu64 " crossed=%" PRIu64
+           " early=%" PRIu64 " stalls=%" PRIu64 " failures=%" PRIu64
+           " live=%zu rss_kib=%ld fds=%ld (pollers %ld)"
            " kills=%" PRIu64 " deaths=%" PRIu64 " died_ok=%" PRIu64 " workers=%zu records=%u\n",
            label, (double)(now_ns() - g_start) / 60e9, atomic_load(&g_ops), atomic_load(&g_checked),
-           atomic_load(&g_crossed), atomic_load(&g_early), atomic_load(&g_stalls), atomic_load(&g_failures), live,
-           rss, fds, anon, atomic_load(&g_kills), atomic_load(&g_deaths), atomic_load(&g_died_ok), st.workers,
-           atap__pool_records());
+           atomic_load(&g_crossed), atomic_load(&g_early), atomic_load(&g_stalls),
+           atomic_load(&g_failures), live, rss, fds, anon, atomic_load(&g_kills),
+           atomic_load(&g_deaths), atomic_load(&g_died_ok), st.workers, atap__pool_records());
     fflush(stdout);
 }
 
@@ -1382,8 +1456,8 @@ static checkpoint take_checkpoint(const char *label, unsigned base_workers, int 
     uint64_t end = now_ns() + 2 * STALL_NS;
     while (atomic_load(&g_paused) < threads && !atomic_load(&g_stop)) {
         if (now_ns() > end) {
-            fail(&g_stalls, "checkpoint: STALLED: %d of %d threads paused within 20 s", atomic_load(&g_paused),
-                 threads);
+            fail(&g_stalls, "checkpoint: STALLED: %d of %d threads paused within 20 s",
+                 atomic_load(&g_paused), threads);
             break;
         }
         sleep_ns(ATAP_MS(1));
@@ -1393,7 +1467,8 @@ static checkpoint take_checkpoint(const char *label, unsigned base_workers, int 
     end = now_ns() + QUIET_WAIT_NS;
     for (;;) {
         struct atap_pool_stats st = pool_stats();
-        c.quiet = st.live <= 1 && st.busy == 0 && st.blocking_threads == 0 && st.workers <= base_workers &&
+        c.quiet = st.live <= 1 && st.busy == 0 && st.blocking_threads == 0 &&
+                  st.workers <= base_workers &&
                   atomic_load(&g_in_frees) == atomic_load(&g_gives_owed) &&
                   atomic_load(&g_elem_frees) >= atomic_load(&g_elems_owed);
         if (c.quiet || now_ns() > end)
@@ -1413,8 +1488,8 @@ static checkpoint take_checkpoint(const char *label, unsigned base_workers, int 
     if (!c.quiet) {
         char line[512];
         atap_stats_format(line, sizeof line, NULL);
-        printf("soak: %s: not quiet within %u s: %s in_frees=%" PRIu64 "/%" PRIu64 " elem_frees=%" PRIu64
-               "/%" PRIu64 "\n",
+        printf("soak: %s: not quiet within %u s: %s in_frees=%" PRIu64 "/%" PRIu64
+               " elem_frees=%" PRIu64 "/%" PRIu64 "\n",
                label, (unsigned)(QUIET_WAIT_NS / 1000000000u), line, atomic_load(&g_in_frees),
                atomic_load(&g_gives_owed), atomic_load(&g_elem_frees), atomic_load(&g_elems_owed));
     }
@@ -1432,7 +1507,8 @@ int main(int argc, char **argv)
     const char *s = getenv("SOAK_SEED");
     uint64_t seed = s != NULL && *s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL);
     const unsigned base_workers = BASE_WORKERS;
-    int rc = atap_init(&(atap_config){.size = sizeof(atap_config), .workers = base_workers,
+    int rc = atap_init(&(atap_config){.size = sizeof(atap_config),
+                                      .workers = base_workers,
                                       .blocking_threads = BLOCKING_THREADS});
     if (rc != 0) {
         fprintf(stderr, "soak: atap_init: %s\n", atap_strerror(rc));
@@ -1441,8 +1517,8 @@ int main(int argc, char **argv)
     atap__test_restart_window(0); /* the supervisor restarts the manager every time */
     if (open_listener() != 0)
         return 1;
-    printf("soak: %.2f minutes, seed %" PRIu64 ", %d drivers, %d clients, echo server on port %d\n", g_minutes,
-           seed, N_DRIVERS, N_CLIENTS, g_port);
+    printf("soak: %.2f minutes, seed %" PRIu64 ", %d drivers, %d clients, echo server on port %d\n",
+           g_minutes, seed, N_DRIVERS, N_CLIENTS, g_port);
     fflush(stdout);
 
     g_start = now_ns();
@@ -1502,7 +1578,8 @@ int main(int argc, char **argv)
     bool flat = true;
     long rss_limit = base.rss + base.rss / 10 + (long)RSS_SLACK_KIB;
     if (last.rss > rss_limit) {
-        printf("soak: RSS grew: %ld KiB, limit %ld KiB (baseline %ld)\n", last.rss, rss_limit, base.rss);
+        printf("soak: RSS grew: %ld KiB, limit %ld KiB (baseline %ld)\n", last.rss, rss_limit,
+               base.rss);
         flat = false;
     }
     /* Every fd but the pollers exactly as at the baseline; the pollers as
@@ -1514,7 +1591,8 @@ int main(int argc, char **argv)
         per_poller = 2;
     if (last.fds - last.anon != base.fds - base.anon ||
         last.anon > per_poller * ((long)last.records + 1)) {
-        printf("soak: open fds moved: %ld (%ld pollers, %zu thread records), baseline %ld (%ld pollers)\n",
+        printf("soak: open fds moved: %ld (%ld pollers, %zu thread records), baseline %ld (%ld "
+               "pollers)\n",
                last.fds, last.anon, last.records, base.fds, base.anon);
         flat = false;
     }
@@ -1525,7 +1603,8 @@ int main(int argc, char **argv)
     if (atomic_load(&g_in_frees) != atomic_load(&g_gives_owed) ||
         atomic_load(&g_elem_frees) < atomic_load(&g_elems_owed) ||
         atomic_load(&g_elem_frees) > atomic_load(&g_elems_made)) {
-        printf("soak: in_free %" PRIu64 " of %" PRIu64 ", elem_free %" PRIu64 " of at least %" PRIu64 "\n",
+        printf("soak: in_free %" PRIu64 " of %" PRIu64 ", elem_free %" PRIu64
+               " of at least %" PRIu64 "\n",
                atomic_load(&g_in_frees), atomic_load(&g_gives_owed), atomic_load(&g_elem_frees),
                atomic_load(&g_elems_owed));
         flat = false;
@@ -1537,11 +1616,12 @@ int main(int argc, char **argv)
     close(g_listen_fd);
     bool ok = flat && rc == 0 && atomic_load(&g_crossed) == 0 && atomic_load(&g_early) == 0 &&
               atomic_load(&g_stalls) == 0 && atomic_load(&g_failures) == 0;
-    printf("soak: %s: crossed=%" PRIu64 " early=%" PRIu64 " stalls=%" PRIu64 " failures=%" PRIu64
-           " in all; baseline rss_kib=%ld fds=%ld (pollers %ld) live=%zu; listener restarted %" PRIu64
-           " times; shutdown %s\n",
-           ok ? "PASSED" : "FAILED", atomic_load(&g_crossed), atomic_load(&g_early), atomic_load(&g_stalls),
-           atomic_load(&g_failures), base.rss, base.fds, base.anon, base.live, listener_restarts,
-           atap_strerror(rc));
+    printf(
+        "soak: %s: crossed=%" PRIu64 " early=%" PRIu64 " stalls=%" PRIu64 " failures=%" PRIu64
+        " in all; baseline rss_kib=%ld fds=%ld (pollers %ld) live=%zu; listener restarted %" PRIu64
+        " times; shutdown %s\n",
+        ok ? "PASSED" : "FAILED", atomic_load(&g_crossed), atomic_load(&g_early),
+        atomic_load(&g_stalls), atomic_load(&g_failures), base.rss, base.fds, base.anon, base.live,
+        listener_restarts, atap_strerror(rc));
     return ok ? 0 : 1;
 }

@@ -27,9 +27,9 @@
 
 #define MAX_V 100000
 
-static atomic_int g_frees;         /* elem_free calls */
-static atomic_int g_freed[MAX_V];  /* elem_free calls per value */
-static atomic_int g_seen[MAX_V];   /* receptions per value */
+static atomic_int g_frees;        /* elem_free calls */
+static atomic_int g_freed[MAX_V]; /* elem_free calls per value */
+static atomic_int g_seen[MAX_V];  /* receptions per value */
 
 static void reset_counts(void)
 {
@@ -70,10 +70,7 @@ static atap_chan *open_chan(size_t elem, size_t cap, void (*elem_free)(void *))
     return ch;
 }
 
-static void send_u64(atap_chan *ch, uint64_t v)
-{
-    assert_int_equal(atap_chan_send(ch, &v), 0);
-}
+static void send_u64(atap_chan *ch, uint64_t v) { assert_int_equal(atap_chan_send(ch, &v), 0); }
 
 static atap_task spawn_recv(atap_chan *ch)
 {
@@ -935,9 +932,9 @@ static void test_channel_task_timeouts(void **state)
 
     /* a send task with no room times out; its value is released */
     send_u64(ch, 1);
-    assert_int_equal(atap_chan_spawn_send(&t, ch, &(uint64_t){2},
-                                          &(atap_spawn_opts){.timeout_ns = ATAP_MS(50)}),
-                     0);
+    assert_int_equal(
+        atap_chan_spawn_send(&t, ch, &(uint64_t){2}, &(atap_spawn_opts){.timeout_ns = ATAP_MS(50)}),
+        0);
     join_expect(t, 0, ATAP_ETIMEDOUT);
     atap_release(t);
     SETTLE_EXACT(&g_freed[2], 1);
@@ -968,8 +965,8 @@ static void test_channel_timed_out_waiters_pruned(void **state)
     atap_task t;
     size_t before = 0;
     for (int i = 0; i < N; i++) {
-        assert_int_equal(
-            atap_chan_spawn_recv(&t, ch, &(atap_spawn_opts){.timeout_ns = ATAP_MS(1)}), 0);
+        assert_int_equal(atap_chan_spawn_recv(&t, ch, &(atap_spawn_opts){.timeout_ns = ATAP_MS(1)}),
+                         0);
         join_expect(t, sizeof(uint64_t), ATAP_ETIMEDOUT);
         atap_release(t);
         if (i == 9)
@@ -1144,17 +1141,13 @@ static void al_wide_free(void *p)
         atomic_fetch_add(&al_tags, (uint64_t)((al_wide *)p)->x + ((al_wide *)p)->tag);
 }
 
-static void al_odd_free(void *p)
-{
-    al_note(p);
-}
+static void al_odd_free(void *p) { al_note(p); }
 
 /* Every value a channel hands to elem_free: a send task's value never
  * sent (cancelled), values dropped by the last receiver's close (copied
  * out, and with no memory for a copy from the ring itself, from a head
  * that moved on) sit at an address aligned for any type. */
-static void channel_aligned_round(size_t elem, void (*elem_free)(void *), const void *v,
-                                  bool nomem)
+static void channel_aligned_round(size_t elem, void (*elem_free)(void *), const void *v, bool nomem)
 {
     atap_chan *ch = open_chan(elem, 3, elem_free);
     atap_task s, r;
@@ -1233,14 +1226,10 @@ static void test_channel_bad_arguments(void **state)
     assert_int_equal(atap_chan_spawn_recv(&t, NULL, NULL), ATAP_EINVAL);
     assert_int_equal(t.id, 0);
     const atap_spawn_opts bad[] = {
-        {.out_size = 4},
-        {.out_size = 16},
-        {.kind = ATAP_REPEAT},
-        {.kind = ATAP_AT_RATE, .every_ns = ATAP_MS(1)},
-        {.arg_free = u64_free},
-        {.out_free = u64_free},
-        {.in_free = u64_free},
-        {.gives = 1},
+        {.out_size = 4},        {.out_size = 16},
+        {.kind = ATAP_REPEAT},  {.kind = ATAP_AT_RATE, .every_ns = ATAP_MS(1)},
+        {.arg_free = u64_free}, {.out_free = u64_free},
+        {.in_free = u64_free},  {.gives = 1},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t.id = 12345;
@@ -1271,14 +1260,13 @@ static void test_channel_bad_arguments(void **state)
     assert_int_equal(atomic_load(&g_frees), 0); /* refused values stay ours */
 
     /* what is allowed: out_size elem_size, priority, after_ns */
-    assert_int_equal(atap_chan_spawn_recv(&t, ch, &(atap_spawn_opts){.out_size = 8,
-                                                                      .priority = 5}),
+    assert_int_equal(atap_chan_spawn_recv(&t, ch, &(atap_spawn_opts){.out_size = 8, .priority = 5}),
                      0);
     atap_task s;
-    assert_int_equal(atap_chan_spawn_send(&s, ch, &(uint64_t){77},
-                                          &(atap_spawn_opts){.after_ns = ATAP_MS(5),
-                                                             .priority = -3}),
-                     0);
+    assert_int_equal(
+        atap_chan_spawn_send(&s, ch, &(uint64_t){77},
+                             &(atap_spawn_opts){.after_ns = ATAP_MS(5), .priority = -3}),
+        0);
     assert_int_equal(recv_take(t), 77);
     join_expect(s, 0, 0);
     atap_release(t);
@@ -1316,7 +1304,7 @@ static void test_channel_spawn_without_runtime(void **state)
 
     assert_int_equal(atap_init(NULL), 0);
     assert_int_equal(recv_one(ch), 1);
-    waited_to_live_back(); /* the receive task's end is gone with its slot */
+    waited_to_live_back();        /* the receive task's end is gone with its slot */
     atap_chan_close_receiver(ch); /* the last: 3 goes */
     assert_int_equal(atomic_load(&g_freed[3]), 1);
     assert_int_equal(atomic_load(&g_frees), 1);
@@ -1512,7 +1500,7 @@ struct cancel_race {
     test_barrier bar;
     _Atomic(atap_chan *) ch;
     atomic_uint_fast64_t value;
-    atomic_int receive;  /* the racer receives (one receive task) instead of sending */
+    atomic_int receive; /* the racer receives (one receive task) instead of sending */
     atomic_int stop;
     atomic_int rc;
     atomic_uint_fast64_t got;
@@ -1629,8 +1617,8 @@ static void test_channel_race_send_vs_cancel_only_receiver(void **state)
                      atomic_load(&g_freed[i]));
     }
     cancel_racer_stop(false);
-    print_message("send vs cancel: %d by the task, %d left queued, %d released\n", by_task,
-                  queued, dropped);
+    print_message("send vs cancel: %d by the task, %d left queued, %d released\n", by_task, queued,
+                  dropped);
     atap_chan_close_sender(ch);
     atap_chan_close_receiver(ch);
     waited_to_live_back();
@@ -1698,8 +1686,8 @@ static void test_channel_race_send_vs_cancel_woken_receiver(void **state)
                     stranded++;
                     print_error("round %zu: A %s; B still parked after 3 s (join %d, %s) with "
                                 "%zu value(s) queued\n",
-                                i, sa == ATAP_CANCELLED ? "cancelled" : "?", rc,
-                                atap_strerror(rc), atap_chan_len(ch));
+                                i, sa == ATAP_CANCELLED ? "cancelled" : "?", rc, atap_strerror(rc),
+                                atap_chan_len(ch));
                 }
             }
         }
@@ -1831,15 +1819,15 @@ static void test_channel_wake_while_arming_then_cancel(void **state)
     while (completed_now() < base + 1 && now_ns() < end)
         sleep_us(200);
     sleep_us(50000); /* b's park armed (a slow machine only lets b find the value itself) */
-    send_u64(ch, 7);                     /* wakes a, the first waiter, counted delivered */
+    send_u64(ch, 7); /* wakes a, the first waiter, counted delivered */
     assert_int_equal(atap_cancel(a), 0); /* claims a's park from ARMING */
     atomic_store(&arm_go, 1);
     uint64_t v = 0;
     int rc = atap_take_for(b, &v, sizeof v, ATAP_SEC(10));
     assert_int_equal(atap__test_on(ATAP__TEST_PARK_ARMING, NULL), 0);
     if (rc != 0)
-        fail_msg("the second receiver read %d (%s) with %zu value(s) queued: the wake was lost",
-                 rc, atap_strerror(rc), atap_chan_len(ch));
+        fail_msg("the second receiver read %d (%s) with %zu value(s) queued: the wake was lost", rc,
+                 atap_strerror(rc), atap_chan_len(ch));
     assert_true(v == 7);
     atap_state sa;
     assert_int_equal(atap_wait(a, &sa), 0);

@@ -86,9 +86,8 @@ static int most_blocking_at_once(int k)
     atomic_store(&b_most, 0);
     atomic_store(&b_go, 0);
     for (int i = 0; i < k; i++)
-        assert_int_equal(atap_spawn(&ts[i], task_held_blocking, NULL,
-                                    &(atap_spawn_opts){.blocking = true}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&ts[i], task_held_blocking, NULL, &(atap_spawn_opts){.blocking = true}), 0);
     /* Give every thread the pool may start the time to start. */
     sleep_ms(300);
     int most = atomic_load(&b_most);
@@ -153,7 +152,7 @@ static void test_config_older_size_leaves_new_fields_default(void **state)
     atap_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.size = offsetof(atap_config, workers);
-    cfg.workers = 5;          /* beyond the old size: not looked at */
+    cfg.workers = 5;             /* beyond the old size: not looked at */
     cfg.blocking_threads = 9999; /* would be refused if it were */
     assert_int_equal(atap_init(&cfg), 0);
     assert_int_equal(workers_settle(cores()), cores());
@@ -244,16 +243,24 @@ static void test_config_wins_over_env(void **state)
 static void test_config_env_invalid_einval(void **state)
 {
     (void)state;
-    static const char *const bad[] = {"-1",   "-0",   "+2", "abc", "3x",  " 3", "3 ",
-                                      "0x10", "1025", "4.0", "99999999999999999999999"};
+    static const char *const bad[] = {"-1",
+                                      "-0",
+                                      "+2",
+                                      "abc",
+                                      "3x",
+                                      " 3",
+                                      "3 ",
+                                      "0x10",
+                                      "1025",
+                                      "4.0",
+                                      "99999999999999999999999"};
     static const char *const names[] = {"ATAP_WORKERS", "ATAP_BLOCKING_THREADS"};
     for (size_t n = 0; n < 2; n++) {
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
             assert_int_equal(setenv(names[n], bad[i], 1), 0);
             int rc = atap_init(NULL);
             if (rc != ATAP_EINVAL)
-                fail_msg("%s=\"%s\": atap_init returned %d, not ATAP_EINVAL", names[n], bad[i],
-                         rc);
+                fail_msg("%s=\"%s\": atap_init returned %d, not ATAP_EINVAL", names[n], bad[i], rc);
             assert_false(atap_initialised());
             atap_task t;
             assert_int_equal(atap_spawn(&t, task_value, NULL, NULL), ATAP_ENOTINIT);
@@ -481,8 +488,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_config_workers_honoured, ensure_stopped),
         cmocka_unit_test_teardown(test_config_default_follows_cpus, ensure_stopped),
         cmocka_unit_test_teardown(test_config_blocking_threads_honoured, ensure_stopped),
-        cmocka_unit_test_teardown(test_config_older_size_leaves_new_fields_default,
-                                  ensure_stopped),
+        cmocka_unit_test_teardown(test_config_older_size_leaves_new_fields_default, ensure_stopped),
         cmocka_unit_test_teardown(test_config_invalid_counts_einval, ensure_stopped),
         cmocka_unit_test_teardown(test_config_env_workers_honoured, ensure_stopped),
         cmocka_unit_test_teardown(test_config_env_blocking_threads_honoured, ensure_stopped),

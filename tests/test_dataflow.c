@@ -110,16 +110,16 @@ static void reset_counts(void)
 #define MAX_SEEN 64
 
 typedef struct probe {
-    atomic_int runs;                        /* runs started */
-    atomic_int done;                        /* runs ended */
-    atomic_int hold;                        /* while set, the first run waits */
-    atomic_int fail;                        /* set: runs fail */
-    atomic_int bad_size;                    /* runs handed the wrong size */
-    atomic_uint_fast64_t sum;               /* of the inputs' first 8 bytes */
-    atomic_uint_fast64_t seen[MAX_SEEN];    /* input of run i */
-    atomic_uint_fast64_t start[MAX_SEEN];   /* when run i started */
-    size_t in_size;                         /* the size each run expects */
-    uint64_t mul, add;                      /* output = input * mul + add */
+    atomic_int runs;                      /* runs started */
+    atomic_int done;                      /* runs ended */
+    atomic_int hold;                      /* while set, the first run waits */
+    atomic_int fail;                      /* set: runs fail */
+    atomic_int bad_size;                  /* runs handed the wrong size */
+    atomic_uint_fast64_t sum;             /* of the inputs' first 8 bytes */
+    atomic_uint_fast64_t seen[MAX_SEEN];  /* input of run i */
+    atomic_uint_fast64_t start[MAX_SEEN]; /* when run i started */
+    size_t in_size;                       /* the size each run expects */
+    uint64_t mul, add;                    /* output = input * mul + add */
 } probe;
 
 /* Static, like the gates: a test that fails part way leaves tasks that may
@@ -348,10 +348,12 @@ static void test_dataflow_zero_size_input_and_spawn_checks(void **state)
     assert_int_equal(atap_spawn_waiting(NULL, zero_input_run, &runs, 8, NULL), ATAP_EINVAL);
     assert_int_equal(atap_spawn_waiting(&t, NULL, &runs, 8, NULL), ATAP_EINVAL);
     assert_true(t.id == 0);
-    assert_int_equal(atap_spawn_waiting(&t, zero_input_run, &runs, 8,
-                                        &(atap_spawn_opts){.runs = 3}), ATAP_EINVAL);
-    assert_int_equal(atap_spawn_waiting(&t, zero_input_run, &runs, 8,
-                                        &(atap_spawn_opts){.priority = 1000}), ATAP_EINVAL);
+    assert_int_equal(
+        atap_spawn_waiting(&t, zero_input_run, &runs, 8, &(atap_spawn_opts){.runs = 3}),
+        ATAP_EINVAL);
+    assert_int_equal(
+        atap_spawn_waiting(&t, zero_input_run, &runs, 8, &(atap_spawn_opts){.priority = 1000}),
+        ATAP_EINVAL);
     if (SIZE_MAX > UINT32_MAX) {
         size_t huge = (size_t)UINT32_MAX + 1u;
         assert_int_equal(atap_spawn_waiting(&t, zero_input_run, &runs, huge, NULL), ATAP_EINVAL);
@@ -530,8 +532,8 @@ static void test_dataflow_give_after_end(void **state)
     /* a run past its timeout */
     probe *o = probe_new(sizeof(boxed), 1, 0);
     atomic_store(&o->hold, 1);
-    atap_task ot = spawn_probe(o, (atap_spawn_opts){.in_free = boxed_free,
-                                                    .timeout_ns = ATAP_MS(30)});
+    atap_task ot =
+        spawn_probe(o, (atap_spawn_opts){.in_free = boxed_free, .timeout_ns = ATAP_MS(30)});
     assert_int_equal(give_box(ot, 4), 0);
     assert_int_equal(atap_join_for(ot, &v, 8, ATAP_SEC(10)), ATAP_ETIMEDOUT);
     atomic_store(&o->hold, 0);
@@ -813,8 +815,7 @@ static void test_dataflow_let_go_never_given_fails(void **state)
     atap_task w = spawn_probe(p, (atap_spawn_opts){0});
     summer *s = summer_new(1);
     atap_task r;
-    assert_int_equal(atap_receive_all(&r, sum_run, s, &w, 1,
-                                      &(atap_spawn_opts){.out_size = 8}), 0);
+    assert_int_equal(atap_receive_all(&r, sum_run, s, &w, 1, &(atap_spawn_opts){.out_size = 8}), 0);
     sleep_us(20000);
     assert_false(atap_finished(r));
     atap_release(w);
@@ -894,8 +895,9 @@ static void test_dataflow_at_rate_series_per_give(void **state)
     (void)state;
     reset_counts();
     probe *p = probe_new(sizeof(boxed), 1, 0);
-    atap_task t = spawn_probe(p, (atap_spawn_opts){.kind = ATAP_AT_RATE, .every_ns = ATAP_MS(5),
-                                                   .runs = 3, .in_free = boxed_free});
+    atap_task t = spawn_probe(
+        p, (atap_spawn_opts){
+               .kind = ATAP_AT_RATE, .every_ns = ATAP_MS(5), .runs = 3, .in_free = boxed_free});
     assert_int_equal(give_box(t, 4), 0);
     SETTLE_EXACT(&p->done, 3);
     for (int i = 0; i < 3; i++)
@@ -1062,9 +1064,10 @@ static void test_dataflow_receive_all_member_fails(void **state)
         if (k == 0) {
             m[1] = spawn8(task_fail, NULL);
         } else {
-            assert_int_equal(atap_spawn(&m[1], task_value, (void *)(uintptr_t)5,
-                                        &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(30)}),
-                             0);
+            assert_int_equal(
+                atap_spawn(&m[1], task_value, (void *)(uintptr_t)5,
+                           &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(30)}),
+                0);
             if (k == 1)
                 assert_int_equal(atap_cancel(m[1]), 0); /* before the receiver */
         }
@@ -1095,10 +1098,7 @@ static void test_dataflow_receive_all_member_fails(void **state)
 
 static atomic_int allocs;
 
-static void count_alloc(void)
-{
-    atomic_fetch_add(&allocs, 1);
-}
+static void count_alloc(void) { atomic_fetch_add(&allocs, 1); }
 
 /* A round made whole when no buffer can be had for the next one waits,
  * whole: the next delivery tries again, and the round it completes (with
@@ -1449,12 +1449,13 @@ static void test_dataflow_at_rate_forwards_every_run(void **state)
         probe *p = probe_new(8, 1, 0);
         atap_task src, r;
         assert_int_equal(atap_spawn(&src, task_rate_count, NULL,
-                                    &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                       .every_ns = ATAP_MS(5), .runs = runs[k]}),
+                                    &(atap_spawn_opts){.out_size = 8,
+                                                       .kind = ATAP_AT_RATE,
+                                                       .every_ns = ATAP_MS(5),
+                                                       .runs = runs[k]}),
                          0);
-        assert_int_equal(atap_receive_any(&r, probe_run, p, &src, 1,
-                                          &(atap_spawn_opts){.out_size = 8}),
-                         0);
+        assert_int_equal(
+            atap_receive_any(&r, probe_run, p, &src, 1, &(atap_spawn_opts){.out_size = 8}), 0);
         assert_true(wait_finished(r, ATAP_SEC(10)));
         uint64_t v = 0, last = join8(src);
         int rc = atap_join(r, &v, 8);
@@ -1509,15 +1510,17 @@ static void test_dataflow_at_rate_let_go_keeps_run_under_way(void **state)
     uint64_t v = 7;
     atomic_store(&slow42_started, 0);
     assert_int_equal(atap_spawn_waiting(&a, task_slow42, NULL, 8,
-                                        &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                           .every_ns = ATAP_MS(1), .runs = 1}),
+                                        &(atap_spawn_opts){.out_size = 8,
+                                                           .kind = ATAP_AT_RATE,
+                                                           .every_ns = ATAP_MS(1),
+                                                           .runs = 1}),
                      0);
     probe *p = probe_new(8, 1, 0);
     assert_int_equal(atap_receive_any(&r, probe_run, p, &a, 1, &(atap_spawn_opts){.out_size = 8}),
                      0);
     assert_int_equal(atap_give(a, &v, 8), 0);
     assert_true(wait_atomic_at_least(&slow42_started, 1, ATAP_SEC(10)));
-    sleep_ms(50); /* the series ran out of runs: its gate waits, the run is out */
+    sleep_ms(50);    /* the series ran out of runs: its gate waits, the run is out */
     atap_release(a); /* its last handle: let go */
     v = 0;
     assert_true(wait_finished(r, ATAP_SEC(10)));
@@ -1532,14 +1535,12 @@ static void test_dataflow_long_forward_chain_lets_go(void **state)
     (void)state;
     const int n = (int)scaled(60000, 60000);
     atap_task src, prev, t;
-    assert_int_equal(atap_spawn_waiting(&src, task_pass_on, NULL, 8,
-                                        &(atap_spawn_opts){.out_size = 8}),
-                     0);
+    assert_int_equal(
+        atap_spawn_waiting(&src, task_pass_on, NULL, 8, &(atap_spawn_opts){.out_size = 8}), 0);
     prev = src;
     for (int i = 0; i < n; i++) {
-        assert_int_equal(atap_spawn_waiting(&t, task_pass_on, NULL, 8,
-                                            &(atap_spawn_opts){.out_size = 8}),
-                         0);
+        assert_int_equal(
+            atap_spawn_waiting(&t, task_pass_on, NULL, 8, &(atap_spawn_opts){.out_size = 8}), 0);
         assert_int_equal(atap_forward(prev, t), 0);
         if (i > 0)
             atap_release(prev);
@@ -1561,7 +1562,8 @@ static void test_dataflow_receive_any(void **state)
         m[i] = spawn8(task_gated, g[i]);
     probe *p = probe_new(8, 1, 0);
     atap_task r;
-    assert_int_equal(atap_receive_any(&r, probe_run, p, m, 3, &(atap_spawn_opts){.out_size = 8}), 0);
+    assert_int_equal(atap_receive_any(&r, probe_run, p, m, 3, &(atap_spawn_opts){.out_size = 8}),
+                     0);
     sleep_us(20000);
     assert_int_equal(atomic_load(&p->runs), 0);
     uint64_t want[3] = {5, 7, 11};
@@ -1586,7 +1588,8 @@ static void test_dataflow_receive_any(void **state)
         assert_true(join8(m[i]) == (uint64_t)(100 + i));
     }
     p = probe_new(8, 1, 0);
-    assert_int_equal(atap_receive_any(&r, probe_run, p, m, 3, &(atap_spawn_opts){.out_size = 8}), 0);
+    assert_int_equal(atap_receive_any(&r, probe_run, p, m, 3, &(atap_spawn_opts){.out_size = 8}),
+                     0);
     assert_true(wait_finished(r, ATAP_SEC(10)));
     int runs = atomic_load(&p->runs);
     assert_true(runs >= 1 && runs <= 3);
@@ -1605,8 +1608,8 @@ static void test_dataflow_receiver_bad_arguments(void **state)
     atap_task m[3];
     m[0] = spawn8(task_value, (void *)(uintptr_t)1);
     m[1] = spawn8(task_value, (void *)(uintptr_t)2);
-    assert_int_equal(atap_spawn(&m[2], task_value, (void *)(uintptr_t)3,
-                                &(atap_spawn_opts){.out_size = 4}), 0);
+    assert_int_equal(
+        atap_spawn(&m[2], task_value, (void *)(uintptr_t)3, &(atap_spawn_opts){.out_size = 4}), 0);
     (void)join8(m[0]);
     (void)join8(m[1]);
     assert_int_equal(atap_join(m[2], &(uint32_t){0}, 4), 0);
@@ -2014,9 +2017,8 @@ static void test_dataflow_join_first_hears_after_let_go(void **state)
     sleep_ms(50); /* join_first counted and asleep */
     for (int i = 0; i < 4; i++) {
         atap_task wt;
-        assert_int_equal(atap_spawn_waiting(&wt, task_value, NULL, 8,
-                                            &(atap_spawn_opts){.out_size = 8}),
-                         0);
+        assert_int_equal(
+            atap_spawn_waiting(&wt, task_value, NULL, 8, &(atap_spawn_opts){.out_size = 8}), 0);
         atap_release(wt); /* nothing can give to it: let go */
     }
     sleep_ms(20);
@@ -2086,9 +2088,8 @@ static void test_dataflow_join_first_on_itself_einval(void **state)
     assert_true(join8(done) == 3);
     atap_task t;
     int rc[3];
-    assert_int_equal(atap_spawn(&t, task_first_on_self, &done,
-                                &(atap_spawn_opts){.out_size = sizeof rc}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, task_first_on_self, &done, &(atap_spawn_opts){.out_size = sizeof rc}), 0);
     assert_int_equal(atap_join(t, rc, sizeof rc), 0);
     assert_int_equal(rc[0], ATAP_EINVAL);
     assert_int_equal(rc[1], ATAP_EINVAL);
@@ -2318,9 +2319,8 @@ static void test_dataflow_many_receivers_one_source(void **state)
         gate *g = gate_new(5);
         atap_task src = spawn8(task_gated, g);
         for (int i = 0; i < N; i++)
-            assert_int_equal(atap_receive_all(&r[i], sum_run, s, &src, 1,
-                                              &(atap_spawn_opts){.out_size = 8}),
-                             0);
+            assert_int_equal(
+                atap_receive_all(&r[i], sum_run, s, &src, 1, &(atap_spawn_opts){.out_size = 8}), 0);
         if (round == 0) {
             /* released while the source has not published */
             for (int i = 0; i < N; i++)
@@ -2390,14 +2390,15 @@ static void test_dataflow_race_gives_from_threads(void **state)
         atomic_store(&ok, 0);
         atomic_store(&finished, 0);
         probe *p = probe_new(sizeof(boxed), 1, 0);
-        atap_task t = spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free,
-                                                       .gives = limited ? 20 : 0});
+        atap_task t =
+            spawn_probe(p, (atap_spawn_opts){.in_free = boxed_free, .gives = limited ? 20 : 0});
         test_barrier barrier;
         barrier_init(&barrier, GIVERS);
         giver_arg args[GIVERS];
         pthread_t th[GIVERS];
         for (int i = 0; i < GIVERS; i++) {
-            args[i] = (giver_arg){.barrier = &barrier, .gives = per, .ok = &ok, .finished = &finished};
+            args[i] =
+                (giver_arg){.barrier = &barrier, .gives = per, .ok = &ok, .finished = &finished};
             assert_int_equal(atap_dup(t, &args[i].task), 0);
             assert_int_equal(pthread_create(&th[i], NULL, giver_thread, &args[i]), 0);
         }

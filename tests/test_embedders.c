@@ -95,12 +95,25 @@ static int user_round(unsigned seed)
 
         want[i] = x;
         switch (i) {
-        case 1: fn = task_parent; want[i] = x + 1; break;
-        case 2: o.blocking = true; break;
-        case 3: fn = task_park_once; break;
-        case 4: o.after_ns = ATAP_US(200); break;
-        case 5: fn = task_nap; x = want[i] = 50 + seed % 200; break;
-        default: break;
+        case 1:
+            fn = task_parent;
+            want[i] = x + 1;
+            break;
+        case 2:
+            o.blocking = true;
+            break;
+        case 3:
+            fn = task_park_once;
+            break;
+        case 4:
+            o.after_ns = ATAP_US(200);
+            break;
+        case 5:
+            fn = task_nap;
+            x = want[i] = 50 + seed % 200;
+            break;
+        default:
+            break;
         }
         if ((rc = atap_spawn(&ts[i], fn, (void *)(uintptr_t)x, &o)) != 0) {
             bad++;
@@ -238,10 +251,10 @@ static void run_users(unsigned n, unsigned rounds, bool with_long_lived)
     if (with_long_lived) {
         assert_int_equal(atap_init(NULL), 0);
         atomic_store(&lived_runs, 0);
-        assert_int_equal(atap_spawn(&series, task_tick, NULL,
-                                    &(atap_spawn_opts){.kind = ATAP_REPEAT,
-                                                       .every_ns = ATAP_US(500)}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&series, task_tick, NULL,
+                       &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_US(500)}),
+            0);
     }
     barrier_init(&start, (int)n);
     for (unsigned i = 0; i < n; i++) {
@@ -274,8 +287,7 @@ static void run_users(unsigned n, unsigned rounds, bool with_long_lived)
     int stopped = 0;
     for (unsigned i = 0; i < n; i++)
         stopped += atomic_load(&us[i].found_stopped);
-    print_message("%u users x %u rounds: %d inits came while no runtime ran\n", n, rounds,
-                  stopped);
+    print_message("%u users x %u rounds: %d inits came while no runtime ran\n", n, rounds, stopped);
     for (unsigned i = 0; i < n; i++) {
         if (atomic_load(&us[i].bad) != 0)
             fail_msg("user %u: %d things went wrong", i, atomic_load(&us[i].bad));
@@ -316,8 +328,8 @@ static int task_init_then_shutdown(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx, (void)arg;
     int rc[2];
-    rc[0] = atap_init(NULL);    /* a user of its own */
-    rc[1] = atap_shutdown();    /* lets it go: not the last, so no wait */
+    rc[0] = atap_init(NULL); /* a user of its own */
+    rc[1] = atap_shutdown(); /* lets it go: not the last, so no wait */
     memcpy(out, rc, sizeof rc);
     return 0;
 }
@@ -337,9 +349,9 @@ static void test_embedders_inside_a_task(void **state)
     int rc[2] = {1, 1};
 
     assert_int_equal(atap_init(NULL), 0);
-    assert_int_equal(atap_spawn(&t, task_init_then_shutdown, NULL,
-                                &(atap_spawn_opts){.out_size = sizeof rc}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, task_init_then_shutdown, NULL, &(atap_spawn_opts){.out_size = sizeof rc}),
+        0);
     assert_int_equal(atap_join(t, rc, sizeof rc), 0);
     atap_release(t);
     assert_int_equal(rc[0], 0);
@@ -348,9 +360,8 @@ static void test_embedders_inside_a_task(void **state)
 
     /* A task's init counts like any: the outside user's shutdown then leaves
      * it running, and a second one lets the task's user go. */
-    assert_int_equal(atap_spawn(&t, task_init_only, NULL,
-                                &(atap_spawn_opts){.out_size = sizeof(int)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, task_init_only, NULL, &(atap_spawn_opts){.out_size = sizeof(int)}), 0);
     assert_int_equal(atap_join(t, rc, sizeof(int)), 0);
     atap_release(t);
     assert_int_equal(rc[0], 0);
@@ -370,9 +381,9 @@ static void test_embedders_later_config_keeps_running_one(void **state)
     (void)state;
     assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}), 0);
     assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 5}), 0);
-    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config),
-                                              .workers = ATAP_THREADS_MAX + 1}),
-                     ATAP_EINVAL);
+    assert_int_equal(
+        atap_init(&(atap_config){.size = sizeof(atap_config), .workers = ATAP_THREADS_MAX + 1}),
+        ATAP_EINVAL);
     sleep_ms(30);
     assert_int_equal(pool_stats().workers, 2);
     assert_int_equal(atap_shutdown(), 0);

@@ -3,20 +3,18 @@
  * a task, part way through helping; thread starts refused; shallow helping.
  * The pool must strand nothing and keep running.
  */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include <errno.h>
 
 #include "test_util.h"
 
-static int setup(void **state)
-{
-    return setup_runtime(state);
-}
+static int setup(void **state) { return setup_runtime(state); }
 
 static int teardown(void **state)
 {
@@ -25,10 +23,7 @@ static int teardown(void **state)
     return teardown_runtime(state);
 }
 
-static uint64_t deaths(void)
-{
-    return pool_stats().deaths;
-}
+static uint64_t deaths(void) { return pool_stats().deaths; }
 
 static bool wait_deaths(uint64_t want, uint64_t timeout_ns)
 {
@@ -236,10 +231,9 @@ static void test_faults_blocking_start_refused(void **state)
 
     assert_int_equal(pool_stats().blocking_threads, 0); /* a fresh runtime: none yet */
     atap_inject_spawn_refusals(1);
-    assert_int_equal(
-        atap_spawn(&t, spin_a_little, (void *)(uintptr_t)9,
-                   &(atap_spawn_opts){.out_size = 8, .blocking = true}),
-        0);
+    assert_int_equal(atap_spawn(&t, spin_a_little, (void *)(uintptr_t)9,
+                                &(atap_spawn_opts){.out_size = 8, .blocking = true}),
+                     0);
     uint64_t v = 0;
     assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(30)), 0);
     assert_true(v == 9);
@@ -265,7 +259,8 @@ static int task_deep(atap_ctx *ctx, void *arg, void *out)
     uint64_t n = (uint64_t)(uintptr_t)arg, below = 0;
     if (n > 0) {
         atap_task t;
-        if (atap_spawn(&t, task_deep, (void *)(uintptr_t)(n - 1), &(atap_spawn_opts){.out_size = 8}))
+        if (atap_spawn(&t, task_deep, (void *)(uintptr_t)(n - 1),
+                       &(atap_spawn_opts){.out_size = 8}))
             return -1;
         int rc = atap_join(t, &below, sizeof below);
         atap_release(t);
@@ -304,8 +299,7 @@ static void test_faults_help_depths(void **state)
             fail_msg("help depth %u: peak %zu stacks aside, need %zu", depths[k], st.peak_aside,
                      need - 1);
         if (st.peak_workers != workers)
-            fail_msg("help depth %u: %zu workers grew to %zu", depths[k], workers,
-                     st.peak_workers);
+            fail_msg("help depth %u: %zu workers grew to %zu", depths[k], workers, st.peak_workers);
     }
 }
 

@@ -218,8 +218,8 @@ static void test_fs_read_at_sized_by_the_file(void **state)
         whole = run((atap_fs_req){.op = ATAP_FS_READ, .path = "/proc/self/cmdline"});
         assert_int_equal(whole.rc, 0);
         assert_true(whole.n > 0);
-        o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = "/proc/self/cmdline",
-                              .len = SIZE_MAX});
+        o = run(
+            (atap_fs_req){.op = ATAP_FS_READ_AT, .path = "/proc/self/cmdline", .len = SIZE_MAX});
         assert_int_equal(o.rc, 0);
         assert_int_equal(o.n, whole.n);
         assert_memory_equal(o.data, whole.data, whole.n);
@@ -228,8 +228,8 @@ static void test_fs_read_at_sized_by_the_file(void **state)
     }
     /* 2 chunks, grown by 3 more while read: all 5 come back. */
     {
-        atap_fs_out w = run((atap_fs_req){
-            .op = ATAP_FS_WRITE, .path = at("grows"), .data = p, .len = 2 * CHUNK});
+        atap_fs_out w = run(
+            (atap_fs_req){.op = ATAP_FS_WRITE, .path = at("grows"), .data = p, .len = 2 * CHUNK});
         assert_int_equal(w.rc, 0);
     }
     g_grow_tail = p + 2 * CHUNK;
@@ -245,8 +245,8 @@ static void test_fs_read_at_sized_by_the_file(void **state)
     assert_memory_equal(o.data, p, 5 * CHUNK);
     free(o.data);
     /* Bounded by len all the same. */
-    o = run((atap_fs_req){.op = ATAP_FS_READ_AT, .path = at("grows"), .offset = 10,
-                          .len = 2 * CHUNK + 7});
+    o = run((atap_fs_req){
+        .op = ATAP_FS_READ_AT, .path = at("grows"), .offset = 10, .len = 2 * CHUNK + 7});
     assert_int_equal(o.rc, 0);
     assert_int_equal(o.n, 2 * CHUNK + 7);
     assert_memory_equal(o.data, p + 10, 2 * CHUNK + 7);
@@ -1039,10 +1039,10 @@ static void test_fs_watch_dir_loses_no_rewrite(void **state)
         atap_task t;
         int lost = 0;
 
-        assert_int_equal(atap_fs_spawn_watch(&t, at("rw"), -1, ATAP_PATH_WRITE,
-                                             &(atap_spawn_opts){.kind = ATAP_REPEAT,
-                                                                .every_ns = GAP}),
-                         0);
+        assert_int_equal(
+            atap_fs_spawn_watch(&t, at("rw"), -1, ATAP_PATH_WRITE,
+                                &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP}),
+            0);
         wait_waiting(t);
         for (int i = 0; i < 20; i++) {
             char c = (char)('a' + i);
@@ -1091,7 +1091,8 @@ static void check_names(const atap_fs_watch_report *r, const char *const *want, 
         const char *name = r->names + at;
         size_t len = strnlen(name, sizeof r->names - at);
         assert_true(len > 0 && at + len < sizeof r->names);
-        for (size_t j = at + len + 1; j < sizeof r->names && r->names[j]; j += strlen(r->names + j) + 1)
+        for (size_t j = at + len + 1; j < sizeof r->names && r->names[j];
+             j += strlen(r->names + j) + 1)
             assert_string_not_equal(r->names + j, name); /* once */
         for (size_t i = 0; i < n; i++)
             if (strcmp(want[i], name) == 0)
@@ -1114,11 +1115,11 @@ static void test_fs_watch_names_entries(void **state)
     unsigned changes = 0;
 
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("nm")}), 0);
-    assert_int_equal(atap_fs_spawn_watch(&t, at("nm"), -1, 0,
-                                         &(atap_spawn_opts){.kind = ATAP_REPEAT,
-                                                            .every_ns = GAP,
-                                                            .out_size = sizeof r}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn_watch(
+            &t, at("nm"), -1, 0,
+            &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = GAP, .out_size = sizeof r}),
+        0);
     wait_waiting(t);
     put(at("nm/a"), "1");
     put(at("nm/b"), "2");
@@ -1127,8 +1128,7 @@ static void test_fs_watch_names_entries(void **state)
     while (!(seen[0] && seen[1] && seen[2])) {
         assert_int_equal(next_named(t, &r), 0);
         assert_false(r.more);
-        assert_int_equal(r.changes & ~(ATAP_PATH_ENTRIES | ATAP_PATH_WRITE | ATAP_PATH_ATTRIB),
-                         0);
+        assert_int_equal(r.changes & ~(ATAP_PATH_ENTRIES | ATAP_PATH_WRITE | ATAP_PATH_ATTRIB), 0);
         changes |= r.changes;
         check_names(&r, abc, 3, seen);
     }
@@ -1137,9 +1137,8 @@ static void test_fs_watch_names_entries(void **state)
     atap_release(t);
 
     /* A file watch names nothing. */
-    assert_int_equal(atap_fs_spawn_watch(&t, at("nm/a"), -1, 0,
-                                         &(atap_spawn_opts){.out_size = sizeof r}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn_watch(&t, at("nm/a"), -1, 0, &(atap_spawn_opts){.out_size = sizeof r}), 0);
     wait_waiting(t);
     append_to(at("nm/a"), "x");
     assert_int_equal(atap_take_for(t, &r, sizeof r, ATAP_SEC(10)), 0);
@@ -1151,10 +1150,10 @@ static void test_fs_watch_names_entries(void **state)
     /* 60 names of 30 bytes do not fit in one report: made before the
      * watch's first run (it watches from its spawn on), they come at once. */
     assert_int_equal(rc_of((atap_fs_req){.op = ATAP_FS_CREATE_DIR, .path = at("many")}), 0);
-    assert_int_equal(atap_fs_spawn_watch(&t, at("many"), -1, ATAP_PATH_ENTRIES,
-                                         &(atap_spawn_opts){.after_ns = ATAP_MS(500),
-                                                            .out_size = sizeof r}),
-                     0);
+    assert_int_equal(
+        atap_fs_spawn_watch(&t, at("many"), -1, ATAP_PATH_ENTRIES,
+                            &(atap_spawn_opts){.after_ns = ATAP_MS(500), .out_size = sizeof r}),
+        0);
     for (int i = 0; i < 60; i++) {
         char name[64];
         snprintf(name, sizeof name, "many/entry-with-a-long-name-%02d", i);

@@ -26,11 +26,11 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                                     \
-    do {                                                                                \
-        bool ok_ = (cond);                                                              \
-        std::printf("%-4s  %s:%d  %s\n", ok_ ? "ok" : "FAIL", __func__, __LINE__, #cond); \
-        failures += !ok_;                                                               \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        bool ok_ = (cond);                                                                         \
+        std::printf("%-4s  %s:%d  %s\n", ok_ ? "ok" : "FAIL", __func__, __LINE__, #cond);          \
+        failures += !ok_;                                                                          \
     } while (0)
 
 typedef std::shared_ptr<int> token;
@@ -154,7 +154,8 @@ static void test_hpp_repeat_runs_one_closure()
     token tok = std::make_shared<int>(0);
     atap::task<int> t;
     int n = 0;
-    CHECK(atap::spawn(t, [n, tok](atap_ctx *) mutable { return ++n; }, opts) == 0);
+    CHECK(atap::spawn(
+              t, [n, tok](atap_ctx *) mutable { return ++n; }, opts) == 0);
     while (!t.finished())
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     int v = 0;
@@ -169,11 +170,14 @@ static void test_hpp_options_pass_through()
     atap_spawn_opts opts = atap_spawn_opts_out(1234); /* out_size is the layer's */
     opts.timeout_ns = ATAP_MS(20);
     atap::task<int> t;
-    CHECK(atap::spawn(t, [](atap_ctx *ctx) {
-              while (!atap_cancelled(ctx))
-                  std::this_thread::sleep_for(std::chrono::milliseconds(1));
-              return 0;
-          }, opts) == 0);
+    CHECK(atap::spawn(
+              t,
+              [](atap_ctx *ctx) {
+                  while (!atap_cancelled(ctx))
+                      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  return 0;
+              },
+              opts) == 0);
     int v = 0;
     CHECK(t.join(v) == ATAP_ETIMEDOUT);
     CHECK(t.state() == ATAP_TIMED_OUT);
@@ -274,7 +278,8 @@ static void test_hpp_movable_results()
         CHECK(unread.wait() == 0);
         atap_spawn_opts later = ATAP_SPAWN_OPTS_INIT;
         later.after_ns = ATAP_SEC(60);
-        CHECK(atap::spawn(never, [](atap_ctx *) { return counted("never"); }, later) == 0);
+        CHECK(atap::spawn(
+                  never, [](atap_ctx *) { return counted("never"); }, later) == 0);
         CHECK(never.cancel() == 0);
         CHECK(atap::spawn(stopped, [](atap_ctx *ctx) {
                   while (!atap_cancelled(ctx))
@@ -288,7 +293,8 @@ static void test_hpp_movable_results()
         atap_spawn_opts rep = ATAP_SPAWN_OPTS_INIT;
         rep.kind = ATAP_REPEAT;
         atap::task<counted> series;
-        CHECK(atap::spawn(series, [](atap_ctx *) { return counted("r"); }, rep) == ATAP_EINVAL);
+        CHECK(atap::spawn(
+                  series, [](atap_ctx *) { return counted("r"); }, rep) == ATAP_EINVAL);
     }
     CHECK(counted_balanced());
     CHECK(counted::made >= 3);

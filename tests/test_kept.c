@@ -423,7 +423,7 @@ static void test_kept_number_reused(void **state)
     make_pipe(q);
     assert_int_equal(dup2(q[0], p[0]), p[0]); /* closed while kept: the rule broken */
     close(q[0]);
-    assert_int_equal(atap_fd_keep(p[0]), 0);  /* the new file kept */
+    assert_int_equal(atap_fd_keep(p[0]), 0); /* the new file kept */
     drainer_init(d, p[0], 3);
     t = spawn8(task_drainer, d);
     wait_parked(d, 1);

@@ -421,7 +421,8 @@ static void test_lifecycle_callback_inside_shutdown_einval(void **state)
     atomic_store(&reenter_init_rc, 1);
     atap_task t;
     assert_int_equal(atap_spawn(&t, task_value, (void *)(uintptr_t)1,
-                                &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(60),
+                                &(atap_spawn_opts){.out_size = 8,
+                                                   .after_ns = ATAP_SEC(60),
                                                    .arg_free = arg_free_reenters}),
                      0);
     atap_release(t); /* the write-off at shutdown is its last step: arg_free then */
@@ -567,9 +568,9 @@ static void test_lifecycle_outside_start_during_shutdown(void **state)
     assert_int_equal(atap_init(NULL), 0);
     fwd_src = spawn8(task_value, (void *)(uintptr_t)7);
     assert_true(join8(fwd_src) == 7);
-    assert_int_equal(atap_spawn_waiting(&fwd_dst, task_double_input, NULL, 8,
-                                        &(atap_spawn_opts){.out_size = 8}),
-                     0);
+    assert_int_equal(
+        atap_spawn_waiting(&fwd_dst, task_double_input, NULL, 8, &(atap_spawn_opts){.out_size = 8}),
+        0);
     atomic_store(&fwd_in_kick, 0);
     assert_int_equal(atap__test_on(ATAP__TEST_KICK, hold_outside_kick), 0);
     pthread_t th;
@@ -929,10 +930,18 @@ static int fdx_task(atap_ctx *ctx, void *arg, void *out)
         atap_sleep_relaxed(ATAP_MS(5)); /* all of it in the kernel */
         atomic_fetch_add(&fdx_done, 1);
         return 0;
-    case 1: rc = atap_park_until(ctx, atap_now() + ATAP_MS(5)); break;
-    case 2: rc = atap_park_fd(ctx, fdx_pipe[0], ATAP_READABLE, ATAP_MS(5)); break;
-    case 3: rc = atap_park_signal(ctx, SIGUSR2, ATAP_MS(5)); break;
-    default: rc = atap_park_path(ctx, fdx_dir, ATAP_PATH_ENTRIES, ATAP_MS(5)); break;
+    case 1:
+        rc = atap_park_until(ctx, atap_now() + ATAP_MS(5));
+        break;
+    case 2:
+        rc = atap_park_fd(ctx, fdx_pipe[0], ATAP_READABLE, ATAP_MS(5));
+        break;
+    case 3:
+        rc = atap_park_signal(ctx, SIGUSR2, ATAP_MS(5));
+        break;
+    default:
+        rc = atap_park_path(ctx, fdx_dir, ATAP_PATH_ENTRIES, ATAP_MS(5));
+        break;
     }
     if (rc != 0) { /* -ENOTSUP: a backend without it */
         atomic_fetch_add(&fdx_done, 1);
@@ -963,9 +972,8 @@ static void test_lifecycle_fds_close_on_exec(void **state)
     atomic_store(&fdx_done, 0);
     for (int i = 0; i < 5; i++)
         assert_int_equal(atap_spawn(&t[i], fdx_task, (void *)(intptr_t)i, NULL), 0);
-    assert_int_equal(atap_spawn(&t[5], fdx_task, (void *)(intptr_t)0,
-                                &(atap_spawn_opts){.blocking = true}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t[5], fdx_task, (void *)(intptr_t)0, &(atap_spawn_opts){.blocking = true}), 0);
     assert_int_equal(atap_chan_open(&ch, sizeof(uint64_t), 1, NULL), 0);
     uint64_t v = 7;
     atap_task r;
@@ -1069,8 +1077,7 @@ static int fdc_child(void)
             return 7;
         for (int i = 0; i < after.n; i++)
             if (!fds_has(&before, after.fd[i], after.what[i]))
-                fprintf(stderr, "run %d: fd %d (%s) stays open\n", run, after.fd[i],
-                        after.what[i]);
+                fprintf(stderr, "run %d: fd %d (%s) stays open\n", run, after.fd[i], after.what[i]);
         if (after.n != before.n)
             return 10 + run;
     }
@@ -1201,7 +1208,8 @@ static int fork_child_checks(const atap_task *old, size_t nold)
      * it reads only when the process starts, and what it would report in
      * such a child is not to be trusted. So under TSan the child stops
      * here, before its atap_init; the plain and ASan builds go on. */
-    print_message("TSan: the child's atap_init is not run (no threads after a multithreaded fork)\n");
+    print_message(
+        "TSan: the child's atap_init is not run (no threads after a multithreaded fork)\n");
     return 0;
 #endif
     if (atap_init(NULL) != 0)
@@ -1248,7 +1256,8 @@ static void test_lifecycle_fork_child_starts_fresh(void **state)
     uint64_t until = 0;
     atap_task spin, pfd, puntil, rep, delayed, old[5];
     int out = 0, status;
-    const atap_spawn_opts o = {.out_size = sizeof(int)}, hi = {.out_size = sizeof(int), .priority = 127};
+    const atap_spawn_opts o = {.out_size = sizeof(int)},
+                          hi = {.out_size = sizeof(int), .priority = 127};
 
     atomic_store(&fk_gate, 0);
     atomic_store(&fk_spin_stop, 0);
@@ -1266,10 +1275,10 @@ static void test_lifecycle_fork_child_starts_fresh(void **state)
                                                    .kind = ATAP_REPEAT,
                                                    .every_ns = ATAP_MS(1)}),
                      0);
-    assert_int_equal(atap_spawn(&delayed, fk_square, &(int){5},
-                                &(atap_spawn_opts){.out_size = sizeof(int),
-                                                   .after_ns = ATAP_MS(200)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&delayed, fk_square, &(int){5},
+                   &(atap_spawn_opts){.out_size = sizeof(int), .after_ns = ATAP_MS(200)}),
+        0);
     /* The spinning task holds a worker, the parks are armed, the repeat
      * has run (at top priority, before the gated tasks take every worker;
      * it may then wait queued behind them until the gate opens). */

@@ -86,14 +86,14 @@
 /* A bound on lateness (a wait for what must come, how late a timer may
  * be), stretched by test_slack() on a loaded machine. What is promised
  * (never early, exact counts, a task that must not run yet) is not. */
-#define WAIT(ns) ((uint64_t)(ns) * test_slack())
+#define WAIT(ns) ((uint64_t)(ns)*test_slack())
 
 /* The child's last look: no CHECK failed on another thread. */
 static int child_done(void)
 {
     if (atomic_load(&g_failures) != 0) {
-        fprintf(stderr, "%d failure(s) off the main thread; first: %s\n",
-                atomic_load(&g_failures), g_failure_msg);
+        fprintf(stderr, "%d failure(s) off the main thread; first: %s\n", atomic_load(&g_failures),
+                g_failure_msg);
         return 1;
     }
     return 0;
@@ -161,18 +161,15 @@ static void spawn_join_works(void)
     atap_task t;
     uint64_t v = 0;
 
-    REQUIRE_RC(atap_spawn(&t, task_value, (void *)(uintptr_t)42,
-                          &(atap_spawn_opts){.out_size = sizeof v}),
-               0);
+    REQUIRE_RC(
+        atap_spawn(&t, task_value, (void *)(uintptr_t)42, &(atap_spawn_opts){.out_size = sizeof v}),
+        0);
     REQUIRE_RC(atap_join_for(t, &v, sizeof v, WAIT(ATAP_SEC(20))), 0);
     REQUIRE(v == 42);
     atap_release(t);
 }
 
-static void make_pipe(int p[2])
-{
-    REQUIRE(pipe2(p, O_CLOEXEC | O_NONBLOCK) == 0);
-}
+static void make_pipe(int p[2]) { REQUIRE(pipe2(p, O_CLOEXEC | O_NONBLOCK) == 0); }
 
 /* ---- file descriptors ---------------------------------------------------- */
 
@@ -298,12 +295,20 @@ static int task_kwait(atap_ctx *ctx, void *arg, void *out)
     (void)ctx, (void)out;
     atomic_store(&j->started, 1);
     switch (j->kind) {
-    case KW_SLEEP: rc = atap_sleep(ATAP_MS(20)); break;
-    case KW_FD_TIMEOUT: rc = atap_wait_fd(j->fd, ATAP_READABLE, ATAP_MS(30)); break;
+    case KW_SLEEP:
+        rc = atap_sleep(ATAP_MS(20));
+        break;
+    case KW_FD_TIMEOUT:
+        rc = atap_wait_fd(j->fd, ATAP_READABLE, ATAP_MS(30));
+        break;
     case KW_FD_READY:
     case KW_FD_FOREVER:
-    case KW_BLOCKING: rc = atap_wait_fd(j->fd, ATAP_READABLE, ATAP_FOREVER); break;
-    case KW_SLEEP_LONG: rc = atap_sleep_relaxed(ATAP_SEC(30)); break;
+    case KW_BLOCKING:
+        rc = atap_wait_fd(j->fd, ATAP_READABLE, ATAP_FOREVER);
+        break;
+    case KW_SLEEP_LONG:
+        rc = atap_sleep_relaxed(ATAP_SEC(30));
+        break;
     }
     atomic_store(&j->took, now_ns() - t0);
     atomic_store(&j->rc, rc);
@@ -321,10 +326,10 @@ static atap_task spawn_kwait(struct kwait_job *j, int kind, int fd, uint64_t tim
     atomic_store(&j->started, 0);
     atomic_store(&j->rc, 12345);
     atomic_store(&j->took, 0);
-    REQUIRE_RC(atap_spawn(&t, task_kwait, j,
-                          &(atap_spawn_opts){.timeout_ns = timeout_ns,
-                                             .blocking = kind == KW_BLOCKING}),
-               0);
+    REQUIRE_RC(
+        atap_spawn(&t, task_kwait, j,
+                   &(atap_spawn_opts){.timeout_ns = timeout_ns, .blocking = kind == KW_BLOCKING}),
+        0);
     return t;
 }
 
@@ -352,8 +357,10 @@ static void kwait_round(const char *why)
     REQUIRE_RC(atap_cancel(t[3]), 0);
     REQUIRE_RC(atap_cancel(t[5]), 0);
     for (int i = 0; i < 6; i++) { /* a cancel or a timeout settles the task at once */
-        REQUIRE_RC(atap_join_for(t[i], NULL, 0, WAIT(ATAP_SEC(5))),
-                   i == 3 || i == 5 ? ATAP_ECANCELLED : i == 4 ? ATAP_ETIMEDOUT : 0);
+        REQUIRE_RC(atap_join_for(t[i], NULL, 0, WAIT(ATAP_SEC(5))), i == 3 || i == 5
+                                                                        ? ATAP_ECANCELLED
+                                                                    : i == 4 ? ATAP_ETIMEDOUT
+                                                                             : 0);
         REQUIRE(atap_wait(t[i], &st) == 0);
         atap_release(t[i]);
     }
@@ -431,10 +438,18 @@ static int task_park(atap_ctx *ctx, void *arg, void *out)
         return 0;
     }
     switch (p->on) {
-    case P_FD: rc = atap_park_fd(ctx, p->fd, ATAP_READABLE, ATAP_FOREVER); break;
-    case P_UNTIL: rc = atap_park_until(ctx, p->deadline); break;
-    case P_SIGNAL: rc = atap_park_signal(ctx, SIGUSR1, ATAP_FOREVER); break;
-    case P_PATH: rc = atap_park_path(ctx, p->fd, ATAP_PATH_WRITE, ATAP_FOREVER); break;
+    case P_FD:
+        rc = atap_park_fd(ctx, p->fd, ATAP_READABLE, ATAP_FOREVER);
+        break;
+    case P_UNTIL:
+        rc = atap_park_until(ctx, p->deadline);
+        break;
+    case P_SIGNAL:
+        rc = atap_park_signal(ctx, SIGUSR1, ATAP_FOREVER);
+        break;
+    case P_PATH:
+        rc = atap_park_path(ctx, p->fd, ATAP_PATH_WRITE, ATAP_FOREVER);
+        break;
     }
     CHECK(rc == 0);
     atomic_store(&p->parked, 1);
@@ -861,10 +876,7 @@ static void nproc_allow(unsigned room)
     REQUIRE(setrlimit(RLIMIT_NPROC, &low) == 0);
 }
 
-static void nproc_raise(void)
-{
-    REQUIRE(setrlimit(RLIMIT_NPROC, &g_nproc) == 0);
-}
+static void nproc_raise(void) { REQUIRE(setrlimit(RLIMIT_NPROC, &g_nproc) == 0); }
 
 struct delayed {
     uint64_t spawned, delay;
@@ -1307,11 +1319,12 @@ static int child_memory_heap(void)
         REQUIRE_RC(atap_spawn(&t[0], task_noop, NULL, &(atap_spawn_opts){.after_ns = ATAP_MS(1)}),
                    want);
         REQUIRE_RC(atap_spawn(&t[1], task_noop, NULL, &(atap_spawn_opts){.out_size = 4096}), want);
-        REQUIRE_RC(atap_spawn(&t[2], task_noop, NULL,
-                              &(atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 2}),
-                   want);
-        REQUIRE_RC(atap_spawn(&t[3], task_noop, NULL, &(atap_spawn_opts){.timeout_ns = ATAP_SEC(9)}),
-                   want);
+        REQUIRE_RC(
+            atap_spawn(&t[2], task_noop, NULL, &(atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 2}),
+            want);
+        REQUIRE_RC(
+            atap_spawn(&t[3], task_noop, NULL, &(atap_spawn_opts){.timeout_ns = ATAP_SEC(9)}),
+            want);
         REQUIRE_RC(atap_spawn_waiting(&t[4], task_in, NULL, sizeof v, NULL), want);
         REQUIRE_RC(atap_spawn_sleep(&t[5], ATAP_MS(1), false, NULL), want);
         REQUIRE_RC(atap_chan_open(&ch, sizeof v, 0, NULL), want);
@@ -1385,8 +1398,8 @@ static int task_rx(atap_ctx *ctx, void *arg, void *out)
  * nothing lost to the leak checker). */
 static void receive_all_round(bool starve)
 {
-    const atap_spawn_opts rep = {.out_size = sizeof(uint64_t), .kind = ATAP_REPEAT,
-                                 .every_ns = ATAP_MS(5), .runs = 3};
+    const atap_spawn_opts rep = {
+        .out_size = sizeof(uint64_t), .kind = ATAP_REPEAT, .every_ns = ATAP_MS(5), .runs = 3};
     atap_task m[2], rx;
     uint64_t v = 0;
     int runs;
@@ -1395,8 +1408,7 @@ static void receive_all_round(bool starve)
     atap_inject_alloc_failures(starve ? 1000 : 0);
     for (uintptr_t i = 0; i < 2; i++)
         REQUIRE_RC(atap_spawn(&m[i], task_value, (void *)(i + 1), &rep), 0);
-    REQUIRE_RC(atap_receive_all(&rx, task_rx, NULL, m, 2,
-                                &(atap_spawn_opts){.out_size = sizeof v}),
+    REQUIRE_RC(atap_receive_all(&rx, task_rx, NULL, m, 2, &(atap_spawn_opts){.out_size = sizeof v}),
                0);
     REQUIRE(wait_finished(rx, WAIT(ATAP_SEC(20))));
     runs = atomic_load(&g_rx_runs);
@@ -1639,13 +1651,17 @@ static atap_task spawn_timed(struct timed *m, int kind, uint64_t wait)
     m->kind = kind;
     m->wait = wait;
     switch (kind) {
-    case K_DELAY: o.after_ns = wait; break;
+    case K_DELAY:
+        o.after_ns = wait;
+        break;
     case K_GAP:
         o.kind = ATAP_REPEAT;
         o.every_ns = wait / 2;
         o.runs = 3;
         break;
-    case K_TIMEOUT: o.timeout_ns = wait; break;
+    case K_TIMEOUT:
+        o.timeout_ns = wait;
+        break;
     }
     m->spawned = now_ns();
     REQUIRE_RC(atap_spawn(&t, task_timed, m, &o), 0);
@@ -1731,8 +1747,7 @@ static int child_manager_kills(void)
     REQUIRE_RC(atap_init(NULL), 0);
     atap__test_restart_window(0);
     for (size_t i = 0; i < n; i++) /* spread over the span, kinds interleaved */
-        h[i] = spawn_timed(&g_tm[i], (int)(i % K_KINDS),
-                           ATAP_MS(10) + span * ((i * 7919) % n) / n);
+        h[i] = spawn_timed(&g_tm[i], (int)(i % K_KINDS), ATAP_MS(10) + span * ((i * 7919) % n) / n);
     t0 = now_ns();
     r0 = atap__manager_restarts();
     srand(12345);

@@ -3,17 +3,17 @@
  * and the pool policy it applies on its tick (rebalancing, growth, reaping,
  * idle CPU).
  */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include <sys/resource.h>
 
 #include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
 #include "test_util.h"
-
 
 static int value(atap_ctx *ctx, void *arg, void *out)
 {
@@ -228,14 +228,10 @@ int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
     const struct CMUnitTest tests[] = {
-        T(test_manager_alive_after_init),
-        T(test_manager_restarts),
-        T(test_manager_gives_up),
-        T(test_manager_rebalances_lifo),
-        T(test_manager_grows_and_reaps),
-        T(test_manager_gone_keeps_the_pool_going),
-        T(test_manager_idle_cpu),
-        T(test_manager_idle_cpu_with_timers_pending),
+        T(test_manager_alive_after_init), T(test_manager_restarts),
+        T(test_manager_gives_up),         T(test_manager_rebalances_lifo),
+        T(test_manager_grows_and_reaps),  T(test_manager_gone_keeps_the_pool_going),
+        T(test_manager_idle_cpu),         T(test_manager_idle_cpu_with_timers_pending),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,13 +18,13 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -573,7 +573,8 @@ static void test_net_cancel_connect(void **state)
 
     /* A connect timeout: ATAP_ETIMEDOUT, no earlier than asked. */
     fds_before = count_fds();
-    if (hanging_connect(&lfd, &t, &io, held, &n_held, &(atap_spawn_opts){.timeout_ns = ATAP_MS(400)})) {
+    if (hanging_connect(&lfd, &t, &io, held, &n_held,
+                        &(atap_spawn_opts){.timeout_ns = ATAP_MS(400)})) {
         t0 = now_ns();
         assert_int_equal(atap_net_join(t, &out), ATAP_ETIMEDOUT);
         atap_net_release(t, &io);
@@ -991,18 +992,16 @@ static void test_net_udp(void **state)
     assert_true(fcntl(a, F_GETFD) & FD_CLOEXEC);
     assert_true(fcntl(a, F_GETFL) & O_NONBLOCK);
     /* recv_from parks until a datagram comes. */
-    assert_int_equal(atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&from,
-                                             &from_len),
-                     0);
+    assert_int_equal(
+        atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&from, &from_len), 0);
     assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
     assert_true(wait_parked(t));
     snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(b));
     assert_int_equal(atap_net_ip_addr((struct sockaddr *)&to, &to_len, name), 0);
     {
         atap_net_io sio;
-        assert_int_equal(atap_net_prep_send_to(&sio, a, "datagram", 8, (struct sockaddr *)&to,
-                                               to_len),
-                         0);
+        assert_int_equal(
+            atap_net_prep_send_to(&sio, a, "datagram", 8, (struct sockaddr *)&to, to_len), 0);
         assert_int_equal(run_task(&sio, &out, NULL), 0);
         assert_int_equal(out.n, 8);
     }
@@ -1140,17 +1139,15 @@ static void test_net_unix_datagram(void **state)
     assert_int_equal(atap_net_unix_dgram_bind(&u, NULL), 0);
     assert_int_equal(atap_net_unix_dgram_bind(&fds[0], pa), -EADDRINUSE);
 
-    assert_int_equal(atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&from,
-                                             &from_len),
-                     0);
+    assert_int_equal(
+        atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&from, &from_len), 0);
     assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
     assert_true(wait_parked(t));
     assert_int_equal(atap_net_unix_addr((struct sockaddr *)&to, &to_len, pb), 0);
     {
         atap_net_io sio;
-        assert_int_equal(atap_net_prep_send_to(&sio, a, "from a", 6, (struct sockaddr *)&to,
-                                               to_len),
-                         0);
+        assert_int_equal(
+            atap_net_prep_send_to(&sio, a, "from a", 6, (struct sockaddr *)&to, to_len), 0);
         assert_int_equal(run_task(&sio, &out, NULL), 0);
         /* From the unbound socket too. */
         assert_int_equal(atap_net_prep_send_to(&sio, u, "anon", 4, (struct sockaddr *)&to, to_len),
@@ -1164,9 +1161,8 @@ static void test_net_unix_datagram(void **state)
     atap_net_addr_format((struct sockaddr *)&from, from_len, text, sizeof text);
     assert_string_equal(text, pa);
     from_len = sizeof from;
-    assert_int_equal(atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&from,
-                                             &from_len),
-                     0);
+    assert_int_equal(
+        atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&from, &from_len), 0);
     assert_int_equal(run_task(&io, &out, NULL), 0);
     assert_int_equal(out.n, 4);
     atap_net_addr_format((struct sockaddr *)&from, from_len, text, sizeof text);
@@ -1181,8 +1177,7 @@ static void test_net_unix_datagram(void **state)
     assert_int_equal(atap_net_unix_addr((struct sockaddr *)&to, &to_len, temp_path("nobody")), 0);
     {
         atap_net_io sio;
-        assert_int_equal(atap_net_prep_send_to(&sio, u, "x", 1, (struct sockaddr *)&to, to_len),
-                         0);
+        assert_int_equal(atap_net_prep_send_to(&sio, u, "x", 1, (struct sockaddr *)&to, to_len), 0);
         assert_int_equal(run_task(&sio, &out, NULL), -ENOENT);
     }
     close(a);
@@ -1267,9 +1262,8 @@ static void test_net_zero_length_reads(void **state)
     assert_int_equal(run_task(&io, &out, &limit), 0);
     assert_int_equal(out.n, 0);
     from_len = sizeof from;
-    assert_int_equal(atap_net_prep_recv_from(&io, dg[0], NULL, 0, (struct sockaddr *)&from,
-                                             &from_len),
-                     0);
+    assert_int_equal(
+        atap_net_prep_recv_from(&io, dg[0], NULL, 0, (struct sockaddr *)&from, &from_len), 0);
     assert_int_equal(run_task(&io, &out, &limit), 0);
     assert_int_equal(out.n, 0);
     assert_int_equal(from_len, 0); /* no datagram, no sender */
@@ -1347,9 +1341,8 @@ static void test_net_addr_format_honours_length(void **state)
             memset(&ss, 0, sizeof ss);
         send_all(u, "anon", 4);
         len = sizeof ss;
-        assert_int_equal(atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&ss,
-                                                 &len),
-                         0);
+        assert_int_equal(
+            atap_net_prep_recv_from(&io, b, buf, sizeof buf, (struct sockaddr *)&ss, &len), 0);
         assert_int_equal(run_task(&io, &out, NULL), 0);
         assert_int_equal(out.n, 4);
         assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text), 0);
@@ -1512,9 +1505,10 @@ static void test_net_step_in_own_task(void **state)
         memset(&o, 0, sizeof o);
         snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(lfd));
         assert_int_equal(atap_net_prep_connect(&o.io, name), 0);
-        assert_int_equal(atap_spawn(&t, own_task, &o,
-                                    &(atap_spawn_opts){.out_size = sizeof out, .arg_free = own_free}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t, own_task, &o,
+                       &(atap_spawn_opts){.out_size = sizeof out, .arg_free = own_free}),
+            0);
         assert_true(wait_parked(t));
         atap_cancel(t);
         assert_int_equal(atap_join(t, &out, sizeof out), ATAP_ECANCELLED);
@@ -1581,15 +1575,9 @@ static void test_net_run_without_runtime(void **state)
     assert_int_equal(atap_init(NULL), 0); /* for the teardown */
 }
 
-static int setup_net(void **state)
-{
-    return setup_runtime(state);
-}
+static int setup_net(void **state) { return setup_runtime(state); }
 
-static int teardown_net(void **state)
-{
-    return teardown_runtime(state);
-}
+static int teardown_net(void **state) { return teardown_runtime(state); }
 
 int main(void)
 {

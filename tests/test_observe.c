@@ -42,18 +42,28 @@ static atap_state state_becomes(atap_task t, atap_state want)
 /* ---- atap_stats_format ----------------------------------------------------- */
 
 static const char *const field_names[] = {
-    "workers",      "busy",   "blocking_threads", "blocking_busy", "queued",
-    "live",         "slots",  "peak_slots",       "peak_workers",  "deaths",
-    "completed",    "aside",  "ceiling",          "peak_aside",    "stacks"};
+    "workers",   "busy",  "blocking_threads", "blocking_busy", "queued",
+    "live",      "slots", "peak_slots",       "peak_workers",  "deaths",
+    "completed", "aside", "ceiling",          "peak_aside",    "stacks"};
 
 static void test_observe_stats_format_given_stats(void **state)
 {
     (void)state;
-    struct atap_pool_stats st = {
-        .workers = 4,      .busy = 1,         .blocking_threads = 2, .blocking_busy = 0,
-        .queued = 17,      .live = 3,         .slots = 64,           .peak_slots = 128,
-        .peak_workers = 6, .deaths = 1,       .completed = 123456789012ull,
-        .aside = 2,        .ceiling = 1024,   .peak_aside = 5,       .stacks = 7};
+    struct atap_pool_stats st = {.workers = 4,
+                                 .busy = 1,
+                                 .blocking_threads = 2,
+                                 .blocking_busy = 0,
+                                 .queued = 17,
+                                 .live = 3,
+                                 .slots = 64,
+                                 .peak_slots = 128,
+                                 .peak_workers = 6,
+                                 .deaths = 1,
+                                 .completed = 123456789012ull,
+                                 .aside = 2,
+                                 .ceiling = 1024,
+                                 .peak_aside = 5,
+                                 .stacks = 7};
     const char *want = "workers=4 busy=1 blocking_threads=2 blocking_busy=0 queued=17 live=3 "
                        "slots=64 peak_slots=128 peak_workers=6 deaths=1 completed=123456789012 "
                        "aside=2 ceiling=1024 peak_aside=5 stacks=7";
@@ -300,11 +310,10 @@ static void test_observe_waiting_for_give(void **state)
     atap_release(t);
 
     /* a waiting repeat series (two runs a give) */
-    assert_int_equal(atap_spawn_waiting(&t, task_input_plus_one, NULL, sizeof in,
-                                        &(atap_spawn_opts){.out_size = 8,
-                                                           .kind = ATAP_REPEAT,
-                                                           .runs = 2}),
-                     0);
+    assert_int_equal(
+        atap_spawn_waiting(&t, task_input_plus_one, NULL, sizeof in,
+                           &(atap_spawn_opts){.out_size = 8, .kind = ATAP_REPEAT, .runs = 2}),
+        0);
     assert_state_becomes(t, ATAP_WAITING);
     assert_int_equal(atap_give(t, &in, sizeof in), 0);
     assert_state_becomes(t, ATAP_READY);
@@ -321,9 +330,9 @@ static void test_observe_receiver_reads_waiting(void **state)
     assert_int_equal(atap_spawn_waiting(&m, task_input_plus_one, NULL, sizeof in,
                                         &(atap_spawn_opts){.out_size = 8}),
                      0);
-    assert_int_equal(atap_receive_all(&r, task_input_plus_one, NULL, &m, 1,
-                                      &(atap_spawn_opts){.out_size = 8}),
-                     0);
+    assert_int_equal(
+        atap_receive_all(&r, task_input_plus_one, NULL, &m, 1, &(atap_spawn_opts){.out_size = 8}),
+        0);
     assert_state_becomes(m, ATAP_WAITING);
     assert_state_becomes(r, ATAP_WAITING);
     assert_int_equal(atap_give(m, &in, sizeof in), 0);

@@ -19,12 +19,12 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "faults.h"  /* atap__owed_watch_failures */
@@ -57,7 +57,6 @@ static void close_pipe(int fds[2])
 
 /* Any thread. */
 static bool put_byte(int wfd) { return write(wfd, "x", 1) == 1; }
-
 
 static void wait_workers_started(void)
 {
@@ -894,8 +893,8 @@ static void tcp_pair(int sv[2])
 }
 
 enum { HUP_UNIX_SHUT, HUP_UNIX_CLOSE, HUP_TCP_SHUT, HUP_TCP_CLOSE, HUP_CASES };
-static const char *const hup_case_name[HUP_CASES] = {
-    "AF_UNIX, shutdown(SHUT_WR)", "AF_UNIX, close", "TCP, shutdown(SHUT_WR)", "TCP, close"};
+static const char *const hup_case_name[HUP_CASES] = {"AF_UNIX, shutdown(SHUT_WR)", "AF_UNIX, close",
+                                                     "TCP, shutdown(SHUT_WR)", "TCP, close"};
 
 static void hup_pair(int c, int sv[2])
 {
@@ -919,8 +918,8 @@ static void hup_peer(int c, int sv[2])
 static void check_hup(int c, const char *how, unsigned got)
 {
     if (!(got & ATAP_HANGUP) || !(got & ATAP_READABLE))
-        fail_msg("%s, %s: reported 0x%x, wanted ATAP_HANGUP | ATAP_READABLE", hup_case_name[c],
-                 how, got);
+        fail_msg("%s, %s: reported 0x%x, wanted ATAP_HANGUP | ATAP_READABLE", hup_case_name[c], how,
+                 got);
 }
 
 static void test_park_fd_peer_hangup(void **state)
@@ -983,9 +982,8 @@ static void test_park_wait_fd_peer_hangup(void **state)
         hup_pair(c, sv);
         h.fd = sv[0];
         atomic_store(&h.started, 0);
-        assert_int_equal(atap_spawn(&t, task_wait_fd_read, &h,
-                                    &(atap_spawn_opts){.out_size = sizeof(int)}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t, task_wait_fd_read, &h, &(atap_spawn_opts){.out_size = sizeof(int)}), 0);
         assert_true(wait_atomic_at_least(&h.started, 1, ATAP_SEC(10)));
         sleep_ms(20);
         hup_peer(c, sv);
@@ -994,9 +992,8 @@ static void test_park_wait_fd_peer_hangup(void **state)
         assert_true(rc > 0);
         check_hup(c, "atap_wait_fd in a task", (unsigned)rc);
 
-        assert_int_equal(atap_spawn(&t, task_wait_fd_read, &h,
-                                    &(atap_spawn_opts){.out_size = sizeof(int)}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t, task_wait_fd_read, &h, &(atap_spawn_opts){.out_size = sizeof(int)}), 0);
         assert_int_equal(atap_join_for(t, &rc, sizeof rc, ATAP_SEC(10)), 0);
         atap_release(t);
         assert_true(rc > 0);
@@ -1270,7 +1267,9 @@ static void test_park_fd_deadline_in_slot(void **state)
     uint64_t minute = ATAP_SEC(60);
     for (int i = 0; i < N_SLOT_FD; i++) {
         fd_parker_init(&fp[i], p[0],
-                       i % 3 == 0 ? ATAP_FOREVER : i % 3 == 1 ? minute : minute + (uint64_t)i * ATAP_MS(7));
+                       i % 3 == 0   ? ATAP_FOREVER
+                       : i % 3 == 1 ? minute
+                                    : minute + (uint64_t)i * ATAP_MS(7));
         ts[i] = spawn8(task_park_fd_once, &fp[i]);
     }
     for (int i = 0; i < N_SLOT_FD; i++)
@@ -2162,10 +2161,10 @@ static void test_park_bad_calls(void **state)
 /* ---- 12b. wakers: parks of the program's own making ---------------------------- */
 
 struct waker_arg {
-    _Atomic uint64_t waker;  /* the task's waker, handed out after its park call */
+    _Atomic uint64_t waker; /* the task's waker, handed out after its park call */
     atomic_int runs, reason[4];
-    atomic_int go;           /* main woke it (and, hand_on, cancelled it) while it ran */
-    atomic_int cancelled;    /* hand_on: the last run saw atap_cancelled() */
+    atomic_int go;        /* main woke it (and, hand_on, cancelled it) while it ran */
+    atomic_int cancelled; /* hand_on: the last run saw atap_cancelled() */
     uint64_t timeout;
     int mode;
 };
@@ -2196,7 +2195,7 @@ static int task_waker(atap_ctx *ctx, void *arg, void *out)
         atomic_store(&a->waker, atap_waker_of(ctx).id);
     if (a->mode == WK_SELF)
         CHECK(atap_wake(atap_waker_of(ctx))); /* before the park is armed */
-    if (a->mode == WK_HAND_ON) /* main wakes it, then cancels it, before it parks */
+    if (a->mode == WK_HAND_ON)                /* main wakes it, then cancels it, before it parks */
         while (!atomic_load(&a->go))
             sleep_us(200);
     return ATAP_PARKED;
@@ -2436,7 +2435,8 @@ static void *wvc_waker_thread(void *arg)
         lead = atomic_load(&g_wvc.lead);
         atomic_store(&g_wvc.ack, i);
         wvc_spin((lead < 0 ? (unsigned)-lead : 0) + (unsigned)(i * 7 % 13) * 20u);
-        atomic_store(&g_wvc.woke[(i - 1) % WVC_BATCH], atap_wake(g_wvc.waker[(i - 1) % WVC_BATCH]) + 1);
+        atomic_store(&g_wvc.woke[(i - 1) % WVC_BATCH],
+                     atap_wake(g_wvc.waker[(i - 1) % WVC_BATCH]) + 1);
         atomic_store(&g_wvc.done, i);
     }
 }
@@ -2487,10 +2487,10 @@ static void test_park_wake_vs_cancel_agree(void **state)
             bool said = atomic_load(&g->woke[i]) == 2;
             int runs = atomic_load(&g->task[i].runs);
 
-            if (said != (runs == 2) || (runs == 2 && atomic_load(&g->task[i].reason) !=
-                                                         ATAP_RESUME_READY))
-                fail_msg("batch %zu task %d: atap_wake said %d, the task ran %d times",
-                         b, i, said, runs);
+            if (said != (runs == 2) ||
+                (runs == 2 && atomic_load(&g->task[i].reason) != ATAP_RESUME_READY))
+                fail_msg("batch %zu task %d: atap_wake said %d, the task ran %d times", b, i, said,
+                         runs);
             woke += said;
             said_no += !said;
             batch_woke += said;

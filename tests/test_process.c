@@ -190,9 +190,9 @@ static void test_process_not_found(void **state)
     assert_int_equal(atap_spawn_run(&t, NULL, NULL), ATAP_EINVAL);
     assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "true", .input_len = 3}, NULL),
                      ATAP_EINVAL);
-    assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "true"},
-                                    &(atap_spawn_opts){.kind = ATAP_REPEAT}),
-                     ATAP_EINVAL);
+    assert_int_equal(
+        atap_spawn_run(&t, &(atap_cmd){.program = "true"}, &(atap_spawn_opts){.kind = ATAP_REPEAT}),
+        ATAP_EINVAL);
     assert_int_equal(zombies(), 0);
 }
 
@@ -201,8 +201,8 @@ static void test_process_not_found(void **state)
 static void test_process_output_interleaved(void **state)
 {
     (void)state;
-    atap_output o = run_output(&(atap_cmd){
-        .program = "sh", .argv = SH("echo one; echo two >&2; echo three; exit 3")});
+    atap_output o = run_output(
+        &(atap_cmd){.program = "sh", .argv = SH("echo one; echo two >&2; echo three; exit 3")});
 
     assert_true(WIFEXITED(o.status));
     assert_int_equal(WEXITSTATUS(o.status), 3);
@@ -222,10 +222,10 @@ static void test_process_output_interleaved(void **state)
 static void test_process_output_large(void **state)
 {
     (void)state;
-    atap_output o = run_output(&(atap_cmd){
-        .program = "sh",
-        .argv = SH("head -c 1500000 /dev/zero | tr '\\0' a; "
-                   "head -c 1500000 /dev/zero | tr '\\0' b >&2; echo end")});
+    atap_output o =
+        run_output(&(atap_cmd){.program = "sh",
+                               .argv = SH("head -c 1500000 /dev/zero | tr '\\0' a; "
+                                          "head -c 1500000 /dev/zero | tr '\\0' b >&2; echo end")});
     size_t a = 0, b = 0;
 
     assert_int_equal(WEXITSTATUS(o.status), 0);
@@ -259,14 +259,15 @@ static void test_process_input(void **state)
     free(o.data);
 
     /* run with input: the child reads it */
-    int st = run_status(&(atap_cmd){
-        .program = "sh", .argv = SH("read x; test \"$x\" = hello"), .input = "hello\n",
-        .input_len = 6});
+    int st = run_status(&(atap_cmd){.program = "sh",
+                                    .argv = SH("read x; test \"$x\" = hello"),
+                                    .input = "hello\n",
+                                    .input_len = 6});
     assert_int_equal(WEXITSTATUS(st), 0);
 
     /* a child that never reads its input: no SIGPIPE kills us */
-    o = run_output(&(atap_cmd){.program = "sh", .argv = SH("exec 0<&-; echo done"),
-                               .input = in, .input_len = n});
+    o = run_output(&(atap_cmd){
+        .program = "sh", .argv = SH("exec 0<&-; echo done"), .input = in, .input_len = n});
     assert_string_equal(o.data, "done\n");
     free(o.data);
     free(in);
@@ -304,8 +305,7 @@ static void start_stubborn(atap_task *t, const char *file, const atap_spawn_opts
 
     unlink(file);
     snprintf(script, sizeof script,
-             "trap '' TERM; sleep 100 & echo $$ $! > %s.tmp; mv %s.tmp %s; wait", file, file,
-             file);
+             "trap '' TERM; sleep 100 & echo $$ $! > %s.tmp; mv %s.tmp %s; wait", file, file, file);
     assert_int_equal(atap_spawn_output(t, &(atap_cmd){.program = "sh", .argv = SH(script)}, opts),
                      0);
     read_pids(file, child, grandchild);
@@ -362,8 +362,7 @@ static void test_process_timeout_kills_group(void **state)
 
     snprintf(file, sizeof file, "/tmp/atap_proc_t_%d", (int)getpid());
     snprintf(script, sizeof script,
-             "trap '' TERM; sleep 100 & echo $$ $! > %s.tmp; mv %s.tmp %s; wait", file, file,
-             file);
+             "trap '' TERM; sleep 100 & echo $$ $! > %s.tmp; mv %s.tmp %s; wait", file, file, file);
     while (!seen) {
         atap_task t;
         atap_output o;
@@ -401,8 +400,7 @@ static void test_process_released_early(void **state)
     unlink(file);
     snprintf(script, sizeof script, "echo $$ $$ > %s.tmp; mv %s.tmp %s; sleep 0.2", file, file,
              file);
-    assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "sh", .argv = SH(script)}, NULL),
-                     0);
+    assert_int_equal(atap_spawn_run(&t, &(atap_cmd){.program = "sh", .argv = SH(script)}, NULL), 0);
     read_pids(file, &child, &other);
     unlink(file);
     atap_release(t);
@@ -475,8 +473,10 @@ static void test_process_many_no_thread_each(void **state)
 
     for (int i = 0; i < MANY; i++)
         assert_int_equal(
-            atap_spawn_run(&t[i], &(atap_cmd){.program = "sleep", .argv = (const char *const[]){"sleep", "1", NULL}},
-                           NULL),
+            atap_spawn_run(
+                &t[i],
+                &(atap_cmd){.program = "sleep", .argv = (const char *const[]){"sleep", "1", NULL}},
+                NULL),
             0);
     /* every one parked: none holds a thread */
     end = now_ns() + ATAP_SEC(20);
@@ -496,7 +496,8 @@ static void test_process_many_no_thread_each(void **state)
         atap_release(t[i]);
     }
     during = pool_stats();
-    assert_true(during.peak_workers < before.workers + 8 || during.peak_workers == before.peak_workers);
+    assert_true(during.peak_workers < before.workers + 8 ||
+                during.peak_workers == before.peak_workers);
     assert_int_equal(zombies(), 0);
 }
 
@@ -646,10 +647,10 @@ static void test_signal_repeat_counts_between_runs(void **state)
 
     atomic_store(&g_handled, 0);
     /* a gap of 300 ms between runs: signals sent in it wait for the next */
-    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR2, on_usr2, NULL,
-                                            &(atap_spawn_opts){.kind = ATAP_REPEAT,
-                                                               .every_ns = ATAP_MS(300)}),
-                     0);
+    assert_int_equal(
+        atap_spawn_signal_wait(&t, SIGUSR2, on_usr2, NULL,
+                               &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_MS(300)}),
+        0);
     assert_int_equal(kill(getpid(), SIGUSR2), 0);
     end = now_ns() + ATAP_SEC(10);
     while (atomic_load(&g_handled) < 1) {
@@ -707,10 +708,10 @@ static void test_signal_refused(void **state)
     assert_int_equal(atap_spawn_signal_wait(&t, SIGSTOP, NULL, NULL, NULL), ATAP_EINVAL);
     assert_int_equal(atap_spawn_signal_wait(&t, 0, NULL, NULL, NULL), ATAP_EINVAL);
     assert_int_equal(atap_spawn_signal_wait(&t, NSIG, NULL, NULL, NULL), ATAP_EINVAL);
-    assert_int_equal(atap_spawn_signal_wait(&t, SIGUSR1, NULL, NULL,
-                                            &(atap_spawn_opts){.kind = ATAP_AT_RATE,
-                                                               .every_ns = 1000}),
-                     ATAP_EINVAL);
+    assert_int_equal(
+        atap_spawn_signal_wait(&t, SIGUSR1, NULL, NULL,
+                               &(atap_spawn_opts){.kind = ATAP_AT_RATE, .every_ns = 1000}),
+        ATAP_EINVAL);
     assert_int_equal(atap_signal_release(SIGKILL), ATAP_EINVAL);
     assert_int_equal(atap_signal_release(SIGSTOP), ATAP_EINVAL);
 }

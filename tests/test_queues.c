@@ -5,10 +5,11 @@
  * and pool behaviours seen from outside (ring overflow, idle blocking
  * threads stopping, the order of work spawned from outside).
  */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include "deque.h"
@@ -434,9 +435,9 @@ struct recycle_run {
     struct injector *q;
     atomic_int queued[REFS]; /* 1 while the entry is in the queue */
     atomic_int popped[REFS];
-    atomic_long left;        /* pops still to come */
+    atomic_long left; /* pops still to come */
     atomic_int bad;
-    atomic_bool stop;        /* the main thread saw no progress for 10 s */
+    atomic_bool stop; /* the main thread saw no progress for 10 s */
 };
 
 #define RECYCLE_TIMES 64

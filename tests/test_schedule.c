@@ -3,18 +3,19 @@
  * counts and deadlines, and what happens to them at shutdown and when the
  * manager is gone.
  */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include <errno.h>
 #include <malloc.h>
 
 #include "manager.h" /* atap__manager_restarts, atap__manager_refiled */
-#include "testing.h" /* atap__test_on */
 #include "test_util.h"
+#include "testing.h" /* atap__test_on */
 
 #define MAX_RUNS 256
 
@@ -122,8 +123,8 @@ static void test_schedule_timeout_ends_the_run(void **state)
     log *l = log_new(ATAP_SEC(5));
     uint64_t t0 = now_ns();
     atomic_store(&g_out_frees, 0);
-    atap_task t = spawn_logged(l, (atap_spawn_opts){.timeout_ns = ATAP_MS(50),
-                                                    .out_free = count_free});
+    atap_task t =
+        spawn_logged(l, (atap_spawn_opts){.timeout_ns = ATAP_MS(50), .out_free = count_free});
     uint64_t v = 0;
     assert_int_equal(atap_join(t, &v, 8), ATAP_ETIMEDOUT);
     uint64_t took = now_ns() - t0;
@@ -142,8 +143,8 @@ static void test_schedule_timeout_excludes_the_wait(void **state)
 {
     (void)state;
     log *l = log_new(ATAP_MS(5));
-    atap_task t = spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(300),
-                                                    .timeout_ns = ATAP_MS(200)});
+    atap_task t =
+        spawn_logged(l, (atap_spawn_opts){.after_ns = ATAP_MS(300), .timeout_ns = ATAP_MS(200)});
     assert_true(join8(t) == 1);
     atap_release(t);
     free(l);
@@ -188,16 +189,18 @@ static void test_schedule_restart_rebuilds_waits(void **state)
 
     for (int i = 0; i < ND; i++) {
         ld[i] = log_new(0);
-        d[i] = spawn_logged(ld[i], (atap_spawn_opts){.after_ns = ATAP_SEC(2) + (uint64_t)i * ATAP_MS(2)});
+        d[i] = spawn_logged(ld[i],
+                            (atap_spawn_opts){.after_ns = ATAP_SEC(2) + (uint64_t)i * ATAP_MS(2)});
     }
     for (int i = 0; i < NR; i++) {
         lr[i] = log_new(ATAP_MS(1));
-        r[i] = spawn_logged(lr[i], (atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_MS(40),
-                                                     .runs = 6});
+        r[i] = spawn_logged(
+            lr[i], (atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_MS(40), .runs = 6});
     }
     for (int i = 0; i < NT; i++)
-        t[i] = spawn_logged(lt, (atap_spawn_opts){.timeout_ns = ATAP_SEC(1) + (uint64_t)i * ATAP_MS(3),
-                                                  .blocking = true});
+        t[i] =
+            spawn_logged(lt, (atap_spawn_opts){.timeout_ns = ATAP_SEC(1) + (uint64_t)i * ATAP_MS(3),
+                                               .blocking = true});
     /* Every timeout is armed once its run has started. */
     assert_true(wait_atomic_at_least(&lt->runs, NT, ATAP_SEC(10)));
     sleep_us(50000); /* and taken in by the manager (one still in its inbox is not refiled) */
@@ -228,7 +231,8 @@ static void test_schedule_restart_rebuilds_waits(void **state)
         assert_true(wait_finished(r[i], ATAP_SEC(10)));
         assert_int_equal(atomic_load(&lr[i]->runs), 6);
         for (int k = 0; k + 1 < 6; k++)
-            assert_true(atomic_load(&lr[i]->start[k + 1]) >= atomic_load(&lr[i]->end[k]) + ATAP_MS(40));
+            assert_true(atomic_load(&lr[i]->start[k + 1]) >=
+                        atomic_load(&lr[i]->end[k]) + ATAP_MS(40));
         atap_release(r[i]);
     }
     assert_true(wait_live_back(ATAP_SEC(10)));
@@ -264,8 +268,8 @@ static void test_schedule_repeat_gap(void **state)
 {
     (void)state;
     log *l = log_new(ATAP_MS(5));
-    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 4,
-                                                    .every_ns = ATAP_MS(20)});
+    atap_task t =
+        spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 4, .every_ns = ATAP_MS(20)});
     uint64_t end = now_ns() + ATAP_SEC(10);
     while (!atap_finished(t) && now_ns() < end)
         sleep_us(500);
@@ -328,13 +332,13 @@ static void test_schedule_deadline_binds_the_first_run(void **state)
         log *l = log_new(0);
         uint64_t v = 0;
         atap_state st;
-        atap_task t = spawn_logged(l, (atap_spawn_opts){
-                                          .kind = cases[k].kind,
-                                          .every_ns = cases[k].every,
-                                          .after_ns = cases[k].after,
-                                          .until_ns = (uint64_t)((int64_t)atap_now() +
-                                                                 cases[k].until_from_now),
-                                      });
+        atap_task t = spawn_logged(
+            l, (atap_spawn_opts){
+                   .kind = cases[k].kind,
+                   .every_ns = cases[k].every,
+                   .after_ns = cases[k].after,
+                   .until_ns = (uint64_t)((int64_t)atap_now() + cases[k].until_from_now),
+               });
         /* Settled at spawn: nothing can ever start. */
         if (!atap_finished(t))
             fail_msg("case %zu: not finished at spawn", k);
@@ -441,10 +445,12 @@ static void test_schedule_count_or_deadline(void **state)
 {
     (void)state;
     log *a = log_new(0), *b = log_new(0);
-    atap_task ta = spawn_logged(a, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 3,
-                                                     .every_ns = ATAP_MS(5), .for_ns = ATAP_SEC(5)});
-    atap_task tb = spawn_logged(b, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 100,
-                                                     .every_ns = ATAP_MS(20), .for_ns = ATAP_MS(50)});
+    atap_task ta = spawn_logged(
+        a, (atap_spawn_opts){
+               .kind = ATAP_REPEAT, .runs = 3, .every_ns = ATAP_MS(5), .for_ns = ATAP_SEC(5)});
+    atap_task tb = spawn_logged(
+        b, (atap_spawn_opts){
+               .kind = ATAP_REPEAT, .runs = 100, .every_ns = ATAP_MS(20), .for_ns = ATAP_MS(50)});
     uint64_t end = now_ns() + ATAP_SEC(10);
     while ((!atap_finished(ta) || !atap_finished(tb)) && now_ns() < end)
         sleep_us(1000);
@@ -484,8 +490,8 @@ static void test_schedule_repeat_reads_latest(void **state)
 {
     (void)state;
     log *l = log_new(ATAP_MS(1));
-    atap_task t = spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 30,
-                                                    .every_ns = ATAP_MS(1)});
+    atap_task t =
+        spawn_logged(l, (atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 30, .every_ns = ATAP_MS(1)});
     uint64_t last = 0, v;
     while (!atap_finished(t)) {
         int rc = atap_join(t, &v, 8);
@@ -516,13 +522,13 @@ static void test_schedule_bad_combinations(void **state)
     (void)state;
     atap_task t;
     const atap_spawn_opts bad[] = {
-        {.every_ns = 5},                                      /* a gap without a repeat */
-        {.runs = 3},                                          /* runs on a one-shot */
-        {.for_ns = 5},                                        /* a deadline on a one-shot */
+        {.every_ns = 5}, /* a gap without a repeat */
+        {.runs = 3},     /* runs on a one-shot */
+        {.for_ns = 5},   /* a deadline on a one-shot */
         {.until_ns = 5},
-        {.kind = ATAP_REPEAT, .for_ns = 5, .until_ns = 5},   /* two deadlines */
-        {.kind = ATAP_AT_RATE},                               /* a rate of nothing */
-        {.kind = (atap_kind)7},                               /* no such kind */
+        {.kind = ATAP_REPEAT, .for_ns = 5, .until_ns = 5}, /* two deadlines */
+        {.kind = ATAP_AT_RATE},                            /* a rate of nothing */
+        {.kind = (atap_kind)7},                            /* no such kind */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(atap_spawn(&t, noop, NULL, &bad[i]), ATAP_EINVAL);
@@ -564,8 +570,10 @@ static void test_schedule_at_rate_overlaps(void **state)
     flight f = {.hold_ns = ATAP_MS(200)};
     atap_task t;
     assert_int_equal(atap_spawn(&t, flown, &f,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(50), .runs = 8,
+                                &(atap_spawn_opts){.out_size = 8,
+                                                   .kind = ATAP_AT_RATE,
+                                                   .every_ns = ATAP_MS(50),
+                                                   .runs = 8,
                                                    .blocking = true}),
                      0);
     uint64_t end = now_ns() + ATAP_SEC(20);
@@ -590,8 +598,8 @@ static void test_schedule_at_rate_skips_missed_periods(void **state)
     atap_task t;
     uint64_t t0 = now_ns();
     assert_int_equal(atap_spawn(&t, flown, &f,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(20)}),
+                                &(atap_spawn_opts){
+                                    .out_size = 8, .kind = ATAP_AT_RATE, .every_ns = ATAP_MS(20)}),
                      0);
     sleep_us(50000);
     atap_inject_manager_faults(3); /* down for 10 + 20 + 30 ms of backoff at least */
@@ -615,10 +623,10 @@ static void test_schedule_at_rate_cancel_and_timeout(void **state)
     (void)state;
     flight f = {.hold_ns = 0};
     atap_task t;
-    assert_int_equal(atap_spawn(&t, flown, &f,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(5)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, flown, &f,
+                   &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE, .every_ns = ATAP_MS(5)}),
+        0);
     assert_true(wait_atomic_at_least(&f.started, 3, ATAP_SEC(10)));
     assert_int_equal(atap_cancel(t), 0);
     sleep_us(30000);
@@ -630,9 +638,11 @@ static void test_schedule_at_rate_cancel_and_timeout(void **state)
 
     flight g = {.hold_ns = ATAP_SEC(5)};
     assert_int_equal(atap_spawn(&t, flown, &g,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
+                                &(atap_spawn_opts){.out_size = 8,
+                                                   .kind = ATAP_AT_RATE,
                                                    .every_ns = ATAP_MS(100),
-                                                   .timeout_ns = ATAP_MS(30), .blocking = true}),
+                                                   .timeout_ns = ATAP_MS(30),
+                                                   .blocking = true}),
                      0);
     assert_int_equal(atap_join_for(t, &(uint64_t){0}, 8, ATAP_SEC(10)), ATAP_ETIMEDOUT);
     assert_true(atap_finished(t));
@@ -651,10 +661,11 @@ static void test_schedule_at_rate_released_during_run(void **state)
     flight f = {.hold_ns = ATAP_MS(200)};
     atap_task t, d;
     uint64_t v;
-    assert_int_equal(atap_spawn(&t, flown, &f,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(20), .runs = 1}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, flown, &f,
+                   &(atap_spawn_opts){
+                       .out_size = 8, .kind = ATAP_AT_RATE, .every_ns = ATAP_MS(20), .runs = 1}),
+        0);
     assert_true(wait_atomic_at_least(&f.started, 1, ATAP_SEC(10)));
     atap_release(t);
     if (atomic_load(&f.in_flight) != 1)
@@ -664,7 +675,7 @@ static void test_schedule_at_rate_released_during_run(void **state)
     assert_int_equal(atap_join(t, &v, 8), ATAP_ENOTASK);
     assert_int_equal(atap_cancel(t), ATAP_ENOTASK);
     assert_int_equal(atap_dup(t, &d), ATAP_ENOTASK);
-    atap_release(t); /* a handle with no task: ignored */
+    atap_release(t);                           /* a handle with no task: ignored */
     assert_true(wait_live_back(ATAP_SEC(10))); /* the run ended, the series went */
     assert_int_equal(atomic_load(&f.in_flight), 0);
 }
@@ -677,8 +688,10 @@ static void test_schedule_at_rate_huge_period_runs_once(void **state)
     flight f = {.hold_ns = 0};
     atap_task t;
     assert_int_equal(atap_spawn(&t, flown, &f,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = UINT64_MAX - 5, .runs = 50}),
+                                &(atap_spawn_opts){.out_size = 8,
+                                                   .kind = ATAP_AT_RATE,
+                                                   .every_ns = UINT64_MAX - 5,
+                                                   .runs = 50}),
                      0);
     assert_true(wait_atomic_at_least(&f.started, 1, ATAP_SEC(10)));
     sleep_us(300000);
@@ -714,10 +727,11 @@ static void test_schedule_at_rate_ran_out_keeps_output(void **state)
     uint64_t v = 0;
     atomic_store(&late_n, 0);
     atomic_store(&late_done, 0);
-    assert_int_equal(atap_spawn(&t, first_ok_then_late_fail, NULL,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(2), .runs = 2}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, first_ok_then_late_fail, NULL,
+                   &(atap_spawn_opts){
+                       .out_size = 8, .kind = ATAP_AT_RATE, .every_ns = ATAP_MS(2), .runs = 2}),
+        0);
     assert_true(wait_atomic_at_least(&late_n, 2, ATAP_SEC(10)));
     assert_int_equal(atap_join_for(t, &v, 8, ATAP_SEC(10)), 0); /* the first output */
     assert_true(v == 5);
@@ -755,10 +769,11 @@ static void test_schedule_at_rate_fail_code_stays(void **state)
     atap_task t;
     uint64_t v;
     atomic_store(&codes_n, 0);
-    assert_int_equal(atap_spawn(&t, fail_plain_then_closed, NULL,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(2), .runs = 2}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, fail_plain_then_closed, NULL,
+                   &(atap_spawn_opts){
+                       .out_size = 8, .kind = ATAP_AT_RATE, .every_ns = ATAP_MS(2), .runs = 2}),
+        0);
     int first = atap_join_for(t, &v, 8, ATAP_SEC(10));
     if (first != ATAP_EFAILED && first != ATAP_ECLOSED)
         fail_msg("the first join read %d (%s)", first, atap_strerror(first));
@@ -803,9 +818,11 @@ static void test_schedule_at_rate_publish_cancelled_frees_once(void **state)
     for (int i = 0; i < 8; i++)
         atomic_store(&pub_freed[i], 0);
     assert_int_equal(atap_spawn(&t, pub_run, NULL,
-                                &(atap_spawn_opts){.out_size = 8, .out_free = pub_out_free,
+                                &(atap_spawn_opts){.out_size = 8,
+                                                   .out_free = pub_out_free,
                                                    .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(100), .runs = 3}),
+                                                   .every_ns = ATAP_MS(100),
+                                                   .runs = 3}),
                      0);
     /* run 1 publishes: it lets go of run 0's output first, slowly */
     assert_true(wait_atomic_at_least(&pub_in_free, 1, ATAP_SEC(10)));
@@ -849,8 +866,8 @@ static void test_schedule_at_rate_written_off_code_stays(void **state)
     pthread_t th;
     atomic_store(&wo_started, 0);
     assert_int_equal(atap_spawn(&wo_task, slow_then_closed, NULL,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_SEC(10)}),
+                                &(atap_spawn_opts){
+                                    .out_size = 8, .kind = ATAP_AT_RATE, .every_ns = ATAP_SEC(10)}),
                      0);
     assert_true(wait_atomic_at_least(&wo_started, 1, ATAP_SEC(10)));
     assert_int_equal(pthread_create(&th, NULL, wo_joiner, NULL), 0);
@@ -880,10 +897,11 @@ static void test_schedule_series_keeps_fail_code(void **state)
     for (int i = 0; i < 2; i++) {
         atap_task t;
         uint64_t v;
-        assert_int_equal(atap_spawn(&t, fail_closed, NULL,
-                                    &(atap_spawn_opts){.out_size = 8, .kind = kinds[i],
-                                                       .every_ns = ATAP_MS(5), .runs = 3}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t, fail_closed, NULL,
+                       &(atap_spawn_opts){
+                           .out_size = 8, .kind = kinds[i], .every_ns = ATAP_MS(5), .runs = 3}),
+            0);
         assert_int_equal(atap_join_for(t, &v, 8, ATAP_SEC(10)), ATAP_ECLOSED);
         assert_int_equal(atap_state_of(t), ATAP_FAILED);
         atap_release(t);
@@ -1057,8 +1075,8 @@ static void test_schedule_at_rate_timeout_stops_every_run(void **state)
     (void)state;
     rate r;
     rate_init(&r, ATAP_SEC(30), false);
-    atap_task t = rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(10),
-                                                   .timeout_ns = ATAP_MS(300)});
+    atap_task t =
+        rate_spawn(&r, (atap_spawn_opts){.every_ns = ATAP_MS(10), .timeout_ns = ATAP_MS(300)});
     uint64_t t0 = now_ns();
     assert_int_equal(atap_join_for(t, &(uint64_t){0}, 8, ATAP_SEC(20)), ATAP_ETIMEDOUT);
     atomic_store(&r.stopped_at, now_ns());
@@ -1083,8 +1101,7 @@ static int rate_parks(atap_ctx *ctx, void *arg, void *out)
     (void)out;
     if (!atap_resumed(ctx))
         atomic_fetch_add(&r->started, 1);
-    int rc = atap_park_fd(ctx, r->fd, ATAP_READABLE,
-                          ATAP_FOREVER);
+    int rc = atap_park_fd(ctx, r->fd, ATAP_READABLE, ATAP_FOREVER);
     if (rc != 0) {
         atomic_fetch_add(&r->self_mismatch, 1);
         atomic_fetch_add(&r->ended, 1);
@@ -1103,10 +1120,11 @@ static void test_schedule_at_rate_cancel_takes_down_parked_runs(void **state)
     assert_int_equal(pipe(fds), 0);
     r.fd = fds[0];
     size_t before = pool_stats().live;
-    assert_int_equal(atap_spawn(&t, rate_parks, &r,
-                                &(atap_spawn_opts){.out_size = 8, .kind = ATAP_AT_RATE,
-                                                   .every_ns = ATAP_MS(10), .runs = 2}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, rate_parks, &r,
+                   &(atap_spawn_opts){
+                       .out_size = 8, .kind = ATAP_AT_RATE, .every_ns = ATAP_MS(10), .runs = 2}),
+        0);
     assert_true(wait_atomic_at_least(&r.started, 2, ATAP_SEC(10)));
     assert_true(pool_stats().live >= before + 3); /* the series and its two runs */
     assert_int_equal(atap_cancel(t), 0);
@@ -1228,7 +1246,7 @@ static void test_schedule_manager_gone_during_arm(void **state)
         sleep_us(1000);
     assert_true(atap_state_of(r) == ATAP_FAILED); /* written off by the close */
     assert_false(status_now().manager_alive);
-    atap_release(r); /* while the arm still sleeps: its schedule must stay */
+    atap_release(r);   /* while the arm still sleeps: its schedule must stay */
     sleep_us(2500000); /* the arm wakes and looks at its record again */
     assert_int_equal(atomic_load(&l->runs), 1);
     free(l);
@@ -1273,13 +1291,13 @@ static void test_schedule_taken_output_not_freed(void **state)
 
         atomic_store(runs, 0);
         atomic_store(&nfreed_outs, 0);
-        assert_int_equal(atap_spawn(&t, fresh_block, runs,
-                                    &(atap_spawn_opts){.out_size = sizeof(void *),
-                                                       .out_free = note_out_free,
-                                                       .kind = ATAP_REPEAT,
-                                                       .every_ns = variant ? ATAP_MS(200)
-                                                                           : ATAP_SEC(60)}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t, fresh_block, runs,
+                       &(atap_spawn_opts){.out_size = sizeof(void *),
+                                          .out_free = note_out_free,
+                                          .kind = ATAP_REPEAT,
+                                          .every_ns = variant ? ATAP_MS(200) : ATAP_SEC(60)}),
+            0);
         assert_int_equal(atap_take(t, &got, sizeof got), 0);
         assert_non_null(got);
         if (variant == 0) {
@@ -1349,10 +1367,10 @@ static void test_schedule_limits_end_while_manager_stops(void **state)
     atomic_store(&limits_started, 0);
     for (int i = 0; i < N; i++) {
         atap_task t;
-        assert_int_equal(atap_spawn(&t, sleep_60ms, NULL,
-                                    &(atap_spawn_opts){.timeout_ns = ATAP_SEC(30),
-                                                       .blocking = true}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t, sleep_60ms, NULL,
+                       &(atap_spawn_opts){.timeout_ns = ATAP_SEC(30), .blocking = true}),
+            0);
         atap_release(t);
     }
     assert_true(wait_atomic_at_least(&limits_started, N, ATAP_SEC(10)));
@@ -1384,7 +1402,8 @@ static void test_schedule_released_after_shutdown_frees(void **state)
 
     for (int i = 0; i < N; i++) {
         assert_int_equal(atap_spawn(&ts[i], fill_big, NULL,
-                                    &(atap_spawn_opts){.out_size = SIZE, .kind = ATAP_REPEAT,
+                                    &(atap_spawn_opts){.out_size = SIZE,
+                                                       .kind = ATAP_REPEAT,
                                                        .every_ns = ATAP_SEC(60)}),
                          0);
         assert_int_equal(atap_join(ts[i], buf, SIZE), 0); /* ran once */
@@ -1417,7 +1436,8 @@ static void test_schedule_cancelled_far_gap_freed_soon(void **state)
         skip(); /* no count kept (a sanitizer's allocator) */
     for (int i = 0; i < N; i++) {
         assert_int_equal(atap_spawn(&ts[i], fill_big, NULL,
-                                    &(atap_spawn_opts){.out_size = SIZE, .kind = ATAP_REPEAT,
+                                    &(atap_spawn_opts){.out_size = SIZE,
+                                                       .kind = ATAP_REPEAT,
                                                        .every_ns = ATAP_SEC(3600)}),
                          0);
         assert_int_equal(atap_join(ts[i], buf, SIZE), 0); /* ran once: the gap is armed */
@@ -1471,10 +1491,7 @@ static void acc_let_go(acc_out *o, atomic_int *counter)
     free(o->mem);
 }
 
-static void acc_out_free(void *out)
-{
-    acc_let_go(out, &acc_freed);
-}
+static void acc_out_free(void *out) { acc_let_go(out, &acc_freed); }
 
 static int acc_run(atap_ctx *ctx, void *arg, void *out)
 {
@@ -1568,8 +1585,8 @@ static bool acc_scenario(int kind, int stop)
     if (stop != ACC_SHUTDOWN)
         atap_release(t);
     if (!wait_live_back(ATAP_SEC(20)))
-        fail_msg("%s, %s: the task never went (%zu live)", acc_kind_name[kind],
-                 acc_stop_name[stop], pool_stats().live);
+        fail_msg("%s, %s: the task never went (%zu live)", acc_kind_name[kind], acc_stop_name[stop],
+                 pool_stats().live);
     uint64_t end = now_ns() + ATAP_SEC(20);
     while (atomic_load(&a->active) != 0 && now_ns() < end)
         sleep_us(500);
@@ -1578,8 +1595,8 @@ static bool acc_scenario(int kind, int stop)
     free(a);
     if (made == taken + freed)
         return true;
-    print_message("%s, %s: %d outputs made, %d taken, %d passed to out_free\n",
-                  acc_kind_name[kind], acc_stop_name[stop], made, taken, freed);
+    print_message("%s, %s: %d outputs made, %d taken, %d passed to out_free\n", acc_kind_name[kind],
+                  acc_stop_name[stop], made, taken, freed);
     return false;
 }
 

@@ -28,7 +28,7 @@ typedef struct seen {
     atomic_int state;
     atomic_int on_test_thread;
     atomic_int read_rc;
-    atomic_int run_over;  /* the task's run had returned when called */
+    atomic_int run_over; /* the task's run had returned when called */
     _Atomic uint64_t value;
     int read;             /* READ_*: what the callback does with the task */
     atomic_int *returned; /* the task's "my run returned" flag, if any */
@@ -93,10 +93,7 @@ static void waited_to_live_back_at(int line)
                  pool_stats().live, g_live_base);
 }
 
-static void on(atap_task t, seen *s)
-{
-    assert_int_equal(atap_on_settle(t, on_settle, s), 0);
-}
+static void on(atap_task t, seen *s) { assert_int_equal(atap_on_settle(t, on_settle, s), 0); }
 
 /* Runs until cancelled (or the teardown), then says it returned. */
 static int task_until_cancelled(atap_ctx *ctx, void *arg, void *out)
@@ -242,12 +239,11 @@ static void test_settle_repeat_end(void **state)
     atap_task t;
 
     atomic_store(&runs, 0);
-    assert_int_equal(atap_spawn(&t, task_runs, &runs,
-                                &(atap_spawn_opts){.out_size = 8,
-                                                   .kind = ATAP_REPEAT,
-                                                   .every_ns = ATAP_MS(5),
-                                                   .runs = 4}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, task_runs, &runs,
+                   &(atap_spawn_opts){
+                       .out_size = 8, .kind = ATAP_REPEAT, .every_ns = ATAP_MS(5), .runs = 4}),
+        0);
     on(t, s);
     CALLED_ONCE(s, ATAP_READY);
     assert_int_equal(atomic_load(&runs), 4);
@@ -264,11 +260,10 @@ static void test_settle_repeat_cancelled(void **state)
     atap_task t;
 
     atomic_store(&runs, 0);
-    assert_int_equal(atap_spawn(&t, task_runs, &runs,
-                                &(atap_spawn_opts){.out_size = 8,
-                                                   .kind = ATAP_REPEAT,
-                                                   .every_ns = ATAP_MS(1)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, task_runs, &runs,
+                   &(atap_spawn_opts){.out_size = 8, .kind = ATAP_REPEAT, .every_ns = ATAP_MS(1)}),
+        0);
     on(t, s);
     assert_true(wait_atomic_at_least(&runs, 3, ATAP_SEC(10)));
     assert_int_equal(atomic_load(&s->calls), 0);
@@ -286,9 +281,8 @@ static void test_settle_waiting_task_let_go(void **state)
     atap_task t;
     uint64_t v;
 
-    assert_int_equal(atap_spawn_waiting(&t, task_value, (void *)5, 0,
-                                        &(atap_spawn_opts){.out_size = 8}),
-                     0);
+    assert_int_equal(
+        atap_spawn_waiting(&t, task_value, (void *)5, 0, &(atap_spawn_opts){.out_size = 8}), 0);
     on(t, s);
     assert_int_equal(atap_give(t, NULL, 0), 0);
     assert_int_equal(atap_join(t, &v, sizeof v), 0);
@@ -479,8 +473,7 @@ static void test_settle_shutdown_calls_back(void **state)
     assert_int_equal(atap_spawn(&d, task_value, (void *)1,
                                 &(atap_spawn_opts){.out_size = 8, .after_ns = ATAP_SEC(60)}),
                      0);
-    assert_int_equal(atap_spawn(&r, task_gated, gate_new(2), &(atap_spawn_opts){.out_size = 8}),
-                     0);
+    assert_int_equal(atap_spawn(&r, task_gated, gate_new(2), &(atap_spawn_opts){.out_size = 8}), 0);
     assert_int_equal(atap_on_settle(d, on_settle, delayed), 0);
     assert_int_equal(atap_settle_fd(d, &fd), 0);
     assert_int_equal(atap_on_settle(r, on_settle, running), 0);

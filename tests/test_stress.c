@@ -63,7 +63,7 @@ typedef _Atomic uint64_t atomic_u64;
 /* ---- settings ------------------------------------------------------------ */
 
 #define N_DRIVERS 4
-#define STALL_NS ATAP_SEC(10)         /* every join's limit */
+#define STALL_NS ATAP_SEC(10) /* every join's limit */
 #define DEFAULT_SEED 0x5EED0A7A9ull
 #define DEFAULT_SECS 4.0
 
@@ -115,33 +115,32 @@ static uint64_t rng_range(uint64_t *s, uint64_t lo, uint64_t hi)
 /* ---- the kinds of work --------------------------------------------------- */
 
 enum kind {
-    K_PLAIN,       /* spawn, output 8..64 bytes from a tag; join/take/dup */
-    K_AFTER,       /* a start delay: never early */
-    K_REPEAT,      /* ATAP_REPEAT, 3 runs 1 ms apart */
-    K_TIMEOUT,     /* a run past its timeout reads ATAP_ETIMEDOUT */
-    K_CANCEL,      /* a long sleep cancelled reads ATAP_ECANCELLED */
-    K_PARK_UNTIL,  /* parks until a deadline: never early */
-    K_PARK_FD,     /* parks on a fresh pipe, with or without a timeout */
-    K_SLEEP_TASK,  /* atap_spawn_sleep: never short */
-    K_FIB,         /* nested fork-join inside tasks */
-    K_GIVE,        /* atap_spawn_waiting + atap_give */
-    K_CHAN,        /* a channel: every value received exactly once */
-    K_FORWARD,     /* atap_forward from a one-shot or a short repeat */
-    K_RECV_ALL,    /* atap_receive_all: the members' outputs in set order */
-    K_RECV_ANY,    /* atap_receive_any: each output one run (sequenced) */
-    K_JOIN_FIRST,  /* atap_join_first with each policy */
-    K_JOIN_ALL,    /* atap_join_all */
-    K_AT_RATE,     /* ATAP_AT_RATE, 3-4 runs 1-2 ms apart */
-    K_BLOCK,       /* atap_block on the driver thread, with parks */
-    K_PRIO,        /* a batch at random priorities, some blocking */
+    K_PLAIN,      /* spawn, output 8..64 bytes from a tag; join/take/dup */
+    K_AFTER,      /* a start delay: never early */
+    K_REPEAT,     /* ATAP_REPEAT, 3 runs 1 ms apart */
+    K_TIMEOUT,    /* a run past its timeout reads ATAP_ETIMEDOUT */
+    K_CANCEL,     /* a long sleep cancelled reads ATAP_ECANCELLED */
+    K_PARK_UNTIL, /* parks until a deadline: never early */
+    K_PARK_FD,    /* parks on a fresh pipe, with or without a timeout */
+    K_SLEEP_TASK, /* atap_spawn_sleep: never short */
+    K_FIB,        /* nested fork-join inside tasks */
+    K_GIVE,       /* atap_spawn_waiting + atap_give */
+    K_CHAN,       /* a channel: every value received exactly once */
+    K_FORWARD,    /* atap_forward from a one-shot or a short repeat */
+    K_RECV_ALL,   /* atap_receive_all: the members' outputs in set order */
+    K_RECV_ANY,   /* atap_receive_any: each output one run (sequenced) */
+    K_JOIN_FIRST, /* atap_join_first with each policy */
+    K_JOIN_ALL,   /* atap_join_all */
+    K_AT_RATE,    /* ATAP_AT_RATE, 3-4 runs 1-2 ms apart */
+    K_BLOCK,      /* atap_block on the driver thread, with parks */
+    K_PRIO,       /* a batch at random priorities, some blocking */
     K_COUNT
 };
 
 static const char *const kind_name[K_COUNT] = {
-    "plain", "after", "repeat", "timeout", "cancel", "park_until",
-    "park_fd", "sleep_task", "fib", "give", "channel", "forward",
-    "receive_all", "receive_any", "join_first", "join_all", "at_rate",
-    "block", "priority",
+    "plain",      "after",    "repeat",  "timeout", "cancel",   "park_until",  "park_fd",
+    "sleep_task", "fib",      "give",    "channel", "forward",  "receive_all", "receive_any",
+    "join_first", "join_all", "at_rate", "block",   "priority",
 };
 
 typedef struct driver {
@@ -189,7 +188,7 @@ static atomic_int g_printed;
 /* Records a failure (through test_util's record_failure, as CHECK does),
  * naming the kind, the driver, the step and the seed. Any thread. */
 __attribute__((format(printf, 4, 5))) static void drv_fail(const driver *d, const char *file,
-                                                            int line, const char *fmt, ...)
+                                                           int line, const char *fmt, ...)
 {
     char what[256], msg[400];
     va_list ap;
@@ -216,7 +215,7 @@ __attribute__((format(printf, 4, 5))) static void drv_fail(const driver *d, cons
     do {                                                                                           \
         int rc_ = (call);                                                                          \
         if (rc_ != (want))                                                                         \
-            drv_fail((d), __FILE__, __LINE__, "%s returned %d (%s), wanted %d (%s)%s", #call, rc_,  \
+            drv_fail((d), __FILE__, __LINE__, "%s returned %d (%s), wanted %d (%s)%s", #call, rc_, \
                      atap_strerror(rc_), (int)(want), atap_strerror(want),                         \
                      rc_ == ATAP_ENOTREADY ? ": STALLED" : "");                                    \
     } while (0)
@@ -229,7 +228,7 @@ __attribute__((format(printf, 4, 5))) static void drv_fail(const driver *d, cons
         while (!((ok) = (cond)) && now_ns() < end_)                                                \
             sleep_us(200);                                                                         \
         if (!(ok))                                                                                 \
-            drv_fail((d), __FILE__, __LINE__, "STALLED: %s never came within 10 s", (what));      \
+            drv_fail((d), __FILE__, __LINE__, "STALLED: %s never came within 10 s", (what));       \
     } while (0)
 
 /* ---- thread deaths -------------------------------------------------------- */
@@ -382,8 +381,8 @@ static int task_start_time(atap_ctx *ctx, void *arg, void *out)
 static void do_after(driver *d, uint64_t tag)
 {
     uint64_t after = rng_range(&d->rng, ATAP_US(200), ATAP_MS(5));
-    atap_spawn_opts o = {.out_size = 16, .after_ns = after,
-                         .priority = (int)rng_range(&d->rng, 0, 255) - 128};
+    atap_spawn_opts o = {
+        .out_size = 16, .after_ns = after, .priority = (int)rng_range(&d->rng, 0, 255) - 128};
     uint64_t v[2] = {0, 0};
     atap_task t;
     uint64_t t0 = atap_now();
@@ -427,8 +426,11 @@ static int task_repeat(atap_ctx *ctx, void *arg, void *out)
 static void do_repeat(driver *d)
 {
     repeat_item *r = calloc(1, sizeof *r);
-    atap_spawn_opts o = {.out_size = 8, .kind = ATAP_REPEAT, .runs = REPEAT_RUNS,
-                         .every_ns = ATAP_MS(1), .arg_free = free};
+    atap_spawn_opts o = {.out_size = 8,
+                         .kind = ATAP_REPEAT,
+                         .runs = REPEAT_RUNS,
+                         .every_ns = ATAP_MS(1),
+                         .arg_free = free};
     atap_task t;
     uint64_t v = 0;
 
@@ -503,8 +505,9 @@ static void do_timeout(driver *d)
     }
     uint64_t joined = atap_now();
     if (joined < t0 + limit)
-        drv_fail(d, __FILE__, __LINE__, "read ATAP_ETIMEDOUT %" PRIu64 " ns before a %" PRIu64
-                 " us limit could pass", t0 + limit - joined, limit / 1000u);
+        drv_fail(d, __FILE__, __LINE__,
+                 "read ATAP_ETIMEDOUT %" PRIu64 " ns before a %" PRIu64 " us limit could pass",
+                 t0 + limit - joined, limit / 1000u);
     DCHECK(d, atap_state_of(t) == ATAP_TIMED_OUT);
     DCHECK(d, atap_finished(t));
     /* A thread that died holding the run before its function began (its
@@ -525,8 +528,9 @@ static void do_timeout(driver *d)
             drv_fail(d, __FILE__, __LINE__, "atap_sleep in the run read %d (%s)", rc,
                      atap_strerror(rc));
         if (end < t0 + limit)
-            drv_fail(d, __FILE__, __LINE__, "the sleep was interrupted %" PRIu64
-                     " ns before the limit could pass", t0 + limit - end);
+            drv_fail(d, __FILE__, __LINE__,
+                     "the sleep was interrupted %" PRIu64 " ns before the limit could pass",
+                     t0 + limit - end);
         d->late_sleeps += (unsigned long)atomic_load(&it->late);
     }
     atap_release(t);
@@ -573,8 +577,8 @@ static void do_cancel(driver *d)
     }
     uint64_t took = atap_now() - tc;
     if (took > ATAP_SEC(2))
-        drv_fail(d, __FILE__, __LINE__, "the join read ATAP_ECANCELLED %" PRIu64 " ms after the cancel",
-                 took / 1000000u);
+        drv_fail(d, __FILE__, __LINE__,
+                 "the join read ATAP_ECANCELLED %" PRIu64 " ms after the cancel", took / 1000000u);
     DCHECK(d, atap_state_of(t) == ATAP_CANCELLED);
     /* A run that was sleeping is interrupted at once. */
     bool ok;
@@ -739,8 +743,8 @@ static void do_park_fd(driver *d)
         return;
     }
     f->fd = p[0];
-    f->timeout = rng_range(&d->rng, 0, 1) ? ATAP_FOREVER
-                                          : rng_range(&d->rng, ATAP_MS(1), ATAP_MS(5));
+    f->timeout =
+        rng_range(&d->rng, 0, 1) ? ATAP_FOREVER : rng_range(&d->rng, ATAP_MS(1), ATAP_MS(5));
     if (atap_spawn(&t, task_park_fd, f, &(atap_spawn_opts){.out_size = 8, .arg_free = free}) != 0) {
         DCHECK(d, !"spawn");
         free(f);
@@ -767,8 +771,8 @@ static void do_park_fd(driver *d)
         DCHECK(d, events == 0);
         if (at < parked + f->timeout)
             drv_fail(d, __FILE__, __LINE__,
-                     "a %" PRIu64 " us fd timeout resumed %" PRIu64 " ns early",
-                     f->timeout / 1000u, parked + f->timeout - at);
+                     "a %" PRIu64 " us fd timeout resumed %" PRIu64 " ns early", f->timeout / 1000u,
+                     parked + f->timeout - at);
         d->fd_deadline++;
     } else {
         drv_fail(d, __FILE__, __LINE__, "resumed with reason %d, events 0x%x (timeout %s)", reason,
@@ -802,7 +806,8 @@ static void do_sleep_task(driver *d)
         drv_fail(d, __FILE__, __LINE__, "slept %" PRIu64 " ns of %" PRIu64 " (%s)", slept, ns,
                  precise ? "precise" : "relaxed");
     if (el < ns)
-        drv_fail(d, __FILE__, __LINE__, "joined %" PRIu64 " ns into a %" PRIu64 " ns sleep", el, ns);
+        drv_fail(d, __FILE__, __LINE__, "joined %" PRIu64 " ns into a %" PRIu64 " ns sleep", el,
+                 ns);
     atap_release(t);
 }
 
@@ -970,8 +975,9 @@ static void do_give(driver *d, uint64_t tag, int *in_frees_owed)
             break;
         }
         if (out != give_result(tag, g.v))
-            drv_fail(d, __FILE__, __LINE__, "give %u of %u: the task made %" PRIx64
-                     ", wanted %" PRIx64, i + 1, k, out, give_result(tag, g.v));
+            drv_fail(d, __FILE__, __LINE__,
+                     "give %u of %u: the task made %" PRIx64 ", wanted %" PRIx64, i + 1, k, out,
+                     give_result(tag, g.v));
     }
     bool ok;
     DWAIT(d, ok, atap_finished(t), "atap_finished after the last give");
@@ -1051,8 +1057,7 @@ static void do_chan(driver *d, int *elem_frees_owed)
         if (rc == 0) {
             uint64_t idx = v & 0xFF;
             if ((v & ~(uint64_t)0xFF) != base || idx >= (uint64_t)n)
-                drv_fail(d, __FILE__, __LINE__, "received %" PRIx64 ", not one of this step's",
-                         v);
+                drv_fail(d, __FILE__, __LINE__, "received %" PRIx64 ", not one of this step's", v);
             else
                 seen[idx]++;
             if (!take)
@@ -1075,8 +1080,8 @@ static void do_chan(driver *d, int *elem_frees_owed)
             continue;
         }
         if (seen[i] != 1)
-            drv_fail(d, __FILE__, __LINE__, "value %d of %d received %d times (capacity %zu)", i,
-                     n, seen[i], cap);
+            drv_fail(d, __FILE__, __LINE__, "value %d of %d received %d times (capacity %zu)", i, n,
+                     seen[i], cap);
     }
     d->elem_frees_slack += unseen;
     for (int i = 0; i < n_recv; i++)
@@ -1088,9 +1093,12 @@ static void do_chan(driver *d, int *elem_frees_owed)
 static int rand_priority(driver *d)
 {
     switch (rng_range(&d->rng, 0, 7)) {
-    case 0: return ATAP_PRIORITY_MIN;
-    case 1: return ATAP_PRIORITY_MAX;
-    default: return (int)rng_range(&d->rng, 0, 255) - 128;
+    case 0:
+        return ATAP_PRIORITY_MIN;
+    case 1:
+        return ATAP_PRIORITY_MAX;
+    default:
+        return (int)rng_range(&d->rng, 0, 255) - 128;
     }
 }
 
@@ -1162,7 +1170,9 @@ static void do_forward(driver *d, uint64_t tag)
     uint32_t k = repeat ? (uint32_t)rng_range(&d->rng, 2, 3) : 1;
     fwd_src *si = calloc(1, sizeof *si);
     fwd_dst *ti = calloc(1, sizeof *ti);
-    atap_spawn_opts so = {.out_size = 8, .arg_free = free, .priority = rand_priority(d),
+    atap_spawn_opts so = {.out_size = 8,
+                          .arg_free = free,
+                          .priority = rand_priority(d),
                           .blocking = rng_range(&d->rng, 0, 7) == 0};
     atap_task src, dst;
 
@@ -1231,8 +1241,8 @@ static void do_forward(driver *d, uint64_t tag)
             for (uint32_t i = 1; i <= published; i++)
                 known = known || v == fwd_result(si->base | i);
             if (!known) {
-                drv_fail(d, __FILE__, __LINE__, "the target made %" PRIx64
-                         ", from no output of its source", v);
+                drv_fail(d, __FILE__, __LINE__,
+                         "the target made %" PRIx64 ", from no output of its source", v);
                 break;
             }
         } else if (rc != ATAP_ENOTREADY) {
@@ -1241,8 +1251,10 @@ static void do_forward(driver *d, uint64_t tag)
             break;
         }
         if (now_ns() >= end) {
-            drv_fail(d, __FILE__, __LINE__, "STALLED: the target never saw output %u of %u "
-                     "within 10 s (it ran %d times)", published, k, atomic_load(&ti->runs));
+            drv_fail(d, __FILE__, __LINE__,
+                     "STALLED: the target never saw output %u of %u "
+                     "within 10 s (it ran %d times)",
+                     published, k, atomic_load(&ti->runs));
             break;
         }
         sleep_us(200);
@@ -1259,8 +1271,9 @@ static void do_forward(driver *d, uint64_t tag)
                 uint64_t s = atomic_load(&ti->seen[i]), idx = s & 0xFF;
                 if ((s & ~(uint64_t)0xFF) != si->base || idx < 1 || idx > published ||
                     idx <= prev || (i == runs - 1 && idx != published))
-                    drv_fail(d, __FILE__, __LINE__, "target run %d of %d saw %" PRIx64
-                             " (wanted outputs of %" PRIx64 " in order, none twice, ending on %u)",
+                    drv_fail(d, __FILE__, __LINE__,
+                             "target run %d of %d saw %" PRIx64 " (wanted outputs of %" PRIx64
+                             " in order, none twice, ending on %u)",
                              i + 1, runs, s, si->base, published);
                 prev = idx;
             }
@@ -1311,7 +1324,8 @@ static void do_recv_all(driver *d, uint64_t tag)
         size_t len = tag_len(mt[i]);
         tag_fill(want + total, len, mt[i]);
         total += len;
-        atap_spawn_opts o = {.out_size = len, .priority = rand_priority(d),
+        atap_spawn_opts o = {.out_size = len,
+                             .priority = rand_priority(d),
                              .blocking = rng_range(&d->rng, 0, 7) == 0};
         if (atap_spawn(&m[i], task_pattern, (void *)(uintptr_t)mt[i], &o) != 0) {
             DCHECK(d, !"spawn");
@@ -1442,12 +1456,14 @@ static void do_recv_any(driver *d, uint64_t tag)
     }
     for (size_t i = 0; i < n; i++) {
         outv[i] = mix64(base | i);
-        int rc = seq ? atap_spawn_waiting(&m[i], task_rany_member, NULL, 8,
-                                          &(atap_spawn_opts){.out_size = 8, .gives = 1,
-                                                             .priority = rand_priority(d)})
-                     : atap_spawn(&m[i], task_value, (void *)(uintptr_t)outv[i],
-                                  &(atap_spawn_opts){.out_size = 8, .priority = rand_priority(d),
-                                                     .blocking = rng_range(&d->rng, 0, 7) == 0});
+        int rc =
+            seq ? atap_spawn_waiting(
+                      &m[i], task_rany_member, NULL, 8,
+                      &(atap_spawn_opts){.out_size = 8, .gives = 1, .priority = rand_priority(d)})
+                : atap_spawn(&m[i], task_value, (void *)(uintptr_t)outv[i],
+                             &(atap_spawn_opts){.out_size = 8,
+                                                .priority = rand_priority(d),
+                                                .blocking = rng_range(&d->rng, 0, 7) == 0});
         if (rc != 0) {
             DCHECK(d, !"spawn");
             for (size_t j = 0; j < i; j++)
@@ -1491,8 +1507,10 @@ static void do_recv_any(driver *d, uint64_t tag)
                     break;
                 }
                 if (now_ns() > end) {
-                    drv_fail(d, __FILE__, __LINE__, "STALLED: member %zu's output (%zu of %zu) "
-                             "never ran the receiver within 10 s", i, k + 1, n);
+                    drv_fail(d, __FILE__, __LINE__,
+                             "STALLED: member %zu's output (%zu of %zu) "
+                             "never ran the receiver within 10 s",
+                             i, k + 1, n);
                     r_dead = true;
                     break;
                 }
@@ -1506,12 +1524,15 @@ static void do_recv_any(driver *d, uint64_t tag)
                 DEXPECT(d, rc, ATAP_EFAILED);
             } else if (!DEXPECT_D(d, rc, 0)) {
                 if (v != expect[live - 1])
-                    drv_fail(d, __FILE__, __LINE__, "read %" PRIx64 ", the last member's was %"
-                             PRIx64, v, expect[live - 1]);
+                    drv_fail(d, __FILE__, __LINE__,
+                             "read %" PRIx64 ", the last member's was %" PRIx64, v,
+                             expect[live - 1]);
                 int runs = atomic_load(&it->runs);
                 if (runs != live)
-                    drv_fail(d, __FILE__, __LINE__, "the receiver ran %d times for %d outputs, "
-                             "each given after the last run", runs, live);
+                    drv_fail(d, __FILE__, __LINE__,
+                             "the receiver ran %d times for %d outputs, "
+                             "each given after the last run",
+                             runs, live);
                 for (int j = 0; j < live && j < runs; j++)
                     if (atomic_load(&it->seen[j]) != expect[j])
                         drv_fail(d, __FILE__, __LINE__, "run %d saw %" PRIx64 ", wanted %" PRIx64,
@@ -1584,7 +1605,8 @@ static void do_join_first(driver *d, uint64_t tag)
         arg[i] = (tag & ~(uint64_t)0xFF) | (i << 4) | ms[i];
         dup[i] = ATAP_NO_TASK;
         if (atap_spawn(&ts[i], task_jf, (void *)(uintptr_t)arg[i],
-                       &(atap_spawn_opts){.out_size = 8, .priority = rand_priority(d),
+                       &(atap_spawn_opts){.out_size = 8,
+                                          .priority = rand_priority(d),
                                           .blocking = rng_range(&d->rng, 0, 5) == 0}) != 0) {
             DCHECK(d, !"spawn");
             for (size_t j = 0; j < i; j++)
@@ -1683,7 +1705,8 @@ static void do_join_all(driver *d, uint64_t tag)
     for (size_t i = 0; i < n; i++) {
         tags[i] = base + ((uint64_t)i << 2); /* the low 2 bits, the length, stay */
         if (atap_spawn(&ts[i], task_jall, (void *)(uintptr_t)tags[i],
-                       &(atap_spawn_opts){.out_size = len, .priority = rand_priority(d),
+                       &(atap_spawn_opts){.out_size = len,
+                                          .priority = rand_priority(d),
                                           .blocking = rng_range(&d->rng, 0, 7) == 0}) != 0) {
             DCHECK(d, !"spawn");
             for (size_t j = 0; j < i; j++)
@@ -1713,8 +1736,8 @@ static void do_join_all(driver *d, uint64_t tag)
         for (size_t i = 0; i < n; i++) {
             if (rcs[i] == 0) {
                 if (!jall_ok(out + i * len, tags[i]))
-                    drv_fail(d, __FILE__, __LINE__, "output %zu of %zu (%zu bytes) is wrong", i,
-                             n, len);
+                    drv_fail(d, __FILE__, __LINE__, "output %zu of %zu (%zu bytes) is wrong", i, n,
+                             len);
             } else if (!died(d, rcs[i])) {
                 drv_fail(d, __FILE__, __LINE__, "rcs[%zu] = %d (%s)", i, rcs[i],
                          atap_strerror(rcs[i]));
@@ -1772,8 +1795,12 @@ static void do_at_rate(driver *d)
     uint64_t every = rng_range(&d->rng, ATAP_MS(1), ATAP_MS(2));
     uint32_t runs = (uint32_t)rng_range(&d->rng, 3, RATE_MAX);
     rate_item *it = calloc(1, sizeof *it);
-    atap_spawn_opts o = {.out_size = 8, .kind = ATAP_AT_RATE, .every_ns = every, .runs = runs,
-                         .arg_free = free, .priority = rand_priority(d)};
+    atap_spawn_opts o = {.out_size = 8,
+                         .kind = ATAP_AT_RATE,
+                         .every_ns = every,
+                         .runs = runs,
+                         .arg_free = free,
+                         .priority = rand_priority(d)};
     atap_task t;
     uint64_t v = 0;
 
@@ -1805,8 +1832,10 @@ static void do_at_rate(driver *d)
         for (int k = 0; k < n && k < (int)runs; k++) {
             uint64_t s = atomic_load(&it->start[k]);
             if (s < t0 + (uint64_t)k * every)
-                drv_fail(d, __FILE__, __LINE__, "run %d began %" PRIu64 " us into a series of "
-                         "period %" PRIu64 " us: early", k + 1, (s - t0) / 1000u, every / 1000u);
+                drv_fail(d, __FILE__, __LINE__,
+                         "run %d began %" PRIu64 " us into a series of "
+                         "period %" PRIu64 " us: early",
+                         k + 1, (s - t0) / 1000u, every / 1000u);
         }
         v = 0;
         if (!DEXPECT_D(d, atap_join_for(t, &v, sizeof v, STALL_NS), 0))
@@ -1819,7 +1848,7 @@ static void do_at_rate(driver *d)
 /* ---- K_BLOCK: atap_block on the driver thread ----------------------------- */
 
 typedef struct block_item { /* the driver's own: atap_block runs on its thread */
-    int variant; /* 0 plain, 1 park_until, 2 park_fd, 3 fails */
+    int variant;            /* 0 plain, 1 park_until, 2 park_fd, 3 fails */
     int fd;
     uint64_t tag, delay, deadline, resumed_at;
     pthread_t thread;
@@ -1909,8 +1938,10 @@ static void do_block(driver *d, uint64_t tag)
         DCHECK(d, b.runs == 2);
         DCHECK(d, b.reason == ATAP_RESUME_DEADLINE);
         if (b.resumed_at < b.deadline)
-            drv_fail(d, __FILE__, __LINE__, "atap_block resumed %" PRIu64 " ns before the "
-                     "deadline", b.deadline - b.resumed_at);
+            drv_fail(d, __FILE__, __LINE__,
+                     "atap_block resumed %" PRIu64 " ns before the "
+                     "deadline",
+                     b.deadline - b.resumed_at);
         break;
     case 2:
         DEXPECT(d, rc, 0);
@@ -1945,15 +1976,17 @@ static void do_prio(driver *d, uint64_t tag)
     if (rng_range(&d->rng, 0, 3) == 0) { /* one step outside the range is refused */
         atap_task bad = {12345};
         int pr = rng_range(&d->rng, 0, 1) ? ATAP_PRIORITY_MAX + 1 : ATAP_PRIORITY_MIN - 1;
-        DEXPECT(d, atap_spawn(&bad, task_value, NULL,
-                              &(atap_spawn_opts){.out_size = 8, .priority = pr}),
-                ATAP_EINVAL);
+        DEXPECT(
+            d,
+            atap_spawn(&bad, task_value, NULL, &(atap_spawn_opts){.out_size = 8, .priority = pr}),
+            ATAP_EINVAL);
         DCHECK(d, bad.id == 0);
     }
     for (size_t i = 0; i < n; i++) {
         want[i] = mix64(tag + i);
         if (atap_spawn(&ts[i], task_value, (void *)(uintptr_t)want[i],
-                       &(atap_spawn_opts){.out_size = 8, .priority = rand_priority(d),
+                       &(atap_spawn_opts){.out_size = 8,
+                                          .priority = rand_priority(d),
                                           .blocking = rng_range(&d->rng, 0, 3) == 0}) != 0) {
             DCHECK(d, !"spawn");
             for (size_t j = 0; j < i; j++)
@@ -1968,8 +2001,8 @@ static void do_prio(driver *d, uint64_t tag)
         int rc = rng_range(&d->rng, 0, 1) ? atap_take_for(ts[i], &v, sizeof v, STALL_NS)
                                           : atap_join_for(ts[i], &v, sizeof v, STALL_NS);
         if (!DEXPECT_D(d, rc, 0) && v != want[i])
-            drv_fail(d, __FILE__, __LINE__, "task %zu of %zu made %" PRIx64 ", wanted %" PRIx64,
-                     i, n, v, want[i]);
+            drv_fail(d, __FILE__, __LINE__, "task %zu of %zu made %" PRIx64 ", wanted %" PRIx64, i,
+                     n, v, want[i]);
         atap_release(ts[i]);
     }
     d->prio_tasks += n;
@@ -1992,26 +2025,65 @@ static void *driver_main(void *arg)
         d->step_died = false;
         atomic_store(&d->now_kind, (int)d->kind);
         switch (d->kind) {
-        case K_PLAIN: do_plain(d, tag); break;
-        case K_AFTER: do_after(d, tag); break;
-        case K_REPEAT: do_repeat(d); break;
-        case K_TIMEOUT: do_timeout(d); break;
-        case K_CANCEL: do_cancel(d); break;
-        case K_PARK_UNTIL: do_park_until(d); break;
-        case K_PARK_FD: do_park_fd(d); break;
-        case K_SLEEP_TASK: do_sleep_task(d); break;
-        case K_FIB: do_fib(d); break;
-        case K_GIVE: do_give(d, tag, &in_frees_owed); break;
-        case K_CHAN: do_chan(d, &elem_frees_owed); break;
-        case K_FORWARD: do_forward(d, tag); break;
-        case K_RECV_ALL: do_recv_all(d, tag); break;
-        case K_RECV_ANY: do_recv_any(d, tag); break;
-        case K_JOIN_FIRST: do_join_first(d, tag); break;
-        case K_JOIN_ALL: do_join_all(d, tag); break;
-        case K_AT_RATE: do_at_rate(d); break;
-        case K_BLOCK: do_block(d, tag); break;
-        case K_PRIO: do_prio(d, tag); break;
-        default: break;
+        case K_PLAIN:
+            do_plain(d, tag);
+            break;
+        case K_AFTER:
+            do_after(d, tag);
+            break;
+        case K_REPEAT:
+            do_repeat(d);
+            break;
+        case K_TIMEOUT:
+            do_timeout(d);
+            break;
+        case K_CANCEL:
+            do_cancel(d);
+            break;
+        case K_PARK_UNTIL:
+            do_park_until(d);
+            break;
+        case K_PARK_FD:
+            do_park_fd(d);
+            break;
+        case K_SLEEP_TASK:
+            do_sleep_task(d);
+            break;
+        case K_FIB:
+            do_fib(d);
+            break;
+        case K_GIVE:
+            do_give(d, tag, &in_frees_owed);
+            break;
+        case K_CHAN:
+            do_chan(d, &elem_frees_owed);
+            break;
+        case K_FORWARD:
+            do_forward(d, tag);
+            break;
+        case K_RECV_ALL:
+            do_recv_all(d, tag);
+            break;
+        case K_RECV_ANY:
+            do_recv_any(d, tag);
+            break;
+        case K_JOIN_FIRST:
+            do_join_first(d, tag);
+            break;
+        case K_JOIN_ALL:
+            do_join_all(d, tag);
+            break;
+        case K_AT_RATE:
+            do_at_rate(d);
+            break;
+        case K_BLOCK:
+            do_block(d, tag);
+            break;
+        case K_PRIO:
+            do_prio(d, tag);
+            break;
+        default:
+            break;
         }
         d->done[d->kind]++;
         if (d->step_died)
@@ -2034,8 +2106,10 @@ static void *driver_main(void *arg)
     /* values a dying thread's task was handed: each dropped at most once */
     int ef = atomic_load(&g_elem_frees[d->id]);
     if (ef < elem_frees_owed || ef > elem_frees_owed + d->elem_frees_slack)
-        drv_fail(d, __FILE__, __LINE__, "elem_free ran %d times for %d values (+ %d lost to "
-                 "thread deaths)", ef, elem_frees_owed, d->elem_frees_slack);
+        drv_fail(d, __FILE__, __LINE__,
+                 "elem_free ran %d times for %d values (+ %d lost to "
+                 "thread deaths)",
+                 ef, elem_frees_owed, d->elem_frees_slack);
     return NULL;
 }
 
@@ -2056,8 +2130,9 @@ static void *watchdog_main(void *arg)
             driver *d = &g_drivers[i];
             uint64_t since = atomic_load(&d->wd_since);
             if (since != 0 && now > since + STALL_NS) {
-                fprintf(stderr, "[stress] STALLED: kind %s (driver %d, step %" PRIu64 ", seed %"
-                        PRIu64 "): a call with no timeout has not returned in 10 s\n",
+                fprintf(stderr,
+                        "[stress] STALLED: kind %s (driver %d, step %" PRIu64 ", seed %" PRIu64
+                        "): a call with no timeout has not returned in 10 s\n",
                         kind_name[atomic_load(&d->wd_kind)], i, (uint64_t)atomic_load(&d->wd_step),
                         g_seed);
                 fflush(stderr);
@@ -2198,8 +2273,10 @@ static void kill_manager_once(killer *k)
     k->injected++;
     if (!wait_restarts(before + 1, STALL_NS)) {
         char msg[160];
-        snprintf(msg, sizeof msg, "fault %d: the manager did not die and restart within 10 s "
-                 "(seed %" PRIu64 ")", k->injected, g_seed);
+        snprintf(msg, sizeof msg,
+                 "fault %d: the manager did not die and restart within 10 s "
+                 "(seed %" PRIu64 ")",
+                 k->injected, g_seed);
         record_failure(__FILE__, __LINE__, msg);
     }
 }
@@ -2228,7 +2305,7 @@ static void *killer_main(void *arg)
 
 typedef struct reaper {
     uint64_t start, run_ns;
-    int workers, blocking; /* deaths injected (read by the test thread after the join) */
+    int workers, blocking;  /* deaths injected (read by the test thread after the join) */
     int poked, poke_failed; /* tasks of its own that gave an owed death a thread */
     int aimed;              /* deaths injected while every thread of the kind was busy */
     pthread_t th;
@@ -2253,8 +2330,9 @@ static void reap(reaper *r, unsigned workers, unsigned blocking)
         bool fib = false;
         for (int i = 0; i < N_DRIVERS; i++)
             fib = fib || atomic_load(&g_drivers[i].now_kind) == K_FIB;
-        bool all_busy = blocking ? st.blocking_threads > 0 && st.blocking_busy >= st.blocking_threads
-                                 : fib && st.workers > 0 && st.busy >= st.workers;
+        bool all_busy = blocking
+                            ? st.blocking_threads > 0 && st.blocking_busy >= st.blocking_threads
+                            : fib && st.workers > 0 && st.busy >= st.workers;
         if (all_busy) {
             r->aimed++;
             break;
@@ -2272,9 +2350,10 @@ static void reap(reaper *r, unsigned workers, unsigned blocking)
     while (pool_deaths() < want) {
         if (now_ns() > end) {
             char msg[200];
-            snprintf(msg, sizeof msg, "STALLED: %u worker and %u blocking-thread deaths owed, "
-                     "%" PRIu64 " counted within 10 s (seed %" PRIu64 ")", workers, blocking,
-                     pool_deaths() - before, g_seed);
+            snprintf(msg, sizeof msg,
+                     "STALLED: %u worker and %u blocking-thread deaths owed, "
+                     "%" PRIu64 " counted within 10 s (seed %" PRIu64 ")",
+                     workers, blocking, pool_deaths() - before, g_seed);
             record_failure(__FILE__, __LINE__, msg);
             return;
         }
@@ -2332,7 +2411,8 @@ static void print_leftovers(void)
         by_state[word_state(w)]++;
         if (shown++ < 20)
             print_message("stress: left over: slot %zu state %u refs %#llx fn %p side %p\n", i,
-                          word_state(w), (unsigned long long)r, (void *)(uintptr_t)s->fn, (void *)atomic_load(&s->side));
+                          word_state(w), (unsigned long long)r, (void *)(uintptr_t)s->fn,
+                          (void *)atomic_load(&s->side));
     }
     for (unsigned st = 0; st < 16; st++)
         if (by_state[st])
@@ -2372,8 +2452,8 @@ static void test_stress_everything_at_once(void **state)
                   "thread busy), %" PRIu64 " counted; %d pokes (%d read ATAP_EFAILED); %d fib "
                   "frames unwound; workers %zu (%u cores, peak %zu)\n",
                   r.workers + r.blocking, r.workers, r.blocking, r.aimed, deaths, r.poked,
-                  r.poke_failed,
-                  atomic_load(&g_fib_unwound) - unwound0, ps.workers, cores(), ps.peak_workers);
+                  r.poke_failed, atomic_load(&g_fib_unwound) - unwound0, ps.workers, cores(),
+                  ps.peak_workers);
     assert_true(r.workers >= 2 && r.blocking == 1);
     assert_true(deaths == (uint64_t)(r.workers + r.blocking));
     if (ps.workers < cores())
@@ -2476,9 +2556,9 @@ static void test_stress_then_idle_trim_burst_restart(void **state)
     /* shutdown and restart */
     assert_int_equal(atap_shutdown(), 0);
     assert_false(atap_initialised());
-    assert_int_equal(atap_spawn(&t, task_value, (void *)(uintptr_t)1,
-                                &(atap_spawn_opts){.out_size = 8}),
-                     ATAP_ENOTINIT);
+    assert_int_equal(
+        atap_spawn(&t, task_value, (void *)(uintptr_t)1, &(atap_spawn_opts){.out_size = 8}),
+        ATAP_ENOTINIT);
     assert_int_equal(atap_init(NULL), 0);
     assert_true(wait_manager(true, ATAP_SEC(10)));
     assert_true(status_now().healthy);

@@ -898,8 +898,7 @@ static void test_table_stash_after_thread_exit(void **state)
     assert_int_equal(pthread_create(&first, NULL, late_first, &l), 0);
     assert_int_equal(pthread_create(&next, NULL, late_next, &l), 0);
     uint64_t end = now_ns() + ATAP_SEC(20);
-    while ((atomic_load(&l.rounds[0]) < 2000 || atomic_load(&l.rounds[1]) < 2000) &&
-           now_ns() < end)
+    while ((atomic_load(&l.rounds[0]) < 2000 || atomic_load(&l.rounds[1]) < 2000) && now_ns() < end)
         sleep_us(1000);
     atomic_store(&l.stop, 1);
     assert_int_equal(pthread_join(first, NULL), 0);

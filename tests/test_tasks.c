@@ -140,13 +140,12 @@ static void test_tasks_join_for_inside_task_keeps_deadline(void **state)
     assert_true(wait_atomic_at_least(&g->started, 1, ATAP_SEC(20)));
     atap_task p;
     uint64_t res[2];
-    assert_int_equal(atap_spawn(&p, task_join_for_busy, &b,
-                                &(atap_spawn_opts){.out_size = sizeof res}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&p, task_join_for_busy, &b, &(atap_spawn_opts){.out_size = sizeof res}), 0);
     assert_int_equal(atap_join(p, res, sizeof res), 0);
     assert_int_equal((int)(int64_t)res[0], ATAP_ENOTREADY);
     assert_true(res[1] + ATAP_MS(1) >= ATAP_MS(20)); /* it did wait */
-    assert_true(res[1] < ATAP_MS(500)); /* not the 3 s of queued work */
+    assert_true(res[1] < ATAP_MS(500));              /* not the 3 s of queued work */
     atap_release(p);
     atomic_store(&g->open, 1);
     assert_true(join8(b) == 5);
@@ -656,9 +655,9 @@ static void test_tasks_join_self_einval(void **state)
     assert_true(join8(t) == 7);
     atap_release(t);
     atap_task b;
-    assert_int_equal(atap_spawn(&b, task_join_self, NULL,
-                                &(atap_spawn_opts){.out_size = 8, .blocking = true}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&b, task_join_self, NULL, &(atap_spawn_opts){.out_size = 8, .blocking = true}),
+        0);
     assert_true(join8(b) == 7);
     atap_release(b);
     assert_no_failures();
@@ -1209,8 +1208,16 @@ static int task_fill(atap_ctx *ctx, void *arg, void *out)
 }
 
 static atomic_int freed_args, freed_outs;
-static void count_arg_free(void *p) { (void)p; atomic_fetch_add(&freed_args, 1); }
-static void count_out_free(void *p) { (void)p; atomic_fetch_add(&freed_outs, 1); }
+static void count_arg_free(void *p)
+{
+    (void)p;
+    atomic_fetch_add(&freed_args, 1);
+}
+static void count_out_free(void *p)
+{
+    (void)p;
+    atomic_fetch_add(&freed_outs, 1);
+}
 
 /* Spawns from inside a task take their own path when the options are
  * plain: every option it does not take must still be checked as from
@@ -1224,8 +1231,8 @@ static int task_spawns_with_options(atap_ctx *ctx, void *arg, void *out)
 
     /* refused, *task cleared, nothing left behind */
     static const atap_spawn_opts refused[] = {
-        {.priority = 128}, {.priority = -129}, {.out_size = (size_t)1 << 32},
-        {.gives = 1}, {.in_free = count_arg_free}, {.kind = (atap_kind)99},
+        {.priority = 128}, {.priority = -129},          {.out_size = (size_t)1 << 32},
+        {.gives = 1},      {.in_free = count_arg_free}, {.kind = (atap_kind)99},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         t.id = 1234;
@@ -1301,10 +1308,7 @@ static bool al_aligned(const void *p, size_t size)
     return ((uintptr_t)p % a) == 0;
 }
 
-static bool al_ok(const void *p)
-{
-    return al_aligned(p, atomic_load(&al_size));
-}
+static bool al_ok(const void *p) { return al_aligned(p, atomic_load(&al_size)); }
 
 typedef struct al_arg {
     size_t out_size;
@@ -1369,29 +1373,36 @@ static void test_tasks_pointers_aligned(void **state)
                                         &(atap_spawn_opts){.out_size = size, .out_free = of}),
                              0);
             assert_int_equal(atap_spawn(&t[n++], al_run, &direct,
-                                        &(atap_spawn_opts){.out_size = size, .out_free = of,
+                                        &(atap_spawn_opts){.out_size = size,
+                                                           .out_free = of,
                                                            .timeout_ns = ATAP_SEC(60)}),
                              0);
         }
-        assert_int_equal(atap_spawn(&t[n++], al_run, &series,
-                                    &(atap_spawn_opts){.out_size = size, .out_free = of,
-                                                       .kind = ATAP_REPEAT, .runs = 3}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t[n++], al_run, &series,
+                       &(atap_spawn_opts){
+                           .out_size = size, .out_free = of, .kind = ATAP_REPEAT, .runs = 3}),
+            0);
         assert_int_equal(atap_spawn(&t[n++], al_run, &direct,
-                                    &(atap_spawn_opts){.out_size = size, .out_free = of,
+                                    &(atap_spawn_opts){.out_size = size,
+                                                       .out_free = of,
                                                        .kind = ATAP_AT_RATE,
-                                                       .every_ns = ATAP_MS(5), .runs = 3}),
+                                                       .every_ns = ATAP_MS(5),
+                                                       .runs = 3}),
                          0);
         assert_int_equal(atap_spawn_waiting(&t[n], al_run, &series, sizeof in,
-                                            &(atap_spawn_opts){.out_size = size, .out_free = of,
+                                            &(atap_spawn_opts){.out_size = size,
+                                                               .out_free = of,
                                                                .in_free = al_in_free,
                                                                .gives = 1}),
                          0);
         assert_int_equal(atap_give(t[n++], in, sizeof in), 0);
         assert_int_equal(atap_spawn_waiting(&t[n], al_run, &series, sizeof in,
-                                            &(atap_spawn_opts){.out_size = size, .out_free = of,
+                                            &(atap_spawn_opts){.out_size = size,
+                                                               .out_free = of,
                                                                .in_free = al_in_free,
-                                                               .kind = ATAP_REPEAT, .runs = 2,
+                                                               .kind = ATAP_REPEAT,
+                                                               .runs = 2,
                                                                .gives = 1}),
                          0);
         assert_int_equal(atap_give(t[n++], in, sizeof in), 0);

@@ -896,8 +896,8 @@ static void test_timer_burst_fired_over_runs(void **state)
     } while (next != UINT64_MAX && runs < 1000);
     assert_true(next == UINT64_MAX);
     assert_int_equal(g_nfired, n);
-    assert_true(runs > 1);      /* it took several runs */
-    assert_true(most < n / 2);  /* none fired the whole burst */
+    assert_true(runs > 1);     /* it took several runs */
+    assert_true(most < n / 2); /* none fired the whole burst */
     for (size_t i = 1; i < n; i++)
         assert_true(g_order[i - 1] <= g_order[i]);
     for (size_t i = 0; i < n; i++)

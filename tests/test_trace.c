@@ -36,10 +36,10 @@ enum jtype { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
 struct jval {
     enum jtype type;
     double num;
-    char *str;            /* J_STR */
-    size_t n, cap;        /* J_ARR, J_OBJ: items, and room for them */
-    char **keys;          /* J_OBJ */
-    struct jval **items;  /* J_ARR, J_OBJ */
+    char *str;           /* J_STR */
+    size_t n, cap;       /* J_ARR, J_OBJ: items, and room for them */
+    char **keys;         /* J_OBJ */
+    struct jval **items; /* J_ARR, J_OBJ */
 };
 
 struct jparse {
@@ -95,19 +95,34 @@ static char *jstring(struct jparse *j)
             }
             c = *j->p++;
             switch (c) {
-            case '"': case '\\': case '/': break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case 'n': c = '\n'; break;
-            case 'r': c = '\r'; break;
-            case 't': c = '\t'; break;
+            case '"':
+            case '\\':
+            case '/':
+                break;
+            case 'b':
+                c = '\b';
+                break;
+            case 'f':
+                c = '\f';
+                break;
+            case 'n':
+                c = '\n';
+                break;
+            case 'r':
+                c = '\r';
+                break;
+            case 't':
+                c = '\t';
+                break;
             case 'u':
                 for (int i = 0; i < 4; i++)
                     if (j->p >= j->end || !isxdigit((unsigned char)*j->p++))
                         j->bad = true;
                 c = '?';
                 break;
-            default: j->bad = true; break;
+            default:
+                j->bad = true;
+                break;
             }
         }
         if (n + 2 > cap)
@@ -341,9 +356,9 @@ static bool lane_named(const struct jval *evs, const char *prefix)
 #define TS_EPS 1e-6 /* timestamps are printed in microseconds, 3 decimals */
 
 struct lane {
-    double last;                   /* the lane's latest timestamp */
-    unsigned depth;                /* open B slices */
-    double open[LANE_DEPTH];       /* their starts */
+    double last;                     /* the lane's latest timestamp */
+    unsigned depth;                  /* open B slices */
+    double open[LANE_DEPTH];         /* their starts */
     double kids_end[LANE_DEPTH + 1]; /* where the last slice at each level ended */
 };
 
@@ -408,8 +423,7 @@ static bool arrows_end(const struct jval *evs)
             return false;
         for (size_t k = 0; k < evs->n; k++)
             if (jis(evs->items[k], "ph", "f") && jis(evs->items[k], "cat", cat) &&
-                jis(evs->items[k], "id", id) &&
-                jis(evs->items[k], "name", jstr(e, "name"))) {
+                jis(evs->items[k], "id", id) && jis(evs->items[k], "name", jstr(e, "name"))) {
                 if (ended)
                     return false; /* two ends for one start */
                 ended = true;
@@ -577,16 +591,14 @@ static void test_trace_known_program(void **state)
     assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}), 0);
 
     /* Spawns and joins. */
-    assert_int_equal(atap_spawn(&parent, trace_parent, NULL,
-                                &(atap_spawn_opts){.out_size = sizeof(long)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&parent, trace_parent, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}), 0);
     assert_int_equal(atap_join(parent, &v, sizeof v), 0);
     assert_int_equal(v, 1 + 2 + 3);
 
     /* A park on a pipe, resumed by a write. */
-    assert_int_equal(atap_spawn(&piped, trace_piped, NULL,
-                                &(atap_spawn_opts){.out_size = sizeof(long)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&piped, trace_piped, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}), 0);
     wait_state(piped, ATAP_WAITING);
     assert_int_equal(write(pipe_fds[1], "x", 1), 1);
     assert_int_equal(atap_join(piped, &v, sizeof v), 0);
@@ -599,9 +611,8 @@ static void test_trace_known_program(void **state)
     assert_int_equal(atap_wait(cancelled, NULL), 0);
 
     /* A run past its timeout (the manager ends it). */
-    assert_int_equal(atap_spawn(&slow, trace_forever, NULL,
-                                &(atap_spawn_opts){.timeout_ns = ATAP_MS(5)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&slow, trace_forever, NULL, &(atap_spawn_opts){.timeout_ns = ATAP_MS(5)}), 0);
     assert_int_equal(atap_wait(slow, NULL), 0);
     assert_int_equal(atap_state_of(slow), ATAP_TIMED_OUT);
 
@@ -617,8 +628,10 @@ static void test_trace_known_program(void **state)
 
     /* A repeat: three runs, one spawn. */
     assert_int_equal(atap_spawn(&repeat, trace_child, (void *)(intptr_t)5,
-                                &(atap_spawn_opts){.out_size = sizeof(long), .kind = ATAP_REPEAT,
-                                                   .runs = 3, .every_ns = ATAP_MS(1)}),
+                                &(atap_spawn_opts){.out_size = sizeof(long),
+                                                   .kind = ATAP_REPEAT,
+                                                   .runs = 3,
+                                                   .every_ns = ATAP_MS(1)}),
                      0);
     end = now_ns() + ATAP_SEC(20);
     while (!atap_finished(repeat) && now_ns() < end)
@@ -878,8 +891,8 @@ static void test_trace_exit_without_shutdown(void **state)
         setenv("ATAP_TRACE", path, 1);
         if (atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}) != 0)
             _exit(1);
-        if (atap_spawn(&parent, trace_parent, NULL,
-                       &(atap_spawn_opts){.out_size = sizeof(long)}) != 0 ||
+        if (atap_spawn(&parent, trace_parent, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}) !=
+                0 ||
             atap_join(parent, &v, sizeof v) != 0 || v != 6)
             _exit(2);
         if (atap_spawn(&holder, trace_holder, NULL, NULL) != 0)
@@ -1009,7 +1022,8 @@ static void test_trace_fork(void **state)
 
     snprintf(child_path, sizeof child_path, "%s.%d", path, (int)pid);
 #if defined(TEST_TSAN) || defined(TEST_ASAN)
-    print_message("sanitizer: the child started no trace (no threads after a multithreaded fork)\n");
+    print_message(
+        "sanitizer: the child started no trace (no threads after a multithreaded fork)\n");
     atap_release(before);
     atap_release(after);
     unlink(path);
@@ -1091,8 +1105,8 @@ static void test_trace_given_name(void **state)
     assert_int_equal(atap_init(NULL), 0);
     assert_int_equal(atap_trace_name(trace_child, "child \"renamed\""), 0);
     assert_int_equal(atap_trace_start(path), 0);
-    assert_int_equal(atap_spawn(&t, trace_child, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, trace_child, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}), 0);
     assert_int_equal(atap_join(t, &v, sizeof v), 0);
     atap_release(t);
     assert_int_equal(atap_trace_stop(), 0);
@@ -1105,8 +1119,8 @@ static void test_trace_given_name(void **state)
 
     assert_int_equal(atap_trace_name(trace_child, NULL), 0);
     assert_int_equal(atap_trace_start(path), 0);
-    assert_int_equal(atap_spawn(&t, trace_child, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}),
-                     0);
+    assert_int_equal(
+        atap_spawn(&t, trace_child, NULL, &(atap_spawn_opts){.out_size = sizeof(long)}), 0);
     assert_int_equal(atap_join(t, &v, sizeof v), 0);
     atap_release(t);
     assert_int_equal(atap_trace_stop(), 0);

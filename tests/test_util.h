@@ -25,13 +25,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "atap.h"
 #include "atap/inject.h" /* atap_inject_*: the tests link atap_testing, which has them */
-#include "testing.h" /* atap__cpus */
+#include "testing.h"     /* atap__cpus */
 
 /* ---- which sanitizer, if any, this file is built with ---------------- */
 
@@ -496,10 +496,7 @@ static inline bool wait_restarts(unsigned want, uint64_t timeout_ns)
 
 /* The CPUs this process may run on (affinity, cgroup quota): the pool's
  * floor of workers with the default config and no ATAP_WORKERS. */
-static inline unsigned cores(void)
-{
-    return atap__cpus();
-}
+static inline unsigned cores(void) { return atap__cpus(); }
 
 /* ---- a reusable barrier (pthread_barrier is not everywhere) ------------- */
 

@@ -45,15 +45,9 @@
  * task gives up after limit(), the test's own after a little less, so a
  * shape that hangs fails in about limit() and leaves the suite well within
  * its CTest timeout. */
-static uint64_t limit(void)
-{
-    return ATAP_SEC(10) * test_slack();
-}
+static uint64_t limit(void) { return ATAP_SEC(10) * test_slack(); }
 
-static uint64_t outer_limit(void)
-{
-    return ATAP_SEC(8) * test_slack();
-}
+static uint64_t outer_limit(void) { return ATAP_SEC(8) * test_slack(); }
 static atomic_int g_done;
 static atomic_int g_rcs[128];
 
@@ -168,9 +162,8 @@ static void test_waits_value_sent_after_the_wait(void **state)
         assert_int_equal(atap_chan_open(&g_chan, sizeof(uint64_t), 0, NULL), 0);
         atap_task t1;
         uint64_t got = 0;
-        assert_int_equal(atap_spawn(&t1, task_t1_shape2, NULL,
-                                    &(atap_spawn_opts){.out_size = sizeof got}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&t1, task_t1_shape2, NULL, &(atap_spawn_opts){.out_size = sizeof got}), 0);
         assert_int_equal(atap_join_for(t1, &got, sizeof got, OUTER), 0);
         assert_true(got == 0x5eed);
         atap_release(t1);
@@ -271,9 +264,9 @@ static void test_waits_blocking_threads_at_their_cap(void **state)
     atomic_init(&ran, 0);
     assert_non_null(ts);
     for (size_t i = 0; i < n; i++)
-        assert_int_equal(atap_spawn(&ts[i], task_blocking_parent, &ran,
-                                    &(atap_spawn_opts){.blocking = true}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&ts[i], task_blocking_parent, &ran, &(atap_spawn_opts){.blocking = true}),
+            0);
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(atap_join_for(ts[i], NULL, 0, OUTER), 0);
         atap_release(ts[i]);
@@ -318,7 +311,6 @@ static void test_waits_join_first_runs_no_member_on_top(void **state)
     }
     assert_no_failures();
 }
-
 
 /* ---- helpers of the newer tests ----------------------------------------- */
 
@@ -416,18 +408,18 @@ static uint64_t process_cpu_ns(void)
  * waiting frame and T's join of W reads ATAP_EINVAL (a task lower on the
  * same stack), or T's wait for U never ends (W gives only once T is off
  * its stack). With W's stack set aside, T runs anywhere and just waits. */
-enum { GV_GIVE = 0, GV_WAKE = 1 };     /* how A starts T */
-enum { GV_FOR_W = 0, GV_FOR_U = 2 };   /* what T waits for */
+enum { GV_GIVE = 0, GV_WAKE = 1 };   /* how A starts T */
+enum { GV_FOR_W = 0, GV_FOR_U = 2 }; /* what T waits for */
 
 static struct {
-    int mode;              /* GV_GIVE or GV_WAKE, | GV_FOR_W or GV_FOR_U */
-    atap_task t, u;        /* T and U, the test thread's handles */
-    atap_task w;           /* W's own listener for T (W dups it; T releases) */
-    atap_waker t_waker;    /* GV_WAKE: T's waker, set before t_parked */
+    int mode;           /* GV_GIVE or GV_WAKE, | GV_FOR_W or GV_FOR_U */
+    atap_task t, u;     /* T and U, the test thread's handles */
+    atap_task w;        /* W's own listener for T (W dups it; T releases) */
+    atap_waker t_waker; /* GV_WAKE: T's waker, set before t_parked */
     atomic_int t_parked;
     atomic_int a_started;
-    atomic_int t_rc;       /* what T's wait returned, + 1000 once set */
-    atomic_int w_give_rc;  /* what W's give to U returned, + 1000 once set */
+    atomic_int t_rc;      /* what T's wait returned, + 1000 once set */
+    atomic_int w_give_rc; /* what W's give to U returned, + 1000 once set */
 } g_gv;
 
 #define GV_VALUE 0x600dull
@@ -507,15 +499,14 @@ static void give_to_an_older_waiter(int mode, int rounds)
         if (mode & GV_FOR_U)
             g_gv.u = spawn_echo();
         if (mode & GV_WAKE) {
-            assert_int_equal(atap_spawn(&g_gv.t, task_gv_t, NULL,
-                                        &(atap_spawn_opts){.out_size = sizeof v}),
-                             0);
+            assert_int_equal(
+                atap_spawn(&g_gv.t, task_gv_t, NULL, &(atap_spawn_opts){.out_size = sizeof v}), 0);
             assert_true(wait_atomic_at_least(&g_gv.t_parked, 1, outer_limit()));
         } else {
-            assert_int_equal(atap_spawn_waiting(&g_gv.t, task_gv_t, NULL, sizeof v,
-                                                &(atap_spawn_opts){.out_size = sizeof v,
-                                                                   .gives = 1}),
-                             0);
+            assert_int_equal(
+                atap_spawn_waiting(&g_gv.t, task_gv_t, NULL, sizeof v,
+                                   &(atap_spawn_opts){.out_size = sizeof v, .gives = 1}),
+                0);
         }
         assert_int_equal(atap_spawn(&w, task_gv_w, NULL, NULL), 0);
         int w_rc = atap_join_for(w, NULL, 0, outer_limit());
@@ -523,8 +514,9 @@ static void give_to_an_older_waiter(int mode, int rounds)
         int t_wait = atomic_load(&g_gv.t_rc) - 1000;
         if (w_rc != 0 || t_rc != 0 || t_wait != 0)
             fail_msg("round %d (%s, T waits for %s): the test's join of W read %s, T's wait "
-                     "read %s, the test's join of T read %s", i, mode & GV_WAKE ? "wake" : "give",
-                     mode & GV_FOR_U ? "U" : "W", atap_strerror(w_rc),
+                     "read %s, the test's join of T read %s",
+                     i, mode & GV_WAKE ? "wake" : "give", mode & GV_FOR_U ? "U" : "W",
+                     atap_strerror(w_rc),
                      t_wait == -1000 ? "nothing (T never ran)" : atap_strerror(t_wait),
                      atap_strerror(t_rc));
         if (mode & GV_FOR_U) {
@@ -623,15 +615,14 @@ static void blocking_parents_join_scheduled_children(size_t k, int how)
     g_sched_parents = (int)k;
     g_sched_how = how;
     for (size_t i = 0; i < k; i++)
-        assert_int_equal(atap_spawn(&ts[i], task_sched_parent, NULL,
-                                    &(atap_spawn_opts){.blocking = true}),
-                         0);
+        assert_int_equal(
+            atap_spawn(&ts[i], task_sched_parent, NULL, &(atap_spawn_opts){.blocking = true}), 0);
     for (size_t i = 0; i < k; i++) {
         int rc = atap_join_for(ts[i], NULL, 0, outer_limit());
         if (rc != 0)
             fail_msg("%zu blocking parent(s) joining a blocking child with %s: parent %zu read "
-                     "%s (%d children ran)", k, names[how], i, atap_strerror(rc),
-                     atomic_load(&g_sched_ran));
+                     "%s (%d children ran)",
+                     k, names[how], i, atap_strerror(rc), atomic_load(&g_sched_ran));
         atap_release(ts[i]);
     }
     assert_true(wait_atomic_at_least(&g_sched_ran, want, outer_limit()));
@@ -738,7 +729,8 @@ static void test_waits_chain_of_10000_joins_bounded_pool(void **state)
  * on the workers the pool has, in at most 1 KiB resident a level (the
  * resident pages read at the bottom, where every level is waiting, against
  * those before; the sanitizers make every frame larger, and TSan keeps a
- * shadow of each stack byte, so their builds get 4 and 16 KiB). A minute at most, stretched on a slow machine. */
+ * shadow of each stack byte, so their builds get 4 and 16 KiB). A minute at most, stretched on a
+ * slow machine. */
 #if defined(TEST_TSAN)
 #define LEVEL_BYTES 16384 /* and TSan's shadow of every stack byte is resident too */
 #elif defined(TEST_ASAN)
@@ -765,8 +757,8 @@ static void test_waits_chain_of_100000_joins_in_little_memory(void **state)
     double per_level = (double)(bottom - before) * (double)page / (double)levels;
     if (before > 0 && bottom > 0)
         print_message("100,000 nested joins: %.2f s, %.0f bytes resident a level, peak %zu "
-                      "workers\n", (double)(now_ns() - start) / 1e9, per_level,
-                      pool_stats().peak_workers);
+                      "workers\n",
+                      (double)(now_ns() - start) / 1e9, per_level, pool_stats().peak_workers);
     assert_no_worker_added(base, "100,000 nested joins");
     if (before > 0 && bottom > 0 && per_level > LEVEL_BYTES)
         fail_msg("100,000 nested joins held %.0f bytes resident a level (at most %d)", per_level,
@@ -825,8 +817,8 @@ static void join_first_chain(size_t n, uint64_t levels)
     assert_int_equal(atap_cancel(g_never), 0); /* lets a stuck chain go */
     atap_release(g_never);
     if (rc != 0)
-        fail_msg("a chain of %llu join_first on %zu member(s) read %s",
-                 (unsigned long long)levels, n, atap_strerror(rc));
+        fail_msg("a chain of %llu join_first on %zu member(s) read %s", (unsigned long long)levels,
+                 n, atap_strerror(rc));
     assert_true(v == levels + 1);
     atap_release(root);
     assert_no_worker_added(base, "a chain of join_first");
@@ -970,9 +962,9 @@ static void test_waits_sleeping_workers_get_growth(void **state)
     uint64_t at = queued_behind_hogs(true, ATAP_SEC(3), &peak);
     if (at == 0)
         fail_msg("a task queued behind %zu workers asleep in their tasks waited for them "
-                 "(peak %zu workers)", before, peak);
+                 "(peak %zu workers)",
+                 before, peak);
 }
-
 
 /* ---- the example: h1 waits for what the task gives after h0 ------ */
 
@@ -1114,12 +1106,12 @@ static void test_waits_a_thousand_waits_for_sleeps(void **state)
 #define OTHER_TASKS 20
 
 static struct {
-    atap_task r;             /* the run waited for, spawned by P */
-    atomic_int r_ready;      /* r is set */
-    atomic_int r_started;    /* r runs */
-    atomic_int p_waiting;    /* P is inside its join of R */
-    atomic_int others_ran;   /* the unrelated tasks that ran */
-    atomic_int on_p_thread;  /* ... on P's thread while P waited */
+    atap_task r;            /* the run waited for, spawned by P */
+    atomic_int r_ready;     /* r is set */
+    atomic_int r_started;   /* r runs */
+    atomic_int p_waiting;   /* P is inside its join of R */
+    atomic_int others_ran;  /* the unrelated tasks that ran */
+    atomic_int on_p_thread; /* ... on P's thread while P waited */
     pthread_t p_thread;
 } g_pr;
 
@@ -1206,8 +1198,8 @@ static void test_waits_waiting_worker_runs_other_work(void **state)
     atap_release(g_pr.r);
     if (atomic_load(&g_pr.on_p_thread) != OTHER_TASKS)
         fail_msg("P waited for R, run %d levels deep on the other worker, and its worker ran "
-                 "%d of the %d other tasks meanwhile", DEEP_LEVELS, atomic_load(&g_pr.on_p_thread),
-                 OTHER_TASKS);
+                 "%d of the %d other tasks meanwhile",
+                 DEEP_LEVELS, atomic_load(&g_pr.on_p_thread), OTHER_TASKS);
     assert_no_failures();
     assert_no_worker_added(2, "a worker waiting for a run deep on another");
 }
@@ -1224,15 +1216,9 @@ static void test_waits_waiting_worker_runs_other_work(void **state)
  * 2 ms sleep, which holds no thread, so that their waits cannot go on. */
 static _Thread_local uintptr_t tl_mark;
 
-static uintptr_t thread_mark(void)
-{
-    return (uintptr_t)pthread_self() ^ (uintptr_t)0x5eed5eedu;
-}
+static uintptr_t thread_mark(void) { return (uintptr_t)pthread_self() ^ (uintptr_t)0x5eed5eedu; }
 
-__attribute__((noinline)) static uintptr_t *tl_mark_address(void)
-{
-    return &tl_mark;
-}
+__attribute__((noinline)) static uintptr_t *tl_mark_address(void) { return &tl_mark; }
 
 static atomic_int g_tl_elsewhere; /* children that ran on another thread */
 
@@ -1446,7 +1432,8 @@ static void assert_only_roots_left(size_t roots, const char *what)
     }
     if (queued != 0 || st.live != g_live_base + roots)
         fail_msg("%s: %zu tasks queued after the roots' joins, %zu live a moment later "
-                 "(want 0 and %zu)", what, queued, st.live, g_live_base + roots);
+                 "(want 0 and %zu)",
+                 what, queued, st.live, g_live_base + roots);
 }
 
 /* Every node of a tree joins its children: a worker that waits sets the

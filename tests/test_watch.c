@@ -189,9 +189,9 @@ struct parker {
     atomic_int runs;
     atomic_int parks;
     atomic_int resumes;
-    atomic_int reason;          /* the last resume's */
-    atomic_int events;          /* the last resume's */
-    atomic_int reasons_ready;   /* resumes by the event */
+    atomic_int reason;        /* the last resume's */
+    atomic_int events;        /* the last resume's */
+    atomic_int reasons_ready; /* resumes by the event */
     atomic_int reasons_deadline;
     atomic_int park_rc;
     _Atomic uint64_t parked_at, resumed_at;
@@ -251,10 +251,7 @@ static int task_parker(atap_ctx *ctx, void *arg, void *out)
     return ATAP_PARKED;
 }
 
-static atap_task spawn_parker(struct parker *p)
-{
-    return spawn8(task_parker, p);
-}
+static atap_task spawn_parker(struct parker *p) { return spawn8(task_parker, p); }
 
 /* Joins within 20 s; asserts success; returns the resumes it wrote. */
 static uint64_t join_parker_at(atap_task t, int line)
@@ -459,8 +456,8 @@ static int task_bad_signal_calls(atap_ctx *ctx, void *arg, void *out)
     if (atap_resumed(ctx))
         return 0;
     /* Faults among them: a handler that returns from one re-runs it. */
-    const int bad[] = {0,       -1,      SIGKILL, SIGSTOP, NSIG,   NSIG + 5,
-                       100000,  SIGSEGV, SIGBUS,  SIGFPE,  SIGILL, SIGTRAP, SIGSYS};
+    const int bad[] = {0,       -1,     SIGKILL, SIGSTOP, NSIG,    NSIG + 5, 100000,
+                       SIGSEGV, SIGBUS, SIGFPE,  SIGILL,  SIGTRAP, SIGSYS};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(atap_park_signal(ctx, bad[i], ATAP_FOREVER) == ATAP_EINVAL);
 #ifdef SIGRTMIN
@@ -881,8 +878,8 @@ static void test_watch_path_timeout(void **state)
     const char *f = in_dir("t");
     make_file(f);
     int fd = open_ro(f);
-    struct parker *p = parker_init(0, ON_PATH, fd, ATAP_PATH_WRITE | ATAP_PATH_ATTRIB,
-                                   ATAP_MS(80), 1);
+    struct parker *p =
+        parker_init(0, ON_PATH, fd, ATAP_PATH_WRITE | ATAP_PATH_ATTRIB, ATAP_MS(80), 1);
     atap_task t = spawn_parker(p);
     assert_int_equal(join_parker(t), 1);
     assert_int_equal(atomic_load(&p->reason), ATAP_RESUME_DEADLINE);

@@ -68,22 +68,22 @@ extern "C" {
 /* ---------------------------------------------------------------------- */
 
 enum {
-    ATAP_ENOTINIT = -10001,  /* no runtime is running */
-    ATAP_EALREADY = -10002,  /* a trace is already being written (atap_init
-                                no longer returns it: it counts users) */
-    ATAP_ENOTREADY = -10003, /* not settled yet; or a timed wait ran out */
-    ATAP_ETAKEN = -10004,    /* the output was moved out by a take */
-    ATAP_EFINISHED = -10005, /* a bounded series ran out / no more gives */
-    ATAP_ECANCELLED = -10006,/* the task was cancelled */
-    ATAP_ETIMEDOUT = -10007, /* a run passed its timeout */
-    ATAP_EFAILED = -10008,   /* nothing will produce an output */
-    ATAP_ENOTASK = -10009,   /* the handle names no task */
-    ATAP_EINVAL = -10010,    /* a bad argument or option combination */
-    ATAP_EBUSY = -10011,     /* atap_trim found nothing worth giving back */
-    ATAP_ECLOSED = -10012,   /* a channel or peer closed */
-    ATAP_ETOOLONG = -10013,  /* a delimited read hit its limit */
-    ATAP_ELIMIT = -10014,    /* a limit of the pool was reached (no call
-                                returns it since waits hold no thread) */
+    ATAP_ENOTINIT = -10001,   /* no runtime is running */
+    ATAP_EALREADY = -10002,   /* a trace is already being written (atap_init
+                                 no longer returns it: it counts users) */
+    ATAP_ENOTREADY = -10003,  /* not settled yet; or a timed wait ran out */
+    ATAP_ETAKEN = -10004,     /* the output was moved out by a take */
+    ATAP_EFINISHED = -10005,  /* a bounded series ran out / no more gives */
+    ATAP_ECANCELLED = -10006, /* the task was cancelled */
+    ATAP_ETIMEDOUT = -10007,  /* a run passed its timeout */
+    ATAP_EFAILED = -10008,    /* nothing will produce an output */
+    ATAP_ENOTASK = -10009,    /* the handle names no task */
+    ATAP_EINVAL = -10010,     /* a bad argument or option combination */
+    ATAP_EBUSY = -10011,      /* atap_trim found nothing worth giving back */
+    ATAP_ECLOSED = -10012,    /* a channel or peer closed */
+    ATAP_ETOOLONG = -10013,   /* a delimited read hit its limit */
+    ATAP_ELIMIT = -10014,     /* a limit of the pool was reached (no call
+                                 returns it since waits hold no thread) */
 };
 
 /* A task function returns this, after one of the atap_park_* calls, to give
@@ -246,7 +246,8 @@ ATAP_EXPORT bool atap_initialised(void);
  * atap::status() and atap::pool_stats(), which return the structs.
  */
 #if defined(__cplusplus) && defined(__GNUC__)
-#define ATAP_SAME_NAME_BEGIN_ _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wshadow\"")
+#define ATAP_SAME_NAME_BEGIN_                                                                      \
+    _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wshadow\"")
 #define ATAP_SAME_NAME_END_ _Pragma("GCC diagnostic pop")
 #else
 #define ATAP_SAME_NAME_BEGIN_
@@ -410,7 +411,6 @@ ATAP_EXPORT int atap_trace_start(const char *path);
  */
 ATAP_EXPORT int atap_trace_stop(void);
 
-
 /* ---------------------------------------------------------------------- */
 /* Tasks and handles                                                       */
 /* ---------------------------------------------------------------------- */
@@ -495,50 +495,50 @@ typedef enum atap_kind {
  * a task that does not wait for gives (atap_spawn).
  */
 typedef struct atap_spawn_opts {
-    size_t out_size;            /* output bytes (0: no output) */
-    void (*out_free)(void *out);/* for an output nobody took: when the task is
-                                   freed, replaced by a repeat's next one, or
-                                   dropped (its run was cancelled or timed
-                                   out). Every output a run makes (the run
-                                   returned 0) is taken or passed to
-                                   out_free, exactly once */
-    void (*arg_free)(void *arg);/* called once, when the task is gone */
-    int priority;               /* -128..127, higher starts first; 0 default */
-    bool blocking;              /* run on the blocking threads */
-    uint64_t after_ns;          /* delays the first run only; runs late,
-                                   never early */
-    uint64_t timeout_ns;        /* each run's limit (0: none). The first run
-                                   past it ends the task, and its series, as
-                                   ATAP_TIMED_OUT; its output is dropped.
-                                   Waiting to start does not count. */
-    atap_kind kind;             /* ATAP_ONCE, ATAP_REPEAT, ATAP_AT_RATE */
-    uint64_t every_ns;          /* REPEAT: the gap from one run's end to the
-                                   next start; AT_RATE: the period */
-    uint32_t runs;              /* REPEAT / AT_RATE: at most this many runs
-                                   (0: no limit) */
-    uint64_t for_ns;            /* REPEAT / AT_RATE: no run starts later than
-                                   this long after the first one started */
-    uint64_t until_ns;          /* REPEAT / AT_RATE: no run starts after this
-                                   moment, the first one included (one or the
-                                   other deadline). A series whose first run
-                                   cannot start by then (until_ns passed, or
-                                   after_ns ends past it) never runs: it ran
-                                   out with nothing to read, settled at spawn
-                                   as ATAP_TAKEN, finished, and a join or take
-                                   reads ATAP_EFINISHED. A waiting series
-                                   given a value past it runs nothing and
-                                   takes no more gives (its last series'
-                                   output, if any, stays readable) */
-    uint32_t gives;             /* atap_spawn_waiting: how many gives may start
-                                   something (0: no limit) */
-    void (*in_free)(void *in);  /* atap_spawn_waiting: called exactly once for
-                                   each value passed to atap_give, when the
-                                   task no longer needs it (or at once, if
-                                   the give was refused). It may run on the
-                                   thread of a task forwarding into this one,
-                                   with no lock of libatap's held, but before
-                                   that task's next run: it must not wait
-                                   for that task's next output */
+    size_t out_size;             /* output bytes (0: no output) */
+    void (*out_free)(void *out); /* for an output nobody took: when the task is
+                                    freed, replaced by a repeat's next one, or
+                                    dropped (its run was cancelled or timed
+                                    out). Every output a run makes (the run
+                                    returned 0) is taken or passed to
+                                    out_free, exactly once */
+    void (*arg_free)(void *arg); /* called once, when the task is gone */
+    int priority;                /* -128..127, higher starts first; 0 default */
+    bool blocking;               /* run on the blocking threads */
+    uint64_t after_ns;           /* delays the first run only; runs late,
+                                    never early */
+    uint64_t timeout_ns;         /* each run's limit (0: none). The first run
+                                    past it ends the task, and its series, as
+                                    ATAP_TIMED_OUT; its output is dropped.
+                                    Waiting to start does not count. */
+    atap_kind kind;              /* ATAP_ONCE, ATAP_REPEAT, ATAP_AT_RATE */
+    uint64_t every_ns;           /* REPEAT: the gap from one run's end to the
+                                    next start; AT_RATE: the period */
+    uint32_t runs;               /* REPEAT / AT_RATE: at most this many runs
+                                    (0: no limit) */
+    uint64_t for_ns;             /* REPEAT / AT_RATE: no run starts later than
+                                    this long after the first one started */
+    uint64_t until_ns;           /* REPEAT / AT_RATE: no run starts after this
+                                    moment, the first one included (one or the
+                                    other deadline). A series whose first run
+                                    cannot start by then (until_ns passed, or
+                                    after_ns ends past it) never runs: it ran
+                                    out with nothing to read, settled at spawn
+                                    as ATAP_TAKEN, finished, and a join or take
+                                    reads ATAP_EFINISHED. A waiting series
+                                    given a value past it runs nothing and
+                                    takes no more gives (its last series'
+                                    output, if any, stays readable) */
+    uint32_t gives;              /* atap_spawn_waiting: how many gives may start
+                                    something (0: no limit) */
+    void (*in_free)(void *in);   /* atap_spawn_waiting: called exactly once for
+                                    each value passed to atap_give, when the
+                                    task no longer needs it (or at once, if
+                                    the give was refused). It may run on the
+                                    thread of a task forwarding into this one,
+                                    with no lock of libatap's held, but before
+                                    that task's next run: it must not wait
+                                    for that task's next output */
 } atap_spawn_opts;
 
 /*
@@ -554,9 +554,14 @@ typedef struct atap_spawn_opts {
  * C may go on writing &(atap_spawn_opts){ .out_size = ... } instead.
  */
 #ifdef __cplusplus
-#define ATAP_SPAWN_OPTS_INIT {}
+#define ATAP_SPAWN_OPTS_INIT                                                                       \
+    {                                                                                              \
+    }
 #else
-#define ATAP_SPAWN_OPTS_INIT {0}
+#define ATAP_SPAWN_OPTS_INIT                                                                       \
+    {                                                                                              \
+        0                                                                                          \
+    }
 #endif
 
 /* Zeroed options with out_size set: a plain one-shot with an output of
@@ -1225,9 +1230,9 @@ ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
  * Blocks: no. Threads: the task's own. */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
-#define ATAP_US(n) ((uint64_t)(n) * 1000u)
-#define ATAP_MS(n) ((uint64_t)(n) * 1000000u)
-#define ATAP_SEC(n) ((uint64_t)(n) * 1000000000u)
+#define ATAP_US(n) ((uint64_t)(n)*1000u)
+#define ATAP_MS(n) ((uint64_t)(n)*1000000u)
+#define ATAP_SEC(n) ((uint64_t)(n)*1000000000u)
 #define ATAP_FOREVER UINT64_MAX /* a timeout that never runs out */
 
 #ifdef __cplusplus

@@ -91,8 +91,8 @@ typedef struct atap_fs_req {
     const void *data;  /* WRITE, APPEND, WRITE_AT: len bytes to write */
     void *buf;         /* READ_AT: where to read to, len bytes (may be NULL) */
     size_t len;
-    uint64_t offset;   /* READ_AT, WRITE_AT; SET_LEN: the new length */
-    unsigned mode;     /* WRITE, APPEND, CREATE_DIR (0: the default), SET_MODE */
+    uint64_t offset; /* READ_AT, WRITE_AT; SET_LEN: the new length */
+    unsigned mode;   /* WRITE, APPEND, CREATE_DIR (0: the default), SET_MODE */
     /* atap_fs_spawn of a write with data: called once with `data` when the
      * task no longer reads it (its argument is let go). NULL: data is
      * copied at the spawn. */
@@ -106,7 +106,7 @@ typedef struct atap_fs_req {
 /* atap_fs_meta.type */
 #define ATAP_FS_TYPE_FILE 1
 #define ATAP_FS_TYPE_DIR 2
-#define ATAP_FS_TYPE_LINK 3 /* only from ATAP_FS_LSTAT */
+#define ATAP_FS_TYPE_LINK 3  /* only from ATAP_FS_LSTAT */
 #define ATAP_FS_TYPE_OTHER 4 /* a device, a FIFO, a socket */
 
 typedef struct atap_fs_meta {

@@ -6,8 +6,8 @@
 #ifndef ATAP_NET_H
 #define ATAP_NET_H
 
-#include "core.h"
 #include <sys/socket.h> /* struct sockaddr, socklen_t */
+#include "core.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,12 +80,12 @@ typedef struct atap_net_reader {
 /* One operation's state: filled by an atap_net_prep_* call, read and
  * written by its task. Callers read only `done`, and `fd` after a prep. */
 typedef struct atap_net_io {
-    int fd;       /* the socket operated on (-1 for a connect) */
-    int op;       /* which operation (libatap's) */
-    void *buf;    /* the caller's buffer (send's bytes, recv's room) */
-    size_t len;   /* its length */
-    size_t done;  /* bytes moved so far: readable after a cancel */
-    size_t limit; /* recv_until's limit */
+    int fd;                /* the socket operated on (-1 for a connect) */
+    int op;                /* which operation (libatap's) */
+    void *buf;             /* the caller's buffer (send's bytes, recv's room) */
+    size_t len;            /* its length */
+    size_t done;           /* bytes moved so far: readable after a cancel */
+    size_t limit;          /* recv_until's limit */
     struct sockaddr *addr; /* send_to's destination, recv_from's / accept's peer */
     socklen_t *addrlen;    /* recv_from / accept: in, the room; out, the length */
     socklen_t to_len;      /* send_to's destination length */
@@ -94,7 +94,7 @@ typedef struct atap_net_io {
     int busy;              /* a task holds the io (libatap's, atomic) */
     const char *name;      /* connect: the "host:port" or path (spawned: libatap's copy) */
     atap_net_reader *reader;
-    void *list, *next;     /* a connect's addresses (libatap's) */
+    void *list, *next; /* a connect's addresses (libatap's) */
 } atap_net_io;
 
 /*

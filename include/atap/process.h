@@ -157,8 +157,8 @@ ATAP_EXPORT int atap_spawn_child_wait(atap_task *task, int pid, const atap_spawn
  * sigaction. Blocks: no. Threads: any.
  */
 typedef void atap_signal_fn(int signo, uint64_t count, void *arg);
-ATAP_EXPORT int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_fn *fn,
-                                       void *fn_arg, const atap_spawn_opts *opts);
+ATAP_EXPORT int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_fn *fn, void *fn_arg,
+                                       const atap_spawn_opts *opts);
 
 /*
  * Spawns a task that sends signo to pid (kill(2): a pid, or -pgid for a

@@ -1,7 +1,7 @@
 /*
- * libatap's built-in tasks: a sleep, and channels between tasks. Written on the runtime's public calls
- * alone (atap/core.h). <atap.h> includes this header; a program may
- * include it alone, with <atap/core.h>, to keep the other areas out.
+ * libatap's built-in tasks: a sleep, and channels between tasks. Written on the runtime's public
+ * calls alone (atap/core.h). <atap.h> includes this header; a program may include it alone, with
+ * <atap/core.h>, to keep the other areas out.
  */
 #ifndef ATAP_TASKS_H
 #define ATAP_TASKS_H

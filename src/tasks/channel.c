@@ -236,15 +236,9 @@ static int add_end(atap_chan *ch, size_t *count)
     return rc;
 }
 
-int atap_chan_add_sender(atap_chan *ch)
-{
-    return ch ? add_end(ch, &ch->senders) : ATAP_EINVAL;
-}
+int atap_chan_add_sender(atap_chan *ch) { return ch ? add_end(ch, &ch->senders) : ATAP_EINVAL; }
 
-int atap_chan_add_receiver(atap_chan *ch)
-{
-    return ch ? add_end(ch, &ch->receivers) : ATAP_EINVAL;
-}
+int atap_chan_add_receiver(atap_chan *ch) { return ch ? add_end(ch, &ch->receivers) : ATAP_EINVAL; }
 
 void atap_chan_close_sender(atap_chan *ch)
 {
@@ -465,10 +459,7 @@ static int recv_run(atap_ctx *ctx, void *arg, void *out)
     return rc;
 }
 
-static void recv_arg_free(void *arg)
-{
-    atap_chan_close_receiver(arg);
-}
+static void recv_arg_free(void *arg) { atap_chan_close_receiver(arg); }
 
 int atap_chan_spawn_recv(atap_task *task, atap_chan *ch, const atap_spawn_opts *opts)
 {

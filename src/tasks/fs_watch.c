@@ -47,13 +47,13 @@ struct watch {
     int ino;          /* its inotify fd, -1: parks on atap_park_path */
     unsigned changes; /* asked for, ATAP_PATH_GONE included */
     bool dir;
-    bool gone;        /* ATAP_PATH_GONE reported: the next run ends it */
-    bool more;        /* changes not named: names ran out of room, or lost */
-    bool report;      /* the output is an atap_fs_watch_report (else unsigned) */
-    unsigned pending; /* seen and not reported yet */
-    unsigned count;   /* entries named in names */
-    size_t used;      /* bytes of names in use */
-    struct stat last; /* the status the last look saw */
+    bool gone;                       /* ATAP_PATH_GONE reported: the next run ends it */
+    bool more;                       /* changes not named: names ran out of room, or lost */
+    bool report;                     /* the output is an atap_fs_watch_report (else unsigned) */
+    unsigned pending;                /* seen and not reported yet */
+    unsigned count;                  /* entries named in names */
+    size_t used;                     /* bytes of names in use */
+    struct stat last;                /* the status the last look saw */
     char names[ATAP_FS_WATCH_NAMES]; /* the entries changed since the last
                                         report, each NUL-ended, each once */
 };
@@ -129,7 +129,7 @@ static unsigned changes_of(uint32_t mask)
     return ((mask & (IN_MODIFY | IN_CLOSE_WRITE)) ? ATAP_PATH_WRITE : 0) |
            ((mask & IN_ATTRIB) ? ATAP_PATH_ATTRIB : 0) |
            ((mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) ? ATAP_PATH_ENTRIES
-                                                                             : 0) |
+                                                                           : 0) |
            ((mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) ? ATAP_PATH_GONE
                                                                                : 0);
 }

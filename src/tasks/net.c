@@ -166,8 +166,8 @@ int atap_net_prep_send_to(atap_net_io *io, int fd, const void *buf, size_t len,
     return 0;
 }
 
-int atap_net_prep_recv_from(atap_net_io *io, int fd, void *buf, size_t len,
-                            struct sockaddr *from, socklen_t *from_len)
+int atap_net_prep_recv_from(atap_net_io *io, int fd, void *buf, size_t len, struct sockaddr *from,
+                            socklen_t *from_len)
 {
     int rc;
 
@@ -206,10 +206,7 @@ static int park(atap_ctx *ctx, atap_net_out *out, atap_net_io *io, unsigned ev)
     return rc == 0 ? ATAP_PARKED : finish(out, io->done, rc, -1);
 }
 
-static bool again(int e)
-{
-    return e == EAGAIN || e == EWOULDBLOCK;
-}
+static bool again(int e) { return e == EAGAIN || e == EWOULDBLOCK; }
 
 /* The connect under way finished: 1 connected, 0 still going, else the
  * error it ended with. */
@@ -330,10 +327,7 @@ static int unix_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 
 /* No fd to accept into (the process's or the system's limit), or no
  * kernel memory for one: the connection stays queued on the listener. */
-static bool out_of_fds(int e)
-{
-    return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
-}
+static bool out_of_fds(int e) { return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM; }
 
 /* An accept out of fds cannot park on the listener: it stays readable, so
  * the park would resume at once and the task would spin. It parks on a
@@ -525,8 +519,7 @@ static int do_recv_until(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
         if (n > 0) {
             r->drained = (size_t)n < r->cap - r->end;
             r->end += (size_t)n;
-        }
-        else if (n == 0)
+        } else if (n == 0)
             return finish(out, have, ATAP_ECLOSED, -1);
         else if (again(errno))
             return park(ctx, out, io, ATAP_READABLE);
@@ -543,16 +536,23 @@ static int net_task(atap_ctx *ctx, void *arg, void *out_)
     atap_net_out *out = out_;
 
     switch (io->op) {
-    case OP_CONNECT: return tcp_connect(ctx, io, out);
-    case OP_UNIX_CONNECT: return unix_connect(ctx, io, out);
-    case OP_ACCEPT: return do_accept(ctx, io, out);
+    case OP_CONNECT:
+        return tcp_connect(ctx, io, out);
+    case OP_UNIX_CONNECT:
+        return unix_connect(ctx, io, out);
+    case OP_ACCEPT:
+        return do_accept(ctx, io, out);
     case OP_SEND:
-    case OP_SEND_TO: return do_send(ctx, io, out);
+    case OP_SEND_TO:
+        return do_send(ctx, io, out);
     case OP_RECV:
     case OP_RECV_EXACT:
-    case OP_RECV_FROM: return do_recv(ctx, io, out);
-    case OP_RECV_UNTIL: return do_recv_until(ctx, io, out);
-    default: return finish(out, 0, ATAP_EINVAL, -1);
+    case OP_RECV_FROM:
+        return do_recv(ctx, io, out);
+    case OP_RECV_UNTIL:
+        return do_recv_until(ctx, io, out);
+    default:
+        return finish(out, 0, ATAP_EINVAL, -1);
     }
 }
 

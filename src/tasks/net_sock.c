@@ -191,7 +191,8 @@ int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf, 
             max = sizeof a->sun_path;
         return snprintf(buf, n, "%.*s", (int)strnlen(a->sun_path, max), a->sun_path);
     }
-    default: return ATAP_EINVAL;
+    default:
+        return ATAP_EINVAL;
     }
 }
 
@@ -217,11 +218,16 @@ static int eai_code(int e)
 #ifdef EAI_NODATA
     case EAI_NODATA:
 #endif
-    case EAI_FAIL: return -ENXIO;
-    case EAI_AGAIN: return -EAGAIN;
-    case EAI_MEMORY: return -ENOMEM;
-    case EAI_SYSTEM: return errno ? -errno : -EIO;
-    default: return ATAP_EINVAL; /* EAI_SERVICE, EAI_FAMILY... */
+    case EAI_FAIL:
+        return -ENXIO;
+    case EAI_AGAIN:
+        return -EAGAIN;
+    case EAI_MEMORY:
+        return -ENOMEM;
+    case EAI_SYSTEM:
+        return errno ? -errno : -EIO;
+    default:
+        return ATAP_EINVAL; /* EAI_SERVICE, EAI_FAMILY... */
     }
 }
 
@@ -355,10 +361,7 @@ int atap_net_pair(int fds[2], int type)
     return 0;
 }
 
-int atap_net_shutdown_write(int fd)
-{
-    return shutdown(fd, SHUT_WR) == 0 ? 0 : -errno;
-}
+int atap_net_shutdown_write(int fd) { return shutdown(fd, SHUT_WR) == 0 ? 0 : -errno; }
 
 int atap_net_set_nodelay(int fd, bool on)
 {

@@ -62,8 +62,8 @@
 #include <sys/epoll.h>
 #include <sys/syscall.h>
 #define MUX_EPOLL 1
-#elif defined(__APPLE__) || defined(__FreeBSD__) || defined(__NetBSD__) || \
-    defined(__OpenBSD__) || defined(__DragonFly__)
+#elif defined(__APPLE__) || defined(__FreeBSD__) || defined(__NetBSD__) || defined(__OpenBSD__) || \
+    defined(__DragonFly__)
 #include <sys/event.h>
 #define MUX_KQUEUE 1
 #endif
@@ -95,10 +95,10 @@ struct proc {
     bool reaped, capture;
     bool let_go; /* the caller's child, left to the caller by a failed call */
     int status;
-    int mux;      /* epoll / kqueue of the fds below; -1 if none could be had */
-    int pidfd;    /* Linux: readable once the child exits; -1: polled */
-    int in_fd;    /* our end of the child's stdin; -1: none or done */
-    int out_fd;   /* our end of its stdout + stderr; -1: none or at its end */
+    int mux;    /* epoll / kqueue of the fds below; -1 if none could be had */
+    int pidfd;  /* Linux: readable once the child exits; -1: polled */
+    int in_fd;  /* our end of the child's stdin; -1: none or done */
+    int out_fd; /* our end of its stdout + stderr; -1: none or at its end */
     unsigned char *input;
     size_t input_len, input_off;
     char *buf;
@@ -182,7 +182,7 @@ static int start(const atap_cmd *cmd, unsigned pipes, pid_t *pid, int fds[3])
     if (!rc && (pipes & PIPE_ERR))
         rc = -posix_spawn_file_actions_adddup2(&fa, p[2][1], 2);
     if (!rc && cmd->dir) {
-#if (defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 29)) || defined(__APPLE__) || \
+#if (defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 29)) || defined(__APPLE__) ||      \
     defined(__FreeBSD__)
         rc = -posix_spawn_file_actions_addchdir_np(&fa, cmd->dir);
 #else

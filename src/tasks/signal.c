@@ -102,8 +102,8 @@ int atap_spawn_signal_send(atap_task *task, int pid, int signo, const atap_spawn
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
-    if (pid == 0 || pid == -1 || signo < 0 || signo >= NSIG || o.kind != ATAP_ONCE ||
-        o.out_size || o.arg_free || o.out_free || o.gives || o.in_free)
+    if (pid == 0 || pid == -1 || signo < 0 || signo >= NSIG || o.kind != ATAP_ONCE || o.out_size ||
+        o.arg_free || o.out_free || o.gives || o.in_free)
         return ATAP_EINVAL;
     if (!(s = malloc(sizeof *s)))
         return -ENOMEM;

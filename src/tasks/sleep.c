@@ -48,8 +48,8 @@ int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise, const atap_spaw
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
-    if ((o.out_size != 0 && o.out_size != sizeof(uint64_t)) || o.kind != ATAP_ONCE ||
-        o.arg_free || o.out_free)
+    if ((o.out_size != 0 && o.out_size != sizeof(uint64_t)) || o.kind != ATAP_ONCE || o.arg_free ||
+        o.out_free)
         return ATAP_EINVAL;
     if (!(z = malloc(sizeof *z)))
         return -ENOMEM;
