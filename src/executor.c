@@ -140,7 +140,7 @@ static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last
     if (s->filled && last_state != ST_TAKEN && side && side->out_free)
         side->out_free(slot_out(s));
     if (s->flags & SF_OUT_HEAP)
-        free(s->out.heap);
+        atap__exec_out_free(s->out.heap, s->out_size);
     else if (s->out_size > PARK_TAIL) /* a free slot's park tail reads "not
                                          parked": an output may have filled it */
         st_relaxed(&s->out.park.claim, 0);

@@ -6,8 +6,10 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "atap.h"
+#include "pool.h"
 
 struct worker;
 struct atap_slot;
@@ -110,6 +112,21 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen);
 bool atap__exec_inside(const struct worker *w, uint32_t ref);
 /* The running task's slot (NULL inside atap_block or for NULL). */
 struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);
+
+/* An output's heap block (slot.h: over INLINE_OUT bytes): up to OUT_BLOCK,
+ * one of this thread's kept blocks (pool.h); larger, its own malloc. */
+static inline void *atap__exec_out_alloc(size_t size)
+{
+    return size <= OUT_BLOCK ? atap__pool_out_take(atap__self) : malloc(size);
+}
+
+static inline void atap__exec_out_free(void *b, size_t size)
+{
+    if (size <= OUT_BLOCK)
+        atap__pool_out_give(atap__self, b);
+    else
+        free(b);
+}
 
 /* spawn.c: admission of spawns from outside the pool, so a shutdown can
  * wait for every spawn that got past the door. */

@@ -572,12 +572,24 @@ static uint32_t find_work(struct worker *w)
 unsigned atap__pool_records(void) { return ld_acquire(&atap__pool.nrec); }
 
 /* The record's held[] back to its inline array (its thread is leaving). */
+void atap__pool_outs_drop(struct worker *w)
+{
+    void *b;
+
+    while ((b = w->outs) != NULL) {
+        w->outs = *(void **)b;
+        free(b);
+    }
+    w->nouts = 0;
+}
+
 void atap__pool_held_reset(struct worker *w)
 {
     if (w->held != w->held_inline)
         free(w->held);
     w->held = w->held_inline;
     w->held_cap = HELD_INLINE;
+    atap__pool_outs_drop(w);
 }
 
 /* ---- submitting -------------------------------------------------------- */

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "deque.h"
 #include "faults.h"
@@ -78,7 +79,50 @@ struct worker {
     struct stack *dead; /* a stack to unmap once off it */
     bool exiting;       /* its loop ends on its own stack */
     bool dying;         /* a task ended the thread: each stack unwinds */
+    /* Output blocks freed on this thread, kept to hand out again (the
+     * owner's alone): see atap__pool_out_take. */
+    void *outs;
+    unsigned nouts;
 };
+
+/*
+ * Output blocks. An output over the slot's inline bytes and up to OUT_BLOCK
+ * lives in a block of OUT_BLOCK bytes from malloc. A pool thread keeps up to
+ * OUT_KEEP of those freed on it (a list through their first word) and hands
+ * them out again, so a fork-join tree whose nodes output a few words pays
+ * no malloc or free per task; its spawns and its frees are mostly on the
+ * same thread. Only the owner touches its list: w is atap__self (NULL
+ * outside the pool: plain malloc and free). Any block may go to free(),
+ * and a thread leaving frees what it kept (atap__pool_outs_drop).
+ */
+#define OUT_BLOCK 64u
+#define OUT_KEEP 256u
+
+static inline void *atap__pool_out_take(struct worker *w)
+{
+    void *b;
+
+    if (w && (b = w->outs) != NULL) {
+        w->outs = *(void **)b;
+        w->nouts--;
+        return b;
+    }
+    return malloc(OUT_BLOCK);
+}
+
+static inline void atap__pool_out_give(struct worker *w, void *b)
+{
+    if (w && w->nouts < OUT_KEEP) {
+        *(void **)b = w->outs;
+        w->outs = b;
+        w->nouts++;
+        return;
+    }
+    free(b);
+}
+
+/* The thread leaves: the blocks it kept go back to malloc. */
+void atap__pool_outs_drop(struct worker *w);
 
 /* The thread is inside the task ref (slot index + 1): running it, or a run
  * lower on its stack. A wait for such a task could only end once the wait

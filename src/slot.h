@@ -2,7 +2,8 @@
  * One task slot: 64 bytes, one cache line, never moved once mapped. What
  * only some tasks use (destructors, a schedule, forwards, a park record)
  * hangs on the side record (side.h); an output over INLINE_OUT bytes lives
- * on the heap.
+ * on the heap (up to 64 bytes in an output block a pool thread keeps and
+ * hands out again: pool.h).
  *
  * Two atomic words carry every protocol, and both hold the slot's
  * generation so a stale handle can never act on the task that reuses it:

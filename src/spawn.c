@@ -141,14 +141,14 @@ static inline __attribute__((always_inline)) int fill(struct atap_slot *s, atap_
     struct side *side;
 
     if (!slot_out_inline(o->out_size)) {
-        if (!(s->out.heap = malloc(o->out_size)))
+        if (!(s->out.heap = atap__exec_out_alloc(o->out_size)))
             return -ENOMEM;
         flags |= SF_OUT_HEAP;
     }
     if (o->arg_free || o->out_free) {
         if (!(side = atap__side_of(s))) {
             if (flags & SF_OUT_HEAP)
-                free(s->out.heap);
+                atap__exec_out_free(s->out.heap, o->out_size);
             return -ENOMEM;
         }
         side->arg_free = o->arg_free;
@@ -168,7 +168,7 @@ int atap__exec_fill(struct atap_slot *s, atap_fn *fn, void *arg, const atap_spaw
 void atap__exec_unfill(struct atap_slot *s)
 {
     if (s->flags & SF_OUT_HEAP)
-        free(s->out.heap);
+        atap__exec_out_free(s->out.heap, s->out_size);
     if (ld_relaxed(&s->side)) /* its destructors only: nothing else hangs on it yet */
         atap__side_free(s);
     s->flags = 0;
@@ -233,13 +233,13 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
 
 /* Options a task's spawn from a worker can take in one go: nothing about
  * time or gives, no destructor, a valid priority, an output that fits the
- * slot. */
+ * slot or an output block (pool.h). */
 static inline bool quick(const atap_spawn_opts *o)
 {
     return plain(o) &&
            (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking | (uintptr_t)o->arg_free |
             (uintptr_t)o->out_free) == 0 &&
-           slot_out_inline(o->out_size) && o->priority >= ATAP_PRIORITY_MIN &&
+           o->out_size <= OUT_BLOCK && o->priority >= ATAP_PRIORITY_MIN &&
            o->priority <= ATAP_PRIORITY_MAX;
 }
 
@@ -247,11 +247,13 @@ static inline bool quick(const atap_spawn_opts *o)
  * plain; what spawn_slot does from here, with nothing left to check. */
 static inline __attribute__((always_inline)) void
 spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
-                    const atap_spawn_opts *o, uint32_t index, uint32_t gen)
+                    const atap_spawn_opts *o, uint32_t index, uint32_t gen, void *block)
 {
     struct atap_slot *s = atap__table_at(index);
 
-    fill_fields(s, fn, arg, 0, (uint32_t)o->out_size, o->priority);
+    if (unlikely(block != NULL))
+        s->out.heap = block;
+    fill_fields(s, fn, arg, block ? SF_OUT_HEAP : 0, (uint32_t)o->out_size, o->priority);
     st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | REFS_HANDLE);
     /* Release: the fields above reach whoever acquires the word or the
      * queue entry (spawn_slot's order). */
@@ -284,13 +286,16 @@ static __attribute__((noinline)) int spawn_checked(atap_task *task, atap_fn *fn,
  * or the table's growth. */
 static __attribute__((noinline)) int spawn_quick_shared(struct worker *w, atap_task *task,
                                                         atap_fn *fn, void *arg,
-                                                        const atap_spawn_opts *o)
+                                                        const atap_spawn_opts *o, void *block)
 {
     uint32_t index, gen;
 
-    if (atap__table_alloc_shared(&w->cache, &index, &gen) != 0)
+    if (atap__table_alloc_shared(&w->cache, &index, &gen) != 0) {
+        if (block)
+            atap__pool_out_give(w, block);
         return spawn_checked(task, fn, arg, o); /* out of slots: it says so */
-    spawn_quick_publish(w, task, fn, arg, o, index, gen);
+    }
+    spawn_quick_publish(w, task, fn, arg, o, index, gen, block);
     return 0;
 }
 
@@ -308,7 +313,7 @@ static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_f
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
     if ((rc = atap__table_alloc(atap__table_outside_cache(), &index, &gen)) == 0)
-        spawn_quick_publish(NULL, task, fn, arg, o, index, gen);
+        spawn_quick_publish(NULL, task, fn, arg, o, index, gen, NULL);
     atap__spawn_exit(outside);
     return rc;
 }
@@ -316,24 +321,30 @@ static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_f
 /*
  * A plain task (quick() options) takes a quick path: from a task on a
  * worker (inside, so admitted) with a slot from the worker's stash, else
- * from the shared list; from outside the pool through spawn_quick_outside.
- * No heap output, no schedule. The rest goes through spawn_checked.
+ * from the shared list, and an output block of the worker's if its output
+ * does not fit the slot; from outside the pool through spawn_quick_outside,
+ * for an output that fits. No schedule. The rest goes through
+ * spawn_checked.
  */
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts none;
     struct worker *w = atap__self;
     uint32_t index, gen;
+    void *block = NULL;
 
     if (unlikely(!task || !fn || (opts && !quick(opts))))
         return spawn_checked(task, fn, arg, opts);
     opts = opts ? opts : &none;
+    if (unlikely(!slot_out_inline(opts->out_size)) &&
+        (!w || w->blocking || !(block = atap__pool_out_take(w))))
+        return spawn_checked(task, fn, arg, opts); /* it takes a block, or says -ENOMEM */
     if (!w)
         return spawn_quick_outside(task, fn, arg, opts);
     if (w->blocking)
         return spawn_checked(task, fn, arg, opts);
     if (!atap__table_take_stashed(&w->cache, &index, &gen))
-        return spawn_quick_shared(w, task, fn, arg, opts);
-    spawn_quick_publish(w, task, fn, arg, opts, index, gen);
+        return spawn_quick_shared(w, task, fn, arg, opts, block);
+    spawn_quick_publish(w, task, fn, arg, opts, index, gen, block);
     return 0;
 }
