@@ -199,10 +199,16 @@ static struct park *park_of(struct atap_slot *s)
 }
 
 /* A deadline a tail park can keep (within PARK_HORIZON of now). One
- * already past is kept as now: it is due at once either way. */
+ * already past is kept as now: it is due at once either way. "Now" is the
+ * manager's last reading of the clock, a time no later than now (no clock
+ * read on this path): so the horizon is, if anything, stricter, and a
+ * deadline kept as that time is still past. */
 static bool tail_deadline(struct atap_ctx *ctx)
 {
-    uint64_t now = atap__now_ns();
+    uint64_t now = atap__park_now_seen();
+
+    if (!now)
+        now = atap__now_ns();
 
     if (ctx->deadline < now)
         ctx->deadline = now;

@@ -140,6 +140,9 @@ void atap__park_fd_forget(void);
 /* A tail park keeps its deadline as a tick modulo 2^32 (park_wheel.c): one
  * whose deadline is further than this from its arm takes a park record. */
 #define PARK_HORIZON (UINT64_C(1) << 46) /* 2^30 ticks of 65.5 us: 19.5 hours */
+/* park_wheel.c. The clock as the manager last read it, no later than now
+ * (the manager runs at least every tick); 0 before its first run. */
+uint64_t atap__park_now_seen(void);
 /* park_wheel.c. A deadline as a tail park keeps it. */
 uint32_t atap__park_tick(uint64_t deadline);
 /* park_wheel.c. The runner: a deadline park goes on the wheel, which now owns RUN. */

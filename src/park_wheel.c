@@ -317,9 +317,20 @@ static uint64_t next_due(uint64_t from)
     return t == UINT64_MAX ? ATAP__FOREVER : (t + 1) << WHEEL_TICK_SHIFT;
 }
 
+/* The clock as the manager last read it (0: not yet): a time no later than
+ * now, for a parker's check of its deadline (atap__park_now_seen). */
+static _Atomic uint64_t now_seen;
+
+uint64_t atap__park_now_seen(void)
+{
+    return ld_relaxed(&now_seen); /* any reading will do: each is a past time */
+}
+
 uint64_t atap__park_wheel_run(uint64_t now)
 {
     uint64_t cur = tick_of(now), t;
+
+    st_relaxed(&now_seen, now);
 
     if (!wheel.started) {
         wheel.done = cur ? cur - 1 : 0;
@@ -385,6 +396,7 @@ void atap__park_wheel_forget(void)
     st_relaxed(&inbox, 0);
     memset(stop_bits, 0, sizeof stop_bits);
     st_relaxed(&stops_pending, false);
+    st_relaxed(&now_seen, 0);
     memset(&wheel, 0, sizeof wheel);
     nresumed = 0;
 }
