@@ -66,13 +66,6 @@ static inline struct side *slot_side(const struct atap_slot *s)
     return ld_acquire(&((struct atap_slot *)s)->side);
 }
 
-static inline void (*slot_arg_free(const struct atap_slot *s))(void *)
-{
-    struct side *x = slot_side(s);
-
-    return x ? x->arg_free : NULL;
-}
-
 static inline void (*slot_out_free(const struct atap_slot *s))(void *)
 {
     struct side *x = slot_side(s);
