@@ -51,7 +51,7 @@
 #if defined(ATAP_POLLER_KQUEUE) || !defined(__linux__)
 #define PATHS_BY_INOTIFY 0 /* the poller's own path watches (kqueue), if any */
 #else
-#include <sys/inotify.h>
+#include "inotify_changes.h"
 #define PATHS_BY_INOTIFY 1 /* an inotify fd of ours, watched like any fd */
 #endif
 
@@ -182,27 +182,6 @@ static int source_watch(struct source *f, bool again)
     return rc;
 }
 
-#if PATHS_BY_INOTIFY
-static uint32_t inotify_mask(unsigned changes)
-{
-    return ((changes & ATAP_PATH_WRITE) ? IN_MODIFY | IN_CLOSE_WRITE : 0) |
-           ((changes & ATAP_PATH_ATTRIB) ? IN_ATTRIB : 0) |
-           ((changes & ATAP_PATH_ENTRIES) ? IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
-                                          : 0) |
-           IN_DELETE_SELF | IN_MOVE_SELF;
-}
-
-static unsigned changes_of(uint32_t mask)
-{
-    return ((mask & (IN_MODIFY | IN_CLOSE_WRITE)) ? ATAP_PATH_WRITE : 0) |
-           ((mask & IN_ATTRIB) ? ATAP_PATH_ATTRIB : 0) |
-           ((mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) ? ATAP_PATH_ENTRIES
-                                                                           : 0) |
-           ((mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) ? ATAP_PATH_GONE
-                                                                               : 0);
-}
-#endif
-
 /* src_lock held: nobody waits on watch wd now. */
 static void path_forget(int wd)
 {
@@ -313,7 +292,7 @@ int atap__source_add(struct park *p)
         snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
         /* Every change is asked for: the waiters on one file share its
          * watch, and each picks what it wanted. */
-        if ((key = inotify_add_watch(path_source.fd, path, inotify_mask(~0u))) < 0) {
+        if ((key = inotify_add_watch(path_source.fd, path, atap__inotify_mask(~0u))) < 0) {
             rc = -errno;
             goto out;
         }
@@ -400,7 +379,7 @@ static void source_event(struct source *f)
             if (e->mask & IN_Q_OVERFLOW)
                 claim_all_paths(&ready);
             if (e->wd >= 0 && (size_t)e->wd < wdcap) {
-                claim_list(&wd_waiters[e->wd], changes_of(e->mask), false, &ready);
+                claim_list(&wd_waiters[e->wd], atap__inotify_changes(e->mask), false, &ready);
                 if ((e->mask & IN_IGNORED) == 0 && !wd_waiters[e->wd])
                     path_forget(e->wd); /* nobody waits on it now */
             }
@@ -534,6 +513,20 @@ void atap__sources_retry(void)
         source_event(&path_source);
 }
 
+/* The signal pipe and the inotify fd closed, and both sources back to
+ * none (src_lock held, or the fork child's one thread). */
+static void fds_close(void)
+{
+    for (int i = 0; i < 2; i++)
+        if (sig_pipe[i] >= 0)
+            close(sig_pipe[i]);
+    sig_pipe[0] = sig_pipe[1] = -1;
+    if (path_source.fd >= 0)
+        close(path_source.fd);
+    sig_source = (struct source){.fd = -1};
+    path_source = (struct source){.fd = -1};
+}
+
 /* The last shutdown (runtime.c), no thread of the runtime left and no
  * park listed (all written off): the signal pipe and the inotify fd are
  * closed; the next park that needs one opens it again (source_watch). A
@@ -548,14 +541,7 @@ void atap__sources_close(void)
     atomic_store_explicit(&sig_write_fd, -1, memory_order_seq_cst);
     while (atomic_load_explicit(&sig_writers, memory_order_seq_cst) != 0)
         spin_pause(&spins);
-    for (int i = 0; i < 2; i++)
-        if (sig_pipe[i] >= 0)
-            close(sig_pipe[i]);
-    sig_pipe[0] = sig_pipe[1] = -1;
-    if (path_source.fd >= 0)
-        close(path_source.fd);
-    sig_source = (struct source){.fd = -1};
-    path_source = (struct source){.fd = -1};
+    fds_close();
     /* The watch numbers were the inotify fd's: a new one starts afresh. */
     free(wd_waiters);
     wd_waiters = NULL;
@@ -573,14 +559,7 @@ void atap__sources_close(void)
 void atap__sources_forget(void)
 {
     st_release(&sig_write_fd, -1);
-    for (int i = 0; i < 2; i++)
-        if (sig_pipe[i] >= 0)
-            close(sig_pipe[i]);
-    sig_pipe[0] = sig_pipe[1] = -1;
-    if (path_source.fd >= 0)
-        close(path_source.fd);
-    sig_source = (struct source){.fd = -1};
-    path_source = (struct source){.fd = -1};
+    fds_close();
     memset(sig_waiters, 0, sizeof sig_waiters);
     for (int i = 0; i < NSIG; i++)
         st_relaxed(&sig_pending[i], 0);

@@ -36,6 +36,7 @@ map='
 0 faults    faults.h
 0 testing   testing.h
 0 trace     trace.h
+0 inotify   inotify_changes.h
 1 wait      wait.h wait.c
 1 cpus      cpus.h cpus.c
 1 fiber     fiber.h fiber.c

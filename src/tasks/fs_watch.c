@@ -39,6 +39,9 @@
 #endif
 
 #include "atap.h"
+#if WATCH_INOTIFY
+#include "../inotify_changes.h"
+#endif
 
 #define WATCH_POLL_NS ATAP_MS(50)
 
@@ -115,24 +118,6 @@ static void watch_name(struct watch *w, const char *name)
 }
 
 #if WATCH_INOTIFY
-static uint32_t inotify_mask(unsigned changes)
-{
-    return ((changes & ATAP_PATH_WRITE) ? IN_MODIFY | IN_CLOSE_WRITE : 0) |
-           ((changes & ATAP_PATH_ATTRIB) ? IN_ATTRIB : 0) |
-           ((changes & ATAP_PATH_ENTRIES) ? IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO
-                                          : 0) |
-           IN_DELETE_SELF | IN_MOVE_SELF;
-}
-
-static unsigned changes_of(uint32_t mask)
-{
-    return ((mask & (IN_MODIFY | IN_CLOSE_WRITE)) ? ATAP_PATH_WRITE : 0) |
-           ((mask & IN_ATTRIB) ? ATAP_PATH_ATTRIB : 0) |
-           ((mask & (IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO)) ? ATAP_PATH_ENTRIES
-                                                                           : 0) |
-           ((mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) ? ATAP_PATH_GONE
-                                                                               : 0);
-}
 
 /* The watch's own inotify fd, watching the file open as fd for `changes`
  * (by /proc/self/fd, so the open file itself is watched), or -1. */
@@ -144,7 +129,7 @@ static int watch_open_inotify(int fd, unsigned changes)
     if (ino < 0)
         return -1;
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    if (inotify_add_watch(ino, path, inotify_mask(changes)) < 0) {
+    if (inotify_add_watch(ino, path, atap__inotify_mask(changes)) < 0) {
         close(ino);
         return -1;
     }
@@ -160,7 +145,7 @@ static void watch_read(struct watch *w)
     while ((n = read(w->ino, buf, sizeof buf)) > 0) {
         for (ssize_t at = 0; at < n;) {
             const struct inotify_event *e = (const void *)(buf + at);
-            unsigned bits = changes_of(e->mask);
+            unsigned bits = atap__inotify_changes(e->mask);
 
             if (e->mask & IN_Q_OVERFLOW) { /* lost: all may have changed */
                 bits = ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES;
