@@ -3,6 +3,10 @@
  */
 #include "hub.h"
 
+#include <string.h>
+
+#include "faults.h"
+
 struct atap__hub atap__hub;
 
 /* Threads between their look at a poller of the hub and their wake of it
@@ -19,6 +23,7 @@ static void wake(_Atomic(struct atap_poller *) *at)
     add_seqcst(&wakers, 1);
     if ((p = ld_seqcst(at)) != NULL)
         atap__poller_wake(p);
+    TEST_HOOK(ATAP__TEST_HUB_WAKE);
     sub_seqcst(&wakers, 1);
 }
 
@@ -37,4 +42,14 @@ void atap__hub_close(void)
         spin_pause(&spins);
     atap__poller_close(ps[0]);
     atap__poller_close(ps[1]);
+}
+
+/* In a fork's child (its one thread; manager.c's forget): a thread of the
+ * parent may have been counted in a wake when the fork came, and is not
+ * here to count itself out: the count starts again at 0, with the state
+ * (no poller, not closed, stopped). */
+void atap__hub_forget(void)
+{
+    memset(&atap__hub, 0, sizeof atap__hub);
+    st_relaxed(&wakers, 0);
 }

@@ -58,6 +58,10 @@ void atap__hub_wake_io(void);
 /* The last shutdown, no thread of the runtime left: both pollers are
  * closed, once no wake is under way; the next start opens new ones. */
 void atap__hub_close(void);
+/* In a fork's child: the hub as before the first start, with no wake
+ * counted (a parent's thread may have been in one). The caller has closed
+ * the parent's pollers' fds. */
+void atap__hub_forget(void);
 
 /* The runtime's timer structure (the manager drives it). */
 static inline struct atap_timers *atap__hub_timers(void) { return &atap__hub.timers; }

@@ -339,7 +339,7 @@ void atap__manager_forget(void)
             close(fds[i]);
     }
     memset(&mgr, 0, sizeof mgr);
-    memset(&atap__hub, 0, sizeof atap__hub); /* HUB_STOPPED, no poller, not closed */
+    atap__hub_forget(); /* HUB_STOPPED, no poller, not closed, no wake counted */
     FORGET_FAULTS();
     atap__manager_thread = false;
 }

@@ -269,6 +269,7 @@ void atap__pool_forget(void)
     forget_records(atap__pool_workers, ld_relaxed(&atap__pool.nrec));
     forget_records(atap__pool_blockers, ld_relaxed(&atap__pool.brec));
     memset(&atap__pool, 0, sizeof atap__pool);
+    st_relaxed(&interrupters, 0); /* one the fork cut short is not here to count out */
     atap__pool.lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     atap__pool_aside_forget();
     atap__self = NULL;

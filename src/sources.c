@@ -555,10 +555,13 @@ void atap__sources_close(void)
  * would wake the parent's manager): closed, and the handler's fd set to -1
  * first, so a signal now writes nowhere. The waiters are the parent's
  * tasks'. A handler installed for the parent stays installed (sig_caught
- * says so) and only marks its signal pending. The lock is taken fresh. */
+ * says so) and only marks its signal pending. The lock is taken fresh,
+ * and the count of handlers writing starts at 0 (one running on another
+ * thread when the fork came never counts itself out here). */
 void atap__sources_forget(void)
 {
     st_release(&sig_write_fd, -1);
+    st_relaxed(&sig_writers, 0); /* a handler the fork cut short on a thread not here */
     fds_close();
     memset(sig_waiters, 0, sizeof sig_waiters);
     for (int i = 0; i < NSIG; i++)

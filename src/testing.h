@@ -51,7 +51,9 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_WAKE_LIVE     a wake that found its task queued or running,
  *                            before it counts itself (park.c);
  *   ATAP__TEST_STOP_WAKE     a stop that claimed a park for a wake, before it
- *                            looks for a wake pending (park.c). */
+ *                            looks for a wake pending (park.c);
+ *   ATAP__TEST_HUB_WAKE      a wake of the hub's poller, still counted in
+ *                            (hub.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
@@ -64,6 +66,7 @@ enum {
     ATAP__TEST_ALLOC,
     ATAP__TEST_WAKE_LIVE,
     ATAP__TEST_STOP_WAKE,
+    ATAP__TEST_HUB_WAKE,
     ATAP__TEST_POINTS
 };
 

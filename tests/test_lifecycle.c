@@ -1362,6 +1362,66 @@ static void test_lifecycle_fork_after_shutdown_child_starts(void **state)
     assert_int_equal(atap_shutdown(), 0);
 }
 
+/* A fork while a thread of the parent is in the middle of a wake of the
+ * hub's poller (counted in, not yet out): the count must not come along,
+ * or the child's last shutdown waits for that wake for ever. The hook
+ * holds the waker inside its wake until the main thread (outside the
+ * runtime) has forked. */
+enum { FW_IDLE, FW_HELD, FW_FORKED };
+static atomic_int fw_state;
+
+static void fw_hold_waker(void)
+{
+    int idle = FW_IDLE;
+
+    if (!atomic_compare_exchange_strong(&fw_state, &idle, FW_HELD))
+        return; /* one waker held; any other passes */
+    for (int i = 0; i < 30000 && atomic_load(&fw_state) != FW_FORKED; i++)
+        usleep(1000);
+}
+
+static int fw_park_task(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg;
+    if (atap_resumed(ctx)) {
+        *(int *)out = 3;
+        return 0;
+    }
+    atap_park_until(ctx, atap_now() + ATAP_MS(1)); /* an arm wakes the manager */
+    return ATAP_PARKED;
+}
+
+static void test_lifecycle_fork_during_a_wake_child_stops(void **state)
+{
+    (void)state;
+    atap_task t;
+    int out = 0, status;
+
+    atomic_store(&fw_state, FW_IDLE);
+    assert_int_equal(atap_init(NULL), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_HUB_WAKE, fw_hold_waker), 0);
+    assert_int_equal(
+        atap_spawn(&t, fw_park_task, NULL, &(atap_spawn_opts){.out_size = sizeof(int)}), 0);
+    for (int i = 0; i < 10000 && atomic_load(&fw_state) != FW_HELD; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&fw_state), FW_HELD);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fork_child_checks(NULL, 0));
+    atomic_store(&fw_state, FW_FORKED);
+    status = wait_child(pid, 30000);
+    print_message("child: %s %d\n", status == -1 ? "killed (hung)" : "exit", WEXITSTATUS(status));
+    assert_int_not_equal(status, -1);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_HUB_WAKE, NULL), 0);
+    assert_int_equal(atap_join(t, &out, sizeof out), 0);
+    assert_int_equal(out, 3);
+    atap_release(t);
+    assert_int_equal(atap_shutdown(), 0);
+}
+
 int main(int argc, char **argv)
 {
     /* The close-on-exec test execs this binary to list what it inherited. */
@@ -1399,6 +1459,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_lifecycle_last_shutdown_closes_fds, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_fork_child_starts_fresh, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_fork_after_shutdown_child_starts, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_fork_during_a_wake_child_stops, ensure_stopped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
