@@ -1195,6 +1195,116 @@ static void test_net_unix_datagram(void **state)
     close(fds[1]);
 }
 
+/* "@name" is a name in Linux's abstract namespace: no file is made, the
+ * name goes with the last socket bound to it, and addresses of it format
+ * back as "@name". Elsewhere such a name is refused (-ENOTSUP). A '@'
+ * anywhere but first, or "./@name", is a file as before. */
+static void test_net_unix_abstract(void **state)
+{
+    (void)state;
+    char name[64], dname[64], text[160], longn[sizeof(((struct sockaddr_un *)0)->sun_path) + 2];
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int lfd, c, s, d, u, fds[2];
+    atap_net_io io;
+    atap_net_out out;
+    unsigned char buf[8];
+
+    snprintf(name, sizeof name, "@atap-test-%d", (int)getpid());
+    snprintf(dname, sizeof dname, "@atap-test-dgram-%d", (int)getpid());
+#ifdef __linux__
+    assert_int_equal(atap_net_unix_listen(&lfd, name, 0), 0);
+    assert_int_equal(access(name, F_OK), -1); /* no file called "@atap-test-..." */
+    assert_int_equal(errno, ENOENT);
+    assert_int_equal(atap_net_unix_listen(&fds[0], name, 0), -EADDRINUSE);
+    len = sizeof ss;
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text),
+                     (int)strlen(name));
+    assert_string_equal(text, name);
+    assert_int_equal(atap_net_prep_unix_connect(&io, name), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    c = out.fd;
+    s = tcp_accept(lfd);
+    send_all(c, "abst", 4);
+    assert_int_equal(atap_net_prep_recv_exact(&io, s, buf, 4), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_memory_equal(buf, "abst", 4);
+    len = sizeof ss;
+    assert_int_equal(getpeername(c, (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text),
+                     (int)strlen(name));
+    assert_string_equal(text, name);
+    /* Cut like snprintf: the whole length, the text cut to the room. */
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, 4), (int)strlen(name));
+    assert_string_equal(text, "@at");
+    close(c);
+    close(s);
+    close(lfd);
+    /* The name went with its socket: nobody listens, nothing to remove. */
+    assert_int_equal(atap_net_prep_unix_connect(&io, name), 0);
+    assert_int_equal(run_task(&io, &out, NULL), -ECONNREFUSED);
+    assert_int_equal(atap_net_unix_listen(&lfd, name, 0), 0);
+    close(lfd);
+
+    /* Datagrams: bound, sent to, connected to, and the sender named. */
+    assert_int_equal(atap_net_unix_dgram_bind(&d, dname), 0);
+    assert_int_equal(atap_net_unix_dgram_bind(&u, name), 0);
+    assert_int_equal(atap_net_unix_addr((struct sockaddr *)&ss, &len, dname), 0);
+    assert_int_equal(atap_net_prep_send_to(&io, u, "dg", 2, (struct sockaddr *)&ss, len), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    len = sizeof ss;
+    assert_int_equal(atap_net_prep_recv_from(&io, d, buf, sizeof buf, (struct sockaddr *)&ss, &len),
+                     0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 2);
+    atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text);
+    assert_string_equal(text, name);
+    assert_int_equal(atap_net_dgram_connect(u, dname), 0);
+    send_all(u, "cn", 2);
+    assert_int_equal(atap_net_prep_recv(&io, d, buf, sizeof buf), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_memory_equal(buf, "cn", 2);
+    close(d);
+    close(u);
+
+    /* The room: sun_path's whole length after the '@' (no NUL ends it). */
+    memset(longn, 'a', sizeof longn);
+    longn[0] = '@';
+    longn[sizeof longn - 2] = '\0'; /* '@' and sizeof sun_path - 1 bytes */
+    assert_int_equal(atap_net_unix_listen(&lfd, longn, 0), 0);
+    len = sizeof ss;
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text),
+                     (int)strlen(longn));
+    assert_string_equal(text, longn);
+    assert_int_equal(atap_net_prep_unix_connect(&io, longn), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    close(out.fd);
+    close(lfd);
+    longn[sizeof longn - 2] = 'a';
+    longn[sizeof longn - 1] = '\0'; /* one more */
+    assert_int_equal(atap_net_unix_listen(&lfd, longn, 0), -ENAMETOOLONG);
+    assert_int_equal(atap_net_prep_unix_connect(&io, longn), -ENAMETOOLONG);
+    /* "@" alone names nothing. */
+    assert_int_equal(atap_net_unix_listen(&lfd, "@", 0), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_unix_connect(&io, "@"), ATAP_EINVAL);
+    assert_int_equal(atap_net_unix_addr((struct sockaddr *)&ss, &len, "@"), ATAP_EINVAL);
+#else
+    assert_int_equal(atap_net_unix_listen(&lfd, name, 0), -ENOTSUP);
+    assert_int_equal(atap_net_prep_unix_connect(&io, name), -ENOTSUP);
+    assert_int_equal(atap_net_unix_dgram_bind(&d, dname), -ENOTSUP);
+    assert_int_equal(atap_net_unix_addr((struct sockaddr *)&ss, &len, name), -ENOTSUP);
+    (void)c, (void)s, (void)u, (void)out, (void)buf, (void)text, (void)longn;
+#endif
+    /* A '@' past the start is a file's. */
+    assert_int_equal(atap_net_unix_listen(&lfd, temp_path("@file"), 0), 0);
+    assert_int_equal(access(temp_path("@file"), F_OK), 0);
+    close(lfd);
+    unlink(temp_path("@file"));
+    (void)fds;
+}
+
 /* ---- a task of one's own ------------------------------------------------ */
 
 /* Reads "ping" and answers "pong" on one io, stepping through both. */
@@ -1596,6 +1706,7 @@ int main(void)
         T(test_net_udp),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
+        T(test_net_unix_abstract),
         T(test_net_zero_length_reads),
         T(test_net_addr_format_honours_length),
         T(test_net_accept_waits_for_a_free_fd),

@@ -112,11 +112,13 @@ typedef struct atap_net_io {
  */
 ATAP_EXPORT int atap_net_prep_connect(atap_net_io *io, const char *name);
 
-/* Unix stream connect to path. Results: -ENOENT (no such file),
- * -ECONNREFUSED (a file nobody listens on: a stale socket file),
- * -EACCES... While the listener's backlog is full it tries again every
- * millisecond. Prep returns 0; ATAP_EINVAL for NULL io or path or an empty
- * path; -ENAMETOOLONG for a path longer than sun_path holds. */
+/* Unix stream connect to path, a file's path or an abstract name
+ * ("@name": see Unix names below). Results: -ENOENT (no such file),
+ * -ECONNREFUSED (a file, or an abstract name, nobody listens on: a stale
+ * socket file), -EACCES... While the listener's backlog is full it tries
+ * again every millisecond. Prep returns 0; ATAP_EINVAL for NULL io or
+ * path, an empty path or "@" alone; -ENAMETOOLONG for a name longer than
+ * sun_path holds; -ENOTSUP for "@name" off Linux. */
 ATAP_EXPORT int atap_net_prep_unix_connect(atap_net_io *io, const char *path);
 
 /* Accepts one connection on the listening socket lfd. out.fd: the new
@@ -249,10 +251,22 @@ ATAP_EXPORT void atap_net_reader_consume(atap_net_reader *reader, size_t n);
  */
 ATAP_EXPORT int atap_net_listen(int *fd, const char *name, int backlog);
 
+/*
+ * Unix names. A name that starts with '@' is, on Linux, a name in the
+ * abstract namespace: "@name" binds the bytes after the '@' (no file is
+ * made, nothing is left to remove: the name goes with the last socket
+ * bound to it; up to sizeof sun_path - 1 bytes after the '@'), and
+ * atap_net_addr_format writes such an address back as "@name". Off Linux
+ * a leading '@' is refused with -ENOTSUP; a file whose name starts with
+ * '@' is reached as "./@name". Any other name is a file's path.
+ */
+
 /* Listens on the Unix path (the file is created; it is the caller's to
- * remove). Returns 0 and *fd; -EADDRINUSE when the path exists (a stale
- * file included: remove it first); -ENAMETOOLONG past sun_path's room;
- * ATAP_EINVAL for NULL or empty path. Blocks: no. Threads: any. */
+ * remove), or the abstract "@name" (Linux). Returns 0 and *fd;
+ * -EADDRINUSE when the path exists (a stale file included: remove it
+ * first) or the name is bound; -ENAMETOOLONG past sun_path's room;
+ * ATAP_EINVAL for NULL or empty path, or "@" alone; -ENOTSUP for "@name"
+ * off Linux. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_unix_listen(int *fd, const char *path, int backlog);
 
 /* A UDP socket bound to name (numeric, as atap_net_listen; port 0 picks).
@@ -260,12 +274,13 @@ ATAP_EXPORT int atap_net_unix_listen(int *fd, const char *path, int backlog);
 ATAP_EXPORT int atap_net_udp_bind(int *fd, const char *name);
 
 /* Connects a datagram socket (UDP, or Unix with a path starting with '/'
- * or '.') to name, numeric, so that send / recv need no address: recv
- * then takes only the peer's datagrams. Returns 0; -errno. Blocks: no. */
+ * or '.', or an abstract "@name") to name, numeric, so that send / recv
+ * need no address: recv then takes only the peer's datagrams. Returns 0;
+ * -errno; as atap_net_unix_addr for a Unix name. Blocks: no. */
 ATAP_EXPORT int atap_net_dgram_connect(int fd, const char *name);
 
-/* A Unix datagram socket bound to path (NULL: unbound, it can only send).
- * Returns 0 and *fd; as atap_net_unix_listen. */
+/* A Unix datagram socket bound to path or "@name" (NULL: unbound, it can
+ * only send). Returns 0 and *fd; as atap_net_unix_listen. */
 ATAP_EXPORT int atap_net_unix_dgram_bind(int *fd, const char *path);
 
 /* A connected pair of Unix sockets (socketpair), type SOCK_STREAM or
@@ -273,18 +288,20 @@ ATAP_EXPORT int atap_net_unix_dgram_bind(int *fd, const char *path);
 ATAP_EXPORT int atap_net_pair(int fds[2], int type);
 
 /* An address for send_to: name as atap_net_listen's (numeric IPv4 / IPv6),
- * or a Unix path (atap_net_unix_addr), into *addr (at least
- * sizeof(struct sockaddr_storage) bytes) and *len. Returns 0; ATAP_EINVAL;
- * -ENAMETOOLONG (a path). */
+ * or a Unix path or abstract "@name" (atap_net_unix_addr), into *addr (at
+ * least sizeof(struct sockaddr_storage) bytes) and *len. Returns 0;
+ * ATAP_EINVAL; -ENAMETOOLONG, -ENOTSUP (a Unix name, as
+ * atap_net_unix_listen). */
 ATAP_EXPORT int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name);
 ATAP_EXPORT int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path);
 
-/* Writes an address as text, "1.2.3.4:80", "[::1]:80" or the Unix path
- * ("" unnamed), like snprintf: returns the length of the whole text (>= n:
- * cut), or ATAP_EINVAL for an unknown family, a len too short for its
- * family's address, or NULL. Only len bytes of addr are read: a len too
- * short to hold a family (0, as for a datagram from an unbound Unix
- * socket) is no address and writes "", whatever the storage held before.
+/* Writes an address as text, "1.2.3.4:80", "[::1]:80", the Unix path
+ * ("" unnamed) or "@name" for an abstract one (Linux; up to a NUL in the
+ * name), like snprintf: returns the length of the whole text (>= n: cut),
+ * or ATAP_EINVAL for an unknown family, a len too short for its family's
+ * address, or NULL. Only len bytes of addr are read: a len too short to
+ * hold a family (0, as for a datagram from an unbound Unix socket) is no
+ * address and writes "", whatever the storage held before.
  * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf,
                                      size_t n);

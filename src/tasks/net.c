@@ -112,10 +112,14 @@ int atap_net_prep_connect(atap_net_io *io, const char *name)
 
 int atap_net_prep_unix_connect(atap_net_io *io, const char *path)
 {
-    if (!io || !path || !*path)
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!io)
         return ATAP_EINVAL;
-    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return -ENAMETOOLONG;
+    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
+        return rc;
     prep(io, OP_UNIX_CONNECT, -1, NULL, 0);
     io->name = path;
     return 0;

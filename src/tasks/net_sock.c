@@ -141,6 +141,9 @@ int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name)
     return 0;
 }
 
+/* A path, or with a leading '@' a name in Linux's abstract namespace:
+ * sun_path starts with a NUL, the name's bytes follow, and the length
+ * ends the name (no NUL of its own), so it may fill sun_path whole. */
 int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path)
 {
     struct sockaddr_un *a = (struct sockaddr_un *)(void *)addr;
@@ -148,7 +151,23 @@ int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path)
 
     if (!addr || !len || !path || !*path)
         return ATAP_EINVAL;
-    if ((n = strlen(path)) >= sizeof a->sun_path)
+    n = strlen(path);
+    if (path[0] == '@') {
+#ifdef __linux__
+        if (n == 1)
+            return ATAP_EINVAL;
+        if (n > sizeof a->sun_path)
+            return -ENAMETOOLONG;
+        memset(a, 0, sizeof *a);
+        a->sun_family = AF_UNIX;
+        memcpy(a->sun_path + 1, path + 1, n - 1);
+        *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+        return 0;
+#else
+        return -ENOTSUP;
+#endif
+    }
+    if (n >= sizeof a->sun_path)
         return -ENAMETOOLONG;
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
@@ -189,6 +208,11 @@ int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf, 
         size_t max = len > off ? (size_t)len - off : 0;
         if (max > sizeof a->sun_path)
             max = sizeof a->sun_path;
+#ifdef __linux__
+        if (max > 0 && a->sun_path[0] == '\0') /* abstract: the length ends it */
+            return snprintf(buf, n, "@%.*s", (int)strnlen(a->sun_path + 1, max - 1),
+                            a->sun_path + 1);
+#endif
         return snprintf(buf, n, "%.*s", (int)strnlen(a->sun_path, max), a->sun_path);
     }
     default:
@@ -333,7 +357,7 @@ int atap_net_dgram_connect(int fd, const char *name)
 
     if (!name)
         return ATAP_EINVAL;
-    if (name[0] == '/' || name[0] == '.')
+    if (name[0] == '/' || name[0] == '.' || name[0] == '@')
         rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, name);
     else
         rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name);
