@@ -82,7 +82,8 @@ typedef struct atap_net_reader {
 typedef struct atap_net_io {
     int fd;                /* the socket operated on (-1 for a connect) */
     int op;                /* which operation (libatap's) */
-    void *buf;             /* the caller's buffer (send's bytes, recv's room) */
+    void *buf;             /* the caller's buffer (send's bytes, recv's room;
+                              a connect's options) */
     size_t len;            /* its length */
     size_t done;           /* bytes moved so far: readable after a cancel */
     size_t limit;          /* recv_until's limit */
@@ -98,6 +99,49 @@ typedef struct atap_net_io {
 } atap_net_io;
 
 /*
+ * Socket options, set on a socket before it is bound or connected (where
+ * SO_REUSEPORT, IPV6_V6ONLY and the buffer sizes must be set for a
+ * listener's connections to have them): atap_net_listen_opts,
+ * atap_net_udp_bind_opts and atap_net_prep_connect_opts set them on the
+ * socket they make; atap_net_set_opts sets them on a socket of the
+ * caller's (an accepted one, one made elsewhere). Every field's zero
+ * leaves the socket as the call without options makes it (a TCP listener
+ * has SO_REUSEADDR, the rest is the system's default), so
+ * &(atap_net_opts){.flags = ATAP_NET_REUSEPORT} asks for that alone. An
+ * option that the socket's family does not have fails the call with the
+ * kernel's -errno (IPV6_V6ONLY on an IPv4 socket: -ENOPROTOOPT), one the
+ * platform does not have with -ENOTSUP; a socket the call was making is
+ * then closed. Options are plain values, read by the call (a connect's:
+ * see atap_net_prep_connect_opts).
+ */
+typedef struct atap_net_opts {
+    unsigned flags;    /* ATAP_NET_REUSEADDR... below */
+    int send_buffer;   /* SO_SNDBUF in bytes (0: the system's). The kernel
+                          rounds it (Linux doubles it: its bookkeeping) */
+    int recv_buffer;   /* SO_RCVBUF, likewise */
+    int multicast_ttl; /* UDP: hops a multicast datagram sent may go,
+                          IP_MULTICAST_TTL / IPV6_MULTICAST_HOPS, 1..255
+                          (0: the system's, 1: this link only) */
+    const char *local; /* a connect's only: the numeric "host:port" its
+                          socket is bound to first ("10.0.0.2:0": that
+                          address, any free port); NULL: the system picks */
+} atap_net_opts;
+
+/* atap_net_opts.flags. REUSEPORT: several sockets, each with it, may be
+ * bound to one address and port (Linux spreads the connections or
+ * datagrams among them). DUAL_STACK: "[::]:port" takes IPv4 too, its
+ * peers read as "[::ffff:a.b.c.d]:port". BROADCAST: a UDP send to a
+ * broadcast address, without it, fails with -EACCES. MULTICAST_NO_LOOP:
+ * multicast this socket sends is not looped back to this host's own
+ * members of the group. */
+#define ATAP_NET_REUSEADDR 0x01u         /* SO_REUSEADDR (a TCP listener has it anyway) */
+#define ATAP_NET_REUSEPORT 0x02u         /* SO_REUSEPORT */
+#define ATAP_NET_V6ONLY 0x04u            /* IPV6_V6ONLY on: IPv6 only */
+#define ATAP_NET_DUAL_STACK 0x08u        /* IPV6_V6ONLY off: IPv4 too */
+#define ATAP_NET_BROADCAST 0x10u         /* SO_BROADCAST */
+#define ATAP_NET_MULTICAST_NO_LOOP 0x20u /* IP_MULTICAST_LOOP / IPV6_MULTICAST_LOOP off */
+
+/*
  * TCP connect to name, "host:port" ("example.com:80", "127.0.0.1:8080",
  * "[::1]:8080"). The name is resolved when the task runs: a numeric host
  * is parsed at once; any other is looked up (getaddrinfo) by a task that
@@ -111,6 +155,20 @@ typedef struct atap_net_io {
  * Prep returns 0; ATAP_EINVAL for NULL io or name, or a name with no ':'.
  */
 ATAP_EXPORT int atap_net_prep_connect(atap_net_io *io, const char *name);
+
+/* atap_net_prep_connect, with options set on each socket it tries before
+ * its connect, and the socket bound to opts->local first if given. opts
+ * (may be NULL) and its local are copied by atap_net_spawn, as the name
+ * is; atap_net_run and atap_net_step read them where they are, so there
+ * they must live until the operation is done. An address of another
+ * family than local's is skipped (its error: -EAFNOSUPPORT), and a local
+ * address that cannot be bound is that address's error (-EADDRINUSE,
+ * -EADDRNOTAVAIL...): the next address is tried, the last one's error is
+ * the result. Prep returns 0; ATAP_EINVAL as atap_net_prep_connect, or
+ * for options atap_net_set_opts refuses or a local that is not a numeric
+ * "host:port". */
+ATAP_EXPORT int atap_net_prep_connect_opts(atap_net_io *io, const char *name,
+                                           const atap_net_opts *opts);
 
 /* Unix stream connect to path, a file's path or an abstract name
  * ("@name": see Unix names below). Results: -ENOENT (no such file),
@@ -251,6 +309,13 @@ ATAP_EXPORT void atap_net_reader_consume(atap_net_reader *reader, size_t n);
  */
 ATAP_EXPORT int atap_net_listen(int *fd, const char *name, int backlog);
 
+/* atap_net_listen with options (may be NULL: the same as atap_net_listen),
+ * set before the bind; ATAP_NET_REUSEADDR is set whatever the flags say.
+ * Returns as atap_net_listen, and as atap_net_set_opts; ATAP_EINVAL also
+ * for a local (a connect's only). Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_listen_opts(int *fd, const char *name, int backlog,
+                                     const atap_net_opts *opts);
+
 /*
  * Unix names. A name that starts with '@' is, on Linux, a name in the
  * abstract namespace: "@name" binds the bytes after the '@' (no file is
@@ -272,6 +337,10 @@ ATAP_EXPORT int atap_net_unix_listen(int *fd, const char *path, int backlog);
 /* A UDP socket bound to name (numeric, as atap_net_listen; port 0 picks).
  * Returns 0 and *fd, or as atap_net_listen. */
 ATAP_EXPORT int atap_net_udp_bind(int *fd, const char *name);
+
+/* atap_net_udp_bind with options (may be NULL), set before the bind.
+ * Returns as atap_net_listen_opts. Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_udp_bind_opts(int *fd, const char *name, const atap_net_opts *opts);
 
 /* Connects a datagram socket (UDP, or Unix with a path starting with '/'
  * or '.', or an abstract "@name") to name, numeric, so that send / recv
@@ -317,6 +386,30 @@ ATAP_EXPORT int atap_net_local_port(int fd);
 ATAP_EXPORT int atap_net_shutdown_write(int fd);
 ATAP_EXPORT int atap_net_set_nodelay(int fd, bool on);
 ATAP_EXPORT int atap_net_set_keepalive(int fd, bool on, unsigned idle_s);
+
+/* Sets opts (as atap_net_listen_opts does, on a socket of the caller's):
+ * each option asked for, in the order of the struct (flags first); the
+ * first that fails stops it with its code, those before it stay set.
+ * Returns 0; ATAP_EINVAL for NULL opts, an unknown flag, both V6ONLY and
+ * DUAL_STACK, a negative buffer size, a multicast_ttl above 255 or a
+ * local (a connect's only); -ENOTSUP for SO_REUSEPORT where there is
+ * none; -errno (-EBADF, -ENOTSOCK, -ENOPROTOOPT...).
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_set_opts(int fd, const atap_net_opts *opts);
+
+/* Joins / leaves the multicast group, a numeric IPv4 or IPv6 address
+ * ("239.1.2.3", "ff02::1:3") of the socket's family, on the network
+ * interface named iface ("eth0"; NULL: the one the system routes the
+ * group to). A UDP socket bound to the group's port (and to the group or
+ * the any address) then receives what is sent to the group. Returns 0;
+ * ATAP_EINVAL for NULL group or one that is not a numeric address; -ENODEV
+ * for no interface of that name; -EADDRINUSE (joined already),
+ * -EADDRNOTAVAIL (leaving a group not joined), -EINVAL (not a multicast
+ * address), -ENOPROTOOPT (a group of another family)...; -ENOTSUP where
+ * the platform has no protocol-independent join (MCAST_JOIN_GROUP).
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_multicast_join(int fd, const char *group, const char *iface);
+ATAP_EXPORT int atap_net_multicast_leave(int fd, const char *group, const char *iface);
 
 #ifdef __cplusplus
 }

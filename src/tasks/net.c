@@ -110,6 +110,16 @@ int atap_net_prep_connect(atap_net_io *io, const char *name)
     return 0;
 }
 
+int atap_net_prep_connect_opts(atap_net_io *io, const char *name, const atap_net_opts *opts)
+{
+    int rc;
+
+    if (atap__net_check_opts(opts, true) != 0 || (rc = atap_net_prep_connect(io, name)) != 0)
+        return ATAP_EINVAL;
+    io->buf = (void *)opts; /* a connect's options (spawned: libatap's copy) */
+    return 0;
+}
+
 int atap_net_prep_unix_connect(atap_net_io *io, const char *path)
 {
     struct sockaddr_storage ss;
@@ -280,7 +290,13 @@ static int tcp_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
             continue;
         }
         io->pending = rc;
-        if (connect(rc, ai->ai_addr, ai->ai_addrlen) == 0)
+        if ((rc = atap__net_connect_opts(rc, ai->ai_family, io->buf)) != 0) {
+            io->err = rc;
+            close(io->pending);
+            io->pending = -1;
+            continue;
+        }
+        if (connect(io->pending, ai->ai_addr, ai->ai_addrlen) == 0)
             return connected(io, out);
         if (errno == EINPROGRESS || errno == EINTR)
             return park(ctx, out, io, ATAP_WRITABLE);
@@ -589,6 +605,33 @@ static bool needs_lookup(const atap_net_io *io)
     return true;
 }
 
+/* A spawned connect's copy of what its prep was given: the options (zero
+ * for none; a Unix connect has none), then the name, then the options'
+ * local address. One block, io->buf, freed by let_go. */
+struct connect_copy {
+    atap_net_opts opts;
+    char text[];
+};
+
+static int copy_connect(atap_net_io *io)
+{
+    const atap_net_opts *o = io->buf;
+    size_t name = strlen(io->name) + 1, local = o && o->local ? strlen(o->local) + 1 : 0;
+    struct connect_copy *c = malloc(sizeof *c + name + local);
+
+    if (!c)
+        return -ENOMEM;
+    c->opts = o ? *o : (atap_net_opts){0};
+    memcpy(c->text, io->name, name);
+    if (local) {
+        memcpy(c->text + name, o->local, local);
+        c->opts.local = c->text + name;
+    }
+    io->buf = c;
+    io->name = c->text;
+    return 0;
+}
+
 /* The task's arg_free: the task is gone for good (its run over, its last
  * handle released), so nothing of libatap's touches io after the store of
  * busy, which atap_net_release waits for. */
@@ -598,7 +641,7 @@ static void let_go(void *arg)
 
     if (is_connect(io)) {
         connect_cleanup(io);
-        free(io->buf); /* the copy of the name: prepare a connect again */
+        free(io->buf); /* the copy of the name and options: prepare a connect again */
         io->buf = NULL;
         io->name = NULL;
     }
@@ -619,12 +662,10 @@ int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts
         return ATAP_EINVAL;
     if (is_connect(io) && !io->name)
         return ATAP_EINVAL;
+    /* A connect's name and options need only live through this call. */
+    if (is_connect(io) && (rc = copy_connect(io)) != 0)
+        return rc;
     restart(io);
-    if (is_connect(io)) { /* the name need only live through this call */
-        if (!(io->buf = strdup(io->name)))
-            return -ENOMEM;
-        io->name = io->buf;
-    }
     o.out_size = sizeof(atap_net_out);
     o.blocking = needs_lookup(io);
     o.arg_free = let_go;
