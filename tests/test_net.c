@@ -1341,6 +1341,157 @@ static void test_net_multicast(void **state)
     close(r);
 }
 
+/* ---- gathered sends, messages ------------------------------------------- */
+
+/* Reads fd to its end (the peer closed), hashing what came; the count. */
+static size_t drain_hash(int fd, uint64_t *h)
+{
+    unsigned char chunk[65536];
+    size_t got = 0;
+
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n == 0)
+            return got;
+        if (n < 0 && errno == EAGAIN) {
+            assert_int_equal(poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 20000), 1);
+            continue;
+        }
+        assert_true(n > 0);
+        *h = fnv1a(*h, chunk, (size_t)n);
+        got += (size_t)n;
+    }
+}
+
+/* A gathered send sends every buffer in order: one datagram on a datagram
+ * socket; on a stream, through a small send buffer, all of many buffers of
+ * every size (empty ones too) after partial writes that end mid-buffer,
+ * the array left as it was. A pipe is written with writev. */
+static void test_net_sendv(void **state)
+{
+    (void)state;
+    enum { N = 1024, SRC = 6 << 20 };
+    unsigned char *src = malloc(SRC), buf[32];
+    struct iovec *iov = calloc(N + 1, sizeof *iov), *copy = calloc(N + 1, sizeof *iov);
+    uint64_t h_want = 1469598103934665603u, h_got = 1469598103934665603u, x = 88172645463325252u;
+    size_t total = 0, at = 0;
+    int fds[2], p[2];
+    atap_net_io io;
+    atap_net_out out;
+    atap_task t;
+
+    assert_non_null(src);
+    assert_non_null(iov);
+    assert_non_null(copy);
+    /* Three pieces, one stream. */
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    iov[0] = (struct iovec){.iov_base = "hello", .iov_len = 5};
+    iov[1] = (struct iovec){.iov_base = ", ", .iov_len = 2};
+    iov[2] = (struct iovec){.iov_base = "world", .iov_len = 5};
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, 3), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 12);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[1], buf, 12), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_memory_equal(buf, "hello, world", 12);
+    close(fds[0]);
+    close(fds[1]);
+    /* One datagram. */
+    assert_int_equal(atap_net_pair(fds, SOCK_DGRAM), 0);
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, 3), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(atap_net_prep_recv(&io, fds[1], buf, sizeof buf), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 12);
+    assert_memory_equal(buf, "hello, world", 12);
+    close(fds[0]);
+    close(fds[1]);
+    /* A pipe. */
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(atap_net_prep_sendv(&io, p[1], iov, 3), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(read(p[0], buf, sizeof buf), 12);
+    assert_memory_equal(buf, "hello, world", 12);
+    close(p[0]);
+    close(p[1]);
+
+    /* The most buffers, of sizes 0 to 12 KiB, through a 4 KiB send buffer. */
+    for (size_t i = 0; i + 8 <= SRC; i += 8) { /* xorshift */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(src + i, &x, 8);
+    }
+    for (int i = 0; i < N; i++) {
+        size_t len = i % 7 == 3 ? 0 : (size_t)(x = x * 6364136223846793005u + 1) >> 51;
+        if (at + len > SRC)
+            len = SRC - at;
+        iov[i] = (struct iovec){.iov_base = src + at, .iov_len = len};
+        at += len + 1; /* a byte skipped between buffers: order shows */
+        if (at > SRC)
+            at = SRC;
+        total += len;
+        h_want = fnv1a(h_want, iov[i].iov_base, len);
+    }
+    memcpy(copy, iov, N * sizeof *iov);
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_set_opts(fds[0], &(atap_net_opts){.send_buffer = 4096}), 0);
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, N), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    {
+        atap_net_io rio;
+        atap_net_out rout;
+        unsigned char *rb = malloc(65536);
+        size_t got = 0;
+        assert_non_null(rb);
+        while (got < total) {
+            assert_int_equal(atap_net_prep_recv(&rio, fds[1], rb, 1000 + got % 3000), 0);
+            assert_int_equal(run_task(&rio, &rout, NULL), 0);
+            assert_true(rout.n > 0);
+            h_got = fnv1a(h_got, rb, (size_t)rout.n);
+            got += (size_t)rout.n;
+        }
+        free(rb);
+        assert_int_equal(got, total);
+    }
+    assert_int_equal(atap_net_join(t, &out), 0);
+    atap_net_release(t, &io);
+    assert_int_equal(out.n, (int64_t)total);
+    assert_true(h_got == h_want);
+    assert_memory_equal(copy, iov, N * sizeof *iov); /* read, never written */
+
+    /* Cancelled while the reader does not read: io->done bytes went, the
+     * first of the gather's. */
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, N), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    assert_true(wait_parked(t));
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_net_join(t, &out), ATAP_ECANCELLED);
+    atap_net_release(t, &io);
+    assert_true(io.done > 0 && io.done < total);
+    close(fds[0]);
+    h_want = 1469598103934665603u;
+    for (int i = 0, left = (int)io.done; left > 0; i++) {
+        size_t len = iov[i].iov_len < (size_t)left ? iov[i].iov_len : (size_t)left;
+        h_want = fnv1a(h_want, iov[i].iov_base, len);
+        left -= (int)len;
+    }
+    h_got = 1469598103934665603u;
+    assert_int_equal(drain_hash(fds[1], &h_got), io.done);
+    assert_true(h_got == h_want);
+    close(fds[1]);
+
+    /* What is refused. */
+    assert_int_equal(atap_net_prep_sendv(&io, 0, iov, N + 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendv(&io, 0, iov, -1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendv(&io, 0, NULL, 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendv(NULL, 0, iov, 1), ATAP_EINVAL);
+    iov[0].iov_len = SIZE_MAX / 2;
+    iov[1].iov_len = SIZE_MAX / 2;
+    assert_int_equal(atap_net_prep_sendv(&io, 0, iov, 2), ATAP_EINVAL); /* past SSIZE_MAX */
+    free(src);
+    free(iov);
+    free(copy);
+}
+
 /* ---- Unix ---------------------------------------------------------------- */
 
 static void test_net_unix_stream(void **state)
@@ -2010,6 +2161,7 @@ int main(void)
         T(test_net_ipv6_only_and_dual_stack),
         T(test_net_connect_local_address),
         T(test_net_multicast),
+        T(test_net_sendv),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
         T(test_net_unix_abstract),

@@ -7,6 +7,7 @@
 #define ATAP_NET_H
 
 #include <sys/socket.h> /* struct sockaddr, socklen_t */
+#include <sys/uio.h>    /* struct iovec */
 #include "core.h"
 
 #ifdef __cplusplus
@@ -199,6 +200,22 @@ ATAP_EXPORT int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *
  * (out.n on an error) says how many went. A peer gone: -EPIPE or
  * -ECONNRESET (no SIGPIPE is raised). */
 ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len);
+
+/* The most buffers one gathered send (or scattered receive) takes: the
+ * IOV_MAX of Linux, macOS and the BSDs. */
+#define ATAP_NET_IOV_MAX 1024
+
+/* Sends all the bytes of iov[0..iovcnt), in order, as atap_net_prep_send
+ * sends one buffer (a gathered send, sendmsg): on a stream socket each
+ * partial write is followed from where it stopped, mid-buffer too, parking
+ * while the socket is full; on a datagram socket they go as one datagram.
+ * An fd that is not a socket (a pipe) is written with writev. out.n: the
+ * bytes of them all; io->done after a cancel (out.n after an error): how
+ * many went, the first ones. The array and its buffers are the caller's,
+ * read and never written, kept as send's buffer is. Prep returns 0;
+ * ATAP_EINVAL for NULL io, NULL iov with iovcnt > 0, iovcnt below 0 or
+ * above ATAP_NET_IOV_MAX, or lengths adding up past SSIZE_MAX. */
+ATAP_EXPORT int atap_net_prep_sendv(atap_net_io *io, int fd, const struct iovec *iov, int iovcnt);
 
 /* Receives what has arrived, up to len bytes, into buf, waiting for at
  * least one (on a datagram socket: one datagram, cut to len). out.n: the

@@ -30,13 +30,14 @@
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "atap.h"
@@ -53,6 +54,8 @@ enum {
     OP_SEND_TO,
     OP_RECV_FROM,
     OP_RECV_UNTIL,
+    OP_SENDV,
+    OP_LAST = OP_SENDV,
 };
 
 #define UNIX_RETRY_NS ATAP_MS(1)
@@ -156,6 +159,32 @@ static int prep_buf(atap_net_io *io, int op, int fd, const void *buf, size_t len
 int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len)
 {
     return prep_buf(io, OP_SEND, fd, buf, len);
+}
+
+/* The bytes of iov[0..n) in all, into *total: false past SSIZE_MAX. */
+static bool iov_total(const struct iovec *iov, size_t n, size_t *total)
+{
+    size_t t = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (iov[i].iov_len > (size_t)SSIZE_MAX - t)
+            return false;
+        t += iov[i].iov_len;
+    }
+    *total = t;
+    return true;
+}
+
+int atap_net_prep_sendv(atap_net_io *io, int fd, const struct iovec *iov, int iovcnt)
+{
+    size_t total;
+
+    if (!io || iovcnt < 0 || iovcnt > ATAP_NET_IOV_MAX || (!iov && iovcnt > 0) ||
+        !iov_total(iov, (size_t)iovcnt, &total))
+        return ATAP_EINVAL;
+    prep(io, OP_SENDV, fd, iov, total); /* buf: the array; len: its bytes */
+    io->limit = (size_t)iovcnt;
+    return 0;
 }
 
 int atap_net_prep_recv(atap_net_io *io, int fd, void *buf, size_t len)
@@ -441,6 +470,69 @@ static int do_send(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     return finish(out, io->done, 0, -1);
 }
 
+/* A gathered send's next call sends from here on: a local copy of up to
+ * IOV_BATCH buffers, the first cut, when the last call ended in the middle
+ * of one; the caller's array itself otherwise (the kernel only reads it). */
+#define IOV_BATCH 64
+
+struct gather {
+    struct iovec part[IOV_BATCH];
+    struct msghdr m;
+};
+
+/* Fills g->m with what is left of iov[0..n) past `done` bytes. */
+static void gather_from(struct gather *g, const struct iovec *iov, size_t n, size_t done)
+{
+    size_t i = 0, k;
+
+    while (i < n && done >= iov[i].iov_len)
+        done -= iov[i++].iov_len;
+    memset(&g->m, 0, sizeof g->m);
+    if (done == 0) {
+        g->m.msg_iov = (struct iovec *)(uintptr_t)(iov + i); /* read only, by the kernel */
+        g->m.msg_iovlen = n - i;
+        return;
+    }
+    k = n - i < IOV_BATCH ? n - i : IOV_BATCH;
+    memcpy(g->part, iov + i, k * sizeof *iov);
+    g->part[0].iov_base = (unsigned char *)g->part[0].iov_base + done;
+    g->part[0].iov_len -= done;
+    g->m.msg_iov = g->part;
+    g->m.msg_iovlen = k;
+}
+
+static ssize_t gather_once(atap_net_io *io)
+{
+    struct gather g;
+    ssize_t r;
+
+    gather_from(&g, io->buf, io->limit, io->done);
+    if ((r = sendmsg(io->fd, &g.m, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
+        r = writev(io->fd, g.m.msg_iov, (int)g.m.msg_iovlen);
+    return r;
+}
+
+/* A gathered send: as do_send, each call going on from io->done. */
+static int do_sendv(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    bool first = true;
+
+    while (first || io->done < io->len) {
+        ssize_t r = gather_once(io);
+
+        first = false;
+        if (r >= 0)
+            io->done += (size_t)r;
+        else if (again(errno))
+            return park(ctx, out, io, ATAP_WRITABLE);
+        else if (errno != EINTR)
+            return finish(out, io->done, -errno, -1);
+        if (atap_cancelled(ctx))
+            return finish(out, io->done, ATAP_ECANCELLED, -1);
+    }
+    return finish(out, io->done, 0, -1);
+}
+
 /* A read of 0 bytes asks for nothing, so it waits for nothing: it is done
  * before the first call. A recv of 0 bytes would wait for data (the kernel
  * wants a byte before it answers) and then say 0, which reads as a close;
@@ -571,6 +663,8 @@ static int net_task(atap_ctx *ctx, void *arg, void *out_)
         return do_recv(ctx, io, out);
     case OP_RECV_UNTIL:
         return do_recv_until(ctx, io, out);
+    case OP_SENDV:
+        return do_sendv(ctx, io, out);
     default:
         return finish(out, 0, ATAP_EINVAL, -1);
     }
@@ -656,7 +750,7 @@ int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
-    if (!io || io->op <= OP_NONE || io->op > OP_RECV_UNTIL ||
+    if (!io || io->op <= OP_NONE || io->op > OP_LAST ||
         (o.out_size != 0 && o.out_size != sizeof(atap_net_out)) || o.kind != ATAP_ONCE ||
         o.arg_free || o.out_free)
         return ATAP_EINVAL;
@@ -697,7 +791,7 @@ int atap_net_run(atap_net_io *io, atap_net_out *out)
     atap_net_out local;
     int rc;
 
-    if (!io || io->op <= OP_NONE || io->op > OP_RECV_UNTIL || (is_connect(io) && !io->name))
+    if (!io || io->op <= OP_NONE || io->op > OP_LAST || (is_connect(io) && !io->name))
         return ATAP_EINVAL;
     if (!out)
         out = &local;
@@ -710,7 +804,7 @@ int atap_net_run(atap_net_io *io, atap_net_out *out)
 
 int atap_net_step(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
-    if (!ctx || !io || !out || io->op <= OP_NONE || io->op > OP_RECV_UNTIL ||
+    if (!ctx || !io || !out || io->op <= OP_NONE || io->op > OP_LAST ||
         (is_connect(io) && !io->name))
         return ATAP_EINVAL;
     return net_task(ctx, io, out);
