@@ -99,6 +99,18 @@ static void send_all(int fd, const void *buf, size_t len)
     assert_int_equal(out.n, (int64_t)len);
 }
 
+static void send_to_all(int fd, const void *buf, size_t len, const struct sockaddr_storage *to,
+                        socklen_t to_len)
+{
+    atap_net_io io;
+    atap_net_out out;
+
+    assert_int_equal(atap_net_prep_send_to(&io, fd, buf, len, (const struct sockaddr *)to, to_len),
+                     0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, (int64_t)len);
+}
+
 /* Waits until t is parked (ATAP_WAITING); false if it never got there. */
 static bool wait_parked(atap_task t)
 {
@@ -1492,6 +1504,195 @@ static void test_net_sendv(void **state)
     free(copy);
 }
 
+/* fds passed over a Unix socket: the one received reads what is written
+ * through the one sent (a pipe's two ends), is close-on-exec, and fds with
+ * no room are dropped (closed), flagged, never leaked. */
+static void test_net_pass_fds(void **state)
+{
+    (void)state;
+    int fds[2], p[2], q[2], got[4] = {-1, -1, -1, -1}, fds_before;
+    unsigned char buf[8];
+    struct iovec iov = {.iov_base = "F", .iov_len = 1}, riov = {.iov_base = buf, .iov_len = 8};
+    atap_net_msg msg = {.iov = &iov, .iovcnt = 1, .nfds = 1, .fds = p};
+    atap_net_msg rmsg = {.iov = &riov, .iovcnt = 1, .nfds = 4, .fds = got};
+    atap_net_io io, rio;
+    atap_net_out out;
+    atap_task t;
+    char text[16];
+
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(pipe(q), 0);
+    fds_before = count_fds();
+    /* The receive first, parked: the fd comes with the byte. */
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), 0);
+    assert_int_equal(rmsg.nfds, 0); /* zeroed by the prep: nothing came yet */
+    assert_int_equal(atap_net_spawn(&t, &rio, NULL), 0);
+    assert_true(wait_parked(t));
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0); /* p[0], the read end */
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 1);
+    assert_int_equal(atap_net_join(t, &out), 0);
+    atap_net_release(t, &rio);
+    assert_int_equal(out.n, 1);
+    assert_int_equal(buf[0], 'F');
+    assert_int_equal(rmsg.nfds, 1);
+    assert_int_equal(rmsg.flags, 0);
+    assert_true(got[0] >= 0 && got[0] != p[0]);
+    assert_true(fcntl(got[0], F_GETFD) & FD_CLOEXEC);
+    assert_int_equal(write(p[1], "through", 7), 7); /* into the pipe's write end */
+    assert_int_equal(read(got[0], text, sizeof text), 7);
+    assert_memory_equal(text, "through", 7);
+    close(got[0]);
+
+    /* Three sent, room for one: one comes, two are closed. On the calling
+     * thread this time, with two bytes. */
+    {
+        int three[3] = {p[1], q[0], q[1]};
+        iov = (struct iovec){.iov_base = "GH", .iov_len = 2};
+        msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 3, .fds = three};
+        assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0);
+        assert_int_equal(atap_net_run(&io, &out), 0);
+    }
+    rmsg = (atap_net_msg){.iov = &riov, .iovcnt = 1, .nfds = 1, .fds = got};
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), 0);
+    assert_int_equal(run_task(&rio, &out, NULL), 0);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(rmsg.nfds, 1);
+    assert_int_equal(rmsg.flags, ATAP_NET_FDS_TRUNC);
+    assert_true(fcntl(got[0], F_GETFD) & FD_CLOEXEC);
+    /* got[0] is p[1], the write end: what goes through it reads from p[0]. */
+    assert_int_equal(write(got[0], "w", 1), 1);
+    assert_int_equal(read(p[0], text, 1), 1);
+    assert_int_equal(text[0], 'w');
+    close(got[0]);
+    if (fds_before >= 0)
+        assert_int_equal(count_fds(), fds_before); /* the two with no room: closed */
+
+    /* No room for any: the fd is dropped, the byte read. */
+    msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 1, .fds = p};
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    rmsg = (atap_net_msg){.iov = &riov, .iovcnt = 1};
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), 0);
+    assert_int_equal(run_task(&rio, &out, NULL), 0);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(rmsg.nfds, 0);
+    assert_int_equal(rmsg.flags, ATAP_NET_FDS_TRUNC);
+    if (fds_before >= 0)
+        assert_int_equal(count_fds(), fds_before);
+
+    /* A closed fd, and fds over a socket that cannot carry them. */
+    {
+        int bad = 0x7ffe, tcp_c, tcp_s;
+        msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 1, .fds = &bad};
+        assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0);
+        assert_int_equal(run_task(&io, &out, NULL), -EBADF);
+        tcp_pair(&tcp_c, &tcp_s);
+        msg.fds = p;
+        assert_int_equal(atap_net_prep_sendmsg(&io, tcp_c, &msg), 0);
+        assert_int_equal(run_task(&io, &out, NULL), -EOPNOTSUPP);
+        close(tcp_c);
+        close(tcp_s);
+    }
+    /* What is refused. */
+    msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = ATAP_NET_FDS_MAX + 1, .fds = p};
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), ATAP_EINVAL);
+    msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 1};
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), ATAP_EINVAL);
+    msg = (atap_net_msg){.nfds = 1, .fds = p}; /* no byte to carry it */
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), ATAP_EINVAL);
+    rmsg = (atap_net_msg){.iov = &riov, .iovcnt = 1, .nfds = -1, .fds = got};
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], NULL), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], NULL), ATAP_EINVAL);
+    close(p[0]);
+    close(p[1]);
+    close(q[0]);
+    close(q[1]);
+    close(fds[0]);
+    close(fds[1]);
+}
+
+/* A datagram cut to the room says so (ATAP_NET_TRUNC); one that fits, even
+ * exactly, does not. Scattered over two buffers, with its sender. */
+static void test_net_recvmsg_truncated(void **state)
+{
+    (void)state;
+    int a, b;
+    unsigned char head[4], tail[6], big[200];
+    struct iovec riov[2] = {{.iov_base = head, .iov_len = 4}, {.iov_base = tail, .iov_len = 6}};
+    struct iovec siov[2];
+    struct sockaddr_storage from, to;
+    socklen_t to_len;
+    char name[64], text[64];
+    atap_net_msg rmsg, smsg;
+    atap_net_io io;
+    atap_net_out out;
+
+    memset(big, 'z', sizeof big);
+    assert_int_equal(atap_net_udp_bind(&a, "127.0.0.1:0"), 0);
+    assert_int_equal(atap_net_udp_bind(&b, "127.0.0.1:0"), 0);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(b));
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&to, &to_len, name), 0);
+    /* Sent by message too: two buffers, one datagram, to an address. */
+    siov[0] = (struct iovec){.iov_base = "0123", .iov_len = 4};
+    siov[1] = (struct iovec){.iov_base = "456789ABCDEF", .iov_len = 12};
+    smsg =
+        (atap_net_msg){.iov = siov, .iovcnt = 2, .addr = (struct sockaddr *)&to, .addrlen = to_len};
+    assert_int_equal(atap_net_prep_sendmsg(&io, a, &smsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 16);
+    rmsg = (atap_net_msg){.iov = riov,
+                          .iovcnt = 2,
+                          .addr = (struct sockaddr *)&from,
+                          .addrlen = sizeof from,
+                          .flags = 77};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(rmsg.flags, 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 10);
+    assert_int_equal(rmsg.flags, ATAP_NET_TRUNC);
+    assert_memory_equal(head, "0123", 4);
+    assert_memory_equal(tail, "456789", 6);
+    atap_net_addr_format((struct sockaddr *)&from, rmsg.addrlen, text, sizeof text);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(a));
+    assert_string_equal(text, name);
+    /* Exactly the room: not cut. */
+    send_to_all(a, "abcdefghij", 10, &to, to_len);
+    rmsg = (atap_net_msg){.iov = riov, .iovcnt = 2};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 10);
+    assert_int_equal(rmsg.flags, 0);
+    /* Short: not cut either. */
+    send_to_all(a, "xyz", 3, &to, to_len);
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 3);
+    assert_int_equal(rmsg.flags, 0);
+    assert_memory_equal(head, "xyz", 3);
+    /* Much longer, into one buffer, stepped on the calling thread. */
+    send_to_all(a, big, sizeof big, &to, to_len);
+    rmsg = (atap_net_msg){.iov = riov, .iovcnt = 1};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(atap_net_run(&io, &out), 0);
+    assert_int_equal(out.n, 4);
+    assert_int_equal(rmsg.flags, ATAP_NET_TRUNC);
+    /* An empty datagram fits any room; a room of 0 asks for nothing. */
+    send_to_all(a, "", 0, &to, to_len);
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(rmsg.flags, 0);
+    rmsg = (atap_net_msg){.iov = NULL, .iovcnt = 0};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, &(atap_spawn_opts){.timeout_ns = ATAP_SEC(5)}), 0);
+    assert_int_equal(out.n, 0);
+    close(a);
+    close(b);
+}
+
 /* ---- Unix ---------------------------------------------------------------- */
 
 static void test_net_unix_stream(void **state)
@@ -2162,6 +2363,8 @@ int main(void)
         T(test_net_connect_local_address),
         T(test_net_multicast),
         T(test_net_sendv),
+        T(test_net_pass_fds),
+        T(test_net_recvmsg_truncated),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
         T(test_net_unix_abstract),

@@ -217,6 +217,71 @@ ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, siz
  * above ATAP_NET_IOV_MAX, or lengths adding up past SSIZE_MAX. */
 ATAP_EXPORT int atap_net_prep_sendv(atap_net_io *io, int fd, const struct iovec *iov, int iovcnt);
 
+/*
+ * Messages (sendmsg, recvmsg): buffers, fds passed over a Unix socket
+ * (SCM_RIGHTS), an address, and what the kernel says of a datagram
+ * received. The message, its arrays and buffers are the caller's, kept
+ * as a send's buffer is; a send reads it, a receive writes iov's buffers,
+ * nfds, fds, addrlen and flags (and the prep zeroes nfds and flags).
+ */
+typedef struct atap_net_msg {
+    const struct iovec *iov; /* the buffers: sent from, or filled in order */
+    int iovcnt;              /* how many: 0 to ATAP_NET_IOV_MAX */
+    int nfds;                /* send: how many fds to pass; receive: the room
+                                in fds, read by the prep (which sets nfds
+                                to 0), then how many fds came */
+    int *fds;                /* send: the fds passed (still the caller's to
+                                close); receive: those that came, each the
+                                caller's to close, close-on-exec */
+    struct sockaddr *addr;   /* send: the destination (NULL: the connected
+                                peer); receive: room for the sender's
+                                address (NULL: not wanted) */
+    socklen_t addrlen;       /* send: addr's length; receive: in, the room,
+                                out, the sender's length (as recv_from's) */
+    unsigned flags;          /* receive, out: ATAP_NET_TRUNC... below */
+} atap_net_msg;
+
+/* atap_net_msg.flags, of a receive: the datagram was longer than the
+ * room and its end was dropped (MSG_TRUNC); fds came that had no room and
+ * the system closed them (MSG_CTRUNC). */
+#define ATAP_NET_TRUNC 0x1u     /* the datagram was cut */
+#define ATAP_NET_FDS_TRUNC 0x2u /* fds were dropped */
+/* The most fds one message passes (Linux's SCM_MAX_FD). */
+#define ATAP_NET_FDS_MAX 253
+
+/*
+ * Sends a message: its buffers as atap_net_prep_sendv sends them (on a
+ * stream socket all of them, going on after partial writes; on a datagram
+ * socket one datagram, to msg->addr if not NULL), and msg->fds, passed
+ * with the first bytes that go (over a Unix socket; the receiver gets
+ * copies, these stay the caller's). out.n: the bytes; io->done as sendv's.
+ * Results: as send's, -EBADF for an fd passed that is not open,
+ * -EOPNOTSUPP for fds over a socket that is not a Unix one (refused
+ * before anything is sent: TCP and UDP would drop them).
+ * Prep returns 0; ATAP_EINVAL for NULL io or msg, an iov or iovcnt as
+ * sendv refuses, nfds below 0 or above ATAP_NET_FDS_MAX, NULL fds with
+ * nfds > 0, fds with no byte to carry them, or an addr with addrlen 0.
+ */
+ATAP_EXPORT int atap_net_prep_sendmsg(atap_net_io *io, int fd, const atap_net_msg *msg);
+
+/*
+ * Receives a message: as atap_net_prep_recv (waits for at least one byte,
+ * or one datagram; out.n the count, 0 from a stream peer that closed),
+ * scattered over msg->iov's buffers in order, with up to msg->nfds fds
+ * passed with those bytes into msg->fds (msg->nfds then says how many),
+ * each close-on-exec as it comes where the platform can (MSG_CMSG_CLOEXEC:
+ * Linux, FreeBSD), right after elsewhere, and sharing its file status
+ * flags (O_NONBLOCK...) with the sender's. msg->flags: ATAP_NET_TRUNC for a
+ * datagram cut to the room, so a short one (no flag) and a cut one tell
+ * apart; ATAP_NET_FDS_TRUNC when fds came that had no room (they are
+ * closed: none leaks). A room of 0 bytes asks for nothing, as recv of 0
+ * (no fd then comes). After a cancel msg->nfds still says which fds came:
+ * close them. Results: as recv's. Prep returns 0; ATAP_EINVAL for NULL io
+ * or msg, an iov or iovcnt as sendv refuses, nfds below 0 or above
+ * ATAP_NET_FDS_MAX, NULL fds with nfds > 0, or an addr with addrlen 0.
+ */
+ATAP_EXPORT int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg);
+
 /* Receives what has arrived, up to len bytes, into buf, waiting for at
  * least one (on a datagram socket: one datagram, cut to len). out.n: the
  * count; with len > 0, 0 means the peer closed (a stream socket), not an

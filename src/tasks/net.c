@@ -30,6 +30,7 @@
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -55,7 +56,9 @@ enum {
     OP_RECV_FROM,
     OP_RECV_UNTIL,
     OP_SENDV,
-    OP_LAST = OP_SENDV,
+    OP_SENDMSG,
+    OP_RECVMSG,
+    OP_LAST = OP_RECVMSG,
 };
 
 #define UNIX_RETRY_NS ATAP_MS(1)
@@ -184,6 +187,40 @@ int atap_net_prep_sendv(atap_net_io *io, int fd, const struct iovec *iov, int io
         return ATAP_EINVAL;
     prep(io, OP_SENDV, fd, iov, total); /* buf: the array; len: its bytes */
     io->limit = (size_t)iovcnt;
+    return 0;
+}
+
+/* 0, and the bytes of msg's buffers in *total; ATAP_EINVAL. */
+static int check_msg(const atap_net_msg *msg, size_t *total)
+{
+    if (!msg || msg->iovcnt < 0 || msg->iovcnt > ATAP_NET_IOV_MAX ||
+        (!msg->iov && msg->iovcnt > 0) || msg->nfds < 0 || msg->nfds > ATAP_NET_FDS_MAX ||
+        (!msg->fds && msg->nfds > 0) || (msg->addr && msg->addrlen == 0) ||
+        !iov_total(msg->iov, (size_t)msg->iovcnt, total))
+        return ATAP_EINVAL;
+    return 0;
+}
+
+int atap_net_prep_sendmsg(atap_net_io *io, int fd, const atap_net_msg *msg)
+{
+    size_t total;
+
+    if (!io || check_msg(msg, &total) != 0 || (msg->nfds > 0 && total == 0))
+        return ATAP_EINVAL;
+    prep(io, OP_SENDMSG, fd, msg, total); /* buf: the message; len: its bytes */
+    return 0;
+}
+
+int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg)
+{
+    size_t total;
+
+    if (!io || check_msg(msg, &total) != 0)
+        return ATAP_EINVAL;
+    prep(io, OP_RECVMSG, fd, msg, total); /* buf: the message; len: its room */
+    io->limit = (size_t)msg->nfds;        /* the room for fds */
+    msg->nfds = 0;
+    msg->flags = 0;
     return 0;
 }
 
@@ -501,11 +538,57 @@ static void gather_from(struct gather *g, const struct iovec *iov, size_t n, siz
     g->m.msg_iovlen = k;
 }
 
+/* Room for the most fds a message passes, aligned for its header. */
+union fd_control {
+    struct cmsghdr h;
+    unsigned char b[CMSG_SPACE(sizeof(int) * ATAP_NET_FDS_MAX)];
+};
+
+/* A message's next sendmsg: its fds with the first bytes only (a call
+ * that sent nothing, EAGAIN, sent none of them either). */
+static ssize_t message_once(atap_net_io *io)
+{
+    const atap_net_msg *msg = io->buf;
+    union fd_control ctl;
+    struct gather g;
+
+    gather_from(&g, msg->iov, (size_t)msg->iovcnt, io->done);
+    g.m.msg_name = msg->addr;
+    g.m.msg_namelen = msg->addr ? msg->addrlen : 0;
+    if (msg->nfds > 0 && io->done == 0) {
+        size_t n = (size_t)msg->nfds * sizeof(int);
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        struct cmsghdr *c;
+
+        /* Not Unix: TCP and UDP would send the bytes and drop the fds. */
+        ss.ss_family = AF_UNSPEC;
+        if (getsockname(io->fd, (struct sockaddr *)&ss, &len) != 0)
+            return -1;
+        if (ss.ss_family != AF_UNIX) {
+            errno = EOPNOTSUPP;
+            return -1;
+        }
+
+        memset(ctl.b, 0, CMSG_SPACE(n));
+        g.m.msg_control = ctl.b;
+        g.m.msg_controllen = CMSG_SPACE(n);
+        c = CMSG_FIRSTHDR(&g.m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(n);
+        memcpy(CMSG_DATA(c), msg->fds, n);
+    }
+    return sendmsg(io->fd, &g.m, SEND_FLAGS);
+}
+
 static ssize_t gather_once(atap_net_io *io)
 {
     struct gather g;
     ssize_t r;
 
+    if (io->op == OP_SENDMSG)
+        return message_once(io);
     gather_from(&g, io->buf, io->limit, io->done);
     if ((r = sendmsg(io->fd, &g.m, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
         r = writev(io->fd, g.m.msg_iov, (int)g.m.msg_iovlen);
@@ -531,6 +614,84 @@ static int do_sendv(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
             return finish(out, io->done, ATAP_ECANCELLED, -1);
     }
     return finish(out, io->done, 0, -1);
+}
+
+/* The fds that came with m into msg->fds, up to room (the kernel may give
+ * one more than asked: CMSG_SPACE rounds up); those past it are closed.
+ * Returns ATAP_NET_FDS_TRUNC if any was dropped, here or by the kernel. */
+static unsigned take_fds(atap_net_msg *msg, size_t room, struct msghdr *m)
+{
+    unsigned flags = (m->msg_flags & MSG_CTRUNC) ? ATAP_NET_FDS_TRUNC : 0;
+
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        const unsigned char *p = CMSG_DATA(c);
+        size_t k;
+
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        k = ((size_t)c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+
+            memcpy(&fd, p + i * sizeof fd, sizeof fd);
+            if ((size_t)msg->nfds >= room) {
+                close(fd);
+                flags |= ATAP_NET_FDS_TRUNC;
+                continue;
+            }
+#ifndef MSG_CMSG_CLOEXEC
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+#endif
+            msg->fds[msg->nfds++] = fd;
+        }
+    }
+    return flags;
+}
+
+#ifdef MSG_CMSG_CLOEXEC
+#define RECV_FD_FLAGS MSG_CMSG_CLOEXEC /* fds close-on-exec as they come */
+#else
+#define RECV_FD_FLAGS 0
+#endif
+
+/* One recvmsg: a room of 0 asks for nothing (as do_recv's). */
+static int do_recvmsg(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    atap_net_msg *msg = io->buf;
+    union fd_control ctl;
+    struct msghdr m;
+    ssize_t r;
+
+    if (io->len == 0) {
+        if (msg->addr)
+            msg->addrlen = 0;
+        return finish(out, 0, 0, -1);
+    }
+    for (;;) {
+        memset(&m, 0, sizeof m);
+        m.msg_iov = (struct iovec *)(uintptr_t)msg->iov; /* its buffers are written, not it */
+        m.msg_iovlen = (size_t)msg->iovcnt;
+        m.msg_name = msg->addr;
+        m.msg_namelen = msg->addr ? msg->addrlen : 0;
+        if (io->limit > 0) {
+            m.msg_control = ctl.b;
+            m.msg_controllen = CMSG_SPACE(io->limit * sizeof(int));
+        }
+        if ((r = recvmsg(io->fd, &m, RECV_FD_FLAGS)) >= 0) {
+            msg->flags =
+                take_fds(msg, io->limit, &m) | ((m.msg_flags & MSG_TRUNC) ? ATAP_NET_TRUNC : 0);
+            if (msg->addr)
+                msg->addrlen = m.msg_namelen;
+            io->done = (size_t)r;
+            return finish(out, io->done, 0, -1);
+        }
+        if (again(errno))
+            return park(ctx, out, io, ATAP_READABLE);
+        if (errno != EINTR)
+            return finish(out, 0, -errno, -1);
+        if (atap_cancelled(ctx))
+            return finish(out, 0, ATAP_ECANCELLED, -1);
+    }
 }
 
 /* A read of 0 bytes asks for nothing, so it waits for nothing: it is done
@@ -664,7 +825,10 @@ static int net_task(atap_ctx *ctx, void *arg, void *out_)
     case OP_RECV_UNTIL:
         return do_recv_until(ctx, io, out);
     case OP_SENDV:
+    case OP_SENDMSG:
         return do_sendv(ctx, io, out);
+    case OP_RECVMSG:
+        return do_recvmsg(ctx, io, out);
     default:
         return finish(out, 0, ATAP_EINVAL, -1);
     }
