@@ -1693,6 +1693,161 @@ static void test_net_recvmsg_truncated(void **state)
     close(b);
 }
 
+/* ---- files to sockets ---------------------------------------------------- */
+
+/* A temp file of len bytes (xorshift), open for reading, and its bytes. */
+static int temp_file(const char *leaf, size_t len, unsigned char **bytes)
+{
+    unsigned char *b = malloc(len ? len : 1);
+    uint64_t x = 88172645463325252u;
+    int fd;
+
+    assert_non_null(b);
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (unsigned char)(x >> 24);
+    }
+    fd = open(temp_path(leaf), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b, len), (ssize_t)len);
+    assert_int_equal(lseek(fd, 17, SEEK_SET), 17); /* its position: never used, never moved */
+    unlink(temp_path(leaf));
+    *bytes = b;
+    return fd;
+}
+
+/* Sends file[offset, offset + count) to `to` as a task while this thread
+ * reads `from` until want bytes came; checks them against bytes. */
+static void sendfile_through(int to, int from, int file, const unsigned char *bytes, int64_t offset,
+                             size_t count, size_t want)
+{
+    atap_net_io io, rio;
+    atap_net_out out, rout;
+    unsigned char *rb = malloc(65536);
+    uint64_t h_want, h_got = 1469598103934665603u;
+    size_t got = 0;
+    atap_task t;
+
+    assert_non_null(rb);
+    h_want = fnv1a(1469598103934665603u, bytes + offset, want);
+    assert_int_equal(atap_net_prep_sendfile(&io, to, file, offset, count), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    while (got < want) {
+        assert_int_equal(atap_net_prep_recv(&rio, from, rb, 65536), 0);
+        assert_int_equal(run_task(&rio, &rout, NULL), 0);
+        assert_true(rout.n > 0);
+        h_got = fnv1a(h_got, rb, (size_t)rout.n);
+        got += (size_t)rout.n;
+    }
+    assert_int_equal(atap_net_join(t, &out), 0);
+    atap_net_release(t, &io);
+    assert_int_equal(out.n, (int64_t)want);
+    assert_int_equal(got, want);
+    assert_true(h_got == h_want);
+    assert_int_equal(lseek(file, 0, SEEK_CUR), 17);
+    free(rb);
+}
+
+/* A file sent whole and in parts, by sendfile and by the buffer that
+ * stands in for it, to a Unix stream and over TCP: the bytes that come
+ * are the file's. */
+static void test_net_sendfile(void **state)
+{
+    (void)state;
+    enum { SIZE = (3 << 20) + 123 };
+    unsigned char *bytes, buf[16];
+    int file = temp_file("sendfile", SIZE, &bytes), fds[2], c, s, p[2];
+    atap_net_io io;
+    atap_net_out out;
+
+    for (int copy = 0; copy < 2; copy++) {
+        atap__test_net_no_sendfile(copy == 1);
+        assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+        assert_int_equal(atap_net_set_opts(fds[0], &(atap_net_opts){.send_buffer = 16384}), 0);
+        sendfile_through(fds[0], fds[1], file, bytes, 0, 0, SIZE);         /* whole */
+        sendfile_through(fds[0], fds[1], file, bytes, 1000, 5000, 5000);   /* a part */
+        sendfile_through(fds[0], fds[1], file, bytes, SIZE - 10, 100, 10); /* past the end */
+        /* At the end, or past it: nothing to send. */
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, SIZE, 0), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 0);
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, SIZE + 5, 10), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 0);
+        /* On the calling thread. */
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, 5, 7), 0);
+        assert_int_equal(atap_net_run(&io, &out), 0);
+        assert_int_equal(out.n, 7);
+        assert_int_equal(read(fds[1], buf, sizeof buf), 7);
+        assert_memory_equal(buf, bytes + 5, 7);
+        close(fds[0]);
+        close(fds[1]);
+        tcp_pair(&c, &s);
+        sendfile_through(c, s, file, bytes, 0, 0, SIZE);
+        /* The peer gone: an error, and no SIGPIPE (it would end this test). */
+        close(s);
+        assert_int_equal(atap_net_prep_sendfile(&io, c, file, 0, 0), 0);
+        {
+            int rc = run_task(&io, &out, NULL);
+            assert_true(rc == -EPIPE || rc == -ECONNRESET);
+        }
+        close(c);
+    }
+    atap__test_net_no_sendfile(false);
+    /* A file that cannot be read at an offset. */
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(write(p[1], "pipe", 4), 4);
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_prep_sendfile(&io, fds[0], p[0], 0, 4), 0);
+    assert_int_equal(run_task(&io, &out, NULL), -ESPIPE);
+    /* What is refused. */
+    assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, -1, 4), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, INT64_MAX, 4), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendfile(NULL, fds[0], file, 0, 4), ATAP_EINVAL);
+    close(fds[0]);
+    close(fds[1]);
+    close(p[0]);
+    close(p[1]);
+    close(file);
+    free(bytes);
+}
+
+/* A sendfile to a reader that does not read parks; a cancel ends it at
+ * once, and exactly io->done bytes went, the file's first. By sendfile
+ * and by the buffer. */
+static void test_net_sendfile_cancel(void **state)
+{
+    (void)state;
+    enum { SIZE = 16 << 20 };
+    unsigned char *bytes;
+    int file = temp_file("sendfile-cancel", SIZE, &bytes), fds[2];
+    uint64_t h_want, h_got;
+    atap_net_io io;
+    atap_net_out out;
+    atap_task t;
+
+    for (int copy = 0; copy < 2; copy++) {
+        atap__test_net_no_sendfile(copy == 1);
+        assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, 0, 0), 0);
+        assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+        assert_true(wait_parked(t));
+        assert_int_equal(atap_cancel(t), 0);
+        assert_int_equal(atap_net_join(t, &out), ATAP_ECANCELLED);
+        atap_net_release(t, &io);
+        assert_true(io.done > 0 && io.done < SIZE);
+        close(fds[0]);
+        h_want = fnv1a(1469598103934665603u, bytes, io.done);
+        h_got = 1469598103934665603u;
+        assert_int_equal(drain_hash(fds[1], &h_got), io.done);
+        assert_true(h_got == h_want);
+        close(fds[1]);
+    }
+    atap__test_net_no_sendfile(false);
+    close(file);
+    free(bytes);
+}
+
 /* ---- Unix ---------------------------------------------------------------- */
 
 static void test_net_unix_stream(void **state)
@@ -2365,6 +2520,8 @@ int main(void)
         T(test_net_sendv),
         T(test_net_pass_fds),
         T(test_net_recvmsg_truncated),
+        T(test_net_sendfile),
+        T(test_net_sendfile_cancel),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
         T(test_net_unix_abstract),

@@ -90,7 +90,7 @@ typedef struct atap_net_io {
     size_t limit;          /* recv_until's limit */
     struct sockaddr *addr; /* send_to's destination, recv_from's / accept's peer */
     socklen_t *addrlen;    /* recv_from / accept: in, the room; out, the length */
-    socklen_t to_len;      /* send_to's destination length */
+    socklen_t to_len;      /* send_to's destination length; sendfile's file */
     int pending;           /* a connect under way: its fd, else -1 */
     int err;               /* a connect: the last address's error */
     int busy;              /* a task holds the io (libatap's, atomic) */
@@ -281,6 +281,28 @@ ATAP_EXPORT int atap_net_prep_sendmsg(atap_net_io *io, int fd, const atap_net_ms
  * ATAP_NET_FDS_MAX, NULL fds with nfds > 0, or an addr with addrlen 0.
  */
 ATAP_EXPORT int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg);
+
+/*
+ * Sends count bytes of the file open as `file`, from offset (the file's
+ * own position is neither used nor moved), to fd, without copying them
+ * through user space where the platform can: sendfile(2) on Linux. Off
+ * Linux, or where the kernel refuses the pair (-EINVAL: a file it cannot
+ * map, say), it reads and sends through a 64 KiB buffer of its own, read
+ * again from the file after a partial send. count 0: to the file's end.
+ * out.n: the bytes sent, fewer than count when the file ended first (not
+ * an error: compare). Spawned, it runs on the blocking threads (a read of
+ * the file may wait for the disk) and parks on fd while it is full,
+ * holding no thread; a cancel or timeout is seen between chunks of at
+ * most 64 KiB, as a file operation's, and io->done then says how many
+ * bytes went, the file's first from offset. atap_net_step runs it on its
+ * task's thread. Results: as send's (-EPIPE, -ECONNRESET: no SIGPIPE is
+ * raised), -ESPIPE for a file that cannot be read at an offset (a pipe),
+ * -EBADF, -ENOMEM (the buffer). Prep returns 0; ATAP_EINVAL for NULL io,
+ * a negative offset, offset + count past INT64_MAX, or an offset past
+ * SIZE_MAX (a 32-bit system).
+ */
+ATAP_EXPORT int atap_net_prep_sendfile(atap_net_io *io, int fd, int file, int64_t offset,
+                                       size_t count);
 
 /* Receives what has arrived, up to len bytes, into buf, waiting for at
  * least one (on a datagram socket: one datagram, cut to len). out.n: the

@@ -26,7 +26,7 @@
  * API (layer 9).
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* accept4, memmem */
+#define _GNU_SOURCE /* accept4, memmem, MSG_CMSG_CLOEXEC */
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,13 +34,20 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/sendfile.h>
+#endif
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "../testing.h"
 #include "atap.h"
 #include "net_int.h"
 
@@ -58,7 +65,8 @@ enum {
     OP_SENDV,
     OP_SENDMSG,
     OP_RECVMSG,
-    OP_LAST = OP_RECVMSG,
+    OP_SENDFILE,
+    OP_LAST = OP_SENDFILE,
 };
 
 #define UNIX_RETRY_NS ATAP_MS(1)
@@ -221,6 +229,19 @@ int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg)
     io->limit = (size_t)msg->nfds;        /* the room for fds */
     msg->nfds = 0;
     msg->flags = 0;
+    return 0;
+}
+
+int atap_net_prep_sendfile(atap_net_io *io, int fd, int file, int64_t offset, size_t count)
+{
+    if (!io || offset < 0 || (uint64_t)offset > SIZE_MAX ||
+        (uint64_t)count > (uint64_t)(INT64_MAX - offset))
+        return ATAP_EINVAL;
+    /* len: the bytes to send (SIZE_MAX: to the end); limit: the offset;
+     * to_len: the file. */
+    prep(io, OP_SENDFILE, fd, NULL, count ? count : SIZE_MAX);
+    io->limit = (size_t)offset;
+    io->to_len = (socklen_t)file;
     return 0;
 }
 
@@ -694,6 +715,139 @@ static int do_recvmsg(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     }
 }
 
+/* ---- files to sockets ---------------------------------------------------- */
+
+#define FILE_CHUNK (64u * 1024u) /* a sendfile's most bytes between looks at a cancel */
+
+static _Atomic bool test_no_sendfile; /* atap__test_net_no_sendfile */
+
+void atap__test_net_no_sendfile(bool on)
+{
+    atomic_store_explicit(&test_no_sendfile, on, memory_order_relaxed);
+}
+
+static int file_of(const atap_net_io *io) { return (int)io->to_len; }
+
+/* One chunk read from the file and sent: the bytes the socket took (the
+ * rest is read again next time), 0 at the file's end, or -1 and errno. */
+static ssize_t copy_chunk(atap_net_io *io, unsigned char *buf, size_t want)
+{
+    ssize_t n = pread(file_of(io), buf, want, (off_t)(io->limit + io->done)), r;
+
+    if (n <= 0)
+        return n;
+    if ((r = send(io->fd, buf, (size_t)n, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
+        r = write(io->fd, buf, (size_t)n);
+    return r;
+}
+
+#ifdef __linux__
+#define HAVE_SENDFILE 1
+/* One chunk by sendfile, or -1 and errno (EINVAL: the pair cannot). */
+static ssize_t sendfile_chunk(atap_net_io *io, size_t want)
+{
+    off_t off = (off_t)(io->limit + io->done);
+
+    return sendfile(io->fd, file_of(io), &off, want);
+}
+
+/* sendfile has no MSG_NOSIGNAL: to a peer gone it raises SIGPIPE at the
+ * calling thread. The run blocks it, and after an -EPIPE takes back the
+ * one it raised (unless one was pending before the run, which is left
+ * there) before it lets it go. */
+struct pipe_guard {
+    sigset_t old;
+    bool pending;
+};
+
+static void pipe_block(struct pipe_guard *g)
+{
+    sigset_t set, pending;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+    g->pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+}
+
+static void pipe_unblock(struct pipe_guard *g, bool epipe)
+{
+    const struct timespec zero = {0, 0};
+    sigset_t set;
+
+    if (epipe && !g->pending) {
+        sigemptyset(&set);
+        sigaddset(&set, SIGPIPE);
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+#else
+#define HAVE_SENDFILE 0
+struct pipe_guard {
+    char none;
+};
+static ssize_t sendfile_chunk(atap_net_io *io, size_t want)
+{
+    (void)io, (void)want;
+    errno = ENOSYS;
+    return -1;
+}
+static void pipe_block(struct pipe_guard *g) { (void)g; }
+static void pipe_unblock(struct pipe_guard *g, bool epipe) { (void)g, (void)epipe; }
+#endif
+
+/* A file to a socket, a chunk at a time from io->done: by sendfile where
+ * the kernel will, else through a buffer of this run's (freed before it
+ * parks or ends: a parked sendfile holds nothing). */
+static int do_sendfile(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    bool copy = !HAVE_SENDFILE || atomic_load_explicit(&test_no_sendfile, memory_order_relaxed);
+    bool full = false;
+    unsigned char *buf = NULL;
+    struct pipe_guard guard;
+    int rc = 0;
+
+    pipe_block(&guard);
+    for (size_t want; (want = io->len - io->done) > 0;) {
+        ssize_t r;
+
+        if (want > FILE_CHUNK)
+            want = FILE_CHUNK;
+        if (!copy) {
+            r = sendfile_chunk(io, want);
+            if (r < 0 && (errno == EINVAL || errno == ENOSYS)) { /* the pair cannot */
+                copy = true;
+                continue;
+            }
+        } else {
+            if (!buf && !(buf = malloc(FILE_CHUNK))) {
+                rc = -ENOMEM;
+                break;
+            }
+            r = copy_chunk(io, buf, want);
+        }
+        if (r == 0) /* the file's end */
+            break;
+        if (r > 0)
+            io->done += (size_t)r;
+        else if ((full = again(errno)))
+            break;
+        else if (errno != EINTR) {
+            rc = -errno;
+            break;
+        }
+        if (atap_cancelled(ctx)) {
+            rc = ATAP_ECANCELLED;
+            break;
+        }
+    }
+    free(buf);
+    pipe_unblock(&guard, rc == -EPIPE);
+    return full ? park(ctx, out, io, ATAP_WRITABLE) : finish(out, io->done, rc, -1);
+}
+
 /* A read of 0 bytes asks for nothing, so it waits for nothing: it is done
  * before the first call. A recv of 0 bytes would wait for data (the kernel
  * wants a byte before it answers) and then say 0, which reads as a close;
@@ -829,6 +983,8 @@ static int net_task(atap_ctx *ctx, void *arg, void *out_)
         return do_sendv(ctx, io, out);
     case OP_RECVMSG:
         return do_recvmsg(ctx, io, out);
+    case OP_SENDFILE:
+        return do_sendfile(ctx, io, out);
     default:
         return finish(out, 0, ATAP_EINVAL, -1);
     }
@@ -925,7 +1081,7 @@ int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts
         return rc;
     restart(io);
     o.out_size = sizeof(atap_net_out);
-    o.blocking = needs_lookup(io);
+    o.blocking = io->op == OP_SENDFILE || needs_lookup(io); /* a disk read may wait */
     o.arg_free = let_go;
     __atomic_store_n(&io->busy, 1, __ATOMIC_RELAXED); /* published by the spawn */
     if ((rc = atap_spawn(task, net_task, io, &o)) != 0) {
