@@ -44,7 +44,8 @@ extern "C" {
  * reads ATAP_ECANCELLED: atap_net_release waits for it to let go. Names
  * (connect's "host:port" or path) are copied: they need only live through
  * the prep and spawn calls. libatap allocates nothing per operation,
- * except a connect (its copy of the name, its address list): a connection
+ * except a connect (its copy of the name and options, its address list)
+ * and a sendfile that reads through a buffer (one a run): a connection
  * loop that reuses one io, one buffer and one reader spawns each
  * operation into a table slot and allocates nothing. An io may be prepared
  * (or spawned as prepared) again once atap_net_release has returned.

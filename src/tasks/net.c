@@ -960,7 +960,7 @@ static int do_recv_until(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 /* The operations added after the first ones, out of line: net_task, the
  * path of every accept, recv and send a server makes, is compiled as it
  * was before them. */
-__attribute__((noinline)) static int more_task(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+static __attribute__((noinline)) int more_task(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
     switch (io->op) {
     case OP_SENDV:
