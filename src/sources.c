@@ -153,23 +153,37 @@ static void wake_pipe(void)
 /* si's fields that the kernel gives for signo: the sender for a process's
  * send (kill, sigqueue, tgkill) and SIGCHLD's child, its status, and a
  * sigqueue's value. */
+#ifdef SI_TKILL
+#define BY_TKILL(code) ((code) == SI_TKILL) /* raise, tgkill (Linux) */
+#else
+#define BY_TKILL(code) false
+#endif
+
 static void rec_fill(struct sig_rec *r, int signo, const siginfo_t *si)
 {
-    int code = si ? si->si_code : 0;
-    bool child = signo == SIGCHLD && code > 0;
-    bool sent = si && (code == SI_USER || code == SI_QUEUE ||
-#ifdef SI_TKILL
-                       code == SI_TKILL ||
-#endif
-                       child);
+    int code = 0, pid = 0, status = 0, value = 0;
+    unsigned uid = 0, flags = 0;
 
+    if (si) {
+        bool child = signo == SIGCHLD && si->si_code > 0;
+
+        code = si->si_code;
+        if (code == SI_USER || code == SI_QUEUE || BY_TKILL(code) || child) {
+            pid = (int)si->si_pid;
+            uid = (unsigned)si->si_uid;
+            flags = ATAP_SIGINFO_SENDER;
+        }
+        if (child)
+            status = si->si_status;
+        if (code == SI_QUEUE)
+            value = si->si_value.sival_int;
+    }
     atomic_store_explicit(&r->code, code, memory_order_relaxed);
-    atomic_store_explicit(&r->pid, sent ? (int)si->si_pid : 0, memory_order_relaxed);
-    atomic_store_explicit(&r->uid, sent ? (unsigned)si->si_uid : 0, memory_order_relaxed);
-    atomic_store_explicit(&r->status, child ? si->si_status : 0, memory_order_relaxed);
-    atomic_store_explicit(&r->value, si && code == SI_QUEUE ? si->si_value.sival_int : 0,
-                          memory_order_relaxed);
-    atomic_store_explicit(&r->flags, sent ? ATAP_SIGINFO_SENDER : 0u, memory_order_relaxed);
+    atomic_store_explicit(&r->pid, pid, memory_order_relaxed);
+    atomic_store_explicit(&r->uid, uid, memory_order_relaxed);
+    atomic_store_explicit(&r->status, status, memory_order_relaxed);
+    atomic_store_explicit(&r->value, value, memory_order_relaxed);
+    atomic_store_explicit(&r->flags, flags, memory_order_relaxed);
 }
 
 /* The handler: this delivery's record, as a seqlock's writer (see the top). */

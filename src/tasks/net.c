@@ -546,7 +546,7 @@ static void gather_from(struct gather *g, const struct iovec *iov, size_t n, siz
     while (i < n && done >= iov[i].iov_len)
         done -= iov[i++].iov_len;
     memset(&g->m, 0, sizeof g->m);
-    if (done == 0) {
+    if (done == 0 || i == n) { /* i == n: all sent, which a caller never asks */
         g->m.msg_iov = (struct iovec *)(uintptr_t)(iov + i); /* read only, by the kernel */
         g->m.msg_iovlen = n - i;
         return;
