@@ -6,12 +6,27 @@
  *
  * Each source is one fd of ours, watched one-shot on the manager's poller
  * like any parked fd and watched again after each report: a self-pipe that
- * a signal handler writes to (the handler only sets the signal's pending
- * flag, release, and writes a byte: async-signal-safe; the reader exchanges
- * the flag, acquire, so a park claimed for a signal sees what came before
- * it), and on Linux an inotify fd. With the kqueue backend (Linux with
- * libkqueue too) a path is watched by the poller itself (EVFILT_VNODE on
- * the open file), its udata naming the fd.
+ * a signal handler writes to (the handler only keeps the delivery's
+ * siginfo, counts it, sets the signal's pending flag, release, and writes
+ * a byte: async-signal-safe; the reader exchanges the flag, acquire, so a
+ * park claimed for a signal sees what came before it), and on Linux an
+ * inotify fd. With the kqueue backend (Linux with libkqueue too) a path is
+ * watched by the poller itself (EVFILT_VNODE on the open file), its udata
+ * naming the fd.
+ *
+ * What the kernel says of each delivery (its siginfo: sender, code) is
+ * kept in a ring of ATAP_SIGINFO_KEPT records per signal, made by the
+ * signal's first catch, and read by atap_signal_info (process.h's, here
+ * beside the handler). Records are numbered as the count counts: the
+ * handler takes a ticket (sig_ticket) before it counts (sig_count), writes
+ * record ticket % KEPT as a seqlock (its seq 0, a release fence, the
+ * fields, then its seq = ticket, release), and only then counts, so a
+ * reader that saw count n finds deliveries up to n written, but for a
+ * handler still running on another thread (a later ticket may count
+ * first), which it waits a moment for. The reader reads seq (acquire), the
+ * fields, an acquire fence, and seq again: the same ticket twice, or the
+ * record was lost (overwritten by one KEPT later).
+ *
  * Waiter lists are per signal number and per inotify watch (kqueue: per
  * fd), all under src_lock, a leaf lock: parks found ready are claimed
  * under it (atap__park_claim, which exactly one claimant wins) and
@@ -38,6 +53,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -83,6 +99,15 @@ static _Atomic unsigned char sig_pending[NSIG];
 static _Atomic uint64_t sig_count[NSIG];
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "the handler's count needs lock-free 64-bit atomics");
 static bool sig_caught[NSIG];
+/* The handler's record of one delivery (see the top); every field an
+ * atomic, so the handler, a reader and an overwrite race on none. */
+struct sig_rec {
+    _Atomic uint64_t seq; /* the delivery's number, 0 while written */
+    _Atomic int code, pid, status, value;
+    _Atomic unsigned uid, flags;
+};
+static _Atomic(struct sig_rec *) sig_recs[NSIG]; /* rings, made by the first catch */
+static _Atomic uint64_t sig_ticket[NSIG];        /* numbers the handler took */
 static int sig_pipe[2] = {-1, -1};
 static _Atomic int sig_write_fd = -1; /* sig_pipe[1], for the handler */
 /* Handlers (and pokes) between their look at sig_write_fd and their
@@ -125,12 +150,66 @@ static void wake_pipe(void)
     atomic_fetch_sub_explicit(&sig_writers, 1, memory_order_seq_cst);
 }
 
-static void on_signal(int signo)
+/* si's fields that the kernel gives for signo: the sender for a process's
+ * send (kill, sigqueue, tgkill) and SIGCHLD's child, its status, and a
+ * sigqueue's value. */
+#ifdef SI_TKILL
+#define BY_TKILL(code) ((code) == SI_TKILL) /* raise, tgkill (Linux) */
+#else
+#define BY_TKILL(code) false
+#endif
+
+static void rec_fill(struct sig_rec *r, int signo, const siginfo_t *si)
+{
+    int code = 0, pid = 0, status = 0, value = 0;
+    unsigned uid = 0, flags = 0;
+
+    if (si) {
+        bool child = signo == SIGCHLD && si->si_code > 0;
+
+        code = si->si_code;
+        if (code == SI_USER || code == SI_QUEUE || BY_TKILL(code) || child) {
+            pid = (int)si->si_pid;
+            uid = (unsigned)si->si_uid;
+            flags = ATAP_SIGINFO_SENDER;
+        }
+        if (child)
+            status = si->si_status;
+        if (code == SI_QUEUE)
+            value = si->si_value.sival_int;
+    }
+    atomic_store_explicit(&r->code, code, memory_order_relaxed);
+    atomic_store_explicit(&r->pid, pid, memory_order_relaxed);
+    atomic_store_explicit(&r->uid, uid, memory_order_relaxed);
+    atomic_store_explicit(&r->status, status, memory_order_relaxed);
+    atomic_store_explicit(&r->value, value, memory_order_relaxed);
+    atomic_store_explicit(&r->flags, flags, memory_order_relaxed);
+}
+
+/* The handler: this delivery's record, as a seqlock's writer (see the top). */
+static void keep_info(int signo, const siginfo_t *si)
+{
+    uint64_t seq = atomic_fetch_add_explicit(&sig_ticket[signo], 1, memory_order_relaxed) + 1;
+    struct sig_rec *ring = atomic_load_explicit(&sig_recs[signo], memory_order_acquire), *r;
+
+    if (!ring)
+        return;
+    r = &ring[seq % ATAP_SIGINFO_KEPT];
+    atomic_store_explicit(&r->seq, 0, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release); /* a reader that sees a field sees the 0 */
+    rec_fill(r, signo, si);
+    atomic_store_explicit(&r->seq, seq, memory_order_release);
+}
+
+static void on_signal(int signo, siginfo_t *si, void *context)
 {
     int saved = errno;
 
-    /* Counted before the pending flag: a reader that finds no flag but a
-     * count newer than it saw (atap__signal_poke) sets it again. */
+    (void)context;
+    keep_info(signo, si);
+    /* Counted after its record, before the pending flag: a reader that
+     * finds no flag but a count newer than it saw (atap__signal_poke) sets
+     * it again. */
     atomic_fetch_add_explicit(&sig_count[signo], 1, memory_order_seq_cst);
     atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
     wake_pipe();
@@ -222,9 +301,14 @@ static int catch_locked(int signo)
 
     if (sig_caught[signo])
         return 0;
+    /* The ring before the handler: none to be had, the deliveries read as
+     * lost, and the signal is caught all the same. */
+    if (!atomic_load_explicit(&sig_recs[signo], memory_order_relaxed))
+        atomic_store_explicit(&sig_recs[signo], calloc(ATAP_SIGINFO_KEPT, sizeof(struct sig_rec)),
+                              memory_order_release);
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_RESTART | SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     if (sigaction(signo, &sa, NULL) != 0)
         return -errno;
@@ -264,6 +348,51 @@ int atap__signal_release(int signo)
 uint64_t atap__signal_count(int signo)
 {
     return atomic_load_explicit(&sig_count[signo], memory_order_seq_cst);
+}
+
+/* A record read as a seqlock's reader (see the top): true if it held
+ * delivery seq whole, into *info. */
+static bool rec_read(struct sig_rec *r, uint64_t seq, atap_siginfo *info)
+{
+    atap_siginfo got = {.seq = seq, .signo = info->signo};
+
+    if (atomic_load_explicit(&r->seq, memory_order_acquire) != seq)
+        return false;
+    got.code = atomic_load_explicit(&r->code, memory_order_relaxed);
+    got.pid = atomic_load_explicit(&r->pid, memory_order_relaxed);
+    got.uid = atomic_load_explicit(&r->uid, memory_order_relaxed);
+    got.status = atomic_load_explicit(&r->status, memory_order_relaxed);
+    got.value = atomic_load_explicit(&r->value, memory_order_relaxed);
+    got.flags = atomic_load_explicit(&r->flags, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire); /* the fields before the second look */
+    if (atomic_load_explicit(&r->seq, memory_order_relaxed) != seq)
+        return false;
+    *info = got;
+    return true;
+}
+
+int atap_signal_info(int signo, uint64_t seq, atap_siginfo *info)
+{
+    struct sig_rec *ring, *r;
+    uint64_t at;
+
+    if (!info || seq == 0 || !atap__signal_catchable(signo))
+        return ATAP_EINVAL;
+    if (seq > atomic_load_explicit(&sig_count[signo], memory_order_seq_cst))
+        return ATAP_ENOTREADY;
+    *info = (atap_siginfo){.seq = seq, .signo = signo, .flags = ATAP_SIGINFO_LOST};
+    if (!(ring = atomic_load_explicit(&sig_recs[signo], memory_order_acquire)))
+        return 0;
+    r = &ring[seq % ATAP_SIGINFO_KEPT];
+    /* Not there yet (0, or an older one): a handler on another thread is
+     * between its ticket and its record. A moment, then lost. */
+    for (unsigned tries = 0; !rec_read(r, seq, info); tries++) {
+        at = atomic_load_explicit(&r->seq, memory_order_acquire);
+        if ((at > seq && at != 0) || tries >= 1000)
+            return 0;
+        sched_yield();
+    }
+    return 0;
 }
 
 void atap__signal_poke(int signo)
@@ -564,8 +693,12 @@ void atap__sources_forget(void)
     st_relaxed(&sig_writers, 0); /* a handler the fork cut short on a thread not here */
     fds_close();
     memset(sig_waiters, 0, sizeof sig_waiters);
-    for (int i = 0; i < NSIG; i++)
+    for (int i = 0; i < NSIG; i++) {
         st_relaxed(&sig_pending[i], 0);
+        /* A handler the fork cut short on another thread took a ticket it
+         * never counted: the numbers start level again. */
+        st_relaxed(&sig_ticket[i], ld_relaxed(&sig_count[i]));
+    }
     wd_waiters = NULL;
     wdcap = 0;
     st_relaxed(&sources_deaf, false);

@@ -94,6 +94,10 @@ uint64_t atap__test_restart_window(uint64_t ns);
  * (tasks/process.c). Linux only; a no-op elsewhere. */
 void atap__test_proc_no_pidfd(bool on);
 
+/* true: socket sendfile tasks run from now on read and send through a
+ * buffer, as where the platform has no sendfile (tasks/net.c). */
+void atap__test_net_no_sendfile(bool on);
+
 /* true: every trace event recorded from now on is dropped and counted, as
  * when the trace's buffers are full (trace.c). Fault injection builds only;
  * a no-op elsewhere. */

@@ -99,6 +99,18 @@ static void send_all(int fd, const void *buf, size_t len)
     assert_int_equal(out.n, (int64_t)len);
 }
 
+static void send_to_all(int fd, const void *buf, size_t len, const struct sockaddr_storage *to,
+                        socklen_t to_len)
+{
+    atap_net_io io;
+    atap_net_out out;
+
+    assert_int_equal(atap_net_prep_send_to(&io, fd, buf, len, (const struct sockaddr *)to, to_len),
+                     0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, (int64_t)len);
+}
+
 /* Waits until t is parked (ATAP_WAITING); false if it never got there. */
 static bool wait_parked(atap_task t)
 {
@@ -1039,6 +1051,803 @@ static void test_net_udp(void **state)
     close(b);
 }
 
+/* ---- socket options ------------------------------------------------------ */
+
+static int get_int_opt(int fd, int level, int name)
+{
+    int v = -1;
+    socklen_t len = sizeof v;
+
+    assert_int_equal(getsockopt(fd, level, name, &v, &len), 0);
+    return v;
+}
+
+/* Which of two listeners has a connection waiting: 0 or 1. */
+static int which_ready(int a, int b)
+{
+    struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+
+    assert_int_equal(poll(p, 2, 20000), 1);
+    return (p[1].revents & POLLIN) ? 1 : 0;
+}
+
+static void test_net_socket_options(void **state)
+{
+    (void)state;
+    const atap_net_opts rp = {.flags = ATAP_NET_REUSEPORT};
+    int a, b, c, s, u, dflt, fds_before = count_fds();
+    char name[64];
+    unsigned char buf[8];
+    struct sockaddr_storage to;
+    socklen_t to_len;
+    atap_net_io io;
+    atap_net_out out;
+
+    /* Two TCP listeners on one port, both with SO_REUSEPORT; without it on
+     * the second, its bind is refused. Each connection goes to one. */
+    assert_int_equal(atap_net_listen_opts(&a, "127.0.0.1:0", 0, &rp), 0);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(a));
+    assert_int_equal(atap_net_listen(&b, name, 0), -EADDRINUSE);
+    assert_int_equal(atap_net_listen_opts(&b, name, 0, NULL), -EADDRINUSE);
+    assert_int_equal(atap_net_listen_opts(&b, name, 0, &rp), 0);
+    assert_int_equal(get_int_opt(a, SOL_SOCKET, SO_REUSEPORT), 1);
+    assert_int_equal(get_int_opt(a, SOL_SOCKET, SO_REUSEADDR), 1); /* a listener's anyway */
+    assert_int_equal(tcp_connect(name, &c), 0);
+    s = tcp_accept(which_ready(a, b) ? b : a);
+    send_all(c, "rp", 2);
+    assert_int_equal(atap_net_prep_recv_exact(&io, s, buf, 2), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_memory_equal(buf, "rp", 2);
+    /* Buffer sizes on an accepted socket of the caller's. */
+    dflt = get_int_opt(s, SOL_SOCKET, SO_SNDBUF);
+    assert_int_equal(atap_net_set_opts(s, &(atap_net_opts){.send_buffer = 4096}), 0);
+    assert_true(get_int_opt(s, SOL_SOCKET, SO_SNDBUF) >= 4096);
+    assert_true(get_int_opt(s, SOL_SOCKET, SO_SNDBUF) < dflt);
+    close(c);
+    close(s);
+    close(a);
+    close(b);
+
+    /* UDP: every option, read back from the socket. */
+    assert_int_equal(atap_net_udp_bind(&u, "127.0.0.1:0"), 0);
+    dflt = get_int_opt(u, SOL_SOCKET, SO_RCVBUF);
+    assert_int_equal(get_int_opt(u, SOL_SOCKET, SO_REUSEADDR), 0);
+    assert_int_equal(get_int_opt(u, SOL_SOCKET, SO_BROADCAST), 0);
+    close(u);
+    assert_int_equal(
+        atap_net_udp_bind_opts(&u, "127.0.0.1:0",
+                               &(atap_net_opts){
+                                   .flags = ATAP_NET_REUSEADDR | ATAP_NET_REUSEPORT |
+                                            ATAP_NET_BROADCAST | ATAP_NET_MULTICAST_NO_LOOP,
+                                   .send_buffer = 65536,
+                                   .recv_buffer = 8192,
+                                   .multicast_ttl = 7,
+                               }),
+        0);
+    assert_int_equal(get_int_opt(u, SOL_SOCKET, SO_REUSEADDR), 1);
+    assert_int_equal(get_int_opt(u, SOL_SOCKET, SO_REUSEPORT), 1);
+    assert_int_equal(get_int_opt(u, SOL_SOCKET, SO_BROADCAST), 1);
+    assert_true(get_int_opt(u, SOL_SOCKET, SO_SNDBUF) >= 65536);
+    assert_true(get_int_opt(u, SOL_SOCKET, SO_RCVBUF) >= 8192);
+    assert_true(get_int_opt(u, SOL_SOCKET, SO_RCVBUF) < dflt);
+    assert_int_equal(get_int_opt(u, IPPROTO_IP, IP_MULTICAST_TTL), 7);
+    assert_int_equal(get_int_opt(u, IPPROTO_IP, IP_MULTICAST_LOOP), 0);
+    /* A second UDP socket on the port, with SO_REUSEPORT too. */
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(u));
+    assert_int_equal(atap_net_udp_bind(&b, name), -EADDRINUSE);
+    assert_int_equal(atap_net_udp_bind_opts(&b, name, &rp), 0);
+    close(b);
+    close(u);
+
+    /* Broadcast: refused without SO_BROADCAST, sent and received with it. */
+    assert_int_equal(atap_net_udp_bind(&b, "0.0.0.0:0"), 0);
+    snprintf(name, sizeof name, "127.255.255.255:%d", atap_net_local_port(b));
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&to, &to_len, name), 0);
+    assert_int_equal(atap_net_udp_bind(&u, "127.0.0.1:0"), 0);
+    assert_int_equal(atap_net_prep_send_to(&io, u, "bc", 2, (struct sockaddr *)&to, to_len), 0);
+    assert_int_equal(run_task(&io, &out, NULL), -EACCES);
+    assert_int_equal(atap_net_set_opts(u, &(atap_net_opts){.flags = ATAP_NET_BROADCAST}), 0);
+    assert_int_equal(atap_net_prep_send_to(&io, u, "bc", 2, (struct sockaddr *)&to, to_len), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(atap_net_prep_recv(&io, b, buf, sizeof buf), 0);
+    assert_int_equal(run_task(&io, &out, &(atap_spawn_opts){.timeout_ns = SLOW}), 0);
+    assert_int_equal(out.n, 2);
+    assert_memory_equal(buf, "bc", 2);
+    close(u);
+    close(b);
+
+    /* What makes no sense is refused before any socket is made; what the
+     * socket's family has not fails, and leaves no socket open. */
+    assert_int_equal(
+        atap_net_listen_opts(&a, "127.0.0.1:0", 0,
+                             &(atap_net_opts){.flags = ATAP_NET_V6ONLY | ATAP_NET_DUAL_STACK}),
+        ATAP_EINVAL);
+    assert_int_equal(atap_net_listen_opts(&a, "127.0.0.1:0", 0, &(atap_net_opts){.flags = 0x8000u}),
+                     ATAP_EINVAL);
+    assert_int_equal(
+        atap_net_udp_bind_opts(&a, "127.0.0.1:0", &(atap_net_opts){.multicast_ttl = 256}),
+        ATAP_EINVAL);
+    assert_int_equal(atap_net_udp_bind_opts(&a, "127.0.0.1:0", &(atap_net_opts){.recv_buffer = -1}),
+                     ATAP_EINVAL);
+    assert_int_equal(
+        atap_net_listen_opts(&a, "127.0.0.1:0", 0, &(atap_net_opts){.local = "127.0.0.1:0"}),
+        ATAP_EINVAL);
+    assert_int_equal(
+        atap_net_listen_opts(&a, "127.0.0.1:0", 0, &(atap_net_opts){.flags = ATAP_NET_V6ONLY}),
+        -ENOPROTOOPT);
+    assert_int_equal(atap_net_set_opts(0x7fff, &(atap_net_opts){.flags = ATAP_NET_BROADCAST}),
+                     -EBADF);
+    assert_int_equal(atap_net_set_opts(0, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_net_set_opts(0, &(atap_net_opts){.local = "127.0.0.1:0"}), ATAP_EINVAL);
+    if (fds_before >= 0)
+        assert_int_equal(count_fds(), fds_before);
+}
+
+/* IPv6: V6ONLY keeps IPv4 out of "[::]", DUAL_STACK lets it in. Skipped
+ * where the host has no IPv6. */
+static void test_net_ipv6_only_and_dual_stack(void **state)
+{
+    (void)state;
+    int l, c, rc;
+    char name[64], text[80];
+    struct sockaddr_storage peer;
+    socklen_t peer_len = sizeof peer;
+    atap_net_io io;
+    atap_net_out out;
+
+    rc = atap_net_listen_opts(&l, "[::]:0", 0, &(atap_net_opts){.flags = ATAP_NET_V6ONLY});
+    if (rc == -EAFNOSUPPORT || rc == -EADDRNOTAVAIL) {
+        print_message("no IPv6 here: skipped\n");
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(get_int_opt(l, IPPROTO_IPV6, IPV6_V6ONLY), 1);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(l));
+    assert_int_equal(tcp_connect(name, &c), -ECONNREFUSED);
+    snprintf(name, sizeof name, "[::1]:%d", atap_net_local_port(l));
+    assert_int_equal(tcp_connect(name, &c), 0);
+    close(c);
+    close(tcp_accept(l));
+    close(l);
+
+    assert_int_equal(
+        atap_net_listen_opts(&l, "[::]:0", 0, &(atap_net_opts){.flags = ATAP_NET_DUAL_STACK}), 0);
+    assert_int_equal(get_int_opt(l, IPPROTO_IPV6, IPV6_V6ONLY), 0);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(l));
+    assert_int_equal(tcp_connect(name, &c), 0);
+    assert_int_equal(atap_net_prep_accept(&io, l, (struct sockaddr *)&peer, &peer_len), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    atap_net_addr_format((struct sockaddr *)&peer, peer_len, text, sizeof text);
+    assert_true(strncmp(text, "[::ffff:127.0.0.1]:", 19) == 0);
+    close(out.fd);
+    close(c);
+    close(l);
+}
+
+/* A connect bound to a local address first: the peer sees that address
+ * and port. 127.0.0.2 is this host's on Linux (all of 127/8 is). */
+static void test_net_connect_local_address(void **state)
+{
+    (void)state;
+    int l, c, p, port;
+    char name[64], local[64], text[80], want[80];
+    struct sockaddr_storage peer;
+    socklen_t peer_len = sizeof peer;
+    atap_net_io io;
+    atap_net_out out;
+    atap_net_opts o = {.local = local};
+    atap_task t;
+
+    assert_int_equal(atap_net_listen(&l, "127.0.0.1:0", 0), 0);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(l));
+    /* A free port: bound, read, closed. */
+    assert_int_equal(atap_net_listen(&p, "127.0.0.2:0", 0), 0);
+    port = atap_net_local_port(p);
+    close(p);
+    snprintf(local, sizeof local, "127.0.0.2:%d", port);
+    assert_int_equal(atap_net_prep_connect_opts(&io, name, &o), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    local[0] = 'x'; /* spawned: the options and their local were copied */
+    assert_int_equal(atap_net_join(t, &out), 0);
+    atap_net_release(t, &io);
+    local[0] = '1';
+    c = out.fd;
+    assert_int_equal(atap_net_prep_accept(&io, l, (struct sockaddr *)&peer, &peer_len), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    atap_net_addr_format((struct sockaddr *)&peer, peer_len, text, sizeof text);
+    assert_string_equal(text, local);
+    close(out.fd);
+    /* The same local address and port again while c holds it: refused. */
+    assert_int_equal(atap_net_prep_connect_opts(&io, name, &o), 0);
+    assert_int_equal(run_task(&io, &out, NULL), -EADDRINUSE);
+    close(c);
+    /* Port 0 (any) on the calling thread, which reads the options where
+     * they are; and options on the socket as well. */
+    strcpy(local, "127.0.0.2:0");
+    o.send_buffer = 16384;
+    assert_int_equal(atap_net_prep_connect_opts(&io, name, &o), 0);
+    assert_int_equal(atap_net_run(&io, &out), 0);
+    c = out.fd;
+    assert_true(get_int_opt(c, SOL_SOCKET, SO_SNDBUF) >= 16384);
+    peer_len = sizeof peer;
+    assert_int_equal(getsockname(c, (struct sockaddr *)&peer, &peer_len), 0);
+    atap_net_addr_format((struct sockaddr *)&peer, peer_len, text, sizeof text);
+    snprintf(want, sizeof want, "127.0.0.2:%d", atap_net_local_port(c));
+    assert_string_equal(text, want);
+    close(c);
+    close(tcp_accept(l));
+    /* A local of another family than the peer's: that address is skipped. */
+    strcpy(local, "[::1]:0");
+    assert_int_equal(atap_net_prep_connect_opts(&io, name, &o), 0);
+    assert_int_equal(run_task(&io, &out, NULL), -EAFNOSUPPORT);
+    /* A local that is not numeric, or options that make no sense. */
+    strcpy(local, "localhost:0");
+    assert_int_equal(atap_net_prep_connect_opts(&io, name, &o), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_connect_opts(&io, name, &(atap_net_opts){.flags = 0x8000u}),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_connect_opts(&io, name, NULL), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    close(out.fd);
+    close(tcp_accept(l));
+    close(l);
+}
+
+/* Multicast: a member receives what is sent to its group, a socket that
+ * left does not, and MULTICAST_NO_LOOP keeps a sender's datagrams off this
+ * host. The delivery is skipped where the host has no route for
+ * multicast (a send then fails with -ENETUNREACH). */
+static void test_net_multicast(void **state)
+{
+    (void)state;
+    int r, snd, rc;
+    char name[64];
+    unsigned char buf[8];
+    struct sockaddr_storage to;
+    socklen_t to_len;
+    atap_net_io io;
+    atap_net_out out;
+    const atap_spawn_opts briefly = {.timeout_ns = ATAP_MS(200)};
+
+    assert_int_equal(atap_net_udp_bind(&r, "0.0.0.0:0"), 0);
+    assert_int_equal(atap_net_multicast_join(r, "239.255.42.7", NULL), 0);
+    assert_int_equal(atap_net_multicast_join(r, "239.255.42.7", NULL), -EADDRINUSE);
+    assert_int_equal(atap_net_multicast_join(r, "10.0.0.1", NULL), -EINVAL);
+    assert_int_equal(atap_net_multicast_join(r, "239.255.42.8", "no-such-if0"), -ENODEV);
+    assert_int_equal(atap_net_multicast_join(r, "239.255.42", NULL), ATAP_EINVAL);
+    assert_int_equal(atap_net_multicast_join(r, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(
+        atap_net_udp_bind_opts(&snd, "0.0.0.0:0", &(atap_net_opts){.multicast_ttl = 1}), 0);
+    snprintf(name, sizeof name, "239.255.42.7:%d", atap_net_local_port(r));
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&to, &to_len, name), 0);
+    assert_int_equal(atap_net_prep_send_to(&io, snd, "mc", 2, (struct sockaddr *)&to, to_len), 0);
+    rc = run_task(&io, &out, NULL);
+    if (rc == -ENETUNREACH || rc == -ENODEV) {
+        print_message("no route for multicast here: delivery not checked\n");
+    } else {
+        assert_int_equal(rc, 0);
+        assert_int_equal(atap_net_prep_recv(&io, r, buf, sizeof buf), 0);
+        assert_int_equal(run_task(&io, &out, &(atap_spawn_opts){.timeout_ns = SLOW}), 0);
+        assert_int_equal(out.n, 2);
+        assert_memory_equal(buf, "mc", 2);
+        /* Not looped back to this host: nothing comes. */
+        assert_int_equal(
+            atap_net_set_opts(snd, &(atap_net_opts){.flags = ATAP_NET_MULTICAST_NO_LOOP}), 0);
+        assert_int_equal(atap_net_prep_send_to(&io, snd, "nl", 2, (struct sockaddr *)&to, to_len),
+                         0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(atap_net_prep_recv(&io, r, buf, sizeof buf), 0);
+        assert_int_equal(run_task(&io, &out, &briefly), ATAP_ETIMEDOUT);
+        close(snd);
+        assert_int_equal(atap_net_udp_bind(&snd, "0.0.0.0:0"), 0);
+    }
+    assert_int_equal(atap_net_multicast_leave(r, "239.255.42.7", NULL), 0);
+    assert_int_equal(atap_net_multicast_leave(r, "239.255.42.7", NULL), -EADDRNOTAVAIL);
+    if (rc == 0) { /* left: a send to the group no longer reaches it */
+        assert_int_equal(atap_net_prep_send_to(&io, snd, "lf", 2, (struct sockaddr *)&to, to_len),
+                         0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(atap_net_prep_recv(&io, r, buf, sizeof buf), 0);
+        assert_int_equal(run_task(&io, &out, &briefly), ATAP_ETIMEDOUT);
+    }
+    close(snd);
+    close(r);
+}
+
+/* ---- gathered sends, messages ------------------------------------------- */
+
+/* Reads fd to its end (the peer closed), hashing what came; the count. */
+static size_t drain_hash(int fd, uint64_t *h)
+{
+    unsigned char chunk[65536];
+    size_t got = 0;
+
+    for (;;) {
+        ssize_t n = read(fd, chunk, sizeof chunk);
+        if (n == 0)
+            return got;
+        if (n < 0 && errno == EAGAIN) {
+            assert_int_equal(poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 20000), 1);
+            continue;
+        }
+        assert_true(n > 0);
+        *h = fnv1a(*h, chunk, (size_t)n);
+        got += (size_t)n;
+    }
+}
+
+/* A gathered send sends every buffer in order: one datagram on a datagram
+ * socket; on a stream, through a small send buffer, all of many buffers of
+ * every size (empty ones too) after partial writes that end mid-buffer,
+ * the array left as it was. A pipe is written with writev. */
+static void test_net_sendv(void **state)
+{
+    (void)state;
+    enum { N = 1024, SRC = 6 << 20 };
+    unsigned char *src = malloc(SRC), buf[32];
+    struct iovec *iov = calloc(N + 1, sizeof *iov), *copy = calloc(N + 1, sizeof *iov);
+    uint64_t h_want = 1469598103934665603u, h_got = 1469598103934665603u, x = 88172645463325252u;
+    size_t total = 0, at = 0;
+    int fds[2], p[2];
+    atap_net_io io;
+    atap_net_out out;
+    atap_task t;
+
+    assert_non_null(src);
+    assert_non_null(iov);
+    assert_non_null(copy);
+    /* Three pieces, one stream. */
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    iov[0] = (struct iovec){.iov_base = "hello", .iov_len = 5};
+    iov[1] = (struct iovec){.iov_base = ", ", .iov_len = 2};
+    iov[2] = (struct iovec){.iov_base = "world", .iov_len = 5};
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, 3), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 12);
+    assert_int_equal(atap_net_prep_recv_exact(&io, fds[1], buf, 12), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_memory_equal(buf, "hello, world", 12);
+    close(fds[0]);
+    close(fds[1]);
+    /* One datagram. */
+    assert_int_equal(atap_net_pair(fds, SOCK_DGRAM), 0);
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, 3), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(atap_net_prep_recv(&io, fds[1], buf, sizeof buf), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 12);
+    assert_memory_equal(buf, "hello, world", 12);
+    close(fds[0]);
+    close(fds[1]);
+    /* A pipe. */
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(atap_net_prep_sendv(&io, p[1], iov, 3), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(read(p[0], buf, sizeof buf), 12);
+    assert_memory_equal(buf, "hello, world", 12);
+    close(p[0]);
+    close(p[1]);
+
+    /* The most buffers, of sizes 0 to 12 KiB, through a 4 KiB send buffer. */
+    for (size_t i = 0; i + 8 <= SRC; i += 8) { /* xorshift */
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(src + i, &x, 8);
+    }
+    for (int i = 0; i < N; i++) {
+        size_t len = i % 7 == 3 ? 0 : (size_t)(x = x * 6364136223846793005u + 1) >> 51;
+        if (at + len > SRC)
+            len = SRC - at;
+        iov[i] = (struct iovec){.iov_base = src + at, .iov_len = len};
+        at += len + 1; /* a byte skipped between buffers: order shows */
+        if (at > SRC)
+            at = SRC;
+        total += len;
+        h_want = fnv1a(h_want, iov[i].iov_base, len);
+    }
+    memcpy(copy, iov, N * sizeof *iov);
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_set_opts(fds[0], &(atap_net_opts){.send_buffer = 4096}), 0);
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, N), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    {
+        atap_net_io rio;
+        atap_net_out rout;
+        unsigned char *rb = malloc(65536);
+        size_t got = 0;
+        assert_non_null(rb);
+        while (got < total) {
+            assert_int_equal(atap_net_prep_recv(&rio, fds[1], rb, 1000 + got % 3000), 0);
+            assert_int_equal(run_task(&rio, &rout, NULL), 0);
+            assert_true(rout.n > 0);
+            h_got = fnv1a(h_got, rb, (size_t)rout.n);
+            got += (size_t)rout.n;
+        }
+        free(rb);
+        assert_int_equal(got, total);
+    }
+    assert_int_equal(atap_net_join(t, &out), 0);
+    atap_net_release(t, &io);
+    assert_int_equal(out.n, (int64_t)total);
+    assert_true(h_got == h_want);
+    assert_memory_equal(copy, iov, N * sizeof *iov); /* read, never written */
+
+    /* Cancelled while the reader does not read: io->done bytes went, the
+     * first of the gather's. */
+    assert_int_equal(atap_net_prep_sendv(&io, fds[0], iov, N), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    assert_true(wait_parked(t));
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_net_join(t, &out), ATAP_ECANCELLED);
+    atap_net_release(t, &io);
+    assert_true(io.done > 0 && io.done < total);
+    close(fds[0]);
+    h_want = 1469598103934665603u;
+    for (int i = 0, left = (int)io.done; left > 0; i++) {
+        size_t len = iov[i].iov_len < (size_t)left ? iov[i].iov_len : (size_t)left;
+        h_want = fnv1a(h_want, iov[i].iov_base, len);
+        left -= (int)len;
+    }
+    h_got = 1469598103934665603u;
+    assert_int_equal(drain_hash(fds[1], &h_got), io.done);
+    assert_true(h_got == h_want);
+    close(fds[1]);
+
+    /* What is refused. */
+    assert_int_equal(atap_net_prep_sendv(&io, 0, iov, N + 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendv(&io, 0, iov, -1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendv(&io, 0, NULL, 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendv(NULL, 0, iov, 1), ATAP_EINVAL);
+    iov[0].iov_len = SIZE_MAX / 2;
+    iov[1].iov_len = SIZE_MAX / 2;
+    assert_int_equal(atap_net_prep_sendv(&io, 0, iov, 2), ATAP_EINVAL); /* past SSIZE_MAX */
+    free(src);
+    free(iov);
+    free(copy);
+}
+
+/* fds passed over a Unix socket: the one received reads what is written
+ * through the one sent (a pipe's two ends), is close-on-exec, and fds with
+ * no room are dropped (closed), flagged, never leaked. */
+static void test_net_pass_fds(void **state)
+{
+    (void)state;
+    int fds[2], p[2], q[2], got[4] = {-1, -1, -1, -1}, fds_before;
+    unsigned char buf[8];
+    struct iovec iov = {.iov_base = "F", .iov_len = 1}, riov = {.iov_base = buf, .iov_len = 8};
+    atap_net_msg msg = {.iov = &iov, .iovcnt = 1, .nfds = 1, .fds = p};
+    atap_net_msg rmsg = {.iov = &riov, .iovcnt = 1, .nfds = 4, .fds = got};
+    atap_net_io io, rio;
+    atap_net_out out;
+    atap_task t;
+    char text[16];
+
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(pipe(q), 0);
+    fds_before = count_fds();
+    /* The receive first, parked: the fd comes with the byte. */
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), 0);
+    assert_int_equal(rmsg.nfds, 0); /* zeroed by the prep: nothing came yet */
+    assert_int_equal(atap_net_spawn(&t, &rio, NULL), 0);
+    assert_true(wait_parked(t));
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0); /* p[0], the read end */
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 1);
+    assert_int_equal(atap_net_join(t, &out), 0);
+    atap_net_release(t, &rio);
+    assert_int_equal(out.n, 1);
+    assert_int_equal(buf[0], 'F');
+    assert_int_equal(rmsg.nfds, 1);
+    assert_int_equal(rmsg.flags, 0);
+    assert_true(got[0] >= 0 && got[0] != p[0]);
+    assert_true(fcntl(got[0], F_GETFD) & FD_CLOEXEC);
+    assert_int_equal(write(p[1], "through", 7), 7); /* into the pipe's write end */
+    assert_int_equal(read(got[0], text, sizeof text), 7);
+    assert_memory_equal(text, "through", 7);
+    close(got[0]);
+
+    /* Three sent, room for one: one comes, two are closed. On the calling
+     * thread this time, with two bytes. */
+    {
+        int three[3] = {p[1], q[0], q[1]};
+        iov = (struct iovec){.iov_base = "GH", .iov_len = 2};
+        msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 3, .fds = three};
+        assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0);
+        assert_int_equal(atap_net_run(&io, &out), 0);
+    }
+    rmsg = (atap_net_msg){.iov = &riov, .iovcnt = 1, .nfds = 1, .fds = got};
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), 0);
+    assert_int_equal(run_task(&rio, &out, NULL), 0);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(rmsg.nfds, 1);
+    assert_int_equal(rmsg.flags, ATAP_NET_FDS_TRUNC);
+    assert_true(fcntl(got[0], F_GETFD) & FD_CLOEXEC);
+    /* got[0] is p[1], the write end: what goes through it reads from p[0]. */
+    assert_int_equal(write(got[0], "w", 1), 1);
+    assert_int_equal(read(p[0], text, 1), 1);
+    assert_int_equal(text[0], 'w');
+    close(got[0]);
+    if (fds_before >= 0)
+        assert_int_equal(count_fds(), fds_before); /* the two with no room: closed */
+
+    /* No room for any: the fd is dropped, the byte read. */
+    msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 1, .fds = p};
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    rmsg = (atap_net_msg){.iov = &riov, .iovcnt = 1};
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), 0);
+    assert_int_equal(run_task(&rio, &out, NULL), 0);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(rmsg.nfds, 0);
+    assert_int_equal(rmsg.flags, ATAP_NET_FDS_TRUNC);
+    if (fds_before >= 0)
+        assert_int_equal(count_fds(), fds_before);
+
+    /* A closed fd, and fds over a socket that cannot carry them. */
+    {
+        int bad = 0x7ffe, tcp_c, tcp_s;
+        msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 1, .fds = &bad};
+        assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), 0);
+        assert_int_equal(run_task(&io, &out, NULL), -EBADF);
+        tcp_pair(&tcp_c, &tcp_s);
+        msg.fds = p;
+        assert_int_equal(atap_net_prep_sendmsg(&io, tcp_c, &msg), 0);
+        assert_int_equal(run_task(&io, &out, NULL), -EOPNOTSUPP);
+        close(tcp_c);
+        close(tcp_s);
+    }
+    /* What is refused. */
+    msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = ATAP_NET_FDS_MAX + 1, .fds = p};
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), ATAP_EINVAL);
+    msg = (atap_net_msg){.iov = &iov, .iovcnt = 1, .nfds = 1};
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), ATAP_EINVAL);
+    msg = (atap_net_msg){.nfds = 1, .fds = p}; /* no byte to carry it */
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], &msg), ATAP_EINVAL);
+    rmsg = (atap_net_msg){.iov = &riov, .iovcnt = 1, .nfds = -1, .fds = got};
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], &rmsg), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recvmsg(&rio, fds[1], NULL), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendmsg(&io, fds[0], NULL), ATAP_EINVAL);
+    close(p[0]);
+    close(p[1]);
+    close(q[0]);
+    close(q[1]);
+    close(fds[0]);
+    close(fds[1]);
+}
+
+/* A datagram cut to the room says so (ATAP_NET_TRUNC); one that fits, even
+ * exactly, does not. Scattered over two buffers, with its sender. */
+static void test_net_recvmsg_truncated(void **state)
+{
+    (void)state;
+    int a, b;
+    unsigned char head[4], tail[6], big[200];
+    struct iovec riov[2] = {{.iov_base = head, .iov_len = 4}, {.iov_base = tail, .iov_len = 6}};
+    struct iovec siov[2];
+    struct sockaddr_storage from, to;
+    socklen_t to_len;
+    char name[64], text[64];
+    atap_net_msg rmsg, smsg;
+    atap_net_io io;
+    atap_net_out out;
+
+    memset(big, 'z', sizeof big);
+    assert_int_equal(atap_net_udp_bind(&a, "127.0.0.1:0"), 0);
+    assert_int_equal(atap_net_udp_bind(&b, "127.0.0.1:0"), 0);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(b));
+    assert_int_equal(atap_net_ip_addr((struct sockaddr *)&to, &to_len, name), 0);
+    /* Sent by message too: two buffers, one datagram, to an address. */
+    siov[0] = (struct iovec){.iov_base = "0123", .iov_len = 4};
+    siov[1] = (struct iovec){.iov_base = "456789ABCDEF", .iov_len = 12};
+    smsg =
+        (atap_net_msg){.iov = siov, .iovcnt = 2, .addr = (struct sockaddr *)&to, .addrlen = to_len};
+    assert_int_equal(atap_net_prep_sendmsg(&io, a, &smsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 16);
+    rmsg = (atap_net_msg){.iov = riov,
+                          .iovcnt = 2,
+                          .addr = (struct sockaddr *)&from,
+                          .addrlen = sizeof from,
+                          .flags = 77};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(rmsg.flags, 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 10);
+    assert_int_equal(rmsg.flags, ATAP_NET_TRUNC);
+    assert_memory_equal(head, "0123", 4);
+    assert_memory_equal(tail, "456789", 6);
+    atap_net_addr_format((struct sockaddr *)&from, rmsg.addrlen, text, sizeof text);
+    snprintf(name, sizeof name, "127.0.0.1:%d", atap_net_local_port(a));
+    assert_string_equal(text, name);
+    /* Exactly the room: not cut. */
+    send_to_all(a, "abcdefghij", 10, &to, to_len);
+    rmsg = (atap_net_msg){.iov = riov, .iovcnt = 2};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 10);
+    assert_int_equal(rmsg.flags, 0);
+    /* Short: not cut either. */
+    send_to_all(a, "xyz", 3, &to, to_len);
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 3);
+    assert_int_equal(rmsg.flags, 0);
+    assert_memory_equal(head, "xyz", 3);
+    /* Much longer, into one buffer, stepped on the calling thread. */
+    send_to_all(a, big, sizeof big, &to, to_len);
+    rmsg = (atap_net_msg){.iov = riov, .iovcnt = 1};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(atap_net_run(&io, &out), 0);
+    assert_int_equal(out.n, 4);
+    assert_int_equal(rmsg.flags, ATAP_NET_TRUNC);
+    /* An empty datagram fits any room; a room of 0 asks for nothing. */
+    send_to_all(a, "", 0, &to, to_len);
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 0);
+    assert_int_equal(rmsg.flags, 0);
+    rmsg = (atap_net_msg){.iov = NULL, .iovcnt = 0};
+    assert_int_equal(atap_net_prep_recvmsg(&io, b, &rmsg), 0);
+    assert_int_equal(run_task(&io, &out, &(atap_spawn_opts){.timeout_ns = ATAP_SEC(5)}), 0);
+    assert_int_equal(out.n, 0);
+    close(a);
+    close(b);
+}
+
+/* ---- files to sockets ---------------------------------------------------- */
+
+/* A temp file of len bytes (xorshift), open for reading, and its bytes. */
+static int temp_file(const char *leaf, size_t len, unsigned char **bytes)
+{
+    unsigned char *b = malloc(len ? len : 1);
+    uint64_t x = 88172645463325252u;
+    int fd;
+
+    assert_non_null(b);
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (unsigned char)(x >> 24);
+    }
+    fd = open(temp_path(leaf), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b, len), (ssize_t)len);
+    assert_int_equal(lseek(fd, 17, SEEK_SET), 17); /* its position: never used, never moved */
+    unlink(temp_path(leaf));
+    *bytes = b;
+    return fd;
+}
+
+/* Sends file[offset, offset + count) to `to` as a task while this thread
+ * reads `from` until want bytes came; checks them against bytes. */
+static void sendfile_through(int to, int from, int file, const unsigned char *bytes, int64_t offset,
+                             size_t count, size_t want)
+{
+    atap_net_io io, rio;
+    atap_net_out out, rout;
+    unsigned char *rb = malloc(65536);
+    uint64_t h_want, h_got = 1469598103934665603u;
+    size_t got = 0;
+    atap_task t;
+
+    assert_non_null(rb);
+    h_want = fnv1a(1469598103934665603u, bytes + offset, want);
+    assert_int_equal(atap_net_prep_sendfile(&io, to, file, offset, count), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    while (got < want) {
+        assert_int_equal(atap_net_prep_recv(&rio, from, rb, 65536), 0);
+        assert_int_equal(run_task(&rio, &rout, NULL), 0);
+        assert_true(rout.n > 0);
+        h_got = fnv1a(h_got, rb, (size_t)rout.n);
+        got += (size_t)rout.n;
+    }
+    assert_int_equal(atap_net_join(t, &out), 0);
+    atap_net_release(t, &io);
+    assert_int_equal(out.n, (int64_t)want);
+    assert_int_equal(got, want);
+    assert_true(h_got == h_want);
+    assert_int_equal(lseek(file, 0, SEEK_CUR), 17);
+    free(rb);
+}
+
+/* A file sent whole and in parts, by sendfile and by the buffer that
+ * stands in for it, to a Unix stream and over TCP: the bytes that come
+ * are the file's. */
+static void test_net_sendfile(void **state)
+{
+    (void)state;
+    enum { SIZE = (3 << 20) + 123 };
+    unsigned char *bytes, buf[16];
+    int file = temp_file("sendfile", SIZE, &bytes), fds[2], c, s, p[2];
+    atap_net_io io;
+    atap_net_out out;
+
+    for (int copy = 0; copy < 2; copy++) {
+        atap__test_net_no_sendfile(copy == 1);
+        assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+        assert_int_equal(atap_net_set_opts(fds[0], &(atap_net_opts){.send_buffer = 16384}), 0);
+        sendfile_through(fds[0], fds[1], file, bytes, 0, 0, SIZE);         /* whole */
+        sendfile_through(fds[0], fds[1], file, bytes, 1000, 5000, 5000);   /* a part */
+        sendfile_through(fds[0], fds[1], file, bytes, SIZE - 10, 100, 10); /* past the end */
+        /* At the end, or past it: nothing to send. */
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, SIZE, 0), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 0);
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, SIZE + 5, 10), 0);
+        assert_int_equal(run_task(&io, &out, NULL), 0);
+        assert_int_equal(out.n, 0);
+        /* On the calling thread. */
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, 5, 7), 0);
+        assert_int_equal(atap_net_run(&io, &out), 0);
+        assert_int_equal(out.n, 7);
+        assert_int_equal(read(fds[1], buf, sizeof buf), 7);
+        assert_memory_equal(buf, bytes + 5, 7);
+        close(fds[0]);
+        close(fds[1]);
+        tcp_pair(&c, &s);
+        sendfile_through(c, s, file, bytes, 0, 0, SIZE);
+        /* The peer gone: an error, and no SIGPIPE (it would end this test). */
+        close(s);
+        assert_int_equal(atap_net_prep_sendfile(&io, c, file, 0, 0), 0);
+        {
+            int rc = run_task(&io, &out, NULL);
+            assert_true(rc == -EPIPE || rc == -ECONNRESET);
+        }
+        close(c);
+    }
+    atap__test_net_no_sendfile(false);
+    /* A file that cannot be read at an offset. */
+    assert_int_equal(pipe(p), 0);
+    assert_int_equal(write(p[1], "pipe", 4), 4);
+    assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+    assert_int_equal(atap_net_prep_sendfile(&io, fds[0], p[0], 0, 4), 0);
+    assert_int_equal(run_task(&io, &out, NULL), -ESPIPE);
+    /* What is refused. */
+    assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, -1, 4), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, INT64_MAX, 4), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_sendfile(NULL, fds[0], file, 0, 4), ATAP_EINVAL);
+    close(fds[0]);
+    close(fds[1]);
+    close(p[0]);
+    close(p[1]);
+    close(file);
+    free(bytes);
+}
+
+/* A sendfile to a reader that does not read parks; a cancel ends it at
+ * once, and exactly io->done bytes went, the file's first. By sendfile
+ * and by the buffer. */
+static void test_net_sendfile_cancel(void **state)
+{
+    (void)state;
+    enum { SIZE = 16 << 20 };
+    unsigned char *bytes;
+    int file = temp_file("sendfile-cancel", SIZE, &bytes), fds[2];
+    uint64_t h_want, h_got;
+    atap_net_io io;
+    atap_net_out out;
+    atap_task t;
+
+    for (int copy = 0; copy < 2; copy++) {
+        atap__test_net_no_sendfile(copy == 1);
+        assert_int_equal(atap_net_pair(fds, SOCK_STREAM), 0);
+        assert_int_equal(atap_net_prep_sendfile(&io, fds[0], file, 0, 0), 0);
+        assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+        assert_true(wait_parked(t));
+        assert_int_equal(atap_cancel(t), 0);
+        assert_int_equal(atap_net_join(t, &out), ATAP_ECANCELLED);
+        atap_net_release(t, &io);
+        assert_true(io.done > 0 && io.done < SIZE);
+        close(fds[0]);
+        h_want = fnv1a(1469598103934665603u, bytes, io.done);
+        h_got = 1469598103934665603u;
+        assert_int_equal(drain_hash(fds[1], &h_got), io.done);
+        assert_true(h_got == h_want);
+        close(fds[1]);
+    }
+    atap__test_net_no_sendfile(false);
+    close(file);
+    free(bytes);
+}
+
 /* ---- Unix ---------------------------------------------------------------- */
 
 static void test_net_unix_stream(void **state)
@@ -1193,6 +2002,116 @@ static void test_net_unix_datagram(void **state)
     assert_int_equal(out.n, 2);
     close(fds[0]);
     close(fds[1]);
+}
+
+/* "@name" is a name in Linux's abstract namespace: no file is made, the
+ * name goes with the last socket bound to it, and addresses of it format
+ * back as "@name". Elsewhere such a name is refused (-ENOTSUP). A '@'
+ * anywhere but first, or "./@name", is a file as before. */
+static void test_net_unix_abstract(void **state)
+{
+    (void)state;
+    char name[64], dname[64], text[160], longn[sizeof(((struct sockaddr_un *)0)->sun_path) + 2];
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int lfd, c, s, d, u, fds[2];
+    atap_net_io io;
+    atap_net_out out;
+    unsigned char buf[8];
+
+    snprintf(name, sizeof name, "@atap-test-%d", (int)getpid());
+    snprintf(dname, sizeof dname, "@atap-test-dgram-%d", (int)getpid());
+#ifdef __linux__
+    assert_int_equal(atap_net_unix_listen(&lfd, name, 0), 0);
+    assert_int_equal(access(name, F_OK), -1); /* no file called "@atap-test-..." */
+    assert_int_equal(errno, ENOENT);
+    assert_int_equal(atap_net_unix_listen(&fds[0], name, 0), -EADDRINUSE);
+    len = sizeof ss;
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text),
+                     (int)strlen(name));
+    assert_string_equal(text, name);
+    assert_int_equal(atap_net_prep_unix_connect(&io, name), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    c = out.fd;
+    s = tcp_accept(lfd);
+    send_all(c, "abst", 4);
+    assert_int_equal(atap_net_prep_recv_exact(&io, s, buf, 4), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_memory_equal(buf, "abst", 4);
+    len = sizeof ss;
+    assert_int_equal(getpeername(c, (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text),
+                     (int)strlen(name));
+    assert_string_equal(text, name);
+    /* Cut like snprintf: the whole length, the text cut to the room. */
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, 4), (int)strlen(name));
+    assert_string_equal(text, "@at");
+    close(c);
+    close(s);
+    close(lfd);
+    /* The name went with its socket: nobody listens, nothing to remove. */
+    assert_int_equal(atap_net_prep_unix_connect(&io, name), 0);
+    assert_int_equal(run_task(&io, &out, NULL), -ECONNREFUSED);
+    assert_int_equal(atap_net_unix_listen(&lfd, name, 0), 0);
+    close(lfd);
+
+    /* Datagrams: bound, sent to, connected to, and the sender named. */
+    assert_int_equal(atap_net_unix_dgram_bind(&d, dname), 0);
+    assert_int_equal(atap_net_unix_dgram_bind(&u, name), 0);
+    assert_int_equal(atap_net_unix_addr((struct sockaddr *)&ss, &len, dname), 0);
+    assert_int_equal(atap_net_prep_send_to(&io, u, "dg", 2, (struct sockaddr *)&ss, len), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    len = sizeof ss;
+    assert_int_equal(atap_net_prep_recv_from(&io, d, buf, sizeof buf, (struct sockaddr *)&ss, &len),
+                     0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_int_equal(out.n, 2);
+    atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text);
+    assert_string_equal(text, name);
+    assert_int_equal(atap_net_dgram_connect(u, dname), 0);
+    send_all(u, "cn", 2);
+    assert_int_equal(atap_net_prep_recv(&io, d, buf, sizeof buf), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    assert_memory_equal(buf, "cn", 2);
+    close(d);
+    close(u);
+
+    /* The room: sun_path's whole length after the '@' (no NUL ends it). */
+    memset(longn, 'a', sizeof longn);
+    longn[0] = '@';
+    longn[sizeof longn - 2] = '\0'; /* '@' and sizeof sun_path - 1 bytes */
+    assert_int_equal(atap_net_unix_listen(&lfd, longn, 0), 0);
+    len = sizeof ss;
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_addr_format((struct sockaddr *)&ss, len, text, sizeof text),
+                     (int)strlen(longn));
+    assert_string_equal(text, longn);
+    assert_int_equal(atap_net_prep_unix_connect(&io, longn), 0);
+    assert_int_equal(run_task(&io, &out, NULL), 0);
+    close(out.fd);
+    close(lfd);
+    longn[sizeof longn - 2] = 'a';
+    longn[sizeof longn - 1] = '\0'; /* one more */
+    assert_int_equal(atap_net_unix_listen(&lfd, longn, 0), -ENAMETOOLONG);
+    assert_int_equal(atap_net_prep_unix_connect(&io, longn), -ENAMETOOLONG);
+    /* "@" alone names nothing. */
+    assert_int_equal(atap_net_unix_listen(&lfd, "@", 0), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_unix_connect(&io, "@"), ATAP_EINVAL);
+    assert_int_equal(atap_net_unix_addr((struct sockaddr *)&ss, &len, "@"), ATAP_EINVAL);
+#else
+    assert_int_equal(atap_net_unix_listen(&lfd, name, 0), -ENOTSUP);
+    assert_int_equal(atap_net_prep_unix_connect(&io, name), -ENOTSUP);
+    assert_int_equal(atap_net_unix_dgram_bind(&d, dname), -ENOTSUP);
+    assert_int_equal(atap_net_unix_addr((struct sockaddr *)&ss, &len, name), -ENOTSUP);
+    (void)c, (void)s, (void)u, (void)out, (void)buf, (void)text, (void)longn;
+#endif
+    /* A '@' past the start is a file's. */
+    assert_int_equal(atap_net_unix_listen(&lfd, temp_path("@file"), 0), 0);
+    assert_int_equal(access(temp_path("@file"), F_OK), 0);
+    close(lfd);
+    unlink(temp_path("@file"));
+    (void)fds;
 }
 
 /* ---- a task of one's own ------------------------------------------------ */
@@ -1594,8 +2513,18 @@ int main(void)
         T(test_net_pair_100mb_hash),
         T(test_net_many_connections),
         T(test_net_udp),
+        T(test_net_socket_options),
+        T(test_net_ipv6_only_and_dual_stack),
+        T(test_net_connect_local_address),
+        T(test_net_multicast),
+        T(test_net_sendv),
+        T(test_net_pass_fds),
+        T(test_net_recvmsg_truncated),
+        T(test_net_sendfile),
+        T(test_net_sendfile_cancel),
         T(test_net_unix_stream),
         T(test_net_unix_datagram),
+        T(test_net_unix_abstract),
         T(test_net_zero_length_reads),
         T(test_net_addr_format_honours_length),
         T(test_net_accept_waits_for_a_free_fd),

@@ -699,6 +699,181 @@ static void test_signal_delivery_while_parking(void **state)
     atap_release(t);
 }
 
+/* Each delivery's sender and code: kill from this process and from a
+ * child, sigqueue with a value, raise. */
+static void test_signal_info_sender(void **state)
+{
+    (void)state;
+    atap_task t;
+    atap_siginfo info, again;
+    uint64_t n;
+    pid_t pid;
+    int status;
+
+    assert_int_equal(atap_spawn_signal_wait_info(&t, SIGUSR1, NULL, NULL, NULL), 0);
+    assert_int_equal(kill(getpid(), SIGUSR1), 0);
+    assert_int_equal(atap_join_for(t, &info, sizeof info, ATAP_SEC(10)), 0);
+    atap_release(t);
+    assert_int_equal(info.signo, SIGUSR1);
+    assert_int_equal(info.code, SI_USER);
+    assert_int_equal(info.pid, getpid());
+    assert_int_equal(info.uid, getuid());
+    assert_int_equal(info.flags, ATAP_SIGINFO_SENDER);
+    assert_int_equal(atap_signal_count(SIGUSR1, &n), 0);
+    assert_true(info.seq > 0 && info.seq <= n);
+    /* The same, read by its number. */
+    assert_int_equal(atap_signal_info(SIGUSR1, info.seq, &again), 0);
+    assert_int_equal(again.seq, info.seq);
+    assert_int_equal(again.signo, info.signo);
+    assert_int_equal(again.code, info.code);
+    assert_int_equal(again.pid, info.pid);
+    assert_int_equal(again.uid, info.uid);
+    assert_int_equal(again.flags, info.flags);
+    assert_int_equal(atap_signal_info(SIGUSR1, n + 1, &again), ATAP_ENOTREADY);
+    assert_int_equal(atap_signal_info(SIGUSR1, 0, &again), ATAP_EINVAL);
+    assert_int_equal(atap_signal_info(SIGKILL, 1, &again), ATAP_EINVAL);
+    assert_int_equal(atap_signal_info(SIGUSR1, 1, NULL), ATAP_EINVAL);
+
+    /* From another process: the child's pid. */
+    assert_int_equal(atap_spawn_signal_wait_info(&t, SIGUSR1, NULL, NULL, NULL), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(kill(getppid(), SIGUSR1) == 0 ? 0 : 1);
+    assert_int_equal(atap_join_for(t, &info, sizeof info, ATAP_SEC(10)), 0);
+    atap_release(t);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_int_equal(info.code, SI_USER);
+    assert_int_equal(info.pid, pid);
+    assert_int_equal(info.flags, ATAP_SIGINFO_SENDER);
+
+    /* sigqueue: its value. */
+    assert_int_equal(atap_spawn_signal_wait_info(&t, SIGUSR2, NULL, NULL, NULL), 0);
+    assert_int_equal(sigqueue(getpid(), SIGUSR2, (union sigval){.sival_int = 4242}), 0);
+    assert_int_equal(atap_join_for(t, &info, sizeof info, ATAP_SEC(10)), 0);
+    atap_release(t);
+    assert_int_equal(info.signo, SIGUSR2);
+    assert_int_equal(info.code, SI_QUEUE);
+    assert_int_equal(info.value, 4242);
+    assert_int_equal(info.pid, getpid());
+    assert_int_equal(info.flags, ATAP_SIGINFO_SENDER);
+
+    /* raise: this thread's (tgkill on Linux). */
+    assert_int_equal(atap_spawn_signal_wait_info(&t, SIGUSR2, NULL, NULL, NULL), 0);
+    assert_int_equal(raise(SIGUSR2), 0);
+    assert_int_equal(atap_join_for(t, &info, sizeof info, ATAP_SEC(10)), 0);
+    atap_release(t);
+#ifdef SI_TKILL
+    assert_int_equal(info.code, SI_TKILL);
+#endif
+    assert_int_equal(info.pid, getpid());
+    assert_int_equal(info.value, 0);
+}
+
+/* A child's SIGCHLD: its pid, CLD_EXITED and its exit status. */
+static void test_signal_info_child(void **state)
+{
+    (void)state;
+    atap_task t;
+    atap_siginfo info;
+    pid_t pid;
+    int status;
+
+    assert_int_equal(atap_spawn_signal_wait_info(&t, SIGCHLD, NULL, NULL, NULL), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(7);
+    assert_int_equal(atap_join_for(t, &info, sizeof info, ATAP_SEC(10)), 0);
+    atap_release(t);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(info.signo, SIGCHLD);
+    assert_int_equal(info.code, CLD_EXITED);
+    assert_int_equal(info.pid, pid);
+    assert_int_equal(info.status, 7);
+    assert_int_equal(info.uid, getuid());
+    assert_int_equal(info.flags, ATAP_SIGINFO_SENDER);
+    assert_int_equal(atap_signal_release(SIGCHLD), 0);
+}
+
+static _Atomic int g_info_values[8];
+static _Atomic int g_info_runs;
+
+static void on_info(const atap_siginfo *info, void *arg)
+{
+    int i = atomic_fetch_add(&g_info_runs, 1);
+
+    (void)arg;
+    if (i < 8)
+        atomic_store(&g_info_values[i], info->value);
+}
+
+/* Queues sig with value to this process and waits until the handler has
+ * counted it: one delivery each, also under TSan, which holds one pending
+ * delivery of a signal at a time and merges real-time ones too. */
+static void queue_counted(int sig, int value)
+{
+    uint64_t before, n, end = now_ns() + ATAP_SEC(20);
+
+    assert_int_equal(atap_signal_count(sig, &before), 0);
+    assert_int_equal(sigqueue(getpid(), sig, (union sigval){.sival_int = value}), 0);
+    for (n = before; n == before; assert_int_equal(atap_signal_count(sig, &n), 0)) {
+        assert_true(now_ns() < end);
+        sched_yield();
+    }
+    assert_int_equal(n, before + 1);
+}
+
+/* As a repeat, a handler run once per delivery, in order, none skipped:
+ * five real-time signals delivered while it waits 200 ms between runs.
+ * And what is kept: the last ATAP_SIGINFO_KEPT. */
+static void test_signal_info_each_delivery(void **state)
+{
+    (void)state;
+    const int sig = SIGRTMIN + 3;
+    atap_task t;
+    atap_siginfo info;
+    uint64_t base, end;
+
+    atomic_store(&g_info_runs, 0);
+    assert_int_equal(atap_spawn_signal_wait_info(
+                         &t, sig, on_info, NULL,
+                         &(atap_spawn_opts){.kind = ATAP_REPEAT, .every_ns = ATAP_MS(200)}),
+                     0);
+    for (int i = 1; i <= 5; i++)
+        queue_counted(sig, i);
+    end = now_ns() + ATAP_SEC(20);
+    while (atomic_load(&g_info_runs) < 5) {
+        assert_true(now_ns() < end);
+        sleep_us(1000);
+    }
+    sleep_us(300000); /* no sixth */
+    assert_int_equal(atomic_load(&g_info_runs), 5);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(atomic_load(&g_info_values[i]), i + 1);
+    assert_int_equal(atap_cancel(t), 0);
+    atap_release(t);
+
+    /* 40 more: the first 8 are no longer kept, the last 32 are. */
+    assert_int_equal(atap_signal_count(sig, &base), 0);
+    for (int i = 1; i <= 40; i++)
+        queue_counted(sig, 100 + i);
+    for (int i = 1; i <= 40; i++) {
+        assert_int_equal(atap_signal_info(sig, base + (uint64_t)i, &info), 0);
+        assert_int_equal(info.seq, base + (uint64_t)i);
+        assert_int_equal(info.signo, sig);
+        if (i <= 40 - ATAP_SIGINFO_KEPT) {
+            assert_int_equal(info.flags, ATAP_SIGINFO_LOST);
+        } else {
+            assert_int_equal(info.flags, ATAP_SIGINFO_SENDER);
+            assert_int_equal(info.value, 100 + i);
+            assert_int_equal(info.code, SI_QUEUE);
+        }
+    }
+    assert_int_equal(atap_signal_release(sig), 0);
+}
+
 static void test_signal_refused(void **state)
 {
     (void)state;
@@ -772,6 +947,9 @@ int main(void)
         T(test_signal_repeat_handler),
         T(test_signal_repeat_counts_between_runs),
         T(test_signal_delivery_while_parking),
+        T(test_signal_info_sender),
+        T(test_signal_info_child),
+        T(test_signal_info_each_delivery),
         T(test_signal_refused),
         T(test_signal_release_restores_default),
     };

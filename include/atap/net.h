@@ -7,6 +7,7 @@
 #define ATAP_NET_H
 
 #include <sys/socket.h> /* struct sockaddr, socklen_t */
+#include <sys/uio.h>    /* struct iovec */
 #include "core.h"
 
 #ifdef __cplusplus
@@ -43,7 +44,8 @@ extern "C" {
  * reads ATAP_ECANCELLED: atap_net_release waits for it to let go. Names
  * (connect's "host:port" or path) are copied: they need only live through
  * the prep and spawn calls. libatap allocates nothing per operation,
- * except a connect (its copy of the name, its address list): a connection
+ * except a connect (its copy of the name and options, its address list)
+ * and a sendfile that reads through a buffer (one a run): a connection
  * loop that reuses one io, one buffer and one reader spawns each
  * operation into a table slot and allocates nothing. An io may be prepared
  * (or spawned as prepared) again once atap_net_release has returned.
@@ -82,13 +84,14 @@ typedef struct atap_net_reader {
 typedef struct atap_net_io {
     int fd;                /* the socket operated on (-1 for a connect) */
     int op;                /* which operation (libatap's) */
-    void *buf;             /* the caller's buffer (send's bytes, recv's room) */
+    void *buf;             /* the caller's buffer (send's bytes, recv's room;
+                              a connect's options) */
     size_t len;            /* its length */
     size_t done;           /* bytes moved so far: readable after a cancel */
     size_t limit;          /* recv_until's limit */
     struct sockaddr *addr; /* send_to's destination, recv_from's / accept's peer */
     socklen_t *addrlen;    /* recv_from / accept: in, the room; out, the length */
-    socklen_t to_len;      /* send_to's destination length */
+    socklen_t to_len;      /* send_to's destination length; sendfile's file */
     int pending;           /* a connect under way: its fd, else -1 */
     int err;               /* a connect: the last address's error */
     int busy;              /* a task holds the io (libatap's, atomic) */
@@ -96,6 +99,49 @@ typedef struct atap_net_io {
     atap_net_reader *reader;
     void *list, *next; /* a connect's addresses (libatap's) */
 } atap_net_io;
+
+/*
+ * Socket options, set on a socket before it is bound or connected (where
+ * SO_REUSEPORT, IPV6_V6ONLY and the buffer sizes must be set for a
+ * listener's connections to have them): atap_net_listen_opts,
+ * atap_net_udp_bind_opts and atap_net_prep_connect_opts set them on the
+ * socket they make; atap_net_set_opts sets them on a socket of the
+ * caller's (an accepted one, one made elsewhere). Every field's zero
+ * leaves the socket as the call without options makes it (a TCP listener
+ * has SO_REUSEADDR, the rest is the system's default), so
+ * &(atap_net_opts){.flags = ATAP_NET_REUSEPORT} asks for that alone. An
+ * option that the socket's family does not have fails the call with the
+ * kernel's -errno (IPV6_V6ONLY on an IPv4 socket: -ENOPROTOOPT), one the
+ * platform does not have with -ENOTSUP; a socket the call was making is
+ * then closed. Options are plain values, read by the call (a connect's:
+ * see atap_net_prep_connect_opts).
+ */
+typedef struct atap_net_opts {
+    unsigned flags;    /* ATAP_NET_REUSEADDR... below */
+    int send_buffer;   /* SO_SNDBUF in bytes (0: the system's). The kernel
+                          rounds it (Linux doubles it: its bookkeeping) */
+    int recv_buffer;   /* SO_RCVBUF, likewise */
+    int multicast_ttl; /* UDP: hops a multicast datagram sent may go,
+                          IP_MULTICAST_TTL / IPV6_MULTICAST_HOPS, 1..255
+                          (0: the system's, 1: this link only) */
+    const char *local; /* a connect's only: the numeric "host:port" its
+                          socket is bound to first ("10.0.0.2:0": that
+                          address, any free port); NULL: the system picks */
+} atap_net_opts;
+
+/* atap_net_opts.flags. REUSEPORT: several sockets, each with it, may be
+ * bound to one address and port (Linux spreads the connections or
+ * datagrams among them). DUAL_STACK: "[::]:port" takes IPv4 too, its
+ * peers read as "[::ffff:a.b.c.d]:port". BROADCAST: a UDP send to a
+ * broadcast address, without it, fails with -EACCES. MULTICAST_NO_LOOP:
+ * multicast this socket sends is not looped back to this host's own
+ * members of the group. */
+#define ATAP_NET_REUSEADDR 0x01u         /* SO_REUSEADDR (a TCP listener has it anyway) */
+#define ATAP_NET_REUSEPORT 0x02u         /* SO_REUSEPORT */
+#define ATAP_NET_V6ONLY 0x04u            /* IPV6_V6ONLY on: IPv6 only */
+#define ATAP_NET_DUAL_STACK 0x08u        /* IPV6_V6ONLY off: IPv4 too */
+#define ATAP_NET_BROADCAST 0x10u         /* SO_BROADCAST */
+#define ATAP_NET_MULTICAST_NO_LOOP 0x20u /* IP_MULTICAST_LOOP / IPV6_MULTICAST_LOOP off */
 
 /*
  * TCP connect to name, "host:port" ("example.com:80", "127.0.0.1:8080",
@@ -112,11 +158,27 @@ typedef struct atap_net_io {
  */
 ATAP_EXPORT int atap_net_prep_connect(atap_net_io *io, const char *name);
 
-/* Unix stream connect to path. Results: -ENOENT (no such file),
- * -ECONNREFUSED (a file nobody listens on: a stale socket file),
- * -EACCES... While the listener's backlog is full it tries again every
- * millisecond. Prep returns 0; ATAP_EINVAL for NULL io or path or an empty
- * path; -ENAMETOOLONG for a path longer than sun_path holds. */
+/* atap_net_prep_connect, with options set on each socket it tries before
+ * its connect, and the socket bound to opts->local first if given. opts
+ * (may be NULL) and its local are copied by atap_net_spawn, as the name
+ * is; atap_net_run and atap_net_step read them where they are, so there
+ * they must live until the operation is done. An address of another
+ * family than local's is skipped (its error: -EAFNOSUPPORT), and a local
+ * address that cannot be bound is that address's error (-EADDRINUSE,
+ * -EADDRNOTAVAIL...): the next address is tried, the last one's error is
+ * the result. Prep returns 0; ATAP_EINVAL as atap_net_prep_connect, or
+ * for options atap_net_set_opts refuses or a local that is not a numeric
+ * "host:port". */
+ATAP_EXPORT int atap_net_prep_connect_opts(atap_net_io *io, const char *name,
+                                           const atap_net_opts *opts);
+
+/* Unix stream connect to path, a file's path or an abstract name
+ * ("@name": see Unix names below). Results: -ENOENT (no such file),
+ * -ECONNREFUSED (a file, or an abstract name, nobody listens on: a stale
+ * socket file), -EACCES... While the listener's backlog is full it tries
+ * again every millisecond. Prep returns 0; ATAP_EINVAL for NULL io or
+ * path, an empty path or "@" alone; -ENAMETOOLONG for a name longer than
+ * sun_path holds; -ENOTSUP for "@name" off Linux. */
 ATAP_EXPORT int atap_net_prep_unix_connect(atap_net_io *io, const char *path);
 
 /* Accepts one connection on the listening socket lfd. out.fd: the new
@@ -139,6 +201,109 @@ ATAP_EXPORT int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *
  * (out.n on an error) says how many went. A peer gone: -EPIPE or
  * -ECONNRESET (no SIGPIPE is raised). */
 ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len);
+
+/* The most buffers one gathered send (or scattered receive) takes: the
+ * IOV_MAX of Linux, macOS and the BSDs. */
+#define ATAP_NET_IOV_MAX 1024
+
+/* Sends all the bytes of iov[0..iovcnt), in order, as atap_net_prep_send
+ * sends one buffer (a gathered send, sendmsg): on a stream socket each
+ * partial write is followed from where it stopped, mid-buffer too, parking
+ * while the socket is full; on a datagram socket they go as one datagram.
+ * An fd that is not a socket (a pipe) is written with writev. out.n: the
+ * bytes of them all; io->done after a cancel (out.n after an error): how
+ * many went, the first ones. The array and its buffers are the caller's,
+ * read and never written, kept as send's buffer is. Prep returns 0;
+ * ATAP_EINVAL for NULL io, NULL iov with iovcnt > 0, iovcnt below 0 or
+ * above ATAP_NET_IOV_MAX, or lengths adding up past SSIZE_MAX. */
+ATAP_EXPORT int atap_net_prep_sendv(atap_net_io *io, int fd, const struct iovec *iov, int iovcnt);
+
+/*
+ * Messages (sendmsg, recvmsg): buffers, fds passed over a Unix socket
+ * (SCM_RIGHTS), an address, and what the kernel says of a datagram
+ * received. The message, its arrays and buffers are the caller's, kept
+ * as a send's buffer is; a send reads it, a receive writes iov's buffers,
+ * nfds, fds, addrlen and flags (and the prep zeroes nfds and flags).
+ */
+typedef struct atap_net_msg {
+    const struct iovec *iov; /* the buffers: sent from, or filled in order */
+    int iovcnt;              /* how many: 0 to ATAP_NET_IOV_MAX */
+    int nfds;                /* send: how many fds to pass; receive: the room
+                                in fds, read by the prep (which sets nfds
+                                to 0), then how many fds came */
+    int *fds;                /* send: the fds passed (still the caller's to
+                                close); receive: those that came, each the
+                                caller's to close, close-on-exec */
+    struct sockaddr *addr;   /* send: the destination (NULL: the connected
+                                peer); receive: room for the sender's
+                                address (NULL: not wanted) */
+    socklen_t addrlen;       /* send: addr's length; receive: in, the room,
+                                out, the sender's length (as recv_from's) */
+    unsigned flags;          /* receive, out: ATAP_NET_TRUNC... below */
+} atap_net_msg;
+
+/* atap_net_msg.flags, of a receive: the datagram was longer than the
+ * room and its end was dropped (MSG_TRUNC); fds came that had no room and
+ * the system closed them (MSG_CTRUNC). */
+#define ATAP_NET_TRUNC 0x1u     /* the datagram was cut */
+#define ATAP_NET_FDS_TRUNC 0x2u /* fds were dropped */
+/* The most fds one message passes (Linux's SCM_MAX_FD). */
+#define ATAP_NET_FDS_MAX 253
+
+/*
+ * Sends a message: its buffers as atap_net_prep_sendv sends them (on a
+ * stream socket all of them, going on after partial writes; on a datagram
+ * socket one datagram, to msg->addr if not NULL), and msg->fds, passed
+ * with the first bytes that go (over a Unix socket; the receiver gets
+ * copies, these stay the caller's). out.n: the bytes; io->done as sendv's.
+ * Results: as send's, -EBADF for an fd passed that is not open,
+ * -EOPNOTSUPP for fds over a socket that is not a Unix one (refused
+ * before anything is sent: TCP and UDP would drop them).
+ * Prep returns 0; ATAP_EINVAL for NULL io or msg, an iov or iovcnt as
+ * sendv refuses, nfds below 0 or above ATAP_NET_FDS_MAX, NULL fds with
+ * nfds > 0, fds with no byte to carry them, or an addr with addrlen 0.
+ */
+ATAP_EXPORT int atap_net_prep_sendmsg(atap_net_io *io, int fd, const atap_net_msg *msg);
+
+/*
+ * Receives a message: as atap_net_prep_recv (waits for at least one byte,
+ * or one datagram; out.n the count, 0 from a stream peer that closed),
+ * scattered over msg->iov's buffers in order, with up to msg->nfds fds
+ * passed with those bytes into msg->fds (msg->nfds then says how many),
+ * each close-on-exec as it comes where the platform can (MSG_CMSG_CLOEXEC:
+ * Linux, FreeBSD), right after elsewhere, and sharing its file status
+ * flags (O_NONBLOCK...) with the sender's. msg->flags: ATAP_NET_TRUNC for a
+ * datagram cut to the room, so a short one (no flag) and a cut one tell
+ * apart; ATAP_NET_FDS_TRUNC when fds came that had no room (they are
+ * closed: none leaks). A room of 0 bytes asks for nothing, as recv of 0
+ * (no fd then comes). After a cancel msg->nfds still says which fds came:
+ * close them. Results: as recv's. Prep returns 0; ATAP_EINVAL for NULL io
+ * or msg, an iov or iovcnt as sendv refuses, nfds below 0 or above
+ * ATAP_NET_FDS_MAX, NULL fds with nfds > 0, or an addr with addrlen 0.
+ */
+ATAP_EXPORT int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg);
+
+/*
+ * Sends count bytes of the file open as `file`, from offset (the file's
+ * own position is neither used nor moved), to fd, without copying them
+ * through user space where the platform can: sendfile(2) on Linux. Off
+ * Linux, or where the kernel refuses the pair (-EINVAL: a file it cannot
+ * map, say), it reads and sends through a 64 KiB buffer of its own, read
+ * again from the file after a partial send. count 0: to the file's end.
+ * out.n: the bytes sent, fewer than count when the file ended first (not
+ * an error: compare). Spawned, it runs on the blocking threads (a read of
+ * the file may wait for the disk) and parks on fd while it is full,
+ * holding no thread; a cancel or timeout is seen between chunks of at
+ * most 64 KiB, as a file operation's, and io->done then says how many
+ * bytes went, the file's first from offset. atap_net_step runs it on its
+ * task's thread. Results: as send's (-EPIPE, -ECONNRESET: no SIGPIPE is
+ * raised), -ESPIPE for a file that cannot be read at an offset (a pipe),
+ * -EBADF, -ENOMEM (the buffer). Prep returns 0; ATAP_EINVAL for NULL io,
+ * a negative offset, offset + count past INT64_MAX, or an offset past
+ * SIZE_MAX (a 32-bit system).
+ */
+ATAP_EXPORT int atap_net_prep_sendfile(atap_net_io *io, int fd, int file, int64_t offset,
+                                       size_t count);
 
 /* Receives what has arrived, up to len bytes, into buf, waiting for at
  * least one (on a datagram socket: one datagram, cut to len). out.n: the
@@ -249,23 +414,47 @@ ATAP_EXPORT void atap_net_reader_consume(atap_net_reader *reader, size_t n);
  */
 ATAP_EXPORT int atap_net_listen(int *fd, const char *name, int backlog);
 
+/* atap_net_listen with options (may be NULL: the same as atap_net_listen),
+ * set before the bind; ATAP_NET_REUSEADDR is set whatever the flags say.
+ * Returns as atap_net_listen, and as atap_net_set_opts; ATAP_EINVAL also
+ * for a local (a connect's only). Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_listen_opts(int *fd, const char *name, int backlog,
+                                     const atap_net_opts *opts);
+
+/*
+ * Unix names. A name that starts with '@' is, on Linux, a name in the
+ * abstract namespace: "@name" binds the bytes after the '@' (no file is
+ * made, nothing is left to remove: the name goes with the last socket
+ * bound to it; up to sizeof sun_path - 1 bytes after the '@'), and
+ * atap_net_addr_format writes such an address back as "@name". Off Linux
+ * a leading '@' is refused with -ENOTSUP; a file whose name starts with
+ * '@' is reached as "./@name". Any other name is a file's path.
+ */
+
 /* Listens on the Unix path (the file is created; it is the caller's to
- * remove). Returns 0 and *fd; -EADDRINUSE when the path exists (a stale
- * file included: remove it first); -ENAMETOOLONG past sun_path's room;
- * ATAP_EINVAL for NULL or empty path. Blocks: no. Threads: any. */
+ * remove), or the abstract "@name" (Linux). Returns 0 and *fd;
+ * -EADDRINUSE when the path exists (a stale file included: remove it
+ * first) or the name is bound; -ENAMETOOLONG past sun_path's room;
+ * ATAP_EINVAL for NULL or empty path, or "@" alone; -ENOTSUP for "@name"
+ * off Linux. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_unix_listen(int *fd, const char *path, int backlog);
 
 /* A UDP socket bound to name (numeric, as atap_net_listen; port 0 picks).
  * Returns 0 and *fd, or as atap_net_listen. */
 ATAP_EXPORT int atap_net_udp_bind(int *fd, const char *name);
 
+/* atap_net_udp_bind with options (may be NULL), set before the bind.
+ * Returns as atap_net_listen_opts. Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_udp_bind_opts(int *fd, const char *name, const atap_net_opts *opts);
+
 /* Connects a datagram socket (UDP, or Unix with a path starting with '/'
- * or '.') to name, numeric, so that send / recv need no address: recv
- * then takes only the peer's datagrams. Returns 0; -errno. Blocks: no. */
+ * or '.', or an abstract "@name") to name, numeric, so that send / recv
+ * need no address: recv then takes only the peer's datagrams. Returns 0;
+ * -errno; as atap_net_unix_addr for a Unix name. Blocks: no. */
 ATAP_EXPORT int atap_net_dgram_connect(int fd, const char *name);
 
-/* A Unix datagram socket bound to path (NULL: unbound, it can only send).
- * Returns 0 and *fd; as atap_net_unix_listen. */
+/* A Unix datagram socket bound to path or "@name" (NULL: unbound, it can
+ * only send). Returns 0 and *fd; as atap_net_unix_listen. */
 ATAP_EXPORT int atap_net_unix_dgram_bind(int *fd, const char *path);
 
 /* A connected pair of Unix sockets (socketpair), type SOCK_STREAM or
@@ -273,18 +462,20 @@ ATAP_EXPORT int atap_net_unix_dgram_bind(int *fd, const char *path);
 ATAP_EXPORT int atap_net_pair(int fds[2], int type);
 
 /* An address for send_to: name as atap_net_listen's (numeric IPv4 / IPv6),
- * or a Unix path (atap_net_unix_addr), into *addr (at least
- * sizeof(struct sockaddr_storage) bytes) and *len. Returns 0; ATAP_EINVAL;
- * -ENAMETOOLONG (a path). */
+ * or a Unix path or abstract "@name" (atap_net_unix_addr), into *addr (at
+ * least sizeof(struct sockaddr_storage) bytes) and *len. Returns 0;
+ * ATAP_EINVAL; -ENAMETOOLONG, -ENOTSUP (a Unix name, as
+ * atap_net_unix_listen). */
 ATAP_EXPORT int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name);
 ATAP_EXPORT int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path);
 
-/* Writes an address as text, "1.2.3.4:80", "[::1]:80" or the Unix path
- * ("" unnamed), like snprintf: returns the length of the whole text (>= n:
- * cut), or ATAP_EINVAL for an unknown family, a len too short for its
- * family's address, or NULL. Only len bytes of addr are read: a len too
- * short to hold a family (0, as for a datagram from an unbound Unix
- * socket) is no address and writes "", whatever the storage held before.
+/* Writes an address as text, "1.2.3.4:80", "[::1]:80", the Unix path
+ * ("" unnamed) or "@name" for an abstract one (Linux; up to a NUL in the
+ * name), like snprintf: returns the length of the whole text (>= n: cut),
+ * or ATAP_EINVAL for an unknown family, a len too short for its family's
+ * address, or NULL. Only len bytes of addr are read: a len too short to
+ * hold a family (0, as for a datagram from an unbound Unix socket) is no
+ * address and writes "", whatever the storage held before.
  * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf,
                                      size_t n);
@@ -300,6 +491,30 @@ ATAP_EXPORT int atap_net_local_port(int fd);
 ATAP_EXPORT int atap_net_shutdown_write(int fd);
 ATAP_EXPORT int atap_net_set_nodelay(int fd, bool on);
 ATAP_EXPORT int atap_net_set_keepalive(int fd, bool on, unsigned idle_s);
+
+/* Sets opts (as atap_net_listen_opts does, on a socket of the caller's):
+ * each option asked for, in the order of the struct (flags first); the
+ * first that fails stops it with its code, those before it stay set.
+ * Returns 0; ATAP_EINVAL for NULL opts, an unknown flag, both V6ONLY and
+ * DUAL_STACK, a negative buffer size, a multicast_ttl above 255 or a
+ * local (a connect's only); -ENOTSUP for SO_REUSEPORT where there is
+ * none; -errno (-EBADF, -ENOTSOCK, -ENOPROTOOPT...).
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_set_opts(int fd, const atap_net_opts *opts);
+
+/* Joins / leaves the multicast group, a numeric IPv4 or IPv6 address
+ * ("239.1.2.3", "ff02::1:3") of the socket's family, on the network
+ * interface named iface ("eth0"; NULL: the one the system routes the
+ * group to). A UDP socket bound to the group's port (and to the group or
+ * the any address) then receives what is sent to the group. Returns 0;
+ * ATAP_EINVAL for NULL group or one that is not a numeric address; -ENODEV
+ * for no interface of that name; -EADDRINUSE (joined already),
+ * -EADDRNOTAVAIL (leaving a group not joined), -EINVAL (not a multicast
+ * address), -ENOPROTOOPT (a group of another family)...; -ENOTSUP where
+ * the platform has no protocol-independent join (MCAST_JOIN_GROUP).
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_net_multicast_join(int fd, const char *group, const char *iface);
+ATAP_EXPORT int atap_net_multicast_leave(int fd, const char *group, const char *iface);
 
 #ifdef __cplusplus
 }

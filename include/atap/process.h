@@ -161,6 +161,65 @@ ATAP_EXPORT int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_f
                                        const atap_spawn_opts *opts);
 
 /*
+ * What the kernel told of one delivery of a signal (its siginfo_t).
+ * libatap's handler keeps it for the last ATAP_SIGINFO_KEPT deliveries of
+ * each signal it catches (atap_signal_count, atap_park_signal or a wait
+ * took it over), numbered as the count counts them: delivery n is the one
+ * after which atap_signal_count read n. The sender's pid and uid are given
+ * where the kernel gives them: for a signal a process sent (kill, sigqueue,
+ * raise and tgkill) and for SIGCHLD (the child), not for one the kernel
+ * raised itself (SIGPIPE, a timer's, SIGWINCH from a terminal...). A
+ * standard signal sent again while still pending is merged by the kernel
+ * into one delivery: its info is the first send's.
+ */
+typedef struct atap_siginfo {
+    uint64_t seq;   /* which delivery of signo: 1 the first counted */
+    int signo;      /* the signal */
+    int code;       /* si_code: SI_USER (kill), SI_QUEUE (sigqueue),
+                       SI_TKILL (raise, tgkill: Linux), or the kernel's own
+                       (SI_KERNEL, CLD_EXITED for SIGCHLD...) */
+    int pid;        /* si_pid: the sender's, or SIGCHLD's child's; 0
+                       without ATAP_SIGINFO_SENDER */
+    unsigned uid;   /* si_uid, with pid: that process's real user id */
+    int status;     /* SIGCHLD (from a child): si_status, the exit status
+                       (CLD_EXITED) or the signal (CLD_KILLED...); else 0 */
+    int value;      /* SI_QUEUE: si_value.sival_int, sigqueue's value;
+                       else 0 */
+    unsigned flags; /* ATAP_SIGINFO_SENDER, ATAP_SIGINFO_LOST below */
+} atap_siginfo;
+
+/* atap_siginfo.flags: pid and uid are given; nothing is kept of this
+ * delivery (ATAP_SIGINFO_KEPT more came after it before it was read, or
+ * the memory for the records could not be had), only seq and signo stand. */
+#define ATAP_SIGINFO_SENDER 0x1u
+#define ATAP_SIGINFO_LOST 0x2u
+/* How many deliveries of each signal libatap keeps the info of. */
+#define ATAP_SIGINFO_KEPT 32
+
+/* What is kept of delivery seq of signo, into *info: with
+ * ATAP_SIGINFO_LOST if it is no longer kept. Returns 0; ATAP_ENOTREADY
+ * when signo has not come seq times yet (since libatap caught it);
+ * ATAP_EINVAL for NULL info, seq 0 or a signo atap_park_signal refuses.
+ * Works with or without a runtime. Blocks: no. Threads: any. */
+ATAP_EXPORT int atap_signal_info(int signo, uint64_t seq, atap_siginfo *info);
+
+/*
+ * atap_spawn_signal_wait, a delivery at a time, with what the kernel said
+ * of it: each run waits for a delivery after the last one it took (at
+ * first: after this call), and outputs (and hands to fn, may be NULL, on
+ * the task's thread) its atap_siginfo. As ATAP_REPEAT it is a handler
+ * called once for each delivery, in order: a run takes the next one at
+ * once if more came meanwhile, so none is skipped, but one that fell more
+ * than ATAP_SIGINFO_KEPT behind reads as ATAP_SIGINFO_LOST.
+ * fn(info, fn_arg). opts: out_size 0 or sizeof(atap_siginfo); kind ONCE or
+ * REPEAT; no arg_free, out_free, gives or in_free. Returns as
+ * atap_spawn_signal_wait. Blocks: no. Threads: any.
+ */
+typedef void atap_siginfo_fn(const atap_siginfo *info, void *arg);
+ATAP_EXPORT int atap_spawn_signal_wait_info(atap_task *task, int signo, atap_siginfo_fn *fn,
+                                            void *fn_arg, const atap_spawn_opts *opts);
+
+/*
  * Spawns a task that sends signo to pid (kill(2): a pid, or -pgid for a
  * process group; signo 0 only checks the target exists); no output. The
  * task fails with the kill's error as ATAP_EFAILED; use kill(2) directly

@@ -26,19 +26,28 @@
  * API (layer 9).
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* accept4, memmem */
+#define _GNU_SOURCE /* accept4, memmem, MSG_CMSG_CLOEXEC */
 #endif
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/sendfile.h>
+#endif
 #include <sys/socket.h>
-#include <sys/un.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include "../testing.h"
 #include "atap.h"
 #include "net_int.h"
 
@@ -53,6 +62,11 @@ enum {
     OP_SEND_TO,
     OP_RECV_FROM,
     OP_RECV_UNTIL,
+    OP_SENDV,
+    OP_SENDMSG,
+    OP_RECVMSG,
+    OP_SENDFILE,
+    OP_LAST = OP_SENDFILE,
 };
 
 #define UNIX_RETRY_NS ATAP_MS(1)
@@ -110,12 +124,26 @@ int atap_net_prep_connect(atap_net_io *io, const char *name)
     return 0;
 }
 
+int atap_net_prep_connect_opts(atap_net_io *io, const char *name, const atap_net_opts *opts)
+{
+    int rc;
+
+    if (atap__net_check_opts(opts, true) != 0 || (rc = atap_net_prep_connect(io, name)) != 0)
+        return ATAP_EINVAL;
+    io->buf = (void *)opts; /* a connect's options (spawned: libatap's copy) */
+    return 0;
+}
+
 int atap_net_prep_unix_connect(atap_net_io *io, const char *path)
 {
-    if (!io || !path || !*path)
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!io)
         return ATAP_EINVAL;
-    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return -ENAMETOOLONG;
+    if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
+        return rc;
     prep(io, OP_UNIX_CONNECT, -1, NULL, 0);
     io->name = path;
     return 0;
@@ -142,6 +170,79 @@ static int prep_buf(atap_net_io *io, int op, int fd, const void *buf, size_t len
 int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len)
 {
     return prep_buf(io, OP_SEND, fd, buf, len);
+}
+
+/* The bytes of iov[0..n) in all, into *total: false past SSIZE_MAX. */
+static bool iov_total(const struct iovec *iov, size_t n, size_t *total)
+{
+    size_t t = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (iov[i].iov_len > (size_t)SSIZE_MAX - t)
+            return false;
+        t += iov[i].iov_len;
+    }
+    *total = t;
+    return true;
+}
+
+int atap_net_prep_sendv(atap_net_io *io, int fd, const struct iovec *iov, int iovcnt)
+{
+    size_t total;
+
+    if (!io || iovcnt < 0 || iovcnt > ATAP_NET_IOV_MAX || (!iov && iovcnt > 0) ||
+        !iov_total(iov, (size_t)iovcnt, &total))
+        return ATAP_EINVAL;
+    prep(io, OP_SENDV, fd, iov, total); /* buf: the array; len: its bytes */
+    io->limit = (size_t)iovcnt;
+    return 0;
+}
+
+/* 0, and the bytes of msg's buffers in *total; ATAP_EINVAL. */
+static int check_msg(const atap_net_msg *msg, size_t *total)
+{
+    if (!msg || msg->iovcnt < 0 || msg->iovcnt > ATAP_NET_IOV_MAX ||
+        (!msg->iov && msg->iovcnt > 0) || msg->nfds < 0 || msg->nfds > ATAP_NET_FDS_MAX ||
+        (!msg->fds && msg->nfds > 0) || (msg->addr && msg->addrlen == 0) ||
+        !iov_total(msg->iov, (size_t)msg->iovcnt, total))
+        return ATAP_EINVAL;
+    return 0;
+}
+
+int atap_net_prep_sendmsg(atap_net_io *io, int fd, const atap_net_msg *msg)
+{
+    size_t total;
+
+    if (!io || check_msg(msg, &total) != 0 || (msg->nfds > 0 && total == 0))
+        return ATAP_EINVAL;
+    prep(io, OP_SENDMSG, fd, msg, total); /* buf: the message; len: its bytes */
+    return 0;
+}
+
+int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg)
+{
+    size_t total;
+
+    if (!io || check_msg(msg, &total) != 0)
+        return ATAP_EINVAL;
+    prep(io, OP_RECVMSG, fd, msg, total); /* buf: the message; len: its room */
+    io->limit = (size_t)msg->nfds;        /* the room for fds */
+    msg->nfds = 0;
+    msg->flags = 0;
+    return 0;
+}
+
+int atap_net_prep_sendfile(atap_net_io *io, int fd, int file, int64_t offset, size_t count)
+{
+    if (!io || offset < 0 || (uint64_t)offset > SIZE_MAX ||
+        (uint64_t)count > (uint64_t)(INT64_MAX - offset))
+        return ATAP_EINVAL;
+    /* len: the bytes to send (SIZE_MAX: to the end); limit: the offset;
+     * to_len: the file. */
+    prep(io, OP_SENDFILE, fd, NULL, count ? count : SIZE_MAX);
+    io->limit = (size_t)offset;
+    io->to_len = (socklen_t)file;
+    return 0;
 }
 
 int atap_net_prep_recv(atap_net_io *io, int fd, void *buf, size_t len)
@@ -276,7 +377,13 @@ static int tcp_connect(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
             continue;
         }
         io->pending = rc;
-        if (connect(rc, ai->ai_addr, ai->ai_addrlen) == 0)
+        if ((rc = atap__net_connect_opts(rc, ai->ai_family, io->buf)) != 0) {
+            io->err = rc;
+            close(io->pending);
+            io->pending = -1;
+            continue;
+        }
+        if (connect(io->pending, ai->ai_addr, ai->ai_addrlen) == 0)
             return connected(io, out);
         if (errno == EINPROGRESS || errno == EINTR)
             return park(ctx, out, io, ATAP_WRITABLE);
@@ -421,6 +528,326 @@ static int do_send(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     return finish(out, io->done, 0, -1);
 }
 
+/* A gathered send's next call sends from here on: a local copy of up to
+ * IOV_BATCH buffers, the first cut, when the last call ended in the middle
+ * of one; the caller's array itself otherwise (the kernel only reads it). */
+#define IOV_BATCH 64
+
+struct gather {
+    struct iovec part[IOV_BATCH];
+    struct msghdr m;
+};
+
+/* Fills g->m with what is left of iov[0..n) past `done` bytes. */
+static void gather_from(struct gather *g, const struct iovec *iov, size_t n, size_t done)
+{
+    size_t i = 0, k;
+
+    while (i < n && done >= iov[i].iov_len)
+        done -= iov[i++].iov_len;
+    memset(&g->m, 0, sizeof g->m);
+    if (done == 0 || i == n) { /* i == n: all sent, which a caller never asks */
+        g->m.msg_iov = (struct iovec *)(uintptr_t)(iov + i); /* read only, by the kernel */
+        g->m.msg_iovlen = n - i;
+        return;
+    }
+    k = n - i < IOV_BATCH ? n - i : IOV_BATCH;
+    memcpy(g->part, iov + i, k * sizeof *iov);
+    g->part[0].iov_base = (unsigned char *)g->part[0].iov_base + done;
+    g->part[0].iov_len -= done;
+    g->m.msg_iov = g->part;
+    g->m.msg_iovlen = k;
+}
+
+/* Room for the most fds a message passes, aligned for its header. */
+union fd_control {
+    struct cmsghdr h;
+    unsigned char b[CMSG_SPACE(sizeof(int) * ATAP_NET_FDS_MAX)];
+};
+
+/* A message's next sendmsg: its fds with the first bytes only (a call
+ * that sent nothing, EAGAIN, sent none of them either). */
+static ssize_t message_once(atap_net_io *io)
+{
+    const atap_net_msg *msg = io->buf;
+    union fd_control ctl;
+    struct gather g;
+
+    gather_from(&g, msg->iov, (size_t)msg->iovcnt, io->done);
+    g.m.msg_name = msg->addr;
+    g.m.msg_namelen = msg->addr ? msg->addrlen : 0;
+    if (msg->nfds > 0 && io->done == 0) {
+        size_t n = (size_t)msg->nfds * sizeof(int);
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        struct cmsghdr *c;
+
+        /* Not Unix: TCP and UDP would send the bytes and drop the fds. */
+        ss.ss_family = AF_UNSPEC;
+        if (getsockname(io->fd, (struct sockaddr *)&ss, &len) != 0)
+            return -1;
+        if (ss.ss_family != AF_UNIX) {
+            errno = EOPNOTSUPP;
+            return -1;
+        }
+
+        memset(ctl.b, 0, CMSG_SPACE(n));
+        g.m.msg_control = ctl.b;
+        g.m.msg_controllen = CMSG_SPACE(n);
+        c = CMSG_FIRSTHDR(&g.m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(n);
+        memcpy(CMSG_DATA(c), msg->fds, n);
+    }
+    return sendmsg(io->fd, &g.m, SEND_FLAGS);
+}
+
+static ssize_t gather_once(atap_net_io *io)
+{
+    struct gather g;
+    ssize_t r;
+
+    if (io->op == OP_SENDMSG)
+        return message_once(io);
+    gather_from(&g, io->buf, io->limit, io->done);
+    if ((r = sendmsg(io->fd, &g.m, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
+        r = writev(io->fd, g.m.msg_iov, (int)g.m.msg_iovlen);
+    return r;
+}
+
+/* A gathered send: as do_send, each call going on from io->done. */
+static int do_sendv(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    bool first = true;
+
+    while (first || io->done < io->len) {
+        ssize_t r = gather_once(io);
+
+        first = false;
+        if (r >= 0)
+            io->done += (size_t)r;
+        else if (again(errno))
+            return park(ctx, out, io, ATAP_WRITABLE);
+        else if (errno != EINTR)
+            return finish(out, io->done, -errno, -1);
+        if (atap_cancelled(ctx))
+            return finish(out, io->done, ATAP_ECANCELLED, -1);
+    }
+    return finish(out, io->done, 0, -1);
+}
+
+/* The fds that came with m into msg->fds, up to room (the kernel may give
+ * one more than asked: CMSG_SPACE rounds up); those past it are closed.
+ * Returns ATAP_NET_FDS_TRUNC if any was dropped, here or by the kernel. */
+static unsigned take_fds(atap_net_msg *msg, size_t room, struct msghdr *m)
+{
+    unsigned flags = (m->msg_flags & MSG_CTRUNC) ? ATAP_NET_FDS_TRUNC : 0;
+
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c)) {
+        const unsigned char *p = CMSG_DATA(c);
+        size_t k;
+
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        k = ((size_t)c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+
+            memcpy(&fd, p + i * sizeof fd, sizeof fd);
+            if ((size_t)msg->nfds >= room) {
+                close(fd);
+                flags |= ATAP_NET_FDS_TRUNC;
+                continue;
+            }
+#ifndef MSG_CMSG_CLOEXEC
+            (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
+#endif
+            msg->fds[msg->nfds++] = fd;
+        }
+    }
+    return flags;
+}
+
+#ifdef MSG_CMSG_CLOEXEC
+#define RECV_FD_FLAGS MSG_CMSG_CLOEXEC /* fds close-on-exec as they come */
+#else
+#define RECV_FD_FLAGS 0
+#endif
+
+/* One recvmsg: a room of 0 asks for nothing (as do_recv's). */
+static int do_recvmsg(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    atap_net_msg *msg = io->buf;
+    union fd_control ctl;
+    struct msghdr m;
+    ssize_t r;
+
+    if (io->len == 0) {
+        if (msg->addr)
+            msg->addrlen = 0;
+        return finish(out, 0, 0, -1);
+    }
+    for (;;) {
+        memset(&m, 0, sizeof m);
+        m.msg_iov = (struct iovec *)(uintptr_t)msg->iov; /* its buffers are written, not it */
+        m.msg_iovlen = (size_t)msg->iovcnt;
+        m.msg_name = msg->addr;
+        m.msg_namelen = msg->addr ? msg->addrlen : 0;
+        if (io->limit > 0) {
+            m.msg_control = ctl.b;
+            m.msg_controllen = CMSG_SPACE(io->limit * sizeof(int));
+        }
+        if ((r = recvmsg(io->fd, &m, RECV_FD_FLAGS)) >= 0) {
+            msg->flags =
+                take_fds(msg, io->limit, &m) | ((m.msg_flags & MSG_TRUNC) ? ATAP_NET_TRUNC : 0);
+            if (msg->addr)
+                msg->addrlen = m.msg_namelen;
+            io->done = (size_t)r;
+            return finish(out, io->done, 0, -1);
+        }
+        if (again(errno))
+            return park(ctx, out, io, ATAP_READABLE);
+        if (errno != EINTR)
+            return finish(out, 0, -errno, -1);
+        if (atap_cancelled(ctx))
+            return finish(out, 0, ATAP_ECANCELLED, -1);
+    }
+}
+
+/* ---- files to sockets ---------------------------------------------------- */
+
+#define FILE_CHUNK (64u * 1024u) /* a sendfile's most bytes between looks at a cancel */
+
+static _Atomic bool test_no_sendfile; /* atap__test_net_no_sendfile */
+
+void atap__test_net_no_sendfile(bool on)
+{
+    atomic_store_explicit(&test_no_sendfile, on, memory_order_relaxed);
+}
+
+static int file_of(const atap_net_io *io) { return (int)io->to_len; }
+
+/* One chunk read from the file and sent: the bytes the socket took (the
+ * rest is read again next time), 0 at the file's end, or -1 and errno. */
+static ssize_t copy_chunk(atap_net_io *io, unsigned char *buf, size_t want)
+{
+    ssize_t n = pread(file_of(io), buf, want, (off_t)(io->limit + io->done)), r;
+
+    if (n <= 0)
+        return n;
+    if ((r = send(io->fd, buf, (size_t)n, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
+        r = write(io->fd, buf, (size_t)n);
+    return r;
+}
+
+#ifdef __linux__
+#define HAVE_SENDFILE 1
+/* One chunk by sendfile, or -1 and errno (EINVAL: the pair cannot). */
+static ssize_t sendfile_chunk(atap_net_io *io, size_t want)
+{
+    off_t off = (off_t)(io->limit + io->done);
+
+    return sendfile(io->fd, file_of(io), &off, want);
+}
+
+/* sendfile has no MSG_NOSIGNAL: to a peer gone it raises SIGPIPE at the
+ * calling thread. The run blocks it, and after an -EPIPE takes back the
+ * one it raised (unless one was pending before the run, which is left
+ * there) before it lets it go. */
+struct pipe_guard {
+    sigset_t old;
+    bool pending;
+};
+
+static void pipe_block(struct pipe_guard *g)
+{
+    sigset_t set, pending;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+    g->pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+}
+
+static void pipe_unblock(struct pipe_guard *g, bool epipe)
+{
+    const struct timespec zero = {0, 0};
+    sigset_t set;
+
+    if (epipe && !g->pending) {
+        sigemptyset(&set);
+        sigaddset(&set, SIGPIPE);
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+#else
+#define HAVE_SENDFILE 0
+struct pipe_guard {
+    char none;
+};
+static ssize_t sendfile_chunk(atap_net_io *io, size_t want)
+{
+    (void)io, (void)want;
+    errno = ENOSYS;
+    return -1;
+}
+static void pipe_block(struct pipe_guard *g) { (void)g; }
+static void pipe_unblock(struct pipe_guard *g, bool epipe) { (void)g, (void)epipe; }
+#endif
+
+/* A file to a socket, a chunk at a time from io->done: by sendfile where
+ * the kernel will, else through a buffer of this run's (freed before it
+ * parks or ends: a parked sendfile holds nothing). */
+static int do_sendfile(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    bool copy = !HAVE_SENDFILE || atomic_load_explicit(&test_no_sendfile, memory_order_relaxed);
+    bool full = false;
+    unsigned char *buf = NULL;
+    struct pipe_guard guard;
+    int rc = 0;
+
+    pipe_block(&guard);
+    for (size_t want; (want = io->len - io->done) > 0;) {
+        ssize_t r;
+
+        if (want > FILE_CHUNK)
+            want = FILE_CHUNK;
+        if (!copy) {
+            r = sendfile_chunk(io, want);
+            if (r < 0 && (errno == EINVAL || errno == ENOSYS)) { /* the pair cannot */
+                copy = true;
+                continue;
+            }
+        } else {
+            if (!buf && !(buf = malloc(FILE_CHUNK))) {
+                rc = -ENOMEM;
+                break;
+            }
+            r = copy_chunk(io, buf, want);
+        }
+        if (r == 0) /* the file's end */
+            break;
+        if (r > 0)
+            io->done += (size_t)r;
+        else if ((full = again(errno)))
+            break;
+        else if (errno != EINTR) {
+            rc = -errno;
+            break;
+        }
+        if (atap_cancelled(ctx)) {
+            rc = ATAP_ECANCELLED;
+            break;
+        }
+    }
+    free(buf);
+    pipe_unblock(&guard, rc == -EPIPE);
+    return full ? park(ctx, out, io, ATAP_WRITABLE) : finish(out, io->done, rc, -1);
+}
+
 /* A read of 0 bytes asks for nothing, so it waits for nothing: it is done
  * before the first call. A recv of 0 bytes would wait for data (the kernel
  * wants a byte before it answers) and then say 0, which reads as a close;
@@ -530,6 +957,24 @@ static int do_recv_until(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     }
 }
 
+/* The operations added after the first ones, out of line: net_task, the
+ * path of every accept, recv and send a server makes, is compiled as it
+ * was before them. */
+static __attribute__((noinline)) int more_task(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
+{
+    switch (io->op) {
+    case OP_SENDV:
+    case OP_SENDMSG:
+        return do_sendv(ctx, io, out);
+    case OP_RECVMSG:
+        return do_recvmsg(ctx, io, out);
+    case OP_SENDFILE:
+        return do_sendfile(ctx, io, out);
+    default:
+        return finish(out, 0, ATAP_EINVAL, -1);
+    }
+}
+
 static int net_task(atap_ctx *ctx, void *arg, void *out_)
 {
     atap_net_io *io = arg;
@@ -552,7 +997,7 @@ static int net_task(atap_ctx *ctx, void *arg, void *out_)
     case OP_RECV_UNTIL:
         return do_recv_until(ctx, io, out);
     default:
-        return finish(out, 0, ATAP_EINVAL, -1);
+        return more_task(ctx, io, out);
     }
 }
 
@@ -585,6 +1030,33 @@ static bool needs_lookup(const atap_net_io *io)
     return true;
 }
 
+/* A spawned connect's copy of what its prep was given: the options (zero
+ * for none; a Unix connect has none), then the name, then the options'
+ * local address. One block, io->buf, freed by let_go. */
+struct connect_copy {
+    atap_net_opts opts;
+    char text[];
+};
+
+static int copy_connect(atap_net_io *io)
+{
+    const atap_net_opts *o = io->buf;
+    size_t name = strlen(io->name) + 1, local = o && o->local ? strlen(o->local) + 1 : 0;
+    struct connect_copy *c = malloc(sizeof *c + name + local);
+
+    if (!c)
+        return -ENOMEM;
+    c->opts = o ? *o : (atap_net_opts){0};
+    memcpy(c->text, io->name, name);
+    if (local) {
+        memcpy(c->text + name, o->local, local);
+        c->opts.local = c->text + name;
+    }
+    io->buf = c;
+    io->name = c->text;
+    return 0;
+}
+
 /* The task's arg_free: the task is gone for good (its run over, its last
  * handle released), so nothing of libatap's touches io after the store of
  * busy, which atap_net_release waits for. */
@@ -594,7 +1066,7 @@ static void let_go(void *arg)
 
     if (is_connect(io)) {
         connect_cleanup(io);
-        free(io->buf); /* the copy of the name: prepare a connect again */
+        free(io->buf); /* the copy of the name and options: prepare a connect again */
         io->buf = NULL;
         io->name = NULL;
     }
@@ -609,20 +1081,18 @@ int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
-    if (!io || io->op <= OP_NONE || io->op > OP_RECV_UNTIL ||
+    if (!io || io->op <= OP_NONE || io->op > OP_LAST ||
         (o.out_size != 0 && o.out_size != sizeof(atap_net_out)) || o.kind != ATAP_ONCE ||
         o.arg_free || o.out_free)
         return ATAP_EINVAL;
     if (is_connect(io) && !io->name)
         return ATAP_EINVAL;
+    /* A connect's name and options need only live through this call. */
+    if (is_connect(io) && (rc = copy_connect(io)) != 0)
+        return rc;
     restart(io);
-    if (is_connect(io)) { /* the name need only live through this call */
-        if (!(io->buf = strdup(io->name)))
-            return -ENOMEM;
-        io->name = io->buf;
-    }
     o.out_size = sizeof(atap_net_out);
-    o.blocking = needs_lookup(io);
+    o.blocking = io->op == OP_SENDFILE || needs_lookup(io); /* a disk read may wait */
     o.arg_free = let_go;
     __atomic_store_n(&io->busy, 1, __ATOMIC_RELAXED); /* published by the spawn */
     if ((rc = atap_spawn(task, net_task, io, &o)) != 0) {
@@ -652,7 +1122,7 @@ int atap_net_run(atap_net_io *io, atap_net_out *out)
     atap_net_out local;
     int rc;
 
-    if (!io || io->op <= OP_NONE || io->op > OP_RECV_UNTIL || (is_connect(io) && !io->name))
+    if (!io || io->op <= OP_NONE || io->op > OP_LAST || (is_connect(io) && !io->name))
         return ATAP_EINVAL;
     if (!out)
         out = &local;
@@ -665,7 +1135,7 @@ int atap_net_run(atap_net_io *io, atap_net_out *out)
 
 int atap_net_step(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
-    if (!ctx || !io || !out || io->op <= OP_NONE || io->op > OP_RECV_UNTIL ||
+    if (!ctx || !io || !out || io->op <= OP_NONE || io->op > OP_LAST ||
         (is_connect(io) && !io->name))
         return ATAP_EINVAL;
     return net_task(ctx, io, out);

@@ -20,6 +20,14 @@ int atap__net_set_fd_flags(int fd);
 int atap__net_new_socket(int domain, int type);
 /* net_sock.c. Splits "host:port" / "[v6]:port" into host and port: 0 or ATAP_EINVAL. */
 int atap__net_split_name(const char *name, char *host, size_t room, const char **port);
+/* net_sock.c. 0, or ATAP_EINVAL for options that make no sense (a local
+ * only for a connect's). */
+int atap__net_check_opts(const atap_net_opts *o, bool connect);
+/* net_sock.c. Sets checked options on fd, a socket of family: 0 or -errno. */
+int atap__net_apply_opts(int fd, int family, const atap_net_opts *o);
+/* net_sock.c. A connect's socket before it connects: its options set, its
+ * local address bound. 0, -errno, -EAFNOSUPPORT (local of another family). */
+int atap__net_connect_opts(int fd, int family, const atap_net_opts *o);
 /* net_sock.c. Looks io->name up into io->list and io->next: 0 or -ENXIO, -EAGAIN... */
 int atap__net_resolve(atap_net_io *io);
 

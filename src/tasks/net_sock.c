@@ -21,6 +21,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -141,6 +142,9 @@ int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name)
     return 0;
 }
 
+/* A path, or with a leading '@' a name in Linux's abstract namespace:
+ * sun_path starts with a NUL, the name's bytes follow, and the length
+ * ends the name (no NUL of its own), so it may fill sun_path whole. */
 int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path)
 {
     struct sockaddr_un *a = (struct sockaddr_un *)(void *)addr;
@@ -148,7 +152,23 @@ int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path)
 
     if (!addr || !len || !path || !*path)
         return ATAP_EINVAL;
-    if ((n = strlen(path)) >= sizeof a->sun_path)
+    n = strlen(path);
+    if (path[0] == '@') {
+#ifdef __linux__
+        if (n == 1)
+            return ATAP_EINVAL;
+        if (n > sizeof a->sun_path)
+            return -ENAMETOOLONG;
+        memset(a, 0, sizeof *a);
+        a->sun_family = AF_UNIX;
+        memcpy(a->sun_path + 1, path + 1, n - 1);
+        *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+        return 0;
+#else
+        return -ENOTSUP;
+#endif
+    }
+    if (n >= sizeof a->sun_path)
         return -ENAMETOOLONG;
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
@@ -189,6 +209,11 @@ int atap_net_addr_format(const struct sockaddr *addr, socklen_t len, char *buf, 
         size_t max = len > off ? (size_t)len - off : 0;
         if (max > sizeof a->sun_path)
             max = sizeof a->sun_path;
+#ifdef __linux__
+        if (max > 0 && a->sun_path[0] == '\0') /* abstract: the length ends it */
+            return snprintf(buf, n, "@%.*s", (int)strnlen(a->sun_path + 1, max - 1),
+                            a->sun_path + 1);
+#endif
         return snprintf(buf, n, "%.*s", (int)strnlen(a->sun_path, max), a->sun_path);
     }
     default:
@@ -250,10 +275,169 @@ int atap__net_resolve(atap_net_io *io)
     return 0;
 }
 
+/* ---- options ----------------------------------------------------------- */
+
+#define KNOWN_FLAGS                                                                                \
+    (ATAP_NET_REUSEADDR | ATAP_NET_REUSEPORT | ATAP_NET_V6ONLY | ATAP_NET_DUAL_STACK |             \
+     ATAP_NET_BROADCAST | ATAP_NET_MULTICAST_NO_LOOP)
+
+int atap__net_check_opts(const atap_net_opts *o, bool connect)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+
+    if (!o)
+        return 0;
+    if ((o->flags & ~KNOWN_FLAGS) != 0 ||
+        (o->flags & (ATAP_NET_V6ONLY | ATAP_NET_DUAL_STACK)) ==
+            (ATAP_NET_V6ONLY | ATAP_NET_DUAL_STACK) ||
+        o->send_buffer < 0 || o->recv_buffer < 0 || o->multicast_ttl < 0 || o->multicast_ttl > 255)
+        return ATAP_EINVAL;
+    if (o->local && (!connect || atap_net_ip_addr((struct sockaddr *)&ss, &len, o->local) != 0))
+        return ATAP_EINVAL;
+    return 0;
+}
+
+static int set_int(int fd, int level, int name, int v)
+{
+    return setsockopt(fd, level, name, &v, sizeof v) == 0 ? 0 : -errno;
+}
+
+/* IP_MULTICAST_TTL and IP_MULTICAST_LOOP take an int on Linux, a u_char
+ * on the BSDs and macOS (Linux takes either). */
+static int set_ip_byte(int fd, int name, int v)
+{
+#ifdef __linux__
+    return set_int(fd, IPPROTO_IP, name, v);
+#else
+    unsigned char b = (unsigned char)v;
+    return setsockopt(fd, IPPROTO_IP, name, &b, sizeof b) == 0 ? 0 : -errno;
+#endif
+}
+
+static int set_multicast(int fd, int family, const atap_net_opts *o)
+{
+    int rc = 0;
+
+    if (o->multicast_ttl > 0)
+        rc = family == AF_INET6 ? set_int(fd, IPPROTO_IPV6, IPV6_MULTICAST_HOPS, o->multicast_ttl)
+                                : set_ip_byte(fd, IP_MULTICAST_TTL, o->multicast_ttl);
+    if (rc == 0 && (o->flags & ATAP_NET_MULTICAST_NO_LOOP))
+        rc = family == AF_INET6 ? set_int(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, 0)
+                                : set_ip_byte(fd, IP_MULTICAST_LOOP, 0);
+    return rc;
+}
+
+/* Sets what o asks for on fd, a socket of family (checked options). */
+int atap__net_apply_opts(int fd, int family, const atap_net_opts *o)
+{
+    int rc = 0;
+
+    if (!o)
+        return 0;
+    if (o->flags & ATAP_NET_REUSEADDR)
+        rc = set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1);
+    if (rc == 0 && (o->flags & ATAP_NET_REUSEPORT)) {
+#ifdef SO_REUSEPORT
+        rc = set_int(fd, SOL_SOCKET, SO_REUSEPORT, 1);
+#else
+        rc = -ENOTSUP;
+#endif
+    }
+    if (rc == 0 && (o->flags & (ATAP_NET_V6ONLY | ATAP_NET_DUAL_STACK)))
+        rc = set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, (o->flags & ATAP_NET_V6ONLY) != 0);
+    if (rc == 0 && (o->flags & ATAP_NET_BROADCAST))
+        rc = set_int(fd, SOL_SOCKET, SO_BROADCAST, 1);
+    if (rc == 0 && o->send_buffer > 0)
+        rc = set_int(fd, SOL_SOCKET, SO_SNDBUF, o->send_buffer);
+    if (rc == 0 && o->recv_buffer > 0)
+        rc = set_int(fd, SOL_SOCKET, SO_RCVBUF, o->recv_buffer);
+    if (rc == 0)
+        rc = set_multicast(fd, family, o);
+    return rc;
+}
+
+/* A connect's socket (of family) before its connect: its options, then
+ * its local address bound. */
+int atap__net_connect_opts(int fd, int family, const atap_net_opts *o)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc;
+
+    if (!o)
+        return 0;
+    if ((rc = atap__net_apply_opts(fd, family, o)) != 0 || !o->local)
+        return rc;
+    if (atap_net_ip_addr((struct sockaddr *)&ss, &len, o->local) != 0)
+        return ATAP_EINVAL;
+    if (ss.ss_family != family)
+        return -EAFNOSUPPORT;
+    return bind(fd, (struct sockaddr *)&ss, len) == 0 ? 0 : -errno;
+}
+
+int atap_net_set_opts(int fd, const atap_net_opts *opts)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    int rc;
+
+    if (!opts || (rc = atap__net_check_opts(opts, false)) != 0)
+        return ATAP_EINVAL;
+    memset(&ss, 0, sizeof ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        return -errno;
+    return atap__net_apply_opts(fd, ss.ss_family, opts);
+}
+
+/* A group's address, and the interface's index (0: the system's pick). */
+static int membership(int fd, const char *group, const char *iface, bool join)
+{
+#ifdef MCAST_JOIN_GROUP
+    struct group_req gr;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)(void *)&gr.gr_group;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)(void *)&gr.gr_group;
+    int level;
+
+    if (!group)
+        return ATAP_EINVAL;
+    memset(&gr, 0, sizeof gr);
+    if (inet_pton(AF_INET, group, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        level = IPPROTO_IP;
+    } else if (inet_pton(AF_INET6, group, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        level = IPPROTO_IPV6;
+    } else {
+        return ATAP_EINVAL;
+    }
+    if (iface && (gr.gr_interface = if_nametoindex(iface)) == 0)
+        return -ENODEV;
+    if (setsockopt(fd, level, join ? MCAST_JOIN_GROUP : MCAST_LEAVE_GROUP, &gr, sizeof gr) != 0)
+        return -errno;
+    return 0;
+#else
+    (void)fd, (void)iface, (void)join;
+    return group ? -ENOTSUP : ATAP_EINVAL;
+#endif
+}
+
+int atap_net_multicast_join(int fd, const char *group, const char *iface)
+{
+    return membership(fd, group, iface, true);
+}
+
+int atap_net_multicast_leave(int fd, const char *group, const char *iface)
+{
+    return membership(fd, group, iface, false);
+}
+
 /* ---- the plain calls --------------------------------------------------- */
 
-/* A socket of type bound to addr; listening when backlog >= 0. */
-static int bound(int *fd, const struct sockaddr *addr, socklen_t len, int type, int backlog)
+/* A socket of type bound to addr, with options o (checked); listening when
+ * backlog >= 0. */
+static int bound(int *fd, const struct sockaddr *addr, socklen_t len, int type, int backlog,
+                 const atap_net_opts *o)
 {
     int s, one = 1, rc = 0;
 
@@ -261,6 +445,10 @@ static int bound(int *fd, const struct sockaddr *addr, socklen_t len, int type, 
         return s;
     if (addr->sa_family != AF_UNIX && type == SOCK_STREAM)
         (void)setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if ((rc = atap__net_apply_opts(s, addr->sa_family, o)) != 0) {
+        close(s);
+        return rc;
+    }
     if (bind(s, addr, len) != 0 ||
         (backlog >= 0 && listen(s, backlog > 0 ? backlog : SOMAXCONN) != 0))
         rc = -errno;
@@ -272,15 +460,20 @@ static int bound(int *fd, const struct sockaddr *addr, socklen_t len, int type, 
     return 0;
 }
 
-int atap_net_listen(int *fd, const char *name, int backlog)
+int atap_net_listen_opts(int *fd, const char *name, int backlog, const atap_net_opts *opts)
 {
     struct sockaddr_storage ss;
     socklen_t len;
-    int rc;
 
-    if (!fd || (rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name)) != 0)
+    if (!fd || atap_net_ip_addr((struct sockaddr *)&ss, &len, name) != 0 ||
+        atap__net_check_opts(opts, false) != 0)
         return ATAP_EINVAL;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0, opts);
+}
+
+int atap_net_listen(int *fd, const char *name, int backlog)
+{
+    return atap_net_listen_opts(fd, name, backlog, NULL);
 }
 
 int atap_net_unix_listen(int *fd, const char *path, int backlog)
@@ -293,18 +486,21 @@ int atap_net_unix_listen(int *fd, const char *path, int backlog)
         return ATAP_EINVAL;
     if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
         return rc;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0);
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_STREAM, backlog > 0 ? backlog : 0, NULL);
 }
 
-int atap_net_udp_bind(int *fd, const char *name)
+int atap_net_udp_bind_opts(int *fd, const char *name, const atap_net_opts *opts)
 {
     struct sockaddr_storage ss;
     socklen_t len;
 
-    if (!fd || atap_net_ip_addr((struct sockaddr *)&ss, &len, name) != 0)
+    if (!fd || atap_net_ip_addr((struct sockaddr *)&ss, &len, name) != 0 ||
+        atap__net_check_opts(opts, false) != 0)
         return ATAP_EINVAL;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1, opts);
 }
+
+int atap_net_udp_bind(int *fd, const char *name) { return atap_net_udp_bind_opts(fd, name, NULL); }
 
 int atap_net_unix_dgram_bind(int *fd, const char *path)
 {
@@ -322,7 +518,7 @@ int atap_net_unix_dgram_bind(int *fd, const char *path)
     }
     if ((rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, path)) != 0)
         return rc;
-    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1);
+    return bound(fd, (struct sockaddr *)&ss, len, SOCK_DGRAM, -1, NULL);
 }
 
 int atap_net_dgram_connect(int fd, const char *name)
@@ -333,7 +529,7 @@ int atap_net_dgram_connect(int fd, const char *name)
 
     if (!name)
         return ATAP_EINVAL;
-    if (name[0] == '/' || name[0] == '.')
+    if (name[0] == '/' || name[0] == '.' || name[0] == '@')
         rc = atap_net_unix_addr((struct sockaddr *)&ss, &len, name);
     else
         rc = atap_net_ip_addr((struct sockaddr *)&ss, &len, name);
