@@ -54,6 +54,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "abi.h"
 #include "atap.h"
 #include "atomics.h"
 #include "dataflow.h"
@@ -95,26 +96,15 @@ static void poll_pause(void)
     nanosleep(&ms, NULL);
 }
 
-/* Reads a config of any size: known fields copied, unknown ones must be 0. */
+/* Reads a config of any size (abi.h): known fields copied, unknown ones
+ * must be 0; size 0 is the layout of 0.1. */
 static int read_config(const atap_config *in, atap_config *out)
 {
-    size_t size;
-
     memset(out, 0, sizeof *out);
     if (!in)
         return 0;
-    size = in->size ? in->size : sizeof *in;
-    if (size < sizeof(size_t))
+    if (atap__struct_in(out, sizeof *out, in, ATAP__CONFIG_FIRST) != 0)
         return ATAP_EINVAL;
-    if (size > sizeof *out) {
-        const unsigned char *extra = (const unsigned char *)in + sizeof *out;
-
-        for (size_t i = 0; i < size - sizeof *out; i++)
-            if (extra[i])
-                return ATAP_EINVAL;
-        size = sizeof *out;
-    }
-    memcpy(out, in, size);
     if (out->worker_stack && out->worker_stack < MIN_STACK)
         return ATAP_EINVAL;
     if (out->workers > ATAP_THREADS_MAX || out->blocking_threads > ATAP_THREADS_MAX)
@@ -319,43 +309,48 @@ int atap__test_flush_caches(void)
     return 0;
 }
 
-int atap_status(struct atap_status *status)
+/* status and stats are filled whole here, then copied out as far as the
+ * caller's struct goes (abi.h). */
+int atap_status_sized(struct atap_status *status, size_t size)
 {
-    struct atap_pool_stats st;
+    struct atap_status all = {0};
+    struct atap_pool_stats st = {0};
     uint32_t life = life_state(ld_seqcst(&lifecycle));
 
     if (!status)
         return ATAP_EINVAL;
     atap__pool_stats(&st);
-    status->initialised = life == RUNNING;
-    status->shutting_down = life == STOPPING;
-    status->manager_alive = life == RUNNING && atap__manager_alive();
-    status->healthy = status->manager_alive && st.workers > 0;
-    return 0;
+    all.initialised = life == RUNNING;
+    all.shutting_down = life == STOPPING;
+    all.manager_alive = life == RUNNING && atap__manager_alive();
+    all.healthy = all.manager_alive && st.workers > 0;
+    return atap__struct_out(status, size, &all, sizeof all);
 }
 
-int atap_pool_stats(struct atap_pool_stats *stats)
+int atap_pool_stats_sized(struct atap_pool_stats *stats, size_t size)
 {
+    struct atap_pool_stats all = {0};
+
     if (!stats)
         return ATAP_EINVAL;
-    atap__pool_stats(stats);
-    stats->live = atap__table_live();
-    stats->slots = atap__table_span();
-    stats->peak_slots = atap__table_peak();
-    return 0;
+    atap__pool_stats(&all);
+    all.live = atap__table_live();
+    all.slots = atap__table_span();
+    all.peak_slots = atap__table_peak();
+    return atap__struct_out(stats, size, &all, sizeof all);
 }
 
 int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats)
 {
     struct atap_pool_stats now;
-    const struct atap_pool_stats *st = stats;
+    const struct atap_pool_stats *st = &now;
 
     if (!buf && n > 0)
         return ATAP_EINVAL;
-    if (!st) {
+    if (!stats)
         atap_pool_stats(&now);
-        st = &now;
-    }
+    else if (atap__struct_in(&now, sizeof now, stats, ATAP__STATS_FIRST) != 0)
+        return ATAP_EINVAL;
     return snprintf(buf, n,
                     "workers=%zu busy=%zu blocking_threads=%zu blocking_busy=%zu queued=%zu "
                     "live=%zu slots=%zu peak_slots=%zu peak_workers=%zu deaths=%llu "

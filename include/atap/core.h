@@ -39,6 +39,23 @@
  *     its thread runs other tasks, which may be the ones to take it).
  *     Each stack is worker_stack bytes of address space; only the pages a
  *     stack has used take memory.
+ *   - Structs that may grow start with `size_t size`: atap_config,
+ *     atap_spawn_opts, atap_cmd and atap_fs_req, which the caller fills,
+ *     and struct atap_status and struct atap_pool_stats, which libatap
+ *     fills. In one the caller fills, size is sizeof the struct, or 0
+ *     (what a designated initialiser leaves it), which stands for the
+ *     struct as libatap 0.1 lays it out, so code written today keeps its
+ *     meaning when fields are added. libatap reads the fields that lie
+ *     within size and takes the rest as 0 (a program built against an
+ *     older header), and refuses with ATAP_EINVAL a struct that sets a
+ *     field it does not know (a program built against a newer header
+ *     than the library it runs with); a size below sizeof(size_t) is
+ *     ATAP_EINVAL. A struct libatap fills is filled through a call that
+ *     this header makes pass sizeof the struct as the header has it:
+ *     libatap writes no more than that, and sets size to what it wrote.
+ *     Other structs (handles, task outputs, atap_net_io) keep their
+ *     layout for the whole of a major version; a task's output is sized
+ *     by out_size, which each call checks. CHANGELOG.md has the policy.
  */
 #ifndef ATAP_CORE_H
 #define ATAP_CORE_H
@@ -145,9 +162,11 @@ ATAP_EXPORT const char *atap_version_string(void);
  * with ATAP_EINVAL, so a typo is seen rather than ignored.
  */
 typedef struct atap_config {
-    size_t size;                /* sizeof(atap_config); 0 is taken as current.
-                                   A smaller size (a caller built against an
-                                   older atap.h) leaves the later fields 0 */
+    size_t size;                /* sizeof(atap_config), or 0: the layout of
+                                   libatap 0.1 (these six fields). A smaller
+                                   size (a caller built against an older
+                                   atap.h) leaves the later fields 0; see the
+                                   conventions at the top of this file */
     unsigned workers_per_core;  /* pool target per CPU; 0: default 4 */
     unsigned blocking_per_core; /* blocking threads per CPU when
                                    blocking_threads is 0; 0: default 8 */
@@ -254,7 +273,9 @@ ATAP_EXPORT bool atap_initialised(void);
 #define ATAP_SAME_NAME_END_
 #endif
 
+/* The runtime's state, as atap_status() fills it. */
 struct atap_status {
+    size_t size;        /* set by atap_status: the bytes it filled */
     bool initialised;   /* atap_init has completed and the last user's
                            shutdown not begun */
     bool shutting_down; /* a shutdown is draining the pool */
@@ -262,12 +283,27 @@ struct atap_status {
     bool healthy;       /* initialised, manager alive, workers alive */
 };
 
-/* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any. */
+/*
+ * Fills the first `size` bytes of *status (at most the library's own
+ * struct atap_status) and sets status->size to the bytes filled. Call it
+ * through atap_status(), which passes sizeof(struct atap_status) as the
+ * program's header has it. Returns 0; ATAP_EINVAL for NULL or a size
+ * below sizeof(size_t). Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_status_sized(struct atap_status *status, size_t size);
+
+/* Fills *status (atap_status_sized with this header's struct). Returns 0
+ * or ATAP_EINVAL for NULL. Blocks: no. Threads: any. */
 ATAP_SAME_NAME_BEGIN_
-ATAP_EXPORT int atap_status(struct atap_status *status);
+static inline int atap_status(struct atap_status *status)
+{
+    return atap_status_sized(status, sizeof(struct atap_status));
+}
 ATAP_SAME_NAME_END_
 
+/* The pool and the table in numbers, as atap_pool_stats() fills it. */
 struct atap_pool_stats {
+    size_t size;             /* set by atap_pool_stats: the bytes it filled */
     size_t workers;          /* worker threads alive */
     size_t busy;             /* workers inside a task */
     size_t blocking_threads; /* blocking threads alive */
@@ -293,11 +329,23 @@ struct atap_pool_stats {
 
 /*
  * A snapshot of the pool and the table (not a lock: fields are read one by
- * one). Works whether or not the runtime is running.
- * Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any.
+ * one), into the first `size` bytes of *stats (at most the library's own
+ * struct atap_pool_stats); stats->size is set to the bytes filled. Call it
+ * through atap_pool_stats(), which passes sizeof(struct atap_pool_stats)
+ * as the program's header has it. Works whether or not the runtime is
+ * running. Returns 0; ATAP_EINVAL for NULL or a size below
+ * sizeof(size_t). Blocks: no. Threads: any.
  */
+ATAP_EXPORT int atap_pool_stats_sized(struct atap_pool_stats *stats, size_t size);
+
+/* A snapshot of the pool and the table (atap_pool_stats_sized with this
+ * header's struct). Returns 0 or ATAP_EINVAL for NULL. Blocks: no.
+ * Threads: any. */
 ATAP_SAME_NAME_BEGIN_
-ATAP_EXPORT int atap_pool_stats(struct atap_pool_stats *stats);
+static inline int atap_pool_stats(struct atap_pool_stats *stats)
+{
+    return atap_pool_stats_sized(stats, sizeof(struct atap_pool_stats));
+}
 ATAP_SAME_NAME_END_
 
 /*
@@ -306,17 +354,20 @@ ATAP_SAME_NAME_END_
  * and returns the length the whole line has, without the NUL, so a return
  * >= n means it was cut. buf may be NULL when n is 0 (to ask the length).
  * stats: a snapshot taken earlier with atap_pool_stats, so the line shows
- * the numbers the caller looked at; NULL takes one now. The line is
- * "name=value" pairs, one per field of struct atap_pool_stats, named as
- * the fields and in their order, separated by single spaces, no newline:
+ * the numbers the caller looked at (read by its size, as the structs a
+ * caller fills are: fields it does not have read 0); NULL takes one now.
+ * The line is "name=value" pairs, one per field of struct atap_pool_stats
+ * but size, named as the fields and in their order, separated by single
+ * spaces, no newline:
  *
  *     workers=4 busy=1 blocking_threads=0 blocking_busy=0 queued=0 live=3
- *     slots=64 peak_slots=64 peak_workers=4 deaths=0 completed=120
- *     waiting=0 ceiling=1024 stalls=0          (one line, wrapped here)
+ *     slots=64 peak_slots=64 peak_workers=4 deaths=0 completed=120 aside=0
+ *     ceiling=1024 peak_aside=0 stacks=0       (one line, wrapped here)
  *
  * New fields are added at the end. Works whether or not the runtime runs.
- * Returns the length (>= 0); ATAP_EINVAL for a NULL buf with n > 0.
- * Blocks: no. Threads: any.
+ * Returns the length (>= 0); ATAP_EINVAL for a NULL buf with n > 0, or a
+ * stats whose size is below sizeof(size_t) or sets fields this library
+ * does not know. Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats);
 
@@ -495,6 +546,10 @@ typedef enum atap_kind {
  * a task that does not wait for gives (atap_spawn).
  */
 typedef struct atap_spawn_opts {
+    size_t size;                 /* sizeof(atap_spawn_opts), or 0 (what
+                                    `{.out_size = 4}` leaves it): the layout
+                                    of libatap 0.1, these fields. See the
+                                    conventions at the top of this file */
     size_t out_size;             /* output bytes (0: no output) */
     void (*out_free)(void *out); /* for an output nobody took: when the task is
                                     freed, replaced by a repeat's next one, or
@@ -605,7 +660,9 @@ ATAP_EXPORT uint64_t atap_now(void);
  * good, ends the task as ATAP_FAILED.
  *
  * Returns 0; ATAP_EINVAL for NULL task or fn, a priority outside -128..127,
- * out_size above 4 GiB - 1, or an option combination listed above;
+ * out_size above 4 GiB - 1, an option combination listed above, or an
+ * opts whose size is refused (below sizeof(size_t), or a newer struct
+ * setting a field this library does not know: see the conventions);
  * ATAP_ENOTINIT when no runtime
  * runs (before init, during or after shutdown); -ENOMEM when no slot or
  * output buffer can be had.

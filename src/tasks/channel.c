@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../abi.h"
 #include "../faults.h"
 #include "atap.h"
 
@@ -391,8 +392,8 @@ static void send_arg_free(void *arg)
 /* The options of a channel task: only what makes sense for one. */
 static int task_opts(const atap_spawn_opts *in, atap_spawn_opts *o)
 {
-    *o = in ? *in : (atap_spawn_opts){0};
-    if (o->kind != ATAP_ONCE || o->arg_free || o->out_free || o->in_free || o->gives)
+    if (atap__opts_copy(in, o) != 0 || o->kind != ATAP_ONCE || o->arg_free || o->out_free ||
+        o->in_free || o->gives)
         return ATAP_EINVAL;
     return 0;
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "../abi.h"
 #include "atap.h"
 
 struct sigwait {
@@ -50,13 +51,15 @@ static int wait_run(atap_ctx *ctx, void *arg, void *out)
 int atap_spawn_signal_wait(atap_task *task, int signo, atap_signal_fn *fn, void *fn_arg,
                            const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     struct sigwait *w;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if (signo <= 0 || signo >= NSIG || (o.kind != ATAP_ONCE && o.kind != ATAP_REPEAT) ||
         (o.out_size != 0 && o.out_size != sizeof(uint64_t)) || o.arg_free || o.out_free ||
         o.gives || o.in_free)
@@ -95,13 +98,15 @@ static int send_run(atap_ctx *ctx, void *arg, void *out)
 
 int atap_spawn_signal_send(atap_task *task, int pid, int signo, const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     struct sigsend *s;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if (pid == 0 || pid == -1 || signo < 0 || signo >= NSIG || o.kind != ATAP_ONCE || o.out_size ||
         o.arg_free || o.out_free || o.gives || o.in_free)
         return ATAP_EINVAL;
