@@ -371,6 +371,8 @@ const char *atap_version_string(void)
     return STR(ATAP_VERSION_MAJOR) "." STR(ATAP_VERSION_MINOR) "." STR(ATAP_VERSION_PATCH);
 }
 
+uint32_t atap_version_hex(void) { return ATAP_VERSION_HEX; }
+
 const char *atap_strerror(int code)
 {
     switch (code) {

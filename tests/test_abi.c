@@ -5,6 +5,7 @@
  *     a smaller size leaves the later fields 0, a larger one must set
  *     nothing this library does not know) and filled no further than the
  *     caller's size (struct atap_status, struct atap_pool_stats);
+ *   - the version the header and the library report;
  *
  * A struct "from an older header" is made by filling a struct's bytes with
  * 0xff and setting a size that stops short of them: the library must not
@@ -34,6 +35,25 @@ static int ensure_stopped(void **state)
     int rc = atap_shutdown();
     atomic_store(&g_release_all, 0);
     return rc == 0 && !atap_initialised() ? 0 : -1;
+}
+
+/* ---- the version -------------------------------------------------------- */
+
+static void test_abi_version_header_and_library_agree(void **state)
+{
+    char want[32];
+
+    (void)state;
+    assert_int_equal(atap_version_hex(), ATAP_VERSION_HEX);
+    assert_int_equal(ATAP_VERSION_HEX, (ATAP_VERSION_MAJOR << 24) | (ATAP_VERSION_MINOR << 16) |
+                                           (ATAP_VERSION_PATCH << 8));
+    assert_int_equal(atap_version_hex() & 0xffu, 0);
+    snprintf(want, sizeof want, "%u.%u.%u", atap_version_hex() >> 24,
+             (atap_version_hex() >> 16) & 0xffu, (atap_version_hex() >> 8) & 0xffu);
+    assert_string_equal(atap_version_string(), want);
+#if ATAP_VERSION_HEX < 0x00010000
+#error "ATAP_VERSION_HEX must be usable in #if, and this library is 0.1 or later"
+#endif
 }
 
 /* ---- atap_spawn_opts ---------------------------------------------------- */
@@ -374,6 +394,7 @@ int main(void)
     unsetenv("ATAP_BLOCKING_THREADS");
     unsetenv("ATAP_TRACE");
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_abi_version_header_and_library_agree),
         cmocka_unit_test_setup_teardown(test_abi_spawn_opts_by_size, setup_runtime,
                                         teardown_runtime),
         cmocka_unit_test_setup_teardown(test_abi_spawn_opts_by_size_inside_a_task, setup_runtime,

@@ -68,10 +68,27 @@
 extern "C" {
 #endif
 
+/*
+ * The version of this header. ATAP_VERSION_HEX is the three numbers as
+ * one, 0xMMmmpp00 (major, minor and patch a byte each, the low byte 0), so
+ * that a program can compare versions with < and >, in #if too:
+ *
+ *     #if ATAP_VERSION_HEX >= 0x00020000   (0.2.0 or later)
+ *
+ * atap_version_hex() and atap_version_string() say which library is
+ * linked, which may be newer than the header a program was built with.
+ * CHANGELOG.md has the versioning and ABI policy: within a major version,
+ * SONAME libatap.so.MAJOR, a newer library runs programs built against an
+ * older header (0.x included: a 0.y release adds, it does not break).
+ */
 #define ATAP_VERSION_MAJOR 0
 #define ATAP_VERSION_MINOR 1
 #define ATAP_VERSION_PATCH 0
+#define ATAP_VERSION_HEX                                                                           \
+    ((ATAP_VERSION_MAJOR << 24) | (ATAP_VERSION_MINOR << 16) | (ATAP_VERSION_PATCH << 8))
 
+/* Marks libatap's calls: exported from the shared library as it is built
+ * (everything else there is hidden); nothing to a program using them. */
 #if defined(_WIN32)
 #define ATAP_EXPORT
 #elif defined(ATAP_BUILDING)
@@ -118,6 +135,13 @@ ATAP_EXPORT const char *atap_strerror(int code);
 /* "MAJOR.MINOR.PATCH" of the library actually linked. Never NULL.
  * Blocks: no. Threads: any. */
 ATAP_EXPORT const char *atap_version_string(void);
+
+/* The version of the library actually linked, written as ATAP_VERSION_HEX
+ * (0xMMmmpp00). The loader only holds the major version to the program's
+ * (the SONAME): a program that needs what a later minor version added
+ * compares this with the ATAP_VERSION_HEX it was built with.
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT uint32_t atap_version_hex(void);
 
 /* ---------------------------------------------------------------------- */
 /* Runtime                                                                 */
