@@ -1,11 +1,13 @@
 /*
- * The ABI (issue #33, item 4):
+ * The ABI (issue #33, item 4), and what atap.h promises around it (item 5):
  *   - the versioned structs, read by their size (atap_config,
  *     atap_spawn_opts, atap_cmd, atap_fs_req: size 0 is the layout of 0.1,
  *     a smaller size leaves the later fields 0, a larger one must set
  *     nothing this library does not know) and filled no further than the
  *     caller's size (struct atap_status, struct atap_pool_stats);
  *   - the version the header and the library report;
+ *   - why an atap_init failed (atap_init_error), and the ATAP_TRACE that
+ *     cannot be opened, which no longer stops a start;
  *
  * A struct "from an older header" is made by filling a struct's bytes with
  * 0xff and setting a size that stops short of them: the library must not
@@ -21,6 +23,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdalign.h>
 
 #include "test_util.h"
@@ -388,6 +391,95 @@ static void test_abi_cmd_and_fs_req_by_size(void **state)
     assert_int_equal(child.pid, -1);
 }
 
+/* ---- why an init failed ------------------------------------------------- */
+
+/* Whether this thread's atap_init_error is "" (its text dies with it). */
+static void *other_thread_error(void *arg)
+{
+    (void)arg;
+    return (void *)(intptr_t)(atap_init_error()[0] == '\0');
+}
+
+static void test_abi_init_error_names_the_variable(void **state)
+{
+    atap_config cfg = {.size = 4};
+    struct {
+        atap_config c;
+        unsigned char more[16];
+    } big;
+    pthread_t th;
+    void *other = NULL;
+
+    (void)state;
+    assert_int_equal(atap_init(&cfg), ATAP_EINVAL);
+    assert_string_equal(atap_init_error(), "atap_config.size 4: below 8, or sets bytes past the 32 "
+                                           "this library knows");
+    memset(&big, 0, sizeof big);
+    big.c.size = sizeof big;
+    big.more[3] = 1;
+    assert_int_equal(atap_init(&big.c), ATAP_EINVAL);
+    assert_non_null(strstr(atap_init_error(), "atap_config.size 48: "));
+    cfg = (atap_config){.worker_stack = 4096};
+    assert_int_equal(atap_init(&cfg), ATAP_EINVAL);
+    assert_string_equal(atap_init_error(), "atap_config.worker_stack 4096: below 16384 bytes");
+    cfg = (atap_config){.size = sizeof cfg, .blocking_threads = 5000};
+    assert_int_equal(atap_init(&cfg), ATAP_EINVAL);
+    assert_string_equal(atap_init_error(), "atap_config.blocking_threads 5000: above 1024");
+
+    setenv("ATAP_WORKERS", "4x", 1);
+    assert_int_equal(atap_init(NULL), ATAP_EINVAL);
+    assert_string_equal(atap_init_error(), "ATAP_WORKERS=\"4x\": not a number from 0 to 1024");
+    /* The text is this thread's: another thread's last init said nothing. */
+    assert_int_equal(pthread_create(&th, NULL, other_thread_error, NULL), 0);
+    assert_int_equal(pthread_join(th, &other), 0);
+    assert_true(other == (void *)(intptr_t)1);
+    unsetenv("ATAP_WORKERS");
+    setenv("ATAP_BLOCKING_THREADS", "2000", 1);
+    assert_int_equal(atap_init(NULL), ATAP_EINVAL);
+    assert_string_equal(atap_init_error(),
+                        "ATAP_BLOCKING_THREADS=\"2000\": not a number from 0 to 1024");
+    unsetenv("ATAP_BLOCKING_THREADS");
+    assert_false(atap_initialised());
+    assert_int_equal(atap_init(NULL), 0);
+    assert_string_equal(atap_init_error(), "");
+}
+
+/* An ATAP_TRACE that cannot be opened: the runtime starts untraced, one line
+ * on stderr says why, and atap_init_error has the same text. */
+static void test_abi_trace_unopenable_starts_untraced(void **state)
+{
+    char path[64], line[256] = {0};
+    int saved, fd;
+    FILE *f;
+
+    (void)state;
+    snprintf(path, sizeof path, "/tmp/atap_abi_err_%ld", (long)getpid());
+    assert_true((fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) >= 0);
+    fflush(stderr);
+    assert_true((saved = dup(2)) >= 0);
+    assert_int_equal(dup2(fd, 2), 2);
+    setenv("ATAP_TRACE", "/nonexistent-atap-dir/t.json", 1);
+    int rc = atap_init(NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    unsetenv("ATAP_TRACE");
+    assert_int_equal(rc, 0);
+    assert_true(atap_initialised());
+    assert_string_equal(atap_init_error(),
+                        "ATAP_TRACE=/nonexistent-atap-dir/t.json: not traced: No such file or "
+                        "directory");
+    assert_non_null(f = fopen(path, "r"));
+    assert_non_null(fgets(line, sizeof line, f));
+    assert_null(fgets(line + strlen(line), (int)(sizeof line - strlen(line)), f)); /* one line */
+    fclose(f);
+    unlink(path);
+    assert_string_equal(line, "libatap: ATAP_TRACE=/nonexistent-atap-dir/t.json: not traced: No "
+                              "such file or directory\n");
+    assert_int_equal(atap_trace_stop(), ATAP_EINVAL); /* nothing is traced */
+}
+
 int main(void)
 {
     unsetenv("ATAP_WORKERS");
@@ -408,6 +500,8 @@ int main(void)
         cmocka_unit_test_teardown(test_abi_config_by_size, ensure_stopped),
         cmocka_unit_test_setup_teardown(test_abi_cmd_and_fs_req_by_size, setup_runtime,
                                         teardown_runtime),
+        cmocka_unit_test_teardown(test_abi_init_error_names_the_variable, ensure_stopped),
+        cmocka_unit_test_teardown(test_abi_trace_unopenable_starts_untraced, ensure_stopped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

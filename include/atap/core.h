@@ -218,14 +218,16 @@ typedef struct atap_config {
  * shutdown under way waits for it, then starts the runtime afresh.
  *
  * Returns 0 (started, or counted); ATAP_EINVAL for a config whose size is
- * larger than this library knows with unknown bytes set, a worker_stack
- * below 16 KiB, workers or blocking_threads above ATAP_THREADS_MAX, or, at
- * the start, a malformed ATAP_WORKERS / ATAP_BLOCKING_THREADS (see
- * atap_config); -errno when a thread cannot be started (the runtime is
- * then left stopped, no user counted); ATAP_EINVAL while a shutdown is
- * under way that waits for the calling thread: a task, or an arg_free /
- * out_free that the runtime's own threads or that shutdown call runs;
- * -EOVERFLOW past a billion users. It no longer returns ATAP_EALREADY.
+ * below sizeof(size_t), or larger than this library knows with unknown
+ * bytes set, a worker_stack below 16 KiB, workers or blocking_threads
+ * above ATAP_THREADS_MAX, or, at the start, a malformed ATAP_WORKERS /
+ * ATAP_BLOCKING_THREADS (see atap_config); -errno when a thread cannot be
+ * started (the runtime is then left stopped, no user counted); ATAP_EINVAL
+ * while a shutdown is under way that waits for the calling thread: a task,
+ * or an arg_free / out_free that the runtime's own threads or that
+ * shutdown call runs; -EOVERFLOW past a billion users. It no longer
+ * returns ATAP_EALREADY. atap_init_error() says which of these it was.
+ * An ATAP_TRACE that cannot be written does not stop it: see the traces.
  * Blocks: briefly; while a shutdown is under way, until it is done.
  * Threads: any, a task included while the runtime runs (it counts a user
  * like any other caller).
@@ -246,6 +248,23 @@ typedef struct atap_config {
  * arg_free / out_free) may only exec or _exit.
  */
 ATAP_EXPORT int atap_init(const atap_config *config);
+
+/*
+ * Why the calling thread's last atap_init failed, as one line naming the
+ * cause: the field or the environment variable and its value, and what is
+ * wrong with it; for instance
+ *
+ *     ATAP_WORKERS="4x": not a number from 0 to 1024
+ *     atap_config.worker_stack 4096: below 16384 bytes
+ *
+ * Also what went wrong in an atap_init that still succeeded: an ATAP_TRACE
+ * that could not be opened ("ATAP_TRACE=/x/t.json: not traced: No such
+ * file or directory"; see the traces). "" when that atap_init had nothing
+ * to report, or the thread never called it. Never NULL. The text is the
+ * calling thread's own and stays until its next atap_init.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT const char *atap_init_error(void);
 
 /*
  * Lets one user go (see atap_init). While other users remain, that is all:
@@ -456,8 +475,14 @@ ATAP_EXPORT int atap_trim(size_t *released);
  * starts the runtime (unless one is already being written), and the
  * atap_shutdown that stops the runtime stops it, so the file is complete
  * once the program's last atap_shutdown returns. An ATAP_TRACE that
- * cannot be opened makes that atap_init fail with its -errno. Unset or
- * empty: no trace.
+ * cannot be opened (or whose writer thread cannot start) does not stop
+ * the program: that atap_init starts the runtime untraced, returns 0,
+ * writes one line to stderr,
+ *
+ *     libatap: ATAP_TRACE=/x/t.json: not traced: No such file or directory
+ *
+ * and keeps the same text (without "libatap: ") for atap_init_error().
+ * Unset or empty: no trace.
  *
  * fork(): the child of a process writing a trace writes nothing to it. A
  * trace the child starts (its atap_init with ATAP_TRACE still set, or
