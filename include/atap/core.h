@@ -160,8 +160,10 @@ ATAP_EXPORT uint32_t atap_version_hex(void);
  *
  * "CPUs" below are the CPUs this process may run on, not the machine's
  * cores: on Linux the affinity mask (taskset, cpusets) and, where there is
- * one, the cgroup v2 CPU quota (cpu.max of the process's cgroup or one
- * above it, rounded up: 1.5 CPUs counts 2), whichever is smaller.
+ * one, the cgroup CPU quota, whichever is smaller. The quota is cgroup
+ * v2's cpu.max of the process's cgroup or one above it, or, where v2 sets
+ * none, cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us under the cpu
+ * controller's mount, likewise; rounded up (1.5 CPUs counts 2).
  * Elsewhere the online CPUs.
  *
  * Threads. The pool starts `workers` workers (its base count) and never
