@@ -8,6 +8,8 @@
  *   - the version the header and the library report;
  *   - why an atap_init failed (atap_init_error), and the ATAP_TRACE that
  *     cannot be opened, which no longer stops a start;
+ *   - atap_dup's copies, which are equal; the atap_net_prep_* refusals;
+ *     and the alignment of what a channel hands elem_free.
  *
  * A struct "from an older header" is made by filling a struct's bytes with
  * 0xff and setting a size that stops short of them: the library must not
@@ -25,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdalign.h>
+#include <sys/socket.h>
 
 #include "test_util.h"
 
@@ -480,6 +483,124 @@ static void test_abi_trace_unopenable_starts_untraced(void **state)
     assert_int_equal(atap_trace_stop(), ATAP_EINVAL); /* nothing is traced */
 }
 
+/* ---- atap_dup ----------------------------------------------------------- */
+
+static void test_abi_dup_copies_are_equal_and_counted(void **state)
+{
+    atap_task t, c;
+
+    (void)state;
+    t = spawn8(task_value, (void *)(uintptr_t)8);
+    assert_int_equal(atap_dup(t, &c), 0);
+    assert_true(c.id == t.id); /* the same value: handles are counted */
+    atap_release(t);
+    assert_true(join8(c) == 8); /* one count left: the task is there */
+    atap_release(c);
+    assert_int_equal(atap_state_of(c), ATAP_FAILED);
+
+    /* What atap.h warns of: releasing one handle twice lets go of the
+     * other's count, and the copy still held then names no task. */
+    t = spawn8(task_value, (void *)(uintptr_t)9);
+    assert_int_equal(atap_dup(t, &c), 0);
+    atap_release(t);
+    atap_release(t);
+    uint64_t v = 0;
+    assert_int_equal(atap_join(c, &v, sizeof v), ATAP_ENOTASK);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
+/* ---- atap_net_prep_* ---------------------------------------------------- */
+
+static void test_abi_net_prep_einval(void **state)
+{
+    atap_net_io io;
+    atap_net_reader rd;
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char buf[16], rbuf[16];
+
+    (void)state;
+    assert_int_equal(atap_net_prep_connect(NULL, "127.0.0.1:80"), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_connect(&io, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_connect(&io, "localhost"), ATAP_EINVAL);  /* no ':' */
+    assert_int_equal(atap_net_prep_connect(&io, "localhost:"), ATAP_EINVAL); /* no port */
+    assert_int_equal(atap_net_prep_connect(&io, "127.0.0.1:80"), 0);
+    assert_int_equal(atap_net_prep_unix_connect(&io, ""), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_accept(NULL, 3, NULL, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_accept(&io, 3, (struct sockaddr *)&ss, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_accept(&io, 3, (struct sockaddr *)&ss, &len), 0);
+    assert_int_equal(atap_net_prep_send(NULL, 3, buf, 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_send(&io, 3, NULL, 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_send(&io, 3, NULL, 0), 0);
+    assert_int_equal(atap_net_prep_recv(&io, 3, NULL, 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recv_exact(NULL, 3, buf, 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_send_to(&io, 3, buf, 1, NULL, 0), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_send_to(&io, 3, NULL, 1, (struct sockaddr *)&ss, len),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recv_from(&io, 3, buf, 1, (struct sockaddr *)&ss, NULL),
+                     ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recv_from(&io, 3, buf, 1, NULL, NULL), 0);
+    assert_int_equal(atap_net_reader_init(&rd, 3, rbuf, sizeof rbuf), 0);
+    assert_int_equal(atap_net_prep_recv_until(&io, &rd, "\n", 0, 8), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recv_until(&io, &rd, "\n", 1, sizeof rbuf + 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recv_until(&io, &rd, "ab", 2, 1), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recv_until(&io, NULL, "\n", 1, 8), ATAP_EINVAL);
+    assert_int_equal(atap_net_prep_recv_until(&io, &rd, "\n", 1, 8), 0);
+}
+
+/* ---- what a channel hands elem_free ------------------------------------- */
+
+static atomic_int freed, misaligned;
+static _Atomic size_t elem_bytes;
+
+/* The alignment atap.h promises a pointer to `size` bytes: alignof
+ * (max_align_t), or the largest power of two dividing size. */
+static size_t promised(size_t size)
+{
+    size_t a = alignof(max_align_t);
+
+    while (size % a)
+        a /= 2;
+    return a;
+}
+
+static void note_free(void *value)
+{
+    if ((uintptr_t)value % promised(atomic_load(&elem_bytes)) != 0)
+        atomic_fetch_add(&misaligned, 1);
+    atomic_fetch_add(&freed, 1);
+}
+
+/* For each size: a received output nobody took (freed at the release of
+ * its task), and values a last receiver's close drops. 24 and 40 bytes
+ * reach elem_free 8-aligned, which the one promise allows. */
+static void test_abi_channel_elem_free_aligned_as_promised(void **state)
+{
+    static const size_t sizes[] = {1, 8, 12, 16, 24, 32, 40, 48, 64, 72, 96, 200};
+    unsigned char value[256] = {0}, got[256];
+
+    (void)state;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        atap_chan *ch;
+        atap_task t;
+
+        atomic_store(&elem_bytes, n);
+        atomic_store(&freed, 0);
+        assert_int_equal(atap_chan_open(&ch, n, 0, note_free), 0);
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(atap_chan_send(ch, value), 0);
+        assert_int_equal(atap_chan_spawn_recv(&t, ch, NULL), 0);
+        assert_int_equal(atap_join(t, got, n), 0); /* copied, not taken */
+        atap_release(t);
+        assert_true(wait_atomic_at_least(&freed, 1, ATAP_SEC(10)));
+        atap_chan_close_sender(ch);
+        atap_chan_close_receiver(ch); /* drops the two left */
+        assert_true(wait_atomic_at_least(&freed, 3, ATAP_SEC(10)));
+        assert_int_equal(atomic_load(&misaligned), 0);
+    }
+}
+
 int main(void)
 {
     unsetenv("ATAP_WORKERS");
@@ -502,6 +623,11 @@ int main(void)
                                         teardown_runtime),
         cmocka_unit_test_teardown(test_abi_init_error_names_the_variable, ensure_stopped),
         cmocka_unit_test_teardown(test_abi_trace_unopenable_starts_untraced, ensure_stopped),
+        cmocka_unit_test_setup_teardown(test_abi_dup_copies_are_equal_and_counted, setup_runtime,
+                                        teardown_runtime),
+        cmocka_unit_test(test_abi_net_prep_einval),
+        cmocka_unit_test_setup_teardown(test_abi_channel_elem_free_aligned_as_promised,
+                                        setup_runtime, teardown_runtime),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

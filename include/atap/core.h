@@ -809,9 +809,16 @@ ATAP_EXPORT bool atap_finished(atap_task task);
 
 /*
  * Registers another listener: *copy receives a handle to the same task,
- * which must be released on its own. Returns 0; ATAP_EINVAL for NULL copy,
- * or when the task already has 2^20 - 1 handles; ATAP_ENOTASK (and *copy =
- * ATAP_NO_TASK). Blocks: no. Threads: any.
+ * which must be released on its own. The copy is equal to the original
+ * (copy->id == task.id): a task counts its handles, it does not tell them
+ * apart. So each atap_release lets go of one of them, whichever value it
+ * is given, and releasing one handle twice lets go of another's count: a
+ * double release is a bug libatap cannot see, which shows later as
+ * ATAP_ENOTASK on a handle still held (once releases match the count, the
+ * task is gone for every copy). Pair each atap_dup with one release.
+ * Returns 0; ATAP_EINVAL for NULL copy, or when the task already has
+ * 2^20 - 1 handles; ATAP_ENOTASK (and *copy = ATAP_NO_TASK).
+ * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_dup(atap_task task, atap_task *copy);
 
