@@ -101,6 +101,8 @@ extern "C" {
 /* Error codes                                                             */
 /* ---------------------------------------------------------------------- */
 
+/* The runtime's own codes, below -10000: outside the errno range, so that
+ * -errno codes and these never meet. atap_strerror() names each. */
 enum {
     ATAP_ENOTINIT = -10001,   /* no runtime is running */
     ATAP_EALREADY = -10002,   /* a trace is already being written (atap_init
@@ -559,6 +561,7 @@ typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
  */
 ATAP_EXPORT int atap_trace_name(atap_fn *fn, const char *name);
 
+/* Where a task is: atap_state_of() reports it, atap_wait() how it settled. */
 typedef enum atap_state {
     ATAP_PENDING = 1,   /* waiting to be claimed by a worker (or for its
                            start delay) */
@@ -577,9 +580,11 @@ typedef enum atap_state {
                            standing. Only atap_state_of reports it */
 } atap_state;
 
+/* The range of atap_spawn_opts.priority; 0 is the default. */
 #define ATAP_PRIORITY_MIN (-128)
 #define ATAP_PRIORITY_MAX 127
 
+/* How a task runs: atap_spawn_opts.kind. */
 typedef enum atap_kind {
     ATAP_ONCE = 0,    /* one run */
     ATAP_REPEAT = 1,  /* runs back to back (or every_ns apart), never overlapping */
@@ -671,7 +676,8 @@ typedef struct atap_spawn_opts {
 #endif
 
 /* Zeroed options with out_size set: a plain one-shot with an output of
- * out_size bytes (atap_spawn_opts o = atap_spawn_opts_out(sizeof(long));). */
+ * out_size bytes (atap_spawn_opts o = atap_spawn_opts_out(sizeof(long));).
+ * Inline in this header. Blocks: no. Threads: any. */
 static inline atap_spawn_opts atap_spawn_opts_out(size_t out_size)
 {
     atap_spawn_opts opts = ATAP_SPAWN_OPTS_INIT;
@@ -1014,6 +1020,7 @@ ATAP_EXPORT int atap_on_settle(atap_task task, atap_settle_fn *fn, void *arg);
  */
 ATAP_EXPORT int atap_settle_fd(atap_task task, int *fd);
 
+/* What atap_join_first does with the tasks that did not settle first. */
 typedef enum atap_join_policy {
     ATAP_PASS_BACK = 0, /* the losers stay the caller's, in their places */
     ATAP_CANCEL = 1,    /* each loser is cancelled, and its handle released */
@@ -1345,6 +1352,8 @@ ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
  * Blocks: no. Threads: the task's own. */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
+/* Nanoseconds, as every time in this header is, from microseconds,
+ * milliseconds and seconds; and the timeout that never runs out. */
 #define ATAP_US(n) ((uint64_t)(n)*1000u)
 #define ATAP_MS(n) ((uint64_t)(n)*1000000u)
 #define ATAP_SEC(n) ((uint64_t)(n)*1000000000u)

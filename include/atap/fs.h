@@ -112,6 +112,7 @@ typedef struct atap_fs_req {
 #define ATAP_FS_TYPE_LINK 3  /* only from ATAP_FS_LSTAT */
 #define ATAP_FS_TYPE_OTHER 4 /* a device, a FIFO, a socket */
 
+/* What ATAP_FS_STAT and ATAP_FS_LSTAT say of a file (atap_fs_out.meta). */
 typedef struct atap_fs_meta {
     uint64_t size;    /* bytes */
     int64_t mtime_ns; /* last modification, ns since the Unix epoch */
