@@ -8,10 +8,16 @@
  *     container pinned to some cores;
  *   - the cgroup v2 CPU quota (cpu.max, "quota period" or "max ...") of the
  *     process's cgroup and of every cgroup above it, each rounded up to
- *     whole CPUs (1.5 CPUs counts 2); the smallest holds.
- * cgroup v1's cpu.cfs_quota_us is not read. Elsewhere the online CPUs
- * (sysconf). Never 0. Read at each start of the runtime (atap_init), never
- * on a hot path: a few small files and one system call.
+ *     whole CPUs (1.5 CPUs counts 2); the smallest holds;
+ *   - where v2 sets none (no unified hierarchy, or its cpu controller is
+ *     not there), the cgroup v1 quota: cpu.cfs_quota_us over
+ *     cpu.cfs_period_us of the process's cgroup under the v1 cpu
+ *     controller's mount (found in /proc/self/mountinfo) and of every one
+ *     above it up to that mount, rounded up likewise ("-1": none), as
+ *     Rust's std and the JVM read it.
+ * Elsewhere the online CPUs (sysconf). Never 0. Read at each start of the
+ * runtime (atap_init), never on a hot path: a few small files and one
+ * system call.
  *
  * Threads (atap__thread_room): the fewest of what each limit leaves, for
  * threads on top of those running now:
@@ -137,18 +143,18 @@ static bool v2_path(const char *self_cgroup, char *path, size_t size)
     return found;
 }
 
-/* The smallest nonzero value `at` reads in the cgroup v2 that self_cgroup
- * names under mount and in every cgroup above it; 0 when none has one. */
-static unsigned smallest_up(const char *self_cgroup, const char *mount,
-                            unsigned (*at)(const char *dir))
+/* The smallest nonzero value `at` reads in the cgroup `rel` (a path from
+ * its hierarchy's root, as /proc/self/cgroup lists it; NULL: none) under
+ * mount and in every cgroup above it; 0 when none has one. */
+static unsigned smallest_up(const char *rel, const char *mount, unsigned (*at)(const char *dir))
 {
-    char rel[PATH_MAX], dir[PATH_MAX];
+    char dir[PATH_MAX];
     unsigned best = 0, q;
     size_t base;
 
     /* A path outside this cgroup namespace's view ("/../..") or none: the
      * mount's own file, which is the namespace root's. */
-    if (!v2_path(self_cgroup, rel, sizeof rel) || rel[0] != '/' || strstr(rel, "/..") ||
+    if (!rel || rel[0] != '/' || strstr(rel, "/..") ||
         snprintf(dir, sizeof dir, "%s%s", mount, strcmp(rel, "/") == 0 ? "" : rel) >=
             (int)sizeof dir)
         return at(mount);
@@ -165,16 +171,161 @@ static unsigned smallest_up(const char *self_cgroup, const char *mount,
     return best;
 }
 
+/* smallest_up over the cgroup v2 that self_cgroup names. */
+static unsigned smallest_v2(const char *self_cgroup, const char *mount,
+                            unsigned (*at)(const char *dir))
+{
+    char rel[PATH_MAX];
+
+    return smallest_up(v2_path(self_cgroup, rel, sizeof rel) ? rel : NULL, mount, at);
+}
+
 unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount)
 {
-    return smallest_up(self_cgroup, mount, quota_at);
+    return smallest_v2(self_cgroup, mount, quota_at);
 }
 
 unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount)
 {
-    unsigned room = smallest_up(self_cgroup, mount, pids_at);
+    unsigned room = smallest_v2(self_cgroup, mount, pids_at);
 
     return room == 0 ? UINT_MAX : room - 1;
+}
+
+/* ---- cgroup v1 ------------------------------------------------------------ */
+
+/* Whether the comma-separated list (ending at a ':', a blank or the end)
+ * holds the word `cpu` alone (not cpuacct, not cpuset). */
+static bool lists_cpu(const char *list)
+{
+    for (const char *p = list; *p && *p != ':' && *p != ' ' && *p != '\n';) {
+        size_t n = strcspn(p, ",: \n");
+
+        if (n == 3 && strncmp(p, "cpu", 3) == 0)
+            return true;
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return false;
+}
+
+/* One cpu.cfs_quota_us over cpu.cfs_period_us: whole CPUs rounded up, 0
+ * for none ("-1"), no file, or a line that does not parse. */
+static unsigned quota_v1_at(const char *dir)
+{
+    char line[64];
+    long long quota;
+    unsigned long long period;
+
+    if (!first_line(dir, "cpu.cfs_quota_us", line, sizeof line) ||
+        sscanf(line, "%lld", &quota) != 1 || quota <= 0 ||
+        !first_line(dir, "cpu.cfs_period_us", line, sizeof line) ||
+        sscanf(line, "%llu", &period) != 1 || period == 0)
+        return 0;
+    period = (unsigned long long)quota / period + ((unsigned long long)quota % period != 0);
+    return period < UINT_MAX ? (unsigned)period : UINT_MAX;
+}
+
+/* The path of the v1 cpu controller's cgroup in a /proc/self/cgroup
+ * listing ("4:cpu,cpuacct:/path"), into path; false if there is none. */
+static bool v1_path(const char *self_cgroup, char *path, size_t size)
+{
+    char line[PATH_MAX + 64];
+    bool found = false;
+    FILE *f = fopen(self_cgroup, "re");
+
+    if (!f)
+        return false;
+    while (!found && fgets(line, sizeof line, f)) {
+        char *list = strchr(line, ':'), *rel = list ? strchr(list + 1, ':') : NULL;
+        size_t len;
+
+        if (!rel || !lists_cpu(list + 1))
+            continue;
+        rel++;
+        len = strcspn(rel, "\n");
+        if (len >= size)
+            continue;
+        memcpy(path, rel, len);
+        path[len] = '\0';
+        found = true;
+    }
+    fclose(f);
+    return found;
+}
+
+/* A mountinfo field in place: its octal escapes (\040 for a blank) undone. */
+static void unescape(char *field)
+{
+    char *to = field;
+
+    for (const char *p = field; *p; to++) {
+        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' &&
+            p[3] >= '0' && p[3] <= '7') {
+            *to = (char)((p[1] - '0') * 64 + (p[2] - '0') * 8 + (p[3] - '0'));
+            p += 4;
+        } else {
+            *to = *p++;
+        }
+    }
+    *to = '\0';
+}
+
+/* The root and mount point of the cgroup v1 hierarchy that has the cpu
+ * controller, from a /proc/self/mountinfo listing: "ID PARENT MAJ:MIN ROOT
+ * MOUNT OPTIONS [OPTIONAL...] - cgroup SOURCE SUPER_OPTIONS". */
+static bool v1_mount(const char *mountinfo, char *root, char *mount, size_t size)
+{
+    char line[2 * PATH_MAX + 256];
+    bool found = false;
+    FILE *f = fopen(mountinfo, "re");
+
+    if (!f)
+        return false;
+    while (!found && fgets(line, sizeof line, f)) {
+        char *save = NULL, *field[5], *dash = strstr(line, " - "), *type, *super;
+        int n = 0;
+
+        if (!dash)
+            continue;
+        *dash = '\0';
+        type = strtok_r(dash + 3, " \n", &save);
+        (void)strtok_r(NULL, " \n", &save); /* the source */
+        super = strtok_r(NULL, " \n", &save);
+        if (!type || strcmp(type, "cgroup") != 0 || !super || !lists_cpu(super))
+            continue;
+        save = NULL;
+        for (char *t = strtok_r(line, " ", &save); t && n < 5; t = strtok_r(NULL, " ", &save))
+            field[n++] = t;
+        if (n < 5 || strlen(field[3]) >= size || strlen(field[4]) >= size)
+            continue;
+        unescape(field[3]);
+        unescape(field[4]);
+        memcpy(root, field[3], strlen(field[3]) + 1);
+        memcpy(mount, field[4], strlen(field[4]) + 1);
+        found = true;
+    }
+    fclose(f);
+    return found;
+}
+
+unsigned atap__cgroup_v1_cpus(const char *self_cgroup, const char *mountinfo)
+{
+    char rel[PATH_MAX], root[PATH_MAX], mount[PATH_MAX];
+    size_t n;
+
+    if (!v1_mount(mountinfo, root, mount, sizeof mount))
+        return 0;
+    if (!v1_path(self_cgroup, rel, sizeof rel))
+        return smallest_up(NULL, mount, quota_v1_at);
+    /* The mount shows the hierarchy from `root` down (a container sees its
+     * own cgroup as the mount's top): the path is taken from there. A path
+     * outside it: the mount's own files. */
+    n = strcmp(root, "/") == 0 ? 0 : strlen(root);
+    if (n && (strncmp(rel, root, n) != 0 || (rel[n] != '/' && rel[n] != '\0')))
+        return smallest_up(NULL, mount, quota_v1_at);
+    return smallest_up(rel[n] ? rel + n : "/", mount, quota_v1_at);
 }
 
 /* Field `field` of a "Name:  value" line of /proc/self/status; 0 if none. */
@@ -205,6 +356,8 @@ unsigned atap__cpus(void)
 {
     unsigned n = affinity_cpus(), q = atap__cgroup_cpus("/proc/self/cgroup", "/sys/fs/cgroup");
 
+    if (q == 0)
+        q = atap__cgroup_v1_cpus("/proc/self/cgroup", "/proc/self/mountinfo");
     if (n == 0)
         n = online_cpus();
     if (q != 0 && q < n)
@@ -224,6 +377,12 @@ unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount)
 {
     (void)self_cgroup, (void)mount;
     return UINT_MAX;
+}
+
+unsigned atap__cgroup_v1_cpus(const char *self_cgroup, const char *mountinfo)
+{
+    (void)self_cgroup, (void)mountinfo;
+    return 0;
 }
 
 unsigned atap__cpus(void) { return online_cpus(); }

@@ -19,6 +19,13 @@ unsigned atap__cpus(void);
  * their own (testing.h). */
 unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount);
 
+/* The cgroup v1 CPU quota (cpu.cfs_quota_us / cpu.cfs_period_us), in whole
+ * CPUs rounded up, of the cgroup that self_cgroup lists for the cpu
+ * controller, under that controller's mount as the mountinfo listing (a
+ * /proc/self/mountinfo) gives it, the smallest of it and the cgroups above
+ * it up to the mount; 0 when none sets one. For tests, as above. */
+unsigned atap__cgroup_v1_cpus(const char *self_cgroup, const char *mountinfo);
+
 /* The threads the kernel would let this process start now, on top of those
  * it runs, each reserving per_thread bytes of address space (its stack and
  * guard): the fewest that RLIMIT_NPROC, the cgroup's pids.max and

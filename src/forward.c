@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "abi.h"
 #include "atap.h"
 #include "executor.h"
 #include "extras.h"
@@ -311,6 +312,7 @@ static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *fro
                    const atap_spawn_opts *opts, int role)
 {
     static const atap_spawn_opts none;
+    atap_spawn_opts copy;
     size_t in_size = 0, offset = 0;
     uint32_t index, gen;
     struct atap_slot *s, *m;
@@ -320,6 +322,8 @@ static int receive(atap_task *task, atap_fn *fn, void *arg, const atap_task *fro
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if ((rc = atap__opts_in(&opts, &copy)) != 0) /* another layout: copied */
+        return rc;
     opts = opts ? opts : &none;
     if (!fn || !from || n == 0 || n > UINT32_MAX || opts->in_free)
         return ATAP_EINVAL;

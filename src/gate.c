@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "abi.h"
 #include "atap.h"
 #include "executor.h"
 #include "extras.h"
@@ -677,12 +678,15 @@ int atap_spawn_waiting(atap_task *task, atap_fn *fn, void *arg, size_t in_size,
                        const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts none;
+    atap_spawn_opts copy;
     struct gate *g;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if ((rc = atap__opts_in(&opts, &copy)) != 0) /* another layout: copied */
+        return rc;
     opts = opts ? opts : &none;
     if (!fn || in_size > UINT32_MAX)
         return ATAP_EINVAL;

@@ -49,11 +49,13 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "abi.h"
 #include "atap.h"
 #include "atomics.h"
 #include "dataflow.h"
@@ -95,7 +97,25 @@ static void poll_pause(void)
     nanosleep(&ms, NULL);
 }
 
-/* Reads a config of any size: known fields copied, unknown ones must be 0. */
+/* Why this thread's last atap_init failed, or what went wrong in it that
+ * did not stop it (atap_init_error); "" when nothing did. */
+static _Thread_local char init_error[256];
+
+/* Sets init_error as printf would; returns rc. */
+__attribute__((format(printf, 2, 3))) static int init_fail(int rc, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(init_error, sizeof init_error, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+const char *atap_init_error(void) { return init_error; }
+
+/* Reads a config of any size (abi.h): known fields copied, unknown ones
+ * must be 0; size 0 is the layout of 0.1. */
 static int read_config(const atap_config *in, atap_config *out)
 {
     size_t size;
@@ -103,41 +123,39 @@ static int read_config(const atap_config *in, atap_config *out)
     memset(out, 0, sizeof *out);
     if (!in)
         return 0;
-    size = in->size ? in->size : sizeof *in;
-    if (size < sizeof(size_t))
-        return ATAP_EINVAL;
-    if (size > sizeof *out) {
-        const unsigned char *extra = (const unsigned char *)in + sizeof *out;
-
-        for (size_t i = 0; i < size - sizeof *out; i++)
-            if (extra[i])
-                return ATAP_EINVAL;
-        size = sizeof *out;
-    }
-    memcpy(out, in, size);
+    memcpy(&size, in, sizeof size);
+    if (atap__struct_in(out, sizeof *out, in, ATAP__CONFIG_FIRST) != 0)
+        return init_fail(ATAP_EINVAL,
+                         "atap_config.size %zu: below %zu, or sets bytes past the %zu "
+                         "this library knows",
+                         size, sizeof(size_t), sizeof *out);
     if (out->worker_stack && out->worker_stack < MIN_STACK)
-        return ATAP_EINVAL;
-    if (out->workers > ATAP_THREADS_MAX || out->blocking_threads > ATAP_THREADS_MAX)
-        return ATAP_EINVAL;
+        return init_fail(ATAP_EINVAL, "atap_config.worker_stack %zu: below %zu bytes",
+                         out->worker_stack, MIN_STACK);
+    if (out->workers > ATAP_THREADS_MAX)
+        return init_fail(ATAP_EINVAL, "atap_config.workers %u: above %u", out->workers,
+                         (unsigned)ATAP_THREADS_MAX);
+    if (out->blocking_threads > ATAP_THREADS_MAX)
+        return init_fail(ATAP_EINVAL, "atap_config.blocking_threads %u: above %u",
+                         out->blocking_threads, (unsigned)ATAP_THREADS_MAX);
     return 0;
 }
 
 /* An environment override (ATAP_WORKERS, ATAP_BLOCKING_THREADS): unset or
  * empty leaves *n alone; else decimal digits only, 0 (the default) up to
- * ATAP_THREADS_MAX, or ATAP_EINVAL (a sign, a blank, a suffix, too large). */
+ * ATAP_THREADS_MAX, or ATAP_EINVAL (a sign, a blank, a suffix, too large),
+ * the variable and its value named in init_error. */
 static int env_count(const char *name, unsigned *n)
 {
-    const char *v = getenv(name);
+    const char *v = getenv(name), *c;
     unsigned long got = 0;
 
     if (!v || !*v)
         return 0;
-    for (; *v; v++) {
-        if (*v < '0' || *v > '9')
-            return ATAP_EINVAL;
-        got = got * 10 + (unsigned long)(*v - '0');
-        if (got > ATAP_THREADS_MAX)
-            return ATAP_EINVAL;
+    for (c = v; *c; c++) {
+        if (*c < '0' || *c > '9' || (got = got * 10 + (unsigned long)(*c - '0')) > ATAP_THREADS_MAX)
+            return init_fail(ATAP_EINVAL, "%s=\"%.64s%s\": not a number from 0 to %u", name, v,
+                             strlen(v) > 64 ? "..." : "", (unsigned)ATAP_THREADS_MAX);
     }
     *n = (unsigned)got;
     return 0;
@@ -209,6 +227,18 @@ static int atfork_rc;
 
 static void atfork_register(void) { atfork_rc = -pthread_atfork(NULL, NULL, fork_child); }
 
+/* ATAP_TRACE, at the start: a trace that cannot be started leaves the
+ * runtime untraced, and says why on stderr and in init_error (atap.h). */
+static void trace_env(void)
+{
+    int rc = atap__trace_env_start();
+
+    if (rc != 0) {
+        init_fail(rc, "ATAP_TRACE=%.128s: not traced: %s", getenv("ATAP_TRACE"), atap_strerror(rc));
+        fprintf(stderr, "libatap: %s\n", init_error);
+    }
+}
+
 /* The init that found STOPPED (the word reads STARTING): starts the pool
  * and the manager, then RUNNING with one user, or STOPPED on a failure. */
 static int start(const atap_config *cfg)
@@ -216,9 +246,15 @@ static int start(const atap_config *cfg)
     struct atap__pool_conf pc;
     int rc;
 
-    if ((rc = pool_conf(cfg, &pc)) == 0 && (rc = atap__trace_env_start()) == 0 &&
-        (rc = atap__pool_start(&pc)) == 0 && (rc = atap__manager_start()) != 0)
-        atap__pool_stop();
+    if ((rc = pool_conf(cfg, &pc)) == 0) {
+        trace_env();
+        if ((rc = atap__pool_start(&pc)) != 0)
+            init_fail(rc, "starting the pool's threads: %s", atap_strerror(rc));
+        else if ((rc = atap__manager_start()) != 0) {
+            init_fail(rc, "starting the manager thread: %s", atap_strerror(rc));
+            atap__pool_stop();
+        }
+    }
     if (rc != 0)
         atap__trace_runtime_stopped(); /* an ATAP_TRACE it started */
     else
@@ -233,25 +269,27 @@ int atap_init(const atap_config *config)
     uint32_t w;
     int rc;
 
+    init_error[0] = '\0';
     if ((rc = read_config(config, &cfg)) != 0)
         return rc;
     pthread_once(&atfork_once, atfork_register);
     if (atfork_rc != 0)
-        return atfork_rc;
+        return init_fail(atfork_rc, "pthread_atfork: %s", atap_strerror(atfork_rc));
     pthread_once(&extras_once, extras_give);
     for (;;) {
         w = ld_seqcst(&lifecycle);
         if (life_state(w) == RUNNING) {
             /* Running: one more user; the running config stands. */
             if (w >= USERS_FULL)
-                return -EOVERFLOW;
+                return init_fail(-EOVERFLOW, "more than %u users", USERS_FULL / USER_ONE);
             if (cas_seqcst(&lifecycle, &w, w + USER_ONE))
                 return 0;
         } else if (life_state(w) == STOPPED) {
             if (cas_seqcst(&lifecycle, &w, STARTING))
                 return start(&cfg);
         } else if (on_runtime_thread()) {
-            return ATAP_EINVAL; /* the shutdown under way waits for this thread */
+            /* The shutdown under way waits for this thread. */
+            return init_fail(ATAP_EINVAL, "a shutdown under way waits for this thread");
         } else {
             poll_pause(); /* a start or a shutdown is under way: wait it out */
         }
@@ -319,43 +357,48 @@ int atap__test_flush_caches(void)
     return 0;
 }
 
-int atap_status(struct atap_status *status)
+/* status and stats are filled whole here, then copied out as far as the
+ * caller's struct goes (abi.h). */
+int atap_status_sized(struct atap_status *status, size_t size)
 {
-    struct atap_pool_stats st;
+    struct atap_status all = {0};
+    struct atap_pool_stats st = {0};
     uint32_t life = life_state(ld_seqcst(&lifecycle));
 
     if (!status)
         return ATAP_EINVAL;
     atap__pool_stats(&st);
-    status->initialised = life == RUNNING;
-    status->shutting_down = life == STOPPING;
-    status->manager_alive = life == RUNNING && atap__manager_alive();
-    status->healthy = status->manager_alive && st.workers > 0;
-    return 0;
+    all.initialised = life == RUNNING;
+    all.shutting_down = life == STOPPING;
+    all.manager_alive = life == RUNNING && atap__manager_alive();
+    all.healthy = all.manager_alive && st.workers > 0;
+    return atap__struct_out(status, size, &all, sizeof all);
 }
 
-int atap_pool_stats(struct atap_pool_stats *stats)
+int atap_pool_stats_sized(struct atap_pool_stats *stats, size_t size)
 {
+    struct atap_pool_stats all = {0};
+
     if (!stats)
         return ATAP_EINVAL;
-    atap__pool_stats(stats);
-    stats->live = atap__table_live();
-    stats->slots = atap__table_span();
-    stats->peak_slots = atap__table_peak();
-    return 0;
+    atap__pool_stats(&all);
+    all.live = atap__table_live();
+    all.slots = atap__table_span();
+    all.peak_slots = atap__table_peak();
+    return atap__struct_out(stats, size, &all, sizeof all);
 }
 
 int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats)
 {
     struct atap_pool_stats now;
-    const struct atap_pool_stats *st = stats;
+    const struct atap_pool_stats *st = &now;
 
     if (!buf && n > 0)
         return ATAP_EINVAL;
-    if (!st) {
+    if (!stats)
         atap_pool_stats(&now);
-        st = &now;
-    }
+    else if (atap__struct_in(&now, sizeof now, stats, ATAP__STATS_FIRST) != 0)
+        return ATAP_EINVAL;
     return snprintf(buf, n,
                     "workers=%zu busy=%zu blocking_threads=%zu blocking_busy=%zu queued=%zu "
                     "live=%zu slots=%zu peak_slots=%zu peak_workers=%zu deaths=%llu "
@@ -375,6 +418,8 @@ const char *atap_version_string(void)
 {
     return STR(ATAP_VERSION_MAJOR) "." STR(ATAP_VERSION_MINOR) "." STR(ATAP_VERSION_PATCH);
 }
+
+uint32_t atap_version_hex(void) { return ATAP_VERSION_HEX; }
 
 const char *atap_strerror(int code)
 {

@@ -21,7 +21,9 @@
  * a plain task's from a worker: a slot from the worker's stash, filled and
  * published as above, and into the worker's LIFO slot when that is empty
  * (atap__pool_submit_from). The rest goes out of line, so that path's
- * frame stays small.
+ * frame stays small. Options are read where they lie when they are in this
+ * library's layout (size 0 or sizeof: one check on the quick path), and
+ * copied into it otherwise (abi.h), before anything else reads them.
  */
 #include "executor.h"
 
@@ -29,6 +31,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "abi.h"
 #include "atap.h"
 #include "atomics.h"
 #include "extras.h"
@@ -231,12 +234,14 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
     return spawn_slot(task, fn, arg, opts, gate);
 }
 
-/* Options a task's spawn from a worker can take in one go: nothing about
- * time or gives, no destructor, a valid priority, an output that fits the
- * slot or an output block (pool.h). */
+/* Options a task's spawn from a worker can take in one go: in this
+ * library's layout (size 0 or sizeof: one layout while abi.h's static
+ * assertion holds, so they are read where they lie), nothing about time or
+ * gives, no destructor, a valid priority, an output that fits the slot or
+ * an output block (pool.h). */
 static inline bool quick(const atap_spawn_opts *o)
 {
-    return plain(o) &&
+    return (o->size == 0 || o->size == sizeof *o) && plain(o) &&
            (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking | (uintptr_t)o->arg_free |
             (uintptr_t)o->out_free) == 0 &&
            o->out_size <= OUT_BLOCK && o->priority >= ATAP_PRIORITY_MIN &&
@@ -269,11 +274,14 @@ static __attribute__((noinline)) int spawn_checked(atap_task *task, atap_fn *fn,
                                                    const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts plain;
+    atap_spawn_opts copy;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if ((rc = atap__opts_in(&opts, &copy)) != 0) /* another layout: copied */
+        return rc;
     opts = opts ? opts : &plain;
     if (!fn)
         return ATAP_EINVAL;

@@ -76,6 +76,9 @@ enum {
  * the test's own making (cpus.h). */
 unsigned atap__cpus(void);
 unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount);
+/* The cgroup v1 quota, from a listing and a mountinfo of the test's own
+ * making (cpus.h). */
+unsigned atap__cgroup_v1_cpus(const char *self_cgroup, const char *mountinfo);
 /* The threads the cgroup's pids.max leaves, read likewise (cpus.h). */
 unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount);
 

@@ -3,6 +3,7 @@
 #
 # The tree's format (clang-format --dry-run against .clang-format, with the
 # clang-format Debian 12 ships, 14: another version may format otherwise),
+# the API reference made from the headers (docs/gen_reference.py --check),
 # cppcheck (warning and portability checks) and clang-tidy (the checks in
 # .clang-tidy, each left-out one with its reason there) over every source
 # file of the library as this platform builds it (from a compile database
@@ -40,6 +41,17 @@ if [ -n "$out" ]; then
     findings=$((findings + $(echo "$out" | wc -l)))
 fi
 echo "analyze: clang-format over ${#sources[@]} files done"
+# The API reference (docs/reference/) is what the headers make, and every
+# public call has its comment (docs/gen_reference.py; CTest test_reference
+# runs the same check).
+if command -v python3 >/dev/null 2>&1; then
+    out=$(python3 "$root/docs/gen_reference.py" --check | grep -v ' calls in ')
+    if [ -n "$out" ]; then
+        echo "$out"
+        findings=$((findings + $(echo "$out" | wc -l)))
+    fi
+    echo "analyze: docs/gen_reference.py --check done"
+fi
 out=$(cppcheck --quiet --enable=warning,portability --inline-suppr --std=c11 \
     -I "$root/include" -I "$root/src" --error-exitcode=0 "${files[@]}" 2>&1 | grep -E '^[^ ].*: (error|warning|portability):')
 if [ -n "$out" ]; then

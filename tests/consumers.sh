@@ -14,7 +14,9 @@
 #   - pkg-config against the shared install, and --static against the
 #     static one after moving its prefix (atap.pc is relocatable);
 #   - add_subdirectory: a vendored copy builds, carries no fault injection
-#     and installs nothing into the consumer's prefix.
+#     and installs nothing into the consumer's prefix; built shared
+#     (BUILD_SHARED_LIBS=ON), it installs its shared library alone beside
+#     the consumer's app, which then runs from the prefix on its run path.
 # Installs what it needs when missing (Debian: cmake, g++, clang, pkg-config,
 # libcmocka-dev). One line per check; the last line is "N passed, N failed";
 # exits nonzero on any failure. ATAP_JOBS (default 2) sets the parallelism,
@@ -190,6 +192,24 @@ vendored() {
         [ "$(cd "$tmp/vendored-prefix" && find . -type f)" = "./bin/app" ]
 }
 check "add_subdirectory: builds and runs, no fault injection, installs only the consumer's app" vendored
+
+# Shared: the installed app loads the libatap.so.0 installed beside it (its
+# run path, $ORIGIN/../lib), not the one in the build tree, which is gone.
+vendored_shared() {
+    local b=$tmp/vendored-shared p=$tmp/vendored-shared-prefix files
+    cmake -S "$src/vendored" -B "$b" -DATAP_SOURCE="$root" -DBUILD_SHARED_LIBS=ON \
+        -DCMAKE_INSTALL_PREFIX="$p" -DCMAKE_INSTALL_LIBDIR=lib &&
+        cmake --build "$b" -j "$jobs" && "$b/app" &&
+        no_inject "$b"/atap/libatap.so.*.*.* &&
+        cmake --install "$b" || return 1
+    files=$(cd "$p" && find . \( -type f -o -type l \) | sort | tr '\n' ' ')
+    [[ $files =~ ^\./bin/app\ \./lib/libatap\.so\.0\ \./lib/libatap\.so\.0\.[0-9]+\.[0-9]+\ $ ]] ||
+        { echo "installed: $files"; return 1; }
+    rm -rf "$b" || return 1
+    env -u LD_LIBRARY_PATH "$p/bin/app" &&
+        [[ $(env -u LD_LIBRARY_PATH ldd "$p/bin/app") == *"$p/bin/../lib/libatap.so.0 "* ]]
+}
+check "add_subdirectory, BUILD_SHARED_LIBS=ON: installs the app and libatap.so.0 alone; the installed app runs" vendored_shared
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

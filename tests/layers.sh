@@ -21,9 +21,10 @@
 # the check can be shown to catch one (CTest test_layers_catches).
 #
 # src/README.md describes the layers; this map is the one they are checked
-# against. Layer 0 is what every file may include (the public header, the
-# atomics, fault injection, the test hooks, the trace hooks); faults.c and
-# trace.c sit on top, since they observe every layer.
+# against. Layer 0 is what every file may include (the public header and
+# abi.h, its versioned structs' reader; the atomics, fault injection, the
+# test hooks, the trace hooks); faults.c and trace.c sit on top, since they
+# observe every layer.
 set -uo pipefail
 
 src=${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../src" && pwd)}
@@ -32,6 +33,7 @@ archive=${2:-}
 # LAYER MODULE FILE...
 map='
 0 api       atap.h
+0 abi       abi.h
 0 atomics   atomics.h
 0 faults    faults.h
 0 testing   testing.h

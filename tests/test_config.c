@@ -2,7 +2,8 @@
  * How many threads the runtime starts: atap_config's workers and
  * blocking_threads, the ATAP_WORKERS / ATAP_BLOCKING_THREADS environment
  * overrides (the config wins), what is refused, and the default, which
- * follows the CPUs the process may run on (affinity, cgroup v2 quota).
+ * follows the CPUs the process may run on (affinity, cgroup v2 quota, or
+ * v1 where v2 sets none).
  *
  * Each test starts and stops the runtime itself and leaves the environment
  * as it found it (main clears both variables first, so a caller's own
@@ -25,7 +26,7 @@
 #endif
 
 #include "test_util.h"
-#include "testing.h" /* atap__cpus, atap__cgroup_cpus */
+#include "testing.h" /* atap__cpus, atap__cgroup_cpus, atap__cgroup_v1_cpus */
 
 static int ensure_stopped(void **state)
 {
@@ -429,6 +430,104 @@ static void test_config_cgroup_quota(void **state)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", cg_root);
     assert_int_equal(system(cmd), 0);
 }
+static unsigned cg_v1_cpus(void)
+{
+    char list[128], info[128];
+    snprintf(list, sizeof list, "%s/self_cgroup", cg_root);
+    snprintf(info, sizeof info, "%s/mountinfo", cg_root);
+    return atap__cgroup_v1_cpus(list, info);
+}
+
+/* A mountinfo with the root file system, a v1 memory hierarchy, and the
+ * hierarchy with `super` options mounted at cg_root/dir (escaped as the
+ * kernel writes it) showing `root` of its tree. */
+static void put_mountinfo(const char *root, const char *dir, const char *super)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+             "30 22 0:26 / /sys/fs/cgroup/memory rw,nosuid shared:9 - cgroup cgroup rw,memory\n"
+             "31 22 0:27 %s %s/%s rw,nosuid,nodev shared:10 - cgroup cgroup %s\n",
+             root, cg_root, dir, super);
+    put_file("mountinfo", text);
+}
+
+static void put_quota(const char *dir, const char *quota, const char *period)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "%s/cpu.cfs_quota_us", dir);
+    put_file(rel, quota);
+    snprintf(rel, sizeof rel, "%s/cpu.cfs_period_us", dir);
+    put_file(rel, period);
+}
+
+/* cgroup v1: cpu.cfs_quota_us / cpu.cfs_period_us under the cpu
+ * controller's mount, found in mountinfo, the smallest from the process's
+ * cgroup up to that mount. */
+static void test_config_cgroup_v1_quota(void **state)
+{
+    char cmd[128];
+
+    (void)state;
+    snprintf(cg_root, sizeof cg_root, "/tmp/atap_cg1_%ld", (long)getpid());
+    assert_int_equal(mkdir(cg_root, 0700), 0);
+    make_dir("v1");
+    make_dir("v1/app");
+    make_dir("v1/app/svc");
+    make_dir("v1/svc");
+    make_dir("v1 sp");
+
+    /* no mountinfo, or no hierarchy with the cpu controller */
+    put_file("self_cgroup", "4:cpu,cpuacct:/app/svc\n2:memory:/app\n0::/\n");
+    assert_int_equal(cg_v1_cpus(), 0);
+    put_mountinfo("/", "v1", "rw,cpuacct");
+    put_quota("v1/app/svc", "150000\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 0); /* cpuacct is not cpu */
+    put_mountinfo("/", "v1", "rw,cpuset");
+    assert_int_equal(cg_v1_cpus(), 0);
+    put_mountinfo("/", "v1", "rw,cpu,cpuacct");
+    assert_int_equal(cg_v1_cpus(), 2); /* 1.5 CPUs, rounded up */
+    put_quota("v1/app/svc", "-1\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 0); /* -1: no quota */
+    /* a parent's smaller quota holds; the mount's own file counts too */
+    put_quota("v1/app/svc", "400000\n", "100000\n");
+    put_quota("v1/app", "250000\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 3);
+    put_quota("v1", "100000\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 1);
+    /* nonsense is no quota */
+    put_quota("v1", "garbage\n", "100000\n");
+    put_quota("v1/app", "100000\n", "0\n");
+    put_quota("v1/app/svc", "0\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 0);
+    /* the controller listed second in /proc/self/cgroup */
+    put_quota("v1/app/svc", "200000\n", "100000\n");
+    put_file("self_cgroup", "3:cpuacct,cpu:/app/svc\n");
+    assert_int_equal(cg_v1_cpus(), 2);
+    /* a container: the mount shows /app of the tree, so /app/svc is svc */
+    put_mountinfo("/app", "v1", "rw,cpu,cpuacct");
+    put_quota("v1/svc", "300000\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 3);
+    /* a cgroup outside the mount's root: the mount's own files */
+    put_file("self_cgroup", "3:cpu:/other/x\n");
+    put_quota("v1", "500000\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 5);
+    /* "/app" is not a prefix of "/apple" */
+    put_file("self_cgroup", "3:cpu:/apple\n");
+    assert_int_equal(cg_v1_cpus(), 5);
+    /* no cpu line: the mount's own files */
+    put_file("self_cgroup", "2:memory:/app\n");
+    assert_int_equal(cg_v1_cpus(), 5);
+    /* a mount point with a blank, which mountinfo writes as \040 */
+    put_mountinfo("/", "v1\\040sp", "rw,cpu");
+    put_file("self_cgroup", "3:cpu:/\n");
+    put_quota("v1 sp", "70000\n", "100000\n");
+    assert_int_equal(cg_v1_cpus(), 1);
+
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cg_root);
+    assert_int_equal(system(cmd), 0);
+}
+
 static unsigned cg_pids(void)
 {
     char list[128], mount[128];
@@ -498,6 +597,7 @@ int main(int argc, char **argv)
 #if defined(__linux__)
         cmocka_unit_test_teardown(test_config_affinity_one_cpu_one_worker, ensure_stopped),
         cmocka_unit_test(test_config_cgroup_quota),
+        cmocka_unit_test(test_config_cgroup_v1_quota),
         cmocka_unit_test(test_config_cgroup_pids),
 #endif
     };

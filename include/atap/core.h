@@ -39,6 +39,23 @@
  *     its thread runs other tasks, which may be the ones to take it).
  *     Each stack is worker_stack bytes of address space; only the pages a
  *     stack has used take memory.
+ *   - Structs that may grow start with `size_t size`: atap_config,
+ *     atap_spawn_opts, atap_cmd and atap_fs_req, which the caller fills,
+ *     and struct atap_status and struct atap_pool_stats, which libatap
+ *     fills. In one the caller fills, size is sizeof the struct, or 0
+ *     (what a designated initialiser leaves it), which stands for the
+ *     struct as libatap 0.1 lays it out, so code written today keeps its
+ *     meaning when fields are added. libatap reads the fields that lie
+ *     within size and takes the rest as 0 (a program built against an
+ *     older header), and refuses with ATAP_EINVAL a struct that sets a
+ *     field it does not know (a program built against a newer header
+ *     than the library it runs with); a size below sizeof(size_t) is
+ *     ATAP_EINVAL. A struct libatap fills is filled through a call that
+ *     this header makes pass sizeof the struct as the header has it:
+ *     libatap writes no more than that, and sets size to what it wrote.
+ *     Other structs (handles, task outputs, atap_net_io) keep their
+ *     layout for the whole of a major version; a task's output is sized
+ *     by out_size, which each call checks. CHANGELOG.md has the policy.
  */
 #ifndef ATAP_CORE_H
 #define ATAP_CORE_H
@@ -51,10 +68,27 @@
 extern "C" {
 #endif
 
+/*
+ * The version of this header. ATAP_VERSION_HEX is the three numbers as
+ * one, 0xMMmmpp00 (major, minor and patch a byte each, the low byte 0), so
+ * that a program can compare versions with < and >, in #if too:
+ *
+ *     #if ATAP_VERSION_HEX >= 0x00020000   (0.2.0 or later)
+ *
+ * atap_version_hex() and atap_version_string() say which library is
+ * linked, which may be newer than the header a program was built with.
+ * CHANGELOG.md has the versioning and ABI policy: within a major version,
+ * SONAME libatap.so.MAJOR, a newer library runs programs built against an
+ * older header (0.x included: a 0.y release adds, it does not break).
+ */
 #define ATAP_VERSION_MAJOR 0
 #define ATAP_VERSION_MINOR 1
 #define ATAP_VERSION_PATCH 0
+#define ATAP_VERSION_HEX                                                                           \
+    ((ATAP_VERSION_MAJOR << 24) | (ATAP_VERSION_MINOR << 16) | (ATAP_VERSION_PATCH << 8))
 
+/* Marks libatap's calls: exported from the shared library as it is built
+ * (everything else there is hidden); nothing to a program using them. */
 #if defined(_WIN32)
 #define ATAP_EXPORT
 #elif defined(ATAP_BUILDING)
@@ -67,6 +101,8 @@ extern "C" {
 /* Error codes                                                             */
 /* ---------------------------------------------------------------------- */
 
+/* The runtime's own codes, below -10000: outside the errno range, so that
+ * -errno codes and these never meet. atap_strerror() names each. */
 enum {
     ATAP_ENOTINIT = -10001,   /* no runtime is running */
     ATAP_EALREADY = -10002,   /* a trace is already being written (atap_init
@@ -102,6 +138,13 @@ ATAP_EXPORT const char *atap_strerror(int code);
  * Blocks: no. Threads: any. */
 ATAP_EXPORT const char *atap_version_string(void);
 
+/* The version of the library actually linked, written as ATAP_VERSION_HEX
+ * (0xMMmmpp00). The loader only holds the major version to the program's
+ * (the SONAME): a program that needs what a later minor version added
+ * compares this with the ATAP_VERSION_HEX it was built with.
+ * Blocks: no. Threads: any. */
+ATAP_EXPORT uint32_t atap_version_hex(void);
+
 /* ---------------------------------------------------------------------- */
 /* Runtime                                                                 */
 /* ---------------------------------------------------------------------- */
@@ -119,8 +162,10 @@ ATAP_EXPORT const char *atap_version_string(void);
  *
  * "CPUs" below are the CPUs this process may run on, not the machine's
  * cores: on Linux the affinity mask (taskset, cpusets) and, where there is
- * one, the cgroup v2 CPU quota (cpu.max of the process's cgroup or one
- * above it, rounded up: 1.5 CPUs counts 2), whichever is smaller.
+ * one, the cgroup CPU quota, whichever is smaller. The quota is cgroup
+ * v2's cpu.max of the process's cgroup or one above it, or, where v2 sets
+ * none, cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us under the cpu
+ * controller's mount, likewise; rounded up (1.5 CPUs counts 2).
  * Elsewhere the online CPUs.
  *
  * Threads. The pool starts `workers` workers (its base count) and never
@@ -145,9 +190,11 @@ ATAP_EXPORT const char *atap_version_string(void);
  * with ATAP_EINVAL, so a typo is seen rather than ignored.
  */
 typedef struct atap_config {
-    size_t size;                /* sizeof(atap_config); 0 is taken as current.
-                                   A smaller size (a caller built against an
-                                   older atap.h) leaves the later fields 0 */
+    size_t size;                /* sizeof(atap_config), or 0: the layout of
+                                   libatap 0.1 (these six fields). A smaller
+                                   size (a caller built against an older
+                                   atap.h) leaves the later fields 0; see the
+                                   conventions at the top of this file */
     unsigned workers_per_core;  /* pool target per CPU; 0: default 4 */
     unsigned blocking_per_core; /* blocking threads per CPU when
                                    blocking_threads is 0; 0: default 8 */
@@ -175,14 +222,16 @@ typedef struct atap_config {
  * shutdown under way waits for it, then starts the runtime afresh.
  *
  * Returns 0 (started, or counted); ATAP_EINVAL for a config whose size is
- * larger than this library knows with unknown bytes set, a worker_stack
- * below 16 KiB, workers or blocking_threads above ATAP_THREADS_MAX, or, at
- * the start, a malformed ATAP_WORKERS / ATAP_BLOCKING_THREADS (see
- * atap_config); -errno when a thread cannot be started (the runtime is
- * then left stopped, no user counted); ATAP_EINVAL while a shutdown is
- * under way that waits for the calling thread: a task, or an arg_free /
- * out_free that the runtime's own threads or that shutdown call runs;
- * -EOVERFLOW past a billion users. It no longer returns ATAP_EALREADY.
+ * below sizeof(size_t), or larger than this library knows with unknown
+ * bytes set, a worker_stack below 16 KiB, workers or blocking_threads
+ * above ATAP_THREADS_MAX, or, at the start, a malformed ATAP_WORKERS /
+ * ATAP_BLOCKING_THREADS (see atap_config); -errno when a thread cannot be
+ * started (the runtime is then left stopped, no user counted); ATAP_EINVAL
+ * while a shutdown is under way that waits for the calling thread: a task,
+ * or an arg_free / out_free that the runtime's own threads or that
+ * shutdown call runs; -EOVERFLOW past a billion users. It no longer
+ * returns ATAP_EALREADY. atap_init_error() says which of these it was.
+ * An ATAP_TRACE that cannot be written does not stop it: see the traces.
  * Blocks: briefly; while a shutdown is under way, until it is done.
  * Threads: any, a task included while the runtime runs (it counts a user
  * like any other caller).
@@ -203,6 +252,23 @@ typedef struct atap_config {
  * arg_free / out_free) may only exec or _exit.
  */
 ATAP_EXPORT int atap_init(const atap_config *config);
+
+/*
+ * Why the calling thread's last atap_init failed, as one line naming the
+ * cause: the field or the environment variable and its value, and what is
+ * wrong with it; for instance
+ *
+ *     ATAP_WORKERS="4x": not a number from 0 to 1024
+ *     atap_config.worker_stack 4096: below 16384 bytes
+ *
+ * Also what went wrong in an atap_init that still succeeded: an ATAP_TRACE
+ * that could not be opened ("ATAP_TRACE=/x/t.json: not traced: No such
+ * file or directory"; see the traces). "" when that atap_init had nothing
+ * to report, or the thread never called it. Never NULL. The text is the
+ * calling thread's own and stays until its next atap_init.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT const char *atap_init_error(void);
 
 /*
  * Lets one user go (see atap_init). While other users remain, that is all:
@@ -254,7 +320,9 @@ ATAP_EXPORT bool atap_initialised(void);
 #define ATAP_SAME_NAME_END_
 #endif
 
+/* The runtime's state, as atap_status() fills it. */
 struct atap_status {
+    size_t size;        /* set by atap_status: the bytes it filled */
     bool initialised;   /* atap_init has completed and the last user's
                            shutdown not begun */
     bool shutting_down; /* a shutdown is draining the pool */
@@ -262,12 +330,27 @@ struct atap_status {
     bool healthy;       /* initialised, manager alive, workers alive */
 };
 
-/* Fills *status. Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any. */
+/*
+ * Fills the first `size` bytes of *status (at most the library's own
+ * struct atap_status) and sets status->size to the bytes filled. Call it
+ * through atap_status(), which passes sizeof(struct atap_status) as the
+ * program's header has it. Returns 0; ATAP_EINVAL for NULL or a size
+ * below sizeof(size_t). Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_status_sized(struct atap_status *status, size_t size);
+
+/* Fills *status (atap_status_sized with this header's struct). Returns 0
+ * or ATAP_EINVAL for NULL. Blocks: no. Threads: any. */
 ATAP_SAME_NAME_BEGIN_
-ATAP_EXPORT int atap_status(struct atap_status *status);
+static inline int atap_status(struct atap_status *status)
+{
+    return atap_status_sized(status, sizeof(struct atap_status));
+}
 ATAP_SAME_NAME_END_
 
+/* The pool and the table in numbers, as atap_pool_stats() fills it. */
 struct atap_pool_stats {
+    size_t size;             /* set by atap_pool_stats: the bytes it filled */
     size_t workers;          /* worker threads alive */
     size_t busy;             /* workers inside a task */
     size_t blocking_threads; /* blocking threads alive */
@@ -293,11 +376,23 @@ struct atap_pool_stats {
 
 /*
  * A snapshot of the pool and the table (not a lock: fields are read one by
- * one). Works whether or not the runtime is running.
- * Returns 0 or ATAP_EINVAL for NULL. Blocks: no. Threads: any.
+ * one), into the first `size` bytes of *stats (at most the library's own
+ * struct atap_pool_stats); stats->size is set to the bytes filled. Call it
+ * through atap_pool_stats(), which passes sizeof(struct atap_pool_stats)
+ * as the program's header has it. Works whether or not the runtime is
+ * running. Returns 0; ATAP_EINVAL for NULL or a size below
+ * sizeof(size_t). Blocks: no. Threads: any.
  */
+ATAP_EXPORT int atap_pool_stats_sized(struct atap_pool_stats *stats, size_t size);
+
+/* A snapshot of the pool and the table (atap_pool_stats_sized with this
+ * header's struct). Returns 0 or ATAP_EINVAL for NULL. Blocks: no.
+ * Threads: any. */
 ATAP_SAME_NAME_BEGIN_
-ATAP_EXPORT int atap_pool_stats(struct atap_pool_stats *stats);
+static inline int atap_pool_stats(struct atap_pool_stats *stats)
+{
+    return atap_pool_stats_sized(stats, sizeof(struct atap_pool_stats));
+}
 ATAP_SAME_NAME_END_
 
 /*
@@ -306,17 +401,20 @@ ATAP_SAME_NAME_END_
  * and returns the length the whole line has, without the NUL, so a return
  * >= n means it was cut. buf may be NULL when n is 0 (to ask the length).
  * stats: a snapshot taken earlier with atap_pool_stats, so the line shows
- * the numbers the caller looked at; NULL takes one now. The line is
- * "name=value" pairs, one per field of struct atap_pool_stats, named as
- * the fields and in their order, separated by single spaces, no newline:
+ * the numbers the caller looked at (read by its size, as the structs a
+ * caller fills are: fields it does not have read 0); NULL takes one now.
+ * The line is "name=value" pairs, one per field of struct atap_pool_stats
+ * but size, named as the fields and in their order, separated by single
+ * spaces, no newline:
  *
  *     workers=4 busy=1 blocking_threads=0 blocking_busy=0 queued=0 live=3
- *     slots=64 peak_slots=64 peak_workers=4 deaths=0 completed=120
- *     waiting=0 ceiling=1024 stalls=0          (one line, wrapped here)
+ *     slots=64 peak_slots=64 peak_workers=4 deaths=0 completed=120 aside=0
+ *     ceiling=1024 peak_aside=0 stacks=0       (one line, wrapped here)
  *
  * New fields are added at the end. Works whether or not the runtime runs.
- * Returns the length (>= 0); ATAP_EINVAL for a NULL buf with n > 0.
- * Blocks: no. Threads: any.
+ * Returns the length (>= 0); ATAP_EINVAL for a NULL buf with n > 0, or a
+ * stats whose size is below sizeof(size_t) or sets fields this library
+ * does not know. Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats);
 
@@ -381,8 +479,14 @@ ATAP_EXPORT int atap_trim(size_t *released);
  * starts the runtime (unless one is already being written), and the
  * atap_shutdown that stops the runtime stops it, so the file is complete
  * once the program's last atap_shutdown returns. An ATAP_TRACE that
- * cannot be opened makes that atap_init fail with its -errno. Unset or
- * empty: no trace.
+ * cannot be opened (or whose writer thread cannot start) does not stop
+ * the program: that atap_init starts the runtime untraced, returns 0,
+ * writes one line to stderr,
+ *
+ *     libatap: ATAP_TRACE=/x/t.json: not traced: No such file or directory
+ *
+ * and keeps the same text (without "libatap: ") for atap_init_error().
+ * Unset or empty: no trace.
  *
  * fork(): the child of a process writing a trace writes nothing to it. A
  * trace the child starts (its atap_init with ATAP_TRACE still set, or
@@ -457,6 +561,7 @@ typedef int atap_fn(atap_ctx *ctx, void *arg, void *out);
  */
 ATAP_EXPORT int atap_trace_name(atap_fn *fn, const char *name);
 
+/* Where a task is: atap_state_of() reports it, atap_wait() how it settled. */
 typedef enum atap_state {
     ATAP_PENDING = 1,   /* waiting to be claimed by a worker (or for its
                            start delay) */
@@ -475,9 +580,11 @@ typedef enum atap_state {
                            standing. Only atap_state_of reports it */
 } atap_state;
 
+/* The range of atap_spawn_opts.priority; 0 is the default. */
 #define ATAP_PRIORITY_MIN (-128)
 #define ATAP_PRIORITY_MAX 127
 
+/* How a task runs: atap_spawn_opts.kind. */
 typedef enum atap_kind {
     ATAP_ONCE = 0,    /* one run */
     ATAP_REPEAT = 1,  /* runs back to back (or every_ns apart), never overlapping */
@@ -495,6 +602,10 @@ typedef enum atap_kind {
  * a task that does not wait for gives (atap_spawn).
  */
 typedef struct atap_spawn_opts {
+    size_t size;                 /* sizeof(atap_spawn_opts), or 0 (what
+                                    `{.out_size = 4}` leaves it): the layout
+                                    of libatap 0.1, these fields. See the
+                                    conventions at the top of this file */
     size_t out_size;             /* output bytes (0: no output) */
     void (*out_free)(void *out); /* for an output nobody took: when the task is
                                     freed, replaced by a repeat's next one, or
@@ -565,7 +676,8 @@ typedef struct atap_spawn_opts {
 #endif
 
 /* Zeroed options with out_size set: a plain one-shot with an output of
- * out_size bytes (atap_spawn_opts o = atap_spawn_opts_out(sizeof(long));). */
+ * out_size bytes (atap_spawn_opts o = atap_spawn_opts_out(sizeof(long));).
+ * Inline in this header. Blocks: no. Threads: any. */
 static inline atap_spawn_opts atap_spawn_opts_out(size_t out_size)
 {
     atap_spawn_opts opts = ATAP_SPAWN_OPTS_INIT;
@@ -605,7 +717,9 @@ ATAP_EXPORT uint64_t atap_now(void);
  * good, ends the task as ATAP_FAILED.
  *
  * Returns 0; ATAP_EINVAL for NULL task or fn, a priority outside -128..127,
- * out_size above 4 GiB - 1, or an option combination listed above;
+ * out_size above 4 GiB - 1, an option combination listed above, or an
+ * opts whose size is refused (below sizeof(size_t), or a newer struct
+ * setting a field this library does not know: see the conventions);
  * ATAP_ENOTINIT when no runtime
  * runs (before init, during or after shutdown); -ENOMEM when no slot or
  * output buffer can be had.
@@ -701,9 +815,16 @@ ATAP_EXPORT bool atap_finished(atap_task task);
 
 /*
  * Registers another listener: *copy receives a handle to the same task,
- * which must be released on its own. Returns 0; ATAP_EINVAL for NULL copy,
- * or when the task already has 2^20 - 1 handles; ATAP_ENOTASK (and *copy =
- * ATAP_NO_TASK). Blocks: no. Threads: any.
+ * which must be released on its own. The copy is equal to the original
+ * (copy->id == task.id): a task counts its handles, it does not tell them
+ * apart. So each atap_release lets go of one of them, whichever value it
+ * is given, and releasing one handle twice lets go of another's count: a
+ * double release is a bug libatap cannot see, which shows later as
+ * ATAP_ENOTASK on a handle still held (once releases match the count, the
+ * task is gone for every copy). Pair each atap_dup with one release.
+ * Returns 0; ATAP_EINVAL for NULL copy, or when the task already has
+ * 2^20 - 1 handles; ATAP_ENOTASK (and *copy = ATAP_NO_TASK).
+ * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_dup(atap_task task, atap_task *copy);
 
@@ -899,6 +1020,7 @@ ATAP_EXPORT int atap_on_settle(atap_task task, atap_settle_fn *fn, void *arg);
  */
 ATAP_EXPORT int atap_settle_fd(atap_task task, int *fd);
 
+/* What atap_join_first does with the tasks that did not settle first. */
 typedef enum atap_join_policy {
     ATAP_PASS_BACK = 0, /* the losers stay the caller's, in their places */
     ATAP_CANCEL = 1,    /* each loser is cancelled, and its handle released */
@@ -1230,6 +1352,8 @@ ATAP_EXPORT int atap_resume_reason(atap_ctx *ctx);
  * Blocks: no. Threads: the task's own. */
 ATAP_EXPORT unsigned atap_resume_events(atap_ctx *ctx);
 
+/* Nanoseconds, as every time in this header is, from microseconds,
+ * milliseconds and seconds; and the timeout that never runs out. */
 #define ATAP_US(n) ((uint64_t)(n)*1000u)
 #define ATAP_MS(n) ((uint64_t)(n)*1000000u)
 #define ATAP_SEC(n) ((uint64_t)(n)*1000000000u)

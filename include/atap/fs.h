@@ -83,7 +83,10 @@ typedef enum atap_fs_op {
 #define ATAP_FS_PARENTS 0x1u /* ATAP_FS_CREATE_DIR: and all missing parents */
 #define ATAP_FS_TREE 0x2u    /* ATAP_FS_REMOVE: a directory and all within */
 
+/* An operation, as atap_fs_spawn and atap_fs_run read it. */
 typedef struct atap_fs_req {
+    size_t size; /* sizeof(atap_fs_req), or 0: the layout of libatap 0.1
+                    (see the conventions at the top of atap/core.h) */
     atap_fs_op op;
     unsigned flags;
     const char *path;  /* every operation */
@@ -109,6 +112,7 @@ typedef struct atap_fs_req {
 #define ATAP_FS_TYPE_LINK 3  /* only from ATAP_FS_LSTAT */
 #define ATAP_FS_TYPE_OTHER 4 /* a device, a FIFO, a socket */
 
+/* What ATAP_FS_STAT and ATAP_FS_LSTAT say of a file (atap_fs_out.meta). */
 typedef struct atap_fs_meta {
     uint64_t size;    /* bytes */
     int64_t mtime_ns; /* last modification, ns since the Unix epoch */
@@ -149,9 +153,9 @@ ATAP_EXPORT int atap_fs_run(atap_ctx *ctx, void *req, void *out);
  * must be ATAP_ONCE; out_size 0 or sizeof(atap_fs_out); no arg_free,
  * out_free, gives or in_free; priority, timeout_ns and after_ns apply, and
  * blocking is set whatever it says.
- * Returns as atap_spawn, and ATAP_EINVAL for NULL task, req or path, an
- * unknown op, a missing path2 or data (len > 0) its op needs, or options
- * outside those (on failure nothing of req is kept or freed).
+ * Returns as atap_spawn, and ATAP_EINVAL for NULL task, req or path, a
+ * req whose size is refused (see atap/core.h's conventions), an unknown op, a missing path2 or data
+ * (len > 0) its op needs, or options outside those (on failure nothing of req is kept or freed).
  * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts *opts);

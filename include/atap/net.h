@@ -60,6 +60,12 @@ extern "C" {
  * ATAP_ETIMEDOUT or ATAP_EFAILED and io->done says how far it got (bytes
  * sent or received so far; for send, nothing beyond them was sent).
  * atap_net_join folds the two into one code.
+ *
+ * The prep calls only fill the io: they return 0, or ATAP_EINVAL (and
+ * leave io as it was) for a NULL io or an argument that makes no sense,
+ * each listed at its call; a buffer may be NULL only when its length is 0.
+ * No prep call checks fd (a bad one is the operation's -EBADF).
+ * Blocks: no. Threads: any (an io is used by one thread at a time).
  */
 typedef struct atap_net_out {
     int64_t n; /* bytes moved: sent, received, or a recv_until's line */
@@ -154,7 +160,8 @@ typedef struct atap_net_opts {
  * name that does not resolve: -ENXIO ("no such device or address"); a
  * lookup that failed for now: -EAGAIN; a port that is not a number or a
  * known service: ATAP_EINVAL.
- * Prep returns 0; ATAP_EINVAL for NULL io or name, or a name with no ':'.
+ * Prep returns 0; ATAP_EINVAL for NULL io or name, or a name with no ':'
+ * or no port after it. Blocks: no (the lookup is the task's). Threads: any.
  */
 ATAP_EXPORT int atap_net_prep_connect(atap_net_io *io, const char *name);
 
@@ -168,7 +175,7 @@ ATAP_EXPORT int atap_net_prep_connect(atap_net_io *io, const char *name);
  * -EADDRNOTAVAIL...): the next address is tried, the last one's error is
  * the result. Prep returns 0; ATAP_EINVAL as atap_net_prep_connect, or
  * for options atap_net_set_opts refuses or a local that is not a numeric
- * "host:port". */
+ * "host:port". Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_connect_opts(atap_net_io *io, const char *name,
                                            const atap_net_opts *opts);
 
@@ -178,7 +185,8 @@ ATAP_EXPORT int atap_net_prep_connect_opts(atap_net_io *io, const char *name,
  * socket file), -EACCES... While the listener's backlog is full it tries
  * again every millisecond. Prep returns 0; ATAP_EINVAL for NULL io or
  * path, an empty path or "@" alone; -ENAMETOOLONG for a name longer than
- * sun_path holds; -ENOTSUP for "@name" off Linux. */
+ * sun_path holds; -ENOTSUP for "@name" off Linux.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_unix_connect(atap_net_io *io, const char *path);
 
 /* Accepts one connection on the listening socket lfd. out.fd: the new
@@ -192,14 +200,17 @@ ATAP_EXPORT int atap_net_prep_unix_connect(atap_net_io *io, const char *path);
  * (the listener stays readable, so a park on it would not wait). It takes
  * the connection at the first try after an fd comes free, up to 64 ms
  * late. opts.timeout_ns or a cancel ends that wait as any other;
- * atap_net_step waits the same way, parking the calling task. */
+ * atap_net_step waits the same way, parking the calling task.
+ * Prep returns 0; ATAP_EINVAL for NULL io, or a peer without peer_len.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *peer,
                                      socklen_t *peer_len);
 
 /* Sends all len bytes of buf (on a datagram socket: one datagram). out.n
  * = len. Only a cancel, a timeout or an error stops it part way: io->done
  * (out.n on an error) says how many went. A peer gone: -EPIPE or
- * -ECONNRESET (no SIGPIPE is raised). */
+ * -ECONNRESET (no SIGPIPE is raised). Prep returns 0; ATAP_EINVAL for NULL
+ * io, or NULL buf with len > 0. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len);
 
 /* The most buffers one gathered send (or scattered receive) takes: the
@@ -215,7 +226,8 @@ ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, siz
  * many went, the first ones. The array and its buffers are the caller's,
  * read and never written, kept as send's buffer is. Prep returns 0;
  * ATAP_EINVAL for NULL io, NULL iov with iovcnt > 0, iovcnt below 0 or
- * above ATAP_NET_IOV_MAX, or lengths adding up past SSIZE_MAX. */
+ * above ATAP_NET_IOV_MAX, or lengths adding up past SSIZE_MAX.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_sendv(atap_net_io *io, int fd, const struct iovec *iov, int iovcnt);
 
 /*
@@ -262,6 +274,7 @@ typedef struct atap_net_msg {
  * Prep returns 0; ATAP_EINVAL for NULL io or msg, an iov or iovcnt as
  * sendv refuses, nfds below 0 or above ATAP_NET_FDS_MAX, NULL fds with
  * nfds > 0, fds with no byte to carry them, or an addr with addrlen 0.
+ * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_net_prep_sendmsg(atap_net_io *io, int fd, const atap_net_msg *msg);
 
@@ -280,6 +293,7 @@ ATAP_EXPORT int atap_net_prep_sendmsg(atap_net_io *io, int fd, const atap_net_ms
  * close them. Results: as recv's. Prep returns 0; ATAP_EINVAL for NULL io
  * or msg, an iov or iovcnt as sendv refuses, nfds below 0 or above
  * ATAP_NET_FDS_MAX, NULL fds with nfds > 0, or an addr with addrlen 0.
+ * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg);
 
@@ -300,7 +314,8 @@ ATAP_EXPORT int atap_net_prep_recvmsg(atap_net_io *io, int fd, atap_net_msg *msg
  * raised), -ESPIPE for a file that cannot be read at an offset (a pipe),
  * -EBADF, -ENOMEM (the buffer). Prep returns 0; ATAP_EINVAL for NULL io,
  * a negative offset, offset + count past INT64_MAX, or an offset past
- * SIZE_MAX (a 32-bit system).
+ * SIZE_MAX (a 32-bit system). Blocks: no (the prep; the operation as
+ * above). Threads: any.
  */
 ATAP_EXPORT int atap_net_prep_sendfile(atap_net_io *io, int fd, int file, int64_t offset,
                                        size_t count);
@@ -311,16 +326,22 @@ ATAP_EXPORT int atap_net_prep_sendfile(atap_net_io *io, int fd, int file, int64_
  * error. len 0 asks for nothing: it finishes at once with out.n 0 (which
  * then says nothing of the peer) and leaves every byte and datagram for
  * the next read; buf may then be NULL. The same holds for recv_exact and
- * recv_from of 0 bytes (recv_from's *from_len is then 0: no sender). */
+ * recv_from of 0 bytes (recv_from's *from_len is then 0: no sender).
+ * Prep returns 0; ATAP_EINVAL for NULL io, or NULL buf with len > 0.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_recv(atap_net_io *io, int fd, void *buf, size_t len);
 
 /* Receives exactly len bytes into buf. A peer that closes first:
- * ATAP_ECLOSED, out.n (and io->done) the bytes that did come. */
+ * ATAP_ECLOSED, out.n (and io->done) the bytes that did come. Prep returns
+ * 0; ATAP_EINVAL for NULL io, or NULL buf with len > 0. Blocks: no.
+ * Threads: any. */
 ATAP_EXPORT int atap_net_prep_recv_exact(atap_net_io *io, int fd, void *buf, size_t len);
 
 /* Datagrams: sends buf as one datagram to `to` (to_len bytes), or receives
  * one into buf (cut to len) with its source in *from (as accept's peer).
- * A receive parks until one comes. */
+ * A receive parks until one comes. Prep returns 0; ATAP_EINVAL for NULL
+ * io, NULL buf with len > 0, a send_to with NULL to, or a recv_from with
+ * from but no from_len. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_send_to(atap_net_io *io, int fd, const void *buf, size_t len,
                                       const struct sockaddr *to, socklen_t to_len);
 ATAP_EXPORT int atap_net_prep_recv_from(atap_net_io *io, int fd, void *buf, size_t len,
@@ -336,6 +357,7 @@ ATAP_EXPORT int atap_net_prep_recv_from(atap_net_io *io, int fd, void *buf, size
  * nothing read is lost: it all stays in the reader.
  * Prep returns 0; ATAP_EINVAL for NULL io, reader or delim, delim_len 0,
  * or a limit below delim_len or above the reader's capacity.
+ * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_net_prep_recv_until(atap_net_io *io, atap_net_reader *reader,
                                          const void *delim, size_t delim_len, size_t limit);
@@ -398,11 +420,14 @@ ATAP_EXPORT void atap_net_release(atap_task task, atap_net_io *io);
 
 /* Makes reader read fd, buffering into buf (cap bytes, the caller's, kept
  * while the reader is used). Returns 0; ATAP_EINVAL for NULL reader or
- * buf, or cap 0. */
+ * buf, or cap 0. Blocks: no. Threads: any (a reader is used by one thread
+ * at a time). */
 ATAP_EXPORT int atap_net_reader_init(atap_net_reader *reader, int fd, void *buf, size_t cap);
-/* The bytes buffered now, and their count in *len (may be NULL). */
+/* The bytes buffered now, and their count in *len (may be NULL).
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT const void *atap_net_reader_data(const atap_net_reader *reader, size_t *len);
-/* Drops the first n buffered bytes (at most what is buffered). */
+/* Drops the first n buffered bytes (at most what is buffered).
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT void atap_net_reader_consume(atap_net_reader *reader, size_t n);
 
 /*
@@ -440,7 +465,7 @@ ATAP_EXPORT int atap_net_listen_opts(int *fd, const char *name, int backlog,
 ATAP_EXPORT int atap_net_unix_listen(int *fd, const char *path, int backlog);
 
 /* A UDP socket bound to name (numeric, as atap_net_listen; port 0 picks).
- * Returns 0 and *fd, or as atap_net_listen. */
+ * Returns 0 and *fd, or as atap_net_listen. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_udp_bind(int *fd, const char *name);
 
 /* atap_net_udp_bind with options (may be NULL), set before the bind.
@@ -450,22 +475,24 @@ ATAP_EXPORT int atap_net_udp_bind_opts(int *fd, const char *name, const atap_net
 /* Connects a datagram socket (UDP, or Unix with a path starting with '/'
  * or '.', or an abstract "@name") to name, numeric, so that send / recv
  * need no address: recv then takes only the peer's datagrams. Returns 0;
- * -errno; as atap_net_unix_addr for a Unix name. Blocks: no. */
+ * -errno; as atap_net_unix_addr for a Unix name. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_dgram_connect(int fd, const char *name);
 
 /* A Unix datagram socket bound to path or "@name" (NULL: unbound, it can
- * only send). Returns 0 and *fd; as atap_net_unix_listen. */
+ * only send). Returns 0 and *fd; as atap_net_unix_listen. Blocks: no.
+ * Threads: any. */
 ATAP_EXPORT int atap_net_unix_dgram_bind(int *fd, const char *path);
 
 /* A connected pair of Unix sockets (socketpair), type SOCK_STREAM or
- * SOCK_DGRAM. Returns 0; ATAP_EINVAL for another type or NULL; -errno. */
+ * SOCK_DGRAM. Returns 0; ATAP_EINVAL for another type or NULL; -errno.
+ * Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_pair(int fds[2], int type);
 
 /* An address for send_to: name as atap_net_listen's (numeric IPv4 / IPv6),
  * or a Unix path or abstract "@name" (atap_net_unix_addr), into *addr (at
  * least sizeof(struct sockaddr_storage) bytes) and *len. Returns 0;
  * ATAP_EINVAL; -ENAMETOOLONG, -ENOTSUP (a Unix name, as
- * atap_net_unix_listen). */
+ * atap_net_unix_listen). Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_ip_addr(struct sockaddr *addr, socklen_t *len, const char *name);
 ATAP_EXPORT int atap_net_unix_addr(struct sockaddr *addr, socklen_t *len, const char *path);
 

@@ -38,6 +38,8 @@ extern "C" {
  * it (SIGTTIN).
  */
 typedef struct atap_cmd {
+    size_t size; /* sizeof(atap_cmd), or 0: the layout of libatap 0.1 (see
+                    the conventions at the top of atap/core.h) */
     const char *program;
     const char *const *argv;
     const char *dir;
@@ -69,7 +71,8 @@ typedef struct atap_cmd {
  * opts: kind ONCE; no after_ns, arg_free, out_free, gives or in_free;
  * out_size 0 or sizeof(int); priority and timeout_ns apply.
  * Returns 0; ATAP_EINVAL for NULL task, cmd or cmd->program, input_len
- * without input, or opts outside those; ATAP_ENOTINIT; -ENOENT when the
+ * without input, a cmd whose size is refused (see atap/core.h's
+ * conventions), or opts outside those; ATAP_ENOTINIT; -ENOENT when the
  * program is not found (in PATH, or dir does not exist), -EACCES and the
  * other errors of posix_spawnp and exec; -EMFILE, -ENOMEM. On failure no
  * child is left behind.

@@ -45,7 +45,11 @@ ATAP_EXPORT int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise,
  * counts reach 0. elem_free (may be NULL) is called on each value the
  * channel drops, and on a received output nobody took (a receive task
  * cancelled or timed out just after it took its value counts as one),
- * each time at an address aligned for any type (alignof(max_align_t)).
+ * each time at an address aligned as every pointer libatap hands to user
+ * code (see atap_fn): for any type of elem_size bytes, which is
+ * alignof(max_align_t), or, for a size that is not a multiple of it, the
+ * largest power of two dividing the size (24- and 40-byte values: 8).
+ * atap_chan_send's refused value is the caller's own pointer, as given.
  * Threads: any; an end must not be used after it is closed.
  */
 typedef struct atap_chan atap_chan;

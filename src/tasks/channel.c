@@ -25,10 +25,13 @@
  * for one the ring itself, leaving the channel an empty ring that a later
  * send grows again) and frees them after it.
  *
- * Every value handed to elem_free is aligned for any type: the ring and a
- * close's copy keep their values `stride` apart (elem rounded up to
- * alignof(max_align_t)) in malloc'd memory, and a send task keeps its
- * value at an aligned offset of its malloc'd argument.
+ * Every value handed to elem_free is aligned as atap.h promises every
+ * pointer it hands to user code (atap_fn): for any type of its size. The
+ * ring and a close's copy keep their values `stride` apart (elem rounded
+ * up to alignof(max_align_t)) in malloc'd memory, and a send task keeps
+ * its value at an aligned offset of its malloc'd argument, which is more
+ * than that promise; a received output nobody took is the task's output,
+ * aligned by the executor to the promise alone (24 bytes: 8).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -36,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../abi.h"
 #include "../faults.h"
 #include "atap.h"
 
@@ -391,8 +395,8 @@ static void send_arg_free(void *arg)
 /* The options of a channel task: only what makes sense for one. */
 static int task_opts(const atap_spawn_opts *in, atap_spawn_opts *o)
 {
-    *o = in ? *in : (atap_spawn_opts){0};
-    if (o->kind != ATAP_ONCE || o->arg_free || o->out_free || o->in_free || o->gives)
+    if (atap__opts_copy(in, o) != 0 || o->kind != ATAP_ONCE || o->arg_free || o->out_free ||
+        o->in_free || o->gives)
         return ATAP_EINVAL;
     return 0;
 }

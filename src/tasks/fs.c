@@ -27,6 +27,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "../abi.h"
 #include "../atomics.h"
 #include "atap.h"
 
@@ -590,11 +591,12 @@ static int op_copy(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
 
 int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
 {
-    const atap_fs_req *q = arg;
+    atap_fs_req req = {0}; /* the caller's, in this library's layout (abi.h) */
+    const atap_fs_req *q = &req;
     atap_fs_out o = {0};
     int rc;
 
-    if (!q || !q->path)
+    if (!arg || atap__struct_in(&req, sizeof req, arg, ATAP__FS_REQ_FIRST) != 0 || !q->path)
         rc = ATAP_EINVAL;
     else if ((rc = stopped(ctx)) != 0)
         ;
@@ -650,7 +652,7 @@ int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
     o.rc = rc;
     if (out)
         memcpy(out, &o, sizeof o);
-    else if (q && o.data != q->buf)
+    else if (o.data != q->buf)
         free(o.data); /* nobody asked for it */
     return 0;
 }
@@ -694,43 +696,48 @@ static bool needs_path2(atap_fs_op op)
 
 int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
+    atap_fs_req q;
     struct fs_arg *a;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
-    if (!req || !req->path || req->op < ATAP_FS_READ || req->op > ATAP_FS_SET_LEN ||
-        (needs_path2(req->op) && !req->path2) ||
-        ((req->op == ATAP_FS_WRITE || req->op == ATAP_FS_APPEND || req->op == ATAP_FS_WRITE_AT) &&
-         req->len && !req->data))
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
+    if (!req || atap__struct_in(&q, sizeof q, req, ATAP__FS_REQ_FIRST) != 0)
+        return ATAP_EINVAL;
+    if (!q.path || q.op < ATAP_FS_READ || q.op > ATAP_FS_SET_LEN ||
+        (needs_path2(q.op) && !q.path2) ||
+        ((q.op == ATAP_FS_WRITE || q.op == ATAP_FS_APPEND || q.op == ATAP_FS_WRITE_AT) && q.len &&
+         !q.data))
         return ATAP_EINVAL;
     if ((o.out_size != 0 && o.out_size != sizeof(atap_fs_out)) || o.kind != ATAP_ONCE ||
         o.arg_free || o.out_free || o.gives || o.in_free)
         return ATAP_EINVAL;
     if (!(a = calloc(1, sizeof *a)))
         return -ENOMEM;
-    a->req = *req;
-    a->req.path = strdup(req->path);
-    a->req.path2 = req->path2 ? strdup(req->path2) : NULL;
+    a->req = q;
+    a->req.path = strdup(q.path);
+    a->req.path2 = q.path2 ? strdup(q.path2) : NULL;
     a->req.data = NULL;
-    if (req->op == ATAP_FS_WRITE || req->op == ATAP_FS_APPEND || req->op == ATAP_FS_WRITE_AT) {
-        if (req->data_free || !req->len) {
-            a->req.data = req->data;
-        } else if ((a->req.data = malloc(req->len)) != NULL) {
-            memcpy((void *)(uintptr_t)a->req.data, req->data, req->len);
+    if (q.op == ATAP_FS_WRITE || q.op == ATAP_FS_APPEND || q.op == ATAP_FS_WRITE_AT) {
+        if (q.data_free || !q.len) {
+            a->req.data = q.data;
+        } else if ((a->req.data = malloc(q.len)) != NULL) {
+            memcpy((void *)(uintptr_t)a->req.data, q.data, q.len);
             a->own_data = true;
         }
     }
-    if (req->op != ATAP_FS_READ_AT)
+    if (q.op != ATAP_FS_READ_AT)
         a->req.buf = NULL;
-    if (!a->req.path || (req->path2 && !a->req.path2) || (req->len && req->data && !a->req.data)) {
+    if (!a->req.path || (q.path2 && !a->req.path2) || (q.len && q.data && !a->req.data)) {
         rc = -ENOMEM;
         goto fail;
     }
     o.out_size = sizeof(atap_fs_out);
-    o.out_free = req->op == ATAP_FS_READ_AT && req->buf ? NULL : fs_out_free;
+    o.out_free = q.op == ATAP_FS_READ_AT && q.buf ? NULL : fs_out_free;
     o.arg_free = fs_arg_free;
     o.blocking = true;
     if ((rc = atap_spawn(task, atap_fs_run, a, &o)) == 0)

@@ -38,6 +38,7 @@
 #define WATCH_INOTIFY 0
 #endif
 
+#include "../abi.h"
 #include "atap.h"
 #if WATCH_INOTIFY
 #include "../inotify_changes.h"
@@ -228,13 +229,15 @@ int atap_fs_spawn_watch(atap_task *task, const char *path, int fd, unsigned chan
                         const atap_spawn_opts *opts)
 {
     const unsigned all = ATAP_PATH_WRITE | ATAP_PATH_ATTRIB | ATAP_PATH_ENTRIES | ATAP_PATH_GONE;
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     struct watch *w;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if ((!path && fd < 0) || (changes & ~all) ||
         (o.out_size != 0 && o.out_size != sizeof(unsigned) &&
          o.out_size != sizeof(atap_fs_watch_report)) ||

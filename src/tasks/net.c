@@ -47,6 +47,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "../abi.h"
 #include "../testing.h"
 #include "atap.h"
 #include "net_int.h"
@@ -1075,12 +1076,14 @@ static void let_go(void *arg)
 
 int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if (!io || io->op <= OP_NONE || io->op > OP_LAST ||
         (o.out_size != 0 && o.out_size != sizeof(atap_net_out)) || o.kind != ATAP_ONCE ||
         o.arg_free || o.out_free)

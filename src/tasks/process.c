@@ -68,6 +68,7 @@
 #define MUX_KQUEUE 1
 #endif
 
+#include "../abi.h"
 #include "../testing.h"
 #include "atap.h"
 
@@ -615,17 +616,23 @@ static int spawn_for(atap_task *task, struct proc *c, atap_fn *fn, size_t out_si
     return rc;
 }
 
-static int spawn_cmd(atap_task *task, const atap_cmd *cmd, const atap_spawn_opts *opts,
+static int spawn_cmd(atap_task *task, const atap_cmd *caller, const atap_spawn_opts *opts,
                      bool capture)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
+    atap_cmd copy;
+    const atap_cmd *cmd = &copy;
     struct proc *c;
     int fds[3], rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
-    if (!cmd || !cmd->program || (cmd->input_len && !cmd->input) || !opts_ok(&o) ||
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
+    if (!caller || atap__struct_in(&copy, sizeof copy, caller, ATAP__CMD_FIRST) != 0)
+        return ATAP_EINVAL;
+    if (!cmd->program || (cmd->input_len && !cmd->input) || !opts_ok(&o) ||
         (o.out_size && o.out_size != (capture ? sizeof(atap_output) : sizeof(int))))
         return ATAP_EINVAL;
     if (!atap_initialised())
@@ -665,8 +672,10 @@ int atap_spawn_output(atap_task *task, const atap_cmd *cmd, const atap_spawn_opt
     return spawn_cmd(task, cmd, opts, true);
 }
 
-int atap_child_start(atap_child *child, const atap_cmd *cmd)
+int atap_child_start(atap_child *child, const atap_cmd *caller)
 {
+    atap_cmd copy;
+    const atap_cmd *cmd = &copy;
     pid_t pid;
     int fds[3], rc;
 
@@ -674,7 +683,9 @@ int atap_child_start(atap_child *child, const atap_cmd *cmd)
         return ATAP_EINVAL;
     child->pid = -1;
     child->in_fd = child->out_fd = child->err_fd = -1;
-    if (!cmd || !cmd->program || cmd->input || cmd->input_len)
+    if (!caller || atap__struct_in(&copy, sizeof copy, caller, ATAP__CMD_FIRST) != 0)
+        return ATAP_EINVAL;
+    if (!cmd->program || cmd->input || cmd->input_len)
         return ATAP_EINVAL;
     if ((rc = start(cmd, PIPE_IN | PIPE_OUT | PIPE_ERR, &pid, fds)) != 0)
         return rc;
@@ -695,13 +706,15 @@ int atap_child_start(atap_child *child, const atap_cmd *cmd)
 
 int atap_spawn_child_wait(atap_task *task, int pid, const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     siginfo_t si;
     struct proc *c;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if (pid <= 0 || !opts_ok(&o) || (o.out_size && o.out_size != sizeof(int)))
         return ATAP_EINVAL;
     if (!atap_initialised())

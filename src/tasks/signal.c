@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include "../abi.h"
 #include "atap.h"
 
 struct sigwait {
@@ -86,13 +87,15 @@ static int wait_info_run(atap_ctx *ctx, void *arg, void *out)
 static int spawn_wait(atap_task *task, int signo, atap_fn *run, struct sigwait proto,
                       size_t out_size, const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     struct sigwait *w;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if (signo <= 0 || signo >= NSIG || (o.kind != ATAP_ONCE && o.kind != ATAP_REPEAT) ||
         (o.out_size != 0 && o.out_size != out_size) || o.arg_free || o.out_free || o.gives ||
         o.in_free)
@@ -144,13 +147,15 @@ static int send_run(atap_ctx *ctx, void *arg, void *out)
 
 int atap_spawn_signal_send(atap_task *task, int pid, int signo, const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     struct sigsend *s;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if (pid == 0 || pid == -1 || signo < 0 || signo >= NSIG || o.kind != ATAP_ONCE || o.out_size ||
         o.arg_free || o.out_free || o.gives || o.in_free)
         return ATAP_EINVAL;

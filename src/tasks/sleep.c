@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../abi.h"
 #include "../atomics.h"
 #include "atap.h"
 
@@ -41,13 +42,15 @@ static int sleep_run(atap_ctx *ctx, void *arg, void *out)
 
 int atap_spawn_sleep(atap_task *task, uint64_t ns, bool precise, const atap_spawn_opts *opts)
 {
-    atap_spawn_opts o = opts ? *opts : (atap_spawn_opts){0};
+    atap_spawn_opts o;
     struct sleeper *z;
     int rc;
 
     if (!task)
         return ATAP_EINVAL;
     *task = ATAP_NO_TASK;
+    if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
+        return ATAP_EINVAL;
     if ((o.out_size != 0 && o.out_size != sizeof(uint64_t)) || o.kind != ATAP_ONCE || o.arg_free ||
         o.out_free)
         return ATAP_EINVAL;
