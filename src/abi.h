@@ -33,7 +33,7 @@
 #define ATAP__FIRST(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
 #define ATAP__CONFIG_FIRST ATAP__FIRST(atap_config, blocking_threads)
 #define ATAP__OPTS_FIRST ATAP__FIRST(atap_spawn_opts, in_free)
-#define ATAP__STATS_FIRST ATAP__FIRST(struct atap_pool_stats, stacks)
+#define ATAP__STATS_FIRST ATAP__FIRST(struct atap_pool_stats, fired_10ms)
 #define ATAP__CMD_FIRST ATAP__FIRST(atap_cmd, input_len)
 #define ATAP__FS_REQ_FIRST ATAP__FIRST(atap_fs_req, buf_done)
 

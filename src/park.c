@@ -173,9 +173,13 @@ static void fire_deadline(struct atap_timer *t)
     uint32_t c = ld_acquire(&p->claim);
     uint64_t deadline = ld_acquire(&p->deadline);
 
+    uint64_t now;
+
     TEST_HOOK(ATAP__TEST_PARK_FIRE);
-    if (atap__now_ns() >= deadline && claim_from(p, c, BY_DEADLINE, true) == 1)
+    if ((now = atap__now_ns()) >= deadline && claim_from(p, c, BY_DEADLINE, true) == 1) {
+        atap__park_fired(now, deadline);
         atap__park_complete(p, BY_DEADLINE);
+    }
 }
 
 /* ---- arming, resuming, stopping ------------------------------------------ */

@@ -69,6 +69,10 @@ uint64_t atap__park_wheel_run(uint64_t now);
  * longer holds (all: it holds none; also shutdown's last step). */
 void atap__park_reap(bool all);
 void atap__park_forget(void); /* in a fork's child only (runtime.c) */
+/* Parks on a deadline ended by it, since the process started, and of
+ * those how many ended more than 1 ms and 10 ms after it (park_wheel.c):
+ * out[0..2]. Relaxed reads: each count a value it had. */
+void atap__park_fire_counts(uint64_t out[3]);
 /* The slot is being freed: its park record goes (through the manager if
  * its timer may still be held). NULL is ignored. */
 struct park;

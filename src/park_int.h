@@ -143,6 +143,8 @@ void atap__park_fd_forget(void);
 /* park_wheel.c. The clock as the manager last read it, no later than now
  * (the manager runs at least every tick); 0 before its first run. */
 uint64_t atap__park_now_seen(void);
+/* park_wheel.c. A park ended by its deadline, at now (the manager's). */
+void atap__park_fired(uint64_t now, uint64_t deadline);
 /* park_wheel.c. A deadline as a tail park keeps it. */
 uint32_t atap__park_tick(uint64_t deadline);
 /* park_wheel.c. The runner: a deadline park goes on the wheel, which now owns RUN. */

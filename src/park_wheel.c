@@ -121,6 +121,33 @@ void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
         atap__park_tail_act(ctx->index, BY_OFF, false);
 }
 
+/* Parks ended by their deadline, and how many of them late (the
+ * manager's share of a timer's lateness: pool stats' fired...). Added to
+ * by the manager alone, read by anyone: relaxed, each a count. */
+static _Atomic uint64_t fired, fired_1ms, fired_10ms;
+
+void atap__park_fired(uint64_t now, uint64_t deadline)
+{
+    uint64_t late = now - deadline;
+
+    atomic_fetch_add_explicit(&fired, 1, memory_order_relaxed);
+    if (late > 1000000u)
+        atomic_fetch_add_explicit(&fired_1ms, 1, memory_order_relaxed);
+    if (late > 10000000u)
+        atomic_fetch_add_explicit(&fired_10ms, 1, memory_order_relaxed);
+}
+
+void atap__park_fire_counts(uint64_t out[3])
+{
+    out[0] = ld_relaxed(&fired);
+    out[1] = ld_relaxed(&fired_1ms);
+    out[2] = ld_relaxed(&fired_10ms);
+}
+
+/* The clock as the manager read it for the wheel's run under way (the
+ * manager's, or the closer's): when a deadline park it ends was fired. */
+static uint64_t run_now;
+
 /* Resumes found in one pass, queued together: one CAS and one wake check
  * for a burst. Manager (or closer) only. */
 #define RESUME_BATCH 256
@@ -148,6 +175,15 @@ void atap__park_tail_act(uint32_t index, int by, bool batch)
     c = ld_acquire(&s->out.park.claim);
     if (c & T_FD)
         atap__park_tail_off_fd(s, index);
+    if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) && batch) {
+        /* The deadline's tick, whole, from the 32 bits kept: it is past.
+         * Its start: the lateness counted is at most a tick (65.5 us) more
+         * than the park's own. */
+        uint64_t now_tick = run_now >> WHEEL_TICK_SHIFT;
+        uint32_t ago = (uint32_t)now_tick - ld_relaxed(&s->out.park.where);
+
+        atap__park_fired(run_now, ago <= now_tick ? (now_tick - ago) << WHEEL_TICK_SHIFT : 0);
+    }
     if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
         if (!batch || (s->flags & SF_BLOCKING)) {
             atap__park_requeue(s, index);
@@ -331,6 +367,7 @@ uint64_t atap__park_wheel_run(uint64_t now)
     uint64_t cur = tick_of(now), t;
 
     st_relaxed(&now_seen, now);
+    run_now = now;
 
     if (!wheel.started) {
         wheel.done = cur ? cur - 1 : 0;
@@ -397,6 +434,9 @@ void atap__park_wheel_forget(void)
     memset(stop_bits, 0, sizeof stop_bits);
     st_relaxed(&stops_pending, false);
     st_relaxed(&now_seen, 0);
+    st_relaxed(&fired, 0); /* a new process: its own counts */
+    st_relaxed(&fired_1ms, 0);
+    st_relaxed(&fired_10ms, 0);
     memset(&wheel, 0, sizeof wheel);
     nresumed = 0;
 }

@@ -385,6 +385,12 @@ int atap_pool_stats_sized(struct atap_pool_stats *stats, size_t size)
     all.live = atap__table_live();
     all.slots = atap__table_span();
     all.peak_slots = atap__table_peak();
+    {
+        uint64_t f[3];
+
+        atap__park_fire_counts(f);
+        all.fired = f[0], all.fired_1ms = f[1], all.fired_10ms = f[2];
+    }
     return atap__struct_out(stats, size, &all, sizeof all);
 }
 
@@ -402,11 +408,13 @@ int atap_stats_format(char *buf, size_t n, const struct atap_pool_stats *stats)
     return snprintf(buf, n,
                     "workers=%zu busy=%zu blocking_threads=%zu blocking_busy=%zu queued=%zu "
                     "live=%zu slots=%zu peak_slots=%zu peak_workers=%zu deaths=%llu "
-                    "completed=%llu aside=%zu ceiling=%zu peak_aside=%zu stacks=%zu",
+                    "completed=%llu aside=%zu ceiling=%zu peak_aside=%zu stacks=%zu fired=%llu "
+                    "fired_1ms=%llu fired_10ms=%llu",
                     st->workers, st->busy, st->blocking_threads, st->blocking_busy, st->queued,
                     st->live, st->slots, st->peak_slots, st->peak_workers,
                     (unsigned long long)st->deaths, (unsigned long long)st->completed, st->aside,
-                    st->ceiling, st->peak_aside, st->stacks);
+                    st->ceiling, st->peak_aside, st->stacks, (unsigned long long)st->fired,
+                    (unsigned long long)st->fired_1ms, (unsigned long long)st->fired_10ms);
 }
 
 int atap_trim(size_t *released) { return atap__table_trim(released); }

@@ -42,9 +42,9 @@ static atap_state state_becomes(atap_task t, atap_state want)
 /* ---- atap_stats_format ----------------------------------------------------- */
 
 static const char *const field_names[] = {
-    "workers",   "busy",  "blocking_threads", "blocking_busy", "queued",
-    "live",      "slots", "peak_slots",       "peak_workers",  "deaths",
-    "completed", "aside", "ceiling",          "peak_aside",    "stacks"};
+    "workers", "busy",       "blocking_threads", "blocking_busy", "queued",    "live",
+    "slots",   "peak_slots", "peak_workers",     "deaths",        "completed", "aside",
+    "ceiling", "peak_aside", "stacks",           "fired",         "fired_1ms", "fired_10ms"};
 
 static void test_observe_stats_format_given_stats(void **state)
 {
@@ -63,10 +63,14 @@ static void test_observe_stats_format_given_stats(void **state)
                                  .aside = 2,
                                  .ceiling = 1024,
                                  .peak_aside = 5,
-                                 .stacks = 7};
+                                 .stacks = 7,
+                                 .fired = 40,
+                                 .fired_1ms = 3,
+                                 .fired_10ms = 1};
     const char *want = "workers=4 busy=1 blocking_threads=2 blocking_busy=0 queued=17 live=3 "
                        "slots=64 peak_slots=128 peak_workers=6 deaths=1 completed=123456789012 "
-                       "aside=2 ceiling=1024 peak_aside=5 stacks=7";
+                       "aside=2 ceiling=1024 peak_aside=5 stacks=7 fired=40 fired_1ms=3 "
+                       "fired_10ms=1";
     char buf[512];
 
     memset(buf, 'x', sizeof buf);

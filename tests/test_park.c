@@ -702,6 +702,48 @@ static void test_park_until_deadline(void **state)
     assert_no_failures();
 }
 
+/* The pool's stats count the parks their deadline ended (fired), whether
+ * the park is kept in the slot or in a park record (an output too large to
+ * leave the slot's tail free), and none a cancel ended; the late counts are
+ * a part of them. */
+static int task_park_then_out(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    if (atap_resumed(ctx))
+        return atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE ? 0 : 1;
+    atap_park_until(ctx, atap_now() + *(const uint64_t *)arg);
+    return ATAP_PARKED;
+}
+
+static void test_park_fired_counted(void **state)
+{
+    (void)state;
+    static const uint64_t ms2 = ATAP_MS(2), ms5 = ATAP_MS(5), far = ATAP_SEC(30);
+    const size_t outs[] = {0, 0, 8, 64}; /* in the slot's tail, in a park record */
+    const uint64_t *delays[] = {&ms2, &ms5, &ms2, &ms5};
+    struct atap_pool_stats before = pool_stats(), after;
+    atap_task ts[4], never;
+    unsigned char buf[64];
+
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(atap_spawn(&ts[i], task_park_then_out, (void *)delays[i],
+                                    &(atap_spawn_opts){.out_size = outs[i]}),
+                         0);
+    assert_int_equal(
+        atap_spawn(&never, task_park_then_out, (void *)&far, &(atap_spawn_opts){.out_size = 8}), 0);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(atap_join_for(ts[i], outs[i] ? buf : NULL, outs[i], ATAP_SEC(10)), 0);
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atap_cancel(never), 0);
+    assert_int_equal(atap_join_for(never, buf, 8, ATAP_SEC(10)), ATAP_ECANCELLED);
+    atap_release(never);
+    after = pool_stats();
+    assert_int_equal(after.fired - before.fired, 4);
+    assert_true(after.fired_1ms - before.fired_1ms <= 4);
+    assert_true(after.fired_10ms - before.fired_10ms <= after.fired_1ms - before.fired_1ms);
+}
+
 /* ---- 6. park_fd ----------------------------------------------------------- */
 
 struct fd_parker {
@@ -3257,6 +3299,7 @@ int main(void)
         T(test_park_leftover_wake_never_cancels),
         T(test_park_wait_fd_results),
         T(test_park_until_deadline),
+        T(test_park_fired_counted),
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),

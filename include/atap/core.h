@@ -372,6 +372,14 @@ struct atap_pool_stats {
     size_t peak_aside;       /* the most stacks set aside at once; never falls */
     size_t stacks;           /* stacks the pool threads hold besides their
                                 own: set aside, running, or kept for reuse */
+    uint64_t fired;          /* parks on a deadline (atap_park_until) that their
+                                deadline ended, since the process started */
+    uint64_t fired_1ms;      /* of those, ended more than 1 ms after the
+                                deadline (up to 65.5 us early or late: the
+                                manager keeps deadlines in ticks); the task's
+                                run then starts later still, once a worker
+                                takes it: this is the timers' share alone */
+    uint64_t fired_10ms;     /* of those, more than 10 ms after */
 };
 
 /*
@@ -409,7 +417,8 @@ ATAP_SAME_NAME_END_
  *
  *     workers=4 busy=1 blocking_threads=0 blocking_busy=0 queued=0 live=3
  *     slots=64 peak_slots=64 peak_workers=4 deaths=0 completed=120 aside=0
- *     ceiling=1024 peak_aside=0 stacks=0       (one line, wrapped here)
+ *     ceiling=1024 peak_aside=0 stacks=0 fired=0 fired_1ms=0 fired_10ms=0
+ *                                              (one line, wrapped here)
  *
  * New fields are added at the end. Works whether or not the runtime runs.
  * Returns the length (>= 0); ATAP_EINVAL for a NULL buf with n > 0, or a
