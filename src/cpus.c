@@ -90,6 +90,13 @@ static bool first_line(const char *dir, const char *name, char *line, int size)
     return got;
 }
 
+/* A CFS quota over its period in whole CPUs, rounded up (period > 0). */
+static unsigned whole_cpus(unsigned long long quota, unsigned long long period)
+{
+    quota = quota / period + (quota % period != 0);
+    return quota < UINT_MAX ? (unsigned)quota : UINT_MAX;
+}
+
 /* One cpu.max file: its quota in whole CPUs (rounded up), 0 for none
  * ("max"), no file, or a line that does not parse. */
 static unsigned quota_at(const char *dir)
@@ -100,8 +107,7 @@ static unsigned quota_at(const char *dir)
     if (!first_line(dir, "cpu.max", line, sizeof line) ||
         sscanf(line, "%llu %llu", &quota, &period) != 2 || period == 0 || quota == 0)
         return 0; /* "max 100000" reads as no quota */
-    quota = quota / period + (quota % period != 0);
-    return quota < UINT_MAX ? (unsigned)quota : UINT_MAX;
+    return whole_cpus(quota, period);
 }
 
 /* One cgroup's pids.max less its pids.current, plus 1 (0 is kept for
@@ -119,9 +125,27 @@ static unsigned pids_at(const char *dir)
     return max < UINT_MAX - 1 ? (unsigned)max + 1 : UINT_MAX;
 }
 
-/* The cgroup v2 path in a /proc/self/cgroup listing ("0::/path"), into
- * path; false if there is none. */
-static bool v2_path(const char *self_cgroup, char *path, size_t size)
+/* Whether the comma-separated list (ending at a ':', a blank or the end)
+ * holds the word `cpu` alone (not cpuacct, not cpuset). */
+static bool lists_cpu(const char *list)
+{
+    for (const char *p = list; *p && *p != ':' && *p != ' ' && *p != '\n';) {
+        size_t n = strcspn(p, ",: \n");
+
+        if (n == 3 && strncmp(p, "cpu", 3) == 0)
+            return true;
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return false;
+}
+
+/* The path of this process's cgroup in a /proc/self/cgroup listing
+ * ("ID:CONTROLLERS:PATH" lines), into path: of cgroup v2 ("0::/path"), or
+ * of the v1 hierarchy with the cpu controller ("4:cpu,cpuacct:/path");
+ * false if there is none. */
+static bool listed_path(const char *self_cgroup, bool v1, char *path, size_t size)
 {
     char line[PATH_MAX + 64];
     bool found = false;
@@ -130,13 +154,17 @@ static bool v2_path(const char *self_cgroup, char *path, size_t size)
     if (!f)
         return false;
     while (!found && fgets(line, sizeof line, f)) {
-        size_t len = strlen(line);
+        char *list = strchr(line, ':'), *rel = list ? strchr(list + 1, ':') : NULL;
+        size_t len;
 
-        if (strncmp(line, "0::", 3) != 0 || len - 3 >= size)
+        if (!rel || (v1 ? !lists_cpu(list + 1) : strncmp(line, "0::", 3) != 0))
             continue;
-        if (len > 0 && line[len - 1] == '\n')
-            line[--len] = '\0';
-        memcpy(path, line + 3, len - 2);
+        rel++;
+        len = strcspn(rel, "\n");
+        if (len >= size)
+            continue;
+        memcpy(path, rel, len);
+        path[len] = '\0';
         found = true;
     }
     fclose(f);
@@ -177,7 +205,7 @@ static unsigned smallest_v2(const char *self_cgroup, const char *mount,
 {
     char rel[PATH_MAX];
 
-    return smallest_up(v2_path(self_cgroup, rel, sizeof rel) ? rel : NULL, mount, at);
+    return smallest_up(listed_path(self_cgroup, false, rel, sizeof rel) ? rel : NULL, mount, at);
 }
 
 unsigned atap__cgroup_cpus(const char *self_cgroup, const char *mount)
@@ -194,22 +222,6 @@ unsigned atap__cgroup_pids_room(const char *self_cgroup, const char *mount)
 
 /* ---- cgroup v1 ------------------------------------------------------------ */
 
-/* Whether the comma-separated list (ending at a ':', a blank or the end)
- * holds the word `cpu` alone (not cpuacct, not cpuset). */
-static bool lists_cpu(const char *list)
-{
-    for (const char *p = list; *p && *p != ':' && *p != ' ' && *p != '\n';) {
-        size_t n = strcspn(p, ",: \n");
-
-        if (n == 3 && strncmp(p, "cpu", 3) == 0)
-            return true;
-        p += n;
-        if (*p == ',')
-            p++;
-    }
-    return false;
-}
-
 /* One cpu.cfs_quota_us over cpu.cfs_period_us: whole CPUs rounded up, 0
  * for none ("-1"), no file, or a line that does not parse. */
 static unsigned quota_v1_at(const char *dir)
@@ -223,36 +235,7 @@ static unsigned quota_v1_at(const char *dir)
         !first_line(dir, "cpu.cfs_period_us", line, sizeof line) ||
         sscanf(line, "%llu", &period) != 1 || period == 0)
         return 0;
-    period = (unsigned long long)quota / period + ((unsigned long long)quota % period != 0);
-    return period < UINT_MAX ? (unsigned)period : UINT_MAX;
-}
-
-/* The path of the v1 cpu controller's cgroup in a /proc/self/cgroup
- * listing ("4:cpu,cpuacct:/path"), into path; false if there is none. */
-static bool v1_path(const char *self_cgroup, char *path, size_t size)
-{
-    char line[PATH_MAX + 64];
-    bool found = false;
-    FILE *f = fopen(self_cgroup, "re");
-
-    if (!f)
-        return false;
-    while (!found && fgets(line, sizeof line, f)) {
-        char *list = strchr(line, ':'), *rel = list ? strchr(list + 1, ':') : NULL;
-        size_t len;
-
-        if (!rel || !lists_cpu(list + 1))
-            continue;
-        rel++;
-        len = strcspn(rel, "\n");
-        if (len >= size)
-            continue;
-        memcpy(path, rel, len);
-        path[len] = '\0';
-        found = true;
-    }
-    fclose(f);
-    return found;
+    return whole_cpus((unsigned long long)quota, period);
 }
 
 /* A mountinfo field in place: its octal escapes (\040 for a blank) undone. */
@@ -317,7 +300,7 @@ unsigned atap__cgroup_v1_cpus(const char *self_cgroup, const char *mountinfo)
 
     if (!v1_mount(mountinfo, root, mount, sizeof mount))
         return 0;
-    if (!v1_path(self_cgroup, rel, sizeof rel))
+    if (!listed_path(self_cgroup, true, rel, sizeof rel))
         return smallest_up(NULL, mount, quota_v1_at);
     /* The mount shows the hierarchy from `root` down (a container sees its
      * own cgroup as the mount's top): the path is taken from there. A path
