@@ -57,6 +57,9 @@ install_deps() {
     have make || missing+=(make)
     have gcc || missing+=(gcc)
     have pkg-config || missing+=(pkg-config)
+    # The trace checker and the reference check (CTest) are Python; without
+    # it they would be skipped, so the suite installs it.
+    have python3 || missing+=(python3)
     [ -f /usr/include/cmocka.h ] || pkg-config --exists cmocka 2>/dev/null || missing+=(libcmocka-dev)
     if needs_analysis; then
         have clang-format || missing+=(clang-format)
