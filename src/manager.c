@@ -111,12 +111,16 @@ static bool manager_life(void)
 {
     struct atap_poller_event events[16];
     uint64_t now = atap__now_ns(), next_tick = now + MANAGER_TICK_NS, wake_at, park_at;
+    bool wheel;
     int n;
 
     while (!ld_acquire(&mgr.stop)) {
         now = atap__now_ns();
         wake_at = atap__timers_run(&atap__hub.timers, now);
-        park_at = atap__park_wheel_run(now);
+        /* The wheel's seat, held until this thread sleeps (park_wheel.c):
+         * a worker holding it fires what is due itself. */
+        wheel = atap__park_wheel_take();
+        park_at = wheel ? atap__park_wheel_run(now) : atap__park_wheel_due();
         wake_at = park_at < wake_at ? park_at : wake_at;
         atap__sched_flush();
         atap__sched_reap(false);
@@ -130,14 +134,22 @@ static bool manager_life(void)
             next_tick = now + MANAGER_TICK_NS;
         }
         wake_at = wake_at < next_tick ? wake_at : next_tick;
+        if (wheel)
+            atap__park_wheel_give();
         n = atap__poller_wait(ld_relaxed(&atap__hub.poller), events, 16,
                               wake_at > now ? wake_at - now : 0);
         if (n < 0)
             return true; /* the backend failed under us: die and be restarted */
         if (MANAGER_FALLS_APART())
-            return true;            /* the worst moment: holding events nobody was given */
-        for (int i = 0; i < n; i++) /* what parked tasks wait on */
+            return true; /* the worst moment: holding events nobody was given */
+        TEST_HOOK(ATAP__TEST_MANAGER_AWAKE);
+        /* What parked tasks wait on; a timed park's end is the seat's
+         * holder's (park_fd.c), so the seat is taken for them too. */
+        wheel = n > 0 && atap__park_wheel_take();
+        for (int i = 0; i < n; i++)
             atap__park_event(events[i].udata, events[i].events, events[i].kind);
+        if (wheel)
+            atap__park_wheel_give();
     }
     return false;
 }

@@ -56,15 +56,29 @@ void atap__signal_poke(int signo);
 #define ATAP__SIG_SEEN_MASK 0x7fffffffu
 
 /* Manager: a watch for parks reported events (udata, events and kind from
- * its poller, or from the hub's io at its tick). */
+ * its poller, or from the hub's io at its tick). A timed park it claims it
+ * completes itself if it holds the wheel's seat, else leaves to the holder. */
 void atap__park_event(void *udata, unsigned events, unsigned kind);
 /* Any other thread (a pool thread that read the hub's io): the same for a
  * parked fd's report; it is not the wheel's holder, so a timed park it
  * claims is left to the manager (park_fd.c). */
 void atap__park_io_event(void *udata, unsigned events, unsigned kind);
-/* Manager, each pass: acts on the deadline parks that are due; returns
- * when it must look again (UINT64_MAX: none waits). */
+/* The wheel's seat (park_wheel.c): the manager takes it while awake and
+ * gives it back before it sleeps. False: a worker holds it; the manager
+ * goes on without the wheel, and is woken once the worker gives it back. */
+bool atap__park_wheel_take(void);
+void atap__park_wheel_give(void);
+bool atap__park_wheel_mine(void); /* this thread holds the seat */
+/* The seat's holder, each pass: acts on the deadline parks that are due;
+ * returns when it must look again (UINT64_MAX: none waits). */
 uint64_t atap__park_wheel_run(uint64_t now);
+/* When the wheel's last run said to look again (UINT64_MAX: none waits):
+ * the manager's wait while a worker holds the seat. */
+uint64_t atap__park_wheel_due(void);
+/* A busy worker between runs: if the wheel's next due tick is past and
+ * the seat is free, runs the wheel on this thread (a load and a compare
+ * when nothing is due). */
+void atap__park_wheel_help(void);
 /* Manager: frees the park records let go of that its timer structure no
  * longer holds (all: it holds none; also shutdown's last step). */
 void atap__park_reap(bool all);

@@ -618,8 +618,8 @@ static void complete_ready(struct resumes *r)
     }
 }
 
-/* A report of f's watch, on the thread that read it; holder: the wheel's
- * (the manager). */
+/* A report of f's watch, on the thread that read it; holder: that thread
+ * holds the wheel's seat (the manager, awake, unless a worker had it). */
 static void fd_event(struct fdw *f, unsigned events, bool holder)
 {
     struct resumes r = {.holder = holder};
@@ -643,7 +643,7 @@ static void fd_event(struct fdw *f, unsigned events, bool holder)
 void atap__park_event(void *udata, unsigned events, unsigned kind)
 {
     if (!atap__source_event(udata, events, kind))
-        fd_event(udata, events, true);
+        fd_event(udata, events, atap__park_wheel_mine());
 }
 
 void atap__park_io_event(void *udata, unsigned events, unsigned kind)

@@ -21,10 +21,24 @@
  * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
  * end its run itself. A park on an fd with a deadline is on both its fd's
  * list and the wheel (park_fd.c's tail_timed_arm says how the two meet).
+ *
+ * The wheel's seat. "The manager" above is whoever holds the seat: the
+ * wheel (its buckets, its ticks, its batch of resumes) is one thread's at a
+ * time, handed over by the seat (a CAS that acquires, a store that
+ * releases). The manager takes it while awake and gives it back before it
+ * sleeps; a busy worker between runs takes it when the wheel's next due
+ * tick is past (`due_at`, which each run publishes), so timers fire on time
+ * while the manager waits for a CPU that running workers hold. One that
+ * finds the seat taken does not wait: a worker goes on, the manager marks
+ * it wanted and goes on without the wheel; the holder, giving it back, sees
+ * the mark and wakes the manager, so an arm or a stop that woke the manager
+ * while a worker held the seat is still met (see wheel_give). A close takes
+ * the seat for good (SEAT_CLOSED) once a worker's run is over.
  */
 #include "park.h"
 #include "park_int.h"
 
+#include <sched.h>
 #include <string.h>
 
 #include "atap.h"
@@ -45,6 +59,20 @@
 #define INBOX_CLOSED UINT32_MAX
 
 static _Atomic uint32_t inbox; /* slot index + 1 of the newest arm, 0, or CLOSED */
+#define SEAT_FREE 0u
+#define SEAT_HELD 1u
+#define SEAT_CLOSED 2u
+static _Atomic uint32_t seat = SEAT_CLOSED; /* open from the manager's start */
+static _Atomic bool seat_wanted;            /* the manager found it held */
+static _Thread_local bool seat_mine;        /* this thread holds it */
+/* The wheel's next due tick's end, as its last run found it (FOREVER:
+ * none, or closed): a worker past it takes the seat. A hint, relaxed: an
+ * arm since then wakes the manager, which runs the wheel. */
+static _Atomic uint64_t due_at = ATAP__FOREVER;
+/* Arms left in the inbox this long after the wheel's last run are taken
+ * in by a worker (atap__park_wheel_help): the manager, woken by the first,
+ * would have taken them by now if it had a CPU. */
+#define HELP_AFTER_NS 200000u
 /* Buckets holding a park a stop claimed (a bit each), and whether any is
  * set: the manager visits them at its next run, so a cancelled park's slot
  * goes at once rather than at its deadline. */
@@ -362,9 +390,71 @@ uint64_t atap__park_now_seen(void)
     return ld_relaxed(&now_seen); /* any reading will do: each is a past time */
 }
 
+/* Takes the seat if free. Acquire: what the last holder did to the wheel
+ * is seen here. */
+static bool seat_take(void)
+{
+    uint32_t free_ = SEAT_FREE;
+
+    if (!atomic_compare_exchange_strong_explicit(&seat, &free_, SEAT_HELD, memory_order_acquire,
+                                                 memory_order_relaxed))
+        return false;
+    seat_mine = true;
+    return true;
+}
+
+bool atap__park_wheel_take(void)
+{
+    if (seat_take())
+        return true;
+    /* Held by a worker (or closed). seq_cst, against wheel_give's store of
+     * the seat then load of the mark: either its holder sees the mark and
+     * wakes us, or this second look finds the seat free. */
+    st_seqcst(&seat_wanted, true);
+    if (ld_seqcst(&seat) != SEAT_FREE || !seat_take())
+        return false;
+    st_relaxed(&seat_wanted, false);
+    return true;
+}
+
+void atap__park_wheel_give(void)
+{
+    seat_mine = false;
+    /* Release (within seq_cst): the wheel as left here goes to the next
+     * holder; seq_cst against the manager's mark (atap__park_wheel_take). */
+    st_seqcst(&seat, SEAT_FREE);
+    if (ld_seqcst(&seat_wanted) &&
+        atomic_exchange_explicit(&seat_wanted, false, memory_order_relaxed))
+        atap__hub_wake();
+}
+
+bool atap__park_wheel_mine(void) { return seat_mine; }
+
+void atap__park_wheel_help(void)
+{
+    uint64_t due = ld_relaxed(&due_at), now;
+    uint32_t arms = ld_relaxed(&inbox);
+    bool pending = arms != 0 && arms != INBOX_CLOSED;
+
+    if (likely(due == ATAP__FOREVER) && likely(!pending))
+        return;
+    now = atap__now_ns();
+    /* Due, or arms the manager has not taken in for a while (woken by the
+     * first of them, it has not run): filed here, so a short deadline is
+     * not missed while the manager waits for a CPU. */
+    if (now < due && !(pending && now - ld_relaxed(&now_seen) >= HELP_AFTER_NS))
+        return;
+    if (!seat_take())
+        return;
+    (void)atap__park_wheel_run(atap__now_ns());
+    atap__park_wheel_give();
+}
+
+uint64_t atap__park_wheel_due(void) { return ld_relaxed(&due_at); }
+
 uint64_t atap__park_wheel_run(uint64_t now)
 {
-    uint64_t cur = tick_of(now), t;
+    uint64_t cur = tick_of(now), t, due;
 
     st_relaxed(&now_seen, now);
     run_now = now;
@@ -393,14 +483,28 @@ uint64_t atap__park_wheel_run(uint64_t now)
         wheel.done = last;
     }
     wheel_flush();
-    return next_due(wheel.done);
+    due = next_due(wheel.done);
+    st_relaxed(&due_at, due);
+    return due;
 }
 
 /* No manager will run again: every deadline park ends (its run FAILED),
  * and later arms end their own runs. */
 void atap__park_wheel_close(void)
 {
-    uint32_t x = atomic_exchange_explicit(&inbox, INBOX_CLOSED, memory_order_acq_rel);
+    uint32_t x, free_ = SEAT_FREE;
+
+    /* The seat for good, once a worker's run is over (a short one: it
+     * fires what is due, and never waits). Acquire, as any take. */
+    while (!atomic_compare_exchange_weak_explicit(&seat, &free_, SEAT_CLOSED, memory_order_acquire,
+                                                  memory_order_relaxed)) {
+        if (free_ == SEAT_CLOSED)
+            break; /* closed already: a manager that never started again */
+        free_ = SEAT_FREE;
+        sched_yield();
+    }
+    st_relaxed(&due_at, ATAP__FOREVER);
+    x = atomic_exchange_explicit(&inbox, INBOX_CLOSED, memory_order_acq_rel);
 
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
@@ -424,6 +528,8 @@ void atap__park_wheel_open(void)
      * ours by the next arm that finds the inbox open. */
     cas_acqrel(&inbox, &closed, 0);
     wheel.started = false;
+    /* Release: the close's wheel goes to the first holder. */
+    st_release(&seat, SEAT_FREE);
 }
 
 /* In a fork's child (atap__park_forget, park.c): the wheel goes back to the
@@ -439,4 +545,8 @@ void atap__park_wheel_forget(void)
     st_relaxed(&fired_10ms, 0);
     memset(&wheel, 0, sizeof wheel);
     nresumed = 0;
+    st_relaxed(&seat, SEAT_CLOSED); /* whoever held it is not in this process */
+    st_relaxed(&seat_wanted, false);
+    st_relaxed(&due_at, ATAP__FOREVER);
+    seat_mine = false;
 }

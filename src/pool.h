@@ -177,6 +177,9 @@ struct atap__pool_conf {
      * thread that read it: not the manager's). NULL: nobody waits on io
      * but the manager. */
     void (*io_event)(void *udata, unsigned events, unsigned kind);
+    /* Fires the deadline parks that are due, if the manager has not (the
+     * park wheel's, on a busy worker between runs: park.h). NULL: none. */
+    void (*due)(void);
 };
 
 int atap__pool_start(const struct atap__pool_conf *conf);

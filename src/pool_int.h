@@ -44,6 +44,7 @@
 struct pool {
     const struct atap__pool_ops *ops;                              /* the executor's (pool.h) */
     void (*io_event)(void *udata, unsigned events, unsigned kind); /* the conf's */
+    void (*due)(void);                                             /* the conf's */
     struct injector inj;                                           /* for workers */
     struct injector binj;                                          /* for blocking threads */
     pthread_mutex_t lock; /* idle list, starting and joining threads */
@@ -122,7 +123,8 @@ void atap__pool_evacuate(struct worker *w);
 enum { IO_NONE, IO_WOKEN, IO_READ, IO_TIMEOUT };
 int atap__pool_idle_io(struct worker *w, uint64_t timeout_ns);
 /* pool_io.c. A busy worker, every IO_EVERY_RUNS runs (w->io_runs): a look
- * at io, so that readiness is heard while every worker is running. */
+ * at io, and at the timers that are due (the conf's due), so that
+ * readiness and deadlines are heard while every worker is running. */
 #define IO_EVERY_RUNS 61
 void atap__pool_busy_io(struct worker *w);
 /* pool.c. Wakes an idle blocking thread, or starts one, for work in the queue. */

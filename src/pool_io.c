@@ -21,7 +21,10 @@
  * While no worker is idle, nobody waits on io: a busy worker looks (no
  * wait) every IO_EVERY_RUNS runs once nobody has for IO_GAP_NS, and the
  * manager's tick does the same (manager.c), which is what hears io while
- * every worker is inside one long run.
+ * every worker is inside one long run. The same look fires the deadline
+ * parks that are due if the manager has not yet (the conf's due): with
+ * every CPU busy running workers, the manager's wake can wait milliseconds
+ * for one.
  */
 #include "pool.h"
 
@@ -79,6 +82,8 @@ void atap__pool_io_look(uint64_t gap_ns, void (*hand)(void *udata, unsigned even
 void atap__pool_busy_io(struct worker *w)
 {
     w->io_runs = 0;
+    if (atap__pool.due) /* the timers too, while the manager waits for a CPU */
+        atap__pool.due();
     atap__pool_io_look(IO_GAP_NS, atap__pool.io_event);
 }
 

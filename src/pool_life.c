@@ -70,6 +70,7 @@ int atap__pool_start(const struct atap__pool_conf *conf)
 
     atap__pool.ops = conf->ops;
     atap__pool.io_event = conf->io_event;
+    atap__pool.due = conf->due;
     atap__pool.bcap = at_most(bcap, POOL_MAX_THREADS);
     atap__pool.floor = floor;
     atap__pool.stack = stack;

@@ -53,7 +53,9 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_STOP_WAKE     a stop that claimed a park for a wake, before it
  *                            looks for a wake pending (park.c);
  *   ATAP__TEST_HUB_WAKE      a wake of the hub's poller, still counted in
- *                            (hub.c). */
+ *                            (hub.c);
+ *   ATAP__TEST_MANAGER_AWAKE the manager back from its wait, before it
+ *                            takes the wheel's seat (manager.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
@@ -67,6 +69,7 @@ enum {
     ATAP__TEST_WAKE_LIVE,
     ATAP__TEST_STOP_WAKE,
     ATAP__TEST_HUB_WAKE,
+    ATAP__TEST_MANAGER_AWAKE,
     ATAP__TEST_POINTS
 };
 

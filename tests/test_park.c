@@ -744,6 +744,75 @@ static void test_park_fired_counted(void **state)
     assert_true(after.fired_10ms - before.fired_10ms <= after.fired_1ms - before.fired_1ms);
 }
 
+/* The manager held at its next wake (ATAP__TEST_MANAGER_AWAKE) while
+ * workers run short tasks: a deadline park armed meanwhile is filed and,
+ * at its deadline, fired by a worker between runs (park_wheel.c's seat),
+ * not left until the manager gets a CPU again. */
+static atomic_int g_hold_manager, g_manager_held, g_due_ran;
+
+static void hold_manager(void)
+{
+    if (!atomic_load(&g_hold_manager))
+        return;
+    atomic_store(&g_manager_held, 1);
+    while (atomic_load(&g_hold_manager))
+        sleep_ms(1);
+    atomic_store(&g_manager_held, 0);
+}
+
+static int task_park_then_mark(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    if (atap_resumed(ctx)) {
+        atomic_store(&g_due_ran, 1);
+        return atap_resume_reason(ctx) == ATAP_RESUME_DEADLINE ? 0 : 1;
+    }
+    atap_park_until(ctx, atap_now() + *(const uint64_t *)arg);
+    return ATAP_PARKED;
+}
+
+static int task_short(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    (void)arg;
+    (void)out;
+    return 0;
+}
+
+static void test_park_due_fired_by_a_busy_worker(void **state)
+{
+    (void)state;
+    static const uint64_t delay = ATAP_MS(40);
+    uint64_t give_up;
+    atap_task sleeper, shorts[64];
+    int held = 0;
+
+    atomic_store(&g_due_ran, 0);
+    give_up = atap_now() + ATAP_SEC(10);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, hold_manager), 0);
+    atomic_store(&g_hold_manager, 1);
+    while (!atomic_load(&g_manager_held) && atap_now() < give_up)
+        sleep_ms(1); /* its next wake: at most its 10 ms tick */
+    assert_true(atomic_load(&g_manager_held));
+    assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
+    /* Short runs until the park ends (each worker looks every few dozen). */
+    while (!atomic_load(&g_due_ran) && atap_now() < give_up) {
+        for (int i = 0; i < 64; i++)
+            assert_int_equal(atap_spawn(&shorts[i], task_short, NULL, NULL), 0);
+        for (int i = 0; i < 64; i++) {
+            assert_int_equal(atap_join(shorts[i], NULL, 0), 0);
+            atap_release(shorts[i]);
+        }
+    }
+    held = atomic_load(&g_manager_held); /* still held: nobody lets it go but us */
+    atomic_store(&g_hold_manager, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, NULL), 0);
+    assert_true(held);
+    assert_true(atomic_load(&g_due_ran));
+    assert_int_equal(atap_join_for(sleeper, NULL, 0, ATAP_SEC(10)), 0);
+    atap_release(sleeper);
+}
+
 /* ---- 6. park_fd ----------------------------------------------------------- */
 
 struct fd_parker {
@@ -3300,6 +3369,7 @@ int main(void)
         T(test_park_wait_fd_results),
         T(test_park_until_deadline),
         T(test_park_fired_counted),
+        T(test_park_due_fired_by_a_busy_worker),
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),
