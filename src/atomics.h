@@ -14,27 +14,60 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Loads and stores. */
 #define ld_relaxed(p) atomic_load_explicit((p), memory_order_relaxed)
 #define ld_acquire(p) atomic_load_explicit((p), memory_order_acquire)
 #define ld_seqcst(p) atomic_load_explicit((p), memory_order_seq_cst)
 #define st_relaxed(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
 #define st_release(p, v) atomic_store_explicit((p), (v), memory_order_release)
 #define st_seqcst(p, v) atomic_store_explicit((p), (v), memory_order_seq_cst)
-#define add_relaxed(p, v) atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
-#define sub_relaxed(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_relaxed)
-#define add_seqcst(p, v) atomic_fetch_add_explicit((p), (v), memory_order_seq_cst)
-#define sub_seqcst(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_seq_cst)
-#define xchg_acqrel(p, v) atomic_exchange_explicit((p), (v), memory_order_acq_rel)
-#define fence_seqcst() atomic_thread_fence(memory_order_seq_cst)
 
-/* Compare-and-swap; on failure *expected is refreshed. */
-#define cas_acqrel(p, e, v)                                                                        \
-    atomic_compare_exchange_weak_explicit((p), (e), (v), memory_order_acq_rel, memory_order_acquire)
-#define cas_release(p, e, v)                                                                       \
-    atomic_compare_exchange_weak_explicit((p), (e), (v), memory_order_release, memory_order_relaxed)
-#define cas_seqcst(p, e, v)                                                                        \
-    atomic_compare_exchange_strong_explicit((p), (e), (v), memory_order_seq_cst,                   \
-                                            memory_order_seq_cst)
+/* Read-modify-writes: <op>_<order>, op one of xchg, add, sub, or, and;
+ * each returns the value before. */
+#define ATAP__RMW(op, p, v, o) atomic_##op##_explicit((p), (v), memory_order_##o)
+#define xchg_relaxed(p, v) ATAP__RMW(exchange, p, v, relaxed)
+#define xchg_acquire(p, v) ATAP__RMW(exchange, p, v, acquire)
+#define xchg_release(p, v) ATAP__RMW(exchange, p, v, release)
+#define xchg_acqrel(p, v) ATAP__RMW(exchange, p, v, acq_rel)
+#define xchg_seqcst(p, v) ATAP__RMW(exchange, p, v, seq_cst)
+#define add_relaxed(p, v) ATAP__RMW(fetch_add, p, v, relaxed)
+#define add_release(p, v) ATAP__RMW(fetch_add, p, v, release)
+#define add_acqrel(p, v) ATAP__RMW(fetch_add, p, v, acq_rel)
+#define add_seqcst(p, v) ATAP__RMW(fetch_add, p, v, seq_cst)
+#define sub_relaxed(p, v) ATAP__RMW(fetch_sub, p, v, relaxed)
+#define sub_release(p, v) ATAP__RMW(fetch_sub, p, v, release)
+#define sub_acqrel(p, v) ATAP__RMW(fetch_sub, p, v, acq_rel)
+#define sub_seqcst(p, v) ATAP__RMW(fetch_sub, p, v, seq_cst)
+#define or_relaxed(p, v) ATAP__RMW(fetch_or, p, v, relaxed)
+#define or_release(p, v) ATAP__RMW(fetch_or, p, v, release)
+#define or_acqrel(p, v) ATAP__RMW(fetch_or, p, v, acq_rel)
+#define and_relaxed(p, v) ATAP__RMW(fetch_and, p, v, relaxed)
+#define and_acqrel(p, v) ATAP__RMW(fetch_and, p, v, acq_rel)
+
+/* Compare-and-swap: cas_<order> the strong form, casw_<order> the weak
+ * one (it may fail spuriously: for loops). A failure reads *expected
+ * again with the order's load part (relaxed for release, acquire for
+ * acq_rel, seq_cst for seq_cst). */
+#define ATAP__CAS(kind, p, e, v, s, f)                                                             \
+    atomic_compare_exchange_##kind##_explicit((p), (e), (v), memory_order_##s, memory_order_##f)
+#define cas_relaxed(p, e, v) ATAP__CAS(strong, p, e, v, relaxed, relaxed)
+#define cas_acquire(p, e, v) ATAP__CAS(strong, p, e, v, acquire, acquire)
+#define cas_release(p, e, v) ATAP__CAS(strong, p, e, v, release, relaxed)
+#define cas_acqrel(p, e, v) ATAP__CAS(strong, p, e, v, acq_rel, acquire)
+#define cas_seqcst(p, e, v) ATAP__CAS(strong, p, e, v, seq_cst, seq_cst)
+#define casw_relaxed(p, e, v) ATAP__CAS(weak, p, e, v, relaxed, relaxed)
+#define casw_acquire(p, e, v) ATAP__CAS(weak, p, e, v, acquire, acquire)
+#define casw_release(p, e, v) ATAP__CAS(weak, p, e, v, release, relaxed)
+#define casw_acqrel(p, e, v) ATAP__CAS(weak, p, e, v, acq_rel, acquire)
+#define casw_seqcst(p, e, v) ATAP__CAS(weak, p, e, v, seq_cst, seq_cst)
+
+/* Fences, and the one-bit flag. */
+#define fence_acquire() atomic_thread_fence(memory_order_acquire)
+#define fence_release() atomic_thread_fence(memory_order_release)
+#define fence_seqcst() atomic_thread_fence(memory_order_seq_cst)
+#define flag_set_acquire(p) atomic_flag_test_and_set_explicit((p), memory_order_acquire)
+#define flag_clear_relaxed(p) atomic_flag_clear_explicit((p), memory_order_relaxed)
+#define flag_clear_release(p) atomic_flag_clear_explicit((p), memory_order_release)
 
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
@@ -73,7 +106,7 @@ static inline void spin_lock(atap_spin *l)
 {
     unsigned spins = 0;
 
-    while (atomic_exchange_explicit(&l->held, 1, memory_order_acquire) != 0)
+    while (xchg_acquire(&l->held, 1) != 0)
         while (ld_relaxed(&l->held) != 0)
             spin_pause(&spins);
 }

@@ -108,8 +108,7 @@ static inline uint32_t ring_take_at(struct ring *r, unsigned depth)
     x = 0;
     if (t == nb) {
         x = ld_relaxed(&r->buf[nb & RING_MASK]);
-        if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + 1, memory_order_seq_cst,
-                                                     memory_order_relaxed))
+        if (!cas_seqcst(&r->top, &t, t + 1))
             x = 0;
     }
     st_release(&r->bottom, b); /* the newer entries stay where they are */
@@ -134,8 +133,7 @@ static inline uint32_t ring_pop(struct ring *r)
     x = ld_relaxed(&r->buf[b & RING_MASK]);
     if (t == b) {
         /* The last entry: race the thieves for it by CAS on top. */
-        if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + 1, memory_order_seq_cst,
-                                                     memory_order_relaxed))
+        if (!cas_seqcst(&r->top, &t, t + 1))
             x = 0;
         st_release(&r->bottom, b + 1);
     }
@@ -157,8 +155,7 @@ static inline unsigned ring_take_oldest(struct ring *r, uint32_t *out, unsigned 
     n = b - t < (int64_t)max ? (unsigned)(b - t) : max;
     for (unsigned i = 0; i < n; i++)
         out[i] = ld_relaxed(&r->buf[(t + i) & RING_MASK]);
-    if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + n, memory_order_seq_cst,
-                                                 memory_order_relaxed))
+    if (!cas_seqcst(&r->top, &t, t + n))
         return 0;
     return n;
 }
@@ -179,8 +176,7 @@ static inline uint32_t ring_steal_between(struct ring *r, int64_t from, int64_t 
     if (t >= b)
         return 0;
     x = ld_relaxed(&r->buf[t & RING_MASK]);
-    if (!atomic_compare_exchange_strong_explicit(&r->top, &t, t + 1, memory_order_seq_cst,
-                                                 memory_order_relaxed))
+    if (!cas_seqcst(&r->top, &t, t + 1))
         return UINT32_MAX;
     return x;
 }

@@ -60,8 +60,7 @@ struct side *atap__side_of(struct atap_slot *s)
     if (!(fresh = calloc(1, sizeof *fresh)))
         return NULL;
     /* Release: the record is whole before anyone can find it. */
-    if (atomic_compare_exchange_strong_explicit(&s->side, &rx, fresh, memory_order_acq_rel,
-                                                memory_order_acquire))
+    if (cas_acqrel(&s->side, &rx, fresh))
         return fresh;
     free(fresh);
     return rx;
@@ -82,7 +81,7 @@ static struct side *_Atomic deferred;
 
 static void sides_free_deferred(void)
 {
-    struct side *x = atomic_exchange_explicit(&deferred, NULL, memory_order_acquire), *next;
+    struct side *x = xchg_acquire(&deferred, NULL), *next;
 
     for (; x; x = next) {
         next = x->deferred;
@@ -102,8 +101,7 @@ void atap__side_free(struct atap_slot *s)
     head = ld_relaxed(&deferred);
     do
         rx->deferred = head;
-    while (!atomic_compare_exchange_weak_explicit(&deferred, &head, rx, memory_order_release,
-                                                  memory_order_relaxed));
+    while (!casw_release(&deferred, &head, rx));
     if (!ld_seqcst(&keeping)) /* let go since: its drain may have missed ours */
         sides_free_deferred();
 }
@@ -218,7 +216,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
         next = (r & ~REFS_RUN) + ((r & REFS_RX) ? REFS_HOLD : 0);
         /* acq_rel: the run's writes (output, flags) reach whoever frees;
          * a registrar's rx reaches us with its RX. */
-    } while (!cas_acqrel(&s->refs, &r, next));
+    } while (!casw_acqrel(&s->refs, &r, next));
     if (unlikely(r & REFS_RX)) {
         atap__extras.flow->close(s);
         release_listener(s, index, gen, REFS_HOLD);
@@ -234,7 +232,7 @@ void atap__exec_release_run(struct atap_slot *s, uint32_t index, uint32_t gen)
 static __attribute__((noinline, cold)) uint64_t maybe_orphan(struct atap_slot *s, uint32_t index,
                                                              uint32_t gen, uint64_t one)
 {
-    uint64_t r = atomic_fetch_add_explicit(&s->refs, 0, memory_order_acq_rel);
+    uint64_t r = add_acqrel(&s->refs, 0);
 
     if (refs_gen(r) == gen && (r & (REFS_RUN | REFS_COUNT_MASK)) == (REFS_RUN | one))
         atap__extras.flow->orphan(s, index, gen);
@@ -265,7 +263,7 @@ static inline void release_listener(struct atap_slot *s, uint32_t index, uint32_
                 orphaned = r;
             continue;
         }
-        if (cas_acqrel(&s->refs, &r, r - one))
+        if (casw_acqrel(&s->refs, &r, r - one))
             break;
     }
     if (((r - one) & (REFS_RUN | REFS_COUNT_MASK)) == 0)
@@ -299,7 +297,7 @@ bool atap__exec_try_hold(struct atap_slot *s, uint32_t gen)
         if (refs_gen(r) != gen || !(r & (REFS_RUN | REFS_COUNT_MASK)) ||
             (r & REFS_HOLDS_MASK) == REFS_HOLDS_MASK)
             return false;
-    } while (!cas_acqrel(&s->refs, &r, r + REFS_HOLD));
+    } while (!casw_acqrel(&s->refs, &r, r + REFS_HOLD));
     return true;
 }
 
@@ -329,7 +327,7 @@ int atap_dup(atap_task t, atap_task *copy)
             return ATAP_ENOTASK;
         if ((r & REFS_HANDLES_MASK) == REFS_HANDLES_MASK)
             return ATAP_EINVAL; /* 2^20 - 1 handles: refuse, never wrap */
-    } while (!cas_acqrel(&s->refs, &r, r + REFS_HANDLE));
+    } while (!casw_acqrel(&s->refs, &r, r + REFS_HANDLE));
     *copy = t;
     return 0;
 }
@@ -379,7 +377,7 @@ static inline __attribute__((always_inline)) bool stop(struct atap_slot *s, uint
         if (word_gen(cur) != gen || word_state(cur) != from)
             return false;
         /* Release: an output is written before READY can be read. */
-    } while (!cas_acqrel(&s->word, &cur, make_word(gen, to)));
+    } while (!casw_acqrel(&s->word, &cur, make_word(gen, to)));
     /* Traced before anyone is woken: a waiter that reads TIMED_OUT finds
      * it in the trace, as a cancel's. */
     if (to == ST_TIMED_OUT)
@@ -410,7 +408,7 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
         if (word_gen(cur) != gen || word_state(cur) == ST_FREE || word_state(cur) == ST_CANCELLED ||
             word_state(cur) == ST_TIMED_OUT || word_state(cur) == ST_FAILED)
             break; /* already ended otherwise */
-        if (cas_acqrel(&s->word, &cur, make_word(gen, to))) {
+        if (casw_acqrel(&s->word, &cur, make_word(gen, to))) {
             if (cur & ST_LISTENED)
                 atap__exec_wake(s, cur);
             break;
@@ -536,7 +534,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
                 atap__exec_release_run(s, ref - 1, gen);
                 return;
             }
-        } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+        } while (!casw_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
     }
     run_claimed(w, s, ref, &ctx);
 }
@@ -591,7 +589,7 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
         if (slot_sched(s) ? !atap__extras.time->cancellable(s, word_state(cur))
                           : word_state(cur) != ST_PENDING && word_state(cur) != ST_RUNNING)
             return 0; /* settled: an output that landed is left alone */
-    } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
+    } while (!casw_acqrel(&s->word, &cur, make_word(gen, ST_CANCELLED)));
     ATAP_TRACE(TR_CANCEL, ATAP_TRACE_ID(index, gen), NULL, 0);
     if (cur & ST_LISTENED)
         atap__exec_wake(s, cur);

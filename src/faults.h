@@ -30,8 +30,7 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
     unsigned n = ld_relaxed(owed);
 
     while (n > 0)
-        if (atomic_compare_exchange_weak_explicit(owed, &n, n - 1, memory_order_relaxed,
-                                                  memory_order_relaxed))
+        if (casw_relaxed(owed, &n, n - 1))
             return true;
     return false;
 }
@@ -50,9 +49,7 @@ static inline bool atap__fault_take(_Atomic unsigned *owed)
 #define HELP_LIMIT() ld_relaxed(&atap__help_limit)
 /* Takes an owed pause, if any: its length in ms, else 0. */
 #define FAULT_ARM_PAUSE_MS()                                                                       \
-    (ld_relaxed(&atap__owed_arm_pause_ms)                                                          \
-         ? atomic_exchange_explicit(&atap__owed_arm_pause_ms, 0, memory_order_relaxed)             \
-         : 0u)
+    (ld_relaxed(&atap__owed_arm_pause_ms) ? xchg_relaxed(&atap__owed_arm_pause_ms, 0) : 0u)
 /* The test hooks (testing.h), each called where its point says. */
 extern void (*_Atomic atap__test_hooks[ATAP__TEST_POINTS])(void);
 #define TEST_HOOK(point)                                                                           \

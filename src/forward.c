@@ -38,6 +38,7 @@
 
 #include "abi.h"
 #include "atap.h"
+#include "atomics.h"
 #include "executor.h"
 #include "extras.h"
 #include "side.h"
@@ -159,7 +160,7 @@ static void reg_close(struct reg *r, struct atap_slot *s)
     t = atap__table_at(r->to);
     g = atap__extras.time->gate(t);
     atap__gate_member_closed(r);
-    if (atomic_fetch_sub_explicit(&g->feeders, 1, memory_order_acq_rel) == 1)
+    if (sub_acqrel(&g->feeders, 1) == 1)
         atap__exec_release_listener(t, r->to, r->to_gen);
     free(r);
 }
@@ -238,7 +239,7 @@ int atap__flow_attach(struct atap_slot *s, uint32_t gen, struct reg *r)
         if (refs & REFS_RX)
             break; /* set by an earlier registrar, with rx seen already */
         /* acq_rel: the rx installed above is seen by whoever drops RUN. */
-    } while (!cas_acqrel(&s->refs, &refs, refs | REFS_RX));
+    } while (!casw_acqrel(&s->refs, &refs, refs | REFS_RX));
     read_lock(s);
     spin_lock(&rx->lock);
     if (live && !rx->closed) {
@@ -274,7 +275,7 @@ static struct reg *reg_new(struct atap_slot *t, struct gate *g, uint32_t index, 
     r->to_gen = gen;
     r->place = place;
     r->offset = offset;
-    if (atomic_fetch_add_explicit(&g->feeders, 1, memory_order_acq_rel) == 0)
+    if (add_acqrel(&g->feeders, 1) == 0)
         atap__exec_hold(t);
     return r;
 }

@@ -44,6 +44,7 @@
 
 #include "abi.h"
 #include "atap.h"
+#include "atomics.h"
 #include "executor.h"
 #include "extras.h"
 #include "faults.h"
@@ -300,7 +301,7 @@ bool atap__gate_publish(struct atap_slot *s, uint32_t gen, bool *kept)
     do {
         ok = word_gen(cur) == gen && word_state(cur) == ST_RUNNING;
         /* Release: the output is written before READY can be read. */
-    } while (ok && !cas_acqrel(&s->word, &cur, make_word(gen, to)));
+    } while (ok && !casw_acqrel(&s->word, &cur, make_word(gen, to)));
     if (ok && to == ST_PENDING)
         *kept = true; /* the output stays the slot's to let go of */
     spin_unlock(&g->lock);

@@ -32,9 +32,7 @@ uint32_t atap__pool_take_own(struct worker *w, uint32_t ref)
         return 0;
     /* Taken from there, the entry and its RUN are ours, as any
      * dequeue's are. */
-    if (ld_relaxed(&w->lifo) == ref &&
-        atomic_compare_exchange_strong_explicit(&w->lifo, &ref, 0, memory_order_acq_rel,
-                                                memory_order_relaxed))
+    if (ld_relaxed(&w->lifo) == ref && cas_acqrel(&w->lifo, &ref, 0))
         return ref;
     /* A look first (the owner's to read), then the entry taken from under
      * the newer ones: a task joined in the order spawned sits under its

@@ -94,8 +94,7 @@ static inline bool atap__hub_io_take(void)
     uint32_t free_ = IO_SEAT_FREE;
 
     return ld_relaxed(&atap__hub.io_seat) == IO_SEAT_FREE &&
-           atomic_compare_exchange_strong_explicit(&atap__hub.io_seat, &free_, IO_SEAT_HELD,
-                                                   memory_order_acquire, memory_order_relaxed);
+           cas_acquire(&atap__hub.io_seat, &free_, IO_SEAT_HELD);
 }
 
 /* The seat was taken: marks it wanted, before the caller sleeps without
@@ -107,9 +106,7 @@ static inline bool atap__hub_io_want(void)
 {
     uint32_t held = IO_SEAT_HELD;
 
-    return atomic_compare_exchange_strong_explicit(&atap__hub.io_seat, &held, IO_SEAT_WANTED,
-                                                   memory_order_release, memory_order_relaxed) ||
-           held == IO_SEAT_WANTED;
+    return cas_release(&atap__hub.io_seat, &held, IO_SEAT_WANTED) || held == IO_SEAT_WANTED;
 }
 
 /* Gives the seat back. True if a thread wanted it meanwhile: the caller
@@ -118,8 +115,7 @@ static inline bool atap__hub_io_want(void)
 static inline bool atap__hub_io_give(uint64_t now)
 {
     st_relaxed(&atap__hub.io_looked, now);
-    return atomic_exchange_explicit(&atap__hub.io_seat, IO_SEAT_FREE, memory_order_acq_rel) ==
-           IO_SEAT_WANTED;
+    return xchg_acqrel(&atap__hub.io_seat, IO_SEAT_FREE) == IO_SEAT_WANTED;
 }
 
 /* Whether an armed timer will be fired: false once a shutdown or the

@@ -43,7 +43,7 @@ void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int ba
     head = ld_relaxed(&b->incoming);
     do
         st_relaxed(link_of(refs[0]), head);
-    while (!cas_release(&b->incoming, &head, refs[n - 1]));
+    while (!casw_release(&b->incoming, &head, refs[n - 1]));
     add_relaxed(&q->pushed, n);
 }
 
@@ -83,7 +83,7 @@ static unsigned pop_ready(struct inj_band *b, uint32_t *out, unsigned max)
             /* A stale read here is caught by the CAS: the head changed. */
             ref = ld_relaxed(link_of(ref));
         }
-        if (cas_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
+        if (casw_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
             return n;
     }
     return 0;
@@ -98,18 +98,18 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
 
     if (ld_relaxed(&b->incoming) == 0)
         return 0;
-    if (atomic_flag_test_and_set_explicit(&b->flipping, memory_order_acquire))
+    if (flag_set_acquire(&b->flipping))
         return 0; /* someone else is flipping: look elsewhere, don't wait */
     /* A flip that finished since our look may have refilled ready. Only a
      * flag holder adds to ready, so once seen empty here it stays empty
      * (pops of an empty stack write nothing) until we install the rest. */
     if ((uint32_t)ld_acquire(&b->ready) != 0) {
-        atomic_flag_clear_explicit(&b->flipping, memory_order_release);
+        flag_clear_release(&b->flipping);
         return pop_ready(b, out, max);
     }
     /* Acquire: the pushers' slots. Release too: a drain that sees incoming
      * emptied here sees what this thread did before it (pool_life.c quiescent). */
-    ref = atomic_exchange_explicit(&b->incoming, 0, memory_order_acq_rel);
+    ref = xchg_acqrel(&b->incoming, 0);
     while (ref != 0) {                  /* reverse: oldest first */
         prefetch_ref(ref, -WALK_AHEAD); /* incoming runs newest first */
         next = ld_relaxed(link_of(ref));
@@ -123,10 +123,10 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
         head = ld_relaxed(&b->ready);
         /* ready is empty (checked above, under the flag): the CAS can only
          * fail spuriously. */
-        while (!cas_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
+        while (!casw_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
             ;
     }
-    atomic_flag_clear_explicit(&b->flipping, memory_order_release);
+    flag_clear_release(&b->flipping);
     return n;
 }
 

@@ -46,7 +46,7 @@ static size_t first_settled(const atap_task *ts, size_t n, bool mark)
                 return k;
             if (!mark)
                 break;
-        } while (!cas_acqrel(&s->word, &cur, cur | ST_ASIDE));
+        } while (!casw_acqrel(&s->word, &cur, cur | ST_ASIDE));
     }
     return n;
 }

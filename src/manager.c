@@ -95,10 +95,7 @@ void atap_inject_manager_faults(unsigned n)
  * a test that kills the manager many times in a row sets it to 0. */
 static _Atomic uint64_t restart_window = RESTART_WINDOW_NS;
 
-uint64_t atap__test_restart_window(uint64_t ns)
-{
-    return atomic_exchange_explicit(&restart_window, ns, memory_order_relaxed);
-}
+uint64_t atap__test_restart_window(uint64_t ns) { return xchg_relaxed(&restart_window, ns); }
 #define RESTART_WINDOW() ld_relaxed(&restart_window)
 #else
 #define RESTART_WINDOW() RESTART_WINDOW_NS

@@ -100,9 +100,7 @@ static int claim_from(struct park *p, uint32_t c, int by, bool exact)
     for (;;) {
         if ((exact && (c & ~0xffu) != seq) || (P_STATE(c) != P_ARMING && P_STATE(c) != P_ARMED))
             return 0;
-        if (atomic_compare_exchange_weak_explicit(&p->claim, &c,
-                                                  (c & ~0xffu) | P_CLAIMED | (uint32_t)by,
-                                                  memory_order_acq_rel, memory_order_acquire))
+        if (casw_acqrel(&p->claim, &c, (c & ~0xffu) | P_CLAIMED | (uint32_t)by))
             return P_STATE(c) == P_ARMED ? 1 : -1;
     }
 }
@@ -147,8 +145,7 @@ void atap__park_complete(struct park *p, int by)
      * count, so one of them has it). The task runs once more, woken, to
      * hand it on (a channel's value, or room), as a task woken and then
      * stopped does (run_observed). */
-    if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE &&
-        atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst)) {
+    if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE && xchg_seqcst(&p->woken, 0)) {
         st_release(&p->claim, (ld_relaxed(&p->claim) & ~0xffu) | P_CLAIMED | BY_READY);
         by = BY_READY;
     }
@@ -306,15 +303,14 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     /* seq_cst: store against store with a waker (its woken store, then its
      * claim load) and with a canceller (its state change and fence, then its
      * claim), each read back below. */
-    if (!atomic_compare_exchange_strong_explicit(&p->claim, &c, p->seq | P_ARMED,
-                                                 memory_order_seq_cst, memory_order_acquire)) {
+    if (!cas_seqcst(&p->claim, &c, p->seq | P_ARMED)) {
         atap__park_complete(p, (int)(P_STATE(c) & ~P_CLAIMED)); /* claimed while we armed it */
     } else if (ctx->park_kind == PK_WAKE && ld_seqcst(&p->woken)) {
         /* A wake that came before the park was armed (atap__park_wake).
          * The count goes only with a claim won: a stop that claims first
          * finds it and hands the wake on (atap__park_complete). */
         if (atap__park_claim(p, BY_READY) == 1) {
-            atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst);
+            xchg_seqcst(&p->woken, 0);
             atap__park_complete(p, BY_READY);
         }
     } else {
@@ -484,13 +480,12 @@ void atap__park_destroy(struct park *p)
         atap__timer_forget(atap__hub_timers(), &p->timer);
     do
         p->grave_next = head;
-    while (!atomic_compare_exchange_weak_explicit(&graveyard, &head, p, memory_order_release,
-                                                  memory_order_relaxed));
+    while (!casw_release(&graveyard, &head, p));
 }
 
 void atap__park_reap(bool all)
 {
-    struct park *p = atomic_exchange_explicit(&graveyard, NULL, memory_order_acquire), *next;
+    struct park *p = xchg_acquire(&graveyard, NULL), *next;
 
     while (mourning) {
         next = mourning->grave_next;
@@ -586,8 +581,7 @@ static bool unwake(struct park *p)
     /* seq_cst like every change of the count; the RMW's place in the
      * count's modification order is what decides, against the stop's
      * exchange (atap__park_complete), which of the two has the wake. */
-    while (n && !atomic_compare_exchange_weak_explicit(&p->woken, &n, n - 1, memory_order_seq_cst,
-                                                       memory_order_relaxed)) {
+    while (n && !casw_seqcst(&p->woken, &n, n - 1)) {
     }
     return n != 0;
 }
@@ -618,14 +612,14 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
     live = word_gen(w) == gen && (word_state(w) == ST_RUNNING || word_state(w) == ST_PENDING);
     if (live && (side = ld_acquire(&s->side)) != NULL && (p = ld_acquire(&side->park))) {
         TEST_HOOK(ATAP__TEST_WAKE_LIVE);
-        atomic_fetch_add_explicit(&p->woken, 1, memory_order_seq_cst);
+        add_seqcst(&p->woken, 1);
         c = P_STATE(ld_seqcst(&p->claim));
         if (c == P_ARMED) {
             int r = atap__park_claim(p, BY_READY);
             if (r == 1) {
                 /* Ours: every wake counted so far is this run's. Emptied
                  * before the completion hands p to the next run. */
-                atomic_exchange_explicit(&p->woken, 0, memory_order_seq_cst);
+                xchg_seqcst(&p->woken, 0);
                 atap__park_complete(p, BY_READY);
             }
             c = r ? P_CLAIMED | BY_READY : P_STATE(ld_acquire(&p->claim));

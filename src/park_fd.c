@@ -271,10 +271,9 @@ int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
         uint32_t st = c & T_STATE;
         if (st != P_ARMING && st != P_ARMED)
             return 0;
-        if (atomic_compare_exchange_weak_explicit(tail_claim(s), &c,
-                                                  (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) |
-                                                      got << T_GOT_SHIFT | P_CLAIMED | (uint32_t)by,
-                                                  memory_order_acq_rel, memory_order_acquire))
+        if (casw_acqrel(tail_claim(s), &c,
+                        (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) | got << T_GOT_SHIFT | P_CLAIMED |
+                            (uint32_t)by))
             return st == P_ARMED ? 1 : -1;
     }
 }
@@ -298,7 +297,7 @@ static void tail_unlink(uint32_t index)
     struct fdw *f = fdw_at((size_t)tail_fd(s));
     uint32_t x = f->tails;
 
-    atomic_fetch_and_explicit(tail_claim(s), ~T_LINKED, memory_order_relaxed);
+    and_relaxed(tail_claim(s), ~T_LINKED);
     if (x == index + 1) {
         f->tails = ld_relaxed(link_of(index));
     } else {
@@ -381,8 +380,7 @@ void atap__park_tail_fd_arm(struct atap_slot *s, struct atap_ctx *ctx)
         atap__park_tclaim(s, by, by == BY_READY ? got : 0);
     /* seq_cst: with the load of the word below, against the canceller's
      * state change and fence before its claim (store against store). */
-    if (!atomic_compare_exchange_strong_explicit(tail_claim(s), &c, P_ARMED | bits,
-                                                 memory_order_seq_cst, memory_order_acquire)) {
+    if (!cas_seqcst(tail_claim(s), &c, P_ARMED | bits)) {
         atap__park_tail_fd_complete(ctx->index, (int)(c & T_STATE & ~P_CLAIMED), linked);
     } else {
         /* A stop before the park could be found. Once armed, the park may
@@ -429,7 +427,7 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
     } else {
         st_relaxed(link_of(ctx->index), f->tails);
         f->tails = ctx->index + 1;
-        atomic_fetch_or_explicit(tail_claim(s), T_LINKED, memory_order_relaxed);
+        or_relaxed(tail_claim(s), T_LINKED);
         if (rewatch(f, W_JOIN) < 0) { /* not watchable: its next read says why */
             tail_unlink(ctx->index);
             by = BY_READY, got = ATAP_ERROR;
@@ -571,7 +569,7 @@ static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
             else
                 f->tails = next;
             if (c & T_TIMED) {
-                atomic_fetch_and_explicit(tail_claim(t), ~T_LINKED, memory_order_relaxed);
+                and_relaxed(tail_claim(t), ~T_LINKED);
                 if (r->holder) {
                     st_relaxed(link_of(x - 1), r->ttimed);
                     r->ttimed = x;

@@ -101,8 +101,7 @@ bool atap__park_wheel_push(uint32_t index)
             return false;
         st_relaxed(&s->out.park.wnext, head);
         /* Release: the deadline, claim and link reach the manager. */
-    } while (!atomic_compare_exchange_weak_explicit(&inbox, &head, index + 1, memory_order_release,
-                                                    memory_order_relaxed));
+    } while (!casw_release(&inbox, &head, index + 1));
     if (head == 0)
         atap__hub_wake(); /* it files what it finds and sleeps again */
     return true;
@@ -126,7 +125,7 @@ void atap__park_wheel_mark(struct atap_slot *s)
 {
     uint32_t b = bucket_of(s);
 
-    atomic_fetch_or_explicit(&stop_bits[b / 64], UINT64_C(1) << (b % 64), memory_order_release);
+    or_release(&stop_bits[b / 64], UINT64_C(1) << (b % 64));
     st_release(&stops_pending, true);
 }
 
@@ -158,11 +157,11 @@ void atap__park_fired(uint64_t now, uint64_t deadline)
 {
     uint64_t late = now - deadline;
 
-    atomic_fetch_add_explicit(&fired, 1, memory_order_relaxed);
+    add_relaxed(&fired, 1);
     if (late > 1000000u)
-        atomic_fetch_add_explicit(&fired_1ms, 1, memory_order_relaxed);
+        add_relaxed(&fired_1ms, 1);
     if (late > 10000000u)
-        atomic_fetch_add_explicit(&fired_10ms, 1, memory_order_relaxed);
+        add_relaxed(&fired_10ms, 1);
 }
 
 void atap__park_fire_counts(uint64_t out[3])
@@ -283,14 +282,14 @@ static void file(uint32_t index)
     wheel.head[b] = index + 1;
     bucket_used(b);
     if (ld_relaxed(&s->out.park.claim) & T_FD)
-        atomic_fetch_or_explicit(&s->out.park.claim, T_FILED, memory_order_relaxed);
+        or_relaxed(&s->out.park.claim, T_FILED);
 }
 
 /* The manager no longer holds slot index in a bucket. */
 static void unfiled(struct atap_slot *s)
 {
     if (ld_relaxed(&s->out.park.claim) & T_FD)
-        atomic_fetch_and_explicit(&s->out.park.claim, ~T_FILED, memory_order_relaxed);
+        and_relaxed(&s->out.park.claim, ~T_FILED);
 }
 
 /* Takes slot index out of its bucket (an fd's event claimed it). */
@@ -349,7 +348,7 @@ static void bucket_run(uint32_t b, uint64_t now, int by)
  * already (a deadline past, or in a tick just finished) is due now. */
 static void take_inbox(uint64_t now)
 {
-    uint32_t x = atomic_exchange_explicit(&inbox, 0, memory_order_acquire), due = 0;
+    uint32_t x = xchg_acquire(&inbox, 0), due = 0;
 
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
@@ -396,8 +395,7 @@ static bool seat_take(void)
 {
     uint32_t free_ = SEAT_FREE;
 
-    if (!atomic_compare_exchange_strong_explicit(&seat, &free_, SEAT_HELD, memory_order_acquire,
-                                                 memory_order_relaxed))
+    if (!cas_acquire(&seat, &free_, SEAT_HELD))
         return false;
     seat_mine = true;
     return true;
@@ -423,8 +421,7 @@ void atap__park_wheel_give(void)
     /* Release (within seq_cst): the wheel as left here goes to the next
      * holder; seq_cst against the manager's mark (atap__park_wheel_take). */
     st_seqcst(&seat, SEAT_FREE);
-    if (ld_seqcst(&seat_wanted) &&
-        atomic_exchange_explicit(&seat_wanted, false, memory_order_relaxed))
+    if (ld_seqcst(&seat_wanted) && xchg_relaxed(&seat_wanted, false))
         atap__hub_wake();
 }
 
@@ -464,12 +461,9 @@ uint64_t atap__park_wheel_run(uint64_t now)
         wheel.started = true;
     }
     take_inbox(now);
-    if (ld_relaxed(&stops_pending) &&
-        atomic_exchange_explicit(&stops_pending, false, memory_order_acquire)) {
+    if (ld_relaxed(&stops_pending) && xchg_acquire(&stops_pending, false)) {
         for (uint32_t w = 0; w < WORDS; w++) {
-            uint64_t bits = ld_relaxed(&stop_bits[w])
-                                ? atomic_exchange_explicit(&stop_bits[w], 0, memory_order_acquire)
-                                : 0;
+            uint64_t bits = ld_relaxed(&stop_bits[w]) ? xchg_acquire(&stop_bits[w], 0) : 0;
             for (; bits; bits &= bits - 1)
                 bucket_run(w * 64 + (uint32_t)__builtin_ctzll(bits), now, BY_DEADLINE);
         }
@@ -496,15 +490,14 @@ void atap__park_wheel_close(void)
 
     /* The seat for good, once a worker's run is over (a short one: it
      * fires what is due, and never waits). Acquire, as any take. */
-    while (!atomic_compare_exchange_weak_explicit(&seat, &free_, SEAT_CLOSED, memory_order_acquire,
-                                                  memory_order_relaxed)) {
+    while (!casw_acquire(&seat, &free_, SEAT_CLOSED)) {
         if (free_ == SEAT_CLOSED)
             break; /* closed already: a manager that never started again */
         free_ = SEAT_FREE;
         sched_yield();
     }
     st_relaxed(&due_at, ATAP__FOREVER);
-    x = atomic_exchange_explicit(&inbox, INBOX_CLOSED, memory_order_acq_rel);
+    x = xchg_acqrel(&inbox, INBOX_CLOSED);
 
     while (x && x != INBOX_CLOSED) {
         struct atap_slot *s = atap__table_at(x - 1);
@@ -526,7 +519,7 @@ void atap__park_wheel_open(void)
 
     /* acq_rel: the close's (and its runner's) writes are seen here, and
      * ours by the next arm that finds the inbox open. */
-    cas_acqrel(&inbox, &closed, 0);
+    casw_acqrel(&inbox, &closed, 0);
     wheel.started = false;
     /* Release: the close's wheel goes to the first holder. */
     st_release(&seat, SEAT_FREE);

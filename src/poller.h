@@ -102,6 +102,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "atomics.h"
 #include "wait.h"
 
 /* Bits of atap__poller_watch's `events` (READ, WRITE) and of a reported
@@ -273,12 +274,12 @@ static inline int atap__poller_loop(struct atap_poller *p, struct atap_poller_ev
  * next wait look once more (it returns only if the flag says a wake came). */
 static inline bool atap__poller_wake_claim(_Atomic uint32_t *pending)
 {
-    return atomic_exchange_explicit(pending, 1u, memory_order_acq_rel) == 0u;
+    return xchg_acqrel(pending, 1u) == 0u;
 }
 
 static inline bool atap__poller_wake_take(_Atomic uint32_t *pending)
 {
-    return atomic_exchange_explicit(pending, 0u, memory_order_acq_rel) != 0u;
+    return xchg_acqrel(pending, 0u) != 0u;
 }
 
 #endif

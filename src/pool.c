@@ -526,7 +526,7 @@ static uint32_t steal_from(struct worker *w, struct worker *v)
     if (moved)
         atap__pool_notify();
     if (!first)
-        first = atomic_exchange_explicit(&v->lifo, 0, memory_order_acq_rel);
+        first = xchg_acqrel(&v->lifo, 0);
     return first;
 }
 
@@ -555,7 +555,7 @@ static uint32_t find_work(struct worker *w)
     uint32_t x;
 
     if (w->lifo_streak < LIFO_STREAK && ld_relaxed(&w->lifo) != 0 &&
-        (x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0) {
+        (x = xchg_acqrel(&w->lifo, 0)) != 0) {
         w->lifo_streak++;
         return x;
     }
@@ -564,7 +564,7 @@ static uint32_t find_work(struct worker *w)
      * looks empty here is: no pop (and its fence) needed. */
     if ((ring_len(&w->ring) > 0 && (x = ring_pop(&w->ring)) != 0) || (x = from_shared(w)) != 0)
         return x;
-    if ((x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
+    if ((x = xchg_acqrel(&w->lifo, 0)) != 0)
         return x;
     return steal(w);
 }
@@ -659,7 +659,7 @@ void atap__pool_submit(uint32_t ref, int priority, bool blocking)
             st_release(&w->lifo, ref);
             return;
         }
-        old = atomic_exchange_explicit(&w->lifo, ref, memory_order_acq_rel);
+        old = xchg_acqrel(&w->lifo, ref);
         if (!old)
             return;
         atap__pool_push_ring(w, old);
@@ -683,9 +683,7 @@ static bool spin_for_work(struct worker *w)
 
     if (!w->searching) {
         if (2 * searching >= ld_relaxed(&atap__pool.nlive) ||
-            !atomic_compare_exchange_strong_explicit(&atap__pool.nsearching, &searching,
-                                                     searching + 1, memory_order_seq_cst,
-                                                     memory_order_relaxed))
+            !cas_seqcst(&atap__pool.nsearching, &searching, searching + 1))
             return false;
         w->searching = true;
     }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "atomics.h"
 #include "deque.h"
 #include "faults.h"
 #include "injector.h"
@@ -214,8 +215,8 @@ void atap__pool_submit(uint32_t ref, int priority, bool blocking);
 static inline void atap__pool_submit_from(struct worker *w, uint32_t ref, int priority,
                                           bool blocking)
 {
-    if (w && !blocking && !w->blocking && atomic_load_explicit(&w->lifo, memory_order_relaxed) == 0)
-        atomic_store_explicit(&w->lifo, ref, memory_order_release);
+    if (w && !blocking && !w->blocking && ld_relaxed(&w->lifo) == 0)
+        st_release(&w->lifo, ref);
     else
         atap__pool_submit(ref, priority, blocking);
 }
@@ -273,7 +274,7 @@ extern _Atomic unsigned atap__pool_keyed; /* stacks listed under a key */
  * listed is counted here. */
 static inline void atap__pool_wake_listed(const void *key)
 {
-    if (atomic_load_explicit(&atap__pool_keyed, memory_order_relaxed) != 0)
+    if (ld_relaxed(&atap__pool_keyed) != 0)
         atap__pool_wake_key(key);
 }
 

@@ -379,8 +379,7 @@ static void push_woken(struct stack *s)
     do
         s->next = head;
     /* Release: the owner's exchange sees what the ender did first. */
-    while (!atomic_compare_exchange_weak_explicit(&w->woken, &head, s, memory_order_release,
-                                                  memory_order_relaxed));
+    while (!casw_release(&w->woken, &head, s));
     kick(w);
 }
 
@@ -400,7 +399,7 @@ void atap__pool_wake_key(const void *key)
         k->listed = false;
         s = k->stack;
         /* Acquire-release: a stack woken once is pushed once. */
-        if (atomic_exchange_explicit(&s->claim, 1, memory_order_acq_rel) == 0) {
+        if (xchg_acqrel(&s->claim, 1) == 0) {
             s->next = woke;
             woke = s;
         }
@@ -449,7 +448,7 @@ static void expire(struct worker *w, uint64_t now)
         if (s->deadline > now)
             continue;
         untime(w, s);
-        if (atomic_exchange_explicit(&s->claim, 1, memory_order_acq_rel) == 0)
+        if (xchg_acqrel(&s->claim, 1) == 0)
             ready_push(w, s);
     }
 }
@@ -469,7 +468,7 @@ uint64_t atap__pool_aside_due(const struct worker *w)
 static void drain_woken(struct worker *w)
 {
     /* Acquire: what each ender did before its push. */
-    struct stack *s = atomic_exchange_explicit(&w->woken, NULL, memory_order_acquire), *rev = NULL;
+    struct stack *s = xchg_acquire(&w->woken, NULL), *rev = NULL;
 
     while (s) {
         struct stack *next = s->next;
@@ -604,7 +603,7 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
         /* An ender that took a key off before still()'s look has claimed
          * this stack, and its push is on the way: it is taken back here,
          * so that nothing resumes a stack that never went aside. */
-        if (atomic_exchange_explicit(&me->claim, 1, memory_order_acq_rel) != 0)
+        if (xchg_acqrel(&me->claim, 1) != 0)
             take_back(w, me);
         return ASIDE_GONE;
     }
@@ -636,7 +635,7 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
     st_relaxed(&w->busy, true); /* owner-written, read by the stats */
     w->naside--;
     /* Release: a drain that reads the count sees this stack's run going on. */
-    atomic_fetch_sub_explicit(&atap__pool.naside, 1, memory_order_release);
+    sub_release(&atap__pool.naside, 1);
     if (unlikely(w->dying))
         exit_here(w); /* its thread died on another stack: this one unwinds */
     ATAP_TRACE(TR_BACK, 0, NULL, w->naside);
@@ -721,8 +720,7 @@ static struct stack *take_aside(struct worker *w)
             s = NULL;
             spin_lock(&buckets[b].lock);
             for (k = buckets[b].head; k && !s; k = k->next)
-                if (k->stack->owner == w &&
-                    atomic_exchange_explicit(&k->stack->claim, 1, memory_order_acq_rel) == 0)
+                if (k->stack->owner == w && xchg_acqrel(&k->stack->claim, 1) == 0)
                     s = k->stack;
             spin_unlock(&buckets[b].lock);
             if (s) {

@@ -33,7 +33,7 @@ void atap__pool_evacuate(struct worker *w)
             n = 0;
         }
     }
-    if ((x = atomic_exchange_explicit(&w->lifo, 0, memory_order_acq_rel)) != 0)
+    if ((x = xchg_acqrel(&w->lifo, 0)) != 0)
         refs[n++] = x;
     atap__pool_push_shared(&atap__pool.inj, refs, n);
 }
@@ -65,7 +65,7 @@ void atap__pool_thread_died(void *arg)
     }
     /* Counted after the replacement: release, so whoever reads the new
      * count (acquire, in the stats) also sees the replacement counted live. */
-    atomic_fetch_add_explicit(&atap__pool.deaths, 1, memory_order_release);
+    add_release(&atap__pool.deaths, 1);
     pthread_mutex_unlock(&atap__pool.lock);
     if (!w->blocking)
         atap__pool_notify();

@@ -85,7 +85,7 @@ static void run_started(struct atap_slot *p)
 {
     /* Relaxed: the caller holds the series' RUN, and whoever drops it gets
      * it from us through an ordered hand-off (a timer, a gate, this thread). */
-    atomic_fetch_add_explicit(&sched_of(p)->inflight, 1, memory_order_relaxed);
+    add_relaxed(&sched_of(p)->inflight, 1);
 }
 
 /* A run belongs to its series p. 0 or -ENOMEM (a waiting series' run
@@ -276,7 +276,7 @@ static void rate_end(struct atap_slot *p, struct sched *pc, uint32_t pgen, uint3
         if (word_gen(cur) != pgen ||
             (st != ST_PENDING && (ran_out || (st != ST_READY && st != ST_TAKEN))))
             return;
-    } while (!cas_acqrel(&p->word, &cur, make_word(pgen, to)));
+    } while (!casw_acqrel(&p->word, &cur, make_word(pgen, to)));
     if (cur & ST_LISTENED)
         atap__exec_wake(p, cur);
     atap__rate_stop_runs(pc);
@@ -341,7 +341,7 @@ void atap__rate_run_gone(struct atap_slot *s, struct sched *c, uint32_t gen)
         c->linked = false;
     }
     atap__exec_release_run(s, c->index, gen); /* no handle: this frees s and c */
-    if (atomic_fetch_sub_explicit(&pc->inflight, 1, memory_order_acq_rel) == (RUN_OWED | 1))
+    if (sub_acqrel(&pc->inflight, 1) == (RUN_OWED | 1))
         atap__exec_release_run(p, pindex, pgen);
 }
 

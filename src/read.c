@@ -72,7 +72,7 @@ bool atap__exec_listen_aside(void *arg)
     do {
         if (!word_is(cur, l->gen) || state_terminal(word_state(cur)))
             return false;
-    } while (!cas_acqrel(&l->s->word, &cur, cur | ST_ASIDE));
+    } while (!casw_acqrel(&l->s->word, &cur, cur | ST_ASIDE));
     return true;
 }
 
@@ -123,7 +123,7 @@ static __attribute__((noinline)) int wait_settled(struct atap_slot *s, uint32_t 
             if (rc == ASIDE_WOKEN || (x && atap__pool_run_past_room(w, x)) || rc == ASIDE_GONE)
                 continue;
         }
-        if (!(cur & ST_WAITERS) && !cas_acqrel(&s->word, &cur, cur | ST_WAITERS))
+        if (!(cur & ST_WAITERS) && !casw_acqrel(&s->word, &cur, cur | ST_WAITERS))
             continue;
         atap__word_wait(&s->word, cur | ST_WAITERS, deadline - now);
     }
@@ -168,7 +168,7 @@ static int move_out(struct atap_slot *s, uint32_t gen, void *out)
             rc = state_error_of(s, word_state(cur));
             break;
         }
-    } while (!cas_acqrel(&s->word, &cur, make_word(gen, ST_TAKEN)));
+    } while (!casw_acqrel(&s->word, &cur, make_word(gen, ST_TAKEN)));
     if (rc == 0 && s->out_size)
         copy_bytes(out, slot_out(s), s->out_size);
     /* The output is the taker's now: nothing left in the slot to let go of,

@@ -168,7 +168,7 @@ static struct sched *mourning; /* manager only: still held at the last look */
 static bool held(struct sched *c)
 {
     return atap__timer_held(&c->start) || atap__timer_held(&c->limit) ||
-           atomic_load_explicit(&c->arming, memory_order_acquire) != 0;
+           ld_acquire(&c->arming) != 0;
 }
 
 static void sched_free(struct sched *c)
@@ -206,13 +206,12 @@ void atap__sched_destroy(struct atap_slot *s)
     }
     do
         c->grave_next = head;
-    while (!atomic_compare_exchange_weak_explicit(&graveyard, &head, c, memory_order_release,
-                                                  memory_order_relaxed));
+    while (!casw_release(&graveyard, &head, c));
 }
 
 void atap__sched_reap(bool all)
 {
-    struct sched *c = atomic_exchange_explicit(&graveyard, NULL, memory_order_acquire), *next;
+    struct sched *c = xchg_acquire(&graveyard, NULL), *next;
 
     while (mourning) { /* last look's leftovers first */
         next = mourning->grave_next;
@@ -229,7 +228,7 @@ void atap__sched_reap(bool all)
         }
         /* The structure is gone (all), but an arm may still be finishing:
          * its slot is freed, so no new one can start, and arm never waits. */
-        while (atomic_load_explicit(&c->arming, memory_order_acquire) != 0)
+        while (ld_acquire(&c->arming) != 0)
             sched_yield();
         sched_free(c);
     }
@@ -309,11 +308,11 @@ bool atap__sched_arm(struct sched *c, struct atap_timer *t, uint64_t deadline)
     fence_seqcst();
     if (atap__hub_accepting() || !atap__timer_disarm(ts, t)) {
         /* Release: our last look at c comes before a free that sees 0. */
-        atomic_fetch_sub_explicit(&c->arming, 1, memory_order_release);
+        sub_release(&c->arming, 1);
         return true;
     }
     /* The disarm won: RUN is ours again, and c with it until write_off. */
-    atomic_fetch_sub_explicit(&c->arming, 1, memory_order_release);
+    sub_release(&c->arming, 1);
     if (t == &c->start)
         write_off(c);
     return false;
@@ -509,7 +508,7 @@ bool atap__sched_claim(struct atap_slot *s, uint32_t *gen_out)
                 atap__exec_release_run(s, c->index, gen);
             return false;
         }
-    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+    } while (!casw_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
     c->out_live = word_state(cur) == ST_READY || c->out_kept;
     c->out_kept = false;
     if (c->gate)
@@ -568,7 +567,7 @@ void atap__sched_restarting(struct atap_slot *s, uint32_t gen)
         st = word_state(cur);
         if (word_gen(cur) != gen || (st != ST_READY && st != ST_TAKEN))
             return;
-    } while (!cas_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_PENDING));
+    } while (!casw_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_PENDING));
     c->out_kept = st == ST_READY; /* still the slot's to let go of */
 }
 
@@ -590,7 +589,7 @@ bool atap__sched_ending(struct atap_slot *s, uint32_t gen)
         atap__rate_stop_runs(c);
     /* Acq_rel: a run that finished before this saw no RUN_OWED and left
      * the drop to us; what it wrote to the series comes before our free. */
-    if (atomic_fetch_or_explicit(&c->inflight, RUN_OWED, memory_order_acq_rel) & ~RUN_OWED)
+    if (or_acqrel(&c->inflight, RUN_OWED) & ~RUN_OWED)
         return true;
     /* RUN goes now. A waiting series let go of (gate.c) with nothing
      * published since its give reads FAILED, as a let-go task does: known

@@ -36,8 +36,7 @@ void atap__sched_out_write_lock(struct sched *c)
     uint32_t unlocked = 0;
     unsigned spins = 0;
 
-    while (!atomic_compare_exchange_weak_explicit(&c->out_lock, &unlocked, OUT_WRITER,
-                                                  memory_order_acquire, memory_order_relaxed)) {
+    while (!casw_acquire(&c->out_lock, &unlocked, OUT_WRITER)) {
         unlocked = 0;
         spin_pause(&spins);
     }
@@ -99,9 +98,7 @@ void atap__sched_read_lock(struct atap_slot *s)
     if (c->kind == ATAP_ONCE && !c->gate)
         return;
     for (;;) {
-        if (!(cur & OUT_WRITER) &&
-            atomic_compare_exchange_weak_explicit(&c->out_lock, &cur, cur + 1, memory_order_acquire,
-                                                  memory_order_relaxed))
+        if (!(cur & OUT_WRITER) && casw_acquire(&c->out_lock, &cur, cur + 1))
             return;
         spin_pause(&spins); /* a writer may be delivering forwards */
         cur = ld_relaxed(&c->out_lock);
@@ -113,5 +110,5 @@ void atap__sched_read_unlock(struct atap_slot *s)
     struct sched *c = sched_of(s);
 
     if (c->kind != ATAP_ONCE || c->gate)
-        atomic_fetch_sub_explicit(&c->out_lock, 1, memory_order_release);
+        sub_release(&c->out_lock, 1);
 }

@@ -142,12 +142,12 @@ static void wake_pipe(void)
     char b = 0;
     int fd;
 
-    atomic_fetch_add_explicit(&sig_writers, 1, memory_order_seq_cst);
-    fd = atomic_load_explicit(&sig_write_fd, memory_order_seq_cst);
+    add_seqcst(&sig_writers, 1);
+    fd = ld_seqcst(&sig_write_fd);
     if (fd >= 0 && write(fd, &b, 1) < 0) {
         /* full: a byte is there already */
     }
-    atomic_fetch_sub_explicit(&sig_writers, 1, memory_order_seq_cst);
+    sub_seqcst(&sig_writers, 1);
 }
 
 /* si's fields that the kernel gives for signo: the sender for a process's
@@ -178,27 +178,27 @@ static void rec_fill(struct sig_rec *r, int signo, const siginfo_t *si)
         if (code == SI_QUEUE)
             value = si->si_value.sival_int;
     }
-    atomic_store_explicit(&r->code, code, memory_order_relaxed);
-    atomic_store_explicit(&r->pid, pid, memory_order_relaxed);
-    atomic_store_explicit(&r->uid, uid, memory_order_relaxed);
-    atomic_store_explicit(&r->status, status, memory_order_relaxed);
-    atomic_store_explicit(&r->value, value, memory_order_relaxed);
-    atomic_store_explicit(&r->flags, flags, memory_order_relaxed);
+    st_relaxed(&r->code, code);
+    st_relaxed(&r->pid, pid);
+    st_relaxed(&r->uid, uid);
+    st_relaxed(&r->status, status);
+    st_relaxed(&r->value, value);
+    st_relaxed(&r->flags, flags);
 }
 
 /* The handler: this delivery's record, as a seqlock's writer (see the top). */
 static void keep_info(int signo, const siginfo_t *si)
 {
-    uint64_t seq = atomic_fetch_add_explicit(&sig_ticket[signo], 1, memory_order_relaxed) + 1;
-    struct sig_rec *ring = atomic_load_explicit(&sig_recs[signo], memory_order_acquire), *r;
+    uint64_t seq = add_relaxed(&sig_ticket[signo], 1) + 1;
+    struct sig_rec *ring = ld_acquire(&sig_recs[signo]), *r;
 
     if (!ring)
         return;
     r = &ring[seq % ATAP_SIGINFO_KEPT];
-    atomic_store_explicit(&r->seq, 0, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release); /* a reader that sees a field sees the 0 */
+    st_relaxed(&r->seq, 0);
+    fence_release(); /* a reader that sees a field sees the 0 */
     rec_fill(r, signo, si);
-    atomic_store_explicit(&r->seq, seq, memory_order_release);
+    st_release(&r->seq, seq);
 }
 
 static void on_signal(int signo, siginfo_t *si, void *context)
@@ -210,8 +210,8 @@ static void on_signal(int signo, siginfo_t *si, void *context)
     /* Counted after its record, before the pending flag: a reader that
      * finds no flag but a count newer than it saw (atap__signal_poke) sets
      * it again. */
-    atomic_fetch_add_explicit(&sig_count[signo], 1, memory_order_seq_cst);
-    atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
+    add_seqcst(&sig_count[signo], 1);
+    st_release(&sig_pending[signo], 1);
     wake_pipe();
     errno = saved;
 }
@@ -303,9 +303,8 @@ static int catch_locked(int signo)
         return 0;
     /* The ring before the handler: none to be had, the deliveries read as
      * lost, and the signal is caught all the same. */
-    if (!atomic_load_explicit(&sig_recs[signo], memory_order_relaxed))
-        atomic_store_explicit(&sig_recs[signo], calloc(ATAP_SIGINFO_KEPT, sizeof(struct sig_rec)),
-                              memory_order_release);
+    if (!ld_relaxed(&sig_recs[signo]))
+        st_release(&sig_recs[signo], calloc(ATAP_SIGINFO_KEPT, sizeof(struct sig_rec)));
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_signal;
     sa.sa_flags = SA_RESTART | SA_SIGINFO;
@@ -345,10 +344,7 @@ int atap__signal_release(int signo)
     return rc;
 }
 
-uint64_t atap__signal_count(int signo)
-{
-    return atomic_load_explicit(&sig_count[signo], memory_order_seq_cst);
-}
+uint64_t atap__signal_count(int signo) { return ld_seqcst(&sig_count[signo]); }
 
 /* A record read as a seqlock's reader (see the top): true if it held
  * delivery seq whole, into *info. */
@@ -356,16 +352,16 @@ static bool rec_read(struct sig_rec *r, uint64_t seq, atap_siginfo *info)
 {
     atap_siginfo got = {.seq = seq, .signo = info->signo};
 
-    if (atomic_load_explicit(&r->seq, memory_order_acquire) != seq)
+    if (ld_acquire(&r->seq) != seq)
         return false;
-    got.code = atomic_load_explicit(&r->code, memory_order_relaxed);
-    got.pid = atomic_load_explicit(&r->pid, memory_order_relaxed);
-    got.uid = atomic_load_explicit(&r->uid, memory_order_relaxed);
-    got.status = atomic_load_explicit(&r->status, memory_order_relaxed);
-    got.value = atomic_load_explicit(&r->value, memory_order_relaxed);
-    got.flags = atomic_load_explicit(&r->flags, memory_order_relaxed);
-    atomic_thread_fence(memory_order_acquire); /* the fields before the second look */
-    if (atomic_load_explicit(&r->seq, memory_order_relaxed) != seq)
+    got.code = ld_relaxed(&r->code);
+    got.pid = ld_relaxed(&r->pid);
+    got.uid = ld_relaxed(&r->uid);
+    got.status = ld_relaxed(&r->status);
+    got.value = ld_relaxed(&r->value);
+    got.flags = ld_relaxed(&r->flags);
+    fence_acquire(); /* the fields before the second look */
+    if (ld_relaxed(&r->seq) != seq)
         return false;
     *info = got;
     return true;
@@ -378,16 +374,16 @@ int atap_signal_info(int signo, uint64_t seq, atap_siginfo *info)
 
     if (!info || seq == 0 || !atap__signal_catchable(signo))
         return ATAP_EINVAL;
-    if (seq > atomic_load_explicit(&sig_count[signo], memory_order_seq_cst))
+    if (seq > ld_seqcst(&sig_count[signo]))
         return ATAP_ENOTREADY;
     *info = (atap_siginfo){.seq = seq, .signo = signo, .flags = ATAP_SIGINFO_LOST};
-    if (!(ring = atomic_load_explicit(&sig_recs[signo], memory_order_acquire)))
+    if (!(ring = ld_acquire(&sig_recs[signo])))
         return 0;
     r = &ring[seq % ATAP_SIGINFO_KEPT];
     /* Not there yet (0, or an older one): a handler on another thread is
      * between its ticket and its record. A moment, then lost. */
     for (unsigned tries = 0; !rec_read(r, seq, info); tries++) {
-        at = atomic_load_explicit(&r->seq, memory_order_acquire);
+        at = ld_acquire(&r->seq);
         if ((at > seq && at != 0) || tries >= 1000)
             return 0;
         sched_yield();
@@ -397,7 +393,7 @@ int atap_signal_info(int signo, uint64_t seq, atap_siginfo *info)
 
 void atap__signal_poke(int signo)
 {
-    atomic_store_explicit(&sig_pending[signo], 1, memory_order_release);
+    st_release(&sig_pending[signo], 1);
     wake_pipe();
 }
 
@@ -412,7 +408,7 @@ int atap__source_add(struct park *p)
     /* A signal that came while nobody waited for it is dropped, not kept
      * for this park (a byte of it may still be in the pipe: harmless). */
     if (p->kind == PK_SIGNAL && !sig_waiters[key])
-        atomic_store_explicit(&sig_pending[key], 0, memory_order_relaxed);
+        st_relaxed(&sig_pending[key], 0);
     if (p->kind == PK_SIGNAL && (rc = catch_locked(key)) != 0)
         goto out;
 #if PATHS_BY_INOTIFY
@@ -448,8 +444,8 @@ int atap__source_add(struct park *p)
      * park was listed, so its pending flag may have been dropped above):
      * resume as if it came now. */
     if (p->kind == PK_SIGNAL && (p->events & ATAP__SIG_SINCE) &&
-        ((unsigned)atomic_load_explicit(&sig_count[key], memory_order_seq_cst) &
-         ATAP__SIG_SEEN_MASK) != (p->events & ATAP__SIG_SEEN_MASK))
+        ((unsigned)ld_seqcst(&sig_count[key]) & ATAP__SIG_SEEN_MASK) !=
+            (p->events & ATAP__SIG_SEEN_MASK))
         atap__signal_poke(key);
 out:
     pthread_mutex_unlock(&src_lock);
@@ -517,7 +513,7 @@ static void source_event(struct source *f)
 #endif
     }
     for (int signo = 1; f == &sig_source && signo < NSIG; signo++)
-        if (atomic_exchange_explicit(&sig_pending[signo], 0, memory_order_acquire))
+        if (xchg_acquire(&sig_pending[signo], 0))
             claim_list(&sig_waiters[signo], 0, false, &ready);
     source_watch(f, true); /* one-shot: again (failed: deaf, see the top) */
     pthread_mutex_unlock(&src_lock);
@@ -667,8 +663,8 @@ void atap__sources_close(void)
     unsigned spins = 0;
 
     pthread_mutex_lock(&src_lock);
-    atomic_store_explicit(&sig_write_fd, -1, memory_order_seq_cst);
-    while (atomic_load_explicit(&sig_writers, memory_order_seq_cst) != 0)
+    st_seqcst(&sig_write_fd, -1);
+    while (ld_seqcst(&sig_writers) != 0)
         spin_pause(&spins);
     fds_close();
     /* The watch numbers were the inotify fd's: a new one starts afresh. */

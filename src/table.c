@@ -90,8 +90,7 @@ static int map_block(unsigned b)
         madvise(p, block_bytes(b), MADV_HUGEPAGE);
 #endif
     /* The loser of a mapping race gives its copy back. */
-    if (!atomic_compare_exchange_strong_explicit(&atap__table_blocks[b], &expected, p,
-                                                 memory_order_acq_rel, memory_order_acquire))
+    if (!cas_acqrel(&atap__table_blocks[b], &expected, p))
         munmap(p, block_bytes(b));
     return 0;
 }
@@ -107,7 +106,7 @@ static void push_free(const uint32_t *idx, unsigned n)
     do {
         st_relaxed(&last->link, (uint32_t)head);
         /* Release: the slots' resets are visible to whoever pops them. */
-    } while (!cas_release(&table.free_head, &head, (head & ~(uint64_t)UINT32_MAX) | (idx[0] + 1)));
+    } while (!casw_release(&table.free_head, &head, (head & ~(uint64_t)UINT32_MAX) | (idx[0] + 1)));
 }
 
 /* Pops the free list; 0 when empty, else index + 1. */
@@ -122,7 +121,7 @@ static uint32_t pop_free(void)
         uint64_t next = ld_relaxed(&s->link);
         uint64_t want = ((head >> 32) + 1) << 32 | next;
 
-        if (cas_acqrel(&table.free_head, &head, want))
+        if (casw_acqrel(&table.free_head, &head, want))
             return (uint32_t)head;
     }
     return 0;
@@ -132,8 +131,7 @@ static void note_peak(uint32_t span)
 {
     uint32_t peak = ld_relaxed(&table.peak);
 
-    while (span > peak && !atomic_compare_exchange_weak_explicit(
-                              &table.peak, &peak, span, memory_order_relaxed, memory_order_relaxed))
+    while (span > peak && !casw_relaxed(&table.peak, &peak, span))
         ;
 }
 
@@ -157,7 +155,7 @@ static void count_alloc(struct slot_cache *c)
     if (c)
         atap__table_count(&c->allocs);
     else
-        atomic_fetch_add_explicit(&table.allocs, 1, memory_order_release);
+        add_release(&table.allocs, 1);
 }
 
 static void count_free(struct slot_cache *c)
@@ -165,7 +163,7 @@ static void count_free(struct slot_cache *c)
     if (c)
         atap__table_count(&c->frees);
     else
-        atomic_fetch_add_explicit(&table.frees, 1, memory_order_release);
+        add_release(&table.frees, 1);
 }
 
 /* The rest of a run of slots taken from the table's growth (n fresh
@@ -207,8 +205,7 @@ static int grow(struct slot_cache *c, uint32_t *index, uint32_t *gen)
          * trim's raised gen_base (its release CAS on next), read below. A
          * failure reads the newer `next` to try again from; the success
          * that ends the loop is the read that counts. */
-        if (atomic_compare_exchange_weak_explicit(&table.next, &i, i + k, memory_order_acquire,
-                                                  memory_order_relaxed))
+        if (casw_acquire(&table.next, &i, i + k))
             break;
     }
     if (k > 1)
@@ -301,9 +298,7 @@ struct slot_cache *atap__table_outside_first(void)
         return atap__table_outside_mine;
     pthread_once(&outside_once, outside_init);
     for (unsigned i = 0; i < OUTSIDE_STASHES && !outside_none; i++) {
-        if (ld_relaxed(&outside_used[i]) ||
-            !atomic_compare_exchange_strong_explicit(&outside_used[i], &expected, true,
-                                                     memory_order_acquire, memory_order_relaxed)) {
+        if (ld_relaxed(&outside_used[i]) || !cas_acquire(&outside_used[i], &expected, true)) {
             expected = false;
             continue;
         }
@@ -422,17 +417,14 @@ static size_t trim_locked(void)
     if (low < high) {
         top = top_gen(low, high);
         base = ld_relaxed(&table.gen_base);
-        while (top + 1 > base &&
-               !atomic_compare_exchange_weak_explicit(&table.gen_base, &base, top + 1,
-                                                      memory_order_relaxed, memory_order_relaxed))
+        while (top + 1 > base && !casw_relaxed(&table.gen_base, &base, top + 1))
             ;
         released = release_range(low, high);
         /* The peak is the span's high-water mark: the span only ever falls
          * here, so the peak is kept up to date here, not on every growth. */
         note_peak(high);
         /* Acq_rel: the pages are gone before the span shrinks. */
-        if (!atomic_compare_exchange_strong_explicit(&table.next, &high, low, memory_order_acq_rel,
-                                                     memory_order_relaxed))
+        if (!cas_acqrel(&table.next, &high, low))
             low = high = UINT32_MAX; /* grew meanwhile: everything goes back */
     }
     for (uint32_t i = 0; i < n; i++)
@@ -449,10 +441,10 @@ int atap__table_trim(size_t *released)
 
     if (released)
         *released = 0;
-    if (atomic_flag_test_and_set_explicit(&table.trimming, memory_order_acquire))
+    if (flag_set_acquire(&table.trimming))
         return ATAP_EBUSY;
     bytes = trim_locked();
-    atomic_flag_clear_explicit(&table.trimming, memory_order_release);
+    flag_clear_release(&table.trimming);
     if (released)
         *released = bytes;
     return bytes ? 0 : ATAP_EBUSY;
@@ -532,7 +524,7 @@ void atap__table_forget(void)
     st_relaxed(&table.gen_base, base < GEN_MAX ? base : GEN_MAX);
     st_relaxed(&table.allocs, 0);
     st_relaxed(&table.frees, 0);
-    atomic_flag_clear_explicit(&table.trimming, memory_order_relaxed);
+    flag_clear_relaxed(&table.trimming);
     st_relaxed(&table.ncaches, 0);
     for (size_t i = 0; i < sizeof table.caches / sizeof table.caches[0]; i++)
         st_relaxed(&table.caches[i], NULL);

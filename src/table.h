@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "atomics.h"
 #include "slot.h"
 
 #define TABLE_FIRST_LOG2 8u /* the first block holds 256 slots */
@@ -75,8 +76,7 @@ static inline struct atap_slot *atap__table_slot(uint32_t index)
 
     if (index >= TABLE_MAX_INDEX)
         return NULL;
-    base = atomic_load_explicit(&atap__table_blocks[atap__table_block_of(index, &off)],
-                                memory_order_acquire);
+    base = ld_acquire(&atap__table_blocks[atap__table_block_of(index, &off)]);
     return base ? base + off : NULL;
 }
 
@@ -87,7 +87,7 @@ static inline struct atap_slot *atap__table_at(uint32_t index)
     uint32_t off;
     unsigned b = atap__table_block_of(index, &off);
 
-    return atomic_load_explicit(&atap__table_blocks[b], memory_order_acquire) + off;
+    return ld_acquire(&atap__table_blocks[b]) + off;
 }
 
 /* Every thread's stash back on the shared free list (a test's, with no
@@ -112,8 +112,7 @@ void atap__table_free_shared(struct slot_cache *cache, uint32_t index, uint32_t 
  * and the allocation counted before it. */
 static inline void atap__table_count(_Atomic uint64_t *counter)
 {
-    atomic_store_explicit(counter, atomic_load_explicit(counter, memory_order_relaxed) + 1,
-                          memory_order_release);
+    st_release(counter, ld_relaxed(counter) + 1);
 }
 
 /* Takes the newest slot of a (non-NULL) stash, if it has one. A stashed
@@ -127,7 +126,7 @@ static inline bool atap__table_take_stashed(struct slot_cache *cache, uint32_t *
     if (cache->n == 0)
         return false;
     i = cache->idx[cache->n - 1];
-    g = word_gen(atomic_load_explicit(&atap__table_at(i)->word, memory_order_relaxed));
+    g = word_gen(ld_relaxed(&atap__table_at(i)->word));
     if (g == 0)
         return false;
     cache->n--;

@@ -310,8 +310,7 @@ static void push(struct atap_timers *ts, struct atap_timer *t)
      * single order the lost-wake handshake relies on (top of file). */
     do
         t->qnext = head;
-    while (!atomic_compare_exchange_weak_explicit(&ts->inbox, &head, t, memory_order_seq_cst,
-                                                  memory_order_relaxed));
+    while (!casw_seqcst(&ts->inbox, &head, t));
 }
 
 /* Takes one record off the inbox: the QUEUED bit goes, the entry (if any) is
@@ -321,7 +320,7 @@ static void absorb_rec(struct atap_timers *ts, struct atap_timer *t, struct batc
     /* acq_rel: acquire pairs with the arm's release CAS (its deadline and the
      * record's contents); release orders our read of qnext before the next
      * push of this record, which can only follow this clear. */
-    uint32_t s = atomic_fetch_and_explicit(&t->state, ~QUEUED, memory_order_acq_rel);
+    uint32_t s = and_acqrel(&t->state, ~QUEUED);
 
     if (t->link.next)
         unlink_rec(ts, t); /* filed for an earlier arming */
@@ -340,7 +339,7 @@ static void absorb(struct atap_timers *ts)
     struct batch b = batch_new();
     /* acquire: pairs with the pushers' CAS, so each record's qnext, state and
      * deadline are visible. */
-    struct atap_timer *t = atomic_exchange_explicit(&ts->inbox, NULL, memory_order_acquire);
+    struct atap_timer *t = xchg_acquire(&ts->inbox, NULL);
 
     while (t) {
         struct atap_timer *next = t->qnext; /* before QUEUED goes: then it may be pushed again */
@@ -540,8 +539,7 @@ static void fire_due(struct atap_timers *ts, uint64_t now)
             /* Strong: a spurious failure would lose the fire. acq_rel:
              * acquire sees what the armer wrote before arming; release lets
              * a losing disarm (acquire) see everything before the fire. */
-            if (atomic_compare_exchange_strong_explicit(&t->state, &armed, t->eseq,
-                                                        memory_order_acq_rel, memory_order_relaxed))
+            if (cas_acqrel(&t->state, &armed, t->eseq))
                 t->fire(t);
             fired++;
         }
@@ -634,7 +632,7 @@ bool atap__timer_arm(struct atap_timers *ts, struct atap_timer *t, uint64_t dead
 
     /* Supersede an armed arming first, so the deadline store below never
      * lands while an entry could still fire with it. */
-    while ((s & ARMED) && !cas_acqrel(&t->state, &s, s & ~ARMED))
+    while ((s & ARMED) && !casw_acqrel(&t->state, &s, s & ~ARMED))
         ;
     s &= ~ARMED;
     /* release: whoever reads this deadline with acquire sees ARMED cleared. */
@@ -643,15 +641,14 @@ bool atap__timer_arm(struct atap_timers *ts, struct atap_timer *t, uint64_t dead
      * acquire orders our qnext write (in push) after the manager's read of
      * it when we find the QUEUED bit it cleared. Only the manager's clearing
      * of QUEUED or a (no-op) disarm can change s meanwhile. */
-    while (!cas_acqrel(&t->state, &s, ((s & SEQ_MASK) + SEQ_ONE) | QUEUED | ARMED))
+    while (!casw_acqrel(&t->state, &s, ((s & SEQ_MASK) + SEQ_ONE) | QUEUED | ARMED))
         ;
     if (!(s & QUEUED))
         push(ts, t);
     /* seq_cst: the read side of the lost-wake handshake (top of file). */
     wake = ld_seqcst(&ts->next_wake);
     while (deadline_ns < wake)
-        if (atomic_compare_exchange_weak_explicit(&ts->next_wake, &wake, deadline_ns,
-                                                  memory_order_seq_cst, memory_order_seq_cst))
+        if (casw_seqcst(&ts->next_wake, &wake, deadline_ns))
             return true;
     return false;
 }
@@ -664,7 +661,7 @@ bool atap__timer_disarm(struct atap_timers *ts, struct atap_timer *t)
 
     (void)ts;
     while (s & ARMED)
-        if (cas_acqrel(&t->state, &s, s & ~ARMED))
+        if (casw_acqrel(&t->state, &s, s & ~ARMED))
             return true;
     return false;
 }
@@ -697,7 +694,7 @@ void atap__timer_forget(struct atap_timers *ts, struct atap_timer *t)
     do {
         if ((s & SEQ_MASK) == 0 || (s & (ARMED | QUEUED)))
             return;
-    } while (!cas_acqrel(&t->state, &s, s | QUEUED));
+    } while (!casw_acqrel(&t->state, &s, s | QUEUED));
     push(ts, t);
 }
 
@@ -751,8 +748,7 @@ void atap__timers_take_all(struct atap_timers *ts, void (*each)(struct atap_time
         next = l->next;
         t->link.next = t->link.prev = NULL;
         /* Claimed like a fire (fire_due says why the CAS is strong, acq_rel). */
-        if (atomic_compare_exchange_strong_explicit(&t->state, &armed, t->eseq,
-                                                    memory_order_acq_rel, memory_order_relaxed))
+        if (cas_acqrel(&t->state, &armed, t->eseq))
             each(t, arg);
     }
 }
@@ -801,12 +797,12 @@ size_t atap__timers_rebuild(struct atap_timers *ts, atap__timer_find *find, void
 
 void atap__timers_destroy(struct atap_timers *ts)
 {
-    struct atap_timer *t = atomic_exchange_explicit(&ts->inbox, NULL, memory_order_acquire);
+    struct atap_timer *t = xchg_acquire(&ts->inbox, NULL);
     struct atap_tlink *l, *next;
 
     while (t) { /* no arm runs: the inbox is ours */
         struct atap_timer *qnext = t->qnext;
-        atomic_fetch_and_explicit(&t->state, ~QUEUED, memory_order_acq_rel);
+        and_acqrel(&t->state, ~QUEUED);
         t = qnext;
     }
     for (l = collect(ts); l; l = next) {

@@ -35,6 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "atomics.h"
+
 /* The wheel. A tick is 2^16 ns (65.5 us). The ring has a slot per tick for
  * the next 2048 ticks (134 ms): a timer due that soon is filed there once
  * and never cascades. Anything later waits in 8 levels of 64 slots (level l
@@ -89,13 +91,13 @@ void atap__timer_init(struct atap_timer *t, void (*fire)(struct atap_timer *t));
 /* The deadline of t's latest arming (a snapshot). */
 static inline uint64_t atap__timer_deadline(struct atap_timer *t)
 {
-    return atomic_load_explicit(&t->deadline, memory_order_relaxed);
+    return ld_relaxed(&t->deadline);
 }
 
 /* Whether t's latest arming is still owed a fire or a disarm (a snapshot). */
 static inline bool atap__timer_armed(struct atap_timer *t)
 {
-    return (atomic_load_explicit(&t->state, memory_order_acquire) & 1u) != 0;
+    return (ld_acquire(&t->state) & 1u) != 0;
 }
 
 void atap__timers_init(struct atap_timers *ts, uint64_t now_ns);

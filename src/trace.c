@@ -87,6 +87,7 @@
 #endif
 
 #include "atap.h"
+#include "atomics.h"
 #include "testing.h"
 #include "wait.h"
 
@@ -256,8 +257,7 @@ static void push_full(struct chunk *c)
 
     do
         c->next = head;
-    while (!atomic_compare_exchange_weak_explicit(&tr.full, &head, c, memory_order_release,
-                                                  memory_order_relaxed));
+    while (!casw_release(&tr.full, &head, c));
 }
 
 static struct chunk *new_chunk(uint64_t tid)
@@ -288,8 +288,7 @@ static bool lock_try(struct tthread *t)
 {
     uint32_t z = 0;
 
-    return atomic_compare_exchange_strong_explicit(&t->lock, &z, 1, memory_order_acquire,
-                                                   memory_order_relaxed);
+    return cas_acquire(&t->lock, &z, 1);
 }
 
 /* A stop or a start: the owner holds the lock only for one append. */
@@ -357,9 +356,7 @@ static __attribute__((noinline, cold)) struct tthread *thread_record(void)
     for (t = ld_acquire(&tr.threads); t; t = t->next) {
         bool no = false;
 
-        if (!ld_relaxed(&t->owned) &&
-            atomic_compare_exchange_strong_explicit(&t->owned, &no, true, memory_order_acquire,
-                                                    memory_order_relaxed))
+        if (!ld_relaxed(&t->owned) && cas_acquire(&t->owned, &no, true))
             break;
     }
     if (!t) {
@@ -367,8 +364,7 @@ static __attribute__((noinline, cold)) struct tthread *thread_record(void)
             return NULL;
         st_relaxed(&t->owned, true);
         t->next = ld_relaxed(&tr.threads);
-        while (!atomic_compare_exchange_weak_explicit(&tr.threads, &t->next, t,
-                                                      memory_order_release, memory_order_relaxed))
+        while (!casw_release(&tr.threads, &t->next, t))
             ;
     }
     t->tid = os_tid();
@@ -408,8 +404,7 @@ void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg)
     depth = t->depth;
     if (kind == TR_RUN_BEGIN) {
         t->depth++;
-        if (atomic_exchange_explicit(&flow_tab[(uint32_t)id % FLOW_TAB].ran, id,
-                                     memory_order_relaxed) != id)
+        if (xchg_relaxed(&flow_tab[(uint32_t)id % FLOW_TAB].ran, id) != id)
             arg |= TR_FIRST_RUN;
         if (arg & TR_GATED)
             arg |= (uint64_t)ld_relaxed(&flow_tab[(uint32_t)id % FLOW_TAB].gives) << 32;

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "../abi.h"
+#include "../atomics.h"
 #include "../testing.h"
 #include "atap.h"
 #include "net_int.h"
@@ -722,10 +723,7 @@ static int do_recvmsg(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 
 static _Atomic bool test_no_sendfile; /* atap__test_net_no_sendfile */
 
-void atap__test_net_no_sendfile(bool on)
-{
-    atomic_store_explicit(&test_no_sendfile, on, memory_order_relaxed);
-}
+void atap__test_net_no_sendfile(bool on) { st_relaxed(&test_no_sendfile, on); }
 
 static int file_of(const atap_net_io *io) { return (int)io->to_len; }
 
@@ -804,7 +802,7 @@ static void pipe_unblock(struct pipe_guard *g, bool epipe) { (void)g, (void)epip
  * parks or ends: a parked sendfile holds nothing). */
 static int do_sendfile(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
 {
-    bool copy = !HAVE_SENDFILE || atomic_load_explicit(&test_no_sendfile, memory_order_relaxed);
+    bool copy = !HAVE_SENDFILE || ld_relaxed(&test_no_sendfile);
     bool full = false;
     unsigned char *buf = NULL;
     struct pipe_guard guard;
