@@ -124,8 +124,7 @@ static bool manager_life(void)
         atap__park_reap(false);
         if (now >= next_tick) {
             atap__pool_tick(now);
-            atap__sources_retry(); /* a source whose watch failed (sources.c) */
-            atap__park_retry();    /* a parked fd whose watch failed */
+            atap__park_retry(); /* a parked fd or source whose watch failed */
             /* io, if no worker has read it for a tick (all in long runs) */
             atap__pool_io_look(MANAGER_TICK_NS, atap__park_event);
             next_tick = now + MANAGER_TICK_NS;

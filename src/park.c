@@ -133,11 +133,12 @@ void atap__park_complete(struct park *p, int by)
     struct atap_slot *s = atap__table_at(p->index);
     uint32_t index = p->index, gen = p->gen;
 
-    atap__park_fd_remove(p);
+    if (atap__park_kinds[p->kind].leave)
+        atap__park_kinds[p->kind].leave(p);
     if (p->timed && by != BY_DEADLINE)
         atap__timer_disarm(atap__hub_timers(), &p->timer); /* lost: see the top */
     registry_remove(p);
-    if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE)
+    if ((by == BY_STOP || by == BY_OFF) && atap__park_kinds[p->kind].wake)
         TEST_HOOK(ATAP__TEST_STOP_WAKE);
     /* Stopped with a wake pending: one that came before the park was armed,
      * or that a stop overtook (atap__park_wake counted it delivered, unless
@@ -145,7 +146,8 @@ void atap__park_complete(struct park *p, int by)
      * count, so one of them has it). The task runs once more, woken, to
      * hand it on (a channel's value, or room), as a task woken and then
      * stopped does (run_observed). */
-    if ((by == BY_STOP || by == BY_OFF) && p->kind == PK_WAKE && xchg_seqcst(&p->woken, 0)) {
+    if ((by == BY_STOP || by == BY_OFF) && atap__park_kinds[p->kind].wake &&
+        xchg_seqcst(&p->woken, 0)) {
         st_release(&p->claim, (ld_relaxed(&p->claim) & ~0xffu) | P_CLAIMED | BY_READY);
         by = BY_READY;
     }
@@ -220,8 +222,7 @@ static bool tail_deadline(struct atap_ctx *ctx)
  * output leaves the whole tail free. */
 static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    return ctx->park_kind == PK_UNTIL && ctx->deadline != ATAP__FOREVER &&
-           slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx);
+    return ctx->deadline != ATAP__FOREVER && slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx);
 }
 
 /* A park on an fd in the slot's tail (park_fd.c). With no deadline, any
@@ -231,28 +232,37 @@ static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
  * keeps its fd in the claim word, or a large one on the side record. */
 static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
 {
-    if (ctx->park_kind != PK_FD)
-        return false;
     if (ctx->deadline == ATAP__FOREVER) /* any output: fd and claim on the side if need be */
         return slot_tail_room(s, TAIL_FD) || atap__side_of(s) != NULL;
     return slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx) &&
            (ctx->fd < T_FD_SMALL || atap__side_of(s) != NULL);
 }
 
+/* The kinds of park (park_int.h's struct park_kind): what each record
+ * joins, and which fit the slot's tail. */
+const struct park_kind atap__park_kinds[PK_KINDS] = {
+    [PK_FD] = {.join = atap__fd_join,
+               .leave = atap__fd_leave,
+               .fits_tail = tail_fd_park,
+               .tail_arm = atap__park_tail_fd_arm},
+    [PK_UNTIL] = {.fits_tail = tail_park, .tail_arm = atap__park_tail_arm},
+    [PK_SIGNAL] = {.join = atap__signal_join, .leave = atap__signal_leave},
+    [PK_PATH] = {.join = atap__path_join, .leave = atap__path_leave},
+    [PK_WAKE] = {.wake = true},
+};
+
 void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
+    const struct park_kind *k;
     struct park *p;
     uint32_t c, st, w;
     bool closed;
     int by = 0;
 
     ATAP_TRACE(TR_PARK, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, ctx->park_kind);
-    if (tail_park(s, ctx)) {
-        atap__park_tail_arm(s, ctx);
-        return;
-    }
-    if (tail_fd_park(s, ctx)) {
-        atap__park_tail_fd_arm(s, ctx);
+    k = &atap__park_kinds[ctx->park_kind];
+    if (k->fits_tail && k->fits_tail(s, ctx)) {
+        k->tail_arm(s, ctx);
         return;
     }
     if (!(p = park_of(s))) {
@@ -288,8 +298,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     pthread_mutex_unlock(&reg_lock);
     if (closed)
         atap__park_claim(p, BY_OFF); /* no manager will run again */
-    if (p->kind != PK_UNTIL && p->kind != PK_WAKE && ld_relaxed(&p->claim) == (p->seq | P_ARMING) &&
-        atap__park_fd_add(p) < 0) {
+    if (k->join && ld_relaxed(&p->claim) == (p->seq | P_ARMING) && k->join(p) < 0) {
         st_relaxed(&p->got, ATAP_ERROR); /* not watchable: its next read says why */
         atap__park_claim(p, BY_READY);
     }
@@ -305,7 +314,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
      * claim), each read back below. */
     if (!cas_seqcst(&p->claim, &c, p->seq | P_ARMED)) {
         atap__park_complete(p, (int)(P_STATE(c) & ~P_CLAIMED)); /* claimed while we armed it */
-    } else if (ctx->park_kind == PK_WAKE && ld_seqcst(&p->woken)) {
+    } else if (k->wake && ld_seqcst(&p->woken)) {
         /* A wake that came before the park was armed (atap__park_wake).
          * The count goes only with a claim won: a stop that claims first
          * finds it and hands the wake on (atap__park_complete). */
@@ -353,7 +362,7 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
     ctx->gen = p->gen;
     ctx->resumed = (uint8_t)(c & ~P_CLAIMED);
     ctx->events = ld_relaxed(&p->got);
-    ctx->woke = p->kind == PK_WAKE;
+    ctx->woke = atap__park_kinds[p->kind].wake;
     st_release(&p->claim, P_IDLE);
     return true;
 }
@@ -410,7 +419,19 @@ bool atap__park_parked(struct atap_slot *s)
 
 /* ---- the manager's side -------------------------------------------------- */
 
-/* (atap__park_rearm, a watch of every parked fd again, is park_fd.c's.) */
+/* Each kind's kernel state: watched again after a manager's death, a
+ * failed watch tried again at each tick (src/README.md's recipe). */
+void atap__park_rearm(void)
+{
+    atap__fd_rearm();
+    atap__sources_rearm();
+}
+
+void atap__park_retry(void)
+{
+    atap__fd_retry();
+    atap__sources_retry();
+}
 
 void atap__park_open(void)
 {
@@ -750,6 +771,7 @@ unsigned atap_resume_events(atap_ctx *ctx)
 void atap__park_forget(void)
 {
     atap__park_fd_forget();
+    atap__sources_forget();
     reg_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     armed_parks = NULL;
     reg_closed = false;

@@ -99,15 +99,13 @@ void atap__park_find_timers(atap__timer_visit *visit, void *cookie);
 /* Between two managers' lives: every parked fd and source is watched
  * again, so nothing the dead manager was told and did not hand out is lost. */
 void atap__park_rearm(void);
-/* Manager, each tick (sources.c): a signal or path source whose watch
- * failed is read as if reported and watched again. */
-void atap__sources_retry(void);
-void atap__sources_forget(void); /* in a fork's child only (runtime.c) */
 /* The last shutdown, after the parks are written off (runtime.c): the
  * signal pipe and the inotify fd are closed, opened again when needed. */
 void atap__sources_close(void);
 /* Manager, each tick: a parked fd whose watch failed is watched again, and
- * looked at while its watch still fails. One relaxed load when none. */
+ * looked at while its watch still fails; a signal or path source whose
+ * watch failed is read as if reported and watched again. One relaxed load
+ * each when none. */
 void atap__park_retry(void);
 /* No manager will run again (shutdown, or its supervisor gave up): every
  * park is written off as FAILED, and later parks fail at once. */

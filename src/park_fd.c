@@ -1,80 +1,80 @@
 /*
  * Parks on fds (atap_park_fd). park.c owns the parks and their claims; this
- * file keeps each parked fd watched on the hub's io poller (hub.h) and
- * turns what it reports of it into claims on the parks waiting for it, on
- * the thread that read the report: an idle worker waiting on io, a busy
- * one looking between runs (pool_io.c), or the manager at its tick. Only the
- * manager holds the park wheel, so a timed park in the tail that another
- * thread's report claims is not queued there: its wheel bucket is marked,
- * under fd_lock (which the holder takes before it acts on a park of an fd,
- * so the slot cannot go meanwhile), and the manager, woken, queues it as
- * it does a park a cancel claimed (park_wheel.c).
+ * file keeps each parked fd watched on the hub's io poller (hub.h) and turns
+ * what it reports of it into claims on the parks waiting for it, on the
+ * thread that read the report: an idle worker waiting on io, a busy one
+ * looking between runs (pool_io.c), or the manager at its tick. Only the
+ * park wheel's holder (park_wheel.c's seat: the manager while awake, or a
+ * worker firing what is due) takes a park out of the wheel, so a timed park
+ * in the tail that another thread's report claims is not queued there: its
+ * wheel bucket is marked, under fd_lock (which the holder takes before it
+ * acts on a park of an fd, so the slot cannot go meanwhile), and the
+ * manager, woken, queues it as it does a park a cancel claimed.
  *
  * What it keeps, under fd_lock: an fd with parks on it not yet claimed is
  * watched one-shot for what they want (or its report is on its way to be
- * handed out), or it is deaf and the next tick watches it again; a
- * manager's death spends watches, and atap__park_rearm renews them all. A
- * park leaves its fd's list only once claimed, by whoever completes it, or
- * at its join, when its own watch fails.
+ * handed out), or it is deaf and the next tick watches it again; a manager's
+ * death spends watches, and atap__park_rearm renews them all. A park leaves
+ * its fd's list only once claimed, by whoever completes it, or at its join,
+ * when its own watch fails.
  *
  * Several parks on one fd share a `struct fdw` (one per fd number, kept for
- * the process's life, since the poller may still report it, and made a
- * chunk at a time; a fork's child forgets them with the poller,
- * atap__park_forget): its waiter
- * list and the union of their events, watched one-shot on the hub's io
- * and watched again after each event with what is still wanted.
+ * the process's life, since the poller may still report it, and made a chunk
+ * at a time; a fork's child forgets them with the poller,
+ * atap__park_forget): its waiter list and the union of their events, watched
+ * one-shot on the hub's io and watched again after each event with what is
+ * still wanted.
  *
  * An fd whose watch fails (the kernel out of memory, say) is deaf: after a
  * report its one-shot watch is spent, so nothing says the parks still
  * waiting on it will be told of it again. rewatch() puts such an fdw on
- * deaf_fds, under fd_lock, the lock of its waiter list and of every watch
- * of it, and every manager tick (atap__park_retry) watches each deaf fd
- * again, under fd_lock too. A watch that holds is level-triggered: it
- * reports what is ready now, so nothing is lost, only late by a tick at
- * most. One that fails again leaves the fd deaf for the next tick, and the
- * tick looks at the fd itself (poll(2), which does not wait) and claims
- * the parks it finds ready as a report would have (a closed fd reads ERR:
- * its parks resume with ATAP_ERROR rather than wait for a watch that can
- * never hold). The tick claims through the same CAS as anyone, so a park a
- * cancel, a deadline or a report took is not claimed again, and whoever
- * won takes it off the list under fd_lock, which watches the fd again for
- * the rest; it runs on the manager thread, so it may take a timed park out
- * of the wheel. A mark never outlives its fd's parks: any
- * watch of the fd that holds, or that finds nobody left to watch for, and
- * a report that leaves nobody on the fd, take it off the list; and the
- * list holds only fds whose last watch failed, so a tick with none deaf
- * costs one relaxed load. A joining park's own watch that fails resumes
- * that park at once with ATAP_ERROR, and the watch then renewed for the
- * others decides whether the fd is deaf. The list outlives a manager's
- * death: the restart's watch of every parked fd (atap__park_rearm) clears
- * or keeps each mark, and the next manager's ticks go on. Once no manager
- * will run again (fd_closed, set with the list emptied under fd_lock) no
- * fd is marked: every park is being written off, and no tick would retry.
- * All of this is park_fd.c's, so every backend behaves alike.
+ * deaf_fds, under fd_lock, the lock of its waiter list and of every watch of
+ * it, and every manager tick (atap__park_retry) watches each deaf fd again,
+ * under fd_lock too. A watch that holds is level-triggered: it reports what
+ * is ready now, so nothing is lost, only late by a tick at most. One that
+ * fails again leaves the fd deaf for the next tick, and the tick looks at
+ * the fd itself (poll(2), which does not wait) and claims the parks it finds
+ * ready as a report would have (a closed fd reads ERR: its parks resume with
+ * ATAP_ERROR rather than wait for a watch that can never hold). The tick
+ * claims through the same CAS as anyone, so a park a cancel, a deadline or a
+ * report took is not claimed again, and whoever won takes it off the list
+ * under fd_lock, which watches the fd again for the rest; it runs on the
+ * manager thread, which takes a timed park out of the wheel when it holds
+ * the wheel's seat, and marks its bucket when not. A mark never outlives its
+ * fd's parks: any watch of the fd that holds, or that finds nobody left to
+ * watch for, and a report that leaves nobody on the fd, take it off the
+ * list; and the list holds only fds whose last watch failed, so a tick with
+ * none deaf costs one relaxed load. A joining park's own watch that fails
+ * resumes that park at once with ATAP_ERROR, and the watch then renewed for
+ * the others decides whether the fd is deaf. The list outlives a manager's
+ * death: the restart's watch of every parked fd (atap__park_rearm) clears or
+ * keeps each mark, and the next manager's ticks go on. Once no manager will
+ * run again (fd_closed, set with the list emptied under fd_lock) no fd is
+ * marked: every park is being written off, and no tick would retry. All of
+ * this is park_fd.c's, so every backend behaves alike.
  *
  * A park on an fd with a deadline, in the slot tail, is on both its fd's
  * list and the park wheel (park_wheel.c); tail_timed_arm says how the two
  * meet.
  *
  * Kept fds (atap_fd_keep) are watched edge-triggered (the poller's kept
- * watch) from the keep to atap_fd_unkeep, whether parks wait on them or
- * not, so a park on one makes no system call. Their reports say what fd
- * has become ready for, not what it is: a report's directions that no
- * park took (claim_ready's `taken`) wait in `ready`, and the next park
- * that wants one takes it at once (take_ready) instead of joining the
- * list; HUP and ERR stay there for good. Reports and joins both hold
- * fd_lock, so a report either finds a park on the list and claims it or
- * leaves its bits for the park to find: no edge falls between the two.
- * What a park took is gone for every later park, which is why a kept fd
- * is for one waiter a direction at a time (atap.h).
- * The watch asks for READ from the keep and for WRITE from the first park
- * that wants it (kept_ev only grows: a watch made again reports what fd is
- * ready for then, which can only add to `ready`, never hide a change). It
- * is made again for that, or renewed, as one-shot watches are, after a
- * manager's death (its last reports died with it) and at each tick while
- * deaf. A report still on its way after an unkeep finds the fd not kept
- * and is taken as a one-shot one (records outlive it: the top). The poll
- * backend has no kept watch: there a keep leaves the fd one-shot.
+ * watch) from the keep to atap_fd_unkeep, whether parks wait on them or not,
+ * so a park on one makes no system call. Their reports say what fd has
+ * become ready for, not what it is: a report's directions that no park took
+ * (claim_ready's `taken`) wait in `ready`, and the next park that wants one
+ * takes it at once (take_ready) instead of joining the list; HUP and ERR
+ * stay there for good. Reports and joins both hold fd_lock, so a report
+ * either finds a park on the list and claims it or leaves its bits for the
+ * park to find: no edge falls between the two. What a park took is gone for
+ * every later park, which is why a kept fd is for one waiter a direction at
+ * a time (atap.h). The watch asks for READ from the keep and for WRITE from
+ * the first park that wants it (kept_ev only grows: a watch made again
+ * reports what fd is ready for then, which can only add to `ready`, never
+ * hide a change). It is made again for that, or renewed, as one-shot watches
+ * are, after a manager's death (its last reports died with it) and at each
+ * tick while deaf. A report still on its way after an unkeep finds the fd
+ * not kept and is taken as a one-shot one (records outlive it: the top). The
+ * poll backend has no kept watch: there a keep leaves the fd one-shot.
  */
 #include "park.h"
 #include "park_int.h"
@@ -444,14 +444,12 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
         atap__park_tail_act(ctx->index, BY_OFF, false);
 }
 
-int atap__park_fd_add(struct park *p)
+int atap__fd_join(struct park *p)
 {
     struct fdw *f;
     unsigned got;
     int rc = -ENOMEM;
 
-    if (p->kind != PK_FD)
-        return atap__source_add(p);
     pthread_mutex_lock(&fd_lock);
     if ((f = fdw_of(p->fd)) != NULL && (got = take_ready(f, p->events)) != 0) {
         st_relaxed(&p->got, got); /* told already: claimed from ARMING, its parker completes it */
@@ -471,12 +469,8 @@ int atap__park_fd_add(struct park *p)
     return rc;
 }
 
-void atap__park_fd_remove(struct park *p)
+void atap__fd_leave(struct park *p)
 {
-    if (p->kind != PK_FD) {
-        atap__source_remove(p);
-        return;
-    }
     pthread_mutex_lock(&fd_lock);
     if (p->on_fd) {
         struct park **at = &fdw_at((size_t)p->fd)->waiters;
@@ -591,7 +585,7 @@ static unsigned claim_ready(struct fdw *f, unsigned events, struct resumes *r)
 }
 
 /* fd_lock let go: completes what claim_ready claimed (timed parks only on
- * the manager, their wheel's holder). */
+ * the wheel's holder). */
 static void complete_ready(struct resumes *r)
 {
     struct park *p;
@@ -667,10 +661,11 @@ static unsigned look(int fd, unsigned want)
  * claimed as the poller's report would claim them. The list is taken
  * whole, under fd_lock, before any watch is tried: a watch that fails puts
  * its fd back on the emptied list, for the next tick. */
-void atap__park_retry(void)
+void atap__fd_retry(void)
 {
     struct fdw *f, *next;
-    struct resumes r = {.holder = true}; /* the manager's tick */
+    /* The manager's tick: the wheel's holder, unless a worker had the seat. */
+    struct resumes r = {.holder = atap__park_wheel_mine()};
     unsigned ev;
 
     if (!ld_relaxed(&deaf_fds))
@@ -692,6 +687,8 @@ void atap__park_retry(void)
             set_deaf(f, false); /* nobody left to hear it */
     }
     pthread_mutex_unlock(&fd_lock);
+    if (r.marked)
+        atap__hub_wake();
     complete_ready(&r);
 }
 
@@ -788,7 +785,7 @@ void atap__park_tails_open(void)
  * the sources read what they hold (a signal's pending flag outlives its
  * pipe byte, and inotify keeps what was not read). No parked task is run for
  * nothing, and deadlines need nothing: their wheels belong to the runtime. */
-void atap__park_rearm(void)
+void atap__fd_rearm(void)
 {
     pthread_mutex_lock(&fd_lock);
     for (size_t fd = 0; fd < fdchunks * FD_CHUNK; fd++) {
@@ -797,7 +794,6 @@ void atap__park_rearm(void)
             rewatch(f, W_RENEW);
     }
     pthread_mutex_unlock(&fd_lock);
-    atap__sources_rearm();
 }
 
 /* No manager: every tail fd park ends, and later ones end at once. */

@@ -46,7 +46,9 @@ static inline void atap__park_requeue(const struct atap_slot *s, uint32_t index)
     atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
 }
 
-enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5 };
+/* The kinds of park: what a parked task waits for besides its deadline.
+ * Each has an entry in atap__park_kinds (park.c), below. */
+enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5, PK_KINDS };
 /* A record's claim word: its park's number << 8 | one of these (park.c).
  * The number wraps after 2^24 parks of one record: a timer fire would have
  * to stall between its reads and its claim across all of them to mistake
@@ -118,10 +120,38 @@ int atap__park_claim(struct park *p, int by);
  * runs again (READY, DEADLINE) or its run ends failed. No lock held. */
 void atap__park_complete(struct park *p, int by);
 
-/* park_fd.c. A park record joins its fd's list and watch (else its source's): 0 or -errno. */
-int atap__park_fd_add(struct park *p);
-/* park_fd.c. Takes a park record off its fd's (else its source's) list, if still on it. */
-void atap__park_fd_remove(struct park *p);
+/*
+ * A kind of park: what its park record joins while armed, and whether it
+ * keeps the park in the slot itself instead. park.c's protocol (claim,
+ * complete, the registry, the deadline's timer, the stop's look) is the
+ * same for every kind; an entry says only what differs. A new kind is a
+ * PK_ number, its entry in atap__park_kinds (park.c) and the file with
+ * its functions (src/README.md has the recipe).
+ */
+struct park_kind {
+    /* The parker, the record ARMING, no lock held: joins what the park
+     * waits on, under the kind's own lock: 0, or -errno (it cannot be
+     * watched: the park ends READY with ATAP_ERROR). Ready already, it
+     * claims the park READY (from ARMING: the parker completes it). NULL:
+     * nothing to join (a deadline's park, a wake's). */
+    int (*join)(struct park *p);
+    /* The claimant, completing (no lock held): off what join put it on,
+     * if still there. */
+    void (*leave)(struct park *p);
+    /* The park in the slot's tail instead of a record (the runner, holding
+     * RUN): whether ctx's park fits there, and its arm if so. NULL: always
+     * a record. */
+    bool (*fits_tail)(struct atap_slot *s, struct atap_ctx *ctx);
+    void (*tail_arm)(struct atap_slot *s, struct atap_ctx *ctx);
+    /* A wake's park (atap_wake's count, park.c's top): a stop hands a
+     * pending wake on, and the next run reads atap_woke(). */
+    bool wake;
+};
+extern const struct park_kind atap__park_kinds[PK_KINDS];
+
+/* park_fd.c. An fd's park: the record joins its fd's list and watch. */
+int atap__fd_join(struct park *p);
+void atap__fd_leave(struct park *p);
 /* park_fd.c. 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen. */
 int atap__park_tclaim(struct atap_slot *s, int by, unsigned got);
 /* park_fd.c. The one claimant's work for a tail fd park (linked: still on its list). */
@@ -134,6 +164,10 @@ void atap__park_tail_off_fd(struct atap_slot *s, uint32_t index);
 void atap__park_tails_open(void);
 /* park_fd.c. No manager: every tail fd park ends, and later ones end at once. */
 void atap__park_tails_close(void);
+/* park_fd.c. Between two managers' lives (atap__park_rearm): every parked
+ * fd watched again. Each tick (atap__park_retry): the deaf ones. */
+void atap__fd_rearm(void);
+void atap__fd_retry(void);
 /* park_fd.c. In a fork's child (atap__park_forget): the fd table is forgotten. */
 void atap__park_fd_forget(void);
 
@@ -166,11 +200,12 @@ void atap__park_wheel_close(void);
 /* park_wheel.c. In a fork's child (atap__park_forget): the wheel is forgotten. */
 void atap__park_wheel_forget(void);
 
-/* sources.c. A signal or path park joins its source's list (p->fd becomes
- * the list's number). 0 or -errno. */
-int atap__source_add(struct park *p);
-/* sources.c. Takes a signal or path park off its list, if still on it. */
-void atap__source_remove(struct park *p);
+/* sources.c. The signal and path kinds' join and leave (struct park_kind;
+ * a path's join makes p->fd its list's number). */
+int atap__signal_join(struct park *p);
+void atap__signal_leave(struct park *p);
+int atap__path_join(struct park *p);
+void atap__path_leave(struct park *p);
 /* sources.c. The manager's poller reported udata: true if it was a
  * source's, now dealt with. */
 bool atap__source_event(void *udata, unsigned events, unsigned kind);
@@ -179,5 +214,9 @@ bool atap__source_paths(void);
 /* sources.c. Between two managers' lives: what the sources hold is read and
  * every source watched again. */
 void atap__sources_rearm(void);
+/* sources.c. Each tick (atap__park_retry): a signal or path source whose
+ * watch failed is read as if reported and watched again. */
+void atap__sources_retry(void);
+void atap__sources_forget(void); /* in a fork's child only (atap__park_forget) */
 
 #endif

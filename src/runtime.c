@@ -212,7 +212,6 @@ static void fork_child(void)
     atap__pool_forget();
     atap__manager_forget();
     atap__park_forget();
-    atap__sources_forget();
     atap__sched_forget();
     atap__flow_forget();
     atap__table_forget();

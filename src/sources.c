@@ -31,7 +31,7 @@
  * fd), all under src_lock, a leaf lock: parks found ready are claimed
  * under it (atap__park_claim, which exactly one claimant wins) and
  * completed after it (atap__park_complete, which may take the park off its
- * list again, through atap__source_remove).
+ * list again, through its kind's leave: atap__signal_leave, atap__path_leave).
  *
  * A watch that fails (the kernel out of memory, say) is never left at
  * that: the source is marked deaf (src_lock), since nothing says it will be
@@ -123,12 +123,6 @@ static size_t wdcap;
  * only a filter: what is deaf is read under src_lock, and a set it misses
  * (relaxed, no order needed) it meets at the next tick. */
 static _Atomic bool sources_deaf;
-
-/* src_lock held: the list p waits on. */
-static struct park **list_of(struct park *p)
-{
-    return p->kind == PK_SIGNAL ? &sig_waiters[p->fd] : &wd_waiters[p->fd];
-}
 
 /* kqueue's path watch on fd reports this udata: fd + 1, no memory of ours. */
 static void *vnode_udata(int fd) { return (void *)((uintptr_t)fd + 1); }
@@ -397,59 +391,108 @@ void atap__signal_poke(int signo)
     wake_pipe();
 }
 
-int atap__source_add(struct park *p)
+/* src_lock held: p joins the waiters on *head. */
+static void list_join(struct park **head, struct park *p)
+{
+    p->fd_next = *head;
+    *head = p;
+    p->on_fd = true;
+}
+
+/* src_lock held: p, on the waiters on *head (p->on_fd: the caller looked,
+ * since a park that never joined may have no list), leaves them. True if
+ * nobody waits there now. */
+static bool list_leave(struct park **head, struct park *p)
+{
+    struct park **at = head;
+
+    while (*at != p)
+        at = &(*at)->fd_next;
+    *at = p->fd_next;
+    p->on_fd = false;
+    return !*head;
+}
+
+/* A signal's park (its kind's join, park.c's table): the signal pipe
+ * watched, the signal caught, the park on the signal's list. */
+int atap__signal_join(struct park *p)
+{
+    int rc, signo = p->fd;
+
+    pthread_mutex_lock(&src_lock);
+    if ((rc = source_watch(&sig_source, false)) != 0)
+        goto out;
+    /* A signal that came while nobody waited for it is dropped, not kept
+     * for this park (a byte of it may still be in the pipe: harmless). */
+    if (!sig_waiters[signo])
+        st_relaxed(&sig_pending[signo], 0);
+    if ((rc = catch_locked(signo)) != 0)
+        goto out;
+    list_join(&sig_waiters[signo], p);
+    /* A delivery since the parker last looked at the count (before this
+     * park was listed, so its pending flag may have been dropped above):
+     * resume as if it came now. */
+    if ((p->events & ATAP__SIG_SINCE) && ((unsigned)ld_seqcst(&sig_count[signo]) &
+                                          ATAP__SIG_SEEN_MASK) != (p->events & ATAP__SIG_SEEN_MASK))
+        atap__signal_poke(signo);
+out:
+    pthread_mutex_unlock(&src_lock);
+    return rc;
+}
+
+void atap__signal_leave(struct park *p)
+{
+    pthread_mutex_lock(&src_lock);
+    if (p->on_fd)
+        list_leave(&sig_waiters[p->fd], p);
+    pthread_mutex_unlock(&src_lock);
+}
+
+/* A path's park (its kind's join): the file watched (one inotify watch,
+ * or the poller's vnode watch, shared by its waiters), the park on the
+ * watch's list; p->fd becomes the list's number. */
+int atap__path_join(struct park *p)
 {
     int rc = 0, key = p->fd;
 
     pthread_mutex_lock(&src_lock);
-    if ((p->kind == PK_SIGNAL || PATHS_BY_INOTIFY) &&
-        (rc = source_watch(p->kind == PK_SIGNAL ? &sig_source : &path_source, false)) != 0)
-        goto out;
-    /* A signal that came while nobody waited for it is dropped, not kept
-     * for this park (a byte of it may still be in the pipe: harmless). */
-    if (p->kind == PK_SIGNAL && !sig_waiters[key])
-        st_relaxed(&sig_pending[key], 0);
-    if (p->kind == PK_SIGNAL && (rc = catch_locked(key)) != 0)
-        goto out;
 #if PATHS_BY_INOTIFY
-    if (p->kind == PK_PATH) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
-        /* Every change is asked for: the waiters on one file share its
-         * watch, and each picks what it wanted. */
-        if ((key = inotify_add_watch(path_source.fd, path, atap__inotify_mask(~0u))) < 0) {
-            rc = -errno;
-            goto out;
-        }
-        if ((rc = wd_room(key)) != 0) {
-            if ((size_t)key >= wdcap || !wd_waiters[key])
-                path_forget(key);
-            goto out;
-        }
-        p->fd = key;
+    char path[64];
+
+    if ((rc = source_watch(&path_source, false)) != 0)
+        goto out;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", p->fd);
+    /* Every change is asked for: the waiters on one file share its
+     * watch, and each picks what it wanted. */
+    if ((key = inotify_add_watch(path_source.fd, path, atap__inotify_mask(~0u))) < 0) {
+        rc = -errno;
+        goto out;
     }
+    if ((rc = wd_room(key)) != 0) {
+        if ((size_t)key >= wdcap || !wd_waiters[key])
+            path_forget(key);
+        goto out;
+    }
+    p->fd = key;
 #else
-    if (p->kind == PK_PATH) {
-        if ((rc = wd_room(key)) != 0)
-            goto out;
-        /* Watched (again) at every join: armed while anyone waits. */
-        if ((rc = atap__poller_watch_path(atap__hub_poller(), key, vnode_udata(key))) != 0)
-            goto out;
-    }
+    if ((rc = wd_room(key)) != 0)
+        goto out;
+    /* Watched (again) at every join: armed while anyone waits. */
+    if ((rc = atap__poller_watch_path(atap__hub_poller(), key, vnode_udata(key))) != 0)
+        goto out;
 #endif
-    p->fd_next = *list_of(p);
-    *list_of(p) = p;
-    p->on_fd = true;
-    /* A delivery since the parker last looked at the count (before this
-     * park was listed, so its pending flag may have been dropped above):
-     * resume as if it came now. */
-    if (p->kind == PK_SIGNAL && (p->events & ATAP__SIG_SINCE) &&
-        ((unsigned)ld_seqcst(&sig_count[key]) & ATAP__SIG_SEEN_MASK) !=
-            (p->events & ATAP__SIG_SEEN_MASK))
-        atap__signal_poke(key);
+    list_join(&wd_waiters[key], p);
 out:
     pthread_mutex_unlock(&src_lock);
     return rc;
+}
+
+void atap__path_leave(struct park *p)
+{
+    pthread_mutex_lock(&src_lock);
+    if (p->on_fd && list_leave(&wd_waiters[p->fd], p))
+        path_forget(p->fd); /* the last waiter on it */
+    pthread_mutex_unlock(&src_lock);
 }
 
 /* src_lock held: claims every waiter on *head wanting any of `got` (all
@@ -541,7 +584,7 @@ static void vnode_event(int fd, unsigned got)
         /* One-shot: again, for those still waiting. Not renewed, the watch
          * hears nothing more: lost changes (see the top); those claimed
          * while arming leave through their parkers, the last one taking
-         * the watch with it (atap__source_remove). */
+         * the watch with it (atap__path_leave). */
         if (wd_waiters[fd] &&
             (FAULT_WATCH_FAILS()
                  ? -ENOMEM
@@ -557,22 +600,6 @@ static void vnode_event(int fd, unsigned got)
         ready = p->fd_next;
         atap__park_complete(p, BY_READY);
     }
-}
-
-void atap__source_remove(struct park *p)
-{
-    pthread_mutex_lock(&src_lock);
-    if (p->on_fd) {
-        struct park **head = list_of(p), **at = head;
-
-        while (*at != p)
-            at = &(*at)->fd_next;
-        *at = p->fd_next;
-        p->on_fd = false;
-        if (p->kind == PK_PATH && !*head)
-            path_forget(p->fd);
-    }
-    pthread_mutex_unlock(&src_lock);
 }
 
 bool atap__source_event(void *udata, unsigned events, unsigned kind)
