@@ -69,10 +69,6 @@ static _Thread_local bool seat_mine;        /* this thread holds it */
  * none, or closed): a worker past it takes the seat. A hint, relaxed: an
  * arm since then wakes the manager, which runs the wheel. */
 static _Atomic uint64_t due_at = ATAP__FOREVER;
-/* Arms left in the inbox this long after the wheel's last run are taken
- * in by a worker (atap__park_wheel_help): the manager, woken by the first,
- * would have taken them by now if it had a CPU. */
-#define HELP_AFTER_NS 200000u
 /* Buckets holding a park a stop claimed (a bit each), and whether any is
  * set: the manager visits them at its next run, so a cancelled park's slot
  * goes at once rather than at its deadline. */
@@ -429,19 +425,12 @@ bool atap__park_wheel_mine(void) { return seat_mine; }
 
 void atap__park_wheel_help(void)
 {
-    uint64_t due = ld_relaxed(&due_at), now;
-    uint32_t arms = ld_relaxed(&inbox);
-    bool pending = arms != 0 && arms != INBOX_CLOSED;
+    uint64_t due = ld_relaxed(&due_at);
 
-    if (likely(due == ATAP__FOREVER) && likely(!pending))
-        return;
-    now = atap__now_ns();
-    /* Due, or arms the manager has not taken in for a while (woken by the
-     * first of them, it has not run): filed here, so a short deadline is
-     * not missed while the manager waits for a CPU. */
-    if (now < due && !(pending && now - ld_relaxed(&now_seen) >= HELP_AFTER_NS))
-        return;
-    if (!seat_take())
+    /* Arms are left to the manager, which each wakes: a worker that took
+     * them in too (after 200 us of the manager's silence) made the
+     * timers bench's tail worse, not better (bench/README.md). */
+    if (likely(due == ATAP__FOREVER) || atap__now_ns() < due || !seat_take())
         return;
     (void)atap__park_wheel_run(atap__now_ns());
     atap__park_wheel_give();

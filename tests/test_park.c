@@ -29,6 +29,7 @@
 
 #include "faults.h"  /* atap__owed_watch_failures */
 #include "manager.h" /* atap__manager_restarts: restarts are seen, not guessed */
+#include "park.h"    /* atap__park_wheel_due */
 #include "poller.h"  /* atap__poller_name */
 #include "test_util.h"
 #include "testing.h" /* atap__test_on */
@@ -745,9 +746,9 @@ static void test_park_fired_counted(void **state)
 }
 
 /* The manager held at its next wake (ATAP__TEST_MANAGER_AWAKE) while
- * workers run short tasks: a deadline park armed meanwhile is filed and,
- * at its deadline, fired by a worker between runs (park_wheel.c's seat),
- * not left until the manager gets a CPU again. */
+ * workers run short tasks: a deadline park it filed before is fired at
+ * its deadline by a worker between runs (park_wheel.c's seat), not left
+ * until the manager gets a CPU again. */
 static atomic_int g_hold_manager, g_manager_held, g_due_ran;
 
 static void hold_manager(void)
@@ -782,19 +783,24 @@ static int task_short(atap_ctx *ctx, void *arg, void *out)
 static void test_park_due_fired_by_a_busy_worker(void **state)
 {
     (void)state;
-    static const uint64_t delay = ATAP_MS(40);
+    const uint64_t delay = ATAP_MS(300) * test_slack(); /* the hold comes first */
     uint64_t give_up;
     atap_task sleeper, shorts[64];
     int held = 0;
 
     atomic_store(&g_due_ran, 0);
-    give_up = atap_now() + ATAP_SEC(10);
+    give_up = atap_now() + ATAP_SEC(10) * test_slack();
+    assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
+    /* Filed in the wheel (its due published), then the manager held. */
+    while (atap__park_wheel_due() == UINT64_MAX && atap_now() < give_up)
+        sleep_ms(1);
+    assert_true(atap__park_wheel_due() != UINT64_MAX);
     assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, hold_manager), 0);
     atomic_store(&g_hold_manager, 1);
     while (!atomic_load(&g_manager_held) && atap_now() < give_up)
         sleep_ms(1); /* its next wake: at most its 10 ms tick */
     assert_true(atomic_load(&g_manager_held));
-    assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
+    assert_false(atomic_load(&g_due_ran)); /* held before the deadline */
     /* Short runs until the park ends (each worker looks every few dozen). */
     while (!atomic_load(&g_due_ran) && atap_now() < give_up) {
         for (int i = 0; i < 64; i++)
