@@ -53,6 +53,30 @@
 #define TEST_TSAN 1
 #endif
 
+/* ---- the event backend: a kernel's, or an emulated kqueue ------------ */
+
+/* Whether the kqueue backend runs on a user-space kqueue (libkqueue on
+ * Linux: CMake defines ATAP_POLLER_EMULATED). Where that emulator does
+ * what no kernel's kqueue does, the test concerned checks what it does
+ * instead, says so with a line of output, and checks libatap's promise
+ * itself on every other backend:
+ *   - it reads a socket's pending error (SO_ERROR, which Linux clears as
+ *     it reads) to put it in the event, so a failed connect finds none
+ *     left and reads -ECONNABORTED (test_net_tcp_errors);
+ *   - it watches a file through the path /proc gives its fd, so a file
+ *     with no name left cannot be watched (test_limits_fds_parks);
+ *   - from its first kqueue on it keeps fds of its own for the process
+ *     (an epoll and an eventfd), and it closes a kqueue's fds on its own
+ *     thread shortly after close() returns
+ *     (test_lifecycle_last_shutdown_closes_fds);
+ *   - a kqueue() refused its monitoring thread leaves its signal thread
+ *     running for good (test_limits_threads_kernel_refuses). */
+#if defined(ATAP_POLLER_EMULATED)
+static inline bool poller_emulated(void) { return true; }
+#else
+static inline bool poller_emulated(void) { return false; }
+#endif
+
 /* ---- failures seen off the test thread ------------------------------- */
 
 __attribute__((unused)) static atomic_int g_failures;
