@@ -1085,28 +1085,21 @@ static int fds_left(const fd_set_seen *before, const fd_set_seen *after, int run
 
 /* In a fork's child, which starts with none of libatap's fds open: a run
  * of the runtime leaves none behind, nor does a second one (what the first
- * closed opens again). An emulated kqueue closes a kqueue's fds on a
- * thread of its own shortly after close() returns: the list is read again
- * for a second there. */
+ * closed opens again). */
 static int fdc_child(void)
 {
     static fd_set_seen before, after;
-    uint64_t end;
     int rc;
 
+    poller_settle();
     if (!fds_list(&before))
         return 7;
     for (int run = 0; run < 2; run++) {
         if ((rc = fdc_one_run()) != 0)
             return rc;
-        end = now_ns() + (poller_emulated() ? ATAP_SEC(1) * test_slack() : 0);
-        for (;;) {
-            if (!fds_list(&after))
-                return 7;
-            if (fds_left(&before, &after, run, false) == 0 || now_ns() >= end)
-                break;
-            sleep_ms(1);
-        }
+        poller_settle();
+        if (!fds_list(&after))
+            return 7;
         if (fds_left(&before, &after, run, true) != 0 || after.n < before.n)
             return 10 + run;
     }

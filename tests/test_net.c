@@ -140,8 +140,11 @@ static bool wait_parked(atap_task t)
 
 static int count_fds(void)
 {
-    DIR *d = opendir("/proc/self/fd");
+    DIR *d;
     int n = 0;
+
+    poller_settle();
+    d = opendir("/proc/self/fd");
 
     if (!d)
         return -1;

@@ -66,16 +66,32 @@
  *   - it watches a file through the path /proc gives its fd, so a file
  *     with no name left cannot be watched (test_limits_fds_parks);
  *   - from its first kqueue on it keeps fds of its own for the process
- *     (an epoll and an eventfd), and it closes a kqueue's fds on its own
- *     thread shortly after close() returns
- *     (test_lifecycle_last_shutdown_closes_fds);
+ *     (an epoll and an eventfd: test_lifecycle_last_shutdown_closes_fds),
+ *     and it closes a kqueue's fds on its own thread shortly after
+ *     close() returns (poller_settle, below, waits for that before the
+ *     tests that count fds count them);
  *   - a kqueue() refused its monitoring thread leaves its signal thread
  *     running for good (test_limits_threads_kernel_refuses). */
 #if defined(ATAP_POLLER_EMULATED)
 static inline bool poller_emulated(void) { return true; }
+/* libkqueue's call for tests: returns once its thread has closed the fds
+ * of every kqueue closed so far. Weak: a libkqueue without it leaves it
+ * out, and poller_settle does nothing there. */
+extern void libkqueue_drain_pending_close(void) __attribute__((weak));
 #else
 static inline bool poller_emulated(void) { return false; }
 #endif
+
+/* Before counting fds: an emulated kqueue closes a kqueue's fds on a
+ * thread of its own, after close() has returned; this waits for those
+ * closes. Nothing to wait for elsewhere. */
+static inline void poller_settle(void)
+{
+#if defined(ATAP_POLLER_EMULATED)
+    if (libkqueue_drain_pending_close)
+        libkqueue_drain_pending_close();
+#endif
+}
 
 /* ---- failures seen off the test thread ------------------------------- */
 
