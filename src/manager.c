@@ -225,6 +225,11 @@ static void *supervisor_main(void *arg)
     (void)arg;
     atap__manager_thread = true;
     atap__trace_lane = "atap-supervisor";
+#if defined(__linux__)
+    pthread_setname_np(pthread_self(), "atap-supervisor");
+#elif defined(__APPLE__)
+    pthread_setname_np("atap-supervisor");
+#endif
     while (!ld_acquire(&mgr.stop)) {
         uint64_t born = atap__now_ns();
         int rc;

@@ -53,6 +53,46 @@
 #define TEST_TSAN 1
 #endif
 
+/* ---- the event backend: a kernel's, or an emulated kqueue ------------ */
+
+/* Whether the kqueue backend runs on a user-space kqueue (libkqueue on
+ * Linux: CMake defines ATAP_POLLER_EMULATED). Where that emulator does
+ * what no kernel's kqueue does, the test concerned checks what it does
+ * instead, says so with a line of output, and checks libatap's promise
+ * itself on every other backend:
+ *   - it reads a socket's pending error (SO_ERROR, which Linux clears as
+ *     it reads) to put it in the event, so a failed connect finds none
+ *     left and reads -ECONNABORTED (test_net_tcp_errors);
+ *   - it watches a file through the path /proc gives its fd, so a file
+ *     with no name left cannot be watched (test_limits_fds_parks);
+ *   - from its first kqueue on it keeps fds of its own for the process
+ *     (an epoll and an eventfd: test_lifecycle_last_shutdown_closes_fds),
+ *     and it closes a kqueue's fds on its own thread shortly after
+ *     close() returns (poller_settle, below, waits for that before the
+ *     tests that count fds count them);
+ *   - a kqueue() refused its monitoring thread leaves its signal thread
+ *     running for good (test_limits_threads_kernel_refuses). */
+#if defined(ATAP_POLLER_EMULATED)
+static inline bool poller_emulated(void) { return true; }
+/* libkqueue's call for tests: returns once its thread has closed the fds
+ * of every kqueue closed so far. Weak: a libkqueue without it leaves it
+ * out, and poller_settle does nothing there. */
+extern void libkqueue_drain_pending_close(void) __attribute__((weak));
+#else
+static inline bool poller_emulated(void) { return false; }
+#endif
+
+/* Before counting fds: an emulated kqueue closes a kqueue's fds on a
+ * thread of its own, after close() has returned; this waits for those
+ * closes. Nothing to wait for elsewhere. */
+static inline void poller_settle(void)
+{
+#if defined(ATAP_POLLER_EMULATED)
+    if (libkqueue_drain_pending_close)
+        libkqueue_drain_pending_close();
+#endif
+}
+
 /* ---- failures seen off the test thread ------------------------------- */
 
 __attribute__((unused)) static atomic_int g_failures;

@@ -1270,7 +1270,9 @@ ATAP_EXPORT int atap_park_signal_since(atap_ctx *ctx, int signo, uint64_t seen,
  * backend (macOS, the BSDs, Linux with libkqueue): EVFILT_VNODE on fd (an
  * unlink or a rename reports ATAP_PATH_GONE at once; a subdirectory made
  * or removed also changes its parent's link count, ATAP_PATH_ATTRIB; a
- * close is no change); -ENOTSUP with the poll backend outside Linux.
+ * close is no change; libkqueue watches a file by its name, and a file
+ * with none left resumes at once with ATAP_ERROR); -ENOTSUP with the poll
+ * backend outside Linux.
  * `changes` needs at least one of the bits above (ATAP_PATH_GONE alone
  * waits for the removal only): 0 or an unknown bit is ATAP_EINVAL.
  * Returns as atap_park_fd; ATAP_EINVAL also inside atap_block (a path

@@ -156,7 +156,9 @@ typedef struct atap_net_opts {
  * runs on the blocking threads, which a cancel reaches only once the
  * lookup returns. Each address is tried in turn, and the last one's error
  * is the result. out.fd: the connected socket.
- * Results: -ECONNREFUSED, -ETIMEDOUT, -ENETUNREACH... from the kernel; a
+ * Results: -ECONNREFUSED, -ETIMEDOUT, -ENETUNREACH... from the kernel
+ * (-ECONNABORTED for a failed socket whose error something else read
+ * first: libkqueue, an emulated kqueue, reads it into its event); a
  * name that does not resolve: -ENXIO ("no such device or address"); a
  * lookup that failed for now: -EAGAIN; a port that is not a number or a
  * known service: ATAP_EINVAL.

@@ -34,6 +34,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -311,22 +312,42 @@ static int park(atap_ctx *ctx, atap_net_out *out, atap_net_io *io, unsigned ev)
 
 static bool again(int e) { return e == EAGAIN || e == EWOULDBLOCK; }
 
-/* The connect under way finished: 1 connected, 0 still going, else the
- * error it ended with. */
-static int connect_result(int fd)
+/* The socket's pending error, read and cleared (SO_ERROR): -errno, or 0. */
+static int sock_error(int fd)
 {
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
     int err = 0;
     socklen_t elen = sizeof err;
 
     if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0)
         return -errno;
-    if (err != 0)
-        return -err;
+    return -err;
+}
+
+/* The connect under way finished: 1 connected, 0 still going, else the
+ * error it ended with. A socket with no error and no peer is still
+ * connecting, unless it is already hung up: then the connect failed and
+ * someone else read its error first (an emulated kqueue reads SO_ERROR to
+ * report it with the event, libkqueue on Linux, where reading clears it).
+ * Parking again would wake at once for ever; the error is gone, so the
+ * connect ends -ECONNABORTED. The error is read again after the look at
+ * the hang-up, for one that came between the two. */
+static int connect_result(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+    int rc;
+
+    if ((rc = sock_error(fd)) != 0)
+        return rc;
     if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0)
         return 1;
-    return errno == ENOTCONN ? 0 : -errno;
+    if (errno != ENOTCONN)
+        return -errno;
+    if (poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLHUP | POLLERR)))
+        return 0;
+    rc = sock_error(fd);
+    return rc != 0 ? rc : -ECONNABORTED;
 }
 
 static void connect_cleanup(void *arg)
