@@ -195,7 +195,7 @@ int atap__fs_read_grown(atap_ctx *ctx, int fd, int64_t off, size_t len, unsigned
         *got += n;
         if (rc != 0 || *got < cap || cap == len)
             break; /* an error, the end of the file, or all that was asked */
-        cap = cap <= len / 2 ? cap * 2 : len;
+        cap = cap && cap <= len / 2 ? cap * 2 : len; /* cap < len here: never 0 */
         if (!(b = realloc(buf, cap))) {
             rc = -ENOMEM;
             break;
@@ -398,10 +398,11 @@ static int dir_block(const struct dir_list *l, bool types, atap_fs_out *o)
 {
     size_t each = types ? sizeof(atap_fs_dirent) : sizeof(char *);
     size_t bytes = (l->count + 1) * each;
-    char *block = malloc(bytes + l->used), *name = block + bytes;
+    char *block = malloc(bytes + l->used), *name;
 
     if (!block)
         return -ENOMEM;
+    name = block + bytes;
     if (l->used)
         memcpy(name, l->names, l->used);
     for (size_t i = 0; i <= l->count; i++) {
