@@ -1251,6 +1251,553 @@ static void test_fs_watch_fd_errors_timeout_cancel(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* ---- open files ------------------------------------------------------------- */
+
+/* A request on an open file: fd and open_flags are fields added after 0.1,
+ * read only from a request of the full size. */
+#define FREQ(...) ((atap_fs_req){.size = sizeof(atap_fs_req), __VA_ARGS__})
+
+/* The operation run with atap_block, on this thread. */
+static atap_fs_out blk(atap_fs_req q)
+{
+    atap_fs_out o;
+
+    memset(&o, 0xa5, sizeof o);
+    assert_int_equal(atap_block(atap_fs_run, &q, &o, sizeof o), 0);
+    return o;
+}
+
+/* Opens path with atap_block or spawned: the fd. */
+static int open_file(const char *path, int flags, bool spawned)
+{
+    atap_fs_req q = FREQ(.op = ATAP_FS_OPEN, .path = path, .open_flags = flags, .mode = 0600);
+    atap_fs_out o = spawned ? run(q) : blk(q);
+
+    assert_int_equal(o.rc, 0);
+    assert_null(o.data);
+    assert_true(o.n > 2 && o.n < 1u << 20);
+    assert_true(fcntl((int)o.n, F_GETFD) & FD_CLOEXEC);
+    return (int)o.n;
+}
+
+static void close_file(int fd, bool spawned)
+{
+    atap_fs_req q = FREQ(.op = ATAP_FS_CLOSE, .flags = ATAP_FS_FD, .fd = fd);
+
+    assert_int_equal(spawned ? rc_of(q) : blk(q).rc, 0);
+}
+
+/* The fds the process has open (each a name in /proc/self/fd). */
+static int count_fds(void)
+{
+    atap_fs_out o = blk((atap_fs_req){.op = ATAP_FS_READ_DIR, .path = "/proc/self/fd"});
+    int n = (int)o.n;
+
+    assert_int_equal(o.rc, 0);
+    free(o.data);
+    return n;
+}
+
+/* Reads and writes at an offset through an open fd, spawned and on the
+ * calling thread: short at the end of the file, nothing past it, a hole
+ * before a write past it; and no fd left behind. */
+static void test_fs_file_read_write_at_offset(void **state)
+{
+    (void)state;
+    int fds = count_fds();
+
+    for (int spawned = 0; spawned < 2; spawned++) {
+        int fd = open_file(at("f"), O_RDWR | O_CREAT | O_TRUNC, spawned);
+        atap_fs_out (*op)(atap_fs_req) = spawned ? run : blk;
+        char buf[16];
+        atap_fs_out o;
+        struct stat st;
+
+        o = op(FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD, .fd = fd, .data = "hello world",
+                    .len = 11));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, 11);
+        o = op(FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD, .fd = fd, .data = "W", .len = 1,
+                    .offset = 6));
+        assert_int_equal(o.rc, 0);
+        assert_contents(at("f"), "hello World");
+        /* A malloc'd read, then one into buf; pread leaves the position. */
+        o = op(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .offset = 6, .len = 5));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, 5);
+        assert_memory_equal(o.data, "World", 5);
+        free(o.data);
+        memset(buf, 0, sizeof buf);
+        o = op(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .offset = 8, .buf = buf,
+                    .len = sizeof buf));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, 3); /* short: the end of the file */
+        assert_ptr_equal(o.data, buf);
+        assert_memory_equal(buf, "rld", 3);
+        o = op(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .offset = 11, .buf = buf,
+                    .len = sizeof buf));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, 0); /* at the end */
+        o = op(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .offset = 1000,
+                    .len = SIZE_MAX));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, 0); /* past it */
+        free(o.data);
+        assert_int_equal(lseek(fd, 0, SEEK_CUR), 0);
+        /* A write past the end leaves a hole of zeros. */
+        o = op(FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD, .fd = fd, .data = "!", .len = 1,
+                    .offset = 20));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(fstat(fd, &st), 0);
+        assert_int_equal(st.st_size, 21);
+        o = op(
+            FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .offset = 10, .len = 100));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, 11);
+        assert_memory_equal(o.data, "d\0\0\0\0\0\0\0\0\0!", 11);
+        free(o.data);
+        close_file(fd, spawned);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(count_fds(), fds);
+}
+
+/* At the fd's position: reads and writes move it on, as read(2) and
+ * write(2); a whole read takes the rest; an O_APPEND fd appends; a pipe
+ * reads at its position and refuses an offset. */
+static void test_fs_file_read_write_at_position(void **state)
+{
+    (void)state;
+    int fd = open_file(at("p"), O_RDWR | O_CREAT, true), pipe_fd[2];
+    atap_fs_out o;
+
+    for (int i = 0; i < 2; i++) {
+        o = run(FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = fd,
+                     .data = i ? "def" : "abc", .len = 3, .offset = 99));
+        assert_int_equal(o.rc, 0);
+        assert_int_equal(o.n, 3);
+    }
+    assert_int_equal(lseek(fd, 0, SEEK_CUR), 6); /* the task's dup shares it */
+    assert_contents(at("p"), "abcdef");
+    assert_int_equal(lseek(fd, 0, SEEK_SET), 0);
+    o = run(
+        FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = fd, .len = 4));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 4);
+    assert_memory_equal(o.data, "abcd", 4);
+    free(o.data);
+    o = blk(
+        FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = fd, .len = 4));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 2); /* short */
+    assert_memory_equal(o.data, "ef", 2);
+    free(o.data);
+    o = run(
+        FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = fd, .len = 4));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0); /* the end of the file */
+    free(o.data);
+    /* READ on an fd: from the position to the end. */
+    assert_int_equal(lseek(fd, 2, SEEK_SET), 2);
+    o = run(FREQ(.op = ATAP_FS_READ, .flags = ATAP_FS_FD, .fd = fd));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 4);
+    assert_string_equal(o.data, "cdef");
+    free(o.data);
+    close_file(fd, false);
+
+    fd = open_file(at("p"), O_WRONLY | O_APPEND, false);
+    o = run(FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = fd,
+                 .data = "gh", .len = 2));
+    assert_int_equal(o.rc, 0);
+    assert_contents(at("p"), "abcdefgh");
+    close_file(fd, true);
+
+    assert_int_equal(pipe(pipe_fd), 0);
+    assert_int_equal(write(pipe_fd[1], "piped", 5), 5);
+    o = run(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = pipe_fd[0],
+                 .len = 5));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 5);
+    assert_memory_equal(o.data, "piped", 5);
+    free(o.data);
+    o = run(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = pipe_fd[0], .len = 5));
+    assert_int_equal(o.rc, -ESPIPE);
+    assert_null(o.data);
+    close(pipe_fd[0]);
+    close(pipe_fd[1]);
+}
+
+/* fsync, fdatasync, a new length and a new mode through the fd. */
+static void test_fs_file_sync_truncate(void **state)
+{
+    (void)state;
+    int fd = open_file(at("s"), O_RDWR | O_CREAT, false), ro;
+    atap_fs_out o;
+    struct stat st;
+
+    o = run(FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD, .fd = fd, .data = "0123456789",
+                 .len = 10));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(rc_of(FREQ(.op = ATAP_FS_SYNC, .flags = ATAP_FS_FD, .fd = fd)), 0);
+    assert_int_equal(rc_of(FREQ(.op = ATAP_FS_DATASYNC, .flags = ATAP_FS_FD, .fd = fd)), 0);
+    assert_int_equal(blk(FREQ(.op = ATAP_FS_SYNC, .flags = ATAP_FS_FD, .fd = fd)).rc, 0);
+    assert_int_equal(blk(FREQ(.op = ATAP_FS_DATASYNC, .flags = ATAP_FS_FD, .fd = fd)).rc, 0);
+    assert_int_equal(rc_of(FREQ(.op = ATAP_FS_SET_LEN, .flags = ATAP_FS_FD, .fd = fd, .offset = 4)),
+                     0);
+    assert_contents(at("s"), "0123");
+    assert_int_equal(
+        blk(FREQ(.op = ATAP_FS_SET_LEN, .flags = ATAP_FS_FD, .fd = fd, .offset = 5000)).rc, 0);
+    assert_int_equal(fstat(fd, &st), 0);
+    assert_int_equal(st.st_size, 5000);
+    assert_int_equal(
+        rc_of(FREQ(.op = ATAP_FS_SET_LEN, .flags = ATAP_FS_FD, .fd = fd, .offset = UINT64_MAX)),
+        ATAP_EINVAL);
+    assert_int_equal(
+        rc_of(FREQ(.op = ATAP_FS_SET_MODE, .flags = ATAP_FS_FD, .fd = fd, .mode = 0604)), 0);
+    assert_int_equal(fstat(fd, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0604);
+    close_file(fd, true);
+    /* A read-only fd syncs, and refuses a new length (EINVAL or EBADF, as
+     * ftruncate(2) says on the system). */
+    ro = open_file(at("s"), O_RDONLY, true);
+    assert_int_equal(rc_of(FREQ(.op = ATAP_FS_SYNC, .flags = ATAP_FS_FD, .fd = ro)), 0);
+    o = run(FREQ(.op = ATAP_FS_SET_LEN, .flags = ATAP_FS_FD, .fd = ro, .offset = 1));
+    assert_true(o.rc == -EINVAL || o.rc == -EBADF);
+    close_file(ro, false);
+}
+
+static void assert_stat_is(const atap_fs_stat *s, const struct stat *st, int type)
+{
+    assert_int_equal(s->size, sizeof *s);
+    assert_int_equal(s->type, type);
+    assert_int_equal(s->mode, st->st_mode & 07777);
+    assert_int_equal(s->bytes, (uint64_t)st->st_size);
+    assert_int_equal(s->blocks, (uint64_t)st->st_blocks);
+    assert_int_equal(s->dev, (uint64_t)st->st_dev);
+    assert_int_equal(s->ino, (uint64_t)st->st_ino);
+    assert_int_equal(s->nlink, (uint64_t)st->st_nlink);
+    assert_int_equal(s->rdev, (uint64_t)st->st_rdev);
+    assert_int_equal(s->uid, st->st_uid);
+    assert_int_equal(s->gid, st->st_gid);
+    assert_int_equal(s->blksize, (uint32_t)st->st_blksize);
+    assert_true(s->atime_ns == (int64_t)st->st_atim.tv_sec * 1000000000 + st->st_atim.tv_nsec);
+    assert_true(s->mtime_ns == (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec);
+    assert_true(s->ctime_ns == (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec);
+}
+
+/* atap_fs_stat against stat(2): by path, by fd, of a link itself, of a
+ * FIFO; written no further than len; len too small refused. */
+static void test_fs_file_stat_fields(void **state)
+{
+    (void)state;
+    atap_fs_stat s, small[2];
+    atap_fs_out o;
+    struct stat st;
+    int fd;
+
+    put(at("f"), "twelve bytes");
+    assert_int_equal(link(at("f"), at("f2")), 0); /* two links */
+    assert_int_equal(stat(at("f"), &st), 0);
+    memset(&s, 0xa5, sizeof s);
+    o = run((atap_fs_req){.op = ATAP_FS_STAT, .path = at("f"), .buf = &s, .len = sizeof s});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.meta.size, 12);
+    assert_int_equal(s.nlink, 2);
+    assert_stat_is(&s, &st, ATAP_FS_TYPE_FILE);
+
+    fd = open_file(at("f"), O_RDONLY, false);
+    memset(&s, 0xa5, sizeof s);
+    o = run(FREQ(.op = ATAP_FS_STAT, .flags = ATAP_FS_FD, .fd = fd, .buf = &s, .len = sizeof s));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.meta.type, ATAP_FS_TYPE_FILE);
+    assert_int_equal(fstat(fd, &st), 0);
+    assert_stat_is(&s, &st, ATAP_FS_TYPE_FILE);
+    /* With no buf, out.meta alone. */
+    o = blk(FREQ(.op = ATAP_FS_STAT, .flags = ATAP_FS_FD, .fd = fd));
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.meta.size, 12);
+    close_file(fd, false);
+
+    assert_int_equal(symlink("f", at("l")), 0);
+    o = blk((atap_fs_req){.op = ATAP_FS_LSTAT, .path = at("l"), .buf = &s, .len = sizeof s});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(lstat(at("l"), &st), 0);
+    assert_stat_is(&s, &st, ATAP_FS_TYPE_LINK);
+
+    assert_int_equal(mkfifo(at("fifo"), 0600), 0);
+    o = run((atap_fs_req){.op = ATAP_FS_STAT, .path = at("fifo"), .buf = &s, .len = sizeof s});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.meta.type, ATAP_FS_TYPE_OTHER); /* atap_fs_meta as in 0.1 */
+    assert_int_equal(stat(at("fifo"), &st), 0);
+    assert_stat_is(&s, &st, ATAP_FS_TYPE_FIFO);
+    if (stat("/dev/null", &st) == 0) {
+        o = run((atap_fs_req){.op = ATAP_FS_STAT, .path = "/dev/null", .buf = &s, .len = sizeof s});
+        assert_int_equal(o.rc, 0);
+        assert_stat_is(&s, &st, ATAP_FS_TYPE_CHAR);
+    }
+
+    /* A caller with an older, shorter struct: no byte past its size. */
+    memset(small, 0xa5, sizeof small);
+    o = run((atap_fs_req){
+        .op = ATAP_FS_STAT, .path = at("f"), .buf = small, .len = offsetof(atap_fs_stat, mode)});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(small[0].size, offsetof(atap_fs_stat, mode));
+    assert_int_equal(small[0].type, ATAP_FS_TYPE_FILE);
+    assert_int_equal(small[0].mode, 0xa5a5a5a5u);
+    assert_int_equal(
+        blk((atap_fs_req){.op = ATAP_FS_STAT, .path = at("f"), .buf = &s, .len = 4}).rc,
+        ATAP_EINVAL);
+    assert_int_equal(atap_fs_spawn(&(atap_task){0},
+                                   &(atap_fs_req){.op = ATAP_FS_STAT, .path = at("f"), .buf = &s},
+                                   NULL),
+                     ATAP_EINVAL);
+}
+
+static const atap_fs_dirent *entry(const atap_fs_dirent *v, const char *name)
+{
+    for (; v->name; v++)
+        if (!strcmp(v->name, name))
+            return v;
+    fail_msg("no entry %s", name);
+    return NULL;
+}
+
+/* READ_DIR with ATAP_FS_TYPES: each entry's type and inode, a link's
+ * its own; without the flag, the names as before. */
+static void test_fs_read_dir_types(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"reg", "sub", "link", "dangling", "fifo"};
+    static const int types[] = {ATAP_FS_TYPE_FILE, ATAP_FS_TYPE_DIR, ATAP_FS_TYPE_LINK,
+                                ATAP_FS_TYPE_LINK, ATAP_FS_TYPE_FIFO};
+    const atap_fs_dirent *v;
+    atap_fs_out o;
+    struct stat st;
+
+    assert_int_equal(mkdir(at("d"), 0700), 0);
+    put(at("d/reg"), "r");
+    assert_int_equal(mkdir(at("d/sub"), 0700), 0);
+    assert_int_equal(symlink("sub", at("d/link")), 0);
+    assert_int_equal(symlink("nowhere", at("d/dangling")), 0);
+    assert_int_equal(mkfifo(at("d/fifo"), 0600), 0);
+
+    o = run((atap_fs_req){.op = ATAP_FS_READ_DIR, .flags = ATAP_FS_TYPES, .path = at("d")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 5);
+    v = o.data;
+    assert_null(v[5].name);
+    for (size_t i = 0; i < 5; i++) {
+        char path[600];
+        const atap_fs_dirent *e = entry(v, names[i]);
+        snprintf(path, sizeof path, "%s/d/%s", g_dir, names[i]);
+        assert_int_equal(lstat(path, &st), 0);
+        assert_int_equal(e->type, types[i]);
+        assert_int_equal(e->ino, (uint64_t)st.st_ino);
+    }
+    free(o.data); /* one block */
+    /* An empty directory: the NULL entry alone. */
+    o = blk((atap_fs_req){.op = ATAP_FS_READ_DIR, .flags = ATAP_FS_TYPES, .path = at("d/sub")});
+    assert_int_equal(o.rc, 0);
+    assert_int_equal(o.n, 0);
+    assert_null(((atap_fs_dirent *)o.data)[0].name);
+    free(o.data);
+    o = run((atap_fs_req){.op = ATAP_FS_READ_DIR, .flags = ATAP_FS_TYPES, .path = at("d/reg")});
+    assert_int_equal(o.rc, -ENOTDIR);
+    assert_null(o.data);
+}
+
+/* A big read and a big write through an fd at its position, cancelled at
+ * their fourth 64 KiB chunk: no chunk after, and the position is after
+ * exactly the chunks done (the dup the task worked on shares it). */
+static void test_fs_file_cancel_between_chunks(void **state)
+{
+    (void)state;
+    size_t n = 256 * CHUNK; /* 16 MiB */
+    unsigned char *buf = calloc(1, n);
+    int fd, fds = count_fds();
+    atap_fs_out o;
+    atap_task t;
+    struct stat st;
+
+    assert_non_null(buf);
+    make_large(at("large"));
+    for (int writing = 0; writing < 2; writing++) {
+        fd = open_file(at(writing ? "out" : "large"), writing ? O_WRONLY | O_CREAT : O_RDONLY,
+                       false);
+        hook_reset(UINT64_MAX, 0);
+        atomic_store(&atap__fs_chunk_hook, chunk_hook);
+        assert_int_equal(
+            atap_fs_spawn(&t,
+                          &FREQ(.op = writing ? ATAP_FS_WRITE_AT : ATAP_FS_READ_AT,
+                                .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = fd,
+                                .buf = writing ? NULL : buf, .data = writing ? buf : NULL,
+                                .data_free = writing ? free : NULL, .len = n),
+                          &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
+            0);
+        if (writing)
+            buf = NULL; /* handed over: data_free frees it */
+        atomic_store(&g_task_id, t.id);
+        atomic_store(&g_cancel_at, 4);
+        assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+        atap_release(t);
+        assert_true(wait_live_back(ATAP_SEC(20)));
+        atomic_store(&atap__fs_chunk_hook, NULL);
+        assert_no_failures();
+        assert_true(atomic_load(&g_cancel_call) >= 4);
+        assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
+        assert_int_equal((uint64_t)lseek(fd, 0, SEEK_CUR), atomic_load(&g_hook_last));
+        assert_int_equal(atomic_load(&g_hook_last) % CHUNK, 0);
+        assert_true(atomic_load(&g_hook_last) < n);
+        if (writing) {
+            assert_int_equal(fstat(fd, &st), 0);
+            assert_int_equal((uint64_t)st.st_size, atomic_load(&g_hook_last));
+        }
+        close_file(fd, true);
+    }
+    free(buf);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(count_fds(), fds); /* the dups went with the tasks */
+}
+
+/* Bad fds and handles, and requests that make no sense, each with its
+ * code; nothing of them is left open. */
+static void test_fs_file_bad_input(void **state)
+{
+    (void)state;
+    int fds = count_fds(), fd, closed;
+    atap_task t = ATAP_NO_TASK;
+    atap_fs_out o;
+    char buf[4];
+
+    put(at("f"), "data");
+    fd = open_file(at("f"), O_RDONLY, false);
+    closed = open_file(at("f"), O_RDONLY, true);
+    close_file(closed, true);
+    /* A closed fd: EBADF, spawned (the dup fails) and on this thread; a
+     * second close too. */
+    assert_int_equal(
+        run(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = closed, .len = 4)).rc, -EBADF);
+    assert_int_equal(
+        blk(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = closed, .len = 4)).rc, -EBADF);
+    assert_int_equal(rc_of(FREQ(.op = ATAP_FS_SYNC, .flags = ATAP_FS_FD, .fd = closed)), -EBADF);
+    assert_int_equal(blk(FREQ(.op = ATAP_FS_CLOSE, .flags = ATAP_FS_FD, .fd = closed)).rc, -EBADF);
+    assert_int_equal(blk(FREQ(.op = ATAP_FS_STAT, .flags = ATAP_FS_FD, .fd = 100000)).rc, -EBADF);
+    /* Written through a read-only fd. */
+    assert_int_equal(
+        run(FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD, .fd = fd, .data = "x", .len = 1)).rc,
+        -EBADF);
+    /* A directory's fd reads EISDIR. */
+    {
+        int dfd = open_file(g_dir, O_RDONLY | O_DIRECTORY, false);
+        assert_int_equal(
+            run(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = dfd, .len = 4)).rc, -EISDIR);
+        assert_int_equal(run(FREQ(.op = ATAP_FS_READ, .flags = ATAP_FS_FD, .fd = dfd)).rc, -EISDIR);
+        close_file(dfd, false);
+    }
+    /* Opens that fail. */
+    assert_int_equal(run(FREQ(.op = ATAP_FS_OPEN, .path = at("none"), .open_flags = O_RDONLY)).rc,
+                     -ENOENT);
+    assert_int_equal(
+        run(FREQ(.op = ATAP_FS_OPEN, .path = at("f"), .open_flags = O_RDWR | O_CREAT | O_EXCL)).rc,
+        -EEXIST);
+    assert_int_equal(run(FREQ(.op = ATAP_FS_OPEN, .path = g_dir, .open_flags = O_RDWR)).rc,
+                     -EISDIR);
+
+    /* Refused at the spawn, and by atap_fs_run, with ATAP_EINVAL. */
+    {
+        const atap_fs_req bad[] = {
+            FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = -1, .len = 4),
+            FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .path = at("f")),
+            FREQ(.op = ATAP_FS_WRITE, .flags = ATAP_FS_FD, .fd = fd),
+            FREQ(.op = ATAP_FS_LSTAT, .flags = ATAP_FS_FD, .fd = fd),
+            FREQ(.op = ATAP_FS_READ_DIR, .flags = ATAP_FS_FD, .fd = fd),
+            FREQ(.op = ATAP_FS_COPY, .flags = ATAP_FS_FD, .fd = fd, .path2 = at("c")),
+            FREQ(.op = ATAP_FS_OPEN, .flags = ATAP_FS_FD, .fd = fd),
+            FREQ(.op = ATAP_FS_SYNC, .path = at("f")),
+            FREQ(.op = ATAP_FS_CLOSE, .path = at("f")),
+            FREQ(.op = ATAP_FS_DATASYNC),
+            FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_AT_POSITION, .path = at("f"), .len = 4),
+            FREQ(.op = ATAP_FS_STAT, .flags = ATAP_FS_FD | ATAP_FS_AT_POSITION, .fd = fd),
+            FREQ(.op = ATAP_FS_WRITE_AT, .flags = ATAP_FS_FD, .fd = fd, .len = 3),
+            FREQ(.op = ATAP_FS_OPEN),
+            FREQ(.op = ATAP_FS_DATASYNC + 1, .flags = ATAP_FS_FD, .fd = fd),
+            /* size 0: fd and open_flags would go unread */
+            {.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .len = 4},
+            {.op = ATAP_FS_OPEN, .path = at("f"), .open_flags = O_RDONLY},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            assert_int_equal(atap_fs_spawn(&t, &bad[i], NULL), ATAP_EINVAL);
+            assert_true(t.id == ATAP_NO_TASK.id);
+            o = blk(bad[i]);
+            assert_int_equal(o.rc, ATAP_EINVAL);
+            assert_null(o.data);
+        }
+    }
+    /* Offsets past what off_t holds; a mode past 07777. */
+    assert_int_equal(run(FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd,
+                              .offset = UINT64_MAX, .buf = buf, .len = 4))
+                         .rc,
+                     ATAP_EINVAL);
+    assert_int_equal(
+        run(FREQ(.op = ATAP_FS_OPEN, .path = at("g"), .open_flags = O_CREAT, .mode = 010000)).rc,
+        ATAP_EINVAL);
+    /* An OPEN nobody asked the output of closes what it opened. */
+    assert_int_equal(atap_block(atap_fs_run,
+                                &FREQ(.op = ATAP_FS_OPEN, .path = at("f"), .open_flags = O_RDONLY),
+                                NULL, 0),
+                     0);
+    close_file(fd, false);
+    assert_int_equal(count_fds(), fds);
+}
+
+/* Whoever ends up with an fd closes it: an OPEN's output nobody took (a
+ * join lends it until the last release), a CLOSE cancelled before it ran
+ * (the task took the fd at its spawn), the dups of spawned operations. */
+static void test_fs_file_no_fd_leaked(void **state)
+{
+    (void)state;
+    int fds = count_fds(), fd;
+    atap_fs_out o;
+    atap_task t;
+
+    put(at("f"), "data");
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(
+            atap_fs_spawn(&t, &FREQ(.op = ATAP_FS_OPEN, .path = at("f"), .open_flags = O_RDONLY),
+                          NULL),
+            0);
+        if (i % 2) {
+            assert_int_equal(atap_join(t, &o, sizeof o), 0); /* lent */
+            assert_int_equal(o.rc, 0);
+            assert_true(fcntl((int)o.n, F_GETFD) >= 0);
+        } else {
+            assert_int_equal(atap_wait(t, NULL), 0); /* not read at all */
+        }
+        atap_release(t);
+    }
+    fd = open_file(at("f"), O_RDONLY, true);
+    assert_int_equal(atap_fs_spawn(&t, &FREQ(.op = ATAP_FS_CLOSE, .flags = ATAP_FS_FD, .fd = fd),
+                                   &(atap_spawn_opts){.after_ns = ATAP_SEC(60)}),
+                     0);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    fd = open_file(at("f"), O_RDONLY, false);
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(
+            atap_fs_spawn(&t, &FREQ(.op = ATAP_FS_READ_AT, .flags = ATAP_FS_FD, .fd = fd, .len = 4),
+                          i % 2 ? &(atap_spawn_opts){.after_ns = ATAP_SEC(60)} : NULL),
+            0);
+        if (i % 2)
+            assert_int_equal(atap_cancel(t), 0);
+        atap_release(t);
+    }
+    close_file(fd, true);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(count_fds(), fds);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_fs, teardown_fs)
@@ -1268,6 +1815,14 @@ int main(void)
         T(test_fs_copy_across_file_systems),
         T(test_fs_copy_and_read_timeout),
         T(test_fs_tree_cancel_between_entries),
+        T(test_fs_file_read_write_at_offset),
+        T(test_fs_file_read_write_at_position),
+        T(test_fs_file_sync_truncate),
+        T(test_fs_file_stat_fields),
+        T(test_fs_read_dir_types),
+        T(test_fs_file_cancel_between_chunks),
+        T(test_fs_file_bad_input),
+        T(test_fs_file_no_fd_leaked),
         T(test_fs_watch_file_write_attrib_gone_last),
         T(test_fs_watch_dir_create_write_remove),
         T(test_fs_watch_repeat_keeps_changes_between_runs),

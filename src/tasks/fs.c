@@ -1,5 +1,6 @@
 /*
- * File operations as tasks (the watch: fs_watch.c).
+ * File operations as tasks (the watch: fs_watch.c; the operations on an
+ * open file, ATAP_FS_FD, and the open that makes one: fs_file.c).
  *
  * Every operation is one function, atap_fs_run, over an
  * atap_fs_req: spawned (atap_fs_spawn) it runs on the blocking threads, since
@@ -11,9 +12,13 @@
  * atap_cancelled() before each 64 KiB chunk or directory entry.
  *
  * A spawned request is a deep copy (struct fs_arg): the paths, and the data
- * to write unless the caller handed it over with data_free. Its arg_free
+ * to write unless the caller handed it over with data_free, and a dup of
+ * an ATAP_FS_FD request's fd (sharing its position, so the caller may
+ * close its own at once; CLOSE takes the caller's fd itself). Its arg_free
  * gives back what the caller lent (data_free, buf_done) once the task will
- * touch it no more.
+ * touch it no more, and closes the fd it holds. The spawned task function
+ * is fs_task: it reports a dup that failed, runs atap_fs_run, and notes a
+ * CLOSE's fd as gone.
  */
 
 #include <dirent.h>
@@ -30,8 +35,9 @@
 #include "../abi.h"
 #include "../atomics.h"
 #include "atap.h"
+#include "fs_int.h"
 
-#define CHUNK (64u * 1024u)
+#define CHUNK ATAP__FS_CHUNK
 
 /* Test hook: called after each chunk of a read, write or copy with the
  * bytes done so far, and after each entry of a read_dir or a tree removal
@@ -57,12 +63,9 @@ static int open_rd(const char *path, int flags)
     return fd < 0 ? -errno : fd;
 }
 
-/* Moves len bytes between buf and fd (writing, or reading up to len, when
- * `reading`), at off or at the fd's offset when off is negative, in chunks,
- * looking for a stop between them; *done counts what moved. A read stops
- * early at the end of the file. */
-static int move_chunks(atap_ctx *ctx, int fd, bool reading, unsigned char *buf, size_t len,
-                       int64_t off, size_t *done)
+/* fs_int.h says what it does. */
+int atap__fs_move(atap_ctx *ctx, int fd, bool reading, unsigned char *buf, size_t len, int64_t off,
+                  size_t *done)
 {
     *done = 0;
     while (*done < len) {
@@ -92,23 +95,17 @@ static int move_chunks(atap_ctx *ctx, int fd, bool reading, unsigned char *buf, 
 
 /* ---- reading --------------------------------------------------------------- */
 
-static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+int atap__fs_read_all(atap_ctx *ctx, int fd, atap_fs_out *o)
 {
-    int fd = open_rd(q->path, 0), rc = 0;
     size_t cap = 0, len = 0;
     unsigned char *buf = NULL;
     struct stat st;
+    int rc = 0;
 
-    if (fd < 0)
-        return fd;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        goto out;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        rc = -EISDIR;
-        goto out;
-    }
+    if (fstat(fd, &st) != 0)
+        return -errno;
+    if (S_ISDIR(st.st_mode))
+        return -EISDIR;
     /* The size is a hint (files grow, /proc says 0): read until a read
      * comes up short. Room for one byte more than the size (so a file that
      * did not grow ends with no second allocation), and the NUL after. */
@@ -131,7 +128,7 @@ static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         /* read, not pread: a FIFO or a device reads too */
         /* buf is set: the first pass through the loop allocated it. */
         // cppcheck-suppress nullPointerArithmeticRedundantCheck
-        if ((rc = move_chunks(ctx, fd, true, buf + len, want, -1, &got)) != 0)
+        if ((rc = atap__fs_move(ctx, fd, true, buf + len, want, -1, &got)) != 0)
             goto out;
         len += got;
         if (got < want)
@@ -143,32 +140,47 @@ static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
     buf = NULL;
 out:
     free(buf);
+    return rc;
+}
+
+static int op_read(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+{
+    int fd = open_rd(q->path, 0), rc;
+
+    if (fd < 0)
+        return fd;
+    rc = atap__fs_read_all(ctx, fd, o);
     close(fd);
     return rc;
 }
 
 /* The room a READ_AT without a buffer starts with: what the file holds
- * past off by its size now, and a byte more to see its end without a
- * second allocation; a chunk for a file whose size says nothing (0 from
- * /proc, a device); never more than len. Never the request itself: a len
- * of SIZE_MAX asks for "the rest", not for that much memory. */
-static size_t first_room(int fd, uint64_t off, size_t len)
+ * past off (the fd's position when negative) by its size now, and a byte
+ * more to see its end without a second allocation; a chunk for a file
+ * whose size says nothing (0 from /proc, a device, a pipe); never more
+ * than len. Never the request itself: a len of SIZE_MAX asks for "the
+ * rest", not for that much memory. */
+static size_t first_room(int fd, int64_t off, size_t len)
 {
     struct stat st;
     size_t room = CHUNK;
 
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
-        uint64_t left = (uint64_t)st.st_size > off ? (uint64_t)st.st_size - off : 0;
+    if (off < 0)
+        off = (int64_t)lseek(fd, 0, SEEK_CUR);
+    if (off >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        uint64_t at = (uint64_t)off;
+        uint64_t left = (uint64_t)st.st_size > at ? (uint64_t)st.st_size - at : 0;
         room = left < SIZE_MAX - 1 ? (size_t)left + 1 : SIZE_MAX;
     }
     return room < len ? room : len;
 }
 
-/* Reads up to len bytes at off into a buffer of its own (*out), grown
- * (doubled, up to len) while the file fills it: a file may have grown
- * since its size was looked at, or have no size to look at. */
-static int read_at_grown(atap_ctx *ctx, int fd, uint64_t off, size_t len, unsigned char **out,
-                         size_t *got)
+/* Reads up to len bytes at off (the fd's position when negative) into a
+ * buffer of its own (*out), grown (doubled, up to len) while the file
+ * fills it: a file may have grown since its size was looked at, or have
+ * no size to look at. */
+int atap__fs_read_grown(atap_ctx *ctx, int fd, int64_t off, size_t len, unsigned char **out,
+                        size_t *got)
 {
     size_t cap = first_room(fd, off, len), n;
     unsigned char *buf = malloc(cap ? cap : 1), *b;
@@ -178,11 +190,12 @@ static int read_at_grown(atap_ctx *ctx, int fd, uint64_t off, size_t len, unsign
     if (!buf)
         return -ENOMEM;
     for (;;) {
-        rc = move_chunks(ctx, fd, true, buf + *got, cap - *got, (int64_t)(off + *got), &n);
+        rc = atap__fs_move(ctx, fd, true, buf + *got, cap - *got,
+                           off < 0 ? -1 : off + (int64_t)*got, &n);
         *got += n;
         if (rc != 0 || *got < cap || cap == len)
             break; /* an error, the end of the file, or all that was asked */
-        cap = cap <= len / 2 ? cap * 2 : len;
+        cap = cap && cap <= len / 2 ? cap * 2 : len; /* cap < len here: never 0 */
         if (!(b = realloc(buf, cap))) {
             rc = -ENOMEM;
             break;
@@ -208,9 +221,9 @@ static int op_read_at(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
     if ((fd = open_rd(q->path, 0)) < 0)
         return fd;
     if (buf)
-        rc = move_chunks(ctx, fd, true, buf, q->len, (int64_t)q->offset, &got);
+        rc = atap__fs_move(ctx, fd, true, buf, q->len, (int64_t)q->offset, &got);
     else
-        rc = read_at_grown(ctx, fd, q->offset, q->len, &buf, &got);
+        rc = atap__fs_read_grown(ctx, fd, (int64_t)q->offset, q->len, &buf, &got);
     if (rc == -EISDIR || (rc == 0 && got == 0 && q->len > 0)) {
         struct stat st; /* pread of a directory says EISDIR on Linux; elsewhere look */
         if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode))
@@ -247,7 +260,7 @@ static int op_write(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         return rc;
     if ((fd = open(q->path, flags, mode)) < 0)
         return -errno;
-    rc = move_chunks(ctx, fd, false, (unsigned char *)q->data, q->len, off, &o->n);
+    rc = atap__fs_move(ctx, fd, false, (unsigned char *)q->data, q->len, off, &o->n);
     e = close(fd) != 0 ? -errno : 0;
     return rc ? rc : e;
 }
@@ -266,30 +279,15 @@ static int op_set(const atap_fs_req *q)
 
 /* ---- metadata -------------------------------------------------------------- */
 
-static void meta_of(const struct stat *st, atap_fs_meta *m)
-{
-    m->size = (uint64_t)st->st_size;
-#ifdef __APPLE__
-    m->mtime_ns = (int64_t)st->st_mtimespec.tv_sec * 1000000000 + st->st_mtimespec.tv_nsec;
-#else
-    m->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
-#endif
-    m->mode = (uint32_t)(st->st_mode & 07777);
-    m->type = S_ISREG(st->st_mode)   ? ATAP_FS_TYPE_FILE
-              : S_ISDIR(st->st_mode) ? ATAP_FS_TYPE_DIR
-              : S_ISLNK(st->st_mode) ? ATAP_FS_TYPE_LINK
-                                     : ATAP_FS_TYPE_OTHER;
-}
-
 static int op_stat(const atap_fs_req *q, atap_fs_out *o)
 {
     struct stat st;
 
     if ((q->op == ATAP_FS_STAT ? stat(q->path, &st) : lstat(q->path, &st)) != 0)
         return -errno;
-    meta_of(&st, &o->meta);
+    atap__fs_meta_of(&st, &o->meta);
     o->n = 0;
-    return 0;
+    return q->buf ? atap__fs_stat_out(&st, q->buf, q->len) : 0;
 }
 
 static int op_read_link(const atap_fs_req *q, atap_fs_out *o)
@@ -323,10 +321,112 @@ static int op_read_link(const atap_fs_req *q, atap_fs_out *o)
 
 /* ---- directories ----------------------------------------------------------- */
 
+/* An entry's type as the directory tells it, or as lstat says where it
+ * does not; ATAP_FS_TYPE_UNKNOWN for one gone meanwhile. */
+static int entry_type(DIR *d, const struct dirent *e)
+{
+    struct stat st;
+
+#ifdef DT_UNKNOWN
+    switch (e->d_type) {
+    case DT_REG:
+        return ATAP_FS_TYPE_FILE;
+    case DT_DIR:
+        return ATAP_FS_TYPE_DIR;
+    case DT_LNK:
+        return ATAP_FS_TYPE_LINK;
+    case DT_FIFO:
+        return ATAP_FS_TYPE_FIFO;
+    case DT_SOCK:
+        return ATAP_FS_TYPE_SOCKET;
+    case DT_CHR:
+        return ATAP_FS_TYPE_CHAR;
+    case DT_BLK:
+        return ATAP_FS_TYPE_BLOCK;
+    default:
+        break;
+    }
+#endif
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return ATAP_FS_TYPE_UNKNOWN;
+    return atap__fs_type_of(st.st_mode);
+}
+
+/* The names read so far, one after the other, each NUL-ended; and with
+ * types, each one's inode and type (kinds[i] for the i-th name). */
+struct dir_list {
+    char *names;
+    size_t used, cap, count;
+    atap_fs_dirent *kinds; /* name unset: the names move when they grow */
+    size_t kinds_cap;
+};
+
+static int dir_add(struct dir_list *l, DIR *d, const struct dirent *e, bool types)
+{
+    size_t n = strlen(e->d_name) + 1;
+
+    if (l->used + n > l->cap) {
+        size_t cap = l->cap;
+        char *b;
+        while (l->used + n > cap)
+            cap *= 2;
+        if (!(b = realloc(l->names, cap)))
+            return -ENOMEM;
+        l->names = b;
+        l->cap = cap;
+    }
+    if (types && l->count == l->kinds_cap) {
+        size_t cap = l->kinds_cap ? l->kinds_cap * 2 : 64;
+        atap_fs_dirent *k = realloc(l->kinds, cap * sizeof *k);
+        if (!k)
+            return -ENOMEM;
+        l->kinds = k;
+        l->kinds_cap = cap;
+    }
+    memcpy(l->names + l->used, e->d_name, n);
+    l->used += n;
+    if (types) {
+        l->kinds[l->count].ino = (uint64_t)e->d_ino;
+        l->kinds[l->count].type = entry_type(d, e);
+    }
+    l->count++;
+    return 0;
+}
+
+/* One block: the pointers (or entries), a NULL one, then the names. */
+static int dir_block(const struct dir_list *l, bool types, atap_fs_out *o)
+{
+    size_t each = types ? sizeof(atap_fs_dirent) : sizeof(char *);
+    size_t bytes = (l->count + 1) * each;
+    char *block = malloc(bytes + l->used), *name;
+
+    if (!block)
+        return -ENOMEM;
+    name = block + bytes;
+    if (l->used)
+        memcpy(name, l->names, l->used);
+    for (size_t i = 0; i <= l->count; i++) {
+        char *at = i < l->count ? name : NULL;
+        if (types) {
+            atap_fs_dirent *v = (atap_fs_dirent *)(void *)block;
+            v[i].name = at;
+            v[i].ino = i < l->count ? l->kinds[i].ino : 0;
+            v[i].type = i < l->count ? l->kinds[i].type : ATAP_FS_TYPE_UNKNOWN;
+        } else {
+            ((char **)(void *)block)[i] = at;
+        }
+        if (at)
+            name += strlen(at) + 1;
+    }
+    o->data = block;
+    o->n = l->count;
+    return 0;
+}
+
 static int op_read_dir(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
 {
-    size_t count = 0, bytes = 0, cap = 4096, used = 0;
-    char *names = NULL, *block, **vec;
+    bool types = (q->flags & ATAP_FS_TYPES) != 0;
+    struct dir_list l = {.cap = 4096};
     struct dirent *e;
     int rc = 0;
     DIR *d;
@@ -334,12 +434,11 @@ static int op_read_dir(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
     /* opendir opens with O_CLOEXEC (glibc, musl, the BSDs and macOS). */
     if (!(d = opendir(q->path)))
         return -errno;
-    if (!(names = malloc(cap))) {
+    if (!(l.names = malloc(l.cap))) {
         closedir(d);
         return -ENOMEM;
     }
     for (;;) {
-        size_t n;
         if ((rc = stopped(ctx)) != 0)
             break;
         errno = 0;
@@ -349,41 +448,16 @@ static int op_read_dir(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
         }
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
-        n = strlen(e->d_name) + 1;
-        if (used + n > cap) {
-            char *b;
-            while (used + n > cap)
-                cap *= 2;
-            if (!(b = realloc(names, cap))) {
-                rc = -ENOMEM;
-                break;
-            }
-            names = b;
-        }
-        memcpy(names + used, e->d_name, n);
-        used += n;
-        chunk_done(++count);
+        if ((rc = dir_add(&l, d, e, types)) != 0)
+            break;
+        chunk_done(l.count);
     }
     closedir(d);
-    /* One block: the pointers, then the strings they point to. */
-    bytes = (count + 1) * sizeof(char *);
-    if (rc == 0 && !(block = malloc(bytes + used)))
-        rc = -ENOMEM;
-    if (rc != 0) {
-        free(names);
-        return rc;
-    }
-    vec = (char **)(void *)block;
-    memcpy(block + bytes, names, used);
-    free(names);
-    for (size_t i = 0, at = 0; i < count; i++) {
-        vec[i] = block + bytes + at;
-        at += strlen(vec[i]) + 1;
-    }
-    vec[count] = NULL;
-    o->data = block;
-    o->n = count;
-    return 0;
+    if (rc == 0)
+        rc = dir_block(&l, types, o);
+    free(l.names);
+    free(l.kinds);
+    return rc;
 }
 
 static int op_create_dir(atap_ctx *ctx, const atap_fs_req *q)
@@ -587,73 +661,125 @@ static int op_copy(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
     return rc;
 }
 
+/* ---- the request ------------------------------------------------------------ */
+
+static bool needs_path2(atap_fs_op op)
+{
+    return op == ATAP_FS_RENAME || op == ATAP_FS_SYMLINK || op == ATAP_FS_LINK ||
+           op == ATAP_FS_COPY;
+}
+
+static bool is_write(atap_fs_op op)
+{
+    return op == ATAP_FS_WRITE || op == ATAP_FS_APPEND || op == ATAP_FS_WRITE_AT;
+}
+
+/* The operations on an open file: those that take ATAP_FS_FD, and of them
+ * those that work on nothing else. */
+static bool takes_fd(atap_fs_op op)
+{
+    return op == ATAP_FS_READ || op == ATAP_FS_READ_AT || op == ATAP_FS_WRITE_AT ||
+           op == ATAP_FS_STAT || op == ATAP_FS_SET_LEN || op == ATAP_FS_SET_MODE ||
+           op == ATAP_FS_CLOSE || op == ATAP_FS_SYNC || op == ATAP_FS_DATASYNC;
+}
+
+static bool needs_fd(atap_fs_op op)
+{
+    return op == ATAP_FS_CLOSE || op == ATAP_FS_SYNC || op == ATAP_FS_DATASYNC;
+}
+
+/* 0, or ATAP_EINVAL for a request that makes no sense as it stands. given:
+ * the size the caller's request had (0: the layout of libatap 0.1), which
+ * must hold fd and open_flags when they are to be read. */
+static int check_req(const atap_fs_req *q, size_t given)
+{
+    size_t needed = offsetof(atap_fs_req, open_flags) + sizeof q->open_flags;
+    bool fd = (q->flags & ATAP_FS_FD) != 0;
+
+    if (q->op < ATAP_FS_READ || q->op > ATAP_FS_DATASYNC)
+        return ATAP_EINVAL;
+    if ((fd || q->op == ATAP_FS_OPEN) && (given ? given : ATAP__FS_REQ_FIRST) < needed)
+        return ATAP_EINVAL;
+    if (fd ? q->path || q->fd < 0 || !takes_fd(q->op) : !q->path || needs_fd(q->op))
+        return ATAP_EINVAL;
+    if ((q->flags & ATAP_FS_AT_POSITION) &&
+        (!fd || (q->op != ATAP_FS_READ_AT && q->op != ATAP_FS_WRITE_AT)))
+        return ATAP_EINVAL;
+    if ((needs_path2(q->op) && !q->path2) || (is_write(q->op) && q->len && !q->data))
+        return ATAP_EINVAL;
+    if ((q->op == ATAP_FS_STAT || q->op == ATAP_FS_LSTAT) && q->buf && q->len < sizeof(size_t))
+        return ATAP_EINVAL;
+    return 0;
+}
+
 /* ---- the task function ------------------------------------------------------ */
+
+static int op_path(atap_ctx *ctx, const atap_fs_req *q, atap_fs_out *o)
+{
+    switch (q->op) {
+    case ATAP_FS_READ:
+        return op_read(ctx, q, o);
+    case ATAP_FS_READ_AT:
+        return op_read_at(ctx, q, o);
+    case ATAP_FS_WRITE:
+    case ATAP_FS_APPEND:
+    case ATAP_FS_WRITE_AT:
+        return op_write(ctx, q, o);
+    case ATAP_FS_STAT:
+    case ATAP_FS_LSTAT:
+        return op_stat(q, o);
+    case ATAP_FS_READ_DIR:
+        return op_read_dir(ctx, q, o);
+    case ATAP_FS_CREATE_DIR:
+        return op_create_dir(ctx, q);
+    case ATAP_FS_REMOVE:
+        return op_remove(ctx, q);
+    case ATAP_FS_RENAME:
+        return rename(q->path, q->path2) != 0 ? -errno : 0;
+    case ATAP_FS_SYMLINK:
+        return symlink(q->path, q->path2) != 0 ? -errno : 0;
+    case ATAP_FS_LINK:
+        return link(q->path, q->path2) != 0 ? -errno : 0;
+    case ATAP_FS_READ_LINK:
+        return op_read_link(q, o);
+    case ATAP_FS_COPY:
+        return op_copy(ctx, q, o);
+    case ATAP_FS_SET_MODE:
+    case ATAP_FS_SET_LEN:
+        return op_set(q);
+    default:
+        return ATAP_EINVAL;
+    }
+}
 
 int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
 {
     atap_fs_req req = {0}; /* the caller's, in this library's layout (abi.h) */
     const atap_fs_req *q = &req;
     atap_fs_out o = {0};
+    size_t given = 0;
     int rc;
 
-    if (!arg || atap__struct_in(&req, sizeof req, arg, ATAP__FS_REQ_FIRST) != 0 || !q->path)
+    if (arg)
+        memcpy(&given, arg, sizeof given);
+    if (!arg || atap__struct_in(&req, sizeof req, arg, ATAP__FS_REQ_FIRST) != 0 ||
+        check_req(q, given) != 0)
         rc = ATAP_EINVAL;
+    else if (q->op == ATAP_FS_CLOSE)
+        rc = atap__fs_file_op(ctx, q, &o); /* even when cancelled: the fd is to go */
     else if ((rc = stopped(ctx)) != 0)
         ;
-    else {
-        switch (q->op) {
-        case ATAP_FS_READ:
-            rc = op_read(ctx, q, &o);
-            break;
-        case ATAP_FS_READ_AT:
-            rc = op_read_at(ctx, q, &o);
-            break;
-        case ATAP_FS_WRITE:
-        case ATAP_FS_APPEND:
-        case ATAP_FS_WRITE_AT:
-            rc = q->len && !q->data ? ATAP_EINVAL : op_write(ctx, q, &o);
-            break;
-        case ATAP_FS_STAT:
-        case ATAP_FS_LSTAT:
-            rc = op_stat(q, &o);
-            break;
-        case ATAP_FS_READ_DIR:
-            rc = op_read_dir(ctx, q, &o);
-            break;
-        case ATAP_FS_CREATE_DIR:
-            rc = op_create_dir(ctx, q);
-            break;
-        case ATAP_FS_REMOVE:
-            rc = op_remove(ctx, q);
-            break;
-        case ATAP_FS_RENAME:
-            rc = !q->path2 ? ATAP_EINVAL : rename(q->path, q->path2) != 0 ? -errno : 0;
-            break;
-        case ATAP_FS_SYMLINK:
-            rc = !q->path2 ? ATAP_EINVAL : symlink(q->path, q->path2) != 0 ? -errno : 0;
-            break;
-        case ATAP_FS_LINK:
-            rc = !q->path2 ? ATAP_EINVAL : link(q->path, q->path2) != 0 ? -errno : 0;
-            break;
-        case ATAP_FS_READ_LINK:
-            rc = op_read_link(q, &o);
-            break;
-        case ATAP_FS_COPY:
-            rc = !q->path2 ? ATAP_EINVAL : op_copy(ctx, q, &o);
-            break;
-        case ATAP_FS_SET_MODE:
-        case ATAP_FS_SET_LEN:
-            rc = op_set(q);
-            break;
-        default:
-            rc = ATAP_EINVAL;
-        }
-    }
+    else if (q->op == ATAP_FS_OPEN || (q->flags & ATAP_FS_FD))
+        rc = atap__fs_file_op(ctx, q, &o);
+    else
+        rc = op_path(ctx, q, &o);
     o.rc = rc;
     if (out)
         memcpy(out, &o, sizeof o);
+    else if (q->op == ATAP_FS_OPEN && rc == 0)
+        close((int)o.n); /* nobody asked for it */
     else if (o.data != q->buf)
-        free(o.data); /* nobody asked for it */
+        free(o.data);
     return 0;
 }
 
@@ -662,6 +788,8 @@ int atap_fs_run(atap_ctx *ctx, void *arg, void *out)
 struct fs_arg {
     atap_fs_req req; /* its paths and (unless handed over) data are ours */
     bool own_data;
+    int fd;    /* the fd the task holds (ATAP_FS_FD: a dup; CLOSE's), or -1 */
+    int fd_rc; /* why the dup failed: the run's result */
 };
 
 static void fs_arg_free(void *arg)
@@ -674,6 +802,8 @@ static void fs_arg_free(void *arg)
         free((void *)(uintptr_t)a->req.data);
     if (a->req.buf_done && a->req.buf)
         a->req.buf_done(a->req.buf);
+    if (a->fd >= 0)
+        close(a->fd); /* a dup, or a CLOSE that did not run */
     free((void *)(uintptr_t)a->req.path);
     free((void *)(uintptr_t)a->req.path2);
     free(a);
@@ -688,10 +818,46 @@ static void fs_out_free(void *out)
     free(o.data);
 }
 
-static bool needs_path2(atap_fs_op op)
+/* An ATAP_FS_OPEN's fd that nobody took. */
+static void fs_open_out_free(void *out)
 {
-    return op == ATAP_FS_RENAME || op == ATAP_FS_SYMLINK || op == ATAP_FS_LINK ||
-           op == ATAP_FS_COPY;
+    atap_fs_out o;
+
+    memcpy(&o, out, sizeof o);
+    if (o.rc == 0)
+        close((int)o.n);
+}
+
+static int fs_task(atap_ctx *ctx, void *arg, void *out)
+{
+    struct fs_arg *a = arg;
+
+    if (a->fd_rc != 0) {
+        atap_fs_out o = {.rc = a->fd_rc};
+        memcpy(out, &o, sizeof o);
+        return 0;
+    }
+    atap_fs_run(ctx, &a->req, out);
+    if (a->req.op == ATAP_FS_CLOSE)
+        a->fd = -1; /* closed by the run, whatever close(2) said */
+    return 0;
+}
+
+/* The fd the task works on: CLOSE's own, or a dup that shares its
+ * position (its failure is the run's result). */
+static void take_fd(struct fs_arg *a, int fd)
+{
+    a->fd = -1;
+    if (!(a->req.flags & ATAP_FS_FD))
+        return;
+    if (a->req.op == ATAP_FS_CLOSE) {
+        a->fd = fd;
+        return;
+    }
+    a->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (a->fd < 0)
+        a->fd_rc = -errno;
+    a->req.fd = a->fd;
 }
 
 int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts *opts)
@@ -699,6 +865,7 @@ int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts
     atap_spawn_opts o;
     atap_fs_req q;
     struct fs_arg *a;
+    size_t given;
     int rc;
 
     if (!task)
@@ -708,10 +875,8 @@ int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts
         return ATAP_EINVAL;
     if (!req || atap__struct_in(&q, sizeof q, req, ATAP__FS_REQ_FIRST) != 0)
         return ATAP_EINVAL;
-    if (!q.path || q.op < ATAP_FS_READ || q.op > ATAP_FS_SET_LEN ||
-        (needs_path2(q.op) && !q.path2) ||
-        ((q.op == ATAP_FS_WRITE || q.op == ATAP_FS_APPEND || q.op == ATAP_FS_WRITE_AT) && q.len &&
-         !q.data))
+    memcpy(&given, req, sizeof given);
+    if (check_req(&q, given) != 0)
         return ATAP_EINVAL;
     if ((o.out_size != 0 && o.out_size != sizeof(atap_fs_out)) || o.kind != ATAP_ONCE ||
         o.arg_free || o.out_free || o.gives || o.in_free)
@@ -719,10 +884,10 @@ int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts
     if (!(a = calloc(1, sizeof *a)))
         return -ENOMEM;
     a->req = q;
-    a->req.path = strdup(q.path);
+    a->req.path = q.path ? strdup(q.path) : NULL;
     a->req.path2 = q.path2 ? strdup(q.path2) : NULL;
     a->req.data = NULL;
-    if (q.op == ATAP_FS_WRITE || q.op == ATAP_FS_APPEND || q.op == ATAP_FS_WRITE_AT) {
+    if (is_write(q.op)) {
         if (q.data_free || !q.len) {
             a->req.data = q.data;
         } else if ((a->req.data = malloc(q.len)) != NULL) {
@@ -730,19 +895,25 @@ int atap_fs_spawn(atap_task *task, const atap_fs_req *req, const atap_spawn_opts
             a->own_data = true;
         }
     }
-    if (q.op != ATAP_FS_READ_AT)
+    if (q.op != ATAP_FS_READ_AT && q.op != ATAP_FS_STAT && q.op != ATAP_FS_LSTAT)
         a->req.buf = NULL;
-    if (!a->req.path || (q.path2 && !a->req.path2) || (q.len && q.data && !a->req.data)) {
+    take_fd(a, q.fd);
+    if ((q.path && !a->req.path) || (q.path2 && !a->req.path2) ||
+        (q.len && q.data && is_write(q.op) && !a->req.data)) {
         rc = -ENOMEM;
         goto fail;
     }
     o.out_size = sizeof(atap_fs_out);
-    o.out_free = q.op == ATAP_FS_READ_AT && q.buf ? NULL : fs_out_free;
+    o.out_free = q.op == ATAP_FS_OPEN               ? fs_open_out_free
+                 : q.op == ATAP_FS_READ_AT && q.buf ? NULL
+                                                    : fs_out_free;
     o.arg_free = fs_arg_free;
     o.blocking = true;
-    if ((rc = atap_spawn(task, atap_fs_run, a, &o)) == 0)
+    if ((rc = atap_spawn(task, fs_task, a, &o)) == 0)
         return 0;
 fail:
+    if (a->fd >= 0 && q.op != ATAP_FS_CLOSE)
+        close(a->fd); /* our dup; CLOSE's fd stays the caller's */
     if (a->own_data)
         free((void *)(uintptr_t)a->req.data);
     free((void *)(uintptr_t)a->req.path);
