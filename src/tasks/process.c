@@ -1,8 +1,10 @@
 /*
  * Child processes as tasks: run (the exit status), output (stdout and
  * stderr captured), piped (the child's pipes the caller's streams), a
- * started child's wait, and the kill that gives a child a grace. Starting
- * a child (its streams, environment and directory) is process_start.c's.
+ * started child's wait; closing a piped stdin and the kill of a task's
+ * child. Starting a child (its streams, environment and directory) is
+ * process_start.c's, ending it process_kill.c's; process_int.h has the
+ * record (struct proc) the three share.
  *
  * A failed start (no such program, a bad directory, a file that cannot be
  * opened) is the call's return code, not a failed task.
@@ -24,19 +26,13 @@
  * the task ends without that (cancelled, timed out, failed), by the task's
  * guard (spawn_for), which kills the child's whole process group with
  * SIGKILL (a grandchild too) and then waits for the child, as the task
- * ends. c->lock keeps the two apart, and once reaped the pid is never
- * signalled again (it may be another process's by then).
+ * ends, or, with a grace, hands it to a killer task that reaps it. c->lock
+ * keeps them apart, and once reaped the pid is never signalled again (it
+ * may be another process's by then).
  *
  * A grace (cmd->kill_grace_ns, atap_process_kill): SIGTERM to the group,
- * then a killer task (killer_run) parks on the child's pidfd (or looks
- * every PROC_POLL_NS) with the grace's deadline, and sends SIGKILL to the
- * group if the child is still there when it comes. The killer reaps only
- * once the task is over (c->over: the guard handed the child to it);
- * otherwise the task's own run reaps, and outputs the status. After a
- * kill was asked for (c->group_kill), whoever reaps first kills what is
- * left of the group while the child is still a zombie, whose pid keeps the
- * group's id from being reused. A killer that cannot be spawned, or that
- * a shutdown ends, kills and reaps at once.
+ * SIGKILL after it, kept by a killer task: process_kill.c, which also has
+ * the reaping and the killing at once.
  *
  * A call that fails leaves what the caller owned as it was. A child the
  * call started itself (atap_spawn_run, _output, _piped) is killed and
@@ -99,34 +95,7 @@ void atap__test_proc_no_pidfd(bool on)
     atomic_store_explicit(&test_no_pidfd, on, memory_order_relaxed);
 }
 
-#define PROC_POLL_NS ATAP_MS(10) /* no pidfd: how often the exit is looked for */
 #define READ_CHUNK 65536u
-
-struct proc {
-    _Atomic int refs;     /* the task's, its guard's, a killer's */
-    pthread_mutex_t lock; /* pid's reaping and signalling: the flags below */
-    pid_t pid;
-    bool reaped, capture, piped;
-    bool let_go;     /* the caller's child, left to the caller by a failed call */
-    bool over;       /* the task ended without reaping: a killer reaps */
-    bool killer;     /* a killer task is under way */
-    bool group_kill; /* a kill was asked: the group goes before the reap */
-    bool killed;     /* SIGKILL sent */
-    int status;
-    uint64_t grace_ns;        /* a cancel's grace (cmd->kill_grace_ns) */
-    uint64_t deadline;        /* the killer's: SIGKILL at (atap_now) */
-    int mux;                  /* epoll / kqueue of the fds below; -1 if none could be had */
-    int pidfd;                /* Linux: readable once the child exits; -1: polled */
-    int in_fd;                /* our end of the child's stdin; -1: none or done */
-    int out_fd;               /* our end of its captured output; -1: none or at its end */
-    int pipes[3];             /* atap_spawn_piped: the caller's streams (procs_lock) */
-    uint64_t id;              /* the task's handle's id, while listed */
-    struct proc *prev, *next; /* procs */
-    unsigned char *input;
-    size_t input_len, input_off;
-    char *buf;
-    size_t len, cap;
-};
 
 /* ---- fds ------------------------------------------------------------------ */
 
@@ -142,17 +111,6 @@ static void close_fd(int *fd)
     if (*fd >= 0)
         close(*fd);
     *fd = -1;
-}
-
-/* Kills the child's process group and reaps the child: at once, bar the
- * moment a killed process takes to exit. Unless it was reaped already. */
-static void kill_and_reap(pid_t pid)
-{
-    int st;
-
-    kill(-pid, SIGKILL);
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
 }
 
 /* ---- the mux -------------------------------------------------------------- */
@@ -249,7 +207,7 @@ static void mux_drain(struct proc *c)
 #endif
 }
 
-static void proc_unref(struct proc *c)
+void atap__proc_unref(struct proc *c)
 {
     /* acq_rel: the last one out sees all the other did with c */
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
@@ -311,154 +269,13 @@ static struct proc *procs_find(atap_task task)
     return NULL;
 }
 
-/* ---- reaping and killing -------------------------------------------------- */
-
-/* c->lock held. Reaps the child if it has exited: 1 (its status in
- * c->status), 0 while it runs, or -errno (ECHILD: someone else reaped
- * it). After a kill was asked for, what is left of the group is killed
- * first, while the child is a zombie and its pid (the group's id) still
- * ours. */
-static int try_reap(struct proc *c)
-{
-    siginfo_t si;
-    pid_t r;
-    int st;
-
-    if (c->group_kill) {
-        memset(&si, 0, sizeof si);
-        if (waitid(P_PID, (id_t)c->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0)
-            return -errno;
-        if (si.si_pid == 0)
-            return 0;
-        kill(-c->pid, SIGKILL);
-    }
-    while ((r = waitpid(c->pid, &st, WNOHANG)) < 0 && errno == EINTR) {
-    }
-    if (r == c->pid) {
-        c->reaped = true;
-        c->status = st;
-        return 1;
-    }
-    return r < 0 ? -errno : 0;
-}
-
-/* c->lock held: whether the child has exited (not reaped yet). */
-static bool exited(const struct proc *c)
-{
-    siginfo_t si;
-
-    memset(&si, 0, sizeof si);
-    return waitid(P_PID, (id_t)c->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid != 0;
-}
-
-/* c->lock held, the child not reaped: SIGKILL to its group. */
-static void kill_now(struct proc *c)
-{
-    kill(-c->pid, SIGKILL);
-    c->killed = c->group_kill = true;
-}
-
-/* The killer's run: see the top. Once the deadline has come, SIGKILL;
- * once the child has exited, done (reaped here if the task is over). */
-static int killer_run(atap_ctx *ctx, void *arg, void *out)
-{
-    struct proc *c = arg;
-    uint64_t now = atap_now(), wait;
-    bool done, killed;
-
-    (void)out;
-    pthread_mutex_lock(&c->lock);
-    if (c->reaped || c->let_go)
-        done = true;
-    else if (c->over)
-        done = try_reap(c) != 0; /* reaped, or not ours to reap any more */
-    else
-        done = exited(c); /* the task's run reaps it */
-    if (!done && !c->killed && now >= c->deadline) {
-        kill_now(c);
-        done = !c->over; /* over: reaped by a later run of this */
-    }
-    killed = c->killed;
-    if (done)
-        c->killer = false;
-    pthread_mutex_unlock(&c->lock);
-    if (done)
-        return 0;
-    wait = killed ? ATAP_FOREVER : c->deadline - now;
-    if (c->pidfd >= 0 && c->pidfd != c->mux)
-        return atap_park_fd(ctx, c->pidfd, ATAP_READABLE, wait) == 0 ? ATAP_PARKED : ATAP_EFAILED;
-    if (wait > PROC_POLL_NS)
-        wait = PROC_POLL_NS;
-    return atap_park_until(ctx, now + wait) == 0 ? ATAP_PARKED : ATAP_EFAILED;
-}
-
-/* The killer's arg_free: a killer ended before its work (a shutdown, a
- * failed park) kills and reaps at once what it had to. */
-static void killer_free(void *arg)
-{
-    struct proc *c = arg;
-
-    pthread_mutex_lock(&c->lock);
-    if (c->killer) {
-        c->killer = false;
-        if (!c->reaped && !c->let_go) {
-            kill_now(c);
-            if (c->over) {
-                kill_and_reap(c->pid);
-                c->reaped = true;
-            }
-        }
-    }
-    pthread_mutex_unlock(&c->lock);
-    proc_unref(c);
-}
-
-/* c->lock held, the child not reaped, no killer: spawns one with the
- * deadline grace_ns from now, then sends SIGTERM to the group. 0, or the
- * spawn's error with nothing sent. */
-static int killer_start(struct proc *c, uint64_t grace_ns)
-{
-    atap_task k;
-    uint64_t now = atap_now();
-    int rc;
-
-    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
-    /* the killer takes c->lock first thing: it waits for this to end */
-    if ((rc = atap_spawn(&k, killer_run, c, &(atap_spawn_opts){.arg_free = killer_free})) != 0) {
-        atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
-        return rc;
-    }
-    atap_release(k);
-    c->killer = c->group_kill = true;
-    c->deadline = grace_ns > UINT64_MAX - now ? UINT64_MAX : now + grace_ns;
-    kill(-c->pid, SIGTERM);
-    return 0;
-}
-
-/* The task is over: the child, unless reaped, is killed with its group and
- * reaped, at once or after its grace (by a killer). c->lock: never with
- * the run's waitpid (the run may still be on its way out of a cancelled
- * run when the guard comes). */
-static void end_child(struct proc *c)
-{
-    pthread_mutex_lock(&c->lock);
-    if (!c->reaped && !c->let_go && c->pid > 0 && !c->over) {
-        c->over = true;
-        if (!c->killer && (c->killed || !c->grace_ns || killer_start(c, c->grace_ns) != 0)) {
-            kill_and_reap(c->pid);
-            c->reaped = true;
-        }
-    }
-    pthread_mutex_unlock(&c->lock);
-}
-
 /* The guard's arg_free (see spawn_for). */
 static void proc_free(void *arg)
 {
     struct proc *c = arg;
 
-    end_child(c);
-    proc_unref(c);
+    atap__proc_end(c);
+    atap__proc_unref(c);
 }
 
 /* The task's arg_free: as its last handle goes, it is taken off the list
@@ -551,7 +368,7 @@ static int step(struct proc *c)
     if (c->reaped || c->let_go || c->over)
         rc = -ECHILD; /* the guard's, or the call failed: this run was cancelled */
     else
-        rc = try_reap(c);
+        rc = atap__proc_try_reap(c);
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
@@ -755,7 +572,7 @@ static int nonblock_or_kill(pid_t pid, int fds[3])
         if (fds[i] >= 0)
             rc = set_nonblock(fds[i]);
     if (rc) {
-        kill_and_reap(pid);
+        atap__proc_kill_and_reap(pid);
         for (int i = 0; i < 3; i++)
             close_fd(&fds[i]);
     }
@@ -785,7 +602,7 @@ static int spawn_cmd(atap_task *task, atap_child *child, const atap_cmd *caller,
         return -ENOMEM;
     if (cmd.input && cmd.input_len) {
         if (!(c->input = malloc(cmd.input_len))) {
-            proc_unref(c);
+            atap__proc_unref(c);
             return -ENOMEM;
         }
         memcpy(c->input, cmd.input, cmd.input_len);
@@ -794,7 +611,7 @@ static int spawn_cmd(atap_task *task, atap_child *child, const atap_cmd *caller,
     resolve(&cmd, m, st);
     if ((rc = atap__proc_start(&cmd, st, &c->pid, fds)) != 0 ||
         (m == PIPED && (rc = nonblock_or_kill(c->pid, fds)) != 0)) {
-        proc_unref(c);
+        atap__proc_unref(c);
         return rc;
     }
     c->grace_ns = cmd.kill_grace_ns;
@@ -919,7 +736,7 @@ int atap_process_close_stdin(atap_task task)
 
 int atap_process_kill(atap_task task, uint64_t grace_ns)
 {
-    atap_task pin;
+    atap_task pin, k = ATAP_NO_TASK;
     struct proc *c = proc_of(task, &pin);
     int rc = 0;
 
@@ -929,12 +746,13 @@ int atap_process_kill(atap_task task, uint64_t grace_ns)
     if (c->reaped || c->let_go)
         rc = ATAP_EFINISHED;
     else if (grace_ns == 0 || c->killed)
-        kill_now(c);
+        atap__proc_kill_now(c);
     else if (c->killer)
         kill(-c->pid, SIGTERM); /* the deadline stands */
     else
-        rc = killer_start(c, grace_ns);
+        rc = atap__proc_killer_start(c, grace_ns, &k);
     pthread_mutex_unlock(&c->lock);
+    atap_release(k);
     atap_release(pin);
     return rc;
 }
