@@ -56,7 +56,7 @@ map='
 6 dataflow  dataflow.h dataflow_int.h gate.c forward.c settle.c
 7 manager   manager.h manager.c
 8 runtime   runtime.c
-9 tasks     tasks/sleep.c tasks/channel.c tasks/process.c tasks/signal.c tasks/net.c tasks/net_sock.c tasks/net_int.h tasks/fs.c tasks/fs_file.c tasks/fs_int.h tasks/fs_watch.c
+9 tasks     tasks/sleep.c tasks/channel.c tasks/process.c tasks/process_start.c tasks/process_kill.c tasks/process_int.h tasks/signal.c tasks/net.c tasks/net_sock.c tasks/net_int.h tasks/fs.c tasks/fs_file.c tasks/fs_int.h tasks/fs_watch.c
 10 observe  faults.c trace.c
 '
 

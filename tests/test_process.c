@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -576,6 +577,641 @@ static void test_process_child_signal(void **state)
     assert_int_equal(zombies(), 0);
 }
 
+/* ---- piped: the child's streams while it runs ------------------------- */
+
+/* The fds open in this process now. */
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int n = 0;
+
+    assert_non_null(d);
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the directory's own */
+}
+
+/* Sends len bytes of buf to fd as a task: its handle, io the caller's. */
+static atap_task send_task(atap_net_io *io, int fd, const void *buf, size_t len)
+{
+    atap_task t;
+
+    assert_int_equal(atap_net_prep_send(io, fd, buf, len), 0);
+    assert_int_equal(atap_net_spawn(&t, io, NULL), 0);
+    return t;
+}
+
+/* The next line through r into line (NUL-terminated, '\n' dropped): its
+ * length, or the recv_until's code (ATAP_ECLOSED at the end). */
+static int read_line(atap_net_reader *r, char *line, size_t room)
+{
+    atap_net_io io;
+    atap_net_out out;
+    atap_task t;
+    int rc;
+
+    assert_int_equal(atap_net_prep_recv_until(&io, r, "\n", 1, r->cap), 0);
+    assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+    rc = atap_net_join(t, &out);
+    atap_net_release(t, &io);
+    if (rc != 0)
+        return rc;
+    assert_true((size_t)out.n <= room);
+    memcpy(line, atap_net_reader_data(r, NULL), (size_t)out.n - 1);
+    line[out.n - 1] = '\0';
+    atap_net_reader_consume(r, (size_t)out.n);
+    return (int)out.n - 1;
+}
+
+/* Everything left on fd to its end, into buf (NUL-terminated): its length. */
+static size_t read_all(int fd, char *buf, size_t room)
+{
+    atap_net_io io;
+    atap_net_out out;
+    atap_task t;
+    size_t len = 0;
+
+    for (;;) {
+        assert_true(len < room - 1);
+        assert_int_equal(atap_net_prep_recv(&io, fd, buf + len, room - 1 - len), 0);
+        assert_int_equal(atap_net_spawn(&t, &io, NULL), 0);
+        assert_int_equal(atap_net_join(t, &out), 0);
+        atap_net_release(t, &io);
+        if (out.n == 0)
+            break;
+        len += (size_t)out.n;
+    }
+    buf[len] = '\0';
+    return len;
+}
+
+static int join_status(atap_task t)
+{
+    int st = -1;
+
+    assert_int_equal(atap_join(t, &st, sizeof st), 0);
+    return st;
+}
+
+#define LINES 20000
+
+/* cat -n fed 20000 lines (far more than a pipe holds, so the feeding and
+ * the reading must go on together) by a send task, while this thread reads
+ * its output line by line; the end of stdin is its end of output. */
+static void test_process_piped_lines(void **state)
+{
+    (void)state;
+    size_t cap = LINES * 16, len = 0;
+    char *in = malloc(cap), line[128], want[128], rb[256];
+    atap_net_reader r;
+    atap_net_io sio;
+    atap_net_out out;
+    atap_child c;
+    atap_task t, s;
+
+    assert_non_null(in);
+    for (int i = 0; i < LINES; i++)
+        len += (size_t)snprintf(in + len, cap - len, "line %d\n", i);
+    assert_int_equal(atap_spawn_piped(&t, &c,
+                                      &(atap_cmd){.program = "cat",
+                                                  .argv = (const char *const[]){"cat", "-n", NULL}},
+                                      NULL),
+                     0);
+    assert_true(c.pid > 0 && c.in_fd >= 0 && c.out_fd >= 0 && c.err_fd >= 0);
+    for (int i = 0; i < 3; i++) {
+        int fd = i == 0 ? c.in_fd : i == 1 ? c.out_fd : c.err_fd;
+        assert_int_equal(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+        assert_int_equal(fcntl(fd, F_GETFL) & O_NONBLOCK, O_NONBLOCK);
+    }
+    s = send_task(&sio, c.in_fd, in, len);
+    assert_int_equal(atap_net_reader_init(&r, c.out_fd, rb, sizeof rb), 0);
+    for (int i = 0; i < LINES; i++) {
+        assert_true(read_line(&r, line, sizeof line) > 0);
+        snprintf(want, sizeof want, "%6d\tline %d", i + 1, i);
+        assert_string_equal(line, want);
+        if (i == 0)
+            assert_false(atap_finished(s)); /* the first line came while it fed */
+    }
+    assert_int_equal(atap_net_join(s, &out), 0);
+    assert_int_equal(out.n, (int64_t)len);
+    atap_net_release(s, &sio);
+    assert_int_equal(atap_process_close_stdin(t), 0);
+    assert_int_equal(read_line(&r, line, sizeof line), ATAP_ECLOSED);
+    int st = join_status(t);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    atap_release(t);
+    free(in);
+    assert_int_equal(zombies(), 0);
+}
+
+/* stdout and stderr are two pipes, read apart; what a child wrote before
+ * it exited is still there to read after, then the end. */
+static void test_process_piped_stderr_apart(void **state)
+{
+    (void)state;
+    char buf[256];
+    atap_child c;
+    atap_task t;
+
+    assert_int_equal(
+        atap_spawn_piped(
+            &t, &c,
+            &(atap_cmd){.program = "sh",
+                        .argv = SH("echo out1; echo err1 >&2; echo out2; echo err2 >&2; exit 3")},
+            NULL),
+        0);
+    int st = join_status(t); /* exited and reaped: the pipes stay open */
+    assert_int_equal(WEXITSTATUS(st), 3);
+    assert_int_equal(read_all(c.out_fd, buf, sizeof buf), 10);
+    assert_string_equal(buf, "out1\nout2\n");
+    assert_int_equal(read_all(c.err_fd, buf, sizeof buf), 10);
+    assert_string_equal(buf, "err1\nerr2\n");
+    atap_release(t);
+    assert_int_equal(zombies(), 0);
+}
+
+/* Closing stdin: the child reads its end; closing it again, or on a task
+ * with no pipes, is refused. */
+static void test_process_piped_stdin_eof(void **state)
+{
+    (void)state;
+    char buf[256];
+    atap_child c;
+    atap_task t, r;
+
+    assert_int_equal(
+        atap_spawn_piped(&t, &c, &(atap_cmd){.program = "sh", .argv = SH("cat; echo eof")}, NULL),
+        0);
+    assert_int_equal(write(c.in_fd, "a\nb\n", 4), 4);
+    assert_int_equal(atap_process_close_stdin(t), 0);
+    assert_int_equal(atap_process_close_stdin(t), ATAP_EFINISHED);
+    assert_int_equal(read_all(c.out_fd, buf, sizeof buf), 8);
+    assert_string_equal(buf, "a\nb\neof\n");
+    assert_int_equal(WEXITSTATUS(join_status(t)), 0);
+    atap_release(t);
+    assert_int_equal(atap_process_close_stdin(t), ATAP_ENOTASK); /* released */
+
+    assert_int_equal(atap_spawn_run(&r, &(atap_cmd){.program = "true"}, NULL), 0);
+    assert_int_equal(atap_process_close_stdin(r), ATAP_ENOTASK); /* no pipes */
+    assert_int_equal(WEXITSTATUS(join_status(r)), 0);
+    atap_release(r);
+    assert_int_equal(zombies(), 0);
+}
+
+/* A write to a stdin the child closed: -EPIPE, and no SIGPIPE kills us. */
+static void test_process_piped_write_to_closed_stdin(void **state)
+{
+    (void)state;
+    size_t n = 1 << 20;
+    char *big = calloc(1, n), line[64], rb[64];
+    atap_net_reader r;
+    atap_net_io io;
+    atap_net_out out;
+    atap_child c;
+    atap_task t, s;
+
+    assert_non_null(big);
+    assert_int_equal(
+        atap_spawn_piped(
+            &t, &c,
+            &(atap_cmd){.program = "sh", .argv = SH("exec 0<&-; echo closed; exec sleep 100")},
+            NULL),
+        0);
+    assert_int_equal(atap_net_reader_init(&r, c.out_fd, rb, sizeof rb), 0);
+    assert_int_equal(read_line(&r, line, sizeof line), 6);
+    assert_string_equal(line, "closed");
+    s = send_task(&io, c.in_fd, big, n);
+    assert_int_equal(atap_net_join(s, &out), -EPIPE);
+    atap_net_release(s, &io);
+    assert_int_equal(atap_process_kill(t, 0), 0);
+    int st = join_status(t);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGKILL);
+    assert_int_equal(atap_process_kill(t, 0), ATAP_EFINISHED); /* reaped: nothing sent */
+    atap_release(t);
+    free(big);
+}
+
+/* ---- redirection ----------------------------------------------------- */
+
+static void slurp(const char *path, char *buf, size_t room)
+{
+    FILE *f = fopen(path, "r");
+    size_t n;
+
+    assert_non_null(f);
+    n = fread(buf, 1, room - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+static void test_process_redirect_file(void **state)
+{
+    (void)state;
+    char out[64], in[64], buf[256];
+    atap_cmd cmd = {
+        .size = sizeof cmd, .program = "sh", .argv = SH("echo to-out; echo to-err >&2")};
+
+    snprintf(out, sizeof out, "/tmp/atap_proc_f_%d", (int)getpid());
+    snprintf(in, sizeof in, "/tmp/atap_proc_i_%d", (int)getpid());
+    /* stdout to a file (truncated), stderr with it */
+    FILE *f = fopen(out, "w");
+    assert_non_null(f);
+    fputs("old contents, longer than what comes\n", f);
+    fclose(f);
+    cmd.stdio[1] = (atap_stdio){.how = ATAP_STDIO_FILE, .path = out};
+    cmd.stdio[2] = (atap_stdio){.how = ATAP_STDIO_STDOUT};
+    assert_int_equal(WEXITSTATUS(run_status(&cmd)), 0);
+    slurp(out, buf, sizeof buf);
+    assert_string_equal(buf, "to-out\nto-err\n");
+    /* appended, stderr to its own file */
+    cmd.stdio[1].how = ATAP_STDIO_APPEND;
+    cmd.stdio[2] = (atap_stdio){.how = ATAP_STDIO_FILE, .path = in};
+    assert_int_equal(WEXITSTATUS(run_status(&cmd)), 0);
+    slurp(out, buf, sizeof buf);
+    assert_string_equal(buf, "to-out\nto-err\nto-out\n");
+    slurp(in, buf, sizeof buf);
+    assert_string_equal(buf, "to-err\n");
+    /* stdin from a file; captured output */
+    atap_cmd rd = {
+        .size = sizeof rd, .program = "sh", .argv = SH("read a; read b; echo \"$b $a\"")};
+    rd.stdio[0] = (atap_stdio){.how = ATAP_STDIO_FILE, .path = out};
+    atap_output o = run_output(&rd);
+    assert_string_equal(o.data, "to-err to-out\n");
+    free(o.data);
+    /* an fd of ours: the child writes to it */
+    int fd = open(in, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    assert_true(fd >= 0);
+    cmd.stdio[1] = (atap_stdio){.how = ATAP_STDIO_FD, .fd = fd};
+    cmd.stdio[2] = (atap_stdio){.how = ATAP_STDIO_NULL};
+    assert_int_equal(WEXITSTATUS(run_status(&cmd)), 0);
+    close(fd);
+    slurp(in, buf, sizeof buf);
+    assert_string_equal(buf, "to-out\n");
+    unlink(out);
+    unlink(in);
+}
+
+static void test_process_redirect_null(void **state)
+{
+    (void)state;
+    atap_cmd cmd = {
+        .size = sizeof cmd, .program = "sh", .argv = SH("echo to-out; echo to-err >&2")};
+    atap_output o;
+    atap_child c;
+    atap_task t;
+    char buf[64];
+
+    /* stdout thrown away: stderr captured alone */
+    cmd.stdio[1].how = ATAP_STDIO_NULL;
+    o = run_output(&cmd);
+    assert_string_equal(o.data, "to-err\n");
+    free(o.data);
+    /* and the other way */
+    cmd.stdio[1].how = ATAP_STDIO_DEFAULT;
+    cmd.stdio[2].how = ATAP_STDIO_NULL;
+    o = run_output(&cmd);
+    assert_string_equal(o.data, "to-out\n");
+    free(o.data);
+    /* both: nothing captured */
+    cmd.stdio[1].how = ATAP_STDIO_NULL;
+    o = run_output(&cmd);
+    assert_int_equal(o.len, 0);
+    free(o.data);
+    /* piped, with stdin and stderr on /dev/null: no fd for them */
+    cmd.argv = SH("cat; echo to-out; echo to-err >&2");
+    cmd.stdio[0].how = ATAP_STDIO_NULL;
+    cmd.stdio[1].how = ATAP_STDIO_DEFAULT;
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), 0);
+    assert_int_equal(c.in_fd, -1);
+    assert_int_equal(c.err_fd, -1);
+    assert_int_equal(read_all(c.out_fd, buf, sizeof buf), 7);
+    assert_string_equal(buf, "to-out\n");
+    assert_int_equal(WEXITSTATUS(join_status(t)), 0);
+    assert_int_equal(atap_process_close_stdin(t), ATAP_EFINISHED);
+    atap_release(t);
+    /* size 0 is 0.1's layout: the stdio set past it is not read */
+    cmd.size = 0;
+    cmd.stdio[1].how = ATAP_STDIO_NULL;
+    cmd.stdio[2].how = ATAP_STDIO_NULL;
+    cmd.argv = SH("echo to-out");
+    o = run_output(&cmd);
+    assert_string_equal(o.data, "to-out\n");
+    free(o.data);
+}
+
+/* ---- kill with a grace ----------------------------------------------- */
+
+/* A piped child that ignores SIGTERM (a grandchild too), once it says so. */
+static atap_task start_ignoring_term(atap_child *c, uint64_t grace_ns)
+{
+    atap_cmd cmd = {.size = sizeof cmd,
+                    .program = "sh",
+                    .argv = SH("trap '' TERM; sleep 100 & echo ready; wait"),
+                    .kill_grace_ns = grace_ns};
+    char line[64], rb[64];
+    atap_net_reader r;
+    atap_task t;
+
+    assert_int_equal(atap_spawn_piped(&t, c, &cmd, NULL), 0);
+    assert_int_equal(atap_net_reader_init(&r, c->out_fd, rb, sizeof rb), 0);
+    assert_int_equal(read_line(&r, line, sizeof line), 5);
+    return t;
+}
+
+/* SIGTERM ignored: SIGKILL comes after the grace, never before. */
+static void test_process_kill_grace_then_sigkill(void **state)
+{
+    (void)state;
+    uint64_t grace = ATAP_MS(400), t0, took;
+    atap_child c;
+    atap_task t = start_ignoring_term(&c, 0);
+
+    t0 = now_ns();
+    assert_int_equal(atap_process_kill(t, grace), 0);
+    usleep(200000);
+    /* not killed in the grace (looked at before the clock is read: a
+     * loaded machine that slept past the grace proves nothing) */
+    bool over = atap_finished(t) || gone(c.pid);
+    if (now_ns() - t0 < grace)
+        assert_false(over);
+    int st = join_status(t);
+    took = now_ns() - t0;
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGKILL);
+    assert_true(took >= grace);
+    assert_true(took < grace + ATAP_SEC(5) * test_slack());
+    atap_release(t);
+    assert_int_equal(zombies(), 0);
+}
+
+/* A child that exits on SIGTERM is not SIGKILLed: its status says SIGTERM,
+ * long before the grace. */
+static void test_process_kill_term_is_enough(void **state)
+{
+    (void)state;
+    atap_child c;
+    atap_task t;
+    uint64_t t0;
+
+    assert_int_equal(
+        atap_spawn_piped(
+            &t, &c,
+            &(atap_cmd){.program = "sleep", .argv = (const char *const[]){"sleep", "100", NULL}},
+            NULL),
+        0);
+    t0 = now_ns();
+    assert_int_equal(atap_process_kill(t, ATAP_SEC(30)), 0);
+    int st = join_status(t);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGTERM);
+    assert_true(now_ns() - t0 < ATAP_SEC(10));
+    atap_release(t);
+    assert_int_equal(atap_process_kill(t, 0), ATAP_ENOTASK);
+    assert_int_equal(zombies(), 0);
+}
+
+/* A cancel with cmd->kill_grace_ns: the cancel returns at once, the child
+ * gets SIGTERM, then SIGKILL after the grace (reaped then, by libatap). */
+static void test_process_cancel_grace(void **state)
+{
+    (void)state;
+    uint64_t grace = ATAP_MS(400), t0;
+    atap_child c;
+    atap_task t = start_ignoring_term(&c, grace);
+    int st;
+
+    t0 = now_ns();
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join(t, &st, sizeof st), ATAP_ECANCELLED);
+    /* the cancel did not wait for the grace: the child is still there
+     * (looked at before the clock is read, as above) */
+    bool there = !gone(c.pid);
+    if (now_ns() - t0 < grace)
+        assert_true(there);
+    usleep(200000);
+    there = !gone(c.pid); /* still in its grace */
+    if (now_ns() - t0 < grace)
+        assert_true(there);
+    assert_true(wait_until_reaped(c.pid, ATAP_SEC(10)));
+    assert_true(now_ns() - t0 >= grace);
+    atap_release(t);
+    assert_int_equal(zombies(), 0);
+
+    /* one that exits on SIGTERM goes at once */
+    atap_cmd cmd = {.size = sizeof cmd,
+                    .program = "sleep",
+                    .argv = (const char *const[]){"sleep", "100", NULL},
+                    .kill_grace_ns = ATAP_SEC(30)};
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), 0);
+    t0 = now_ns();
+    assert_int_equal(atap_cancel(t), 0);
+    assert_true(wait_until_reaped(c.pid, ATAP_SEC(10)));
+    assert_true(now_ns() - t0 < ATAP_SEC(10));
+    atap_release(t);
+    assert_int_equal(zombies(), 0);
+}
+
+/* A run timeout with a grace ends the child as a cancel does (the guard,
+ * on the manager's thread, hands it to a killer); a shutdown during a
+ * grace kills and reaps at once. */
+static void test_process_timeout_grace_and_shutdown(void **state)
+{
+    (void)state;
+    uint64_t grace = ATAP_MS(300), t0;
+    atap_cmd cmd = {.size = sizeof cmd,
+                    .program = "sh",
+                    .argv = SH("trap '' TERM; echo $$; exec sleep 100"),
+                    .kill_grace_ns = grace};
+    char line[64], rb[64];
+    atap_net_reader r;
+    atap_child c;
+    atap_task t;
+    int st;
+
+    /* A line read says the trap was set before the SIGTERM came; on a
+     * loaded machine the shell may come to it only after the timeout:
+     * then the timeout doubles and it goes again. */
+    for (uint64_t timeout = ATAP_MS(200);; timeout *= 2) {
+        assert_true(timeout <= ATAP_MS(25600));
+        t0 = now_ns();
+        assert_int_equal(atap_spawn_piped(&t, &c, &cmd, &(atap_spawn_opts){.timeout_ns = timeout}),
+                         0);
+        assert_int_equal(atap_net_reader_init(&r, c.out_fd, rb, sizeof rb), 0);
+        bool trapped = read_line(&r, line, sizeof line) > 0;
+        assert_int_equal(atap_join(t, &st, sizeof st), ATAP_ETIMEDOUT);
+        assert_true(wait_until_reaped(c.pid, ATAP_SEC(10)));
+        atap_release(t);
+        if (trapped) {
+            assert_true(now_ns() - t0 >= timeout + grace);
+            break;
+        }
+    }
+
+    /* a shutdown in the grace: reaped by the time it returns */
+    cmd.kill_grace_ns = ATAP_SEC(100);
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), 0);
+    assert_int_equal(atap_net_reader_init(&r, c.out_fd, rb, sizeof rb), 0);
+    assert_true(read_line(&r, line, sizeof line) > 0); /* TERM ignored from here */
+    assert_int_equal(atap_cancel(t), 0);
+    usleep(100000);
+    assert_true(unreaped(c.pid));
+    assert_int_equal(atap_shutdown(), 0);
+    assert_true(wait_until_reaped(c.pid, ATAP_SEC(10)));
+    atap_release(t);
+    assert_int_equal(atap_init(NULL), 0); /* for the teardown */
+    assert_int_equal(zombies(), 0);
+}
+
+/* ---- directory and environment --------------------------------------- */
+
+static void test_process_cwd_and_env_set(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/atap_proc_dXXXXXX", want[PATH_MAX + 2], real[PATH_MAX];
+    atap_cmd cmd = {.size = sizeof cmd, .program = "pwd"};
+    atap_output o;
+
+    assert_non_null(mkdtemp(dir));
+    assert_non_null(realpath(dir, real));
+    cmd.dir = dir;
+    o = run_output(&cmd);
+    snprintf(want, sizeof want, "%s\n", real);
+    assert_string_equal(o.data, want);
+    free(o.data);
+    rmdir(dir);
+
+    /* on top of ours: set one, replace one, unset one */
+    setenv("ATAP_E_KEEP", "kept", 1);
+    setenv("ATAP_E_REPLACE", "old", 1);
+    setenv("ATAP_E_UNSET", "there", 1);
+    const char *const set[] = {"ATAP_E_NEW=new value", "ATAP_E_REPLACE=new", "ATAP_E_UNSET", NULL};
+    atap_cmd e = {.size = sizeof e,
+                  .program = "sh",
+                  .argv =
+                      SH("echo \"$ATAP_E_KEEP|$ATAP_E_NEW|$ATAP_E_REPLACE|${ATAP_E_UNSET-unset}\""),
+                  .env_set = set};
+    o = run_output(&e);
+    assert_string_equal(o.data, "kept|new value|new|unset\n");
+    free(o.data);
+    /* on top of a whole environment given; the later of two entries wins */
+    const char *const env[] = {"ATAP_E_A=a", "ATAP_E_B=b", NULL};
+    const char *const set2[] = {"ATAP_E_B=1", "ATAP_E_C=c", "ATAP_E_B=2", NULL};
+    e.env = env;
+    e.env_set = set2;
+    e.argv = SH("echo \"$ATAP_E_A|$ATAP_E_B|$ATAP_E_C|${ATAP_E_KEEP-unset}\"");
+    o = run_output(&e);
+    assert_string_equal(o.data, "a|2|c|unset\n");
+    free(o.data);
+    unsetenv("ATAP_E_KEEP");
+    unsetenv("ATAP_E_REPLACE");
+    unsetenv("ATAP_E_UNSET");
+}
+
+/* ---- bad input: a clear error, no child, no fd left ------------------ */
+
+static void test_process_bad_input_leaks_nothing(void **state)
+{
+    (void)state;
+    int before = open_fds(), closed = open("/dev/null", O_RDONLY);
+    atap_cmd cmd = {.size = sizeof cmd, .program = "true", .dir = "/nonexistent-dir-x"};
+    atap_child c;
+    atap_task t;
+
+    close(closed);
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), -ENOENT);
+    assert_int_equal(c.pid, -1);
+    assert_int_equal(c.in_fd, -1);
+    assert_int_equal(c.out_fd, -1);
+    assert_int_equal(c.err_fd, -1);
+    assert_int_equal(t.id, 0);
+    assert_int_equal(atap_spawn_output(&t, &cmd, NULL), -ENOENT);
+    assert_int_equal(atap_child_start(&c, &cmd), -ENOENT);
+    cmd.dir = NULL;
+    cmd.stdio[0] = (atap_stdio){.how = ATAP_STDIO_FILE, .path = "/nonexistent-dir-x/in"};
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), -ENOENT);
+    cmd.stdio[0] = (atap_stdio){.how = ATAP_STDIO_FD, .fd = closed};
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), -EBADF);
+    cmd.stdio[0].how = ATAP_STDIO_DEFAULT;
+    cmd.stdio[2] = (atap_stdio){.how = ATAP_STDIO_FILE, .path = "/"};
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), -EISDIR);
+    cmd.program = "atap-no-such-program-x";
+    cmd.stdio[2].how = ATAP_STDIO_DEFAULT;
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), -ENOENT);
+    /* refused before anything is made */
+    cmd.program = "true";
+    cmd.stdio[1].how = ATAP_STDIO_PIPE; /* nobody would read it */
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_output(&t, &cmd, NULL), ATAP_EINVAL);
+    cmd.stdio[1] = (atap_stdio){.how = ATAP_STDIO_FILE}; /* no path */
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), ATAP_EINVAL);
+    cmd.stdio[1] = (atap_stdio){.how = 99};
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), ATAP_EINVAL);
+    cmd.stdio[1] = (atap_stdio){.how = ATAP_STDIO_STDOUT}; /* stderr's only */
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), ATAP_EINVAL);
+    cmd.stdio[1] = (atap_stdio){.how = ATAP_STDIO_DEFAULT};
+    cmd.stdio[0] = (atap_stdio){.how = ATAP_STDIO_APPEND, .path = "/tmp/x"};
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), ATAP_EINVAL);
+    cmd.stdio[0] = (atap_stdio){.how = ATAP_STDIO_NULL};
+    cmd.input = "x";
+    cmd.input_len = 1;
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), ATAP_EINVAL); /* two stdins */
+    cmd.stdio[0].how = ATAP_STDIO_DEFAULT;
+    assert_int_equal(atap_spawn_piped(&t, &c, &cmd, NULL), ATAP_EINVAL); /* input */
+    cmd.input = NULL;
+    cmd.input_len = 0;
+    cmd.env_set = (const char *const[]){"=x", NULL};
+    assert_int_equal(atap_spawn_run(&t, &cmd, NULL), ATAP_EINVAL);
+    cmd.env_set = NULL;
+    assert_int_equal(atap_spawn_piped(&t, NULL, &cmd, NULL), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_piped(NULL, &c, &cmd, NULL), ATAP_EINVAL);
+    assert_int_equal(zombies(), 0);
+    assert_int_equal(open_fds(), before);
+}
+
+/* ---- many piped children --------------------------------------------- */
+
+#define PIPED_MANY 100
+
+static void test_process_piped_many_no_fd_left(void **state)
+{
+    (void)state;
+    int before = open_fds();
+    atap_child c[PIPED_MANY];
+    atap_task t[PIPED_MANY];
+    int st[PIPED_MANY];
+    char buf[64], want[64];
+
+    for (int i = 0; i < PIPED_MANY; i++) {
+        assert_int_equal(
+            atap_spawn_piped(
+                &t[i], &c[i],
+                &(atap_cmd){.program = "sh", .argv = SH("read x; echo \"$x$x\"; echo \"$x\" >&2")},
+                NULL),
+            0);
+        snprintf(buf, sizeof buf, "%d\n", i);
+        assert_int_equal(write(c[i].in_fd, buf, strlen(buf)), (ssize_t)strlen(buf));
+    }
+    for (int i = 0; i < PIPED_MANY; i++) {
+        read_all(c[i].out_fd, buf, sizeof buf);
+        snprintf(want, sizeof want, "%d%d\n", i, i);
+        assert_string_equal(buf, want);
+        read_all(c[i].err_fd, buf, sizeof buf);
+        snprintf(want, sizeof want, "%d\n", i);
+        assert_string_equal(buf, want);
+    }
+    assert_int_equal(atap_join_all(t, PIPED_MANY, st, sizeof st[0], NULL), 0);
+    for (int i = 0; i < PIPED_MANY; i++) {
+        assert_int_equal(WEXITSTATUS(st[i]), 0);
+        atap_release(t[i]);
+    }
+    assert_int_equal(zombies(), 0);
+    assert_int_equal(open_fds(), before);
+}
+
 /* ---- signals ---------------------------------------------------------- */
 
 static void test_signal_wait_counts(void **state)
@@ -943,6 +1579,19 @@ int main(void)
         T(test_process_many_no_thread_each),
         T(test_process_child_pipes),
         T(test_process_child_signal),
+        T(test_process_piped_lines),
+        T(test_process_piped_stderr_apart),
+        T(test_process_piped_stdin_eof),
+        T(test_process_piped_write_to_closed_stdin),
+        T(test_process_redirect_file),
+        T(test_process_redirect_null),
+        T(test_process_kill_grace_then_sigkill),
+        T(test_process_kill_term_is_enough),
+        T(test_process_cancel_grace),
+        T(test_process_timeout_grace_and_shutdown),
+        T(test_process_cwd_and_env_set),
+        T(test_process_bad_input_leaks_nothing),
+        T(test_process_piped_many_no_fd_left),
         T(test_signal_wait_counts),
         T(test_signal_repeat_handler),
         T(test_signal_repeat_counts_between_runs),

@@ -211,7 +211,9 @@ ATAP_EXPORT int atap_net_prep_accept(atap_net_io *io, int lfd, struct sockaddr *
 /* Sends all len bytes of buf (on a datagram socket: one datagram). out.n
  * = len. Only a cancel, a timeout or an error stops it part way: io->done
  * (out.n on an error) says how many went. A peer gone: -EPIPE or
- * -ECONNRESET (no SIGPIPE is raised). Prep returns 0; ATAP_EINVAL for NULL
+ * -ECONNRESET (no SIGPIPE is raised). An fd that is not a socket (a pipe,
+ * a child's stdin) is written with write: a pipe whose reader is gone is
+ * -EPIPE, with no SIGPIPE either. Prep returns 0; ATAP_EINVAL for NULL
  * io, or NULL buf with len > 0. Blocks: no. Threads: any. */
 ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, size_t len);
 
@@ -223,7 +225,8 @@ ATAP_EXPORT int atap_net_prep_send(atap_net_io *io, int fd, const void *buf, siz
  * sends one buffer (a gathered send, sendmsg): on a stream socket each
  * partial write is followed from where it stopped, mid-buffer too, parking
  * while the socket is full; on a datagram socket they go as one datagram.
- * An fd that is not a socket (a pipe) is written with writev. out.n: the
+ * An fd that is not a socket (a pipe) is written with writev (a reader
+ * gone: -EPIPE, no SIGPIPE). out.n: the
  * bytes of them all; io->done after a cancel (out.n after an error): how
  * many went, the first ones. The array and its buffers are the caller's,
  * read and never written, kept as send's buffer is. Prep returns 0;

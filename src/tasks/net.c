@@ -21,7 +21,8 @@
  * The fds made here (a connect's, an accept's) keep net_sock.c's rule:
  * close-on-exec and non-blocking, atomically with accept4 where the
  * platform has it. Sends never raise SIGPIPE (MSG_NOSIGNAL, or
- * SO_NOSIGPIPE on the socket where there is no such flag). Only public
+ * SO_NOSIGPIPE on the socket where there is no such flag; a write to a
+ * pipe, and a sendfile, with SIGPIPE blocked: pipe_guard). Only public
  * calls are used besides libc: it sits on the public header and the park
  * API (layer 9).
  */
@@ -506,6 +507,55 @@ static int do_accept(atap_ctx *ctx, atap_net_io *io, atap_net_out *out)
     }
 }
 
+/* A write to a pipe (an fd that is not a socket: a child's stdin, say)
+ * whose reader is gone, and a sendfile to a peer gone, have no
+ * MSG_NOSIGNAL: they raise SIGPIPE at the calling thread. Such a write is
+ * done with SIGPIPE blocked, and after an -EPIPE the one it raised is
+ * taken back (unless one was pending before, which is left there) before
+ * it is let go: the caller reads -EPIPE, and the process lives. */
+struct pipe_guard {
+    sigset_t old;
+    bool pending;
+};
+
+static void pipe_block(struct pipe_guard *g)
+{
+    sigset_t set, pending;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+    g->pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+}
+
+static void pipe_unblock(struct pipe_guard *g, bool epipe)
+{
+    sigset_t set, pending;
+    int sig;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    /* sigwait takes the pending one at once (macOS has no sigtimedwait) */
+    if (epipe && !g->pending && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE))
+        sigwait(&set, &sig);
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* writev to an fd that is not a socket, raising no SIGPIPE (above). */
+static ssize_t write_quiet(int fd, const struct iovec *iov, int n)
+{
+    struct pipe_guard g;
+    ssize_t r;
+    int e;
+
+    pipe_block(&g);
+    r = writev(fd, iov, n);
+    e = errno;
+    pipe_unblock(&g, r < 0 && e == EPIPE);
+    errno = e;
+    return r;
+}
+
 /* One send or receive call, with the fallback to write / read for an fd
  * that is not a socket (a pipe handed in). */
 static ssize_t xfer(atap_net_io *io, bool send_dir)
@@ -518,7 +568,7 @@ static ssize_t xfer(atap_net_io *io, bool send_dir)
         if (io->op == OP_SEND_TO)
             return sendto(io->fd, p, n, SEND_FLAGS, io->addr, io->to_len);
         if ((r = send(io->fd, p, n, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
-            r = write(io->fd, p, n);
+            r = write_quiet(io->fd, &(struct iovec){.iov_base = p, .iov_len = n}, 1);
         return r;
     }
     if (io->op == OP_RECV_FROM)
@@ -635,7 +685,7 @@ static ssize_t gather_once(atap_net_io *io)
         return message_once(io);
     gather_from(&g, io->buf, io->limit, io->done);
     if ((r = sendmsg(io->fd, &g.m, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
-        r = writev(io->fd, g.m.msg_iov, (int)g.m.msg_iovlen);
+        r = write_quiet(io->fd, g.m.msg_iov, (int)g.m.msg_iovlen);
     return r;
 }
 
@@ -757,7 +807,7 @@ static ssize_t copy_chunk(atap_net_io *io, unsigned char *buf, size_t want)
     if (n <= 0)
         return n;
     if ((r = send(io->fd, buf, (size_t)n, SEND_FLAGS)) < 0 && errno == ENOTSOCK)
-        r = write(io->fd, buf, (size_t)n);
+        r = write(io->fd, buf, (size_t)n); /* do_sendfile's guard is up */
     return r;
 }
 
@@ -771,51 +821,14 @@ static ssize_t sendfile_chunk(atap_net_io *io, size_t want)
     return sendfile(io->fd, file_of(io), &off, want);
 }
 
-/* sendfile has no MSG_NOSIGNAL: to a peer gone it raises SIGPIPE at the
- * calling thread. The run blocks it, and after an -EPIPE takes back the
- * one it raised (unless one was pending before the run, which is left
- * there) before it lets it go. */
-struct pipe_guard {
-    sigset_t old;
-    bool pending;
-};
-
-static void pipe_block(struct pipe_guard *g)
-{
-    sigset_t set, pending;
-
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, &g->old);
-    g->pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
-}
-
-static void pipe_unblock(struct pipe_guard *g, bool epipe)
-{
-    const struct timespec zero = {0, 0};
-    sigset_t set;
-
-    if (epipe && !g->pending) {
-        sigemptyset(&set);
-        sigaddset(&set, SIGPIPE);
-        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR) {
-        }
-    }
-    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
-}
 #else
 #define HAVE_SENDFILE 0
-struct pipe_guard {
-    char none;
-};
 static ssize_t sendfile_chunk(atap_net_io *io, size_t want)
 {
     (void)io, (void)want;
     errno = ENOSYS;
     return -1;
 }
-static void pipe_block(struct pipe_guard *g) { (void)g; }
-static void pipe_unblock(struct pipe_guard *g, bool epipe) { (void)g, (void)epipe; }
 #endif
 
 /* A file to a socket, a chunk at a time from io->done: by sendfile where

@@ -1,55 +1,70 @@
 /*
  * Child processes as tasks: run (the exit status), output (stdout and
- * stderr captured together) and a started child's wait.
+ * stderr captured), piped (the child's pipes the caller's streams), a
+ * started child's wait; closing a piped stdin and the kill of a task's
+ * child. Starting a child (its streams, environment and directory) is
+ * process_start.c's, ending it process_kill.c's; process_int.h has the
+ * record (struct proc) the three share.
  *
- * The child is started by the spawning call itself, with posix_spawnp
- * (no code of ours runs between fork and exec, so a multithreaded parent
- * is safe), in a process group of its own (POSIX_SPAWN_SETPGROUP), with an
- * empty signal mask and every signal at its default disposition. A failed
- * start (no such program, a bad directory) is the call's return code, not
- * a failed task.
+ * A failed start (no such program, a bad directory, a file that cannot be
+ * opened) is the call's return code, not a failed task.
  *
  * A task never holds a thread while the child runs. Everything it waits
- * for (the pipe of stdin to write, the pipe of stdout and stderr to read,
- * the child's exit) is gathered in one private event fd, the mux: epoll on
+ * for (the pipe of stdin to write, the pipe of output to read, the
+ * child's exit) is gathered in one private event fd, the mux: epoll on
  * Linux, with the child's pidfd for its exit; kqueue elsewhere, with
  * EVFILT_PROC / NOTE_EXIT. The task parks on the mux (level-triggered:
  * readable while anything in it is ready) and, at each run, writes what
  * the pipe takes, reads what there is, and reaps the child with
  * waitpid(WNOHANG) once its output is at its end. Where Linux gives no
  * pidfd (before 5.3: ENOSYS; or a seccomp filter refusing it) the exit is
- * looked for every PROC_POLL_NS instead, still parked.
+ * looked for every PROC_POLL_NS instead, still parked. A piped task's
+ * pipes are not in the mux: they are the caller's streams (c->pipes),
+ * kept open until the task's last handle goes (task_free).
  *
  * The child is reaped exactly once: by the run that sees it exit, or, when
  * the task ends without that (cancelled, timed out, failed), by the task's
  * guard (spawn_for), which kills the child's whole process group with
  * SIGKILL (a grandchild too) and then waits for the child, as the task
- * ends. c->lock keeps the two apart, and once reaped the pid is never
- * signalled again (it may be another process's by then).
+ * ends, or, with a grace, hands it to a killer task that reaps it. c->lock
+ * keeps them apart, and once reaped the pid is never signalled again (it
+ * may be another process's by then).
+ *
+ * A grace (cmd->kill_grace_ns, atap_process_kill): SIGTERM to the group,
+ * SIGKILL after it, kept by a killer task: process_kill.c, which also has
+ * the reaping and the killing at once.
  *
  * A call that fails leaves what the caller owned as it was. A child the
- * call started itself (atap_spawn_run, _output) is killed and reaped when
- * the call then fails, so none is left behind; the caller's own child
- * (atap_spawn_child_wait) is let go instead (`let_go`: never signalled or
- * reaped here). For that the task's run must not reap it before the call
- * knows it succeeded: the call holds c->lock from the task's spawn until
- * its guard is in place, and a run reaps only under c->lock.
+ * call started itself (atap_spawn_run, _output, _piped) is killed and
+ * reaped when the call then fails, so none is left behind; the caller's
+ * own child (atap_spawn_child_wait) is let go instead (`let_go`: never
+ * signalled or reaped here). For that the task's run must not reap it
+ * before the call knows it succeeded: the call holds c->lock from the
+ * task's spawn until its guard is in place, and a run reaps only under
+ * c->lock.
+ *
+ * The process tasks are listed (procs, under procs_lock) by their handle's
+ * id from the spawn to their task_free, so that atap_process_kill and
+ * atap_process_close_stdin find a task's record by its handle. Such a call
+ * first takes a handle of its own (atap_dup, which a released handle
+ * fails), so the record cannot go (task_free waits for the last handle)
+ * while it is used; a handle's id is never another task's, so a stale one
+ * finds nothing. procs_lock and c->lock are never held together.
  *
  * SIGPIPE: a write to a child that closed its stdin is done with SIGPIPE
  * blocked on the writing thread, and the pending SIGPIPE it raised is
- * taken back (sigtimedwait), so the process is never killed by it.
+ * taken back (sigpending and sigwait), so the process is never killed by
+ * it.
  *
- * Every fd made here is close-on-exec; the pipe ends the child gets are
- * dup2'd onto 0, 1, 2 in it (dup2 clears the flag on the copy).
+ * Every fd made here is close-on-exec.
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* pipe2, posix_spawn_file_actions_addchdir_np */
+#define _GNU_SOURCE
 #endif
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,13 +86,7 @@
 #include "../abi.h"
 #include "../testing.h"
 #include "atap.h"
-
-#if defined(__APPLE__)
-#include <crt_externs.h>
-#define environ (*_NSGetEnviron()) /* a dylib may not name environ itself */
-#else
-extern char **environ;
-#endif
+#include "process_int.h"
 
 static _Atomic bool test_no_pidfd; /* atap__test_proc_no_pidfd */
 
@@ -86,25 +95,7 @@ void atap__test_proc_no_pidfd(bool on)
     atomic_store_explicit(&test_no_pidfd, on, memory_order_relaxed);
 }
 
-#define PROC_POLL_NS ATAP_MS(10) /* no pidfd: how often the exit is looked for */
 #define READ_CHUNK 65536u
-
-struct proc {
-    _Atomic int refs;     /* the task's and its guard's */
-    pthread_mutex_t lock; /* pid's reaping: reaped, and the waitpids */
-    pid_t pid;
-    bool reaped, capture;
-    bool let_go; /* the caller's child, left to the caller by a failed call */
-    int status;
-    int mux;    /* epoll / kqueue of the fds below; -1 if none could be had */
-    int pidfd;  /* Linux: readable once the child exits; -1: polled */
-    int in_fd;  /* our end of the child's stdin; -1: none or done */
-    int out_fd; /* our end of its stdout + stderr; -1: none or at its end */
-    unsigned char *input;
-    size_t input_len, input_off;
-    char *buf;
-    size_t len, cap;
-};
 
 /* ---- fds ------------------------------------------------------------------ */
 
@@ -115,128 +106,11 @@ static int set_nonblock(int fd)
     return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0 ? -errno : 0;
 }
 
-/* A pipe, both ends close-on-exec. */
-static int make_pipe(int fds[2])
-{
-#if defined(__linux__) || defined(__FreeBSD__) || defined(__NetBSD__) || defined(__OpenBSD__)
-    return pipe2(fds, O_CLOEXEC) == 0 ? 0 : -errno;
-#else
-    if (pipe(fds) != 0)
-        return -errno;
-    if (fcntl(fds[0], F_SETFD, FD_CLOEXEC) != 0 || fcntl(fds[1], F_SETFD, FD_CLOEXEC) != 0) {
-        int e = errno;
-        close(fds[0]);
-        close(fds[1]);
-        return -e;
-    }
-    return 0;
-#endif
-}
-
 static void close_fd(int *fd)
 {
     if (*fd >= 0)
         close(*fd);
     *fd = -1;
-}
-
-/* ---- starting a child ----------------------------------------------------- */
-
-/* Which of the child's standard fds are pipes of ours. */
-enum { PIPE_IN = 1, PIPE_OUT = 2, PIPE_ERR = 4, PIPE_MERGED = 8 /* stderr into stdout's pipe */ };
-
-/* Starts cmd. fds[0..2]: our ends of the pipes asked for (else -1); stdin
- * that is not a pipe reads /dev/null. Returns 0 and *pid, or -errno (no
- * child left behind, no fd). */
-static int start(const atap_cmd *cmd, unsigned pipes, pid_t *pid, int fds[3])
-{
-    int p[3][2] = {{-1, -1}, {-1, -1}, {-1, -1}};
-    char *alone[2] = {(char *)cmd->program, NULL};
-    char *const *argv = cmd->argv ? (char *const *)cmd->argv : alone;
-    char *const *envp = cmd->env ? (char *const *)cmd->env : environ;
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    sigset_t none, all;
-    int rc;
-
-    fds[0] = fds[1] = fds[2] = -1;
-    if (((pipes & PIPE_IN) && (rc = make_pipe(p[0])) != 0) ||
-        ((pipes & PIPE_OUT) && (rc = make_pipe(p[1])) != 0) ||
-        ((pipes & PIPE_ERR) && (rc = make_pipe(p[2])) != 0))
-        goto out;
-    if ((rc = -posix_spawn_file_actions_init(&fa)) != 0)
-        goto out;
-    if ((rc = -posix_spawnattr_init(&at)) != 0) {
-        posix_spawn_file_actions_destroy(&fa);
-        goto out;
-    }
-    sigemptyset(&none);
-    sigfillset(&all);
-    if (pipes & PIPE_IN)
-        rc = -posix_spawn_file_actions_adddup2(&fa, p[0][0], 0);
-    else
-        rc = -posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    if (!rc && (pipes & PIPE_OUT))
-        rc = -posix_spawn_file_actions_adddup2(&fa, p[1][1], 1);
-    if (!rc && (pipes & PIPE_MERGED))
-        rc = -posix_spawn_file_actions_adddup2(&fa, p[1][1], 2);
-    if (!rc && (pipes & PIPE_ERR))
-        rc = -posix_spawn_file_actions_adddup2(&fa, p[2][1], 2);
-    if (!rc && cmd->dir) {
-#if (defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 29)) || defined(__APPLE__) ||      \
-    defined(__FreeBSD__)
-        rc = -posix_spawn_file_actions_addchdir_np(&fa, cmd->dir);
-#else
-        rc = -ENOTSUP;
-#endif
-    }
-    if (!rc)
-        rc = -posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                                POSIX_SPAWN_SETSIGDEF);
-    if (!rc)
-        rc = -posix_spawnattr_setpgroup(&at, 0);
-    if (!rc)
-        rc = -posix_spawnattr_setsigmask(&at, &none);
-    if (!rc)
-        rc = -posix_spawnattr_setsigdefault(&at, &all);
-    if (!rc)
-        rc = -posix_spawnp(pid, cmd->program, &fa, &at, argv, envp);
-    posix_spawnattr_destroy(&at);
-    posix_spawn_file_actions_destroy(&fa);
-out:
-    for (int i = 0; i < 3; i++) {
-        int ours = i == 0 ? 1 : 0; /* stdin: we write; stdout, stderr: we read */
-        close_fd(&p[i][1 - ours]);
-        if (rc)
-            close_fd(&p[i][ours]);
-        else
-            fds[i] = p[i][ours];
-    }
-    return rc;
-}
-
-/* Kills the child's process group and reaps the child: at once, bar the
- * moment a killed process takes to exit. Unless it was reaped already. */
-static void kill_and_reap(pid_t pid)
-{
-    int st;
-
-    kill(-pid, SIGKILL);
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-}
-
-/* The task is over: the child, unless reaped, is killed with its group and
- * reaped. c->lock: never with the run's waitpid (the run may still be on
- * its way out of a cancelled run when the guard comes). */
-static void end_child(struct proc *c)
-{
-    pthread_mutex_lock(&c->lock);
-    if (!c->reaped && !c->let_go && c->pid > 0) {
-        kill_and_reap(c->pid);
-        c->reaped = true;
-    }
-    pthread_mutex_unlock(&c->lock);
 }
 
 /* ---- the mux -------------------------------------------------------------- */
@@ -333,13 +207,15 @@ static void mux_drain(struct proc *c)
 #endif
 }
 
-static void proc_unref(struct proc *c)
+void atap__proc_unref(struct proc *c)
 {
     /* acq_rel: the last one out sees all the other did with c */
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
         return;
     mux_close(c, &c->in_fd);
     mux_close(c, &c->out_fd);
+    for (int i = 0; i < 3; i++)
+        close_fd(&c->pipes[i]); /* task_free closed them: for a failed call */
     if (c->pidfd != c->mux)
         close_fd(&c->pidfd);
     close_fd(&c->mux);
@@ -349,13 +225,67 @@ static void proc_unref(struct proc *c)
     free(c);
 }
 
-/* The task's arg_free, and its guard's (see spawn_for). */
+/* ---- the list of process tasks -------------------------------------------- */
+
+static pthread_mutex_t procs_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct proc *procs;
+
+static void procs_add(struct proc *c, atap_task task)
+{
+    pthread_mutex_lock(&procs_lock);
+    c->id = task.id;
+    c->prev = NULL;
+    c->next = procs;
+    if (procs)
+        procs->prev = c;
+    procs = c;
+    pthread_mutex_unlock(&procs_lock);
+}
+
+/* Takes c off the list (if on it) and closes its piped streams. */
+static void procs_remove(struct proc *c)
+{
+    pthread_mutex_lock(&procs_lock);
+    if (c->id) {
+        if (c->prev)
+            c->prev->next = c->next;
+        else
+            procs = c->next;
+        if (c->next)
+            c->next->prev = c->prev;
+        c->id = 0;
+    }
+    for (int i = 0; i < 3; i++)
+        close_fd(&c->pipes[i]);
+    pthread_mutex_unlock(&procs_lock);
+}
+
+/* procs_lock held: the record of the task named by task, or NULL. */
+static struct proc *procs_find(atap_task task)
+{
+    for (struct proc *c = procs; task.id && c; c = c->next)
+        if (c->id == task.id)
+            return c;
+    return NULL;
+}
+
+/* The guard's arg_free (see spawn_for). */
 static void proc_free(void *arg)
 {
     struct proc *c = arg;
 
-    end_child(c);
-    proc_unref(c);
+    atap__proc_end(c);
+    atap__proc_unref(c);
+}
+
+/* The task's arg_free: as its last handle goes, it is taken off the list
+ * and its piped streams are closed. */
+static void task_free(void *arg)
+{
+    struct proc *c = arg;
+
+    procs_remove(c);
+    proc_free(c);
 }
 
 /* ---- a run ---------------------------------------------------------------- */
@@ -425,35 +355,22 @@ static int drain(struct proc *c)
  * Returns 1 once reaped, 0 to park, or -errno. */
 static int step(struct proc *c)
 {
-    int st;
-    pid_t r;
+    int rc;
 
     mux_drain(c);
     if (c->in_fd >= 0)
         feed(c);
-    if (c->out_fd >= 0) {
-        int rc = drain(c);
-        if (rc)
-            return rc;
-    }
+    if (c->out_fd >= 0 && (rc = drain(c)) != 0)
+        return rc;
     if (c->out_fd >= 0)
         return 0;
     pthread_mutex_lock(&c->lock);
-    if (c->reaped || c->let_go) {
-        r = -1; /* by the guard, or the call failed: this run was cancelled */
-        errno = ECHILD;
-    } else {
-        while ((r = waitpid(c->pid, &st, WNOHANG)) < 0 && errno == EINTR) {
-        }
-        if (r == c->pid) {
-            c->reaped = true;
-            c->status = st;
-        }
-    }
+    if (c->reaped || c->let_go || c->over)
+        rc = -ECHILD; /* the guard's, or the call failed: this run was cancelled */
+    else
+        rc = atap__proc_try_reap(c);
     pthread_mutex_unlock(&c->lock);
-    if (r == c->pid)
-        return 1;
-    return r < 0 ? -errno : 0;
+    return rc;
 }
 
 static int park(atap_ctx *ctx, struct proc *c)
@@ -528,6 +445,7 @@ static struct proc *proc_new(void)
     }
     atomic_init(&c->refs, 1);
     c->mux = c->pidfd = c->in_fd = c->out_fd = -1;
+    c->pipes[0] = c->pipes[1] = c->pipes[2] = -1;
     return c;
 }
 
@@ -584,30 +502,31 @@ static int give_up(struct proc *c, bool callers, int rc)
 static int spawn_for(atap_task *task, struct proc *c, atap_fn *fn, size_t out_size,
                      void (*out_free)(void *), atap_spawn_opts o, bool callers)
 {
+    uint64_t grace = c->grace_ns;
     atap_task g;
     int rc;
 
+    c->grace_ns = 0; /* a failed call kills at once: the grace is the task's */
     if ((rc = mux_open(c)) != 0 || (rc = guard_new(&g, c, out_size)) != 0)
         return give_up(c, callers, rc);
     o.out_size = out_size;
     o.out_free = out_free;
-    o.arg_free = proc_free;
-    if (callers)
-        pthread_mutex_lock(&c->lock);
+    o.arg_free = task_free;
+    pthread_mutex_lock(&c->lock);
     if ((rc = atap_spawn(task, fn, c, &o)) != 0) {
-        if (callers) {
-            c->let_go = true;
-            pthread_mutex_unlock(&c->lock);
-        }
+        c->let_go = callers;
+        pthread_mutex_unlock(&c->lock);
         atap_release(g); /* proc_free: c's count for it */
         return give_up(c, callers, rc);
     }
     rc = atap_forward(*task, g);
-    if (callers) {
-        c->let_go = rc != 0;
-        pthread_mutex_unlock(&c->lock);
-    }
-    atap_release(g); /* forwarded: the forward holds it; not: it goes now */
+    c->let_go = callers && rc != 0;
+    if (rc == 0)
+        c->grace_ns = grace;
+    pthread_mutex_unlock(&c->lock);
+    if (rc == 0)
+        procs_add(c, *task); /* taken off by task_free, at the last release */
+    atap_release(g);         /* forwarded: the forward holds it; not: it goes now */
     if (rc != 0) {
         atap_cancel(*task);
         atap_release(*task); /* its arg_free kills and reaps a child of ours */
@@ -616,12 +535,56 @@ static int spawn_for(atap_task *task, struct proc *c, atap_fn *fn, size_t out_si
     return rc;
 }
 
-static int spawn_cmd(atap_task *task, const atap_cmd *caller, const atap_spawn_opts *opts,
-                     bool capture)
+enum mode { RUN, OUTPUT, PIPED };
+
+/* cmd->stdio with each ATAP_STDIO_DEFAULT made what mode does with it. */
+static void resolve(const atap_cmd *cmd, enum mode m, atap_stdio st[3])
+{
+    memcpy(st, cmd->stdio, sizeof cmd->stdio);
+    if (st[0].how == ATAP_STDIO_DEFAULT)
+        st[0].how = m == PIPED || cmd->input ? ATAP_STDIO_PIPE : ATAP_STDIO_NULL;
+    if (st[2].how == ATAP_STDIO_DEFAULT && m == OUTPUT)
+        /* captured: into stdout's pipe when that is captured too */
+        st[2].how = st[1].how == ATAP_STDIO_DEFAULT ? ATAP_STDIO_STDOUT : ATAP_STDIO_PIPE;
+    for (int i = 1; i < 3; i++)
+        if (st[i].how == ATAP_STDIO_DEFAULT)
+            st[i].how = m == RUN ? ATAP_STDIO_INHERIT : ATAP_STDIO_PIPE;
+}
+
+/* The command in this library's layout (abi.h), checked for mode. 0 or
+ * ATAP_EINVAL. */
+static int cmd_in(atap_cmd *cmd, const atap_cmd *caller, enum mode m)
+{
+    if (!caller || atap__struct_in(cmd, sizeof *cmd, caller, ATAP__CMD_FIRST) != 0)
+        return ATAP_EINVAL;
+    if (!cmd->program || (cmd->input_len && !cmd->input) || (m == PIPED && cmd->input))
+        return ATAP_EINVAL;
+    return atap__proc_check(cmd, m == PIPED);
+}
+
+/* The fds of a started child made non-blocking; on failure it is killed
+ * and reaped and they are closed. 0 or -errno. */
+static int nonblock_or_kill(pid_t pid, int fds[3])
+{
+    int rc = 0;
+
+    for (int i = 0; i < 3 && !rc; i++)
+        if (fds[i] >= 0)
+            rc = set_nonblock(fds[i]);
+    if (rc) {
+        atap__proc_kill_and_reap(pid);
+        for (int i = 0; i < 3; i++)
+            close_fd(&fds[i]);
+    }
+    return rc;
+}
+
+static int spawn_cmd(atap_task *task, atap_child *child, const atap_cmd *caller,
+                     const atap_spawn_opts *opts, enum mode m)
 {
     atap_spawn_opts o;
-    atap_cmd copy;
-    const atap_cmd *cmd = &copy;
+    atap_cmd cmd;
+    atap_stdio st[3];
     struct proc *c;
     int fds[3], rc;
 
@@ -630,77 +593,80 @@ static int spawn_cmd(atap_task *task, const atap_cmd *caller, const atap_spawn_o
     *task = ATAP_NO_TASK;
     if (atap__opts_copy(opts, &o) != 0) /* in this library's layout (abi.h) */
         return ATAP_EINVAL;
-    if (!caller || atap__struct_in(&copy, sizeof copy, caller, ATAP__CMD_FIRST) != 0)
-        return ATAP_EINVAL;
-    if (!cmd->program || (cmd->input_len && !cmd->input) || !opts_ok(&o) ||
-        (o.out_size && o.out_size != (capture ? sizeof(atap_output) : sizeof(int))))
+    if (cmd_in(&cmd, caller, m) != 0 || !opts_ok(&o) ||
+        (o.out_size && o.out_size != (m == OUTPUT ? sizeof(atap_output) : sizeof(int))))
         return ATAP_EINVAL;
     if (!atap_initialised())
         return ATAP_ENOTINIT;
     if (!(c = proc_new()))
         return -ENOMEM;
-    if (cmd->input && cmd->input_len) {
-        if (!(c->input = malloc(cmd->input_len))) {
-            free(c);
+    if (cmd.input && cmd.input_len) {
+        if (!(c->input = malloc(cmd.input_len))) {
+            atap__proc_unref(c);
             return -ENOMEM;
         }
-        memcpy(c->input, cmd->input, cmd->input_len);
-        c->input_len = cmd->input_len;
+        memcpy(c->input, cmd.input, cmd.input_len);
+        c->input_len = cmd.input_len;
     }
-    rc = start(cmd, (cmd->input ? PIPE_IN : 0) | (capture ? PIPE_OUT | PIPE_MERGED : 0), &c->pid,
-               fds);
-    if (rc) {
-        free(c->input);
-        free(c);
+    resolve(&cmd, m, st);
+    if ((rc = atap__proc_start(&cmd, st, &c->pid, fds)) != 0 ||
+        (m == PIPED && (rc = nonblock_or_kill(c->pid, fds)) != 0)) {
+        atap__proc_unref(c);
+        return rc;
+    }
+    c->grace_ns = cmd.kill_grace_ns;
+    if (m == PIPED) {
+        memcpy(c->pipes, fds, sizeof c->pipes);
+        c->piped = true;
+        if ((rc = spawn_for(task, c, status_run, sizeof(int), NULL, o, false)) == 0)
+            *child =
+                (atap_child){.pid = c->pid, .in_fd = fds[0], .out_fd = fds[1], .err_fd = fds[2]};
         return rc;
     }
     c->in_fd = fds[0];
-    c->out_fd = fds[1];
-    c->capture = capture;
-    if (capture)
+    c->out_fd = fds[1] >= 0 ? fds[1] : fds[2]; /* what is captured, if anything */
+    if (m == OUTPUT) {
+        c->capture = true;
         return spawn_for(task, c, output_run, sizeof(atap_output), output_free, o, false);
+    }
     return spawn_for(task, c, status_run, sizeof(int), NULL, o, false);
 }
 
 int atap_spawn_run(atap_task *task, const atap_cmd *cmd, const atap_spawn_opts *opts)
 {
-    return spawn_cmd(task, cmd, opts, false);
+    return spawn_cmd(task, NULL, cmd, opts, RUN);
 }
 
 int atap_spawn_output(atap_task *task, const atap_cmd *cmd, const atap_spawn_opts *opts)
 {
-    return spawn_cmd(task, cmd, opts, true);
+    return spawn_cmd(task, NULL, cmd, opts, OUTPUT);
+}
+
+int atap_spawn_piped(atap_task *task, atap_child *child, const atap_cmd *cmd,
+                     const atap_spawn_opts *opts)
+{
+    if (!child)
+        return ATAP_EINVAL;
+    *child = (atap_child){.pid = -1, .in_fd = -1, .out_fd = -1, .err_fd = -1};
+    return spawn_cmd(task, child, cmd, opts, PIPED);
 }
 
 int atap_child_start(atap_child *child, const atap_cmd *caller)
 {
-    atap_cmd copy;
-    const atap_cmd *cmd = &copy;
+    atap_cmd cmd;
+    atap_stdio st[3];
     pid_t pid;
     int fds[3], rc;
 
     if (!child)
         return ATAP_EINVAL;
-    child->pid = -1;
-    child->in_fd = child->out_fd = child->err_fd = -1;
-    if (!caller || atap__struct_in(&copy, sizeof copy, caller, ATAP__CMD_FIRST) != 0)
+    *child = (atap_child){.pid = -1, .in_fd = -1, .out_fd = -1, .err_fd = -1};
+    if (cmd_in(&cmd, caller, PIPED) != 0)
         return ATAP_EINVAL;
-    if (!cmd->program || cmd->input || cmd->input_len)
-        return ATAP_EINVAL;
-    if ((rc = start(cmd, PIPE_IN | PIPE_OUT | PIPE_ERR, &pid, fds)) != 0)
+    resolve(&cmd, PIPED, st);
+    if ((rc = atap__proc_start(&cmd, st, &pid, fds)) != 0 || (rc = nonblock_or_kill(pid, fds)) != 0)
         return rc;
-    for (int i = 0; i < 3; i++) {
-        if ((rc = set_nonblock(fds[i])) != 0) {
-            kill_and_reap(pid);
-            for (int j = 0; j < 3; j++)
-                close(fds[j]);
-            return rc;
-        }
-    }
-    child->pid = pid;
-    child->in_fd = fds[0];
-    child->out_fd = fds[1];
-    child->err_fd = fds[2];
+    *child = (atap_child){.pid = pid, .in_fd = fds[0], .out_fd = fds[1], .err_fd = fds[2]};
     return 0;
 }
 
@@ -727,4 +693,66 @@ int atap_spawn_child_wait(atap_task *task, int pid, const atap_spawn_opts *opts)
         return -ENOMEM;
     c->pid = pid;
     return spawn_for(task, c, status_run, sizeof(int), NULL, o, true);
+}
+
+/* The record of the process task named by task, pinned by *pin (a handle
+ * of ours: the task's arg_free, which takes the record off the list, waits
+ * for the last handle) until atap_release(*pin); or NULL: no such task
+ * (a released handle reads ATAP_ENOTASK even while its arg_free is still
+ * to come). */
+static struct proc *proc_of(atap_task task, atap_task *pin)
+{
+    struct proc *c;
+
+    if (atap_dup(task, pin) != 0)
+        return NULL;
+    pthread_mutex_lock(&procs_lock);
+    c = procs_find(task);
+    pthread_mutex_unlock(&procs_lock);
+    if (!c)
+        atap_release(*pin);
+    return c;
+}
+
+int atap_process_close_stdin(atap_task task)
+{
+    atap_task pin;
+    struct proc *c = proc_of(task, &pin);
+    int rc = 0;
+
+    if (!c || !c->piped) {
+        rc = ATAP_ENOTASK; /* none, or a process task without pipes */
+    } else {
+        pthread_mutex_lock(&procs_lock); /* with another close_stdin */
+        if (c->pipes[0] < 0)
+            rc = ATAP_EFINISHED;
+        close_fd(&c->pipes[0]);
+        pthread_mutex_unlock(&procs_lock);
+    }
+    if (c)
+        atap_release(pin);
+    return rc;
+}
+
+int atap_process_kill(atap_task task, uint64_t grace_ns)
+{
+    atap_task pin, k = ATAP_NO_TASK;
+    struct proc *c = proc_of(task, &pin);
+    int rc = 0;
+
+    if (!c)
+        return ATAP_ENOTASK;
+    pthread_mutex_lock(&c->lock);
+    if (c->reaped || c->let_go)
+        rc = ATAP_EFINISHED;
+    else if (grace_ns == 0 || c->killed)
+        atap__proc_kill_now(c);
+    else if (c->killer)
+        kill(-c->pid, SIGTERM); /* the deadline stands */
+    else
+        rc = atap__proc_killer_start(c, grace_ns, &k);
+    pthread_mutex_unlock(&c->lock);
+    atap_release(k);
+    atap_release(pin);
+    return rc;
 }
