@@ -5,7 +5,9 @@
 # pkg-config, clang and its sanitizer runtimes, libcmocka-dev), then builds
 # and runs CTest in one build tree per stage under build/ (or $ATAP_BUILD_ROOT):
 #   plain  gcc, RelWithDebInfo (-O2 -g); also runs examples/tour as a smoke check
-#   asan   clang, ASan + UBSan
+#   asan   clang, ASan + UBSan; also builds the libFuzzer target and runs it
+#          ATAP_FUZZ_SECONDS from the committed corpus (CTest fuzz_api_libfuzzer),
+#          and copies its line "fuzz_api: N edges, M programs (...)" to this log
 #   tsan   clang, TSan. clang on purpose: TSan does not model atomic_thread_fence
 #          and gcc 12's TSan reports false races on correct fence code; clang 14's does not.
 #   consumers  tests/consumers.sh: libatap as its users get it (installs, find_package,
@@ -38,14 +40,19 @@ have() { command -v "$1" >/dev/null 2>&1; }
 needs_clang() { [[ " $stages " == *" asan "* || " $stages " == *" tsan "* || " $stages " == *" analysis "* ]]; }
 needs_analysis() { [[ " $stages " == *" analysis "* ]]; }
 
-# Can clang build and link both sanitizer flavours? (Debian 12 ships the
-# runtimes apart from clang, in libclang-rt-14-dev.)
+# Can clang build and link both sanitizer flavours and libFuzzer? (Debian 12
+# ships the runtimes apart from clang, in libclang-rt-14-dev.)
 sanitizers_ok() {
     local tmp rc
     tmp=$(mktemp -d) || return 1
     echo 'int main(void) { return 0; }' >"$tmp/t.c"
+    printf '%s\n' '#include <stddef.h>' '#include <stdint.h>' \
+        'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n);' \
+        'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }' \
+        >"$tmp/f.c"
     clang -fsanitize=address,undefined "$tmp/t.c" -o "$tmp/a" 2>/dev/null &&
-        clang -fsanitize=thread "$tmp/t.c" -o "$tmp/t" 2>/dev/null
+        clang -fsanitize=thread "$tmp/t.c" -o "$tmp/t" 2>/dev/null &&
+        clang -fsanitize=fuzzer,address,undefined "$tmp/f.c" -o "$tmp/f" 2>/dev/null
     rc=$?
     rm -rf "$tmp"
     return $rc
@@ -90,14 +97,16 @@ install_deps() {
 passed=0
 failed=0
 
-# run_stage NAME CC SANITIZER: returns nonzero if anything in the stage failed.
+# run_stage NAME CC SANITIZER [CMAKE_ARG...]: returns nonzero if anything in
+# the stage failed.
 run_stage() {
     local name=$1 cc=$2 san=$3 dir=$build_root/$1 ok=0 counts nfail ntotal
-    echo "=== $name: $cc, ATAP_SANITIZER=$san, build in $dir ==="
+    shift 3
+    echo "=== $name: $cc, ATAP_SANITIZER=$san $*, build in $dir ==="
     if ! cmake -S "$root" -B "$dir" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DATAP_SANITIZER="$san" -DATAP_WERROR=ON -DATAP_BUILD_TESTS=ON \
         -DATAP_BUILD_EXAMPLES=ON -DATAP_BUILD_BENCH=OFF -DATAP_FAULT_INJECTION=OFF \
-        -DATAP_TEST_SLACK="$slack" ||
+        -DATAP_TEST_SLACK="$slack" "$@" ||
         ! cmake --build "$dir" -j "$jobs"; then
         echo "=== $name: configure or build FAILED ==="
         failed=$((failed + 1))
@@ -108,6 +117,8 @@ run_stage() {
     fi
     ctest --test-dir "$dir" --output-on-failure -j "$jobs" --no-tests=error 2>&1 | tee "$dir/ctest.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || ok=1
+    # libFuzzer's summary (CTest shows a passing test's output only in its own log).
+    grep -hE '^fuzz_api: ([0-9]+ edges|libFuzzer FAILED)' "$dir/Testing/Temporary/LastTest.log" 2>/dev/null
     # "83% tests passed, 1 tests failed out of 6"
     counts=$(sed -nE 's/.*tests passed, ([0-9]+) tests? failed out of ([0-9]+).*/\1 \2/p' "$dir/ctest.log" | tail -n 1)
     if [ -n "$counts" ]; then
@@ -168,7 +179,7 @@ for stage in $stages; do
     start=$SECONDS
     case $stage in
         plain) run_stage plain gcc none ;;
-        asan) run_stage asan clang address ;;
+        asan) run_stage asan clang address -DATAP_BUILD_FUZZER=ON ;;
         tsan) run_stage tsan clang thread ;;
         consumers) run_consumers ;;
         analysis) run_analysis ;;
