@@ -52,6 +52,18 @@ if command -v python3 >/dev/null 2>&1; then
     fi
     echo "analyze: docs/gen_reference.py --check done"
 fi
+# Every atomic operation in src/ names its order through atomics.h's forms
+# (ld_acquire, casw_release, ...): a raw atomic_*_explicit call, a fence, or
+# an implicit seq_cst call (atomic_load, atomic_fetch_add, ...) elsewhere
+# is a finding.
+out=$(cd "$root" && grep -nE '\batomic_(load|store|exchange|fetch_[a-z]+|compare_exchange_(weak|strong)|flag_test_and_set|flag_clear)(_explicit)?[[:space:]]*\(|\batomic_(thread|signal)_fence[[:space:]]*\(' \
+    $(git -C "$root" ls-files 'src/*.c' 'src/*.h' 2>/dev/null || find src -name '*.[ch]') | grep -v '^src/atomics.h:')
+if [ -n "$out" ]; then
+    echo "analyze: an atomic operation not through src/atomics.h:"
+    echo "$out"
+    findings=$((findings + $(echo "$out" | wc -l)))
+fi
+echo "analyze: atomics through src/atomics.h done"
 out=$(cppcheck --quiet --enable=warning,portability --inline-suppr --std=c11 \
     -I "$root/include" -I "$root/src" --error-exitcode=0 "${files[@]}" 2>&1 | grep -E '^[^ ].*: (error|warning|portability):')
 if [ -n "$out" ]; then

@@ -47,7 +47,7 @@ _Atomic(void (*)(uint64_t)) atap__fs_chunk_hook;
 
 static void chunk_done(uint64_t done)
 {
-    void (*hook)(uint64_t) = atomic_load_explicit(&atap__fs_chunk_hook, memory_order_acquire);
+    void (*hook)(uint64_t) = ld_acquire(&atap__fs_chunk_hook);
 
     if (hook)
         hook(done);

@@ -84,16 +84,14 @@
 #endif
 
 #include "../abi.h"
+#include "../atomics.h"
 #include "../testing.h"
 #include "atap.h"
 #include "process_int.h"
 
 static _Atomic bool test_no_pidfd; /* atap__test_proc_no_pidfd */
 
-void atap__test_proc_no_pidfd(bool on)
-{
-    atomic_store_explicit(&test_no_pidfd, on, memory_order_relaxed);
-}
+void atap__test_proc_no_pidfd(bool on) { st_relaxed(&test_no_pidfd, on); }
 
 #define READ_CHUNK 65536u
 
@@ -118,7 +116,7 @@ static void close_fd(int *fd)
 static int pidfd_of(pid_t pid)
 {
 #if defined(__linux__) && defined(SYS_pidfd_open)
-    if (atomic_load_explicit(&test_no_pidfd, memory_order_relaxed)) {
+    if (ld_relaxed(&test_no_pidfd)) {
         errno = ENOSYS;
         return -1;
     }
@@ -210,7 +208,7 @@ static void mux_drain(struct proc *c)
 void atap__proc_unref(struct proc *c)
 {
     /* acq_rel: the last one out sees all the other did with c */
-    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
+    if (sub_acqrel(&c->refs, 1) != 1)
         return;
     mux_close(c, &c->in_fd);
     mux_close(c, &c->out_fd);
@@ -461,10 +459,10 @@ static int guard_new(atap_task *g, struct proc *c, size_t out_size)
 {
     int rc;
 
-    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    add_relaxed(&c->refs, 1);
     if ((rc = atap_spawn_waiting(g, guard_run, c, out_size,
                                  &(atap_spawn_opts){.arg_free = proc_free})) != 0)
-        atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
+        sub_relaxed(&c->refs, 1);
     return rc;
 }
 

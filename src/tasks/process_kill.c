@@ -27,6 +27,7 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 
+#include "../atomics.h"
 #include "atap.h"
 #include "process_int.h"
 
@@ -153,10 +154,10 @@ int atap__proc_killer_start(struct proc *c, uint64_t grace_ns, atap_task *k)
     uint64_t now = atap_now();
     int rc;
 
-    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    add_relaxed(&c->refs, 1);
     /* the killer takes c->lock first thing: it waits for this to end */
     if ((rc = atap_spawn(k, killer_run, c, &(atap_spawn_opts){.arg_free = killer_free})) != 0) {
-        atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
+        sub_relaxed(&c->refs, 1);
         return rc;
     }
     c->killer = c->group_kill = true;
