@@ -61,6 +61,15 @@
 #define casw_acqrel(p, e, v) ATAP__CAS(weak, p, e, v, acq_rel, acquire)
 #define casw_seqcst(p, e, v) ATAP__CAS(weak, p, e, v, seq_cst, seq_cst)
 
+/* The same on a plain field that is not _Atomic (a public struct's, or a
+ * slot byte read plainly but where runs race): the compiler's builtins. */
+#define ld_plain_relaxed(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define ld_plain_acquire(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define st_plain_relaxed(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define st_plain_release(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define cas_plain_relaxed(p, e, v)                                                                 \
+    __atomic_compare_exchange_n((p), (e), (v), false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)
+
 /* Fences, and the one-bit flag. */
 #define fence_acquire() atomic_thread_fence(memory_order_acquire)
 #define fence_release() atomic_thread_fence(memory_order_release)

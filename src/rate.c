@@ -70,8 +70,7 @@ static struct sched *series_of(struct sched *c) { return sched_of(atap__rate_ser
  * other. */
 static void series_fail_code(struct atap_slot *p, uint8_t code)
 {
-    __atomic_compare_exchange_n(&p->fail_code, &(uint8_t){0}, code, false, __ATOMIC_RELAXED,
-                                __ATOMIC_RELAXED);
+    cas_plain_relaxed(&p->fail_code, &(uint8_t){0}, code);
 }
 
 void atap__sched_failing(struct atap_slot *s)

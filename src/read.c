@@ -34,7 +34,7 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
         return ATAP_ETIMEDOUT;
     case ST_FAILED: { /* the run's own code, if it failed with one */
         /* Atomic: an at-rate series' runs write it (rate.c). */
-        uint8_t code = __atomic_load_n(&s->fail_code, __ATOMIC_RELAXED);
+        uint8_t code = ld_plain_relaxed(&s->fail_code);
 
         return code ? ATAP_FAIL_BASE - code : ATAP_EFAILED;
     }

@@ -53,10 +53,10 @@ if command -v python3 >/dev/null 2>&1; then
     echo "analyze: docs/gen_reference.py --check done"
 fi
 # Every atomic operation in src/ names its order through atomics.h's forms
-# (ld_acquire, casw_release, ...): a raw atomic_*_explicit call, a fence, or
-# an implicit seq_cst call (atomic_load, atomic_fetch_add, ...) elsewhere
-# is a finding.
-out=$(cd "$root" && grep -nE '\batomic_(load|store|exchange|fetch_[a-z]+|compare_exchange_(weak|strong)|flag_test_and_set|flag_clear)(_explicit)?[[:space:]]*\(|\batomic_(thread|signal)_fence[[:space:]]*\(' \
+# (ld_acquire, casw_release, ...): a raw atomic_*_explicit call, a fence,
+# an implicit seq_cst call (atomic_load, atomic_fetch_add, ...) or a
+# compiler builtin (__atomic_*, __sync_*) elsewhere is a finding.
+out=$(cd "$root" && grep -nE '\batomic_(load|store|exchange|fetch_[a-z]+|compare_exchange_(weak|strong)|flag_test_and_set|flag_clear)(_explicit)?[[:space:]]*\(|\batomic_(thread|signal)_fence[[:space:]]*\(|\b__(atomic|sync)_[a-z_]+[[:space:]]*\(' \
     $(git -C "$root" ls-files 'src/*.c' 'src/*.h' 2>/dev/null || find src -name '*.[ch]') | grep -v '^src/atomics.h:')
 if [ -n "$out" ]; then
     echo "analyze: an atomic operation not through src/atomics.h:"

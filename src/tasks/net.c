@@ -1103,7 +1103,7 @@ static void let_go(void *arg)
         io->buf = NULL;
         io->name = NULL;
     }
-    __atomic_store_n(&io->busy, 0, __ATOMIC_RELEASE);
+    st_plain_release(&io->busy, 0);
 }
 
 int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts)
@@ -1129,7 +1129,7 @@ int atap_net_spawn(atap_task *task, atap_net_io *io, const atap_spawn_opts *opts
     o.out_size = sizeof(atap_net_out);
     o.blocking = io->op == OP_SENDFILE || needs_lookup(io); /* a disk read may wait */
     o.arg_free = let_go;
-    __atomic_store_n(&io->busy, 1, __ATOMIC_RELAXED); /* published by the spawn */
+    st_plain_relaxed(&io->busy, 1); /* published by the spawn */
     if ((rc = atap_spawn(task, net_task, io, &o)) != 0) {
         io->busy = 1; /* arg_free is not called on a failed spawn */
         let_go(io);
@@ -1144,7 +1144,7 @@ void atap_net_release(atap_task task, atap_net_io *io)
     atap_release(task);
     if (!io)
         return;
-    while (__atomic_load_n(&io->busy, __ATOMIC_ACQUIRE)) {
+    while (ld_plain_acquire(&io->busy)) {
         if (++spins < 64)
             sched_yield();
         else
