@@ -1211,7 +1211,9 @@ static int fk_square(atap_ctx *ctx, void *arg, void *out)
 /* The child's side: no cmocka here (its state is the parent's copy); each
  * failed step exits with its own status. A join of a parent's handle must
  * come back at once; a hang is caught by the parent's timeout. */
-static int fork_child_checks(const atap_task *old, size_t nold)
+/* busy: the parent forked while its runtime's threads were at work (a
+ * waker held mid-wake, the manager and workers running). */
+static int fork_child_checks(const atap_task *old, size_t nold, bool busy)
 {
     atap_task t;
     int x = 9, out = 0;
@@ -1226,6 +1228,21 @@ static int fork_child_checks(const atap_task *old, size_t nold)
         return 12;
     if (atap_spawn(&t, fk_square, &x, &(atap_spawn_opts){.out_size = sizeof(int)}) != ATAP_ENOTINIT)
         return 13;
+#if defined(TEST_ASAN)
+    /* clang 14's ASan takes no lock of its allocator around fork: a parent
+     * thread inside malloc or free at the fork leaves the child's copy of
+     * an allocator lock held, and the child's first new thread blocks in
+     * ASan's own thread start for ever (seen 1 run in ~90 with the parent's
+     * threads at work: every child thread in
+     * SizeClassAllocator64::GetFromAllocator). So with the parent busy the
+     * ASan child stops here; the plain build runs the whole child. */
+    if (busy) {
+        print_message("ASan: the child's atap_init is not run (its allocator may be locked)\n");
+        return 0;
+    }
+#else
+    (void)busy;
+#endif
 #if defined(TEST_TSAN)
     /* TSan does not support starting threads in the child of a
      * multithreaded fork: it dies with "starting new threads after
@@ -1318,7 +1335,7 @@ static void test_lifecycle_fork_child_starts_fresh(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0)
-        _exit(fork_child_checks(old, 5));
+        _exit(fork_child_checks(old, 5, false));
     status = wait_child(pid, 30000);
     print_message("child: %s %d\n", status == -1 ? "killed (hung)" : "exit", WEXITSTATUS(status));
     assert_int_not_equal(status, -1);
@@ -1370,7 +1387,7 @@ static void test_lifecycle_fork_after_shutdown_child_starts(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0)
-        _exit(fork_child_checks(&t, 1));
+        _exit(fork_child_checks(&t, 1, false));
     status = wait_child(pid, 30000);
     assert_int_not_equal(status, -1);
     assert_true(WIFEXITED(status));
@@ -1433,7 +1450,7 @@ static void test_lifecycle_fork_during_a_wake_child_stops(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0)
-        _exit(fork_child_checks(NULL, 0));
+        _exit(fork_child_checks(NULL, 0, true));
     atomic_store(&fw_state, FW_FORKED);
     status = wait_child(pid, 30000);
     print_message("child: %s %d\n", status == -1 ? "killed (hung)" : "exit", WEXITSTATUS(status));
