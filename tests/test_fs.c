@@ -676,6 +676,20 @@ static void hook_reset(uint64_t cancel_at, unsigned sleep_each_us)
     atomic_store(&g_cancel_call, 0);
 }
 
+/* Lets t (spawned held back, its hook set) run until the hook cancels it
+ * after chunk n: its take reads ATAP_ECANCELLED, and once released its
+ * slot comes back (the run ended at its next look). */
+static void cancelled_at_chunk(atap_task t, uint64_t n)
+{
+    atap_fs_out o;
+
+    atomic_store(&g_task_id, t.id);
+    atomic_store(&g_cancel_at, n);
+    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
 /* A large sparse source (256 MiB): what matters is that the copy has far
  * more chunks than it gets to. */
 static void make_large(const char *path)
@@ -689,7 +703,6 @@ static void make_large(const char *path)
 static void test_fs_copy_cancel_between_chunks(void **state)
 {
     (void)state;
-    atap_fs_out o;
     atap_task t;
     struct stat st;
 
@@ -703,12 +716,8 @@ static void test_fs_copy_cancel_between_chunks(void **state)
                       &(atap_fs_req){.op = ATAP_FS_COPY, .path = at("large"), .path2 = at("copy")},
                       &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
         0);
-    atomic_store(&g_task_id, t.id);
-    atomic_store(&g_cancel_at, 4);
-    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
-    atap_release(t);
+    cancelled_at_chunk(t, 4);
     /* The run ends at its next look, before a fifth chunk. */
-    assert_true(wait_live_back(ATAP_SEC(20)));
     atomic_store(&atap__fs_chunk_hook, NULL);
     /* No chunk after the one that cancelled, and the copy holds exactly the
      * chunks done. */
@@ -761,11 +770,7 @@ static void test_fs_copy_across_file_systems(void **state)
         atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_COPY, .path = src, .path2 = at("cut")},
                       &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
         0);
-    atomic_store(&g_task_id, t.id);
-    atomic_store(&g_cancel_at, 2);
-    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
-    atap_release(t);
-    assert_true(wait_live_back(ATAP_SEC(20)));
+    cancelled_at_chunk(t, 2);
     atomic_store(&atap__fs_chunk_hook, NULL);
     assert_no_failures();
     assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
@@ -850,11 +855,7 @@ static void test_fs_tree_cancel_between_entries(void **state)
                       &(atap_fs_req){.op = ATAP_FS_REMOVE, .flags = ATAP_FS_TREE, .path = at("t")},
                       &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
         0);
-    atomic_store(&g_task_id, t.id);
-    atomic_store(&g_cancel_at, 10);
-    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
-    atap_release(t);
-    assert_true(wait_live_back(ATAP_SEC(20)));
+    cancelled_at_chunk(t, 10);
     assert_no_failures();
     assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
     /* Exactly the entries the hook saw removed are gone. */
@@ -872,11 +873,7 @@ static void test_fs_tree_cancel_between_entries(void **state)
     assert_int_equal(atap_fs_spawn(&t, &(atap_fs_req){.op = ATAP_FS_READ_DIR, .path = at("t")},
                                    &(atap_spawn_opts){.after_ns = ATAP_MS(20)}),
                      0);
-    atomic_store(&g_task_id, t.id);
-    atomic_store(&g_cancel_at, 3);
-    assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
-    atap_release(t);
-    assert_true(wait_live_back(ATAP_SEC(20)));
+    cancelled_at_chunk(t, 3);
     atomic_store(&atap__fs_chunk_hook, NULL);
     assert_no_failures();
     assert_int_equal(atomic_load(&g_hook_calls), atomic_load(&g_cancel_call));
@@ -1616,7 +1613,6 @@ static void test_fs_file_cancel_between_chunks(void **state)
     size_t n = 256 * CHUNK; /* 16 MiB */
     unsigned char *buf = calloc(1, n);
     int fd, fds = count_fds();
-    atap_fs_out o;
     atap_task t;
     struct stat st;
 
@@ -1637,11 +1633,7 @@ static void test_fs_file_cancel_between_chunks(void **state)
             0);
         if (writing)
             buf = NULL; /* handed over: data_free frees it */
-        atomic_store(&g_task_id, t.id);
-        atomic_store(&g_cancel_at, 4);
-        assert_int_equal(atap_take(t, &o, sizeof o), ATAP_ECANCELLED);
-        atap_release(t);
-        assert_true(wait_live_back(ATAP_SEC(20)));
+        cancelled_at_chunk(t, 4);
         atomic_store(&atap__fs_chunk_hook, NULL);
         assert_no_failures();
         assert_true(atomic_load(&g_cancel_call) >= 4);
