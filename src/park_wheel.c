@@ -167,8 +167,9 @@ void atap__park_fire_counts(uint64_t out[3])
     out[2] = ld_relaxed(&fired_10ms);
 }
 
-/* The clock as the manager read it for the wheel's run under way (the
- * manager's, or the closer's): when a deadline park it ends was fired. */
+/* The clock as the seat's holder read it for the wheel's run under way
+ * (or the closer's), never earlier than the run before: when a deadline
+ * park it ends was fired. */
 static uint64_t run_now;
 
 /* Resumes found in one pass, queued together: one CAS and one wake check
@@ -425,14 +426,14 @@ bool atap__park_wheel_mine(void) { return seat_mine; }
 
 void atap__park_wheel_help(void)
 {
-    uint64_t due = ld_relaxed(&due_at);
+    uint64_t due = ld_relaxed(&due_at), now;
 
     /* Arms are left to the manager, which each wakes: a worker that took
      * them in too (after 200 us of the manager's silence) made the
      * timers bench's tail worse, not better (bench/README.md). */
-    if (likely(due == ATAP__FOREVER) || atap__now_ns() < due || !seat_take())
+    if (likely(due == ATAP__FOREVER) || (now = atap__now_ns()) < due || !seat_take())
         return;
-    (void)atap__park_wheel_run(atap__now_ns());
+    (void)atap__park_wheel_run(now);
     atap__park_wheel_give();
 }
 
@@ -440,8 +441,14 @@ uint64_t atap__park_wheel_due(void) { return ld_relaxed(&due_at); }
 
 uint64_t atap__park_wheel_run(uint64_t now)
 {
-    uint64_t cur = tick_of(now), t, due;
+    uint64_t cur, t, due;
 
+    /* A reading taken before the seat was ours may be older than the last
+     * holder's run: the wheel never goes back in time (a park it had gone
+     * through would read as due before its deadline's tick). */
+    if (now < run_now)
+        now = run_now;
+    cur = tick_of(now);
     st_relaxed(&now_seen, now);
     run_now = now;
 
