@@ -459,6 +459,8 @@ static int guard_new(atap_task *g, struct proc *c, size_t out_size)
 {
     int rc;
 
+    /* Relaxed: the caller holds a reference, so c lives; the spawn's
+     * release publishes c to the guard. */
     add_relaxed(&c->refs, 1);
     if ((rc = atap_spawn_waiting(g, guard_run, c, out_size,
                                  &(atap_spawn_opts){.arg_free = proc_free})) != 0)

@@ -154,8 +154,10 @@ int atap__proc_killer_start(struct proc *c, uint64_t grace_ns, atap_task *k)
     uint64_t now = atap_now();
     int rc;
 
+    /* Relaxed: the caller holds a reference, so c lives; the spawn's
+     * release publishes c to the killer, which takes c->lock first thing
+     * and so waits for this to end. */
     add_relaxed(&c->refs, 1);
-    /* the killer takes c->lock first thing: it waits for this to end */
     if ((rc = atap_spawn(k, killer_run, c, &(atap_spawn_opts){.arg_free = killer_free})) != 0) {
         sub_relaxed(&c->refs, 1);
         return rc;
