@@ -89,6 +89,7 @@ struct stack {
     bool timed;   /* on the owner's timed list */
     bool started; /* its context is its loop's: taking it goes on there */
     unsigned depth, held_cap;
+    uint16_t tdepth; /* the trace's count of runs open on it (trace.h) */
     uint32_t *held;
     struct atap_ctx *cur;
     uintptr_t floor, low;
@@ -158,6 +159,7 @@ static void switch_to(struct worker *w, struct stack *from, struct stack *to)
     from->cur = w->cur;
     from->floor = w->stack_floor;
     from->low = w->stack_low;
+    from->tdepth = atap__trace_depth_swap(to->tdepth);
     w->depth = to->depth;
     w->held = to->held;
     w->held_cap = to->held_cap;
@@ -246,6 +248,7 @@ static void run_stack(struct worker *w, struct stack *s)
     if (!s->started) {
         atap__fiber_start(&s->f, stack_main, w, loop_chain);
         s->started = true;
+        s->tdepth = 0;
     }
     switch_to(w, w->stack, s);
 }
@@ -618,7 +621,7 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
     now_aside = add_relaxed(&atap__pool.naside, 1) + 1;
     if (now_aside > ld_relaxed(&atap__pool.peak_aside))
         st_relaxed(&atap__pool.peak_aside, now_aside); /* a peak: a lost race only lowers it */
-    ATAP_TRACE(TR_ASIDE, 0, NULL, w->naside);
+    ATAP_TRACE(TR_ASIDE, (uintptr_t)me, NULL, w->naside);
     to = first ? NULL : take_ready(w);
     if (to != me) {
         if (!to)
@@ -636,9 +639,9 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
     w->naside--;
     /* Release: a drain that reads the count sees this stack's run going on. */
     sub_release(&atap__pool.naside, 1);
+    ATAP_TRACE(TR_BACK, (uintptr_t)me, NULL, w->naside);
     if (unlikely(w->dying))
         exit_here(w); /* its thread died on another stack: this one unwinds */
-    ATAP_TRACE(TR_BACK, 0, NULL, w->naside);
     return ASIDE_WOKEN;
 }
 

@@ -138,10 +138,21 @@ struct open_run {
     char name[96]; /* its B's, so that its E reads the same whatever is renamed since */
 };
 
+/* The runs a stack had open when it was set aside: ended on the lane
+ * there, begun again when it goes on (a thread's lane shows what its
+ * thread runs, and meanwhile it runs other stacks). */
+struct aside_runs {
+    struct aside_runs *next;
+    uint64_t stack; /* the stack's token, as the events carry it */
+    struct open_run *runs;
+    unsigned n;
+};
+
 struct wlane {
     uint64_t tid;
     struct open_run *open;
     unsigned n, cap;
+    struct aside_runs *aside;
 };
 
 /* One end of an arrow the writer has seen, waiting for the other. */
@@ -436,6 +447,18 @@ void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg)
     unlock(t);
 }
 
+uint16_t atap__trace_depth_swap(uint16_t depth)
+{
+    struct tthread *t = self_t;
+    uint16_t old;
+
+    if (!t)
+        return 0; /* nothing recorded on this thread: its count is 0 */
+    old = t->depth;
+    t->depth = depth;
+    return old;
+}
+
 /* ---- writing (the writer thread, then the stop) ------------------------- */
 
 #define FN_CACHE 512u
@@ -717,16 +740,29 @@ static struct wlane *wlane_of(uint64_t tid)
     return l;
 }
 
+static void aside_free(struct aside_runs *a)
+{
+    free(a->runs);
+    free(a);
+}
+
 static void wlanes_clear(void)
 {
-    for (size_t i = 0; i < tr.nwl; i++)
+    for (size_t i = 0; i < tr.nwl; i++) {
+        for (struct aside_runs *a = tr.wl[i].aside, *next; a; a = next) {
+            next = a->next;
+            aside_free(a);
+        }
         free(tr.wl[i].open);
+    }
     free(tr.wl);
     tr.wl = NULL;
     tr.nwl = tr.capwl = 0;
 }
 
-static void end_event(FILE *f, uint64_t tid, const struct open_run *r, double us, bool recorded,
+/* An end with its run's result, or (why) an end the trace did not record,
+ * or a stack set aside. */
+static void end_event(FILE *f, uint64_t tid, const struct open_run *r, double us, const char *why,
                       long long rc)
 {
     begin_event(f);
@@ -736,10 +772,10 @@ static void end_event(FILE *f, uint64_t tid, const struct open_run *r, double us
             "\",\"cat\":\"" CAT "\",\"ph\":\"E\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
             "\"args\":{",
             us, tr.pid, (unsigned long long)tid);
-    if (recorded)
+    if (!why)
         fprintf(f, "\"rc\":%lld}}", rc);
     else
-        fputs("\"end\":\"not recorded\"}}", f);
+        fprintf(f, "\"end\":\"%s\"}}", why);
 }
 
 /* Closes the lane's runs recorded at level or deeper: their ends were
@@ -747,35 +783,44 @@ static void end_event(FILE *f, uint64_t tid, const struct open_run *r, double us
 static void close_from(FILE *f, struct wlane *l, uint16_t level, double us)
 {
     while (l->n && l->open[l->n - 1].level >= level)
-        end_event(f, l->tid, &l->open[--l->n], us, false, 0);
+        end_event(f, l->tid, &l->open[--l->n], us, "not recorded", 0);
 }
 
-static void run_begins(FILE *f, struct wlane *l, const struct tev *e)
+/* Opens r on the lane and writes its B (resumed: a stack set aside goes
+ * on); false if the lane has no room (neither B nor then E: it stays whole). */
+static bool open_on(FILE *f, struct wlane *l, const struct open_run *r, double us, bool resumed)
 {
-    double us = us_of(e->ts);
-
-    close_from(f, l, e->depth, us);
     if (l->n == l->cap) {
         unsigned cap = l->cap ? 2 * l->cap : 8;
         struct open_run *o = realloc(l->open, cap * sizeof *o);
 
         if (!o)
-            return; /* neither B nor (then) E: the lane stays whole */
+            return false;
         l->open = o;
         l->cap = cap;
     }
-    l->open[l->n] = (struct open_run){.id = e->id, .level = e->depth};
-    snprintf(l->open[l->n].name, sizeof l->open[l->n].name, "%s", fn_name(e->fn));
-    l->n++;
+    l->open[l->n++] = *r;
     begin_event(tr.f);
     fputs("{\"name\":\"", f);
-    put_escaped(f, fn_name(e->fn));
+    put_escaped(f, r->name);
     fprintf(f,
             "\",\"cat\":\"" CAT "\",\"ph\":\"B\",\"ts\":%.3f,\"pid\":%d,\"tid\":%llu,"
             "\"args\":{\"task\":\"0x%llx\",\"fn\":\"",
-            us, tr.pid, (unsigned long long)l->tid, (unsigned long long)e->id);
-    put_escaped(f, fn_name(e->fn));
-    fputs("\"}}", f);
+            us, tr.pid, (unsigned long long)l->tid, (unsigned long long)r->id);
+    put_escaped(f, r->name);
+    fputs(resumed ? "\",\"stack\":\"goes on\"}}" : "\"}}", f);
+    return true;
+}
+
+static void run_begins(FILE *f, struct wlane *l, const struct tev *e)
+{
+    double us = us_of(e->ts);
+    struct open_run r = {.id = e->id, .level = e->depth};
+
+    close_from(f, l, e->depth, us);
+    snprintf(r.name, sizeof r.name, "%s", fn_name(e->fn));
+    if (!open_on(f, l, &r, us, false))
+        return;
     /* Arrows in: from the spawn, to a first run; from the give that
      * started it, to a run of a task that waits for gives. */
     if (e->arg & TR_FIRST_RUN)
@@ -792,8 +837,50 @@ static void run_ends(FILE *f, struct wlane *l, const struct tev *e)
 
     close_from(f, l, (uint16_t)(level + 1), us);
     if (l->n && l->open[l->n - 1].level == level && l->open[l->n - 1].id == e->id)
-        end_event(f, l->tid, &l->open[--l->n], us, true, (long long)e->arg);
+        end_event(f, l->tid, &l->open[--l->n], us, NULL, (long long)e->arg);
     /* else its "B" is not in the file (dropped, or before the start) */
+}
+
+/* A stack set aside (e->id: its token): the runs open on the lane, all
+ * of them its own, end here and are kept for its going on. */
+static void stack_aside(FILE *f, struct wlane *l, const struct tev *e)
+{
+    double us = us_of(e->ts);
+    struct aside_runs *a;
+
+    close_from(f, l, e->depth, us);
+    if (l->n == 0)
+        return;
+    if (!(a = malloc(sizeof *a)) || !(a->runs = malloc(l->n * sizeof *a->runs))) {
+        free(a);
+        close_from(f, l, 0, us); /* ended as not recorded: they will not be begun again */
+        return;
+    }
+    a->stack = e->id;
+    a->n = l->n;
+    memcpy(a->runs, l->open, l->n * sizeof *a->runs);
+    while (l->n)
+        end_event(f, l->tid, &l->open[--l->n], us, "set aside", 0);
+    a->next = l->aside;
+    l->aside = a;
+}
+
+/* The stack goes on: its runs begin again, outermost first. */
+static void stack_back(FILE *f, struct wlane *l, const struct tev *e)
+{
+    double us = us_of(e->ts);
+    struct aside_runs **pa = &l->aside, *a;
+
+    close_from(f, l, 0, us); /* nothing of another stack stays open under it */
+    while ((a = *pa) && a->stack != e->id)
+        pa = &a->next;
+    if (!a)
+        return; /* set aside before the trace began, or its event dropped */
+    *pa = a->next;
+    for (unsigned i = 0; i < a->n && a->runs[i].level < e->depth; i++)
+        if (!open_on(f, l, &a->runs[i], us, true))
+            break;
+    aside_free(a);
 }
 
 static void write_event(FILE *f, struct wlane *l, const struct tev *e)
@@ -808,6 +895,17 @@ static void write_event(FILE *f, struct wlane *l, const struct tev *e)
     }
     if (e->kind == TR_RUN_END) {
         run_ends(f, l, e);
+        return;
+    }
+    if (e->kind == TR_ASIDE || e->kind == TR_BACK) {
+        struct tev shown = *e;
+
+        if (e->kind == TR_ASIDE)
+            stack_aside(f, l, e);
+        else
+            stack_back(f, l, e);
+        shown.id = 0; /* a stack's token, not a task */
+        instant(f, e->kind == TR_ASIDE ? "stack set aside" : "stack goes on", tid, &shown, "aside");
         return;
     }
     close_from(f, l, e->depth, us_of(e->ts));
@@ -843,12 +941,6 @@ static void write_event(FILE *f, struct wlane *l, const struct tev *e)
         break;
     case TR_THREAD:
         instant(f, "thread starts", tid, e, "blocking");
-        break;
-    case TR_ASIDE:
-        instant(f, "stack set aside", tid, e, "aside");
-        break;
-    case TR_BACK:
-        instant(f, "stack goes on", tid, e, "aside");
         break;
     default:
         break;

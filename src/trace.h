@@ -28,8 +28,8 @@ enum {
     TR_MANAGER,   /* a manager's life starts: arg = restarts so far */
     TR_RESTART,   /* the supervisor restarts a dead manager: arg = failures */
     TR_THREAD,    /* a pool thread starts: arg = 1 for a blocking one */
-    TR_ASIDE,     /* a wait set its stack aside: arg = stacks aside on the thread */
-    TR_BACK,      /* a stack set aside goes on: arg = stacks still aside */
+    TR_ASIDE,     /* a wait set its stack aside: id = the stack's token, arg = stacks aside */
+    TR_BACK,      /* a stack set aside goes on: id = its token, arg = stacks still aside */
 };
 
 /* TR_RUN_BEGIN's arg: the run was started by a give (the caller's), and
@@ -65,6 +65,16 @@ void atap__trace_event(unsigned kind, uint64_t id, atap_fn *fn, uint64_t arg);
     } while (0)
 #else
 #define ATAP_TRACE(kind, id, fn, arg) ((void)(id), (void)(fn), (void)(arg))
+#endif
+
+/* The count of runs open on this thread's running stack, which a stack
+ * switch trades for the next stack's (pool_aside.c): each stack's runs nest
+ * on their own, and the writer ends a stack's runs where it is set aside
+ * and begins them again where it goes on. Returns the count it replaces. */
+#if ATAP_TRACE_HOOKS
+uint16_t atap__trace_depth_swap(uint16_t depth);
+#else
+#define atap__trace_depth_swap(depth) ((void)(depth), (uint16_t)0)
 #endif
 
 /* runtime.c: ATAP_TRACE read at the start (0, or what atap_trace_start

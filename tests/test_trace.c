@@ -766,6 +766,79 @@ static void test_trace_aside(void **state)
     unlink(path);
 }
 
+/* Two waiters on one worker, their stacks set aside in turn and going on
+ * in the other order (the first's child naps 20 ms, the second's 80): the
+ * thread's lane shows each waiter's run cut where its stack went aside
+ * (an end that says so) and begun again where it went on, and each run's
+ * last end carries its result: no end is lost to the other stack's runs. */
+static int trace_napper_for(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)out;
+    if (atap_resumed(ctx))
+        return 0;
+    return atap_park_until(ctx, atap_now() + ATAP_MS((uintptr_t)arg)) == 0 ? ATAP_PARKED : -1;
+}
+
+int trace_interleaved_waiter(atap_ctx *ctx, void *arg, void *out); /* named in the trace */
+
+int trace_interleaved_waiter(atap_ctx *ctx, void *arg, void *out)
+{
+    atap_task c;
+    int rc;
+
+    (void)ctx, (void)out;
+    if ((rc = atap_spawn(&c, trace_napper_for, arg, NULL)) != 0)
+        return rc;
+    rc = atap_join(c, NULL, 0);
+    atap_release(c);
+    return rc;
+}
+
+static void test_trace_aside_interleaved(void **state)
+{
+    char path[256];
+    atap_task w[2];
+    struct jval *doc, *evs;
+    size_t begins = 0, cut = 0, ended = 0, lost = 0;
+
+    (void)state;
+    temp_path(path, sizeof path);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 1}), 0);
+    assert_int_equal(atap_trace_start(path), 0);
+    assert_int_equal(atap_spawn(&w[0], trace_interleaved_waiter, (void *)(uintptr_t)20, NULL), 0);
+    assert_int_equal(atap_spawn(&w[1], trace_interleaved_waiter, (void *)(uintptr_t)80, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(atap_join(w[i], NULL, 0), 0);
+        atap_release(w[i]);
+    }
+    assert_int_equal(atap_trace_stop(), 0);
+    assert_non_null(doc = jload(path));
+    assert_non_null(evs = jget(doc, "traceEvents"));
+    for (size_t i = 0; i < evs->n; i++) {
+        const struct jval *e = evs->items[i], *args = jget(e, "args");
+
+        if (!jis(e, "name", "trace_interleaved_waiter"))
+            continue;
+        if (jis(e, "ph", "B"))
+            begins++;
+        else if (jis(e, "ph", "E") && jis(args, "end", "set aside"))
+            cut++;
+        else if (jis(e, "ph", "E") && jget(args, "rc"))
+            ended++;
+        else if (jis(e, "ph", "E"))
+            lost++;
+    }
+    assert_int_equal(ended, 2);
+    assert_int_equal(lost, 0);
+    assert_true(cut >= 2);
+    assert_int_equal(begins, ended + cut);
+    assert_true(lanes_nest(evs));
+    jfree(doc);
+    trace_checked(path);
+    assert_int_equal(atap_shutdown(), 0);
+    unlink(path);
+}
+
 /* Enough events to fill many chunks while the writer writes: every run is
  * in the file, unless events were dropped, and then the count says so. */
 static void test_trace_many(void **state)
@@ -1163,6 +1236,7 @@ int main(void)
         cmocka_unit_test_teardown(test_trace_errors, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_known_program, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_aside, ensure_stopped),
+        cmocka_unit_test_teardown(test_trace_aside_interleaved, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_env, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_many, ensure_stopped),
         cmocka_unit_test_teardown(test_trace_exit_without_shutdown, ensure_stopped),
