@@ -115,9 +115,13 @@ static bool manager_life(void)
         now = atap__now_ns();
         wake_at = atap__timers_run(&atap__hub.timers, now);
         /* The wheel's seat, held until this thread sleeps (park_wheel.c):
-         * a worker holding it fires what is due itself. */
+         * a worker holding it fires what is due itself, and wakes this
+         * thread when it gives the seat back. Meanwhile the wheel sets no
+         * time to wake at: its last due time has passed (that is why the
+         * worker took it), and waiting for that would spin here, taking
+         * the CPU from the holder it waits for. */
         wheel = atap__park_wheel_take();
-        park_at = wheel ? atap__park_wheel_run(now) : atap__park_wheel_due();
+        park_at = wheel ? atap__park_wheel_run(now) : ATAP__FOREVER;
         wake_at = park_at < wake_at ? park_at : wake_at;
         atap__sched_flush();
         atap__sched_reap(false);

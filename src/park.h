@@ -72,8 +72,8 @@ bool atap__park_wheel_mine(void); /* this thread holds the seat */
 /* The seat's holder, each pass: acts on the deadline parks that are due;
  * returns when it must look again (UINT64_MAX: none waits). */
 uint64_t atap__park_wheel_run(uint64_t now);
-/* When the wheel's last run said to look again (UINT64_MAX: none waits):
- * the manager's wait while a worker holds the seat. */
+/* When the wheel's last run said to look again (UINT64_MAX: none waits),
+ * as busy workers read it (tests read it to see a park filed). */
 uint64_t atap__park_wheel_due(void);
 /* A busy worker between runs: if the wheel's next due tick is past and
  * the seat is free, runs the wheel on this thread (a load and a compare

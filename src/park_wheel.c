@@ -44,6 +44,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
+#include "faults.h"
 #include "hub.h"
 #include "pool.h"
 #include "slot.h"
@@ -433,6 +434,7 @@ void atap__park_wheel_help(void)
      * timers bench's tail worse, not better (bench/README.md). */
     if (likely(due == ATAP__FOREVER) || (now = atap__now_ns()) < due || !seat_take())
         return;
+    TEST_HOOK(ATAP__TEST_WHEEL_HELP);
     (void)atap__park_wheel_run(now);
     atap__park_wheel_give();
 }

@@ -819,6 +819,75 @@ static void test_park_due_fired_by_a_busy_worker(void **state)
     atap_release(sleeper);
 }
 
+/* While a busy worker holds the wheel's seat, the manager does not spin
+ * waiting for it (the due time the worker took it for has passed; the
+ * worker wakes the manager when it gives the seat back): a worker held
+ * with the seat for 300 ms, the process uses a small part of that in CPU,
+ * not the whole core a manager polling with no timeout would. */
+static atomic_int g_hold_wheel, g_wheel_held;
+
+static void hold_wheel(void)
+{
+    int one = 1;
+
+    if (!atomic_compare_exchange_strong(&g_hold_wheel, &one, 2))
+        return; /* the first helper only */
+    atomic_store(&g_wheel_held, 1);
+    while (atomic_load(&g_hold_wheel))
+        sleep_ms(1);
+}
+
+static uint64_t process_cpu_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void test_park_manager_idle_while_a_worker_holds_the_wheel(void **state)
+{
+    (void)state;
+    const uint64_t delay = ATAP_MS(30);
+    uint64_t give_up, cpu;
+    atap_task sleeper, shorts[64];
+
+    atomic_store(&g_due_ran, 0);
+    atomic_store(&g_wheel_held, 0);
+    atomic_store(&g_hold_wheel, 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_WHEEL_HELP, hold_wheel), 0);
+    give_up = atap_now() + ATAP_SEC(10) * test_slack();
+    assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
+    /* Short runs until a worker, looking between them, takes the seat for
+     * the park once it is due (the manager may fire it first: then the
+     * next park is the worker's). */
+    while (!atomic_load(&g_wheel_held) && atap_now() < give_up) {
+        if (atomic_load(&g_due_ran)) {
+            assert_int_equal(atap_join(sleeper, NULL, 0), 0);
+            atap_release(sleeper);
+            atomic_store(&g_due_ran, 0);
+            assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
+        }
+        for (int i = 0; i < 64; i++)
+            assert_int_equal(atap_spawn(&shorts[i], task_short, NULL, NULL), 0);
+        for (int i = 0; i < 64; i++) {
+            assert_int_equal(atap_join(shorts[i], NULL, 0), 0);
+            atap_release(shorts[i]);
+        }
+    }
+    assert_true(atomic_load(&g_wheel_held));
+    cpu = process_cpu_ns();
+    sleep_ms(300);
+    cpu = process_cpu_ns() - cpu;
+    atomic_store(&g_hold_wheel, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_WHEEL_HELP, NULL), 0);
+    print_message("CPU while a worker held the wheel 300 ms: %.1f ms\n", cpu / 1e6);
+    assert_true(cpu < ATAP_MS(100));
+    assert_int_equal(atap_join_for(sleeper, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+    assert_true(atomic_load(&g_due_ran));
+    atap_release(sleeper);
+}
+
 /* ---- 6. park_fd ----------------------------------------------------------- */
 
 struct fd_parker {
@@ -3376,6 +3445,7 @@ int main(void)
         T(test_park_until_deadline),
         T(test_park_fired_counted),
         T(test_park_due_fired_by_a_busy_worker),
+        T(test_park_manager_idle_while_a_worker_holds_the_wheel),
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),
