@@ -151,10 +151,13 @@ unsigned atap__inj_pop(struct injector *q, struct inj_cursor *c, uint32_t *out, 
     int order[INJ_BANDS], k = 0;
     unsigned n = 0;
 
-    /* The common look of a busy worker, done in a few relaxed loads. A push
-     * they miss is not lost: a worker parks only after the parking
-     * protocol's own look (pool.c), and the pusher's wake check follows. */
-    if (atap__inj_empty(q))
+    /* The common look of a busy worker: two relaxed loads, however many
+     * bands. Equal counts with no push under way: nothing is queued (a
+     * push counts itself once its entries are in, a pop once they are
+     * out). A push they miss is not lost: a worker parks only after the
+     * parking protocol's own look at every band (pool.c), and the pusher's
+     * wake check follows its count. */
+    if (ld_relaxed(&q->pushed) == ld_relaxed(&q->popped))
         return 0;
 
     /* A starved band first, lowest first; then highest to lowest. */

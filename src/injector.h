@@ -1,7 +1,10 @@
 /*
  * The shared queue: unbounded, allocation-free (linked through the slots'
- * `link`), four priority bands, FIFO inside a band. See injector.c.
- * Entries are task references: slot index + 1.
+ * `link`), FIFO inside a band. See injector.c. Four priority ranges, each
+ * two bands: its first runs, and above them its resumed runs (a park's
+ * deadline or event, a delayed start: work whose time has come, which
+ * should not wait behind a burst of spawns). Entries are task references:
+ * slot index + 1.
  */
 #ifndef ATAP_INJECTOR_H
 #define ATAP_INJECTOR_H
@@ -11,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define INJ_BANDS 4
+#define INJ_BANDS 8
 #define INJ_AGE 64 /* pops a non-empty band may be passed over before it is served */
 
 struct inj_band {
@@ -34,7 +37,12 @@ struct inj_cursor {
     unsigned passed[INJ_BANDS];
 };
 
-static inline int atap__inj_band(int priority) { return (priority + 128) >> 6; }
+/* priority: -128..127; due: a resumed run (one band above the range's
+ * first runs, below the next range's). */
+static inline int atap__inj_band(int priority, bool due)
+{
+    return ((priority + 128) >> 6) * 2 + (int)due;
+}
 
 /* Queues refs[0..n) (oldest first) in one band with one CAS. */
 void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int band);

@@ -43,7 +43,7 @@ static inline bool atap__grow_cap(size_t *cap, size_t key)
 static inline void atap__park_requeue(const struct atap_slot *s, uint32_t index)
 {
     slot_warm_arg(s);
-    atap__pool_submit(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0);
+    atap__pool_submit_as(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0, true);
 }
 
 /* The kinds of park: what a parked task waits for besides its deadline.

@@ -165,16 +165,19 @@ int atap__pool_start_thread(bool blocking, struct worker *self)
 
 /* ---- queues ------------------------------------------------------------ */
 
-static int band_of(uint32_t ref) { return atap__inj_band(atap__table_at(ref - 1)->priority); }
+static int band_of(uint32_t ref, bool due)
+{
+    return atap__inj_band(atap__table_at(ref - 1)->priority, due);
+}
 
-/* Queues refs in the shared queue, each in its own band. */
-void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n)
+/* Queues refs in the shared queue, each in its own band (due: resumed runs). */
+void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n, bool due)
 {
     uint32_t by_band[INJ_BANDS][MOVE_CHUNK];
     unsigned count[INJ_BANDS] = {0};
 
     for (unsigned i = 0; i < n; i++) {
-        int b = band_of(refs[i]);
+        int b = band_of(refs[i], due);
 
         by_band[b][count[b]++] = refs[i];
         if (count[b] == MOVE_CHUNK) {
@@ -201,11 +204,11 @@ void atap__pool_push_ring(struct worker *w, uint32_t ref)
                 break;
             continue; /* a thief took from the top first: look again */
         }
-        atap__pool_push_shared(&atap__pool.inj, chunk, n);
+        atap__pool_push_shared(&atap__pool.inj, chunk, n, false);
         left -= n;
     }
     if (!ring_push(&w->ring, ref))
-        atap__pool_push_shared(&atap__pool.inj, &ref, 1);
+        atap__pool_push_shared(&atap__pool.inj, &ref, 1, false);
 }
 
 /* Work in the shared queue or a ring; with_lifo: in a LIFO slot too. The
@@ -627,9 +630,9 @@ void atap__pool_wake_blocker(void)
     }
 }
 
-static void submit_blocking(uint32_t ref, int priority)
+static void submit_blocking(uint32_t ref, int priority, bool due)
 {
-    atap__inj_push(&atap__pool.binj, &ref, 1, atap__inj_band(priority));
+    atap__inj_push(&atap__pool.binj, &ref, 1, atap__inj_band(priority, due));
     atap__pool_wake_blocker();
 }
 
@@ -637,18 +640,24 @@ void atap__pool_submit_batch(const uint32_t *refs, unsigned n)
 {
     if (n == 0)
         return;
-    atap__pool_push_shared(&atap__pool.inj, refs, n); /* one CAS a band, then one wake check */
+    /* One CAS a band, then one wake check. */
+    atap__pool_push_shared(&atap__pool.inj, refs, n, true);
     ensure_worker();
     atap__pool_notify();
 }
 
 void atap__pool_submit(uint32_t ref, int priority, bool blocking)
 {
+    atap__pool_submit_as(ref, priority, blocking, false);
+}
+
+void atap__pool_submit_as(uint32_t ref, int priority, bool blocking, bool due)
+{
     struct worker *w = atap__self;
     uint32_t old;
 
     if (blocking) {
-        submit_blocking(ref, priority);
+        submit_blocking(ref, priority, due);
         return;
     }
     if (w && !w->blocking) {
@@ -664,7 +673,7 @@ void atap__pool_submit(uint32_t ref, int priority, bool blocking)
             return;
         atap__pool_push_ring(w, old);
     } else {
-        atap__inj_push(&atap__pool.inj, &ref, 1, atap__inj_band(priority));
+        atap__inj_push(&atap__pool.inj, &ref, 1, atap__inj_band(priority, due));
         ensure_worker();
     }
     atap__pool_notify();

@@ -200,12 +200,16 @@ void atap__pool_forget(void);
 /* The worker records in use (each may keep a poller: the soak counts). */
 unsigned atap__pool_records(void);
 
-/* Queues worker tasks (not blocking ones) from outside the pool, each in
- * its priority band, with one wake check for them all. */
+/* Queues resumed worker tasks (not blocking ones) from outside the pool,
+ * each in its priority's band of resumed runs, with one wake check for
+ * them all. */
 void atap__pool_submit_batch(const uint32_t *refs, unsigned n);
 
 /* Queues a task (ref = slot index + 1). */
 void atap__pool_submit(uint32_t ref, int priority, bool blocking);
+/* ... due: a resumed run, which the shared queue serves before the first
+ * runs of its priority (a pool thread's own LIFO slot takes either). */
+void atap__pool_submit_as(uint32_t ref, int priority, bool blocking, bool due);
 
 /* atap__pool_submit's common case, inline: a worker's task spawning a
  * worker task into its own empty LIFO slot. An empty LIFO slot stays empty

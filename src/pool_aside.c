@@ -792,7 +792,7 @@ void atap__pool_stacks_died(struct worker *w)
     struct stack *s;
 
     if (w->handoff) { /* a task a stack was taken for, not run yet: to the others */
-        atap__pool_push_shared(&atap__pool.inj, &w->handoff, 1);
+        atap__pool_push_shared(&atap__pool.inj, &w->handoff, 1, false);
         w->handoff = 0;
     }
     fail_runs(w);

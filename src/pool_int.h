@@ -94,7 +94,7 @@ unsigned atap__pool_ceiling_read(unsigned live);
 /* pool.c. The owner's push into its own ring (a full one moves half out). */
 void atap__pool_push_ring(struct worker *w, uint32_t ref);
 /* pool.c. Queues refs in the shared queue q, each in its own band. */
-void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n);
+void atap__pool_push_shared(struct injector *q, const uint32_t *refs, unsigned n, bool due);
 /* pool.c. Work in the shared queue or a ring; with_lifo: in a LIFO slot too. */
 bool atap__pool_work_visible(bool with_lifo);
 /* pool.c. Hands a thread taken off an idle list its word, and wakes it. */

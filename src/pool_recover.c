@@ -29,13 +29,13 @@ void atap__pool_evacuate(struct worker *w)
     while ((x = ring_pop(&w->ring)) != 0) {
         refs[n++] = x;
         if (n == MOVE_CHUNK) {
-            atap__pool_push_shared(&atap__pool.inj, refs, n);
+            atap__pool_push_shared(&atap__pool.inj, refs, n, false);
             n = 0;
         }
     }
     if ((x = xchg_acqrel(&w->lifo, 0)) != 0)
         refs[n++] = x;
-    atap__pool_push_shared(&atap__pool.inj, refs, n);
+    atap__pool_push_shared(&atap__pool.inj, refs, n, false);
 }
 
 void atap__pool_thread_died(void *arg)

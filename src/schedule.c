@@ -338,7 +338,7 @@ static void fire_start(struct atap_timer *t)
     if (c->kind == ATAP_AT_RATE) {
         atap__rate_tick(c);
     } else if (c->blocking) {
-        atap__pool_submit(c->index + 1, atap__table_at(c->index)->priority, true);
+        atap__pool_submit_as(c->index + 1, atap__table_at(c->index)->priority, true, true);
     } else {
         if (nfired == FIRED_BATCH)
             atap__sched_flush();

@@ -2627,6 +2627,84 @@ static void *wvc_waker_thread(void *arg)
     }
 }
 
+/* A resumed run does not wait behind a burst of first runs. One worker is
+ * held busy while 2,000 tasks are spawned from outside the pool and then a
+ * parked task is woken from outside; once the worker is free, the woken
+ * task runs before the burst (the shared queue serves a priority's resumed
+ * runs before its first runs), not after all of it. */
+#define BURST 2000
+static atomic_int g_burst_ran, g_woken_at, g_holding;
+static atomic_bool g_hold;
+static _Atomic uint64_t g_burst_waker;
+
+static int task_burst(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_fetch_add(&g_burst_ran, 1);
+    return 0;
+}
+
+static int task_hold(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_store(&g_holding, 1);
+    while (atomic_load(&g_hold))
+        sleep_us(100);
+    return 0;
+}
+
+static int task_woken_before_burst(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg, (void)out;
+    if (atap_resumed(ctx)) {
+        atomic_store(&g_woken_at, atomic_load(&g_burst_ran));
+        return 0;
+    }
+    CHECK(atap_park_wake(ctx, ATAP_FOREVER) == 0);
+    atomic_store(&g_burst_waker, atap_waker_of(ctx).id);
+    return ATAP_PARKED;
+}
+
+static void test_park_resumed_before_first_runs(void **state)
+{
+    atap_task woken, hold, burst[BURST];
+    uint64_t end;
+
+    (void)state;
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 1}), 0);
+    atomic_store(&g_burst_ran, 0);
+    atomic_store(&g_woken_at, -1);
+    atomic_store(&g_holding, 0);
+    atomic_store(&g_burst_waker, 0);
+    woken = spawn0(task_woken_before_burst, NULL);
+    end = now_ns() + ATAP_SEC(10) * test_slack();
+    while ((atomic_load(&g_burst_waker) == 0 || atap_state_of(woken) != ATAP_WAITING) &&
+           now_ns() < end)
+        sleep_us(200);
+    assert_int_equal(atap_state_of(woken), ATAP_WAITING);
+    atomic_store(&g_hold, true);
+    hold = spawn0(task_hold, NULL);
+    while (!atomic_load(&g_holding) && now_ns() < end)
+        sleep_us(100);
+    assert_int_equal(atomic_load(&g_holding), 1);
+    for (int i = 0; i < BURST; i++)
+        burst[i] = spawn0(task_burst, NULL);
+    assert_true(atap_wake((atap_waker){atomic_load(&g_burst_waker)}));
+    atomic_store(&g_hold, false);
+    assert_int_equal(atap_join_for(woken, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+    for (int i = 0; i < BURST; i++) {
+        assert_int_equal(atap_join_for(burst[i], NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+        atap_release(burst[i]);
+    }
+    assert_int_equal(atap_join_for(hold, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+    /* At most the one batch a worker takes from the queue at once. */
+    assert_in_range(atomic_load(&g_woken_at), 0, 16);
+    atap_release(woken);
+    atap_release(hold);
+    assert_no_failures();
+}
+
 static void test_park_wake_vs_cancel_agree(void **state)
 {
     size_t batches = scaled(200, 40), woke = 0, said_no = 0;
@@ -3446,6 +3524,7 @@ int main(void)
         T(test_park_fired_counted),
         T(test_park_due_fired_by_a_busy_worker),
         T(test_park_manager_idle_while_a_worker_holds_the_wheel),
+        T(test_park_resumed_before_first_runs),
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
         T(test_park_fd_ready_at_once),

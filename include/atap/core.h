@@ -623,7 +623,11 @@ typedef struct atap_spawn_opts {
                                     returned 0) is taken or passed to
                                     out_free, exactly once */
     void (*arg_free)(void *arg); /* called once, when the task is gone */
-    int priority;                /* -128..127, higher starts first; 0 default */
+    int priority;                /* -128..127, higher starts first; 0 default. In
+                                    the queue shared by the pool, within a priority,
+                                    a resumed run (a park's deadline or event, a
+                                    delayed start) comes before the first runs
+                                    waiting there */
     bool blocking;               /* run on the blocking threads */
     uint64_t after_ns;           /* delays the first run only; runs late,
                                     never early */
