@@ -7,8 +7,11 @@
  * back. A stack not yet run holds a context made by hand: its return
  * address is boot, which calls entry(arg) from registers the pop fills.
  * boot's unwind information marks the end of the stack, so an unwinder
- * (a debugger, a thread's exit) stops there. Elsewhere ucontext does the
- * same, slower.
+ * (a debugger, a thread's exit) stops there; the switch's own holds on
+ * both sides of it (both stacks hold the same frame), so one stopped in
+ * the switch sees the frames of the stack it returns to. Elsewhere, and
+ * in a build with x86 shadow stacks, ucontext does the same, slower.
+ * Valgrind, where its header is found, is told of every stack mapped.
  *
  * What the C library and C++ keep per thread but a stack owns is kept per
  * stack: glibc's chain of pthread_cleanup_push handlers (a pointer in the
@@ -55,8 +58,31 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
+/* Valgrind is told of each stack mapped (its client requests cost a few
+ * instructions natively): a switch between two stacks it knows is not
+ * taken for a wild stack pointer, and memcheck tracks each on its own. */
+#if !defined(FIBER_ASAN) && !defined(FIBER_TSAN) && defined(__has_include) &&                      \
+    !defined(ATAP_NO_VALGRIND)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define FIBER_VALGRIND 1
+#endif
+#endif
+
+/* The hand-written switch returns on the stack switched to, which a shadow
+ * stack (x86's CET, in a build made with -fcf-protection=return or full)
+ * would fault on: such a build uses ucontext, whose switch keeps the
+ * shadow stack with it. Indirect-branch tracking alone needs nothing: the
+ * switch and boot are reached by a direct call and a return, and boot
+ * calls entry, compiled C with its own landing pad. */
+#if defined(__CET__)
+#define FIBER_SHSTK ((__CET__ & 2) != 0)
+#else
+#define FIBER_SHSTK 0
+#endif
+
 #if (defined(__x86_64__) || defined(__aarch64__)) && !defined(ATAP_FIBER_UCONTEXT) &&              \
-    (defined(__ELF__) || defined(__APPLE__))
+    (defined(__ELF__) || defined(__APPLE__)) && !FIBER_SHSTK
 #define FIBER_ASM 1
 #else
 #include <ucontext.h>
@@ -80,82 +106,168 @@ void atap__fiber_boot(void);
 
 #if defined(__x86_64__)
 /* Saved, from the stack pointer up: mxcsr and the x87 control word (8
- * bytes), r15 r14 r13 r12 rbx rbp, the return address. */
+ * bytes), r15 r14 r13 r12 rbx rbp, the return address. The unwind rules
+ * hold on either side of the switch: both stacks hold the same frame. */
 #define CTX_WORDS 8
 #define CTX_R12 4
 #define CTX_R13 3
 #define CTX_RET 7
-__asm__(".text\n" ASM_FUNC(atap__fiber_jump) "    pushq %rbp\n"
-                                             "    pushq %rbx\n"
-                                             "    pushq %r12\n"
-                                             "    pushq %r13\n"
-                                             "    pushq %r14\n"
-                                             "    pushq %r15\n"
-                                             "    subq $8, %rsp\n"
-                                             "    stmxcsr (%rsp)\n"
-                                             "    fnstcw 4(%rsp)\n"
-                                             "    movq %rsp, (%rdi)\n"
-                                             "    movq %rsi, %rsp\n"
-                                             "    ldmxcsr (%rsp)\n"
-                                             "    fldcw 4(%rsp)\n"
-                                             "    addq $8, %rsp\n"
-                                             "    popq %r15\n"
-                                             "    popq %r14\n"
-                                             "    popq %r13\n"
-                                             "    popq %r12\n"
-                                             "    popq %rbx\n"
-                                             "    popq %rbp\n"
-                                             "    ret\n" ASM_END(atap__fiber_jump) ASM_FUNC(
-                                                 atap__fiber_boot) "    .cfi_startproc\n"
-                                                                   "    .cfi_undefined rip\n"
-                                                                   "    movq %r12, %rdi\n"
-                                                                   "    callq *%r13\n"
-                                                                   "    ud2\n"
-                                                                   "    .cfi_endproc\n" ASM_END(
-                                                                       atap__fiber_boot));
+// clang-format off
+__asm__(".text\n"
+        ASM_FUNC(atap__fiber_jump)
+        "    .cfi_startproc\n"
+        "    pushq %rbp\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    .cfi_rel_offset %rbp, 0\n"
+        "    pushq %rbx\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    .cfi_rel_offset %rbx, 0\n"
+        "    pushq %r12\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    .cfi_rel_offset %r12, 0\n"
+        "    pushq %r13\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    .cfi_rel_offset %r13, 0\n"
+        "    pushq %r14\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    .cfi_rel_offset %r14, 0\n"
+        "    pushq %r15\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    .cfi_rel_offset %r15, 0\n"
+        "    subq $8, %rsp\n"
+        "    .cfi_adjust_cfa_offset 8\n"
+        "    stmxcsr (%rsp)\n"
+        "    fnstcw 4(%rsp)\n"
+        "    movq %rsp, (%rdi)\n"
+        "    movq %rsi, %rsp\n"
+        "    ldmxcsr (%rsp)\n"
+        "    fldcw 4(%rsp)\n"
+        "    addq $8, %rsp\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    popq %r15\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    .cfi_restore %r15\n"
+        "    popq %r14\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    .cfi_restore %r14\n"
+        "    popq %r13\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    .cfi_restore %r13\n"
+        "    popq %r12\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    .cfi_restore %r12\n"
+        "    popq %rbx\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    .cfi_restore %rbx\n"
+        "    popq %rbp\n"
+        "    .cfi_adjust_cfa_offset -8\n"
+        "    .cfi_restore %rbp\n"
+        "    ret\n"
+        "    .cfi_endproc\n"
+        ASM_END(atap__fiber_jump)
+        ASM_FUNC(atap__fiber_boot)
+        "    .cfi_startproc\n"
+        "    .cfi_undefined %rip\n"
+        "    movq %r12, %rdi\n"
+        "    callq *%r13\n"
+        "    ud2\n"
+        "    .cfi_endproc\n"
+        ASM_END(atap__fiber_boot));
+// clang-format on
 #elif defined(__aarch64__)
-/* Saved, from the stack pointer up: x19..x28, x29 x30, d8..d15, fpcr. */
+/* Saved, from the stack pointer up: x19..x28, x29 x30, d8..d15, fpcr. The
+ * unwind rules hold on either side of the switch, as on x86-64. */
 #define CTX_WORDS 22
 #define CTX_R12 0  /* x19: entry's arg */
 #define CTX_R13 1  /* x20: entry */
 #define CTX_RET 11 /* x30 */
-__asm__(".text\n" ASM_FUNC(atap__fiber_jump) "    sub sp, sp, #176\n"
-                                             "    stp x19, x20, [sp, #0]\n"
-                                             "    stp x21, x22, [sp, #16]\n"
-                                             "    stp x23, x24, [sp, #32]\n"
-                                             "    stp x25, x26, [sp, #48]\n"
-                                             "    stp x27, x28, [sp, #64]\n"
-                                             "    stp x29, x30, [sp, #80]\n"
-                                             "    stp d8, d9, [sp, #96]\n"
-                                             "    stp d10, d11, [sp, #112]\n"
-                                             "    stp d12, d13, [sp, #128]\n"
-                                             "    stp d14, d15, [sp, #144]\n"
-                                             "    mrs x2, fpcr\n"
-                                             "    str x2, [sp, #160]\n"
-                                             "    mov x2, sp\n"
-                                             "    str x2, [x0]\n"
-                                             "    mov sp, x1\n"
-                                             "    ldr x2, [sp, #160]\n"
-                                             "    msr fpcr, x2\n"
-                                             "    ldp x19, x20, [sp, #0]\n"
-                                             "    ldp x21, x22, [sp, #16]\n"
-                                             "    ldp x23, x24, [sp, #32]\n"
-                                             "    ldp x25, x26, [sp, #48]\n"
-                                             "    ldp x27, x28, [sp, #64]\n"
-                                             "    ldp x29, x30, [sp, #80]\n"
-                                             "    ldp d8, d9, [sp, #96]\n"
-                                             "    ldp d10, d11, [sp, #112]\n"
-                                             "    ldp d12, d13, [sp, #128]\n"
-                                             "    ldp d14, d15, [sp, #144]\n"
-                                             "    add sp, sp, #176\n"
-                                             "    ret\n" ASM_END(atap__fiber_jump) ASM_FUNC(
-                                                 atap__fiber_boot) "    .cfi_startproc\n"
-                                                                   "    .cfi_undefined x30\n"
-                                                                   "    mov x0, x19\n"
-                                                                   "    blr x20\n"
-                                                                   "    brk #0\n"
-                                                                   "    .cfi_endproc\n" ASM_END(
-                                                                       atap__fiber_boot));
+// clang-format off
+__asm__(".text\n"
+        ASM_FUNC(atap__fiber_jump)
+        "    .cfi_startproc\n"
+        "    sub sp, sp, #176\n"
+        "    .cfi_def_cfa_offset 176\n"
+        "    stp x19, x20, [sp, #0]\n"
+        "    stp x21, x22, [sp, #16]\n"
+        "    stp x23, x24, [sp, #32]\n"
+        "    stp x25, x26, [sp, #48]\n"
+        "    stp x27, x28, [sp, #64]\n"
+        "    stp x29, x30, [sp, #80]\n"
+        "    stp d8, d9, [sp, #96]\n"
+        "    stp d10, d11, [sp, #112]\n"
+        "    stp d12, d13, [sp, #128]\n"
+        "    stp d14, d15, [sp, #144]\n"
+        "    .cfi_offset x19, -176\n"
+        "    .cfi_offset x20, -168\n"
+        "    .cfi_offset x21, -160\n"
+        "    .cfi_offset x22, -152\n"
+        "    .cfi_offset x23, -144\n"
+        "    .cfi_offset x24, -136\n"
+        "    .cfi_offset x25, -128\n"
+        "    .cfi_offset x26, -120\n"
+        "    .cfi_offset x27, -112\n"
+        "    .cfi_offset x28, -104\n"
+        "    .cfi_offset x29, -96\n"
+        "    .cfi_offset x30, -88\n"
+        "    .cfi_offset d8, -80\n"
+        "    .cfi_offset d9, -72\n"
+        "    .cfi_offset d10, -64\n"
+        "    .cfi_offset d11, -56\n"
+        "    .cfi_offset d12, -48\n"
+        "    .cfi_offset d13, -40\n"
+        "    .cfi_offset d14, -32\n"
+        "    .cfi_offset d15, -24\n"
+        "    mrs x2, fpcr\n"
+        "    str x2, [sp, #160]\n"
+        "    mov x2, sp\n"
+        "    str x2, [x0]\n"
+        "    mov sp, x1\n"
+        "    ldr x2, [sp, #160]\n"
+        "    msr fpcr, x2\n"
+        "    ldp x19, x20, [sp, #0]\n"
+        "    ldp x21, x22, [sp, #16]\n"
+        "    ldp x23, x24, [sp, #32]\n"
+        "    ldp x25, x26, [sp, #48]\n"
+        "    ldp x27, x28, [sp, #64]\n"
+        "    ldp x29, x30, [sp, #80]\n"
+        "    ldp d8, d9, [sp, #96]\n"
+        "    ldp d10, d11, [sp, #112]\n"
+        "    ldp d12, d13, [sp, #128]\n"
+        "    ldp d14, d15, [sp, #144]\n"
+        "    add sp, sp, #176\n"
+        "    .cfi_def_cfa_offset 0\n"
+        "    .cfi_restore x19\n"
+        "    .cfi_restore x20\n"
+        "    .cfi_restore x21\n"
+        "    .cfi_restore x22\n"
+        "    .cfi_restore x23\n"
+        "    .cfi_restore x24\n"
+        "    .cfi_restore x25\n"
+        "    .cfi_restore x26\n"
+        "    .cfi_restore x27\n"
+        "    .cfi_restore x28\n"
+        "    .cfi_restore x29\n"
+        "    .cfi_restore x30\n"
+        "    .cfi_restore d8\n"
+        "    .cfi_restore d9\n"
+        "    .cfi_restore d10\n"
+        "    .cfi_restore d11\n"
+        "    .cfi_restore d12\n"
+        "    .cfi_restore d13\n"
+        "    .cfi_restore d14\n"
+        "    .cfi_restore d15\n"
+        "    ret\n"
+        "    .cfi_endproc\n"
+        ASM_END(atap__fiber_jump)
+        ASM_FUNC(atap__fiber_boot)
+        "    .cfi_startproc\n"
+        "    .cfi_undefined x30\n"
+        "    mov x0, x19\n"
+        "    blr x20\n"
+        "    brk #0\n"
+        "    .cfi_endproc\n"
+        ASM_END(atap__fiber_boot));
+// clang-format on
 #endif
 #endif /* FIBER_ASM */
 
@@ -272,6 +384,9 @@ int atap__fiber_map(struct atap_fiber *f, size_t size)
 #ifdef FIBER_TSAN
     f->tsan = __tsan_create_fiber(0);
 #endif
+#ifdef FIBER_VALGRIND
+    f->vg = VALGRIND_STACK_REGISTER(f->lo, f->lo + f->size);
+#endif
     return 0;
 }
 
@@ -287,6 +402,9 @@ void atap__fiber_unmap(struct atap_fiber *f)
     /* Frames left on it never returned: their redzones would stay
      * poisoned for whatever is mapped here next. */
     __asan_unpoison_memory_region(f->lo, f->size);
+#endif
+#ifdef FIBER_VALGRIND
+    VALGRIND_STACK_DEREGISTER(f->vg);
 #endif
     free(f->uc);
     munmap(f->map, f->len);

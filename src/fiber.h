@@ -30,6 +30,7 @@ struct atap_fiber {
     void *uc;        /* ucontext only: the context a start makes */
     void *chain;     /* the thread's pthread_cleanup_push chain on it */
     void *eh[2];     /* C++'s exceptions being handled on it, if any */
+    unsigned vg;     /* Valgrind's id of the stack, where built with valgrind.h */
 };
 
 /* Maps a stack of `size` usable bytes (rounded up to pages) below a guard

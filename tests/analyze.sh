@@ -72,6 +72,19 @@ if [ -n "$out" ]; then
 fi
 echo "analyze: cppcheck over ${#files[@]} files done"
 
+# A build with x86 shadow stacks (-fcf-protection=full) must not use the
+# hand-written stack switch, which returns on another stack (src/fiber.c).
+if [ "$(uname -m)" = x86_64 ]; then
+    obj=$(mktemp) || exit 1
+    if ! gcc -std=c11 -D_GNU_SOURCE -O1 -fcf-protection=full -I "$root/include" -I "$root/src" -c "$root/src/fiber.c" \
+        -o "$obj" 2>&1 || nm "$obj" | grep -q 'atap__fiber_jump'; then
+        echo "analyze: src/fiber.c built with -fcf-protection=full keeps the hand-written switch"
+        findings=$((findings + 1))
+    fi
+    rm -f "$obj"
+    echo "analyze: fiber.c under shadow stacks done"
+fi
+
 tidy_log=$build/clang-tidy.log
 printf '%s\n' "${files[@]}" | xargs -P "$jobs" -n 4 clang-tidy -p "$build" --quiet >"$tidy_log" 2>/dev/null
 out=$(grep -E ': (error|warning): ' "$tidy_log" | sort -u)

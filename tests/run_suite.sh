@@ -67,6 +67,8 @@ install_deps() {
     # The trace checker and the reference check (CTest) are Python; without
     # it they would be skipped, so the suite installs it.
     have python3 || missing+=(python3)
+    # valgrind_waits (CTest) runs waits under memcheck where it is found.
+    have valgrind || missing+=(valgrind)
     [ -f /usr/include/cmocka.h ] || pkg-config --exists cmocka 2>/dev/null || missing+=(libcmocka-dev)
     if needs_analysis; then
         have clang-format || missing+=(clang-format)
