@@ -29,6 +29,7 @@
 #include "fiber.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -506,12 +507,16 @@ static inline void jump(struct atap_fiber *from, struct atap_fiber *to)
 }
 #endif
 
-void atap__fiber_switch(struct atap_fiber *from, struct atap_fiber *to)
+static void switch_fiber(struct atap_fiber *from, struct atap_fiber *to, bool last)
 {
     chain_swap(from, to);
     eh_swap(from, to);
 #ifdef FIBER_ASAN
-    __sanitizer_start_switch_fiber(&from->asan_fake, to->lo, to->size);
+    /* Leaving for the last time, no place to keep the fake frames: ASan
+     * frees them (they are not left behind with the stack). */
+    __sanitizer_start_switch_fiber(last ? NULL : &from->asan_fake, to->lo, to->size);
+#else
+    (void)last;
 #endif
 #ifdef FIBER_TSAN
     __tsan_switch_to_fiber(to->tsan, 0);
@@ -520,6 +525,16 @@ void atap__fiber_switch(struct atap_fiber *from, struct atap_fiber *to)
 #ifdef FIBER_ASAN
     __sanitizer_finish_switch_fiber(from->asan_fake, NULL, NULL);
 #endif
+}
+
+void atap__fiber_switch(struct atap_fiber *from, struct atap_fiber *to)
+{
+    switch_fiber(from, to, false);
+}
+
+void atap__fiber_switch_last(struct atap_fiber *from, struct atap_fiber *to)
+{
+    switch_fiber(from, to, true);
 }
 
 void atap__fiber_exiting(struct atap_fiber *own)

@@ -57,6 +57,10 @@ void atap__fiber_adopt(struct atap_fiber *f, char *lo, size_t size);
  * switches back to from, on the same thread. */
 void atap__fiber_switch(struct atap_fiber *from, struct atap_fiber *to);
 
+/* The same for a from that will never run again (its stack is freed or
+ * started afresh): what the sanitizers keep of it goes. */
+void atap__fiber_switch_last(struct atap_fiber *from, struct atap_fiber *to);
+
 /* The first thing an entry does on its fiber (the sanitizers' half of the
  * switch that started it). */
 void atap__fiber_entered(void);

@@ -148,8 +148,9 @@ static inline void drop_dead(struct worker *w)
 }
 
 /* Saves the running stack's share of the thread's state into `from`,
- * loads `to`'s, and switches; errno is the waiting frame's again after. */
-static void switch_to(struct worker *w, struct stack *from, struct stack *to)
+ * loads `to`'s, and switches; errno is the waiting frame's again after.
+ * last: `from` never runs again (buried). */
+static void switch_as(struct worker *w, struct stack *from, struct stack *to, bool last)
 {
     int saved_errno = errno;
 
@@ -167,11 +168,19 @@ static void switch_to(struct worker *w, struct stack *from, struct stack *to)
     w->stack_floor = to->floor;
     w->stack_low = to->low;
     w->stack = to;
-    atap__fiber_switch(&from->f, &to->f);
+    if (last)
+        atap__fiber_switch_last(&from->f, &to->f);
+    else
+        atap__fiber_switch(&from->f, &to->f);
     /* Back on `from`, on the same thread: whoever switched here loaded
      * this stack's state. */
     drop_dead(w);
     errno = saved_errno;
+}
+
+static void switch_to(struct worker *w, struct stack *from, struct stack *to)
+{
+    switch_as(w, from, to, false);
 }
 
 static void stack_main(void *arg);
@@ -758,7 +767,7 @@ static void unwind_next(struct worker *w)
     }
     if (me != w->base)
         bury(me);
-    switch_to(w, me, to); /* back here only on the thread's own stack */
+    switch_as(w, me, to, me != w->base); /* back here only on the thread's own stack */
 }
 
 /* The runs still on the running stack fail, innermost first: each is one
