@@ -50,7 +50,8 @@
  * again every tick. Parks in the slot itself (park_wheel.c: "the park
  * wheel" for deadlines; park_fd.c: "fd parks in the slot tail" for fds)
  * cost nothing beyond the slot, and keep the protocol above in the tail's
- * claim word (atap__park_tclaim); signals, paths, the runtime's own wakes,
+ * claim word (atap__park_tclaim): one claim, atap__park_claim_word, over
+ * either word; signals, paths, the runtime's own wakes,
  * and tasks whose output fills the tail use a park record, whose deadline
  * is a timer of the manager's (fire_deadline, below).
  *
@@ -88,23 +89,32 @@ static bool reg_closed;
 
 /* ---- claiming ------------------------------------------------------------ */
 
-/* 1: claimed from ARMED, the caller completes; -1: claimed from ARMING, the
- * parker completes; 0: not parked, or someone else claimed it. seq_cst:
- * the load pairs with the parker's store of ARMING (see interrupt). */
-/* Claims the park the claim word c (read by the caller) belongs to; with
- * `exact`, only that one: not a later park of the record. */
-static int claim_from(struct park *p, uint32_t c, int by, bool exact)
+int atap__park_claim_word(_Atomic uint32_t *w, uint32_t c, int by, uint32_t same, uint32_t clear,
+                          uint32_t set)
 {
-    uint32_t seq = c & ~0xffu;
+    uint32_t want = c & same;
 
     for (;;) {
-        if ((exact && (c & ~0xffu) != seq) || (P_STATE(c) != P_ARMING && P_STATE(c) != P_ARMED))
+        uint32_t st = P_STATE(c);
+
+        if ((c & same) != want || (st != P_ARMING && st != P_ARMED))
             return 0;
-        if (casw_acqrel(&p->claim, &c, (c & ~0xffu) | P_CLAIMED | (uint32_t)by))
-            return P_STATE(c) == P_ARMED ? 1 : -1;
+        /* acq_rel: the winner sees the parker's arm (its ARMED store is a
+         * release) and its own completion follows the claim. */
+        if (casw_acqrel(w, &c, (c & ~(0xffu | clear)) | set | P_CLAIMED | (uint32_t)by))
+            return st == P_ARMED ? 1 : -1;
     }
 }
 
+/* Claims the park the claim word c (read by the caller) belongs to; with
+ * `exact`, only that one: not a later park of the record (its number is
+ * the word's upper bits). */
+static int claim_from(struct park *p, uint32_t c, int by, bool exact)
+{
+    return atap__park_claim_word(&p->claim, c, by, exact ? ~0xffu : 0, 0, 0);
+}
+
+/* seq_cst: the load pairs with the parker's store of ARMING (see interrupt). */
 int atap__park_claim(struct park *p, int by)
 {
     return claim_from(p, ld_seqcst(&p->claim), by, false);

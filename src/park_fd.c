@@ -262,20 +262,12 @@ static unsigned take_ready(struct fdw *f, unsigned want)
  * parker does), and the completer takes it off the list under fd_lock.
  */
 
-/* 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen. */
+/* 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen,
+ * kept in the word with the claim. seq_cst load: as atap__park_claim's. */
 int atap__park_tclaim(struct atap_slot *s, int by, unsigned got)
 {
-    uint32_t c = ld_seqcst(tail_claim(s));
-
-    for (;;) {
-        uint32_t st = c & T_STATE;
-        if (st != P_ARMING && st != P_ARMED)
-            return 0;
-        if (casw_acqrel(tail_claim(s), &c,
-                        (c & ~(T_STATE | 0xfu << T_GOT_SHIFT)) | got << T_GOT_SHIFT | P_CLAIMED |
-                            (uint32_t)by))
-            return st == P_ARMED ? 1 : -1;
-    }
+    return atap__park_claim_word(tail_claim(s), ld_seqcst(tail_claim(s)), by, 0,
+                                 0xfu << T_GOT_SHIFT, (uint32_t)got << T_GOT_SHIFT);
 }
 
 /* A tail fd park's fd: in the tail, or on the side record when the output

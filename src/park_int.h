@@ -149,6 +149,18 @@ struct park_kind {
 };
 extern const struct park_kind atap__park_kinds[PK_KINDS];
 
+/* park.c. The one claim of a park, whichever storage holds its word (a
+ * record's claim, or the slot tail's, tail_claim): its state byte from
+ * ARMING or ARMED to CLAIMED|by, by CAS, so that exactly one claimant wins.
+ * c: the word as the caller read it; same: bits that must still read as in
+ * c (a record's park number, so that a fire left from an earlier park
+ * claims no later one; 0: any); clear, set: other bits that change with
+ * the claim (a tail's events seen). 1: claimed from ARMED, the caller
+ * completes; -1: from ARMING, the parker completes; 0: not parked, claimed
+ * already, or a later park. */
+int atap__park_claim_word(_Atomic uint32_t *w, uint32_t c, int by, uint32_t same, uint32_t clear,
+                          uint32_t set);
+
 /* park_fd.c. An fd's park: the record joins its fd's list and watch. */
 int atap__fd_join(struct park *p);
 void atap__fd_leave(struct park *p);
