@@ -837,14 +837,6 @@ static void hold_wheel(void)
         sleep_ms(1);
 }
 
-static uint64_t process_cpu_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void test_park_manager_idle_while_a_worker_holds_the_wheel(void **state)
 {
     (void)state;

@@ -715,13 +715,14 @@ static void test_trace_known_program(void **state)
 
 /* A wait that sets its stack aside shows as two instants on its thread's
  * lane: the stack set aside, and the stack going on (a child parked for a
- * while is not in the waiter's queues, so the join cannot run it). */
-static int trace_napper(atap_ctx *ctx, void *arg, void *out)
+ * while is not in the waiter's queues, so the join cannot run it). The
+ * child parks for arg ms once, then ends. */
+static int trace_napper_for(atap_ctx *ctx, void *arg, void *out)
 {
-    (void)arg, (void)out;
+    (void)out;
     if (atap_resumed(ctx))
         return 0;
-    return atap_park_until(ctx, atap_now() + ATAP_MS(20)) == 0 ? ATAP_PARKED : -1;
+    return atap_park_until(ctx, atap_now() + ATAP_MS((uintptr_t)arg)) == 0 ? ATAP_PARKED : -1;
 }
 
 static int trace_waiter(atap_ctx *ctx, void *arg, void *out)
@@ -730,7 +731,7 @@ static int trace_waiter(atap_ctx *ctx, void *arg, void *out)
     int rc;
 
     (void)ctx, (void)arg, (void)out;
-    if ((rc = atap_spawn(&c, trace_napper, NULL, NULL)) != 0)
+    if ((rc = atap_spawn(&c, trace_napper_for, (void *)(uintptr_t)20, NULL)) != 0)
         return rc;
     rc = atap_join(c, NULL, 0);
     atap_release(c);
@@ -771,13 +772,6 @@ static void test_trace_aside(void **state)
  * thread's lane shows each waiter's run cut where its stack went aside
  * (an end that says so) and begun again where it went on, and each run's
  * last end carries its result: no end is lost to the other stack's runs. */
-static int trace_napper_for(atap_ctx *ctx, void *arg, void *out)
-{
-    (void)out;
-    if (atap_resumed(ctx))
-        return 0;
-    return atap_park_until(ctx, atap_now() + ATAP_MS((uintptr_t)arg)) == 0 ? ATAP_PARKED : -1;
-}
 
 int trace_interleaved_waiter(atap_ctx *ctx, void *arg, void *out); /* named in the trace */
 

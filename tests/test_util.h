@@ -149,6 +149,15 @@ static inline void sleep_us(unsigned us)
 
 static inline void sleep_ms(unsigned ms) { sleep_us(ms * 1000u); }
 
+/* The CPU time of the whole process so far (every thread), in ns. */
+static inline uint64_t process_cpu_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* ---- sizes ------------------------------------------------------------- */
 
 static inline double test_scale(void)

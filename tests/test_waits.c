@@ -389,16 +389,6 @@ static long resident_pages(void)
     return resident;
 }
 
-/* User + system CPU time of the whole process so far, in nanoseconds. */
-static uint64_t process_cpu_ns(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0)
-        return 0;
-    return (uint64_t)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000000u +
-           (uint64_t)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000u;
-}
-
 /* ---- a give or wake from the awaited task to an older task --------------- */
 
 /* W joins A, which runs on the other worker. While A runs it gives a value
