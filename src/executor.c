@@ -137,9 +137,10 @@ static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last
 
     if (s->filled && last_state != ST_TAKEN && side && side->out_free)
         side->out_free(slot_out(s));
-    if (s->flags & SF_OUT_HEAP)
-        atap__exec_out_free(s->out.heap, s->out_size);
-    else if (s->out_size > PARK_TAIL) /* a free slot's park tail reads "not
+    if (s->flags & SF_OUT_HEAP) {
+        if (s->out.heap) /* NULL: it never ran (spawn.c's quick path) */
+            atap__exec_out_free(s->out.heap, s->out_size);
+    } else if (s->out_size > PARK_TAIL) /* a free slot's park tail reads "not
                                          parked": an output may have filled it */
         st_relaxed(&s->out.park.claim, 0);
     if (side && side->arg_free)
@@ -431,11 +432,32 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
  * is ignored. (A thread dying in it goes through fail_held, whose CASes
  * still hold.)
  */
+/*
+ * A task spawned on the quick path (spawn.c) with an output over the
+ * slot's bytes gets its block here, at its first run, from the running
+ * thread (which is where most such tasks are also joined and freed, so the
+ * block is the one just given back): a task waiting in a queue holds no
+ * block. Only the runner writes the pointer, before the function writes
+ * through it; the run's end publishes both with the output. None to be
+ * had: the run fails, -ENOMEM (read as that: slot.h's fail_code_of).
+ */
+static __attribute__((noinline)) bool out_late(struct atap_slot *s)
+{
+    return (s->out.heap = atap__exec_out_alloc(s->out_size)) != NULL;
+}
+
+static inline bool out_missing(struct atap_slot *s)
+{
+    return unlikely((s->flags & SF_OUT_HEAP) && !s->out.heap) && !out_late(s);
+}
+
 static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
 {
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer = w->cur;
     int rc;
 
+    if (out_missing(s)) /* nobody to tell: it ends as a failed run ends */
+        goto ended;
     atap__pool_frame_push(w, ref);
     if (FAULT_WORKER_DIES(w->blocking))
         atap__pool_die(w); /* an injected death, holding this task */
@@ -455,6 +477,7 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
     }
     if (rc == 0)
         s->filled = 1; /* nobody can take it: out_free at free */
+ended:
     if (unlikely(ld_relaxed(&s->side) != NULL)) {
         atap__exec_release_run(s, ref - 1, gen);
         return;
@@ -545,6 +568,10 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref, str
     struct atap_ctx *outer;
     int rc;
 
+    if (out_missing(s)) {
+        finish_run(s, ref - 1, ctx->gen, -ENOMEM);
+        return;
+    }
     atap__pool_frame_push(w, ref);
     if (FAULT_WORKER_DIES(w->blocking))
         atap__pool_die(w); /* an injected death, holding this task */

@@ -36,7 +36,7 @@ static int state_error_of(struct atap_slot *s, uint32_t state)
         /* Atomic: an at-rate series' runs write it (rate.c). */
         uint8_t code = ld_plain_relaxed(&s->fail_code);
 
-        return code ? ATAP_FAIL_BASE - code : ATAP_EFAILED;
+        return fail_rc_of(code);
     }
     case ST_READY:
         return 0;

@@ -47,6 +47,7 @@
 #ifndef ATAP_SLOT_H
 #define ATAP_SLOT_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -103,8 +104,9 @@ struct atap_slot {
     uint8_t filled;    /* an output stands in the slot for nobody yet: set by
                           runs, cleared by the take that moves it out (kept
                           apart from flags, which others read meanwhile) */
-    uint8_t fail_code; /* a run that failed with an ATAP_E* code: the code
-                          + ATAP_FAIL_BASE (runner-written before FAILED) */
+    uint8_t fail_code; /* a run that failed with an ATAP_E* code or -ENOMEM:
+                          fail_code_of's encoding (runner-written before
+                          FAILED) */
     atap_fn *fn;
     void *arg;
     /* The output: inline up to INLINE_OUT bytes, else on the heap. What
@@ -172,14 +174,27 @@ _Static_assert(SLOT_SIZE % 16 == 0, "every slot's output area is 16-aligned");
 
 static inline int slot_out_inline(size_t n) { return n <= INLINE_OUT; }
 
-/* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ELIMIT as 1 .. 14.
+/* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ELIMIT as 1 .. 14,
+ * and -ENOMEM (a run's own, or its output's block not to be had at its
+ * first run: executor.c) as FAIL_NOMEM; 0: ATAP_EFAILED.
  * Not ATAP_ENOTREADY: a reader given it would take the task for unsettled
  * (a join would wait for a run that never comes), so it reads EFAILED. */
 #define ATAP_FAIL_BASE (-10000)
+#define FAIL_NOMEM 255u
 static inline int fail_code_of(int rc)
 {
+    if (rc == -ENOMEM)
+        return FAIL_NOMEM;
     return rc <= ATAP_ENOTINIT && rc >= ATAP_ELIMIT && rc != ATAP_ENOTREADY ? ATAP_FAIL_BASE - rc
                                                                             : 0;
+}
+
+/* What a reader of a failed task gets for its fail_code. */
+static inline int fail_rc_of(uint8_t code)
+{
+    if (code == FAIL_NOMEM)
+        return -ENOMEM;
+    return code ? ATAP_FAIL_BASE - code : ATAP_EFAILED;
 }
 
 _Static_assert(sizeof(struct atap_slot) == SLOT_SIZE, "a slot is SLOT_SIZE bytes");

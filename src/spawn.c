@@ -237,14 +237,15 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
 /* Options a task's spawn from a worker can take in one go: in this
  * library's layout (size 0 or sizeof: one layout while abi.h's static
  * assertion holds, so they are read where they lie), nothing about time or
- * gives, no destructor, a valid priority, an output that fits the slot or
- * an output block (pool.h). */
+ * gives, no destructor, a valid priority. An output over the slot's bytes
+ * gets its block at the task's first run (executor.c, out_late): while it
+ * waits in a queue, a task holds its slot only. */
 static inline bool quick(const atap_spawn_opts *o)
 {
     return (o->size == 0 || o->size == sizeof *o) && plain(o) &&
            (o->gives | (uintptr_t)o->in_free | (uintptr_t)o->blocking | (uintptr_t)o->arg_free |
             (uintptr_t)o->out_free) == 0 &&
-           o->out_size <= OUT_BLOCK && o->priority >= ATAP_PRIORITY_MIN &&
+           o->out_size <= UINT32_MAX && o->priority >= ATAP_PRIORITY_MIN &&
            o->priority <= ATAP_PRIORITY_MAX;
 }
 
@@ -252,13 +253,14 @@ static inline bool quick(const atap_spawn_opts *o)
  * plain; what spawn_slot does from here, with nothing left to check. */
 static inline __attribute__((always_inline)) void
 spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
-                    const atap_spawn_opts *o, uint32_t index, uint32_t gen, void *block)
+                    const atap_spawn_opts *o, uint32_t index, uint32_t gen)
 {
     struct atap_slot *s = atap__table_at(index);
+    bool late = !slot_out_inline(o->out_size);
 
-    if (unlikely(block != NULL))
-        s->out.heap = block;
-    fill_fields(s, fn, arg, block ? SF_OUT_HEAP : 0, (uint32_t)o->out_size, o->priority);
+    if (unlikely(late))
+        s->out.heap = NULL; /* its block comes at its first run */
+    fill_fields(s, fn, arg, late ? SF_OUT_HEAP : 0, (uint32_t)o->out_size, o->priority);
     st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | REFS_HANDLE);
     /* Release: the fields above reach whoever acquires the word or the
      * queue entry (spawn_slot's order). */
@@ -294,16 +296,13 @@ static __attribute__((noinline)) int spawn_checked(atap_task *task, atap_fn *fn,
  * or the table's growth. */
 static __attribute__((noinline)) int spawn_quick_shared(struct worker *w, atap_task *task,
                                                         atap_fn *fn, void *arg,
-                                                        const atap_spawn_opts *o, void *block)
+                                                        const atap_spawn_opts *o)
 {
     uint32_t index, gen;
 
-    if (atap__table_alloc_shared(&w->cache, &index, &gen) != 0) {
-        if (block)
-            atap__pool_out_give(w, block);
+    if (atap__table_alloc_shared(&w->cache, &index, &gen) != 0)
         return spawn_checked(task, fn, arg, o); /* out of slots: it says so */
-    }
-    spawn_quick_publish(w, task, fn, arg, o, index, gen, block);
+    spawn_quick_publish(w, task, fn, arg, o, index, gen);
     return 0;
 }
 
@@ -321,7 +320,7 @@ static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_f
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
     if ((rc = atap__table_alloc(atap__table_outside_cache(), &index, &gen)) == 0)
-        spawn_quick_publish(NULL, task, fn, arg, o, index, gen, NULL);
+        spawn_quick_publish(NULL, task, fn, arg, o, index, gen);
     atap__spawn_exit(outside);
     return rc;
 }
@@ -329,9 +328,8 @@ static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_f
 /*
  * A plain task (quick() options) takes a quick path: from a task on a
  * worker (inside, so admitted) with a slot from the worker's stash, else
- * from the shared list, and an output block of the worker's if its output
- * does not fit the slot; from outside the pool through spawn_quick_outside,
- * for an output that fits. No schedule. The rest goes through
+ * from the shared list; from outside the pool through spawn_quick_outside.
+ * No schedule, and no output block yet. The rest goes through
  * spawn_checked.
  */
 int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
@@ -339,20 +337,16 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
     static const atap_spawn_opts none;
     struct worker *w = atap__self;
     uint32_t index, gen;
-    void *block = NULL;
 
     if (unlikely(!task || !fn || (opts && !quick(opts))))
         return spawn_checked(task, fn, arg, opts);
     opts = opts ? opts : &none;
-    if (unlikely(!slot_out_inline(opts->out_size)) &&
-        (!w || w->blocking || !(block = atap__pool_out_take(w))))
-        return spawn_checked(task, fn, arg, opts); /* it takes a block, or says -ENOMEM */
     if (!w)
         return spawn_quick_outside(task, fn, arg, opts);
     if (w->blocking)
         return spawn_checked(task, fn, arg, opts);
     if (!atap__table_take_stashed(&w->cache, &index, &gen))
-        return spawn_quick_shared(w, task, fn, arg, opts, block);
-    spawn_quick_publish(w, task, fn, arg, opts, index, gen, block);
+        return spawn_quick_shared(w, task, fn, arg, opts);
+    spawn_quick_publish(w, task, fn, arg, opts, index, gen);
     return 0;
 }

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include <errno.h>
 #include <limits.h>
 
 #include "test_util.h"
@@ -363,15 +364,15 @@ static void test_tasks_nonzero_return_fails(void **state)
     atap_release(t);
 }
 
-/* A run that fails with an ATAP_E* code hands that code to its readers,
- * but for ATAP_ENOTREADY, which a reader could only take for "not settled
+/* A run that fails with an ATAP_E* code or -ENOMEM hands that code to its
+ * readers, but for ATAP_ENOTREADY, which a reader could only take for "not settled
  * yet" (a join would wait for a run that never comes): that one reads
  * ATAP_EFAILED. */
 static void test_tasks_fail_code_reaches_readers(void **state)
 {
     (void)state;
-    static const int rets[] = {ATAP_ECLOSED, ATAP_ENOTREADY, ATAP_ETIMEDOUT};
-    static const int want[] = {ATAP_ECLOSED, ATAP_EFAILED, ATAP_ETIMEDOUT};
+    static const int rets[] = {ATAP_ECLOSED, ATAP_ENOTREADY, ATAP_ETIMEDOUT, -ENOMEM};
+    static const int want[] = {ATAP_ECLOSED, ATAP_EFAILED, ATAP_ETIMEDOUT, -ENOMEM};
     for (size_t i = 0; i < sizeof rets / sizeof rets[0]; i++) {
         atap_task t = spawn8(task_fail_with, (void *)(intptr_t)rets[i]);
         uint64_t v = SENTINEL;
@@ -662,6 +663,79 @@ static void test_tasks_output_blocks(void **state)
         assert_true(ob_check(buf, v));
         atap_release(t);
     }
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+/* An output over the slot's bytes gets its memory when its task first
+ * runs (a queued task holds none: test_memory). None to be had then: the
+ * spawn had said 0, so the task fails and its readers get -ENOMEM, nothing
+ * runs, nothing leaks; the next one gets its block. From outside the pool
+ * and from a task, with an output over the pool's kept blocks (so the
+ * block is a malloc, where the owed failure lands). */
+enum { BIG_OUT = 200 };
+
+static int task_big_out(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    atomic_fetch_add((atomic_int *)arg, 1);
+    memset(out, 0x5a, BIG_OUT);
+    return 0;
+}
+
+/* From a task: its child's join's code (the child spawned with a failure
+ * owed), into out. */
+static int task_spawns_big_out(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    atap_task t;
+    unsigned char buf[BIG_OUT];
+    int rc;
+
+    atap_inject_alloc_failures(1);
+    rc = atap_spawn(&t, task_big_out, arg, &(atap_spawn_opts){.out_size = BIG_OUT});
+    if (rc == 0) {
+        rc = atap_join(t, buf, sizeof buf);
+        atap_release(t);
+    }
+    atap_inject_alloc_failures(0);
+    memcpy(out, &rc, sizeof rc);
+    return 0;
+}
+
+static void test_tasks_output_memory_refused_at_first_run(void **state)
+{
+    (void)state;
+    atomic_int runs = 0;
+    unsigned char buf[BIG_OUT];
+    atap_task t;
+    int rc = 1;
+
+    atap_inject_alloc_failures(1);
+    assert_int_equal(atap_spawn(&t, task_big_out, &runs, &(atap_spawn_opts){.out_size = BIG_OUT}),
+                     0);
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(atap_join(t, buf, sizeof buf), -ENOMEM);
+    assert_int_equal(atap_take(t, buf, sizeof buf), -ENOMEM);
+    assert_int_equal(atap_state_of(t), ATAP_FAILED);
+    assert_true(buf[0] == 0 && buf[BIG_OUT - 1] == 0);
+    atap_release(t);
+    atap_inject_alloc_failures(0);
+    assert_int_equal(atomic_load(&runs), 0);
+
+    assert_int_equal(
+        atap_spawn(&t, task_spawns_big_out, &runs, &(atap_spawn_opts){.out_size = sizeof rc}), 0);
+    assert_int_equal(atap_join(t, &rc, sizeof rc), 0);
+    assert_int_equal(rc, -ENOMEM);
+    atap_release(t);
+    assert_int_equal(atomic_load(&runs), 0);
+
+    /* the next one runs and reads its whole output */
+    assert_int_equal(atap_spawn(&t, task_big_out, &runs, &(atap_spawn_opts){.out_size = BIG_OUT}),
+                     0);
+    assert_int_equal(atap_join(t, buf, sizeof buf), 0);
+    assert_true(buf[0] == 0x5a && buf[BIG_OUT - 1] == 0x5a);
+    atap_release(t);
+    assert_int_equal(atomic_load(&runs), 1);
     assert_true(wait_live_back(ATAP_SEC(20)));
 }
 
@@ -1533,6 +1607,7 @@ int main(void)
         T(test_tasks_spawn_bad_args),
         T(test_tasks_spawn_huge_out_size),
         T(test_tasks_output_blocks),
+        T(test_tasks_output_memory_refused_at_first_run),
         T(test_tasks_nonzero_return_fails),
         T(test_tasks_fail_code_reaches_readers),
         T(test_tasks_wait_gives_state),

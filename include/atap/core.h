@@ -549,7 +549,7 @@ typedef struct atap_ctx atap_ctx;
  * A task function: writes its output (out_size bytes; out is NULL when
  * out_size is 0) and returns 0. Any other return value fails the run:
  * readers get ATAP_EFAILED, or, when the function returned one of the
- * ATAP_E* codes, that code (a channel's receive task ends with
+ * ATAP_E* codes or -ENOMEM, that code (a channel's receive task ends with
  * ATAP_ECLOSED this way); but ATAP_ENOTREADY, which would read as "not
  * settled yet", gives ATAP_EFAILED.
  * Every pointer libatap hands to user code (out, atap_input's value, and
@@ -735,7 +735,11 @@ ATAP_EXPORT uint64_t atap_now(void);
  * setting a field this library does not know: see the conventions);
  * ATAP_ENOTINIT when no runtime
  * runs (before init, during or after shutdown); -ENOMEM when no slot or
- * output buffer can be had.
+ * output buffer can be had. An output over 16 bytes of a plain task (no
+ * time, gives, destructor or blocking) may get its buffer only when the
+ * task first runs, so that a task waiting in a queue holds nothing but its
+ * slot; if none can be had then, the task does not run: it fails, and its
+ * readers get -ENOMEM.
  * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts);
