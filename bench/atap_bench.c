@@ -45,7 +45,11 @@
  *                the rest being the hand-over to a worker). With
  *                ATAP_BENCH_FIRST_RUNS=1 also first_run_over_1ms_pct: the
  *                share whose first run (which parks) began more than 1 ms
- *                after the deadline, so late whatever the timers do
+ *                after the deadline, so late whatever the timers do.
+ *                ATAP_BENCH_TIMERS_AFTER=1: each task is spawned with its
+ *                delay as a delayed start (atap_spawn_opts.after_ns, libuv's
+ *                shape: no run before the deadline) instead of parking, and
+ *                its one run notes how late it began
  *   ping_pong    two waiting tasks A and B (atap_spawn_waiting, ATAP_ONCE, an
  *                8-byte value) pass a token with atap_give: A given k gives
  *                k + 1 to B, B gives it straight back; A given n ends it (n
@@ -384,6 +388,18 @@ static int woke(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* timers under ATAP_BENCH_TIMERS_AFTER: the task's one run is its delayed
+ * start. */
+static int started(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    long i = (long)(intptr_t)arg;
+    t_late[i] = (int64_t)(now_ns() - (t_asked[i] + t_delay[i]));
+    if (atomic_fetch_add_explicit(&t_woke, 1, memory_order_acq_rel) + 1 == N)
+        signal_done();
+    return 0;
+}
+
 /* ping_pong: both sides' arg is this struct, which holds both handles (the
  * main thread's own: atap_spawn_waiting fills them in before the first give,
  * and main releases them once neither side can be inside a give on them). */
@@ -565,11 +581,15 @@ int main(int argc, char **argv)
         if (getenv("ATAP_BENCH_FIRST_RUNS"))
             t_first = calloc((size_t)N, sizeof *t_first);
         check(t_asked && t_delay && t_late, "timer arrays");
+        bool delayed = getenv("ATAP_BENCH_TIMERS_AFTER") != NULL;
         for (long i = 0; i < N; i++) {
             atap_task t;
+            atap_spawn_opts o = {.after_ns = 0};
             t_delay[i] = (uint64_t)lcg_delay_ms(&seed) * 1000000u;
+            o.after_ns = delayed ? t_delay[i] : 0;
             t_asked[i] = now_ns();
-            must(atap_spawn(&t, woke, (void *)(intptr_t)i, NULL), "atap_spawn");
+            must(atap_spawn(&t, delayed ? started : woke, (void *)(intptr_t)i, delayed ? &o : NULL),
+                 "atap_spawn");
             atap_release(t);
         }
         created = now_ns();
@@ -610,11 +630,12 @@ int main(int argc, char **argv)
          * many the manager fired more than 1 ms late (the timers' share; the
          * rest is the hand-over: queued, then taken by a worker). */
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
-                 " over_1ms_pct=%.2f fired=%llu fired_over_1ms_pct=%.2f", 100.0 * over_1ms / N,
-                 (unsigned long long)(st1.fired - st0.fired),
+                 " over_1ms_pct=%.2f fired=%llu fired_over_1ms_pct=%.2f start=%s",
+                 100.0 * over_1ms / N, (unsigned long long)(st1.fired - st0.fired),
                  st1.fired > st0.fired ? 100.0 * (double)(st1.fired_1ms - st0.fired_1ms) /
                                              (double)(st1.fired - st0.fired)
-                                       : 0.0);
+                                       : 0.0,
+                 delayed ? "after" : "park");
     } else if (!strcmp(w, "chain")) {
         atap_release(spawn(hop, (void *)(intptr_t)0, 0));
         wait_done();

@@ -11,7 +11,8 @@ Under each workload's row, a row of the same columns for memory: the median
 peak_rss_kb (the whole process's peak RSS) of each runtime, and atap's
 ratio to each peer's. atap runs with a setting of their own get rows of
 their own, set against the peers' one run: tree and wide_tree with
-join=last_first (the peers join in spawn order, as atap's plain row), fan
+join=last_first (the peers join in spawn order, as atap's plain row),
+timers with start=after (delayed starts instead of parks), fan
 with each workers= (atap only; after the table, the speedup: median seconds
 with 1 worker / median seconds with each other count). tree and wide_tree
 runs with the same n that disagree on nodes= depth= checksum= are listed
@@ -45,9 +46,12 @@ TREE_KEYS = ("nodes", "depth", "checksum")
 
 def setting(d):
     """An atap run's setting that gets a row of its own, or "": a tree's
-    join=last_first, fan's workers=."""
+    join=last_first, fan's workers=, timers' start=after (delayed starts,
+    ATAP_BENCH_TIMERS_AFTER)."""
     if d.get("join") == "last_first":
         return "join=last_first"
+    if d.get("start") == "after":
+        return "start=after"
     if d["workload"] == "fan" and "workers" in d:
         return "workers=" + d["workers"]
     return ""
