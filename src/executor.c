@@ -419,20 +419,6 @@ void atap__exec_end(struct atap_slot *s, uint32_t index, uint32_t gen, uint32_t 
 }
 
 /*
- * A task whose every handle is gone (spawned, then released at once) can be
- * neither cancelled, read, waited on nor given a new handle: dup needs a
- * listener, and a count never comes back from 0 but for one party: a waker
- * (atap__park_wake) holds a task it found registered, RUN or not, to reach
- * its park record. Its runner is otherwise the only party left, so it runs
- * with no claim, no settle and no reference CAS, and its slot goes straight
- * back; a task with a side record (where a park lives) ends through the
- * reference CAS instead, so a waker's hold keeps the slot until it lets go.
- * A task with none has nothing a waker reads that its freeing frees: a
- * late hold lands on a slot whose generation has moved on, and its release
- * is ignored. (A thread dying in it goes through fail_held, whose CASes
- * still hold.)
- */
-/*
  * A task spawned on the quick path (spawn.c) with an output over the
  * slot's bytes gets its block here, at its first run, from the running
  * thread (which is where most such tasks are also joined and freed, so the
@@ -451,6 +437,20 @@ static inline bool out_missing(struct atap_slot *s)
     return unlikely((s->flags & SF_OUT_HEAP) && !s->out.heap) && !out_late(s);
 }
 
+/*
+ * A task whose every handle is gone (spawned, then released at once) can be
+ * neither cancelled, read, waited on nor given a new handle: dup needs a
+ * listener, and a count never comes back from 0 but for one party: a waker
+ * (atap__park_wake) holds a task it found registered, RUN or not, to reach
+ * its park record. Its runner is otherwise the only party left, so it runs
+ * with no claim, no settle and no reference CAS, and its slot goes straight
+ * back; a task with a side record (where a park lives) ends through the
+ * reference CAS instead, so a waker's hold keeps the slot until it lets go.
+ * A task with none has nothing a waker reads that its freeing frees: a
+ * late hold lands on a slot whose generation has moved on, and its release
+ * is ignored. (A thread dying in it goes through fail_held, whose CASes
+ * still hold.)
+ */
 static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
 {
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer = w->cur;
