@@ -433,10 +433,12 @@ static bool rc_in(int rc, const int *set, size_t n)
     rc_in((rc), (const int[]){__VA_ARGS__}, sizeof((const int[]){__VA_ARGS__}) / sizeof(int))
 
 /* What a read (join, take ...) may return: atap.h's list, plus the codes our
- * tasks end with (their function's ATAP_E* return, ECLOSED for a channel). */
+ * tasks end with (their function's ATAP_E* return, ECLOSED for a channel),
+ * and -ENOMEM: an output over the slot's 16 bytes refused its memory at the
+ * task's first run (an injected allocation failure). */
 #define READ_CODES                                                                                 \
     0, ATAP_EINVAL, ATAP_ENOTASK, ATAP_ETAKEN, ATAP_ECANCELLED, ATAP_ETIMEDOUT, ATAP_EFAILED,      \
-        ATAP_EFINISHED, ATAP_ECLOSED
+        ATAP_EFINISHED, ATAP_ECLOSED, -ENOMEM
 
 /* A run of a cancelled task must see it. */
 static void check_cancel_seen(ftask *t, atap_ctx *ctx, const char *where)
@@ -559,7 +561,7 @@ static void run_spawn(ftask *t)
         uint64_t serial;
         if ((t->work_ns + i) % 4 != 3) {
             int rc = atap_join(kids[i], buf, sizeof buf);
-            FZ_CHECK(RC_IN(rc, 0, ATAP_EFAILED, ATAP_ELIMIT, ATAP_ECANCELLED),
+            FZ_CHECK(RC_IN(rc, 0, ATAP_EFAILED, ATAP_ELIMIT, ATAP_ECANCELLED, -ENOMEM),
                      TFMT ": joining a child returned %d", TARGS(t), rc);
             FZ_CHECK(rc != 0 || (rec_read(buf, sizeof buf, &uid, &serial) && uid == uids[i]),
                      TFMT ": a child's output is torn or another's", TARGS(t));
