@@ -14,3 +14,6 @@ PARK_KIND(UNTIL, atap__park_kind_until)   /* park_wheel.c: a deadline alone */
 PARK_KIND(SIGNAL, atap__park_kind_signal) /* sources.c */
 PARK_KIND(PATH, atap__park_kind_path)     /* sources.c */
 PARK_KIND(WAKE, atap__park_kind_wake)     /* park.c: atap_park_wake */
+#ifdef ATAP_FAULT_INJECTION
+PARK_KIND(TEST_WORD, atap__park_kind_test_word) /* park_test_word.c: test builds only */
+#endif
