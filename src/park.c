@@ -228,7 +228,7 @@ static struct park *park_of(struct atap_slot *s)
 /* The table of the kinds (park_int.h's struct park_kind), from
  * park_kinds.h's list: each entry is defined in its kind's own file. */
 const struct park_kind *const atap__park_kinds[PK_KINDS] = {
-#define PARK_KIND(name, ops) [PK_##name] = &ops,
+#define PARK_KIND(name, ops) [PK_##name] = &(ops),
 #include "park_kinds.h"
 #undef PARK_KIND
 };
