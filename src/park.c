@@ -45,6 +45,18 @@
  * order puts one before the other: exactly one of them has the wake, so
  * the waker's answer and the task's run agree.
  *
+ * Kinds. What a park waits for besides its deadline is its kind's
+ * (park_kinds.h lists them, one line each; struct park_kind in
+ * park_int.h): each kind's file defines its entry (what a record joins
+ * and leaves, whether the park fits the slot's tail, the kernel state it
+ * keeps) and its atap_park_* call, which asks for the park through
+ * atap__park_ask. This file keeps the protocol above for all of them, and
+ * names no kind but in its own atap_park_* calls: it reaches each through
+ * atap__park_kinds, by the number the run asked for (ctx->park_kind,
+ * p->kind), and walks the table, in the list's order, for the kinds'
+ * kernel state after a manager's death, at each tick and in a fork's
+ * child (atap__park_rearm, _retry, _forget).
+ *
  * Parks on fds are park_fd.c's: several on one fd share a `struct fdw`,
  * watched on the hub's io poller, and an fd whose watch fails is watched
  * again every tick. Parks in the slot itself (park_wheel.c: "the park
@@ -56,10 +68,12 @@
  * is a timer of the manager's (fire_deadline, below).
  *
  * Signals and path changes are sources of their own (sources.c), which
- * claim and complete parks through atap__park_claim / atap__park_complete.
+ * claim and complete parks through atap__park_claim / atap__park_complete,
+ * as every kind with a list of its own does.
  * Locks: park_fd.c's fd_lock (every fd's waiter list, watch and deaf mark),
  * reg_lock (the registry of armed parks), sources.c's src_lock (its lists),
- * never two at once, and none while completing.
+ * any other kind's own lock (its lists; a leaf, as src_lock is), never two
+ * at once, and none while completing.
  */
 #include "park.h"
 #include "park_int.h"
@@ -143,12 +157,12 @@ void atap__park_complete(struct park *p, int by)
     struct atap_slot *s = atap__table_at(p->index);
     uint32_t index = p->index, gen = p->gen;
 
-    if (atap__park_kinds[p->kind].leave)
-        atap__park_kinds[p->kind].leave(p);
+    if (atap__park_kinds[p->kind]->leave)
+        atap__park_kinds[p->kind]->leave(p);
     if (p->timed && by != BY_DEADLINE)
         atap__timer_disarm(atap__hub_timers(), &p->timer); /* lost: see the top */
     registry_remove(p);
-    if ((by == BY_STOP || by == BY_OFF) && atap__park_kinds[p->kind].wake)
+    if ((by == BY_STOP || by == BY_OFF) && atap__park_kinds[p->kind]->wake)
         TEST_HOOK(ATAP__TEST_STOP_WAKE);
     /* Stopped with a wake pending: one that came before the park was armed,
      * or that a stop overtook (atap__park_wake counted it delivered, unless
@@ -156,7 +170,7 @@ void atap__park_complete(struct park *p, int by)
      * count, so one of them has it). The task runs once more, woken, to
      * hand it on (a channel's value, or room), as a task woken and then
      * stopped does (run_observed). */
-    if ((by == BY_STOP || by == BY_OFF) && atap__park_kinds[p->kind].wake &&
+    if ((by == BY_STOP || by == BY_OFF) && atap__park_kinds[p->kind]->wake &&
         xchg_seqcst(&p->woken, 0)) {
         st_release(&p->claim, (ld_relaxed(&p->claim) & ~0xffu) | P_CLAIMED | BY_READY);
         by = BY_READY;
@@ -211,54 +225,12 @@ static struct park *park_of(struct atap_slot *s)
     return p;
 }
 
-/* A deadline a tail park can keep (within PARK_HORIZON of now). One
- * already past is kept as now: it is due at once either way. "Now" is the
- * manager's last reading of the clock, a time no later than now (no clock
- * read on this path): so the horizon is, if anything, stricter, and a
- * deadline kept as that time is still past. */
-static bool tail_deadline(struct atap_ctx *ctx)
-{
-    uint64_t now = atap__park_now_seen();
-
-    if (!now)
-        now = atap__now_ns();
-
-    if (ctx->deadline < now)
-        ctx->deadline = now;
-    return ctx->deadline - now < PARK_HORIZON;
-}
-
-/* A park on a deadline alone, in the slot's tail (park_wheel.c): the
- * output leaves the whole tail free. */
-static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
-{
-    return ctx->deadline != ATAP__FOREVER && slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx);
-}
-
-/* A park on an fd in the slot's tail (park_fd.c). With no deadline, any
- * task: an output of up to TAIL_FD bytes leaves room for its fd and claim
- * word, a larger one has them on the side record (made here: we hold RUN;
- * park_int.h's tail_claim). With a deadline it needs the whole tail, and
- * keeps its fd in the claim word, or a large one on the side record. */
-static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
-{
-    if (ctx->deadline == ATAP__FOREVER) /* any output: fd and claim on the side if need be */
-        return slot_tail_room(s, TAIL_FD) || atap__side_of(s) != NULL;
-    return slot_tail_room(s, TAIL_ALL) && tail_deadline(ctx) &&
-           (ctx->fd < T_FD_SMALL || atap__side_of(s) != NULL);
-}
-
-/* The kinds of park (park_int.h's struct park_kind): what each record
- * joins, and which fit the slot's tail. */
-const struct park_kind atap__park_kinds[PK_KINDS] = {
-    [PK_FD] = {.join = atap__fd_join,
-               .leave = atap__fd_leave,
-               .fits_tail = tail_fd_park,
-               .tail_arm = atap__park_tail_fd_arm},
-    [PK_UNTIL] = {.fits_tail = tail_park, .tail_arm = atap__park_tail_arm},
-    [PK_SIGNAL] = {.join = atap__signal_join, .leave = atap__signal_leave},
-    [PK_PATH] = {.join = atap__path_join, .leave = atap__path_leave},
-    [PK_WAKE] = {.wake = true},
+/* The table of the kinds (park_int.h's struct park_kind), from
+ * park_kinds.h's list: each entry is defined in its kind's own file. */
+const struct park_kind *const atap__park_kinds[PK_KINDS] = {
+#define PARK_KIND(name, ops) [PK_##name] = &(ops),
+#include "park_kinds.h"
+#undef PARK_KIND
 };
 
 void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
@@ -270,7 +242,7 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
     int by = 0;
 
     ATAP_TRACE(TR_PARK, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, ctx->park_kind);
-    k = &atap__park_kinds[ctx->park_kind];
+    k = atap__park_kinds[ctx->park_kind];
     if (k->fits_tail && k->fits_tail(s, ctx)) {
         k->tail_arm(s, ctx);
         return;
@@ -372,7 +344,7 @@ bool atap__park_resume(struct atap_slot *s, struct atap_ctx *ctx)
     ctx->gen = p->gen;
     ctx->resumed = (uint8_t)(c & ~P_CLAIMED);
     ctx->events = ld_relaxed(&p->got);
-    ctx->woke = atap__park_kinds[p->kind].wake;
+    ctx->woke = atap__park_kinds[p->kind]->wake;
     st_release(&p->claim, P_IDLE);
     return true;
 }
@@ -429,18 +401,22 @@ bool atap__park_parked(struct atap_slot *s)
 
 /* ---- the manager's side -------------------------------------------------- */
 
-/* Each kind's kernel state: watched again after a manager's death, a
- * failed watch tried again at each tick (src/README.md's recipe). */
+/* Each kind's kernel state (struct park_kind's rearm, retry), kind by
+ * kind in park_kinds.h's order: watched again after a manager's death (the
+ * supervisor, between two lives), a failed watch tried again at each tick
+ * (the manager). */
 void atap__park_rearm(void)
 {
-    atap__fd_rearm();
-    atap__sources_rearm();
+    for (int k = 1; k < PK_KINDS; k++)
+        if (atap__park_kinds[k]->rearm)
+            atap__park_kinds[k]->rearm();
 }
 
 void atap__park_retry(void)
 {
-    atap__fd_retry();
-    atap__sources_retry();
+    for (int k = 1; k < PK_KINDS; k++)
+        if (atap__park_kinds[k]->retry)
+            atap__park_kinds[k]->retry();
 }
 
 void atap__park_open(void)
@@ -563,7 +539,10 @@ int atap_block(atap_fn *fn, void *arg, void *out, size_t out_size)
 
 /* ---- wakers: parks of the program's own making ------------------------------ */
 
-static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline);
+static inline int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline);
+
+/* A wake's park: nothing to join; a stop hands a pending wake on. */
+const struct park_kind atap__park_kind_wake = {.wake = true};
 
 /* A waker is a handle's bits (handle.h) that hold nothing. */
 atap_waker atap_waker_of(atap_ctx *ctx)
@@ -667,7 +646,9 @@ bool atap__park_wake(uint32_t index, uint32_t gen)
 
 /* ---- asking for a park ---------------------------------------------------- */
 
-static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline)
+/* Inline in this file's own atap_park_* calls; a kind of another file
+ * calls atap__park_ask. */
+static inline int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline)
 {
     if (!ctx || (!ctx->slot && !ctx->in_block) || ctx->park_kind)
         return ATAP_EINVAL;
@@ -676,6 +657,11 @@ static int ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadli
     ctx->events = events;
     ctx->deadline = deadline;
     return 0;
+}
+
+int atap__park_ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline)
+{
+    return ask(ctx, kind, fd, events, deadline);
 }
 
 int atap_park_fd(atap_ctx *ctx, int fd, unsigned events, uint64_t timeout_ns)
@@ -780,8 +766,9 @@ unsigned atap_resume_events(atap_ctx *ctx)
  * here may have held them and nothing they guarded is kept. */
 void atap__park_forget(void)
 {
-    atap__park_fd_forget();
-    atap__sources_forget();
+    for (int k = 1; k < PK_KINDS; k++) /* each kind's kernel state first */
+        if (atap__park_kinds[k]->forget)
+            atap__park_kinds[k]->forget();
     reg_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
     armed_parks = NULL;
     reg_closed = false;

@@ -842,3 +842,31 @@ void atap__park_fd_forget(void)
     fdchunks = 0;
     st_relaxed(&deaf_fds, NULL);
 }
+
+/* ---- the kind ------------------------------------------------------------ */
+
+/* A park on an fd in the slot's tail. With no deadline, any task: an
+ * output of up to TAIL_FD bytes leaves room for its fd and claim word, a
+ * larger one has them on the side record (made here: we hold RUN;
+ * park_int.h's tail_claim). With a deadline it needs the whole tail, and
+ * keeps its fd in the claim word, or a large one on the side record. */
+static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    if (ctx->deadline == ATAP__FOREVER) /* any output: fd and claim on the side if need be */
+        return slot_tail_room(s, TAIL_FD) || atap__side_of(s) != NULL;
+    return slot_tail_room(s, TAIL_ALL) && park_tail_deadline(ctx) &&
+           (ctx->fd < T_FD_SMALL || atap__side_of(s) != NULL);
+}
+
+/* Parks on fds (atap_park_fd, park.c): in the slot's tail when they fit,
+ * else a record on its fd's list; the fd table's watches are renewed after
+ * a manager's death, the deaf fds retried each tick. */
+const struct park_kind atap__park_kind_fd = {
+    .join = atap__fd_join,
+    .leave = atap__fd_leave,
+    .fits_tail = tail_fd_park,
+    .tail_arm = atap__park_tail_fd_arm,
+    .rearm = atap__fd_rearm,
+    .retry = atap__fd_retry,
+    .forget = atap__park_fd_forget,
+};

@@ -1,8 +1,9 @@
 /*
- * What the parks' files (park.c, park_fd.c, park_wheel.c) share with each
- * other and with sources.c (signals and path changes), and no one else: the
- * park record, its claim, a park in the slot tail, and the sources' side of
- * a park.
+ * What the parks' files (park.c, park_fd.c, park_wheel.c, sources.c for
+ * signals and path changes, and each kind's own file) share with each
+ * other, and no one else: the kinds (park_kinds.h's list, struct
+ * park_kind), the park record, its claim, a park in the slot tail, and the
+ * sources' side of a park.
  */
 #ifndef ATAP_PARK_INT_H
 #define ATAP_PARK_INT_H
@@ -13,10 +14,12 @@
 #include <stdint.h>
 
 #include "atap.h"
+#include "executor.h"
 #include "pool.h"
 #include "side.h"
 #include "slot.h"
 #include "timer.h"
+#include "wait.h"
 
 /* Whether fd is open now. A table indexed by fd (park_fd.c's fdw table, the
  * kqueue path lists in sources.c) grows only for an open one: a closed fd,
@@ -46,9 +49,16 @@ static inline void atap__park_requeue(const struct atap_slot *s, uint32_t index)
     atap__pool_submit_as(index + 1, s->priority, (s->flags & SF_BLOCKING) != 0, true);
 }
 
-/* The kinds of park: what a parked task waits for besides its deadline.
+/* The kinds of park: what a parked task waits for besides its deadline,
+ * numbered from park_kinds.h's list (PK_FD, PK_UNTIL, ...); 0 is no park.
  * Each has an entry in atap__park_kinds (park.c), below. */
-enum { PK_FD = 1, PK_UNTIL = 2, PK_SIGNAL = 3, PK_PATH = 4, PK_WAKE = 5, PK_KINDS };
+enum {
+    PK_NONE,
+#define PARK_KIND(name, ops) PK_##name,
+#include "park_kinds.h"
+#undef PARK_KIND
+    PK_KINDS
+};
 /* A record's claim word: its park's number << 8 | one of these (park.c).
  * The number wraps after 2^24 parks of one record: a timer fire would have
  * to stall between its reads and its claim across all of them to mistake
@@ -121,12 +131,13 @@ int atap__park_claim(struct park *p, int by);
 void atap__park_complete(struct park *p, int by);
 
 /*
- * A kind of park: what its park record joins while armed, and whether it
- * keeps the park in the slot itself instead. park.c's protocol (claim,
- * complete, the registry, the deadline's timer, the stop's look) is the
- * same for every kind; an entry says only what differs. A new kind is a
- * PK_ number, its entry in atap__park_kinds (park.c) and the file with
- * its functions (src/README.md has the recipe).
+ * A kind of park: what its park record joins while armed, whether it keeps
+ * the park in the slot itself instead, and the kernel state it keeps, if
+ * any. park.c's protocol (claim, complete, the registry, the deadline's
+ * timer, the stop's look, the manager's restarts) is the same for every
+ * kind; an entry says only what differs. A new kind is one file, with its
+ * entry and its atap_park_* call (through atap__park_ask), and its line in
+ * park_kinds.h (src/README.md has the recipe).
  */
 struct park_kind {
     /* The parker, the record ARMING, no lock held: joins what the park
@@ -143,11 +154,33 @@ struct park_kind {
      * a record. */
     bool (*fits_tail)(struct atap_slot *s, struct atap_ctx *ctx);
     void (*tail_arm)(struct atap_slot *s, struct atap_ctx *ctx);
+    /* The kind's kernel state, for park.c's manager side, which calls each
+     * kind's in park_kinds.h's order; NULL: none kept. rearm: between two
+     * managers' lives (the supervisor, atap__park_rearm), what the dead
+     * manager's watches held is read or watched again; retry: each
+     * manager tick (atap__park_retry), a watch that failed is tried again;
+     * forget: in a fork's child (atap__park_forget, its one thread), back
+     * to the state before the first start. Kinds that share their state
+     * (signals and paths: sources.c) give these in one entry only. */
+    void (*rearm)(void);
+    void (*retry)(void);
+    void (*forget)(void);
     /* A wake's park (atap_wake's count, park.c's top): a stop hands a
      * pending wake on, and the next run reads atap_woke(). */
     bool wake;
 };
-extern const struct park_kind atap__park_kinds[PK_KINDS];
+#define PARK_KIND(name, ops) extern const struct park_kind ops;
+#include "park_kinds.h"
+#undef PARK_KIND
+/* park.c: each kind's entry, by its PK_ number (0: NULL). */
+extern const struct park_kind *const atap__park_kinds[PK_KINDS];
+
+/* park.c. Asks for a park of kind in ctx's run (what each atap_park_* call
+ * does once it has checked its arguments): fd and events are the kind's
+ * own (its record keeps them: p->fd, p->events), deadline absolute or
+ * ATAP__FOREVER. 0, or ATAP_EINVAL: no run to park, or a park asked for
+ * already. The run then returns ATAP_PARKED and the executor arms it. */
+int atap__park_ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t deadline);
 
 /* park.c. The one claim of a park, whichever storage holds its word (a
  * record's claim, or the slot tail's, tail_claim): its state byte from
@@ -189,6 +222,24 @@ void atap__park_fd_forget(void);
 /* park_wheel.c. The clock as the manager last read it, no later than now
  * (the manager runs at least every tick); 0 before its first run. */
 uint64_t atap__park_now_seen(void);
+/* A deadline a tail park can keep (within PARK_HORIZON of now): the
+ * fits_tail of the kinds that may park in the tail (park_fd.c, and
+ * park_wheel.c's deadline alone). One already past is kept as now: it is
+ * due at once either way. "Now" is the manager's last reading of the
+ * clock, a time no later than now (no clock read on this path): so the
+ * horizon is, if anything, stricter, and a deadline kept as that time is
+ * still past. */
+static inline bool park_tail_deadline(struct atap_ctx *ctx)
+{
+    uint64_t now = atap__park_now_seen();
+
+    if (!now)
+        now = atap__now_ns();
+
+    if (ctx->deadline < now)
+        ctx->deadline = now;
+    return ctx->deadline - now < PARK_HORIZON;
+}
 /* park_wheel.c. A park ended by its deadline, at now (the manager's). */
 void atap__park_fired(uint64_t now, uint64_t deadline);
 /* park_wheel.c. A deadline as a tail park keeps it. */

@@ -541,3 +541,17 @@ void atap__park_wheel_forget(void)
     st_relaxed(&due_at, ATAP__FOREVER);
     seat_mine = false;
 }
+
+/* ---- the kind ------------------------------------------------------------ */
+
+/* A park on a deadline alone (atap_park_until, park.c), in the slot's tail
+ * on the wheel: the output leaves the whole tail free. Else a record, its
+ * deadline a timer of the manager's. No kernel state: the wheel is the
+ * runtime's, and needs nothing after a manager's death. */
+static bool tail_park(struct atap_slot *s, struct atap_ctx *ctx)
+{
+    return ctx->deadline != ATAP__FOREVER && slot_tail_room(s, TAIL_ALL) && park_tail_deadline(ctx);
+}
+
+const struct park_kind atap__park_kind_until = {.fits_tail = tail_park,
+                                                .tail_arm = atap__park_tail_arm};

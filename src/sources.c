@@ -727,3 +727,19 @@ void atap__sources_forget(void)
     st_relaxed(&sources_deaf, false);
     src_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER;
 }
+
+/* ---- the kinds ----------------------------------------------------------- */
+
+/* Parks on signals and on path changes (atap_park_signal, atap_park_path:
+ * park.c). Their kernel state (the signal pipe, the inotify fd, the kqueue
+ * vnode watches) is this file's, one for both: its rearm, retry and forget
+ * are in the signal kind's entry alone, so that each runs once for both. */
+const struct park_kind atap__park_kind_signal = {
+    .join = atap__signal_join,
+    .leave = atap__signal_leave,
+    .rearm = atap__sources_rearm,
+    .retry = atap__sources_retry,
+    .forget = atap__sources_forget,
+};
+
+const struct park_kind atap__park_kind_path = {.join = atap__path_join, .leave = atap__path_leave};

@@ -3,7 +3,8 @@
  * interrupts (atap_sleep, atap_sleep_relaxed, atap_wait_fd), parks on an fd
  * or a deadline that give the thread back (atap_park_fd, atap_park_until,
  * ATAP_PARKED, atap_resumed ...), atap_block running a function that parks,
- * and the sleep task (atap_spawn_sleep).
+ * the sleep task (atap_spawn_sleep), and a kind of park of the tests' own
+ * (a word, as a futex: src/park_test_word.c).
  *
  * Time: lower bounds ("never early") are exact; upper bounds are generous
  * (seconds), the CI machine being a loaded 2-core VM.
@@ -3504,6 +3505,252 @@ static void test_park_fd_deaf_restart_shutdown(void **state)
     assert_no_failures();
 }
 
+/* ---- a kind of park of the tests' own: a word, as a futex ------------------- */
+
+/* src/README.md's recipe for a new kind of park, followed in test builds:
+ * src/park_test_word.c and its line in src/park_kinds.h. A task parks
+ * while a word of ours holds the value it expects; another thread stores a
+ * new value and wakes the word. Its runs resume READY after the wake (or
+ * at once when the word changed before the park was armed), DEADLINE at
+ * the timeout, and a cancel, a manager's restart and a shutdown find it as
+ * any park. */
+
+/* The kind's two calls (src/park_test_word.c): declared here, as the kind
+ * is its file and its line of the list, and nothing else. */
+int atap__test_park_word(atap_ctx *ctx, _Atomic uint32_t *word, uint32_t expect,
+                         uint64_t timeout_ns);
+int atap__test_word_wake(_Atomic uint32_t *word);
+
+struct word_parker {
+    _Atomic uint32_t *word;
+    uint32_t expect;
+    uint64_t timeout;
+    atomic_int runs, reason, rc;
+    _Atomic uint32_t seen; /* the word as its last run read it */
+};
+
+static _Atomic uint32_t g_word, g_other;
+
+/* Parks once on a->word (while it holds a->expect); its second run reads
+ * why it resumed and the word, and returns it as its output. */
+static int task_park_word(atap_ctx *ctx, void *arg, void *out)
+{
+    struct word_parker *a = arg;
+    int run = atomic_fetch_add(&a->runs, 1);
+
+    if (run > 0) {
+        atomic_store(&a->reason, atap_resume_reason(ctx));
+        atomic_store(&a->seen, atomic_load(a->word));
+        *(uint64_t *)out = atomic_load(a->word);
+        return 0;
+    }
+    atomic_store(&a->rc, atap__test_park_word(ctx, a->word, a->expect, a->timeout));
+    CHECK(atap__test_park_word(ctx, a->word, a->expect, a->timeout) == ATAP_EINVAL); /* one a run */
+    return ATAP_PARKED;
+}
+
+static void parker_init(struct word_parker *a, _Atomic uint32_t *word, uint32_t expect,
+                        uint64_t timeout)
+{
+    a->word = word;
+    a->expect = expect;
+    a->timeout = timeout;
+    atomic_store(&a->runs, 0);
+    atomic_store(&a->reason, 0);
+    atomic_store(&a->rc, 1);
+    atomic_store(&a->seen, 0);
+}
+
+/* Spawns task_park_word and waits until it is parked. */
+static atap_task spawn_parked(struct word_parker *a)
+{
+    uint64_t end = now_ns() + ATAP_SEC(10) * test_slack();
+    atap_task t;
+
+    t = spawn8(task_park_word, a);
+    while (atap_state_of(t) != ATAP_WAITING && now_ns() < end)
+        sleep_us(200);
+    assert_int_equal(atap_state_of(t), ATAP_WAITING);
+    assert_int_equal(atomic_load(&a->rc), 0);
+    return t;
+}
+
+/* Parked until the word changes and is woken: READY, and its run reads the
+ * new value. */
+static void test_park_word_wake(void **state)
+{
+    static struct word_parker a;
+    uint64_t v = 0;
+    atap_task t;
+
+    (void)state;
+    atomic_store(&g_word, 7);
+    parker_init(&a, &g_word, 7, ATAP_FOREVER);
+    t = spawn_parked(&a);
+    sleep_ms(20);
+    assert_int_equal(atomic_load(&a.runs), 1);           /* nothing resumes it but a wake */
+    assert_int_equal(atap__test_word_wake(&g_other), 0); /* another word wakes nothing */
+    assert_int_equal(atomic_load(&a.runs), 1);
+    atomic_store(&g_word, 8);
+    assert_int_equal(atap__test_word_wake(&g_word), 1);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_int_equal(v, 8);
+    assert_int_equal(atomic_load(&a.runs), 2);
+    assert_int_equal(atomic_load(&a.reason), ATAP_RESUME_READY);
+    assert_int_equal(atap__test_word_wake(&g_word), 0); /* nobody left on it */
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* The word holds another value already when the park is armed: it resumes
+ * at once (its join claims it), no wake needed. */
+static void test_park_word_changed_already(void **state)
+{
+    static struct word_parker a;
+    uint64_t v = 0;
+    atap_task t;
+
+    (void)state;
+    atomic_store(&g_word, 3);
+    parker_init(&a, &g_word, 2, ATAP_FOREVER);
+    t = spawn8(task_park_word, &a);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_int_equal(v, 3);
+    assert_int_equal(atomic_load(&a.runs), 2);
+    assert_int_equal(atomic_load(&a.reason), ATAP_RESUME_READY);
+    atap_release(t);
+    assert_no_failures();
+}
+
+/* Nobody wakes it: its deadline does, never early. */
+static void test_park_word_deadline(void **state)
+{
+    static struct word_parker a;
+    uint64_t t0 = atap_now();
+    uint64_t v = 1;
+    atap_task t;
+
+    (void)state;
+    atomic_store(&g_word, 0);
+    parker_init(&a, &g_word, 0, ATAP_MS(20));
+    t = spawn8(task_park_word, &a);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_true(atap_now() - t0 >= ATAP_MS(20));
+    assert_int_equal(v, 0);
+    assert_int_equal(atomic_load(&a.reason), ATAP_RESUME_DEADLINE);
+    assert_int_equal(atap__test_word_wake(&g_word), 0); /* off the word's list */
+    atap_release(t);
+    assert_no_failures();
+}
+
+/* Cancelled while parked: down at once, off the word's list, and a wake
+ * then finds nobody. */
+static void test_park_word_cancel(void **state)
+{
+    static struct word_parker a;
+    uint64_t v;
+    atap_task t;
+
+    (void)state;
+    atomic_store(&g_word, 0);
+    parker_init(&a, &g_word, 0, ATAP_SEC(60));
+    t = spawn_parked(&a);
+    assert_int_equal(atap_cancel(t), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), ATAP_ECANCELLED);
+    assert_int_equal(atomic_load(&a.runs), 1);
+    atomic_store(&g_word, 1);
+    assert_int_equal(atap__test_word_wake(&g_word), 0);
+    assert_int_equal(atomic_load(&a.runs), 1);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* Many parks on one word: one wake resumes them all, once each. */
+#define N_MANY 16
+static void test_park_word_many(void **state)
+{
+    static struct word_parker a[N_MANY];
+    atap_task t[N_MANY];
+    uint64_t v;
+
+    (void)state;
+    atomic_store(&g_word, 0);
+    for (int i = 0; i < N_MANY; i++) {
+        parker_init(&a[i], &g_word, 0, ATAP_FOREVER);
+        t[i] = spawn_parked(&a[i]);
+    }
+    atomic_store(&g_word, 1);
+    assert_int_equal(atap__test_word_wake(&g_word), N_MANY);
+    for (int i = 0; i < N_MANY; i++) {
+        assert_int_equal(atap_join_for(t[i], &v, sizeof v, ATAP_SEC(10)), 0);
+        assert_int_equal(v, 1);
+        assert_int_equal(atomic_load(&a[i].runs), 2);
+        assert_int_equal(atomic_load(&a[i].reason), ATAP_RESUME_READY);
+        atap_release(t[i]);
+    }
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* A manager's restart walks the kinds' table for their kernel state (this
+ * kind keeps none): the park stays parked, and the wake still finds it. */
+static void test_park_word_survives_manager_restart(void **state)
+{
+    static struct word_parker a;
+    unsigned restarts0 = atap__manager_restarts();
+    uint64_t v = 0;
+    atap_task t;
+
+    (void)state;
+    atomic_store(&g_word, 0);
+    parker_init(&a, &g_word, 0, ATAP_FOREVER);
+    t = spawn_parked(&a);
+    atap_inject_manager_faults(1);
+    assert_true(wait_restarts(restarts0 + 1, ATAP_SEC(10)));
+    assert_true(wait_manager(true, ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&a.runs), 1);
+    atomic_store(&g_word, 5);
+    assert_int_equal(atap__test_word_wake(&g_word), 1);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(10)), 0);
+    assert_int_equal(v, 5);
+    assert_int_equal(atomic_load(&a.reason), ATAP_RESUME_READY);
+    atap_release(t);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_no_failures();
+}
+
+/* A shutdown writes the park off (ATAP_EFAILED) without a wake; the word's
+ * list is empty after it. */
+static void test_park_word_shutdown_writes_off(void **state)
+{
+    static struct word_parker a;
+    uint64_t v;
+    atap_task t;
+
+    (void)state;
+    atomic_store(&g_word, 0);
+    parker_init(&a, &g_word, 0, ATAP_FOREVER);
+    t = spawn_parked(&a);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atap_join_for(t, &v, sizeof v, ATAP_SEC(5)), ATAP_EFAILED);
+    assert_int_equal(atomic_load(&a.runs), 1);
+    assert_int_equal(atap__test_word_wake(&g_word), 0);
+    atap_release(t);
+    assert_int_equal(atap_init(NULL), 0); /* for the teardown */
+    assert_no_failures();
+}
+
+/* What the call refuses: no run to park (NULL ctx), no word. */
+static void test_park_word_bad_calls(void **state)
+{
+    (void)state;
+    assert_int_equal(atap__test_park_word(NULL, &g_word, 0, ATAP_FOREVER), ATAP_EINVAL);
+    assert_int_equal(atap__test_word_wake(NULL), 0);
+    assert_no_failures();
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
@@ -3555,6 +3802,14 @@ int main(void)
         T(test_park_race_deadline_vs_fd),
         T(test_park_race_cancel_vs_deadline),
         T(test_park_race_cancel_fd_deadline),
+        T(test_park_word_wake),
+        T(test_park_word_changed_already),
+        T(test_park_word_deadline),
+        T(test_park_word_cancel),
+        T(test_park_word_many),
+        T(test_park_word_survives_manager_restart),
+        T(test_park_word_shutdown_writes_off),
+        T(test_park_word_bad_calls),
         cmocka_unit_test_setup_teardown(test_park_fd_rewatch_fails, setup_runtime,
                                         teardown_rewatch),
         cmocka_unit_test_setup_teardown(test_park_fd_rewatch_always_fails, setup_runtime,
