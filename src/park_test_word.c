@@ -7,7 +7,7 @@
  * value in the word and called atap__test_word_wake(word), or DEADLINE at
  * its timeout, and a cancel while parked ends it as any park's. It shows
  * what a new kind takes (src/README.md's recipe): this file and its line
- * in park_kinds.h, nothing else of the library. tests/test_park_word.c
+ * in park_kinds.h, nothing else of the library. tests/test_park.c
  * parks on it, and declares its two calls itself.
  *
  * Words. A park names its word by a number, the word's place in `words`,
@@ -43,7 +43,7 @@
 #include "atomics.h"
 #include "wait.h"
 
-/* The calls tests/test_park_word.c makes (it declares them too). */
+/* The calls tests/test_park.c makes (it declares them too). */
 int atap__test_park_word(atap_ctx *ctx, _Atomic uint32_t *word, uint32_t expect,
                          uint64_t timeout_ns);
 int atap__test_word_wake(_Atomic uint32_t *word);
