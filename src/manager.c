@@ -1,11 +1,11 @@
 /*
  * The manager: the one thread that owns time. It sleeps in the event backend
  * until the earliest timer or a wake, fires the timers that are due, and
- * every MANAGER_TICK applies the pool policy (atap__pool_tick), reads any
- * signal or path source whose watch failed (atap__sources_retry) and
- * watches again any parked fd whose watch failed (atap__park_retry). It
- * never runs a task. The pool finds its own work whether a manager runs or
- * not, and its tick goes on without one (below).
+ * every MANAGER_TICK applies the pool policy (atap__pool_tick) and has
+ * each kind of park watch again what it failed to watch: a parked fd, a
+ * signal or path source (atap__park_retry). It never runs a task. The pool
+ * finds its own work whether a manager runs or not, and its tick goes on
+ * without one (below).
  *
  * A supervisor thread runs the manager and restarts it when it dies (the
  * first start it makes is the runtime's: atap__manager_start waits for it,

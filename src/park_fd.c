@@ -436,7 +436,9 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
         atap__park_tail_act(ctx->index, BY_OFF, false);
 }
 
-int atap__fd_join(struct park *p)
+/* The fd kind's join (struct park_kind): the record joins its fd's list
+ * and watch. */
+static int fd_join(struct park *p)
 {
     struct fdw *f;
     unsigned got;
@@ -461,7 +463,8 @@ int atap__fd_join(struct park *p)
     return rc;
 }
 
-void atap__fd_leave(struct park *p)
+/* The fd kind's leave: off its fd's list, if still on it. */
+static void fd_leave(struct park *p)
 {
     pthread_mutex_lock(&fd_lock);
     if (p->on_fd) {
@@ -653,7 +656,7 @@ static unsigned look(int fd, unsigned want)
  * claimed as the poller's report would claim them. The list is taken
  * whole, under fd_lock, before any watch is tried: a watch that fails puts
  * its fd back on the emptied list, for the next tick. */
-void atap__fd_retry(void)
+static void fd_retry(void)
 {
     struct fdw *f, *next;
     /* The manager's tick: the wheel's holder, unless a worker had the seat. */
@@ -777,7 +780,7 @@ void atap__park_tails_open(void)
  * the sources read what they hold (a signal's pending flag outlives its
  * pipe byte, and inotify keeps what was not read). No parked task is run for
  * nothing, and deadlines need nothing: their wheels belong to the runtime. */
-void atap__fd_rearm(void)
+static void fd_rearm(void)
 {
     pthread_mutex_lock(&fd_lock);
     for (size_t fd = 0; fd < fdchunks * FD_CHUNK; fd++) {
@@ -862,11 +865,11 @@ static bool tail_fd_park(struct atap_slot *s, struct atap_ctx *ctx)
  * else a record on its fd's list; the fd table's watches are renewed after
  * a manager's death, the deaf fds retried each tick. */
 const struct park_kind atap__park_kind_fd = {
-    .join = atap__fd_join,
-    .leave = atap__fd_leave,
+    .join = fd_join,
+    .leave = fd_leave,
     .fits_tail = tail_fd_park,
     .tail_arm = atap__park_tail_fd_arm,
-    .rearm = atap__fd_rearm,
-    .retry = atap__fd_retry,
+    .rearm = fd_rearm,
+    .retry = fd_retry,
     .forget = atap__park_fd_forget,
 };

@@ -194,9 +194,6 @@ int atap__park_ask(atap_ctx *ctx, int kind, int fd, unsigned events, uint64_t de
 int atap__park_claim_word(_Atomic uint32_t *w, uint32_t c, int by, uint32_t same, uint32_t clear,
                           uint32_t set);
 
-/* park_fd.c. An fd's park: the record joins its fd's list and watch. */
-int atap__fd_join(struct park *p);
-void atap__fd_leave(struct park *p);
 /* park_fd.c. 1, -1 or 0 as atap__park_claim(), on a tail park; got: the events seen. */
 int atap__park_tclaim(struct atap_slot *s, int by, unsigned got);
 /* park_fd.c. The one claimant's work for a tail fd park (linked: still on its list). */
@@ -209,10 +206,6 @@ void atap__park_tail_off_fd(struct atap_slot *s, uint32_t index);
 void atap__park_tails_open(void);
 /* park_fd.c. No manager: every tail fd park ends, and later ones end at once. */
 void atap__park_tails_close(void);
-/* park_fd.c. Between two managers' lives (atap__park_rearm): every parked
- * fd watched again. Each tick (atap__park_retry): the deaf ones. */
-void atap__fd_rearm(void);
-void atap__fd_retry(void);
 /* park_fd.c. In a fork's child (atap__park_forget): the fd table is forgotten. */
 void atap__park_fd_forget(void);
 
@@ -263,23 +256,10 @@ void atap__park_wheel_close(void);
 /* park_wheel.c. In a fork's child (atap__park_forget): the wheel is forgotten. */
 void atap__park_wheel_forget(void);
 
-/* sources.c. The signal and path kinds' join and leave (struct park_kind;
- * a path's join makes p->fd its list's number). */
-int atap__signal_join(struct park *p);
-void atap__signal_leave(struct park *p);
-int atap__path_join(struct park *p);
-void atap__path_leave(struct park *p);
 /* sources.c. The manager's poller reported udata: true if it was a
  * source's, now dealt with. */
 bool atap__source_event(void *udata, unsigned events, unsigned kind);
 /* sources.c. Paths can be parked on here (inotify, or the poller's). */
 bool atap__source_paths(void);
-/* sources.c. Between two managers' lives: what the sources hold is read and
- * every source watched again. */
-void atap__sources_rearm(void);
-/* sources.c. Each tick (atap__park_retry): a signal or path source whose
- * watch failed is read as if reported and watched again. */
-void atap__sources_retry(void);
-void atap__sources_forget(void); /* in a fork's child only (atap__park_forget) */
 
 #endif

@@ -31,11 +31,11 @@
  * fd), all under src_lock, a leaf lock: parks found ready are claimed
  * under it (atap__park_claim, which exactly one claimant wins) and
  * completed after it (atap__park_complete, which may take the park off its
- * list again, through its kind's leave: atap__signal_leave, atap__path_leave).
+ * list again, through its kind's leave: signal_leave, path_leave).
  *
  * A watch that fails (the kernel out of memory, say) is never left at
  * that: the source is marked deaf (src_lock), since nothing says it will be
- * reported again, and every manager tick (atap__sources_retry) reads a deaf
+ * reported again, and every manager tick (sources_retry) reads a deaf
  * source as if it had been reported, then watches it again, until a watch
  * holds. Nothing it holds is lost meanwhile (the pipe and inotify keep what
  * is not read, and a signal's pending flag outlives its byte): its parks
@@ -415,7 +415,7 @@ static bool list_leave(struct park **head, struct park *p)
 
 /* A signal's park (its kind's join, park.c's table): the signal pipe
  * watched, the signal caught, the park on the signal's list. */
-int atap__signal_join(struct park *p)
+static int signal_join(struct park *p)
 {
     int rc, signo = p->fd;
 
@@ -440,7 +440,8 @@ out:
     return rc;
 }
 
-void atap__signal_leave(struct park *p)
+/* Its leave: off the signal's list, if still on it. */
+static void signal_leave(struct park *p)
 {
     pthread_mutex_lock(&src_lock);
     if (p->on_fd)
@@ -451,7 +452,7 @@ void atap__signal_leave(struct park *p)
 /* A path's park (its kind's join): the file watched (one inotify watch,
  * or the poller's vnode watch, shared by its waiters), the park on the
  * watch's list; p->fd becomes the list's number. */
-int atap__path_join(struct park *p)
+static int path_join(struct park *p)
 {
     int rc = 0, key = p->fd;
 
@@ -487,7 +488,9 @@ out:
     return rc;
 }
 
-void atap__path_leave(struct park *p)
+/* Its leave: off the watch's list, if still on it, and the watch with its
+ * last waiter. */
+static void path_leave(struct park *p)
 {
     pthread_mutex_lock(&src_lock);
     if (p->on_fd && list_leave(&wd_waiters[p->fd], p))
@@ -584,7 +587,7 @@ static void vnode_event(int fd, unsigned got)
         /* One-shot: again, for those still waiting. Not renewed, the watch
          * hears nothing more: lost changes (see the top); those claimed
          * while arming leave through their parkers, the last one taking
-         * the watch with it (atap__path_leave). */
+         * the watch with it (path_leave). */
         if (wd_waiters[fd] &&
             (FAULT_WATCH_FAILS()
                  ? -ENOMEM
@@ -624,7 +627,7 @@ bool atap__source_paths(void)
  * and is watched again. On kqueue a vnode change is an edge, and one the
  * dead manager held is gone: every path park resumes and looks again
  * (claim_all_paths), and the watches go with their last waiters. */
-void atap__sources_rearm(void)
+static void sources_rearm(void)
 {
     struct park *ready = NULL, *p;
     bool sig, path;
@@ -648,7 +651,7 @@ void atap__sources_rearm(void)
 /* The manager, each tick: every deaf source is read as if reported, and
  * watched again (see the top). The flag is cleared before the reads, under
  * src_lock: a read whose watch fails again sets it again. */
-void atap__sources_retry(void)
+static void sources_retry(void)
 {
     bool sig, path;
 
@@ -710,7 +713,7 @@ void atap__sources_close(void)
  * says so) and only marks its signal pending. The lock is taken fresh,
  * and the count of handlers writing starts at 0 (one running on another
  * thread when the fork came never counts itself out here). */
-void atap__sources_forget(void)
+static void sources_forget(void)
 {
     st_release(&sig_write_fd, -1);
     st_relaxed(&sig_writers, 0); /* a handler the fork cut short on a thread not here */
@@ -735,11 +738,11 @@ void atap__sources_forget(void)
  * vnode watches) is this file's, one for both: its rearm, retry and forget
  * are in the signal kind's entry alone, so that each runs once for both. */
 const struct park_kind atap__park_kind_signal = {
-    .join = atap__signal_join,
-    .leave = atap__signal_leave,
-    .rearm = atap__sources_rearm,
-    .retry = atap__sources_retry,
-    .forget = atap__sources_forget,
+    .join = signal_join,
+    .leave = signal_leave,
+    .rearm = sources_rearm,
+    .retry = sources_retry,
+    .forget = sources_forget,
 };
 
-const struct park_kind atap__park_kind_path = {.join = atap__path_join, .leave = atap__path_leave};
+const struct park_kind atap__park_kind_path = {.join = path_join, .leave = path_leave};
