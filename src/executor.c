@@ -620,7 +620,9 @@ int atap__exec_cancel(struct atap_slot *s, uint32_t index, uint32_t gen)
     ATAP_TRACE(TR_CANCEL, ATAP_TRACE_ID(index, gen), NULL, 0);
     if (cur & ST_LISTENED)
         atap__exec_wake(s, cur);
-    if (word_state(cur) == ST_RUNNING) /* in a kernel wait or a park, maybe */
+    /* In a kernel wait or a park, maybe; or a delayed start waiting in its
+     * slot (spawn.c). */
+    if (word_state(cur) == ST_RUNNING || (word_state(cur) == ST_PENDING && (s->flags & SF_DELAYED)))
         atap__extras.park->interrupt(s, index, gen);
     if (unlikely(slot_sched(s)))
         atap__extras.time->cancelled(s, index, gen);

@@ -121,7 +121,16 @@ struct atap__extras_park {
     bool (*parked)(struct atap_slot *s);
     /* The slot goes: its side record's park record (or NULL) is let go of. */
     void (*destroy)(struct park *p);
+    /* A delayed start (spawn.c, SF_DELAYED): the task, just published
+     * PENDING with its RUN, waits for its deadline as a deadline park does,
+     * in its slot, and is queued for its first run then. */
+    void (*delay)(struct atap_slot *s, uint32_t index, uint32_t gen, uint64_t deadline);
 };
+
+/* The longest delay a delayed start waits for in its slot (the park's
+ * horizon, park_int.h, with room to spare); a longer one takes a
+ * schedule. */
+#define ATAP__DELAY_IN_SLOT_MAX (UINT64_C(1) << 45) /* 9.8 hours */
 
 struct atap__extras {
     const struct atap__extras_time *time;

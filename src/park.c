@@ -783,4 +783,5 @@ const struct atap__extras_park atap__park_extras = {
     .interrupt = atap__park_interrupt,
     .parked = atap__park_parked,
     .destroy = atap__park_destroy,
+    .delay = atap__park_delay,
 };

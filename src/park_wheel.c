@@ -21,6 +21,8 @@
  * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
  * end its run itself. A park on an fd with a deadline is on both its fd's
  * list and the wheel (park_fd.c's tail_timed_arm says how the two meet).
+ * A delayed start that its slot can keep (spawn.c) waits here the same
+ * way before its first run, PENDING (atap__park_delay).
  *
  * The wheel's seat. "The manager" above is whoever holds the seat: the
  * wheel (its buckets, its ticks, its batch of resumes) is one thread's at a
@@ -44,6 +46,7 @@
 #include "atap.h"
 #include "atomics.h"
 #include "executor.h"
+#include "extras.h"
 #include "faults.h"
 #include "hub.h"
 #include "pool.h"
@@ -145,6 +148,24 @@ void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
         atap__park_tail_act(ctx->index, BY_OFF, false);
 }
 
+/* A delayed start (spawn.c's SF_DELAYED): the spawner, the task just
+ * published PENDING with its RUN, files it on the wheel as the runner files
+ * a deadline park, and the wheel owns RUN until the deadline. Its output
+ * has not been written (no run yet), so the whole tail is the park's. At
+ * the deadline the wheel's holder queues it (atap__park_tail_act), its
+ * claim word reset: its run is its first, PENDING, claimed as any. A
+ * cancel claims it as it claims a run's park (executor.c asks for the
+ * interrupt of a PENDING task with SF_DELAYED); a close ends it FAILED. */
+_Static_assert(ATAP__DELAY_IN_SLOT_MAX <= PARK_HORIZON / 2, "a delay in the slot is within reach");
+
+void atap__park_delay(struct atap_slot *s, uint32_t index, uint32_t gen, uint64_t deadline)
+{
+    struct atap_ctx ctx = {.slot = s, .index = index, .gen = gen, .deadline = deadline};
+
+    (void)park_tail_deadline(&ctx); /* a deadline past already: now */
+    atap__park_tail_arm(s, &ctx);
+}
+
 /* Parks ended by their deadline, and how many of them late (the
  * manager's share of a timer's lateness: pool stats' fired...). Added to
  * by the manager alone, read by anyone: relaxed, each a count. */
@@ -210,6 +231,11 @@ void atap__park_tail_act(uint32_t index, int by, bool batch)
         atap__park_fired(run_now, ago <= now_tick ? (now_tick - ago) << WHEEL_TICK_SHIFT : 0);
     }
     if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
+        /* A delayed start's first run is no resume: its claim word reads
+         * "not parked" again (ours alone: nothing claims from CLAIMED). One
+         * cancelled meanwhile goes by the resume's path (run_observed). */
+        if ((s->flags & SF_DELAYED) && word_state(ld_acquire(&s->word)) == ST_PENDING)
+            st_relaxed(&s->out.park.claim, P_IDLE);
         if (!batch || (s->flags & SF_BLOCKING)) {
             atap__park_requeue(s, index);
         } else {
@@ -220,7 +246,10 @@ void atap__park_tail_act(uint32_t index, int by, bool batch)
         return;
     }
     st_relaxed(&s->out.park.claim, P_IDLE);
-    atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
+    if (word_state(ld_acquire(&s->word)) == ST_PENDING) /* a delayed start, never run */
+        atap__exec_end(s, index, gen, ST_FAILED);
+    else
+        atap__exec_finish_run(s, index, gen, ATAP_EFAILED);
 }
 
 static uint64_t tick_of(uint64_t ns) { return ns >> WHEEL_TICK_SHIFT; }

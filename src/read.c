@@ -276,8 +276,9 @@ atap_state atap_state_of(atap_task t)
     if (!s || !handle_live(s, gen, &cur))
         return ATAP_FAILED;
     st = word_state(cur);
-    if ((st == ST_PENDING || st == ST_RUNNING) &&
-        (atap__extras.park->parked(s) || (slot_sched(s) && atap__extras.flow->waiting(s))))
+    /* A PENDING task in a park is a delayed start (spawn.c): PENDING. */
+    if ((st == ST_RUNNING && atap__extras.park->parked(s)) ||
+        ((st == ST_PENDING || st == ST_RUNNING) && slot_sched(s) && atap__extras.flow->waiting(s)))
         return ATAP_WAITING;
     return (atap_state)st;
 }

@@ -91,7 +91,8 @@ _Static_assert(REFS_HOLDS_MASK > 4 * ATAP_THREADS_MAX, "room for every thread's 
 /* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
 #define SF_OUT_HEAP 0x2u
-#define SF_SCHED 0x4u /* a schedule hangs on the side record (schedule.c) */
+#define SF_SCHED 0x4u   /* a schedule hangs on the side record (schedule.c) */
+#define SF_DELAYED 0x8u /* a delayed start waits in the slot's tail (spawn.c) */
 
 struct atap_slot {
     _Atomic uint32_t word;

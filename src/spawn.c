@@ -40,6 +40,7 @@
 #include "slot.h"
 #include "table.h"
 #include "trace.h"
+#include "wait.h"
 
 /* ---- admission ---------------------------------------------------------
  *
@@ -177,8 +178,27 @@ void atap__exec_unfill(struct atap_slot *s)
     s->flags = 0;
 }
 
+/*
+ * A delay is the only thing about time the task asks for, and its slot can
+ * keep it: a run-once task with no timeout, no output past the tail's
+ * claim word (the wheel's links and deadline sit in the output's bytes
+ * until the first run, which writes the output only then), no destructor
+ * (no side record), not blocking, not waiting for gives, and a delay
+ * within ATAP__DELAY_IN_SLOT_MAX. Such a task waits for its deadline in
+ * its slot as a deadline park does (park_wheel.c), PENDING, and needs no
+ * schedule: no record, no timer of the manager's.
+ */
+static inline bool delay_in_slot(const atap_spawn_opts *o, const struct gate *gate)
+{
+    return !gate && o->after_ns > 0 && o->after_ns <= ATAP__DELAY_IN_SLOT_MAX &&
+           (o->timeout_ns | (uint64_t)o->kind | o->every_ns | o->runs | o->for_ns | o->until_ns) ==
+               0 &&
+           !o->blocking && !o->arg_free && !o->out_free && o->out_size <= PARK_TAIL;
+}
+
 /* fill, and the schedule if the options use time or the task waits for
- * gives; on -ENOMEM nothing is left allocated (the gate is the caller's). */
+ * gives (but for a delay the slot keeps); on -ENOMEM nothing is left
+ * allocated (the gate is the caller's). */
 static inline __attribute__((always_inline)) int prepare(struct atap_slot *s, uint32_t index,
                                                          atap_fn *fn, void *arg,
                                                          const atap_spawn_opts *o,
@@ -186,7 +206,13 @@ static inline __attribute__((always_inline)) int prepare(struct atap_slot *s, ui
 {
     int rc = fill(s, fn, arg, o);
 
-    if (rc == 0 && (!plain(o) || gate) && (rc = atap__extras.time->attach(s, index, o, gate)) != 0)
+    if (rc != 0 || (plain(o) && !gate))
+        return rc;
+    if (delay_in_slot(o, gate)) {
+        s->flags |= SF_DELAYED;
+        return 0;
+    }
+    if ((rc = atap__extras.time->attach(s, index, o, gate)) != 0)
         atap__exec_unfill(s);
     return rc;
 }
@@ -219,6 +245,8 @@ static inline int spawn_slot(atap_task *task, atap_fn *fn, void *arg, const atap
             ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
             if (unlikely(slot_sched(s)))
                 atap__extras.time->start(s, index, gen, opts->blocking);
+            else if (unlikely(s->flags & SF_DELAYED))
+                atap__extras.park->delay(s, index, gen, atap__deadline_in(opts->after_ns));
             else
                 atap__pool_submit_from(atap__self, index + 1, opts->priority, opts->blocking);
         }

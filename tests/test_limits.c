@@ -1348,7 +1348,9 @@ static int task_in(atap_ctx *ctx, void *arg, void *out)
 
 /* With nothing left to malloc on the spawning thread: every call that
  * needs memory says -ENOMEM and leaves nothing behind; a spawn that needs
- * none goes through; memory back, they all do. */
+ * none goes through (a plain task; a delay its slot keeps); memory back,
+ * they all do. (A plain task's output past its slot needs its memory only
+ * at its first run, on a worker: test_tasks.) */
 static int child_memory_heap(void)
 {
     struct rlimit old, low;
@@ -1367,9 +1369,14 @@ static int child_memory_heap(void)
     for (int round = 0; round < 2; round++) {
         int want = round == 0 ? -ENOMEM : 0;
 
-        REQUIRE_RC(atap_spawn(&t[0], task_noop, NULL, &(atap_spawn_opts){.after_ns = ATAP_MS(1)}),
+        /* A delay with an output past the slot's tail: a schedule. */
+        REQUIRE_RC(atap_spawn(&t[0], task_noop, NULL,
+                              &(atap_spawn_opts){.after_ns = ATAP_MS(1), .out_size = 16}),
                    want);
-        REQUIRE_RC(atap_spawn(&t[1], task_noop, NULL, &(atap_spawn_opts){.out_size = 4096}), want);
+        /* Blocking: its output's memory at the spawn. */
+        REQUIRE_RC(atap_spawn(&t[1], task_noop, NULL,
+                              &(atap_spawn_opts){.out_size = 4096, .blocking = true}),
+                   want);
         REQUIRE_RC(
             atap_spawn(&t[2], task_noop, NULL, &(atap_spawn_opts){.kind = ATAP_REPEAT, .runs = 2}),
             want);
@@ -1380,21 +1387,25 @@ static int child_memory_heap(void)
         REQUIRE_RC(atap_spawn_sleep(&t[5], ATAP_MS(1), false, NULL), want);
         REQUIRE_RC(atap_chan_open(&ch, sizeof v, 0, NULL), want);
         REQUIRE_RC(atap_spawn(&t[6], task_noop, NULL, NULL), 0); /* a slot, nothing more */
+        REQUIRE_RC(atap_spawn(&t[7], task_noop, NULL, &(atap_spawn_opts){.after_ns = ATAP_MS(1)}),
+                   0); /* a delay the slot keeps */
         if (round == 0) {
             for (int i = 0; i < 6; i++)
                 REQUIRE(t[i].id == 0);
             REQUIRE(ch == NULL);
-            REQUIRE_RC(atap_join_for(t[6], NULL, 0, WAIT(ATAP_SEC(20))), 0);
-            atap_release(t[6]);
+            for (int i = 6; i < 8; i++) {
+                REQUIRE_RC(atap_join_for(t[i], NULL, 0, WAIT(ATAP_SEC(20))), 0);
+                atap_release(t[i]);
+            }
             heap_give_back(hog);
             REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
             continue;
         }
         REQUIRE_RC(atap_give(t[4], &v, sizeof v), 0);
         REQUIRE_RC(atap_chan_send(ch, &v), 0);
-        for (int i = 0; i < 7; i++) {
+        for (int i = 0; i < 8; i++) {
             static unsigned char out[4096];
-            size_t size = i == 1 ? sizeof out : i == 5 ? sizeof(uint64_t) : 0;
+            size_t size = i == 0 ? 16 : i == 1 ? sizeof out : i == 5 ? sizeof(uint64_t) : 0;
 
             REQUIRE_RC(atap_join_for(t[i], size ? out : NULL, size, WAIT(ATAP_SEC(20))), 0);
             atap_release(t[i]);

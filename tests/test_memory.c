@@ -13,7 +13,7 @@
  * is reported but not asserted; the test still runs.
  *
  * And tasks waiting in a queue hold no output block (their output's memory
- * comes at their first run).
+ * comes at their first run), and delayed starts no schedule.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -142,11 +142,90 @@ static void test_memory_queued_outputs_hold_no_block(void **state)
     assert_true(wait_live_back(ATAP_SEC(20)));
 }
 
+/* Delayed starts wait in their slots: 20,000 tasks spawned with a 60 s
+ * after_ns and no output add under 8 bytes each to the allocator's count (a
+ * schedule of their own would be hundreds), and cancelled they read
+ * ATAP_ECANCELLED, never run, and their slots go at once, not at their
+ * deadline. 2,000 more with 20-40 ms delays each run once, never early. */
+enum { DELAYED = 20000, DELAYED_RUN = 2000 };
+
+struct delayed_run {
+    atomic_int runs, early;
+    uint64_t due[DELAYED_RUN];
+};
+
+static int task_counts_run(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    atomic_fetch_add((atomic_int *)arg, 1);
+    return 0;
+}
+
+static struct delayed_run *g_delayed;
+
+static int task_notes_start(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    uintptr_t i = (uintptr_t)arg;
+    if (now_ns() < g_delayed->due[i])
+        atomic_fetch_add(&g_delayed->early, 1);
+    atomic_fetch_add(&g_delayed->runs, 1);
+    return 0;
+}
+
+static void test_memory_delays_wait_in_their_slots(void **state)
+{
+    (void)state;
+    if (mallinfo2().uordblks == 0)
+        skip(); /* no count kept (a sanitizer's allocator) */
+    atomic_int runs = 0;
+    atap_task *ts = malloc(DELAYED * sizeof *ts);
+    assert_non_null(ts);
+    size_t before = mallinfo2().uordblks;
+    for (int i = 0; i < DELAYED; i++)
+        assert_int_equal(atap_spawn(&ts[i], task_counts_run, &runs,
+                                    &(atap_spawn_opts){.after_ns = ATAP_SEC(60)}),
+                         0);
+    size_t after = mallinfo2().uordblks;
+    assert_int_equal(atap_state_of(ts[0]), ATAP_PENDING);
+    for (int i = 0; i < DELAYED; i++)
+        assert_int_equal(atap_cancel(ts[i]), 0);
+    for (int i = 0; i < DELAYED; i++) {
+        assert_int_equal(atap_join(ts[i], NULL, 0), ATAP_ECANCELLED);
+        atap_release(ts[i]);
+    }
+    print_message("%d delayed starts: allocator +%zd bytes\n", DELAYED, (ssize_t)(after - before));
+    assert_true(after < before + (size_t)DELAYED * 8);
+    assert_true(wait_live_back(ATAP_SEC(10))); /* not at their deadline, 60 s out */
+    assert_int_equal(atomic_load(&runs), 0);
+
+    g_delayed = calloc(1, sizeof *g_delayed);
+    assert_non_null(g_delayed);
+    for (uintptr_t i = 0; i < DELAYED_RUN; i++) {
+        uint64_t delay = ATAP_MS(20) + i % 21 * ATAP_MS(1);
+        g_delayed->due[i] = now_ns() + delay;
+        assert_int_equal(
+            atap_spawn(&ts[i], task_notes_start, (void *)i, &(atap_spawn_opts){.after_ns = delay}),
+            0);
+    }
+    for (int i = 0; i < DELAYED_RUN; i++) {
+        assert_int_equal(atap_join(ts[i], NULL, 0), 0);
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atomic_load(&g_delayed->runs), DELAYED_RUN);
+    assert_int_equal(atomic_load(&g_delayed->early), 0);
+    free(g_delayed);
+    free(ts);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_memory_million_live, setup_runtime, teardown_runtime),
         cmocka_unit_test_setup_teardown(test_memory_queued_outputs_hold_no_block, setup_runtime,
+                                        teardown_runtime),
+        cmocka_unit_test_setup_teardown(test_memory_delays_wait_in_their_slots, setup_runtime,
                                         teardown_runtime),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

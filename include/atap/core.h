@@ -372,8 +372,10 @@ struct atap_pool_stats {
     size_t peak_aside;       /* the most stacks set aside at once; never falls */
     size_t stacks;           /* stacks the pool threads hold besides their
                                 own: set aside, running, or kept for reuse */
-    uint64_t fired;          /* parks on a deadline (atap_park_until) that their
-                                deadline ended, since the process started */
+    uint64_t fired;          /* parks on a deadline (atap_park_until), and
+                                delayed starts kept in their slot (after_ns
+                                alone), that their deadline ended, since the
+                                process started */
     uint64_t fired_1ms;      /* of those, ended more than 1 ms after the
                                 deadline (up to 65.5 us early or late: the
                                 manager keeps deadlines in ticks); the task's
@@ -630,7 +632,10 @@ typedef struct atap_spawn_opts {
                                     waiting there */
     bool blocking;               /* run on the blocking threads */
     uint64_t after_ns;           /* delays the first run only; runs late,
-                                    never early */
+                                    never early. With nothing else about
+                                    time, no destructor, not blocking and
+                                    an output of at most 12 bytes, the
+                                    delay costs no memory beyond the slot */
     uint64_t timeout_ns;         /* each run's limit (0: none). The first run
                                     past it ends the task, and its series, as
                                     ATAP_TIMED_OUT; its output is dropped.
