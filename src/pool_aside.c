@@ -636,6 +636,7 @@ int atap__pool_aside(struct worker *w, const void *const *keys, unsigned nkeys,
         if (!to)
             to = take_free(w); /* there is one: mapped above */
         w->handoff = first;
+        trim(w); /* what nested runs left below this wait: while it waits */
         run_stack(w, to);
     }
     /* Resumed (woken, expired, or its thread dying): off every list, and
