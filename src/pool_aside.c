@@ -540,8 +540,8 @@ bool atap__pool_aside_pending(const struct worker *w)
 }
 
 /* Nested runs went deeper than this on the running stack, at its loop's
- * top: the pages they left are given back, so that a stack free or set
- * aside holds what it uses, not what it once used. */
+ * top or as it is set aside: the pages they left are given back, so that a
+ * stack free or set aside holds what it uses, not what it once used. */
 #define TRIM_BELOW ((uintptr_t)64 << 10)
 
 static void trim(struct worker *w)
