@@ -109,12 +109,18 @@ static inline uint64_t tick_of(uint64_t ns) { return ns >> TIMER_TICK_SHIFT; }
 
 /* ---- lists and bitmaps (manager only) ------------------------------------ */
 
+/* A list head is empty linked to itself, or all zero: the ring's and the
+ * levels' heads start zero (the runtime's timers are a static), so that
+ * the pages of heads never used are never touched (64 KiB of the
+ * process's start). A head is linked to itself when first filled. */
 static inline void list_init(struct atap_tlink *h) { h->next = h->prev = h; }
 
-static inline bool list_empty(const struct atap_tlink *h) { return h->next == h; }
+static inline bool list_empty(const struct atap_tlink *h) { return h->next == h || !h->next; }
 
 static inline void list_insert_before(struct atap_tlink *pos, struct atap_tlink *l)
 {
+    if (!pos->next)
+        list_init(pos); /* a zero head, first filled */
     l->next = pos;
     l->prev = pos->prev;
     pos->prev->next = l;
@@ -126,6 +132,8 @@ static void list_splice(struct atap_tlink *to, struct atap_tlink *from)
 {
     if (list_empty(from))
         return;
+    if (!to->next)
+        list_init(to);
     from->next->prev = to->prev;
     to->prev->next = from->next;
     from->prev->next = to;
@@ -612,15 +620,18 @@ void atap__timers_init(struct atap_timers *ts, uint64_t now_ns)
     ts->held = 0;
     list_init(&ts->near);
     list_init(&ts->pending);
-    for (unsigned i = 0; i < TIMER_RING; i++) {
-        list_init(&ts->ring[i]);
-        ts->ring_min[i] = UINT64_MAX;
-    }
+    /* Heads used before are emptied; zero ones are left alone (see the
+     * lists' top). A ring slot's ring_min and ring_n are set as it is
+     * first filled, and read only while its bit is set. */
+    for (unsigned i = 0; i < TIMER_RING; i++)
+        if (ts->ring[i].next)
+            list_init(&ts->ring[i]);
     for (unsigned i = 0; i < TIMER_RING / 64; i++)
         ts->ring_bits[i] = 0;
     for (unsigned l = 0; l < TIMER_LEVELS; l++) {
         for (unsigned j = 0; j < LEVEL_SLOTS; j++)
-            list_init(&ts->level[l][j]);
+            if (ts->level[l][j].next)
+                list_init(&ts->level[l][j]);
         ts->level_bits[l] = 0;
     }
 }
