@@ -219,13 +219,19 @@ __attribute__((unused)) static size_t g_live_base;
 
 static inline struct atap_pool_stats pool_stats(void);
 
+/* A runtime of config c (NULL: the defaults), for a setup function. */
+static inline int setup_runtime_with(const atap_config *c)
+{
+    atomic_store(&g_release_all, 0);
+    int rc = atap_init(c);
+    g_live_base = pool_stats().live;
+    return rc == 0 ? 0 : -1;
+}
+
 static inline int setup_runtime(void **state)
 {
     (void)state;
-    atomic_store(&g_release_all, 0);
-    int rc = atap_init(NULL);
-    g_live_base = pool_stats().live;
-    return rc == 0 ? 0 : -1;
+    return setup_runtime_with(NULL);
 }
 
 static inline int teardown_runtime(void **state)
