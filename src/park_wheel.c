@@ -232,7 +232,8 @@ void atap__park_tail_act(uint32_t index, int by, bool batch)
     }
     if ((c & T_STATE) == (P_CLAIMED | BY_DEADLINE) || (c & T_STATE) == (P_CLAIMED | BY_READY)) {
         /* A delayed start's first run is no resume: its claim word reads
-         * "not parked" again (ours alone: nothing claims from CLAIMED). One
+         * "not parked" again (ours alone: nothing claims from CLAIMED;
+         * relaxed, the queueing below releases it to the runner). One
          * cancelled meanwhile goes by the resume's path (run_observed). */
         if ((s->flags & SF_DELAYED) && word_state(ld_acquire(&s->word)) == ST_PENDING)
             st_relaxed(&s->out.park.claim, P_IDLE);
