@@ -114,17 +114,18 @@ bool atap__exec_inside(const struct worker *w, uint32_t ref);
 struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);
 
 /* An output's heap block (slot.h: over INLINE_OUT bytes): up to OUT_BLOCK,
- * one of this thread's kept blocks (pool.h); larger, its own malloc (where
+ * one of this thread's kept blocks of its size (pool.h); larger, its own malloc (where
  * a test build's owed allocation failures land). */
 static inline void *atap__exec_out_alloc(size_t size)
 {
-    return size <= OUT_BLOCK ? atap__pool_out_take(atap__self) : FAULT_MALLOC(size);
+    return size <= OUT_BLOCK ? atap__pool_out_take(atap__self, atap__pool_out_class(size))
+                             : FAULT_MALLOC(size);
 }
 
 static inline void atap__exec_out_free(void *b, size_t size)
 {
     if (size <= OUT_BLOCK)
-        atap__pool_out_give(atap__self, b);
+        atap__pool_out_give(atap__self, atap__pool_out_class(size), b);
     else
         free(b);
 }

@@ -577,13 +577,15 @@ unsigned atap__pool_records(void) { return ld_acquire(&atap__pool.nrec); }
 /* The record's held[] back to its inline array (its thread is leaving). */
 void atap__pool_outs_drop(struct worker *w)
 {
-    void *b;
+    for (unsigned c = 0; c < 2; c++) {
+        void *b;
 
-    while ((b = w->outs) != NULL) {
-        w->outs = *(void **)b;
-        free(b);
+        while ((b = w->outs[c]) != NULL) {
+            w->outs[c] = *(void **)b;
+            free(b);
+        }
+        w->nouts[c] = 0;
     }
-    w->nouts = 0;
 }
 
 void atap__pool_held_reset(struct worker *w)

@@ -82,41 +82,48 @@ struct worker {
     bool dying;         /* a task ended the thread: each stack unwinds */
     /* Output blocks freed on this thread, kept to hand out again (the
      * owner's alone): see atap__pool_out_take. */
-    void *outs;
-    unsigned nouts;
+    void *outs[2];
+    unsigned nouts[2];
 };
 
 /*
  * Output blocks. An output over the slot's inline bytes and up to OUT_BLOCK
- * lives in a block of OUT_BLOCK bytes from malloc. A pool thread keeps up to
- * OUT_KEEP of those freed on it (a list through their first word) and hands
- * them out again, so a fork-join tree whose nodes output a few words pays
- * no malloc or free per task; its spawns and its frees are mostly on the
- * same thread. Only the owner touches its list: w is atap__self (NULL
- * outside the pool: plain malloc and free). Any block may go to free(),
- * and a thread leaving frees what it kept (atap__pool_outs_drop).
+ * lives in a block from malloc of one of two sizes: OUT_SMALL (three words,
+ * malloc's smallest chunk, 32 bytes) or OUT_BLOCK (an 80-byte chunk), so a
+ * node of a fork-join tree that outputs three words holds 32 bytes while it
+ * runs and waits, not 80. A pool thread keeps up to OUT_KEEP of each size
+ * freed on it (a list through their first word) and hands them out again,
+ * so such a tree pays no malloc or free per task; its spawns and its frees
+ * are mostly on the same thread. Only the owner touches its lists: w is
+ * atap__self (NULL outside the pool: plain malloc and free). Any block may
+ * go to free(), and a thread leaving frees what it kept
+ * (atap__pool_outs_drop).
  */
+#define OUT_SMALL 24u
 #define OUT_BLOCK 64u
 #define OUT_KEEP 256u
 
-static inline void *atap__pool_out_take(struct worker *w)
+/* The size class of an output of size bytes (<= OUT_BLOCK): 0 or 1. */
+static inline unsigned atap__pool_out_class(size_t size) { return size > OUT_SMALL; }
+
+static inline void *atap__pool_out_take(struct worker *w, unsigned c)
 {
     void *b;
 
-    if (w && (b = w->outs) != NULL) {
-        w->outs = *(void **)b;
-        w->nouts--;
+    if (w && (b = w->outs[c]) != NULL) {
+        w->outs[c] = *(void **)b;
+        w->nouts[c]--;
         return b;
     }
-    return malloc(OUT_BLOCK);
+    return malloc(c ? OUT_BLOCK : OUT_SMALL);
 }
 
-static inline void atap__pool_out_give(struct worker *w, void *b)
+static inline void atap__pool_out_give(struct worker *w, unsigned c, void *b)
 {
-    if (w && w->nouts < OUT_KEEP) {
-        *(void **)b = w->outs;
-        w->outs = b;
-        w->nouts++;
+    if (w && w->nouts[c] < OUT_KEEP) {
+        *(void **)b = w->outs[c];
+        w->outs[c] = b;
+        w->nouts[c]++;
         return;
     }
     free(b);

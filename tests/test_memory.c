@@ -142,6 +142,48 @@ static void test_memory_queued_outputs_hold_no_block(void **state)
     assert_true(wait_live_back(ATAP_SEC(20)));
 }
 
+/* A three-word output takes malloc's smallest chunk: 20,000 tasks whose
+ * 24-byte outputs (over the slot's 16 inline bytes) stand unread add under
+ * 48 bytes each to the allocator's count (32 a block; a block sized for
+ * 64 bytes takes 80), and each reads its own 24 bytes back. */
+enum { OUT24 = 24 };
+
+static int task_out24(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx;
+    memset(out, (int)((uintptr_t)arg & 0xff), OUT24);
+    return 0;
+}
+
+static void test_memory_three_word_outputs_take_the_smallest_block(void **state)
+{
+    (void)state;
+    if (mallinfo2().uordblks == 0)
+        skip(); /* no count kept (a sanitizer's allocator) */
+    atap_task *ts = malloc(QUEUED * sizeof *ts);
+    assert_non_null(ts);
+    size_t before = mallinfo2().uordblks;
+    for (uintptr_t i = 0; i < QUEUED; i++)
+        assert_int_equal(
+            atap_spawn(&ts[i], task_out24, (void *)i, &(atap_spawn_opts){.out_size = OUT24}), 0);
+    for (uintptr_t i = 0; i < QUEUED; i++)
+        assert_int_equal(atap_wait(ts[i], NULL), 0);
+    size_t after = mallinfo2().uordblks;
+    for (uintptr_t i = 0; i < QUEUED; i++) {
+        unsigned char out[OUT24], want[OUT24];
+        memset(want, (int)(i & 0xff), OUT24);
+        assert_int_equal(atap_join(ts[i], out, OUT24), 0);
+        assert_memory_equal(out, want, OUT24);
+        atap_release(ts[i]);
+    }
+    free(ts);
+    print_message("%d settled tasks with %d-byte outputs: allocator +%zd bytes\n", QUEUED, OUT24,
+                  (ssize_t)(after - before));
+    assert_true(after > before + (size_t)QUEUED * 16); /* the outputs are counted */
+    assert_true(after < before + (size_t)QUEUED * 48);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
 /* Delayed starts wait in their slots: 20,000 tasks spawned with a 60 s
  * after_ns and no output add under 8 bytes each to the allocator's count (a
  * schedule of their own would be hundreds), and cancelled they read
@@ -225,6 +267,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_memory_million_live, setup_runtime, teardown_runtime),
         cmocka_unit_test_setup_teardown(test_memory_queued_outputs_hold_no_block, setup_runtime,
                                         teardown_runtime),
+        cmocka_unit_test_setup_teardown(test_memory_three_word_outputs_take_the_smallest_block,
+                                        setup_runtime, teardown_runtime),
         cmocka_unit_test_setup_teardown(test_memory_delays_wait_in_their_slots, setup_runtime,
                                         teardown_runtime),
     };
