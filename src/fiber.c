@@ -14,7 +14,7 @@
  * Valgrind, where its header is found, is told of every stack mapped.
  *
  * What the C library and C++ keep per thread but a stack owns is kept per
- * stack: glibc's chain of pthread_cleanup_push handlers (a pointer in the
+ * stack: the chain of pthread_cleanup_push handlers (a pointer in the
  * thread's record, found once by pushing two handlers and looking for
  * them; a thread that exits runs the chain of the stack it exits on, then
  * the handlers under every stack's first frame), and C++'s exceptions
@@ -274,30 +274,34 @@ __asm__(".text\n"
 
 /* ---- what a stack owns of the thread's state ------------------------------ */
 
-#if defined(__GLIBC__)
 #include <pthread.h>
-#define FIBER_CHAIN 1
+
+/* Where the thread's record (at pthread_self()) keeps the head of the
+ * chain, in words, or -1: found once, by pushing two handlers and looking
+ * for the word that held the first, then the second. */
+static long chain_at = -1;
+static pthread_once_t chain_once = PTHREAD_ONCE_INIT;
+
+#if defined(__GLIBC__)
+enum { CHAIN_LOOK = 1024 / sizeof(void *) }; /* where to look: the record's first part */
 #if defined(__EXCEPTIONS)
 /* glibc's C cleanup handlers, which pthread.h declares only for code built
  * without -fexceptions: the chain is the thread's either way. */
 extern void __pthread_register_cancel(__pthread_unwind_buf_t *buf) __cleanup_fct_attribute;
 extern void __pthread_unregister_cancel(__pthread_unwind_buf_t *buf) __cleanup_fct_attribute;
 #endif
-/* Where glibc's thread record keeps the head of the chain, or -1. */
-static long chain_at = -1;
-static pthread_once_t chain_once = PTHREAD_ONCE_INIT;
 
-/* Two handlers pushed: the word that held the first, then the second,
- * is the head. Only a look within the record's first part. */
+/* glibc's chain, by the calls its pthread_cleanup_push makes without
+ * -fexceptions, whatever this file is built with (with it, the macro
+ * links nothing into the chain). */
 static void find_chain(void)
 {
     __pthread_unwind_buf_t a, b;
     void **self = (void **)pthread_self();
     long found = -1;
-    enum { LOOK = 1024 / sizeof(void *) };
 
     __pthread_register_cancel(&a);
-    for (long i = 0; i < LOOK && found < 0; i++)
+    for (long i = 0; i < CHAIN_LOOK && found < 0; i++)
         if (self[i] == (void *)&a) {
             __pthread_register_cancel(&b);
             if (self[i] == (void *)&b)
@@ -307,6 +311,46 @@ static void find_chain(void)
     __pthread_unregister_cancel(&a);
     chain_at = found;
 }
+#else
+/* Elsewhere (musl, macOS, the BSDs) pthread_cleanup_push links a record
+ * in the caller's frame into a list whose head the thread's record holds:
+ * the head is the one word of the record's first part that changes at each
+ * push, each time to an address in this frame. */
+/* The record's first part: no more is sure to be mapped (musl's main
+ * thread's record is a static of about 200 bytes). */
+enum { CHAIN_LOOK = 256 / sizeof(void *) };
+
+static void chain_none(void *arg) { (void)arg; }
+
+static bool in_frame(const void *p, const void *here)
+{
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)here;
+
+    return (a > b ? a - b : b - a) < 4096;
+}
+
+static void find_chain(void)
+{
+    void *volatile *self = (void *volatile *)pthread_self();
+    void *before[CHAIN_LOOK], *one[CHAIN_LOOK];
+    long found = -1;
+    int here;
+
+    for (long i = 0; i < CHAIN_LOOK; i++)
+        before[i] = self[i];
+    pthread_cleanup_push(chain_none, NULL);
+    for (long i = 0; i < CHAIN_LOOK; i++)
+        one[i] = self[i];
+    pthread_cleanup_push(chain_none, NULL);
+    for (long i = 0; i < CHAIN_LOOK && found < 0; i++)
+        if (one[i] != before[i] && self[i] != one[i] && in_frame(one[i], &here) &&
+            in_frame(self[i], &here))
+            found = i;
+    pthread_cleanup_pop(0);
+    pthread_cleanup_pop(0);
+    chain_at = found;
+}
+#endif
 
 void *atap__fiber_chain(void)
 {
@@ -323,14 +367,6 @@ static inline void chain_swap(struct atap_fiber *from, struct atap_fiber *to)
         *head = to->chain;
     }
 }
-#else
-void *atap__fiber_chain(void) { return NULL; }
-
-static inline void chain_swap(struct atap_fiber *from, struct atap_fiber *to)
-{
-    (void)from, (void)to;
-}
-#endif
 
 /* C++'s per-thread record of exceptions being handled (libsupc++ and
  * libc++abi: the caught list, then the uncaught count), if linked in. */

@@ -16,10 +16,12 @@
 #   - add_subdirectory: a vendored copy builds, carries no fault injection
 #     and installs nothing into the consumer's prefix; built shared
 #     (BUILD_SHARED_LIBS=ON), it installs its shared library alone beside
-#     the consumer's app, which then runs from the prefix on its run path.
+#     the consumer's app, which then runs from the prefix on its run path;
+#   - waits_cleanup.c, cleanup handlers across stacks set aside, on glibc
+#     and on musl (a library built with CC=musl-gcc).
 # Installs what it needs when missing (Debian: cmake, g++, clang, pkg-config,
-# libcmocka-dev). One line per check; the last line is "N passed, N failed";
-# exits nonzero on any failure. ATAP_JOBS (default 2) sets the parallelism,
+# libcmocka-dev, musl-tools). One line per check; the last line is "N
+# passed, N failed"; exits nonzero on any failure. ATAP_JOBS (default 2) sets the parallelism,
 # ATAP_KEEP_TMP=1 keeps the temp dir.
 set -uo pipefail
 
@@ -37,6 +39,7 @@ install_deps() {
     { have clang && have clang++; } || missing+=(clang)
     have pkg-config || missing+=(pkg-config)
     have nm || missing+=(binutils)
+    have musl-gcc || missing+=(musl-tools)
     [ -f /usr/include/cmocka.h ] || missing+=(libcmocka-dev) # a top-level build with the tests on
     [ ${#missing[@]} -eq 0 ] && return 0
     have apt-get || { echo "consumers: please install: ${missing[*]}" >&2; return 1; }
@@ -138,6 +141,27 @@ exports_atap_only() {
 
 check "static install (top-level, tests on) to a temp prefix" install_lib static
 check "static install: libatap.a has no atap_inject_* symbol" no_inject "$tmp/static/lib/libatap.a"
+
+# Cleanup handlers across stacks set aside (waits_cleanup.c), on glibc
+# against the static install, and on musl: a library built with musl-gcc.
+waits_cleanup() {
+    local cc=$1 lib=$2 exe=$tmp/waits-cleanup-$1
+    "$cc" -std=c11 -Wall -Wextra -Werror -O1 -I"$root/include" "$src/waits_cleanup.c" "$lib" \
+        -lpthread -o "$exe" && "$exe"
+}
+musl_build() {
+    cmake -S "$root" -B "$tmp/build-musl" -DCMAKE_C_COMPILER=musl-gcc -DCMAKE_BUILD_TYPE=Release \
+        -DATAP_BUILD_TESTS=OFF -DATAP_BUILD_EXAMPLES=OFF -DATAP_BUILD_BENCH=OFF &&
+        cmake --build "$tmp/build-musl" -j "$jobs" --target atap
+}
+check "waits_cleanup.c (cleanup handlers across stacks set aside), gcc and glibc" \
+    waits_cleanup gcc "$tmp/static/lib/libatap.a"
+if have musl-gcc; then
+    check "musl: CC=musl-gcc builds libatap" musl_build
+    check "waits_cleanup.c, musl-gcc and musl" waits_cleanup musl-gcc "$tmp/build-musl/libatap.a"
+else
+    echo "skip  musl: no musl-gcc"
+fi
 installed_headers() {
     local inc=$tmp/static/include
     for h in atap.h atap.hpp atap/core.h atap/fs.h atap/net.h atap/process.h atap/tasks.h; do
