@@ -30,8 +30,8 @@
  *                ns_per_op = seconds / n; extras workers= (the pool's
  *                workers after the warm-up: ATAP_WORKERS, or one per CPU)
  *                and checksum=. Run with ATAP_WORKERS=1 and 2 to compare
- *   chain        task i spawns task i+1 (handle released at once); task n
- *                signals the main thread
+ *   chain        task i spawns task i+1 with no handle (atap_spawn_detached,
+ *                as the peers keep none); task n signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
  *                held by their handles; resident bytes per task
  *   timers       n tasks, each parked (atap_park_until) for 1..100 ms (the
@@ -348,7 +348,7 @@ static int hop(atap_ctx *ctx, void *arg, void *out)
     (void)ctx, (void)out;
     long i = (long)(intptr_t)arg;
     if (i < N) {
-        atap_release(spawn(hop, (void *)(intptr_t)(i + 1), 0));
+        must(atap_spawn_detached(hop, (void *)(intptr_t)(i + 1), NULL), "atap_spawn_detached");
     } else {
         signal_done();
     }
@@ -637,7 +637,7 @@ int main(int argc, char **argv)
                                        : 0.0,
                  delayed ? "after" : "park");
     } else if (!strcmp(w, "chain")) {
-        atap_release(spawn(hop, (void *)(intptr_t)0, 0));
+        must(atap_spawn_detached(hop, (void *)(intptr_t)0, NULL), "atap_spawn_detached");
         wait_done();
     } else if (!strcmp(w, "ping_pong")) {
         /* Both sides exist (and pp holds both handles) before anything is

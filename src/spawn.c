@@ -278,7 +278,8 @@ static inline bool quick(const atap_spawn_opts *o)
 }
 
 /* The tail of a quick spawn (below): the slot is ours, the options are
- * plain; what spawn_slot does from here, with nothing left to check. */
+ * plain; what spawn_slot does from here, with nothing left to check. A
+ * NULL task: a detached spawn, with no handle's reference. */
 static inline __attribute__((always_inline)) void
 spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
                     const atap_spawn_opts *o, uint32_t index, uint32_t gen)
@@ -289,12 +290,13 @@ spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
     if (unlikely(late))
         s->out.heap = NULL; /* its block comes at its first run */
     fill_fields(s, fn, arg, late ? SF_OUT_HEAP : 0, (uint32_t)o->out_size, o->priority);
-    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | REFS_HANDLE);
+    st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | (task ? REFS_HANDLE : 0));
     /* Release: the fields above reach whoever acquires the word or the
      * queue entry (spawn_slot's order). */
     st_release(&s->word, make_word(gen, ST_PENDING));
-    *task = make_task(index, gen);
-    ATAP_TRACE(TR_SPAWN, task->id, fn, 0);
+    if (task)
+        *task = make_task(index, gen);
+    ATAP_TRACE(TR_SPAWN, make_task(index, gen).id, fn, 0);
     atap__pool_submit_from(w, index + 1, o->priority, false);
 }
 
@@ -327,9 +329,13 @@ static __attribute__((noinline)) int spawn_quick_shared(struct worker *w, atap_t
                                                         const atap_spawn_opts *o)
 {
     uint32_t index, gen;
+    int rc;
 
-    if (atap__table_alloc_shared(&w->cache, &index, &gen) != 0)
-        return spawn_checked(task, fn, arg, o); /* out of slots: it says so */
+    if ((rc = atap__table_alloc_shared(&w->cache, &index, &gen)) != 0) {
+        if (task) /* out of slots */
+            *task = ATAP_NO_TASK;
+        return rc;
+    }
     spawn_quick_publish(w, task, fn, arg, o, index, gen);
     return 0;
 }
@@ -344,7 +350,8 @@ static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_f
     bool outside;
     int rc;
 
-    *task = ATAP_NO_TASK;
+    if (task)
+        *task = ATAP_NO_TASK;
     if (!atap__spawn_enter(&outside))
         return ATAP_ENOTINIT;
     if ((rc = atap__table_alloc(atap__table_outside_cache(), &index, &gen)) == 0)
@@ -377,4 +384,30 @@ int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *o
         return spawn_quick_shared(w, task, fn, arg, opts);
     spawn_quick_publish(w, task, fn, arg, opts, index, gen);
     return 0;
+}
+
+/* The quick paths with no handle (task NULL); anything else through
+ * atap_spawn and atap_release. */
+int atap_spawn_detached(atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+{
+    static const atap_spawn_opts none;
+    struct worker *w = atap__self;
+    uint32_t index, gen;
+    atap_task t;
+    int rc;
+
+    if (likely(fn && (!opts || quick(opts)))) {
+        opts = opts ? opts : &none;
+        if (!w)
+            return spawn_quick_outside(NULL, fn, arg, opts);
+        if (!w->blocking) {
+            if (!atap__table_take_stashed(&w->cache, &index, &gen))
+                return spawn_quick_shared(w, NULL, fn, arg, opts);
+            spawn_quick_publish(w, NULL, fn, arg, opts, index, gen);
+            return 0;
+        }
+    }
+    if ((rc = atap_spawn(&t, fn, arg, opts)) == 0)
+        atap_release(t);
+    return rc;
 }

@@ -846,6 +846,26 @@ static void spawned(int s, ftask *t, int rc, atap_task h, bool valid, const char
     hold(s, h, t);
 }
 
+/* After atap_spawn_detached: the same codes, and no handle to hold. */
+static void spawned_detached(ftask *t, int rc, bool valid)
+{
+    if (!valid)
+        FZ_CHECK(rc == ATAP_EINVAL,
+                 "atap_spawn_detached with options that make no sense returned %d, not EINVAL", rc);
+    else if (!G.running)
+        FZ_CHECK(rc == ATAP_ENOTINIT, "atap_spawn_detached while stopped returned %d, not ENOTINIT",
+                 rc);
+    else
+        FZ_CHECK(rc == 0 || rc == -ENOMEM, "atap_spawn_detached returned %d (%s)", rc,
+                 atap_strerror(rc));
+    if (rc != 0) {
+        drop_task(t);
+        return;
+    }
+    t->spawned = true;
+    atomic_store(&t->listeners, 0);
+}
+
 static unsigned out_choice(unsigned b, enum fmt *fmt)
 {
     switch (b % 4) {
@@ -912,7 +932,8 @@ static void fn_setup(ftask *t, unsigned fb, unsigned ab)
     }
 }
 
-static void op_spawn(void)
+/* detached: atap_spawn_detached, and the model holds no handle. */
+static void op_spawn_as(bool detached)
 {
     int s = free_slot(u8());
     ftask *t = new_task();
@@ -945,6 +966,11 @@ static void op_spawn(void)
     t->bounded =
         t->fn != FN_PARK_PIPE || t->work_ns != ATAP_FOREVER || atomic_load(&G.pipe_written);
     t->t0 = now_ns();
+    if (detached) {
+        int rc = atap_spawn_detached(fz_task, t, &o);
+        spawned_detached(t, rc, valid);
+        return;
+    }
     atap_task h = {123};
     int rc = atap_spawn(&h, fz_task, t, &o);
     spawned(s, t, rc, h, valid, "atap_spawn");
@@ -1807,6 +1833,7 @@ enum {
     OP_GIVE2,
     OP_JOIN2,
     OP_KEPT,
+    OP_DETACHED,
     OP_COUNT
 };
 
@@ -1826,7 +1853,10 @@ static void run_op(unsigned op)
     switch (op % OP_COUNT) {
     case OP_SPAWN:
     case OP_SPAWN2:
-        op_spawn();
+        op_spawn_as(false);
+        break;
+    case OP_DETACHED:
+        op_spawn_as(true);
         break;
     case OP_SERIES:
         op_series();

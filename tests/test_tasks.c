@@ -1312,6 +1312,175 @@ static void test_tasks_run_exactly_once(void **state)
     free(ts);
 }
 
+/* ---- detached spawns ----------------------------------------------------- */
+
+/* Detached tasks run exactly once, from outside the pool and from tasks,
+ * and leave nothing behind: with no handle, the table is back to where it
+ * was once they have run. */
+static int task_spawn_detached_children(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    atomic_int *counts = arg;
+    int rc = 0;
+    for (int i = 0; i < 300; i++)
+        if (atap_spawn_detached(task_count, &counts[i], NULL) != 0)
+            rc = -1;
+    return rc;
+}
+
+static bool wait_counts_at_least_one(atomic_int *counts, size_t n, uint64_t timeout_ns)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!wait_atomic_at_least(&counts[i], 1, timeout_ns))
+            return false;
+    return true;
+}
+
+static void test_tasks_detached_run_once_and_let_go(void **state)
+{
+    (void)state;
+    size_t n = scaled(10000, 500);
+    enum { P = 8, C = 300 };
+    atomic_int *counts = calloc(n + P * C, sizeof *counts);
+    atap_task parents[P];
+    assert_non_null(counts);
+    for (size_t i = 0; i < n + P * C; i++)
+        atomic_init(&counts[i], 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(atap_spawn_detached(task_count, &counts[i], NULL), 0);
+    for (int p = 0; p < P; p++)
+        assert_int_equal(
+            atap_spawn(&parents[p], task_spawn_detached_children, &counts[n + (size_t)p * C], NULL),
+            0);
+    for (int p = 0; p < P; p++) {
+        assert_int_equal(atap_join(parents[p], NULL, 0), 0);
+        atap_release(parents[p]);
+    }
+    assert_true(wait_counts_at_least_one(counts, n + P * C, ATAP_SEC(20)));
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    for (size_t i = 0; i < n + P * C; i++)
+        assert_int_equal(atomic_load(&counts[i]), 1);
+    free(counts);
+}
+
+/* A detached task's destructors and output: each output a run makes goes
+ * to out_free (with the bytes the run wrote), and arg_free runs once, for
+ * one run and for a repeat of three; options about time take the long way
+ * and still keep no handle. */
+enum { DET_OUT = 48, DET_N = 1000 };
+static atomic_int det_runs, det_out_frees, det_out_bad, det_arg_frees;
+
+static int task_detached_out(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg;
+    atomic_fetch_add(&det_runs, 1);
+    memset(out, 0x5a, DET_OUT);
+    return 0;
+}
+
+static void det_out_free(void *out)
+{
+    unsigned char want[DET_OUT];
+    memset(want, 0x5a, DET_OUT);
+    if (memcmp(out, want, DET_OUT) != 0)
+        atomic_fetch_add(&det_out_bad, 1);
+    atomic_fetch_add(&det_out_frees, 1);
+}
+
+static void det_arg_free(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&det_arg_frees, 1);
+}
+
+static void test_tasks_detached_destructors_and_outputs(void **state)
+{
+    (void)state;
+    atap_spawn_opts once = {
+        .out_size = DET_OUT, .out_free = det_out_free, .arg_free = det_arg_free};
+    atap_spawn_opts plain48 = {.out_size = DET_OUT};
+    atap_spawn_opts three = once;
+    three.kind = ATAP_REPEAT;
+    three.runs = 3;
+    atomic_store(&det_runs, 0);
+    atomic_store(&det_out_frees, 0);
+    atomic_store(&det_out_bad, 0);
+    atomic_store(&det_arg_frees, 0);
+    for (int i = 0; i < DET_N; i++)
+        assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &once), 0);
+    for (int i = 0; i < DET_N; i++)
+        assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &three), 0);
+    for (int i = 0; i < DET_N; i++) /* the output alone, from its block at the first run */
+        assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &plain48), 0);
+    assert_true(wait_atomic_at_least(&det_arg_frees, 2 * DET_N, ATAP_SEC(20)));
+    assert_true(wait_atomic_at_least(&det_runs, 5 * DET_N, ATAP_SEC(20)));
+    assert_true(wait_live_back(ATAP_SEC(20)));
+    assert_int_equal(atomic_load(&det_runs), 5 * DET_N);
+    assert_int_equal(atomic_load(&det_out_frees), 4 * DET_N);
+    assert_int_equal(atomic_load(&det_out_bad), 0);
+    assert_int_equal(atomic_load(&det_arg_frees), 2 * DET_N);
+}
+
+/* Refused spawns: the codes atap_spawn gives for the same fn and opts,
+ * arg left the caller's (arg_free not called), nothing in the table. */
+static void test_tasks_detached_bad_args(void **state)
+{
+    (void)state;
+    atomic_store(&det_arg_frees, 0);
+    atap_spawn_opts o = {.arg_free = det_arg_free};
+    assert_int_equal(atap_spawn_detached(NULL, NULL, &o), ATAP_EINVAL);
+    assert_int_equal(atap_spawn_detached(NULL, NULL, NULL), ATAP_EINVAL);
+    o.priority = 128;
+    assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &o), ATAP_EINVAL);
+    o.priority = 0;
+    o.out_size = (size_t)1 << 32;
+    assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &o), ATAP_EINVAL);
+    o.out_size = 0;
+    o.gives = 2; /* gives belong to atap_spawn_waiting */
+    assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &o), ATAP_EINVAL);
+    o.gives = 0;
+    o.runs = 3; /* runs on a one-shot */
+    assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &o), ATAP_EINVAL);
+    o.runs = 0;
+    o.kind = ATAP_AT_RATE; /* at a rate of every 0 ns */
+    assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &o), ATAP_EINVAL);
+    o.kind = ATAP_ONCE;
+    o.size = 1; /* a layout this library does not know */
+    assert_int_equal(atap_spawn_detached(task_detached_out, NULL, &o), ATAP_EINVAL);
+    assert_int_equal(atomic_load(&det_arg_frees), 0);
+    assert_true(wait_live_back(ATAP_SEC(20)));
+}
+
+/* No runtime: ATAP_ENOTINIT, nothing run. A shutdown runs detached tasks
+ * still queued, as it runs any queued work. */
+static int task_sleep_ms(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)out;
+    sleep_ms((unsigned)(uintptr_t)arg);
+    return 0;
+}
+
+static void test_tasks_detached_without_runtime_and_at_shutdown(void **state)
+{
+    (void)state;
+    static atomic_int c;
+    atomic_init(&c, 0);
+    assert_int_equal(atap_spawn_detached(task_count, &c, NULL), ATAP_ENOTINIT);
+    assert_int_equal(atomic_load(&c), 0);
+
+    atap_config one = {.size = sizeof one, .workers = 1};
+    assert_int_equal(atap_init(&one), 0);
+    atap_task sleeper;
+    assert_int_equal(atap_spawn(&sleeper, task_sleep_ms, (void *)(uintptr_t)50, NULL), 0);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(atap_spawn_detached(task_count, &c, NULL), 0);
+    atap_release(sleeper);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atomic_load(&c), 200);
+    assert_int_equal(atap_spawn_detached(task_count, &c, NULL), ATAP_ENOTINIT);
+    assert_int_equal(atomic_load(&c), 200);
+}
+
 /* Spawned from inside tasks: children land on the worker's own queue and
  * still all run once, and joins from tasks on tasks work. */
 static int task_spawn_children(atap_ctx *ctx, void *arg, void *out)
@@ -1597,6 +1766,10 @@ int main(void)
 #define T(f) cmocka_unit_test_setup_teardown(f, setup_runtime, teardown_runtime)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tasks_block_without_runtime),
+        cmocka_unit_test(test_tasks_detached_without_runtime_and_at_shutdown),
+        T(test_tasks_detached_run_once_and_let_go),
+        T(test_tasks_detached_destructors_and_outputs),
+        T(test_tasks_detached_bad_args),
         T(test_tasks_join_returns_output),
         T(test_tasks_join_for_deadline),
         T(test_tasks_join_for_returns_on_settle),

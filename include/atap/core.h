@@ -750,6 +750,21 @@ ATAP_EXPORT uint64_t atap_now(void);
 ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts);
 
 /*
+ * Spawns fn(ctx, arg, out) as atap_spawn does, keeping no handle: what
+ * atap_spawn then atap_release do, without the handle's reference, and the
+ * cheapest spawn. No handle to the task exists, so nothing outside can
+ * join, take, wait for or cancel it (inside, atap_self names it, as in
+ * any task). It runs as any other (a shutdown still runs it if it is
+ * queued); as it ends its output is dropped (out_free sees it first) and
+ * its slot goes back.
+ * Returns what atap_spawn returns for the same fn and opts: 0; ATAP_EINVAL
+ * (then arg_free is not called: arg stays the caller's); ATAP_ENOTINIT;
+ * -ENOMEM.
+ * Blocks: no. Threads: any.
+ */
+ATAP_EXPORT int atap_spawn_detached(atap_fn *fn, void *arg, const atap_spawn_opts *opts);
+
+/*
  * Waits for the task to settle and copies its output (size bytes, which
  * must equal its out_size) into out; the output stays for other readers.
  * Inside a task, the wait holds no thread: the awaited task runs on top of
