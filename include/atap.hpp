@@ -326,7 +326,7 @@ template <class R> class task;
 template <class R, class F> int spawn(task<R> &t, F &&f, atap_spawn_opts opts = atap_spawn_opts());
 namespace detail
 {
-template <class R, class F> int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts, const char *name);
+template <class R, class F> int spawn_as(task<R> *t, F &&f, atap_spawn_opts opts, const char *name);
 }
 
 /* What task<R> shares whatever R is: the handle and the runs' outcome. */
@@ -373,7 +373,7 @@ template <class R> class task_base : public detail::handle
 
   protected:
     template <class R2, class F>
-    friend int detail::spawn_as(task<R2> &t, F &&f, atap_spawn_opts opts, const char *name);
+    friend int detail::spawn_as(task<R2> *t, F &&f, atap_spawn_opts opts, const char *name);
     detail::outcome<R> *out_;
 };
 
@@ -491,7 +491,8 @@ template <> class task<void> : public task_base<void>
 
 namespace detail
 {
-template <class R, class F> int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts, const char *name)
+/* t NULL: a detached spawn (atap_spawn_detached), no handle. */
+template <class R, class F> int spawn_as(task<R> *t, F &&f, atap_spawn_opts opts, const char *name)
 {
     typedef typename std::decay<F>::type Fn;
     typedef decltype(std::declval<Fn &>()(static_cast<atap_ctx *>(nullptr))) Result;
@@ -527,13 +528,15 @@ template <class R, class F> int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts
         (void)named;
     }
     atap_task raw;
-    int rc = atap_spawn(&raw, fn, arg, &opts);
+    int rc = t ? atap_spawn(&raw, fn, arg, &opts) : atap_spawn_detached(fn, arg, &opts);
     if (rc != 0) {
         delete arg; /* a refused spawn leaves arg the caller's */
         return rc;
     }
-    t.reset(raw);
-    t.out_ = arg;
+    if (t) {
+        t->reset(raw);
+        t->out_ = arg;
+    }
     return 0;
 }
 } // namespace detail
@@ -550,7 +553,18 @@ template <class R, class F> int spawn_as(task<R> &t, F &&f, atap_spawn_opts opts
  */
 template <class R, class F> int spawn(task<R> &t, F &&f, atap_spawn_opts opts)
 {
-    return detail::spawn_as(t, std::forward<F>(f), opts, nullptr);
+    return detail::spawn_as(&t, std::forward<F>(f), opts, nullptr);
+}
+
+/*
+ * Spawns f on the pool with no handle (atap_spawn_detached): nothing can
+ * join it, and what it returns, or an exception it throws, is dropped as
+ * it ends, with the callable. opts as for spawn.
+ * Returns spawn's codes (the callable is then destroyed).
+ */
+template <class F> int spawn_detached(F &&f, atap_spawn_opts opts = atap_spawn_opts())
+{
+    return detail::spawn_as<void>(nullptr, std::forward<F>(f), opts, nullptr);
 }
 
 /* spawn, its runs named name in traces (a string that outlives the task,
@@ -558,7 +572,7 @@ template <class R, class F> int spawn(task<R> &t, F &&f, atap_spawn_opts opts)
 template <class R, class F>
 int spawn_named(task<R> &t, const char *name, F &&f, atap_spawn_opts opts = atap_spawn_opts())
 {
-    return detail::spawn_as(t, std::forward<F>(f), opts, name);
+    return detail::spawn_as(&t, std::forward<F>(f), opts, name);
 }
 
 /*
@@ -681,7 +695,8 @@ class task_group
     {
         typedef typename std::decay<F>::type Fn;
         task<void> t;
-        int rc = detail::spawn_as(t, no_ctx<Fn>(std::forward<F>(f)), opts, detail::type_name<Fn>());
+        int rc =
+            detail::spawn_as(&t, no_ctx<Fn>(std::forward<F>(f)), opts, detail::type_name<Fn>());
         if (rc == 0)
             tasks_.push_back(std::move(t));
         return rc;

@@ -100,6 +100,31 @@ static void test_hpp_scope_exit_releases_and_frees_the_capture()
     CHECK(captures_freed(tok));
 }
 
+/* Detached: each runs once, the capture goes with the task, an exception
+ * is dropped with it; nothing stays in the table. */
+static void test_hpp_detached_runs_and_frees_the_capture()
+{
+    token tok = std::make_shared<int>(3);
+    std::atomic<int> runs(0);
+    std::atomic<int> *r = &runs;
+    int refused = 0;
+    for (int i = 0; i < 100; i++)
+        refused += atap::spawn_detached([tok, r](atap_ctx *) { r->fetch_add(*tok); }) != 0;
+    CHECK(refused == 0);
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+    CHECK(atap::spawn_detached([tok, r](atap_ctx *) -> int {
+              r->fetch_add(1);
+              throw std::runtime_error("dropped with the task");
+          }) == 0);
+    const int want = 301;
+#else
+    const int want = 300;
+#endif
+    CHECK(captures_freed(tok));
+    CHECK(runs.load() == want);
+    CHECK(live_back_to(0));
+}
+
 static void test_hpp_moves_transfer_and_release()
 {
     token first = std::make_shared<int>(1), second = std::make_shared<int>(2);
@@ -444,6 +469,7 @@ int main()
     }
     test_hpp_join_reads_a_typed_output();
     test_hpp_scope_exit_releases_and_frees_the_capture();
+    test_hpp_detached_runs_and_frees_the_capture();
     test_hpp_moves_transfer_and_release();
     test_hpp_dup_outlives_the_original();
     test_hpp_void_task_and_wait();
