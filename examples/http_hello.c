@@ -105,7 +105,6 @@ struct listener {
 static void serve(int fd)
 {
     struct conn *c = malloc(sizeof *c);
-    atap_task t;
 
     if (!c) {
         close(fd);
@@ -117,11 +116,9 @@ static void serve(int fd)
     atap_fd_keep(fd); /* failing, its parks are armed one at a time, as ever */
     atap_net_reader_init(&c->in, fd, c->buf, sizeof c->buf);
     atap_net_prep_recv_until(&c->io, &c->in, "\r\n\r\n", 4, sizeof c->buf);
-    if (atap_spawn(&t, connection, c, &(atap_spawn_opts){.arg_free = conn_free}) != 0) {
+    /* No handle: it runs on, and arg_free closes the socket at its end. */
+    if (atap_spawn_detached(connection, c, &(atap_spawn_opts){.arg_free = conn_free}) != 0)
         conn_free(c);
-        return;
-    }
-    atap_release(t); /* it runs on; arg_free closes the socket at its end */
 }
 
 /* Accepts until cancelled, parking while nobody connects. */

@@ -67,12 +67,9 @@ static int settle_run(atap_ctx *ctx, void *arg, void *out)
 
 static void tell(struct settle *st)
 {
-    atap_task t;
-
-    if (atap_spawn(&t, settle_run, st, &(atap_spawn_opts){.arg_free = free}) == 0) {
-        atap_release(t); /* nobody reads it: it runs, then goes */
+    /* Nobody reads it: it runs, then goes. */
+    if (atap_spawn_detached(settle_run, st, &(atap_spawn_opts){.arg_free = free}) == 0)
         return;
-    }
     st->fn(st->task, st->state, st->arg);
     free(st);
 }
