@@ -1314,8 +1314,8 @@ static void test_tasks_run_exactly_once(void **state)
 
 /* ---- detached spawns ----------------------------------------------------- */
 
-/* Detached tasks run exactly once, from outside the pool and from tasks,
- * and leave nothing behind: with no handle, the table is back to where it
+/* Detached tasks run exactly once, from outside the pool, from tasks and
+ * from a blocking task, and leave nothing behind: with no handle, the table is back to where it
  * was once they have run. */
 static int task_spawn_detached_children(atap_ctx *ctx, void *arg, void *out)
 {
@@ -1348,10 +1348,11 @@ static void test_tasks_detached_run_once_and_let_go(void **state)
         atomic_init(&counts[i], 0);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(atap_spawn_detached(task_count, &counts[i], NULL), 0);
-    for (int p = 0; p < P; p++)
-        assert_int_equal(
-            atap_spawn(&parents[p], task_spawn_detached_children, &counts[n + (size_t)p * C], NULL),
-            0);
+    for (int p = 0; p < P; p++) /* the last one from a blocking thread */
+        assert_int_equal(atap_spawn(&parents[p], task_spawn_detached_children,
+                                    &counts[n + (size_t)p * C],
+                                    &(atap_spawn_opts){.blocking = p == P - 1}),
+                         0);
     for (int p = 0; p < P; p++) {
         assert_int_equal(atap_join(parents[p], NULL, 0), 0);
         atap_release(parents[p]);
