@@ -114,8 +114,8 @@ bool atap__exec_inside(const struct worker *w, uint32_t ref);
 struct atap_slot *atap__exec_ctx_slot(struct atap_ctx *ctx);
 
 /* An output's heap block (slot.h: over INLINE_OUT bytes): up to OUT_BLOCK,
- * one of this thread's kept blocks of its size (pool.h); larger, its own malloc (where
- * a test build's owed allocation failures land). */
+ * one of this thread's kept blocks of its size (pool.h); larger, its own
+ * malloc (where a test build's owed allocation failures land). */
 static inline void *atap__exec_out_alloc(size_t size)
 {
     return size <= OUT_BLOCK ? atap__pool_out_take(atap__self, atap__pool_out_class(size))

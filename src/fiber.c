@@ -315,9 +315,9 @@ static void find_chain(void)
 /* Elsewhere (musl, macOS, the BSDs) pthread_cleanup_push links a record
  * in the caller's frame into a list whose head the thread's record holds:
  * the head is the one word of the record's first part that changes at each
- * push, each time to an address in this frame. */
-/* The record's first part: no more is sure to be mapped (musl's main
- * thread's record is a static of about 200 bytes). */
+ * push, each time to an address in this frame. Only the first 256 bytes
+ * are looked at: no more is sure to be mapped (musl's main thread's record
+ * is a static of about 200 bytes, with 128 after it). */
 enum { CHAIN_LOOK = 256 / sizeof(void *) };
 
 static void chain_none(void *arg) { (void)arg; }
