@@ -316,8 +316,8 @@ static void find_chain(void)
  * in the caller's frame into a list whose head the thread's record holds:
  * the head is the one word of the record's first part that changes at each
  * push, each time to an address in this frame. Only the first 256 bytes
- * are looked at: no more is sure to be mapped (musl's main thread's record
- * is a static of about 200 bytes, with 128 after it). */
+ * are looked at: no more is sure to be mapped (musl may keep its main
+ * thread's record in a small static). */
 enum { CHAIN_LOOK = 256 / sizeof(void *) };
 
 static void chain_none(void *arg) { (void)arg; }
