@@ -182,18 +182,20 @@ void atap__exec_unfill(struct atap_slot *s)
  * A delay is the only thing about time the task asks for, and its slot can
  * keep it: a run-once task with no timeout, no output past the tail's
  * claim word (the wheel's links and deadline sit in the output's bytes
- * until the first run, which writes the output only then), no destructor
- * (no side record), not blocking, not waiting for gives, and a delay
- * within ATAP__DELAY_IN_SLOT_MAX. Such a task waits for its deadline in
- * its slot as a deadline park does (park_wheel.c), PENDING, and needs no
- * schedule: no record, no timer of the manager's.
+ * until the first run, which writes the output only then), not blocking,
+ * not waiting for gives, and a delay within ATAP__DELAY_IN_SLOT_MAX. Such
+ * a task waits for its deadline in its slot as a deadline park does
+ * (park_wheel.c), PENDING, and needs no schedule: no record, no timer of
+ * the manager's. Its destructors, if any, are on its side record, as any
+ * task's (where the tail's claim word is follows from the output's size
+ * alone: park_int.h, tail_claim).
  */
 static inline bool delay_in_slot(const atap_spawn_opts *o, const struct gate *gate)
 {
     return !gate && o->after_ns > 0 && o->after_ns <= ATAP__DELAY_IN_SLOT_MAX &&
            (o->timeout_ns | (uint64_t)o->kind | o->every_ns | o->runs | o->for_ns | o->until_ns) ==
                0 &&
-           !o->blocking && !o->arg_free && !o->out_free && o->out_size <= PARK_TAIL;
+           !o->blocking && o->out_size <= PARK_TAIL;
 }
 
 /* fill, and the schedule if the options use time or the task waits for

@@ -261,6 +261,82 @@ static void test_memory_delays_wait_in_their_slots(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* A delayed start with destructors waits in its slot too: 20,000 spawned
+ * with a 60 s after_ns, an 8-byte output, arg_free and out_free add under
+ * 128 bytes each to the allocator's count (the side record that keeps the
+ * destructors; a schedule of their own would be 384 more), and cancelled,
+ * each arg_free runs once and no out_free (no output was made). 2,000 more
+ * with 20-40 ms delays each run once, never early, then let their arg go. */
+static atomic_int g_delay_arg_frees, g_delay_out_frees;
+
+static void delay_arg_free(void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&g_delay_arg_frees, 1);
+}
+
+static void delay_out_free(void *out)
+{
+    (void)out;
+    atomic_fetch_add(&g_delay_out_frees, 1);
+}
+
+static void test_memory_delays_with_destructors_wait_in_their_slots(void **state)
+{
+    (void)state;
+    bool counted = mallinfo2().uordblks != 0; /* none kept by a sanitizer's allocator */
+    atomic_int runs = 0;
+    atap_task *ts = malloc(DELAYED * sizeof *ts);
+    assert_non_null(ts);
+    atomic_store(&g_delay_arg_frees, 0);
+    atomic_store(&g_delay_out_frees, 0);
+    atap_spawn_opts o = {.after_ns = ATAP_SEC(60),
+                         .out_size = 8,
+                         .arg_free = delay_arg_free,
+                         .out_free = delay_out_free};
+    size_t before = mallinfo2().uordblks;
+    for (int i = 0; i < DELAYED; i++)
+        assert_int_equal(atap_spawn(&ts[i], task_counts_run, &runs, &o), 0);
+    size_t after = mallinfo2().uordblks;
+    assert_int_equal(atap_state_of(ts[0]), ATAP_PENDING);
+    for (int i = 0; i < DELAYED; i++)
+        assert_int_equal(atap_cancel(ts[i]), 0);
+    for (int i = 0; i < DELAYED; i++) {
+        uint64_t v;
+        assert_int_equal(atap_join(ts[i], &v, sizeof v), ATAP_ECANCELLED);
+        atap_release(ts[i]);
+    }
+    print_message("%d delayed starts with destructors: allocator +%zd bytes\n", DELAYED,
+                  (ssize_t)(after - before));
+    assert_true(!counted || after < before + (size_t)DELAYED * 128);
+    assert_true(wait_live_back(ATAP_SEC(10))); /* not at their deadline, 60 s out */
+    assert_int_equal(atomic_load(&runs), 0);
+    assert_int_equal(atomic_load(&g_delay_arg_frees), DELAYED);
+    assert_int_equal(atomic_load(&g_delay_out_frees), 0);
+
+    atomic_store(&g_delay_arg_frees, 0);
+    g_delayed = calloc(1, sizeof *g_delayed);
+    assert_non_null(g_delayed);
+    for (uintptr_t i = 0; i < DELAYED_RUN; i++) {
+        uint64_t delay = ATAP_MS(20) + i % 21 * ATAP_MS(1);
+        g_delayed->due[i] = now_ns() + delay;
+        assert_int_equal(
+            atap_spawn(&ts[i], task_notes_start, (void *)i,
+                       &(atap_spawn_opts){.after_ns = delay, .arg_free = delay_arg_free}),
+            0);
+    }
+    for (int i = 0; i < DELAYED_RUN; i++) {
+        assert_int_equal(atap_join(ts[i], NULL, 0), 0);
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atomic_load(&g_delayed->runs), DELAYED_RUN);
+    assert_int_equal(atomic_load(&g_delayed->early), 0);
+    free(g_delayed);
+    free(ts);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&g_delay_arg_frees), DELAYED_RUN);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -268,6 +344,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_memory_queued_outputs_hold_no_block, setup_runtime,
                                         teardown_runtime),
         cmocka_unit_test_setup_teardown(test_memory_three_word_outputs_take_the_smallest_block,
+                                        setup_runtime, teardown_runtime),
+        cmocka_unit_test_setup_teardown(test_memory_delays_with_destructors_wait_in_their_slots,
                                         setup_runtime, teardown_runtime),
         cmocka_unit_test_setup_teardown(test_memory_delays_wait_in_their_slots, setup_runtime,
                                         teardown_runtime),

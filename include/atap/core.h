@@ -633,9 +633,10 @@ typedef struct atap_spawn_opts {
     bool blocking;               /* run on the blocking threads */
     uint64_t after_ns;           /* delays the first run only; runs late,
                                     never early. With nothing else about
-                                    time, no destructor, not blocking and
-                                    an output of at most 12 bytes, the
-                                    delay costs no memory beyond the slot */
+                                    time, not blocking and an output of at
+                                    most 12 bytes, the delay costs no memory
+                                    beyond the slot (and the destructors'
+                                    record, if any) */
     uint64_t timeout_ns;         /* each run's limit (0: none). The first run
                                     past it ends the task, and its series, as
                                     ATAP_TIMED_OUT; its output is dropped.
