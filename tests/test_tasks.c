@@ -1315,8 +1315,8 @@ static void test_tasks_run_exactly_once(void **state)
 /* ---- detached spawns ----------------------------------------------------- */
 
 /* Detached tasks run exactly once, from outside the pool, from tasks and
- * from a blocking task, and leave nothing behind: with no handle, the table is back to where it
- * was once they have run. */
+ * from a blocking task, and leave nothing behind: with no handle, the
+ * table is back to where it was once they have run. */
 static int task_spawn_detached_children(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx, (void)out;
