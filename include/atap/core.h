@@ -755,9 +755,9 @@ ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_s
  * atap_spawn then atap_release do, without the handle's reference, and the
  * cheapest spawn. No handle to the task exists, so nothing outside can
  * join, take, wait for or cancel it (inside, atap_self names it, as in
- * any task). It runs as any other (a shutdown still runs it if it is
- * queued); as it ends its output is dropped (out_free sees it first) and
- * its slot goes back.
+ * any task): a repeat with no end runs until the runtime stops. It runs
+ * as any other (a shutdown still runs it if it is queued); as it ends its
+ * output is dropped (out_free sees it first) and its slot goes back.
  * Returns what atap_spawn returns for the same fn and opts: 0; ATAP_EINVAL
  * (then arg_free is not called: arg stays the caller's); ATAP_ENOTINIT;
  * -ENOMEM.
