@@ -107,11 +107,27 @@ static void test_memory_million_live(void **state)
  * 64), and each then runs and reads its own 48 bytes. */
 enum { QUEUED = 20000, OUT48 = 48 };
 
-static int task_out48(atap_ctx *ctx, void *arg, void *out)
+/* arg = size << 24 | i: fills the size-byte output with i's low byte. */
+static void *fill_arg(size_t size, uintptr_t i) { return (void *)((uintptr_t)size << 24 | i); }
+
+static int task_fills(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx;
-    memset(out, (int)((uintptr_t)arg & 0xff), OUT48);
+    memset(out, (int)((uintptr_t)arg & 0xff), (uintptr_t)arg >> 24);
     return 0;
+}
+
+/* Joins and releases ts[0..n), each having filled its size bytes. */
+static void read_back(atap_task *ts, uintptr_t n, size_t size)
+{
+    for (uintptr_t i = 0; i < n; i++) {
+        unsigned char out[64], want[64];
+        assert_true(size <= sizeof out);
+        memset(want, (int)(i & 0xff), size);
+        assert_int_equal(atap_join(ts[i], out, size), 0);
+        assert_memory_equal(out, want, size);
+        atap_release(ts[i]);
+    }
 }
 
 static void test_memory_queued_outputs_hold_no_block(void **state)
@@ -124,17 +140,12 @@ static void test_memory_queued_outputs_hold_no_block(void **state)
     blockers *b = blockers_start();
     size_t before = mallinfo2().uordblks;
     for (uintptr_t i = 0; i < QUEUED; i++)
-        assert_int_equal(
-            atap_spawn(&ts[i], task_out48, (void *)i, &(atap_spawn_opts){.out_size = OUT48}), 0);
+        assert_int_equal(atap_spawn(&ts[i], task_fills, fill_arg(OUT48, i),
+                                    &(atap_spawn_opts){.out_size = OUT48}),
+                         0);
     size_t after = mallinfo2().uordblks;
     blockers_stop(b);
-    for (uintptr_t i = 0; i < QUEUED; i++) {
-        unsigned char out[OUT48], want[OUT48];
-        memset(want, (int)(i & 0xff), OUT48);
-        assert_int_equal(atap_join(ts[i], out, OUT48), 0);
-        assert_memory_equal(out, want, OUT48);
-        atap_release(ts[i]);
-    }
+    read_back(ts, QUEUED, OUT48);
     free(ts);
     print_message("%d queued tasks with %d-byte outputs: allocator +%zd bytes\n", QUEUED, OUT48,
                   (ssize_t)(after - before));
@@ -148,13 +159,6 @@ static void test_memory_queued_outputs_hold_no_block(void **state)
  * 64 bytes takes 80), and each reads its own 24 bytes back. */
 enum { OUT24 = 24 };
 
-static int task_out24(atap_ctx *ctx, void *arg, void *out)
-{
-    (void)ctx;
-    memset(out, (int)((uintptr_t)arg & 0xff), OUT24);
-    return 0;
-}
-
 static void test_memory_three_word_outputs_take_the_smallest_block(void **state)
 {
     (void)state;
@@ -164,18 +168,13 @@ static void test_memory_three_word_outputs_take_the_smallest_block(void **state)
     assert_non_null(ts);
     size_t before = mallinfo2().uordblks;
     for (uintptr_t i = 0; i < QUEUED; i++)
-        assert_int_equal(
-            atap_spawn(&ts[i], task_out24, (void *)i, &(atap_spawn_opts){.out_size = OUT24}), 0);
+        assert_int_equal(atap_spawn(&ts[i], task_fills, fill_arg(OUT24, i),
+                                    &(atap_spawn_opts){.out_size = OUT24}),
+                         0);
     for (uintptr_t i = 0; i < QUEUED; i++)
         assert_int_equal(atap_wait(ts[i], NULL), 0);
     size_t after = mallinfo2().uordblks;
-    for (uintptr_t i = 0; i < QUEUED; i++) {
-        unsigned char out[OUT24], want[OUT24];
-        memset(want, (int)(i & 0xff), OUT24);
-        assert_int_equal(atap_join(ts[i], out, OUT24), 0);
-        assert_memory_equal(out, want, OUT24);
-        atap_release(ts[i]);
-    }
+    read_back(ts, QUEUED, OUT24);
     free(ts);
     print_message("%d settled tasks with %d-byte outputs: allocator +%zd bytes\n", QUEUED, OUT24,
                   (ssize_t)(after - before));
@@ -215,6 +214,28 @@ static int task_notes_start(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* DELAYED_RUN tasks (ts has room) with 20-40 ms delays and arg_free (may
+ * be NULL): each runs once, never early. */
+static void run_delayed(atap_task *ts, void (*arg_free)(void *))
+{
+    g_delayed = calloc(1, sizeof *g_delayed);
+    assert_non_null(g_delayed);
+    for (uintptr_t i = 0; i < DELAYED_RUN; i++) {
+        uint64_t delay = ATAP_MS(20) + i % 21 * ATAP_MS(1);
+        g_delayed->due[i] = now_ns() + delay;
+        assert_int_equal(atap_spawn(&ts[i], task_notes_start, (void *)i,
+                                    &(atap_spawn_opts){.after_ns = delay, .arg_free = arg_free}),
+                         0);
+    }
+    for (int i = 0; i < DELAYED_RUN; i++) {
+        assert_int_equal(atap_join(ts[i], NULL, 0), 0);
+        atap_release(ts[i]);
+    }
+    assert_int_equal(atomic_load(&g_delayed->runs), DELAYED_RUN);
+    assert_int_equal(atomic_load(&g_delayed->early), 0);
+    free(g_delayed);
+}
+
 static void test_memory_delays_wait_in_their_slots(void **state)
 {
     (void)state;
@@ -241,22 +262,7 @@ static void test_memory_delays_wait_in_their_slots(void **state)
     assert_true(wait_live_back(ATAP_SEC(10))); /* not at their deadline, 60 s out */
     assert_int_equal(atomic_load(&runs), 0);
 
-    g_delayed = calloc(1, sizeof *g_delayed);
-    assert_non_null(g_delayed);
-    for (uintptr_t i = 0; i < DELAYED_RUN; i++) {
-        uint64_t delay = ATAP_MS(20) + i % 21 * ATAP_MS(1);
-        g_delayed->due[i] = now_ns() + delay;
-        assert_int_equal(
-            atap_spawn(&ts[i], task_notes_start, (void *)i, &(atap_spawn_opts){.after_ns = delay}),
-            0);
-    }
-    for (int i = 0; i < DELAYED_RUN; i++) {
-        assert_int_equal(atap_join(ts[i], NULL, 0), 0);
-        atap_release(ts[i]);
-    }
-    assert_int_equal(atomic_load(&g_delayed->runs), DELAYED_RUN);
-    assert_int_equal(atomic_load(&g_delayed->early), 0);
-    free(g_delayed);
+    run_delayed(ts, NULL);
     free(ts);
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
@@ -315,23 +321,7 @@ static void test_memory_delays_with_destructors_wait_in_their_slots(void **state
     assert_int_equal(atomic_load(&g_delay_out_frees), 0);
 
     atomic_store(&g_delay_arg_frees, 0);
-    g_delayed = calloc(1, sizeof *g_delayed);
-    assert_non_null(g_delayed);
-    for (uintptr_t i = 0; i < DELAYED_RUN; i++) {
-        uint64_t delay = ATAP_MS(20) + i % 21 * ATAP_MS(1);
-        g_delayed->due[i] = now_ns() + delay;
-        assert_int_equal(
-            atap_spawn(&ts[i], task_notes_start, (void *)i,
-                       &(atap_spawn_opts){.after_ns = delay, .arg_free = delay_arg_free}),
-            0);
-    }
-    for (int i = 0; i < DELAYED_RUN; i++) {
-        assert_int_equal(atap_join(ts[i], NULL, 0), 0);
-        atap_release(ts[i]);
-    }
-    assert_int_equal(atomic_load(&g_delayed->runs), DELAYED_RUN);
-    assert_int_equal(atomic_load(&g_delayed->early), 0);
-    free(g_delayed);
+    run_delayed(ts, delay_arg_free);
     free(ts);
     assert_true(wait_live_back(ATAP_SEC(10)));
     assert_int_equal(atomic_load(&g_delay_arg_frees), DELAYED_RUN);
