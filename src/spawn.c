@@ -7,7 +7,8 @@
  * gives) gets it through extras.h.
  *
  * The order: the slot is filled (its fields, then refs: gen | RUN, a
- * handle but for an at-rate run, GATED for a task that waits for gives),
+ * handle but for an at-rate run or a detached spawn, GATED for a task that
+ * waits for gives),
  * then PENDING is stored into word with release, then the task is queued
  * (or handed to its schedule, which queues it once its time, or a give,
  * comes). Whoever acquires the word (a reader) or the queue entry (a
@@ -362,53 +363,46 @@ static __attribute__((noinline)) int spawn_quick_outside(atap_task *task, atap_f
     return rc;
 }
 
-/*
- * A plain task (quick() options) takes a quick path: from a task on a
- * worker (inside, so admitted) with a slot from the worker's stash, else
- * from the shared list; from outside the pool through spawn_quick_outside.
- * No schedule, and no output block yet. The rest goes through
- * spawn_checked.
- */
-int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+/* A plain task's spawn (quick() options, not from a blocking thread):
+ * from a task on a worker (inside, so admitted) with a slot from the
+ * worker's stash, else from the shared list; from outside the pool through
+ * spawn_quick_outside. No schedule, and no output block yet. task NULL: a
+ * detached spawn. */
+static inline __attribute__((always_inline)) int
+spawn_quick(struct worker *w, atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
-    static const atap_spawn_opts none;
-    struct worker *w = atap__self;
     uint32_t index, gen;
 
-    if (unlikely(!task || !fn || (opts && !quick(opts))))
-        return spawn_checked(task, fn, arg, opts);
-    opts = opts ? opts : &none;
     if (!w)
         return spawn_quick_outside(task, fn, arg, opts);
-    if (w->blocking)
-        return spawn_checked(task, fn, arg, opts);
     if (!atap__table_take_stashed(&w->cache, &index, &gen))
         return spawn_quick_shared(w, task, fn, arg, opts);
     spawn_quick_publish(w, task, fn, arg, opts, index, gen);
     return 0;
 }
 
-/* The quick paths with no handle (task NULL); anything else through
+/* A plain task takes the quick path; the rest goes through spawn_checked. */
+int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts)
+{
+    static const atap_spawn_opts none;
+    struct worker *w = atap__self;
+
+    if (unlikely(!task || !fn || (opts && !quick(opts)) || (w && w->blocking)))
+        return spawn_checked(task, fn, arg, opts);
+    return spawn_quick(w, task, fn, arg, opts ? opts : &none);
+}
+
+/* The quick path with no handle (task NULL); anything else through
  * atap_spawn and atap_release. */
 int atap_spawn_detached(atap_fn *fn, void *arg, const atap_spawn_opts *opts)
 {
     static const atap_spawn_opts none;
     struct worker *w = atap__self;
-    uint32_t index, gen;
     atap_task t;
     int rc;
 
-    if (likely(fn && (!opts || quick(opts)))) {
-        opts = opts ? opts : &none;
-        if (!w)
-            return spawn_quick_outside(NULL, fn, arg, opts);
-        if (!w->blocking) {
-            if (!atap__table_take_stashed(&w->cache, &index, &gen))
-                return spawn_quick_shared(w, NULL, fn, arg, opts);
-            spawn_quick_publish(w, NULL, fn, arg, opts, index, gen);
-            return 0;
-        }
-    }
+    if (likely(fn && (!opts || quick(opts)) && !(w && w->blocking)))
+        return spawn_quick(w, NULL, fn, arg, opts ? opts : &none);
     if ((rc = atap_spawn(&t, fn, arg, opts)) == 0)
         atap_release(t);
     return rc;
