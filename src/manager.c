@@ -134,10 +134,13 @@ static bool manager_life(void)
             next_tick = now + MANAGER_TICK_NS;
         }
         wake_at = wake_at < next_tick ? wake_at : next_tick;
+        /* Arms due from wake_at on leave this thread asleep (park_wheel.c). */
+        wake_at = atap__park_wheel_sleep(wake_at, now);
         if (wheel)
             atap__park_wheel_give();
         n = atap__poller_wait(ld_relaxed(&atap__hub.poller), events, 16,
                               wake_at > now ? wake_at - now : 0);
+        atap__park_wheel_awake();
         if (n < 0)
             return true; /* the backend failed under us: die and be restarted */
         if (MANAGER_FALLS_APART())

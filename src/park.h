@@ -69,6 +69,13 @@ void atap__park_io_event(void *udata, unsigned events, unsigned kind);
 bool atap__park_wheel_take(void);
 void atap__park_wheel_give(void);
 bool atap__park_wheel_mine(void); /* this thread holds the seat */
+/* The manager, about to give the seat back (if it holds it) and sleep
+ * until `until` at the latest: says so to arms, which then wake it only if
+ * due before that, and takes in those that came since its run (now: its
+ * clock). Returns when to wake: until, or earlier for those. */
+uint64_t atap__park_wheel_sleep(uint64_t until, uint64_t now);
+/* The manager, back from its sleep: arms wake nobody until it sleeps again. */
+void atap__park_wheel_awake(void);
 /* The seat's holder, each pass: acts on the deadline parks that are due;
  * returns when it must look again (UINT64_MAX: none waits). */
 uint64_t atap__park_wheel_run(uint64_t now);

@@ -432,7 +432,7 @@ static void tail_timed_arm(struct atap_slot *s, struct atap_ctx *ctx)
     st = word_state(w);
     if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
         atap__park_tclaim(s, BY_STOP, 0);
-    if (!atap__park_wheel_push(ctx->index))
+    if (!atap__park_wheel_push(ctx->index, ctx->deadline))
         atap__park_tail_act(ctx->index, BY_OFF, false);
 }
 

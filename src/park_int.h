@@ -241,8 +241,9 @@ uint32_t atap__park_tick(uint64_t deadline);
 void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx);
 /* park_wheel.c. The spawner: a delayed start waits on the wheel (extras.h's delay). */
 void atap__park_delay(struct atap_slot *s, uint32_t index, uint32_t gen, uint64_t deadline);
-/* park_wheel.c. Pushes slot index on the wheel's inbox; false: closed, the parker acts. */
-bool atap__park_wheel_push(uint32_t index);
+/* park_wheel.c. Pushes slot index, parked until deadline, on the wheel's inbox; false:
+ * closed, the parker acts. It wakes the manager only if it sleeps past the deadline. */
+bool atap__park_wheel_push(uint32_t index, uint64_t deadline);
 /* park_wheel.c. A stop claimed a park of the wheel: its bucket is marked for the manager. */
 void atap__park_wheel_stopped(struct atap_slot *s);
 /* park_wheel.c. The same mark, with no wake of the manager (the caller's to make). */

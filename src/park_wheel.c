@@ -18,11 +18,12 @@
  * before it is pushed, and the push is the parker's last touch of the slot.
  * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
  * takes the stack and files each slot in a bucket of a hashed wheel of
- * ticks. A close swaps a CLOSED mark into the inbox, so a later arm knows to
- * end its run itself. A park on an fd with a deadline is on both its fd's
- * list and the wheel (park_fd.c's tail_timed_arm says how the two meet).
- * A delayed start that its slot can keep (spawn.c) waits here the same
- * way before its first run, PENDING (atap__park_delay).
+ * ticks. An arm wakes the manager only if it would sleep past the arm's
+ * due time (look_at, below): a burst of far arms waits for its next look. A close swaps a CLOSED
+ * mark into the inbox, so a later arm knows to end its run itself. A park on an fd with a deadline
+ * is on both its fd's list and the wheel (park_fd.c's tail_timed_arm says how the two meet). A
+ * delayed start that its slot can keep (spawn.c) waits here the same way before its first run,
+ * PENDING (atap__park_delay).
  *
  * The wheel's seat. "The manager" above is whoever holds the seat: the
  * wheel (its buckets, its ticks, its batch of resumes) is one thread's at a
@@ -88,21 +89,43 @@ static struct {             /* the manager's (or, closing, its stopper's) */
     bool started;
 } wheel;
 
-/* Pushes slot index on the wheel's inbox: a parker's last touch of the
- * slot, since the manager may act on it, and free it, at once. False when
- * the wheel is closed: no manager will meet it, so the parker acts. */
-bool atap__park_wheel_push(uint32_t index)
+/* When the manager next runs the wheel at the latest, as it said going to
+ * sleep (0: it is awake, and looks at the inbox before it sleeps again). An
+ * arm due no earlier than that wakes nobody: the manager files it then.
+ * Before, every arm that found the inbox empty woke it, and a burst of
+ * arms kept it waking every few dozen microseconds, each wake a switch on
+ * a CPU the pool wanted (bench/README.md, timers).
+ *
+ * The rule, a Dekker pair: an arm pushes, then reads look_at (both
+ * seq_cst); the manager, holding the seat, stores look_at, then reads the
+ * inbox (both seq_cst), and takes in what it finds before it sleeps
+ * (atap__park_wheel_sleep). Either it finds the arm, or the arm reads the
+ * time it stored, and wakes it if that is too late. Without the seat it
+ * needs no look: it asked for it, and the holder's give wakes it. */
+static _Atomic uint64_t look_at;
+
+static uint64_t tick_of(uint64_t ns);
+
+/* Pushes slot index, parked until deadline, on the wheel's inbox: a
+ * parker's last touch of the slot, since the manager may act on it, and
+ * free it, at once. False when the wheel is closed: no manager will meet
+ * it, so the parker acts. */
+bool atap__park_wheel_push(uint32_t index, uint64_t deadline)
 {
     struct atap_slot *s = atap__table_at(index);
     uint32_t head = ld_relaxed(&inbox);
+    /* When a run of the wheel first finds it due: its tick wholly past. */
+    uint64_t due = (tick_of(deadline) + 1) << WHEEL_TICK_SHIFT, look;
 
     do {
         if (head == INBOX_CLOSED)
             return false;
         st_relaxed(&s->out.park.wnext, head);
-        /* Release: the deadline, claim and link reach the manager. */
-    } while (!casw_release(&inbox, &head, index + 1));
-    if (head == 0)
+        /* Release: the deadline, claim and link reach the manager;
+         * seq_cst: before the look at look_at below (the rule above). */
+    } while (!casw_seqcst(&inbox, &head, index + 1));
+    look = ld_seqcst(&look_at);
+    if (look > due)
         atap__hub_wake(); /* it files what it finds and sleeps again */
     return true;
 }
@@ -144,7 +167,7 @@ void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
     st = word_state(w);
     if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
         atap__park_tclaim(s, BY_STOP, 0);
-    if (!atap__park_wheel_push(ctx->index))
+    if (!atap__park_wheel_push(ctx->index, ctx->deadline))
         atap__park_tail_act(ctx->index, BY_OFF, false);
 }
 
@@ -455,6 +478,33 @@ void atap__park_wheel_give(void)
 
 bool atap__park_wheel_mine(void) { return seat_mine; }
 
+uint64_t atap__park_wheel_sleep(uint64_t until, uint64_t now)
+{
+    uint64_t due;
+
+    if (!seat_mine) {
+        /* It asked for the seat (atap__park_wheel_take), so the holder's
+         * give wakes it: no look at the inbox. */
+        st_seqcst(&look_at, until);
+        return until;
+    }
+    for (;;) {
+        uint32_t head;
+
+        st_seqcst(&look_at, until);
+        head = ld_seqcst(&inbox);
+        if (head == 0 || head == INBOX_CLOSED)
+            return until;
+        /* Arms since the run: filed (or queued, if due) now, and the
+         * earliest of them is a time to wake at too. */
+        st_relaxed(&look_at, 0);
+        due = atap__park_wheel_run(now);
+        until = due < until ? due : until;
+    }
+}
+
+void atap__park_wheel_awake(void) { st_relaxed(&look_at, 0); }
+
 void atap__park_wheel_help(void)
 {
     uint64_t due = ld_relaxed(&due_at), now;
@@ -548,6 +598,7 @@ void atap__park_wheel_open(void)
     /* acq_rel: the close's (and its runner's) writes are seen here, and
      * ours by the next arm that finds the inbox open. */
     casw_acqrel(&inbox, &closed, 0);
+    st_relaxed(&look_at, 0); /* a past life's sleep says nothing of this one */
     wheel.started = false;
     /* Release: the close's wheel goes to the first holder. */
     st_release(&seat, SEAT_FREE);
@@ -558,6 +609,7 @@ void atap__park_wheel_open(void)
 void atap__park_wheel_forget(void)
 {
     st_relaxed(&inbox, 0);
+    st_relaxed(&look_at, 0);
     memset(stop_bits, 0, sizeof stop_bits);
     st_relaxed(&stops_pending, false);
     st_relaxed(&now_seen, 0);

@@ -881,6 +881,60 @@ static void test_park_manager_idle_while_a_worker_holds_the_wheel(void **state)
     atap_release(sleeper);
 }
 
+/* Arms due after the manager's next look wake nobody (park_wheel.c's
+ * look_at): the manager files them at that look. 200 bursts of 50 parks
+ * due seconds out, a burst every half millisecond: before, the first arm of
+ * each burst found the inbox empty and woke the manager (a wake a burst,
+ * 200 or more); now it wakes at its own times (its 10 ms tick and what is
+ * due), so about one a tick. And the woken parks still run on time. */
+static atomic_long g_manager_wakes;
+
+static void count_manager_wake(void) { atomic_fetch_add(&g_manager_wakes, 1); }
+
+static void test_park_far_arms_leave_the_manager_asleep(void **state)
+{
+    (void)state;
+    enum { BURSTS = 200, EACH = 50 };
+    static atap_task far[BURSTS * EACH];
+    const uint64_t delay = ATAP_SEC(30), soon_delay = ATAP_MS(20);
+    uint64_t t0, elapsed_ms;
+    long wakes;
+    atap_task soon;
+
+    atomic_store(&g_manager_wakes, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, count_manager_wake), 0);
+    t0 = now_ns();
+    for (int b = 0; b < BURSTS; b++) {
+        for (int i = 0; i < EACH; i++)
+            assert_int_equal(
+                atap_spawn(&far[b * EACH + i], task_park_then_mark, (void *)&delay, NULL), 0);
+        sleep_us(500);
+    }
+    sleep_ms(20); /* the last burst parked */
+    wakes = atomic_load(&g_manager_wakes);
+    elapsed_ms = (now_ns() - t0) / 1000000u;
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, NULL), 0);
+    print_message("manager wakes over %d bursts of far parks in %llu ms: %ld\n", BURSTS,
+                  (unsigned long long)elapsed_ms, wakes);
+    /* Its tick is 10 ms: a wake each 5 ms of the window, and some room. */
+    assert_true(wakes <= 20 + (long)(elapsed_ms / 5));
+    /* A near park among them is still fired at its time: it woke the
+     * manager, its deadline before the manager's next look. */
+    atomic_store(&g_due_ran, 0);
+    t0 = now_ns();
+    assert_int_equal(atap_spawn(&soon, task_park_then_mark, (void *)&soon_delay, NULL), 0);
+    assert_int_equal(atap_join_for(soon, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+    assert_true(now_ns() - t0 >= soon_delay);
+    assert_true(atomic_load(&g_due_ran));
+    atap_release(soon);
+    for (int i = 0; i < BURSTS * EACH; i++) {
+        assert_int_equal(atap_cancel(far[i]), 0);
+        assert_int_equal(atap_join_for(far[i], NULL, 0, ATAP_SEC(10) * test_slack()),
+                         ATAP_ECANCELLED);
+        atap_release(far[i]);
+    }
+}
+
 /* ---- 6. park_fd ----------------------------------------------------------- */
 
 struct fd_parker {
@@ -3763,6 +3817,7 @@ int main(void)
         T(test_park_fired_counted),
         T(test_park_due_fired_by_a_busy_worker),
         T(test_park_manager_idle_while_a_worker_holds_the_wheel),
+        T(test_park_far_arms_leave_the_manager_asleep),
         T(test_park_resumed_before_first_runs),
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
