@@ -114,8 +114,13 @@ bool atap__park_wheel_push(uint32_t index, uint64_t deadline)
 {
     struct atap_slot *s = atap__table_at(index);
     uint32_t head = ld_relaxed(&inbox);
-    /* When a run of the wheel first finds it due: its tick wholly past. */
+    /* When a run of the wheel first finds it due: its tick wholly past;
+     * now if the parker claimed it already (a stop or an fd's report it
+     * found as it armed: a claim after the push wakes the manager itself). */
     uint64_t due = (tick_of(deadline) + 1) << WHEEL_TICK_SHIFT, look;
+
+    if ((ld_relaxed(&s->out.park.claim) & T_STATE) >= P_CLAIMED)
+        due = 0;
 
     do {
         if (head == INBOX_CLOSED)
@@ -161,6 +166,7 @@ void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
     uint32_t w, st;
 
+    TEST_HOOK(ATAP__TEST_TAIL_ARM);
     st_relaxed(&s->out.park.where, atap__park_tick(ctx->deadline));
     st_seqcst(&s->out.park.claim, P_ARMED);
     w = ld_seqcst(&s->word);

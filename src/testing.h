@@ -57,7 +57,9 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_MANAGER_AWAKE the manager back from its wait, before it
  *                            takes the wheel's seat (manager.c);
  *   ATAP__TEST_WHEEL_HELP    a busy worker that has taken the wheel's seat,
- *                            before it runs the wheel (park_wheel.c). */
+ *                            before it runs the wheel (park_wheel.c);
+ *   ATAP__TEST_TAIL_ARM      a deadline park in the slot about to be armed,
+ *                            before its claim word reads ARMED (park_wheel.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
@@ -73,6 +75,7 @@ enum {
     ATAP__TEST_HUB_WAKE,
     ATAP__TEST_MANAGER_AWAKE,
     ATAP__TEST_WHEEL_HELP,
+    ATAP__TEST_TAIL_ARM,
     ATAP__TEST_POINTS
 };
 

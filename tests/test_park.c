@@ -1072,6 +1072,76 @@ static void test_park_fd_ready_at_once(void **state)
     assert_no_failures();
 }
 
+/* A park claimed before it goes on the wheel (a cancel that came before
+ * its ARMED store, which the runner then finds and claims for: the
+ * ATAP__TEST_TAIL_ARM hook cancels there) is due now, however far its
+ * deadline: its push wakes the manager, which ends the run and lets the
+ * slot go (an arm due later leaves it asleep: park_wheel.c's look_at). The
+ * join reads ECANCELLED at the cancel; the run's end is when arg_free is
+ * called. Round after round, each would otherwise wait for the manager's
+ * next wake, its 10 ms tick. */
+static atap_task g_arming; /* the task's, before g_arming_set */
+static atomic_int g_arming_set;
+static atomic_u64 g_arg_freed_at;
+
+static void cancel_the_arming(void)
+{
+    if (atomic_exchange(&g_arming_set, 0))
+        (void)atap_cancel(g_arming);
+}
+
+static void note_arg_freed(void *arg)
+{
+    (void)arg;
+    atomic_store(&g_arg_freed_at, now_ns());
+}
+
+static int task_park_far_cancelled_arming(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg, (void)out;
+    if (atap_resumed(ctx))
+        return 1; /* never: the cancel ends the run */
+    g_arming = atap_self(ctx);
+    atomic_store(&g_arming_set, 1);
+    atap_park_until(ctx, atap_now() + ATAP_SEC(60));
+    return ATAP_PARKED;
+}
+
+static void test_park_claimed_before_arm_ends_at_once(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 41 };
+    const atap_spawn_opts o = {.arg_free = note_arg_freed};
+    uint64_t took[ROUNDS];
+
+    assert_int_equal(atap__test_on(ATAP__TEST_TAIL_ARM, cancel_the_arming), 0);
+    for (int i = 0; i < ROUNDS; i++) {
+        uint64_t t0 = now_ns(), give_up = t0 + ATAP_SEC(10) * test_slack();
+        atap_task t;
+
+        atomic_store(&g_arg_freed_at, 0);
+        assert_int_equal(atap_spawn(&t, task_park_far_cancelled_arming, NULL, &o), 0);
+        assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10)), ATAP_ECANCELLED);
+        atap_release(t);
+        while (atomic_load(&g_arg_freed_at) == 0 && now_ns() < give_up)
+            sleep_us(20);
+        assert_true(atomic_load(&g_arg_freed_at) != 0);
+        took[i] = atomic_load(&g_arg_freed_at) - t0;
+    }
+    assert_int_equal(atap__test_on(ATAP__TEST_TAIL_ARM, NULL), 0);
+    for (int i = 1; i < ROUNDS; i++) /* sorted, for the median */
+        for (int j = i; j > 0 && took[j - 1] > took[j]; j--) {
+            uint64_t x = took[j];
+            took[j] = took[j - 1];
+            took[j - 1] = x;
+        }
+    print_message("a park cancelled as it arms, spawn to its end: median %.2f ms, max %.2f ms\n",
+                  took[ROUNDS / 2] / 1e6, took[ROUNDS - 1] / 1e6);
+    /* Waiting for the manager's tick: about 10 ms each. Woken: well under
+     * a millisecond, with room for a loaded machine. */
+    assert_true(took[ROUNDS / 2] < ATAP_MS(5));
+}
+
 /* A park for both ways on a socket ready both ways resumes with both (kqueue
  * reports the two directions as two events: they used to resume it with
  * one of them). Timed and untimed: parks in the slot and on the wheel. */
@@ -3818,6 +3888,7 @@ int main(void)
         T(test_park_due_fired_by_a_busy_worker),
         T(test_park_manager_idle_while_a_worker_holds_the_wheel),
         T(test_park_far_arms_leave_the_manager_asleep),
+        T(test_park_claimed_before_arm_ends_at_once),
         T(test_park_resumed_before_first_runs),
         T(test_park_fd_many_on_one_pipe),
         T(test_park_fd_timeout),
