@@ -64,6 +64,7 @@
 #define INJ_BATCH 16
 #define STEAL_MAX 128               /* entries a thief takes from a ring at once, at most */
 #define SPIN_ROUNDS 8               /* a few us of looking (one yield) before a worker parks */
+#define TIMER_SPIN_NS 250000u       /* an idle worker stays awake for timers due this soon */
 #define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
 #define STACKS_IDLE_NS 200000000u   /* an idle worker gives spare stacks back */
 
@@ -710,6 +711,50 @@ static bool spin_for_work(struct worker *w)
     return false;
 }
 
+/*
+ * A worker that found no work, with the timers' next due time this near
+ * (a few of the wheel's ticks), stays awake for it rather than park: it
+ * looks for work until then, then fires what is due itself (the conf's
+ * due: only if the wheel's seat is free) and runs it. Parked, it would be
+ * woken for those runs by whoever fired them, and a woken thread can wait
+ * a whole scheduler slice for a CPU: the kernel may queue it behind a busy
+ * thread while another CPU idles (bench/README.md, timers). One worker at
+ * a time keeps this watch (timer_watch), so the others park. It never
+ * spins on a due time nobody can fire: past it, it tries once, and parks
+ * if the due time did not move (the seat's holder fires it). The watch
+ * takes no part in the parking protocol: a worker counted as searching
+ * stays counted (a queuer then wakes nobody, and the watch sees the work
+ * at its next look), and any worker looks at every queue again
+ * (find_work) and parks by the protocol afterwards. The cost is a CPU
+ * while due times come this close together (bench/README.md).
+ */
+static bool spin_for_timers(void)
+{
+    uint64_t due, now, after;
+    bool found = false;
+
+    if (!atap__pool.due_at || (due = atap__pool.due_at()) == ATAP__FOREVER)
+        return false;
+    now = atap__now_ns();
+    if ((due > now && due - now > TIMER_SPIN_NS) || ld_relaxed(&atap__pool.timer_watch) ||
+        xchg_acquire(&atap__pool.timer_watch, true))
+        return false;
+    while (now < due) {
+        for (unsigned k = 0; k < 32; k++)
+            cpu_relax();
+        if ((found = atap__pool_work_visible(false)))
+            break;
+        now = atap__now_ns();
+    }
+    if (!found) {
+        atap__pool.due();
+        after = atap__pool.due_at();
+        found = atap__pool_work_visible(false) || after != due;
+    }
+    st_release(&atap__pool.timer_watch, false);
+    return found;
+}
+
 /* What every loop does first: go on with a stack set aside whose wait is
  * over (this one, holding no frame, becomes free, and goes on from here
  * when it is taken again), then run what the stack was taken for. False:
@@ -749,7 +794,7 @@ static void worker_loop(struct worker *w)
                 atap__pool_busy_io(w);
             continue;
         }
-        if (spin_for_work(w) || aside_due(w))
+        if (spin_for_work(w) || aside_due(w) || spin_for_timers())
             continue;
         if (!park_worker(w))
             return;

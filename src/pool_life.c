@@ -71,6 +71,7 @@ int atap__pool_start(const struct atap__pool_conf *conf)
     atap__pool.ops = conf->ops;
     atap__pool.io_event = conf->io_event;
     atap__pool.due = conf->due;
+    atap__pool.due_at = conf->due_at;
     atap__pool.bcap = at_most(bcap, POOL_MAX_THREADS);
     atap__pool.floor = floor;
     atap__pool.stack = stack;
@@ -81,6 +82,7 @@ int atap__pool_start(const struct atap__pool_conf *conf)
     st_relaxed(&atap__pool.peak_aside, 0);
     st_relaxed(&atap__pool.nsearching, 0);
     st_seqcst(&atap__pool.stopping, false);
+    st_relaxed(&atap__pool.timer_watch, false); /* a watcher that died keeps none */
     pthread_mutex_lock(&atap__pool.lock);
     for (unsigned i = 0; i < floor && rc == 0; i++)
         rc = atap__pool_start_thread(false, NULL);

@@ -820,6 +820,49 @@ static void test_park_due_fired_by_a_busy_worker(void **state)
     atap_release(sleeper);
 }
 
+/* An idle worker whose next due time is near stays awake for it and fires
+ * it itself (pool.c's spin_for_timers): with the manager held at its next
+ * wake and no task running, a park still ends at its deadline, once a
+ * worker that ran something just before it went idle. Before, such a
+ * worker parked, and the park waited for the manager. */
+static void test_park_due_fired_by_an_idle_worker(void **state)
+{
+    (void)state;
+    const uint64_t delay = ATAP_MS(300) * test_slack(); /* the hold comes first */
+    uint64_t give_up, due, now;
+    atap_task sleeper, nudge;
+    int held;
+
+    atomic_store(&g_due_ran, 0);
+    give_up = atap_now() + ATAP_SEC(10) * test_slack();
+    assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
+    while ((due = atap__park_wheel_due()) == UINT64_MAX && atap_now() < give_up)
+        sleep_ms(1);
+    assert_true(due != UINT64_MAX);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, hold_manager), 0);
+    atomic_store(&g_hold_manager, 1);
+    while (!atomic_load(&g_manager_held) && atap_now() < give_up)
+        sleep_ms(1); /* its next wake: at most its 10 ms tick */
+    assert_true(atomic_load(&g_manager_held));
+    assert_false(atomic_load(&g_due_ran)); /* held before the deadline */
+    /* One short task just before the due time (the wheel's, a tick's end,
+     * in atap_now's clock): its worker then goes idle with the due near. */
+    while ((now = atap_now()) + ATAP_US(150) < due)
+        sleep_us(due - now - ATAP_US(150) > ATAP_MS(1) ? 1000 : 50);
+    assert_int_equal(atap_spawn(&nudge, task_short, NULL, NULL), 0);
+    assert_int_equal(atap_join(nudge, NULL, 0), 0);
+    atap_release(nudge);
+    while (!atomic_load(&g_due_ran) && atap_now() < give_up)
+        sleep_ms(1);
+    held = atomic_load(&g_manager_held); /* still held: nobody lets it go but us */
+    atomic_store(&g_hold_manager, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, NULL), 0);
+    assert_true(held);
+    assert_true(atomic_load(&g_due_ran));
+    assert_int_equal(atap_join_for(sleeper, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+    atap_release(sleeper);
+}
+
 /* While a busy worker holds the wheel's seat, the manager does not spin
  * waiting for it (the due time the worker took it for has passed; the
  * worker wakes the manager when it gives the seat back): a worker held
@@ -3886,6 +3929,7 @@ int main(void)
         T(test_park_until_deadline),
         T(test_park_fired_counted),
         T(test_park_due_fired_by_a_busy_worker),
+        T(test_park_due_fired_by_an_idle_worker),
         T(test_park_manager_idle_while_a_worker_holds_the_wheel),
         T(test_park_far_arms_leave_the_manager_asleep),
         T(test_park_claimed_before_arm_ends_at_once),
