@@ -378,7 +378,7 @@ struct atap_pool_stats {
                                 process started */
     uint64_t fired_1ms;      /* of those, ended more than 1 ms after the
                                 deadline (up to 65.5 us early or late: the
-                                manager keeps deadlines in ticks); the task's
+                                runtime keeps deadlines in ticks); the task's
                                 run then starts later still, once a worker
                                 takes it: this is the timers' share alone */
     uint64_t fired_10ms;     /* of those, more than 10 ms after */
