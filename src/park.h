@@ -82,6 +82,8 @@ uint64_t atap__park_wheel_run(uint64_t now);
 /* When the wheel's last run said to look again (UINT64_MAX: none waits),
  * as busy workers read it (tests read it to see a park filed). */
 uint64_t atap__park_wheel_due(void);
+/* The word behind it, for the pool's idle workers to read inline. */
+const _Atomic uint64_t *atap__park_wheel_due_word(void);
 /* A busy worker between runs: if the wheel's next due tick is past and
  * the seat is free, runs the wheel on this thread (a load and a compare
  * when nothing is due). */

@@ -527,6 +527,8 @@ void atap__park_wheel_help(void)
 
 uint64_t atap__park_wheel_due(void) { return ld_relaxed(&due_at); }
 
+const _Atomic uint64_t *atap__park_wheel_due_word(void) { return &due_at; }
+
 uint64_t atap__park_wheel_run(uint64_t now)
 {
     uint64_t cur, t, due;

@@ -445,10 +445,16 @@ static uint32_t leave_ready(struct worker *w)
     return word;
 }
 
+static bool spin_for_timers(uint64_t due);
+
 /* Returns false when the worker should exit. */
 static bool park_worker(struct worker *w)
 {
     uint32_t word;
+    uint64_t due = atap__pool.due_at ? ld_relaxed(atap__pool.due_at) : ATAP__FOREVER;
+
+    if (unlikely(due != ATAP__FOREVER) && spin_for_timers(due))
+        return true; /* it stayed awake for timers, and fired them */
 
     if (w->searching) {
         w->searching = false;
@@ -728,14 +734,11 @@ static bool spin_for_work(struct worker *w)
  * (find_work) and parks by the protocol afterwards. The cost is a CPU
  * while due times come this close together (bench/README.md).
  */
-static bool spin_for_timers(void)
+static __attribute__((noinline)) bool spin_for_timers(uint64_t due)
 {
-    uint64_t due, now, after;
+    uint64_t now = atap__now_ns(), after;
     bool found = false;
 
-    if (!atap__pool.due_at || (due = atap__pool.due_at()) == ATAP__FOREVER)
-        return false;
-    now = atap__now_ns();
     if ((due > now && due - now > TIMER_SPIN_NS) || ld_relaxed(&atap__pool.timer_watch) ||
         xchg_acquire(&atap__pool.timer_watch, true))
         return false;
@@ -747,8 +750,9 @@ static bool spin_for_timers(void)
         now = atap__now_ns();
     }
     if (!found) {
-        atap__pool.due();
-        after = atap__pool.due_at();
+        if (atap__pool.due)
+            atap__pool.due();
+        after = ld_relaxed(atap__pool.due_at);
         found = atap__pool_work_visible(false) || after != due;
     }
     st_release(&atap__pool.timer_watch, false);
@@ -794,7 +798,7 @@ static void worker_loop(struct worker *w)
                 atap__pool_busy_io(w);
             continue;
         }
-        if (spin_for_work(w) || aside_due(w) || spin_for_timers())
+        if (spin_for_work(w) || aside_due(w))
             continue;
         if (!park_worker(w))
             return;

@@ -188,9 +188,10 @@ struct atap__pool_conf {
     /* Fires the deadline parks that are due, if the manager has not (the
      * park wheel's, on a busy worker between runs: park.h). NULL: none. */
     void (*due)(void);
-    /* When the next of them is due (UINT64_MAX: none): an idle worker
-     * that finds it near stays awake for it (pool.c). NULL: none. */
-    uint64_t (*due_at)(void);
+    /* When the next of them is due (UINT64_MAX: none), a word their
+     * holder publishes: an idle worker that finds it near stays awake for
+     * it (pool.c). NULL: none. */
+    const _Atomic uint64_t *due_at;
 };
 
 int atap__pool_start(const struct atap__pool_conf *conf);

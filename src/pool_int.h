@@ -45,11 +45,9 @@ struct pool {
     const struct atap__pool_ops *ops;                              /* the executor's (pool.h) */
     void (*io_event)(void *udata, unsigned events, unsigned kind); /* the conf's */
     void (*due)(void);                                             /* the conf's */
-    uint64_t (*due_at)(void);                                      /* the conf's */
-    _Atomic bool timer_watch; /* a worker stays awake for a near due time (pool.c) */
-    struct injector inj;      /* for workers */
-    struct injector binj;     /* for blocking threads */
-    pthread_mutex_t lock;     /* idle list, starting and joining threads */
+    struct injector inj;                                           /* for workers */
+    struct injector binj;                                          /* for blocking threads */
+    pthread_mutex_t lock; /* idle list, starting and joining threads */
     struct worker *idle;
     _Atomic unsigned nrec, nlive, nidle, nsearching, peak;
     /* Stacks set aside now (a drain waits for them), their peak, and the
@@ -79,6 +77,8 @@ struct pool {
      * lock): joined later, never under the lock (claim_record says why). */
     pthread_t zombies[POOL_MAX_THREADS];
     unsigned nzombies;
+    const _Atomic uint64_t *due_at; /* the conf's */
+    _Atomic bool timer_watch;       /* a worker stays awake for a near due time (pool.c) */
 };
 
 extern struct pool atap__pool;

@@ -183,9 +183,9 @@ static int pool_conf(const atap_config *cfg, struct atap__pool_conf *pc)
     int rc;
 
     pc->ops = &atap__exec_pool_ops;
-    pc->io_event = atap__park_io_event; /* parked fds' reports, read by pool threads */
-    pc->due = atap__park_wheel_help;    /* deadlines the manager is late for */
-    pc->due_at = atap__park_wheel_due;  /* and when the next is due */
+    pc->io_event = atap__park_io_event;       /* parked fds' reports, read by pool threads */
+    pc->due = atap__park_wheel_help;          /* deadlines the manager is late for */
+    pc->due_at = atap__park_wheel_due_word(); /* and when the next is due */
     pc->workers = cfg->workers;
     pc->blocking = cfg->blocking_threads;
     if ((!pc->workers && (rc = env_count("ATAP_WORKERS", &pc->workers)) != 0) ||
