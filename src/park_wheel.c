@@ -515,9 +515,10 @@ void atap__park_wheel_help(void)
 {
     uint64_t due = ld_relaxed(&due_at), now;
 
-    /* Arms are left to the manager, which each wakes: a worker that took
-     * them in too (after 200 us of the manager's silence) made the
-     * timers bench's tail worse, not better (bench/README.md). */
+    /* Arms are left to the manager, which an arm wakes if it would sleep
+     * past the arm's due time: a worker that took them in too (after
+     * 200 us of the manager's silence) made the timers bench's tail
+     * worse, not better (bench/README.md). */
     if (likely(due == ATAP__FOREVER) || (now = atap__now_ns()) < due || !seat_take())
         return;
     TEST_HOOK(ATAP__TEST_WHEEL_HELP);

@@ -35,6 +35,10 @@
  * of its word (pool_io.c); a waker reads in_io after storing the word and
  * wakes io for one waiting there.
  *
+ * Watching for timers: a worker about to park while the timers' next due
+ * time is a few ticks away stays awake for it instead, one at a time, and
+ * fires it itself (spin_for_timers): no wake, so no wait for a CPU.
+ *
  * Records: a thread's record reads DEAD last thing, and its thread may
  * still run thread-local destructors after that (one may spawn, and take
  * the pool lock). A DEAD record is taken again without joining its thread
