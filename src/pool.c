@@ -746,9 +746,12 @@ static __attribute__((noinline)) bool spin_for_timers(uint64_t due)
     if ((due > now && due - now > TIMER_SPIN_NS) || ld_relaxed(&atap__pool.timer_watch) ||
         xchg_acquire(&atap__pool.timer_watch, true))
         return false;
-    while (now < due) {
-        for (unsigned k = 0; k < 32; k++)
-            cpu_relax();
+    for (unsigned rounds = 1; now < due; rounds++) {
+        if (rounds % 64 == 0)
+            sched_yield(); /* about every 64 us: a thread waiting for this CPU runs */
+        else
+            for (unsigned k = 0; k < 32; k++)
+                cpu_relax();
         if ((found = atap__pool_work_visible(false)))
             break;
         now = atap__now_ns();
