@@ -781,27 +781,48 @@ static int task_short(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
-static void test_park_due_fired_by_a_busy_worker(void **state)
+/* A park of delay filed on the wheel (its due time published), then the
+ * manager held at its next wake, before the deadline: returns the due time
+ * (the wheel's, a tick's end, in atap_now's clock). */
+static uint64_t park_then_hold_manager(atap_task *sleeper, const uint64_t *delay, uint64_t give_up)
 {
-    (void)state;
-    const uint64_t delay = ATAP_MS(300) * test_slack(); /* the hold comes first */
-    uint64_t give_up;
-    atap_task sleeper, shorts[64];
-    int held = 0;
+    uint64_t due;
 
     atomic_store(&g_due_ran, 0);
-    give_up = atap_now() + ATAP_SEC(10) * test_slack();
-    assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
-    /* Filed in the wheel (its due published), then the manager held. */
-    while (atap__park_wheel_due() == UINT64_MAX && atap_now() < give_up)
+    assert_int_equal(atap_spawn(sleeper, task_park_then_mark, (void *)delay, NULL), 0);
+    while ((due = atap__park_wheel_due()) == UINT64_MAX && atap_now() < give_up)
         sleep_ms(1);
-    assert_true(atap__park_wheel_due() != UINT64_MAX);
+    assert_true(due != UINT64_MAX);
     assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, hold_manager), 0);
     atomic_store(&g_hold_manager, 1);
     while (!atomic_load(&g_manager_held) && atap_now() < give_up)
         sleep_ms(1); /* its next wake: at most its 10 ms tick */
     assert_true(atomic_load(&g_manager_held));
     assert_false(atomic_load(&g_due_ran)); /* held before the deadline */
+    return due;
+}
+
+/* The manager let go: it was still held, and the park ran meanwhile. */
+static void let_manager_go_after_the_park(atap_task sleeper)
+{
+    int held = atomic_load(&g_manager_held); /* nobody lets it go but us */
+
+    atomic_store(&g_hold_manager, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, NULL), 0);
+    assert_true(held);
+    assert_true(atomic_load(&g_due_ran));
+    assert_int_equal(atap_join_for(sleeper, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+    atap_release(sleeper);
+}
+
+static void test_park_due_fired_by_a_busy_worker(void **state)
+{
+    (void)state;
+    const uint64_t delay = ATAP_MS(300) * test_slack(); /* the hold comes first */
+    uint64_t give_up = atap_now() + ATAP_SEC(10) * test_slack();
+    atap_task sleeper, shorts[64];
+
+    (void)park_then_hold_manager(&sleeper, &delay, give_up);
     /* Short runs until the park ends (each worker looks every few dozen). */
     while (!atomic_load(&g_due_ran) && atap_now() < give_up) {
         for (int i = 0; i < 64; i++)
@@ -811,13 +832,7 @@ static void test_park_due_fired_by_a_busy_worker(void **state)
             atap_release(shorts[i]);
         }
     }
-    held = atomic_load(&g_manager_held); /* still held: nobody lets it go but us */
-    atomic_store(&g_hold_manager, 0);
-    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, NULL), 0);
-    assert_true(held);
-    assert_true(atomic_load(&g_due_ran));
-    assert_int_equal(atap_join_for(sleeper, NULL, 0, ATAP_SEC(10)), 0);
-    atap_release(sleeper);
+    let_manager_go_after_the_park(sleeper);
 }
 
 /* An idle worker whose next due time is near stays awake for it and fires
@@ -829,24 +844,12 @@ static void test_park_due_fired_by_an_idle_worker(void **state)
 {
     (void)state;
     const uint64_t delay = ATAP_MS(300) * test_slack(); /* the hold comes first */
-    uint64_t give_up, due, now;
+    uint64_t give_up = atap_now() + ATAP_SEC(10) * test_slack(), due, now;
     atap_task sleeper, nudge;
-    int held;
 
-    atomic_store(&g_due_ran, 0);
-    give_up = atap_now() + ATAP_SEC(10) * test_slack();
-    assert_int_equal(atap_spawn(&sleeper, task_park_then_mark, (void *)&delay, NULL), 0);
-    while ((due = atap__park_wheel_due()) == UINT64_MAX && atap_now() < give_up)
-        sleep_ms(1);
-    assert_true(due != UINT64_MAX);
-    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, hold_manager), 0);
-    atomic_store(&g_hold_manager, 1);
-    while (!atomic_load(&g_manager_held) && atap_now() < give_up)
-        sleep_ms(1); /* its next wake: at most its 10 ms tick */
-    assert_true(atomic_load(&g_manager_held));
-    assert_false(atomic_load(&g_due_ran)); /* held before the deadline */
-    /* One short task just before the due time (the wheel's, a tick's end,
-     * in atap_now's clock): its worker then goes idle with the due near. */
+    due = park_then_hold_manager(&sleeper, &delay, give_up);
+    /* One short task just before the due time: its worker then goes idle
+     * with the due time near. */
     while ((now = atap_now()) + ATAP_US(150) < due)
         sleep_us(due - now - ATAP_US(150) > ATAP_MS(1) ? 1000 : 50);
     assert_int_equal(atap_spawn(&nudge, task_short, NULL, NULL), 0);
@@ -854,13 +857,7 @@ static void test_park_due_fired_by_an_idle_worker(void **state)
     atap_release(nudge);
     while (!atomic_load(&g_due_ran) && atap_now() < give_up)
         sleep_ms(1);
-    held = atomic_load(&g_manager_held); /* still held: nobody lets it go but us */
-    atomic_store(&g_hold_manager, 0);
-    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, NULL), 0);
-    assert_true(held);
-    assert_true(atomic_load(&g_due_ran));
-    assert_int_equal(atap_join_for(sleeper, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
-    atap_release(sleeper);
+    let_manager_go_after_the_park(sleeper);
 }
 
 /* While a busy worker holds the wheel's seat, the manager does not spin
