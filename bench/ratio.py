@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """libatap against the peers: one Markdown table from bench/run.sh output.
 
-Usage: python3 bench/ratio.py results.txt   (or: ... | python3 bench/ratio.py)
+Usage: python3 bench/ratio.py results.txt [more.txt ...]   (or: ... | python3 bench/ratio.py)
+Several files are read as one: the medians are over all their rounds.
 
 For each workload: the median over the repetitions of atap and of every peer,
 then atap's ratio to each peer (atap / peer: below 1 means atap is better)
@@ -27,6 +28,7 @@ peer within each round, the median over the rounds, against the peer it
 fares worst with (the machine's swings from minute to minute, which move
 every server alike, cancel within a round).
 """
+import fileinput
 import os
 import statistics
 import sys
@@ -204,7 +206,7 @@ def fan_speedup(runs, reps):
 
 
 def main():
-    src = open(sys.argv[1]) if len(sys.argv) > 1 else sys.stdin
+    src = fileinput.input(sys.argv[1:])  # every file named, else standard input
     runs, peers = parse(src)
     others = [p for p in peers if p != "atap"]
     reps = int(os.environ.get("REPS", "0")) or max((len(rs) for rs in runs.values()), default=1)
