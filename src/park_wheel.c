@@ -19,11 +19,12 @@
  * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
  * takes the stack and files each slot in a bucket of a hashed wheel of
  * ticks. An arm wakes the manager only if it would sleep past the arm's
- * due time (look_at, below): a burst of far arms waits for its next look. A close swaps a CLOSED
- * mark into the inbox, so a later arm knows to end its run itself. A park on an fd with a deadline
- * is on both its fd's list and the wheel (park_fd.c's tail_timed_arm says how the two meet). A
- * delayed start that its slot can keep (spawn.c) waits here the same way before its first run,
- * PENDING (atap__park_delay).
+ * due time (look_at, below): a burst of far arms waits for its next look.
+ * A close swaps a CLOSED mark into the inbox, so a later arm knows to end
+ * its run itself. A park on an fd with a deadline is on both its fd's list
+ * and the wheel (park_fd.c's tail_timed_arm says how the two meet). A
+ * delayed start that its slot can keep (spawn.c) waits here the same way
+ * before its first run, PENDING (atap__park_delay).
  *
  * The wheel's seat. "The manager" above is whoever holds the seat: the
  * wheel (its buckets, its ticks, its batch of resumes) is one thread's at a
@@ -490,25 +491,33 @@ uint64_t atap__park_wheel_sleep(uint64_t until, uint64_t now)
 
     if (!seat_mine) {
         /* It asked for the seat (atap__park_wheel_take), so the holder's
-         * give wakes it: no look at the inbox. */
+         * give wakes it: no look at the inbox, and no order needed here
+         * (seq_cst only as the store below is). */
         st_seqcst(&look_at, until);
         return until;
     }
     for (;;) {
         uint32_t head;
 
+        /* seq_cst, the store then the load: the manager's half of the
+         * Dekker pair with an arm's push then load (at look_at, above). */
         st_seqcst(&look_at, until);
         head = ld_seqcst(&inbox);
         if (head == 0 || head == INBOX_CLOSED)
             return until;
         /* Arms since the run: filed (or queued, if due) now, and the
-         * earliest of them is a time to wake at too. */
+         * earliest of them is a time to wake at too. Awake again, for the
+         * while (relaxed: the store above, made again, orders the next
+         * look; an arm that reads 0 meanwhile is met by that look). */
         st_relaxed(&look_at, 0);
         due = atap__park_wheel_run(now);
         until = due < until ? due : until;
     }
 }
 
+/* Relaxed: an arm that reads 0 wakes nobody, and is met by the look
+ * atap__park_wheel_sleep makes (seq_cst) before the manager sleeps again;
+ * one that reads the old time at worst wakes it for nothing. */
 void atap__park_wheel_awake(void) { st_relaxed(&look_at, 0); }
 
 void atap__park_wheel_help(void)

@@ -455,6 +455,8 @@ static bool spin_for_timers(uint64_t due);
 static bool park_worker(struct worker *w)
 {
     uint32_t word;
+    /* Relaxed: a hint, as a busy worker reads it (a stale time makes a
+     * watch start early or not at all; the manager fires what is due). */
     uint64_t due = atap__pool.due_at ? ld_relaxed(atap__pool.due_at) : ATAP__FOREVER;
 
     if (unlikely(due != ATAP__FOREVER) && spin_for_timers(due))
@@ -743,6 +745,9 @@ static __attribute__((noinline)) bool spin_for_timers(uint64_t due)
     uint64_t now = atap__now_ns(), after;
     bool found = false;
 
+    /* The flag only keeps a second watcher away: what the fire touches is
+     * ordered by the wheel's seat, so acquire and release (below) are more
+     * than it needs, and cost nothing on this cold path. */
     if ((due > now && due - now > TIMER_SPIN_NS) || ld_relaxed(&atap__pool.timer_watch) ||
         xchg_acquire(&atap__pool.timer_watch, true))
         return false;
