@@ -1,22 +1,33 @@
 /*
  * The shared queue.
  *
- * Each band is two stacks linked through the slots' `link` field:
- *   incoming  a Treiber stack pushers CAS onto (newest first, no tag: pushes
- *             only add, and the one consumer takes the whole stack with an
- *             exchange, so no node is ever popped from it singly);
- *   ready     oldest first, popped by CAS on a tagged head (tag << 32 |
- *             ref). Every pop and every refill bumps the tag, so a head that
- *             left and came back is never mistaken for the one read (ABA),
- *             and a batch walked from an unchanged head is still intact:
- *             nobody can unlink a node without changing the head.
+ * Each band is two stacks linked through the slots' `link` field, each
+ * word holding a count in its top half and a task reference (0: empty) in
+ * its bottom half:
+ *   incoming  a Treiber stack pushers CAS onto (newest first); the count:
+ *             entries ever pushed. No tag: pushes only add, and the one
+ *             consumer takes the whole stack at once (the count stays), so
+ *             no node is ever popped from it singly;
+ *   ready     oldest first, popped by CAS; the count: entries ever popped,
+ *             also the tag against ABA. A head that left and came back
+ *             went through a pop in between, which raised the count, so it
+ *             is never mistaken for the one read, and a batch walked from
+ *             an unchanged head is still intact: nobody can unlink a node
+ *             without changing the head.
  * When ready runs dry, one popper at a time (`flipping`) takes all of
  * incoming, reverses it into oldest-first order, keeps a batch for itself
- * and installs the rest as ready. Only a flipper adds to ready, and only
- * while it is empty, so FIFO holds inside a band.
+ * and installs the rest as ready, counting its batch as popped. Only a
+ * flipper adds to ready, and only while it is empty, so FIFO holds inside
+ * a band.
  *
- * Ordering: pushers publish the slot with a release CAS on incoming; the
- * flipper's acquire exchange sees it, and its release CAS on ready passes it
+ * A band's length is pushed - popped (mod 2^32: a band never holds 2^32
+ * entries, there are fewer slots): read popped first, then pushed, and no
+ * count goes backwards, so the difference is never negative. No counter is
+ * written but the two words the queue's own CASes write anyway: a pusher
+ * touches no line a popper's look reads but incoming itself.
+ *
+ * Ordering: pushers publish the slot with a (seq_cst) CAS on incoming; the
+ * flipper's acquire CAS sees it, and its release CAS on ready passes it
  * on to every popper's acquire load.
  *
  * Bands are served highest first; a band with work that has been passed over
@@ -28,12 +39,15 @@
 #include "atomics.h"
 #include "table.h"
 
+/* A word's count raised by n, its reference cleared. */
+static inline uint64_t count_up(uint64_t word, unsigned n) { return ((word >> 32) + n) << 32; }
+
 static inline _Atomic uint32_t *link_of(uint32_t ref) { return &atap__table_at(ref - 1)->link; }
 
 void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int band)
 {
     struct inj_band *b = &q->band[band];
-    uint32_t head;
+    uint64_t head;
 
     if (n == 0)
         return;
@@ -42,9 +56,10 @@ void atap__inj_push(struct injector *q, const uint32_t *refs, unsigned n, int ba
         st_relaxed(link_of(refs[i]), refs[i - 1]);
     head = ld_relaxed(&b->incoming);
     do
-        st_relaxed(link_of(refs[0]), head);
-    while (!casw_release(&b->incoming, &head, refs[n - 1]));
-    add_relaxed(&q->pushed, n);
+        st_relaxed(link_of(refs[0]), (uint32_t)head);
+    /* seq_cst, not just release: a queuer may let this RMW stand for the
+     * parking protocol's fence before its wake check (pool.c notify_look). */
+    while (!casw_seqcst(&b->incoming, &head, count_up(head, n) | refs[n - 1]));
 }
 
 /*
@@ -83,7 +98,7 @@ static unsigned pop_ready(struct inj_band *b, uint32_t *out, unsigned max)
             /* A stale read here is caught by the CAS: the head changed. */
             ref = ld_relaxed(link_of(ref));
         }
-        if (casw_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
+        if (casw_acqrel(&b->ready, &head, count_up(head, n) | ref))
             return n;
     }
     return 0;
@@ -93,10 +108,10 @@ static unsigned pop_ready(struct inj_band *b, uint32_t *out, unsigned max)
 static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
 {
     uint32_t ref, prev = 0, next;
-    uint64_t head;
+    uint64_t head, in;
     unsigned n = 0;
 
-    if (ld_relaxed(&b->incoming) == 0)
+    if ((uint32_t)ld_relaxed(&b->incoming) == 0)
         return 0;
     if (flag_set_acquire(&b->flipping))
         return 0; /* someone else is flipping: look elsewhere, don't wait */
@@ -107,9 +122,13 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
         flag_clear_release(&b->flipping);
         return pop_ready(b, out, max);
     }
-    /* Acquire: the pushers' slots. Release too: a drain that sees incoming
-     * emptied here sees what this thread did before it (pool_life.c quiescent). */
-    ref = xchg_acqrel(&b->incoming, 0);
+    /* Takes the stack, keeping the count. Acquire: the pushers' slots.
+     * Release too: a drain that sees incoming emptied here sees what this
+     * thread did before it (pool_life.c quiescent). */
+    in = ld_relaxed(&b->incoming);
+    while (!casw_acqrel(&b->incoming, &in, in & ~(uint64_t)UINT32_MAX))
+        ;
+    ref = (uint32_t)in;
     while (ref != 0) {                  /* reverse: oldest first */
         prefetch_ref(ref, -WALK_AHEAD); /* incoming runs newest first */
         next = ld_relaxed(link_of(ref));
@@ -119,31 +138,26 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
     }
     for (ref = prev; ref != 0 && n < max; ref = ld_relaxed(link_of(ref)))
         out[n++] = ref;
-    if (ref != 0) {
-        head = ld_relaxed(&b->ready);
-        /* ready is empty (checked above, under the flag): the CAS can only
-         * fail spuriously. */
-        while (!casw_acqrel(&b->ready, &head, ((head >> 32) + 1) << 32 | ref))
-            ;
-    }
+    /* The rest as ready, the batch kept counted as popped. ready is empty
+     * (checked above, under the flag) and only pops, which write nothing
+     * to an empty stack, may touch it: the CAS can only fail spuriously. */
+    head = ld_relaxed(&b->ready);
+    while (!casw_acqrel(&b->ready, &head, count_up(head, n) | ref))
+        ;
     flag_clear_release(&b->flipping);
     return n;
 }
 
 static bool band_has_work(struct inj_band *b)
 {
-    return (uint32_t)ld_relaxed(&b->ready) != 0 || ld_relaxed(&b->incoming) != 0;
+    return (uint32_t)ld_relaxed(&b->ready) != 0 || (uint32_t)ld_relaxed(&b->incoming) != 0;
 }
 
 static unsigned pop_band(struct injector *q, int band, uint32_t *out, unsigned max)
 {
     unsigned n = pop_ready(&q->band[band], out, max);
 
-    if (n == 0)
-        n = flip(&q->band[band], out, max);
-    if (n)
-        add_relaxed(&q->popped, n);
-    return n;
+    return n ? n : flip(&q->band[band], out, max);
 }
 
 unsigned atap__inj_pop(struct injector *q, struct inj_cursor *c, uint32_t *out, unsigned max)
@@ -151,13 +165,11 @@ unsigned atap__inj_pop(struct injector *q, struct inj_cursor *c, uint32_t *out, 
     int order[INJ_BANDS], k = 0;
     unsigned n = 0;
 
-    /* The common look of a busy worker: two relaxed loads, however many
-     * bands. Equal counts with no push under way: nothing is queued (a
-     * push counts itself once its entries are in, a pop once they are
-     * out). A push they miss is not lost: a worker parks only after the
-     * parking protocol's own look at every band (pool.c), and the pusher's
-     * wake check follows its count. */
-    if (ld_relaxed(&q->pushed) == ld_relaxed(&q->popped))
+    /* The common look of a busy worker: two relaxed loads a band, on
+     * lines written only when the band changes. A push they miss is not
+     * lost: a worker parks only after the parking protocol's own look at
+     * every band (pool.c), and the pusher's wake check follows its push. */
+    if (atap__inj_empty(q))
         return 0;
 
     /* A starved band first, lowest first; then highest to lowest. */
@@ -189,7 +201,13 @@ bool atap__inj_empty(struct injector *q)
 
 size_t atap__inj_len(struct injector *q)
 {
-    size_t pushed = ld_relaxed(&q->pushed), popped = ld_relaxed(&q->popped);
+    size_t len = 0;
 
-    return pushed > popped ? pushed - popped : 0;
+    for (int i = 0; i < INJ_BANDS; i++) {
+        /* Acquire: popped is read before pushed (see the top). */
+        uint32_t popped = (uint32_t)(ld_acquire(&q->band[i].ready) >> 32);
+
+        len += (uint32_t)((uint32_t)(ld_relaxed(&q->band[i].incoming) >> 32) - popped);
+    }
+    return len;
 }

@@ -17,19 +17,20 @@
 #define INJ_BANDS 8
 #define INJ_AGE 64 /* pops a non-empty band may be passed over before it is served */
 
+/* Both words count what went through them (mod 2^32, in their top half):
+ * incoming the entries pushed, ready the entries popped (by pops, and by
+ * flippers for the batch they keep), so a band's length is the difference,
+ * with no counter of its own for pushers and poppers to fight over. */
 struct inj_band {
-    _Atomic uint32_t incoming; /* Treiber stack, newest first */
-    char pad0[60];
-    _Atomic uint64_t ready; /* tag << 32 | first, oldest first */
+    _Atomic uint64_t incoming; /* pushed << 32 | Treiber stack, newest first */
+    char pad0[56];
+    _Atomic uint64_t ready; /* popped << 32 | first, oldest first */
     atomic_flag flipping;
     char pad1[52];
 };
 
 struct injector {
     struct inj_band band[INJ_BANDS];
-    _Atomic size_t pushed;
-    char pad[56];
-    _Atomic size_t popped;
 };
 
 /* What a popper remembers between pops, so no band starves. */

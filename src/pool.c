@@ -303,12 +303,16 @@ bool atap__pool_wake_idle(void)
     return true;
 }
 
-/* After queueing work: wake one worker unless one is already looking. */
-void atap__pool_notify(void)
+/* The look of atap__pool_notify, for a queuer whose queueing is itself
+ * ordered before it in the single order of seq_cst operations (a seq_cst
+ * RMW: an outside spawn's push). The parker stores its count, then fences,
+ * then looks: if its fence comes first in that order, the seq_cst loads
+ * here (after the push in it) see the count; if the push comes first, its
+ * look after the fence sees the push. */
+static void notify_look(void)
 {
     unsigned zero = 0;
 
-    fence_seqcst(); /* parking protocol: the queued task before nidle */
     /* seq_cst loads: a count read here was lowered after its epoch moved,
      * so a drain that sees what this thread does next sees that move too. */
     if (ld_seqcst(&atap__pool.nidle) == 0 || ld_seqcst(&atap__pool.nsearching) != 0)
@@ -317,6 +321,13 @@ void atap__pool_notify(void)
         return;
     if (!atap__pool_wake_idle())
         sub_seqcst(&atap__pool.nsearching, 1);
+}
+
+/* After queueing work: wake one worker unless one is already looking. */
+void atap__pool_notify(void)
+{
+    fence_seqcst(); /* parking protocol: the queued task before nidle */
+    notify_look();
 }
 
 static void leave_search(struct worker *w)
@@ -688,8 +699,11 @@ void atap__pool_submit_as(uint32_t ref, int priority, bool blocking, bool due)
             return;
         atap__pool_push_ring(w, old);
     } else {
+        /* The push is a seq_cst RMW (injector.c): no fence needed. */
         atap__inj_push(&atap__pool.inj, &ref, 1, atap__inj_band(priority, due));
         ensure_worker();
+        notify_look();
+        return;
     }
     atap__pool_notify();
 }

@@ -285,7 +285,7 @@ static void test_queues_injector_fifo(void **state)
     struct injector *q = new_queue();
     struct inj_cursor c = {{0}};
     uint32_t out[16];
-    unsigned next = 0, n;
+    unsigned next = 0, pushed = 300, n;
 
     for (unsigned i = 0; i < 100; i++)
         atap__inj_push(q, &refs[i], 1, 2);
@@ -293,10 +293,17 @@ static void test_queues_injector_fifo(void **state)
     for (unsigned i = 150; i < 300; i++)
         atap__inj_push(q, &refs[i], 1, 2);
     assert_int_equal(atap__inj_len(q), 300);
-    while ((n = atap__inj_pop(q, &c, out, 7)) > 0)
+    while ((n = atap__inj_pop(q, &c, out, 7)) > 0) {
         for (unsigned i = 0; i < n; i++)
             assert_int_equal(out[i], refs[next++]);
-    assert_int_equal(next, 300);
+        /* The length counts what a flip keeps as well as what pops take. */
+        assert_int_equal(atap__inj_len(q), pushed - next);
+        if (next == 140) /* pushes between pops: one more flip later */
+            for (; pushed < 310; pushed++)
+                atap__inj_push(q, &refs[pushed], 1, 2);
+    }
+    assert_int_equal(next, 310);
+    assert_int_equal(atap__inj_len(q), 0);
     assert_true(atap__inj_empty(q));
     free(q);
 }
