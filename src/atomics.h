@@ -74,6 +74,9 @@
 #define fence_acquire() atomic_thread_fence(memory_order_acquire)
 #define fence_release() atomic_thread_fence(memory_order_release)
 #define fence_seqcst() atomic_thread_fence(memory_order_seq_cst)
+/* Orders for the compiler only, not the CPU (the other side's barrier
+ * then covers the CPU: spawn.c's door). */
+#define fence_compiler() atomic_signal_fence(memory_order_seq_cst)
 #define flag_set_acquire(p) atomic_flag_test_and_set_explicit((p), memory_order_acquire)
 #define flag_clear_relaxed(p) atomic_flag_clear_explicit((p), memory_order_relaxed)
 #define flag_clear_release(p) atomic_flag_clear_explicit((p), memory_order_release)

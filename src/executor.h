@@ -140,6 +140,10 @@ void atap__spawn_exit(bool outside);
 void atap__exec_door_open(void);
 void atap__exec_door_shut(void);
 void atap__exec_door_forget(void);
+/* With no runtime running: the door's way to mark a spawn (spawn.c's top):
+ * the barrier if on and the system has one, else the count. Returns
+ * whether it is the barrier (atap__test_door_barrier). */
+bool atap__exec_door_barrier(bool on);
 /* executor.c. The features' table (extras.h), given by the runtime once,
  * before its first start. */
 void atap__exec_set_extras(const struct atap__extras *x);

@@ -350,6 +350,13 @@ int atap_shutdown(void)
 
 bool atap_initialised(void) { return life_state(ld_seqcst(&lifecycle)) == RUNNING; }
 
+int atap__test_door_barrier(bool on)
+{
+    if (atap_initialised())
+        return ATAP_EBUSY;
+    return atap__exec_door_barrier(on);
+}
+
 int atap__test_flush_caches(void)
 {
     if (atap_initialised())

@@ -31,11 +31,16 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #include "abi.h"
 #include "atap.h"
 #include "atomics.h"
 #include "extras.h"
+#include "faults.h"
 #include "pool.h"
 #include "side.h"
 #include "slot.h"
@@ -45,28 +50,89 @@
 
 /* ---- admission ---------------------------------------------------------
  *
- * A spawn from outside the pool counts itself in `inflight` (seq_cst)
- * before it reads `door` (seq_cst); the last shutdown stores the door shut
- * (seq_cst) before it reads `inflight`. Of the two stores, one is first in
- * the single order of seq_cst operations, so either the spawn sees the
- * door shut and backs out, or the shutdown sees it in flight and waits for
- * it to finish queueing before draining the pool.
+ * A spawn from outside the pool marks itself in flight, then reads `door`;
+ * the last shutdown stores the door shut, then waits until no spawn is in
+ * flight. Each side's store must be seen before its load (Dekker), so that
+ * either the spawn sees the door shut and backs out, or the shutdown sees
+ * it in flight and waits for it to finish queueing before draining the
+ * pool. Two ways to mark:
+ *
+ * - A thread with a seat (table.c: one goes with each outside stash), when
+ *   the process has a barrier on every thread (`asym`: Linux's membarrier),
+ *   marks its seat with a plain store and reads the door with no fence: no
+ *   locked instruction on the spawn's path. The shutdown pays for both
+ *   sides: between its store and its look at the seats, every thread of
+ *   the process runs a full fence. A spawn whose read of the door came
+ *   before that fence had stored its mark before it (program order), and
+ *   the fence made the mark visible; one whose read came after the fence
+ *   reads the door the shutdown stored before it.
+ * - Any other (no barrier here, or every seat taken): the seq_cst count
+ *   `inflight`. Of the two seq_cst stores, one is first in the single
+ *   order of seq_cst operations, and the other side's load sees it.
+ *
+ * The shutdown waits for both. A spawn admitted inside another on the same
+ * thread (a give's start, say) is let in whatever the door, unmarked: the
+ * outer one already keeps a shutdown waiting.
  */
 static _Atomic bool door;
 static _Atomic unsigned inflight;
-/* Admissions this (outside) thread holds: one inside another (a give's
- * start, say) is let in whatever the door, since the outer one already
- * keeps a shutdown waiting. */
-static _Thread_local unsigned admitted;
+/* The barrier is registered: asked for once a process, at the first door
+ * opening (again in a fork's child: door_forget), before any spawn is let
+ * in; written only with no spawn under way. */
+static _Atomic bool asym;
+static bool asym_asked;
+static _Thread_local unsigned admitted;        /* this thread's admissions, nested */
+static _Thread_local _Atomic unsigned *marked; /* the seat the outermost one marked */
+
+#if defined(__linux__) && defined(__NR_membarrier)
+#ifndef MEMBARRIER_CMD_PRIVATE_EXPEDITED
+#define MEMBARRIER_CMD_PRIVATE_EXPEDITED (1 << 3)
+#define MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED (1 << 4)
+#endif
+static bool barrier_register(void)
+{
+    return syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+static bool barrier_all(void)
+{
+    return syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+#else
+static bool barrier_register(void) { return false; }
+static bool barrier_all(void) { return false; }
+#endif
 
 bool atap__spawn_enter(bool *outside)
 {
+    _Atomic unsigned *seat;
+
     *outside = atap__self == NULL;
     if (!*outside)
         return true;
-    add_seqcst(&inflight, 1);
-    if (admitted > 0 || ld_seqcst(&door)) {
+    if (admitted > 0) {
         admitted++;
+        return true;
+    }
+    if (ld_relaxed(&asym) && (seat = atap__table_outside_seat()) != NULL) {
+        st_relaxed(seat, 1);
+        /* The compiler keeps the store before the load; the shutdown's
+         * barrier does the rest (see the top). */
+        fence_compiler();
+        if (ld_relaxed(&door)) {
+            admitted = 1;
+            marked = seat;
+            TEST_HOOK(ATAP__TEST_ADMITTED);
+            return true;
+        }
+        st_relaxed(seat, 0);
+        return false;
+    }
+    add_seqcst(&inflight, 1);
+    if (ld_seqcst(&door)) {
+        admitted = 1;
+        marked = NULL;
+        TEST_HOOK(ATAP__TEST_ADMITTED);
         return true;
     }
     sub_seqcst(&inflight, 1);
@@ -75,21 +141,44 @@ bool atap__spawn_enter(bool *outside)
 
 void atap__spawn_exit(bool outside)
 {
-    if (outside) {
-        admitted--;
+    if (!outside || --admitted > 0)
+        return;
+    /* Release (and seq_cst): the shutdown that sees the mark gone sees the
+     * task queued. */
+    if (marked)
+        st_release(marked, 0);
+    else
         sub_seqcst(&inflight, 1);
-    }
 }
 
-void atap__exec_door_open(void) { st_seqcst(&door, true); }
+void atap__exec_door_open(void)
+{
+    if (!asym_asked) {
+        asym_asked = true;
+        st_relaxed(&asym, barrier_register());
+    }
+    st_seqcst(&door, true);
+}
 
 void atap__exec_door_shut(void)
 {
-    struct timespec ms = {0, 1000000};
+    struct timespec ms = {0, 1000000}, wait = {0, 20000000};
 
     st_seqcst(&door, false);
-    while (ld_seqcst(&inflight) != 0)
+    /* Once registered, the barrier does not fail (membarrier(2)). Should it
+     * ever, a spawn's mark leaves its store buffer in nanoseconds: wait far
+     * longer than that before the look. */
+    if (ld_relaxed(&asym) && !barrier_all())
+        nanosleep(&wait, NULL);
+    while (ld_seqcst(&inflight) != 0 || !atap__table_outside_seats_empty())
         nanosleep(&ms, NULL);
+}
+
+bool atap__exec_door_barrier(bool on)
+{
+    asym_asked = true;
+    st_relaxed(&asym, on && barrier_register());
+    return ld_relaxed(&asym);
 }
 
 void atap__exec_door_forget(void)
@@ -97,6 +186,11 @@ void atap__exec_door_forget(void)
     st_relaxed(&door, false);
     st_relaxed(&inflight, 0);
     admitted = 0;
+    marked = NULL;
+    /* A fork's child is a new process: registered again at its first
+     * opening (the seats were cleared with the stashes, atap__table_forget). */
+    asym_asked = false;
+    st_relaxed(&asym, false);
 }
 
 /* ---- spawning ----------------------------------------------------------- */

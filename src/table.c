@@ -260,12 +260,19 @@ void atap__table_free_shared(struct slot_cache *c, uint32_t index, uint32_t gen)
  * returns the stashed slots. The stash keeps its counts (they only grow)
  * for the next thread to go on with. A destructor of a later key may still
  * spawn or release on the exiting thread: it does so without a stash, since
- * the stash may already be another thread's.
+ * the stash may already be another thread's. With each stash goes a seat
+ * at the door of spawn.c, marked by its thread while a spawn of its is
+ * admitted (it is 0 whenever no thread holds the stash).
  */
 #define OUTSIDE_STASHES 1024
 
 static struct slot_cache outside[OUTSIDE_STASHES];
 static _Atomic bool outside_used[OUTSIDE_STASHES];
+/* A line each: a thread marks its seat twice a spawn, and threads that
+ * spawn side by side must not share one. */
+static struct {
+    _Alignas(64) _Atomic unsigned in;
+} outside_seat[OUTSIDE_STASHES];
 static pthread_key_t outside_key;
 static pthread_once_t outside_once = PTHREAD_ONCE_INIT;
 _Thread_local struct slot_cache *atap__table_outside_mine;
@@ -311,6 +318,21 @@ struct slot_cache *atap__table_outside_first(void)
     }
     outside_none = true;
     return NULL;
+}
+
+_Atomic unsigned *atap__table_outside_seat(void)
+{
+    struct slot_cache *c = atap__table_outside_cache();
+
+    return c ? &outside_seat[c - outside].in : NULL;
+}
+
+bool atap__table_outside_seats_empty(void)
+{
+    for (unsigned i = 0; i < OUTSIDE_STASHES; i++)
+        if (ld_acquire(&outside_seat[i].in) != 0)
+            return false;
+    return true;
 }
 
 /* Every stash's count of frees (or allocations), and the shared one. */
@@ -535,6 +557,8 @@ void atap__table_forget(void)
     atap__table_outside_mine = NULL;
     outside_none = false;
     memset(outside, 0, sizeof outside);
-    for (unsigned i = 0; i < OUTSIDE_STASHES; i++)
+    for (unsigned i = 0; i < OUTSIDE_STASHES; i++) {
         st_relaxed(&outside_used[i], false);
+        st_relaxed(&outside_seat[i].in, 0); /* a gone thread's spawn */
+    }
 }

@@ -50,6 +50,12 @@ static inline struct slot_cache *atap__table_outside_cache(void)
     return c ? c : atap__table_outside_first();
 }
 
+/* The calling outside thread's seat at the door (spawn.c), which goes with
+ * its stash (NULL with no stash); whether no seat is marked (acquire: what
+ * a spawn did before it cleared its seat is seen). */
+_Atomic unsigned *atap__table_outside_seat(void);
+bool atap__table_outside_seats_empty(void);
+
 /* Makes a stash count in atap__table_live (once per stash, never undone). */
 void atap__table_register_cache(struct slot_cache *c);
 

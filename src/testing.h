@@ -24,6 +24,13 @@ static inline uint32_t atap__task_gen(atap_task t) { return (uint32_t)(t.id >> 3
  * of range. Single-threaded tests only. */
 int atap__test_set_slot_gen(uint32_t index, uint32_t gen);
 
+/* Makes spawns from outside the pool mark themselves at the door with the
+ * process-wide barrier (on: the default where the system has one) or with
+ * the seq_cst count every system has (off) (spawn.c). Only while no runtime
+ * runs and no other thread spawns: ATAP_EBUSY otherwise. Returns 1 when the
+ * barrier is in use, 0 when not. */
+int atap__test_door_barrier(bool on);
+
 /* Moves every thread's stash of free slots back to the shared free list,
  * so the next spawns from any thread can reuse them. Only while no runtime
  * runs (every thread that owns a stash is gone): ATAP_EBUSY otherwise. */
@@ -46,6 +53,8 @@ int atap__test_flush_caches(void);
  *                            and deadline read, before it claims (park.c);
  *   ATAP__TEST_KICK          a waiting task's start admitted, before it is
  *                            queued or armed (schedule.c);
+ *   ATAP__TEST_ADMITTED      a spawn from outside the pool admitted at the
+ *                            door, before it queues anything (spawn.c);
  *   ATAP__TEST_ALLOC         an allocation at a site atap_inject_alloc_failures
  *                            reaches, before it is made (faults.h);
  *   ATAP__TEST_WAKE_LIVE     a wake that found its task queued or running,
@@ -76,6 +85,7 @@ enum {
     ATAP__TEST_MANAGER_AWAKE,
     ATAP__TEST_WHEEL_HELP,
     ATAP__TEST_TAIL_ARM,
+    ATAP__TEST_ADMITTED,
     ATAP__TEST_POINTS
 };
 

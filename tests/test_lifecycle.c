@@ -732,6 +732,87 @@ static void test_lifecycle_concurrent_shutdown(void **state)
     assert_true(wait_live_back(ATAP_SEC(10)));
 }
 
+/* Outside threads spawning in a loop while the main thread shuts down:
+ * every spawn that returned 0 was let in before the door shut, and the
+ * shutdown waits for it, so its task has run by the time atap_shutdown
+ * returns; the spawns after it fail with ATAP_ENOTINIT. A spawn that read
+ * the door open and was not waited for would queue after the drain: its
+ * task would run late or never, and the counts would differ. Half the
+ * rounds hold each admitted spawn 2 ms before it queues
+ * (ATAP__TEST_ADMITTED), so the shutdown comes while some are let in and
+ * not yet queued. Both ways to mark a spawn in flight are tried: seats and
+ * the process-wide barrier (where the system has one), and the count. */
+static void hold_admitted(void) { sleep_ms(2); }
+
+struct door_race {
+    atomic_int *ran;
+    atomic_int admitted;
+    atomic_int refused;
+    atomic_bool started;
+};
+
+static void *door_spawner(void *p)
+{
+    struct door_race *r = p;
+
+    for (;;) {
+        int rc = atap_spawn_detached(slow_count, r->ran, NULL);
+
+        atomic_store(&r->started, true);
+        if (rc == ATAP_ENOTINIT) {
+            atomic_fetch_add(&r->refused, 1);
+            return NULL;
+        }
+        if (rc != 0)
+            return NULL;
+        atomic_fetch_add(&r->admitted, 1);
+    }
+}
+
+static void test_lifecycle_outside_spawns_racing_shutdown(void **state)
+{
+    (void)state;
+    enum { THREADS = 3, ROUNDS = 20 };
+
+    for (int round = 0; round < ROUNDS; round++) {
+        atomic_int ran;
+        struct door_race r[THREADS];
+        pthread_t th[THREADS];
+        int admitted = 0;
+
+        atomic_init(&ran, 0);
+        int barrier = atap__test_door_barrier(round % 4 < 2);
+        assert_true(barrier == 0 || barrier == 1);
+        if (round % 4 >= 2)
+            assert_int_equal(barrier, 0);
+        assert_int_equal(atap_init(NULL), 0);
+        assert_int_equal(atap__test_on(ATAP__TEST_ADMITTED, round % 2 ? hold_admitted : NULL), 0);
+        for (int i = 0; i < THREADS; i++) {
+            r[i] = (struct door_race){.ran = &ran};
+            assert_int_equal(pthread_create(&th[i], NULL, door_spawner, &r[i]), 0);
+        }
+        for (int i = 0; i < THREADS; i++)
+            while (!atomic_load(&r[i].started))
+                sched_yield();
+        sleep_ms((unsigned)(round % 4) + (unsigned)(round % 2) * 3);
+        assert_int_equal(atap_shutdown(), 0);
+        int after = atomic_load(&ran);
+        for (int i = 0; i < THREADS; i++) {
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+            assert_int_equal(atomic_load(&r[i].refused), 1);
+            admitted += atomic_load(&r[i].admitted);
+        }
+        if (after != admitted)
+            fail_msg("round %d: %d spawns let in, %d of their tasks run when atap_shutdown "
+                     "returned (%d by now)",
+                     round, admitted, after, atomic_load(&ran));
+        assert_true(admitted > 0);
+    }
+    assert_int_equal(atap__test_on(ATAP__TEST_ADMITTED, NULL), 0);
+    atap__test_door_barrier(true);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+}
+
 /* init racing init: one starts the runtime, the other waits the start out
  * and counts a second user; both return 0, and it takes two shutdowns. */
 typedef struct init_race {
@@ -1494,6 +1575,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_lifecycle_status, ensure_stopped),
         cmocka_unit_test(test_lifecycle_strerror_and_version),
         cmocka_unit_test_teardown(test_lifecycle_concurrent_shutdown, ensure_stopped),
+        cmocka_unit_test_teardown(test_lifecycle_outside_spawns_racing_shutdown, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_concurrent_init, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_many_restarts, ensure_stopped),
         cmocka_unit_test_teardown(test_lifecycle_shutdown_lets_waiting_tasks_go, ensure_stopped),
