@@ -27,7 +27,7 @@
  * touches no line a popper's look reads but incoming itself.
  *
  * Ordering: pushers publish the slot with a (seq_cst) CAS on incoming; the
- * flipper's acquire CAS sees it, and its release CAS on ready passes it
+ * flipper's acquire CAS sees it, and its release store on ready passes it
  * on to every popper's acquire load.
  *
  * Bands are served highest first; a band with work that has been passed over
@@ -140,10 +140,10 @@ static unsigned flip(struct inj_band *b, uint32_t *out, unsigned max)
         out[n++] = ref;
     /* The rest as ready, the batch kept counted as popped. ready is empty
      * (checked above, under the flag) and only pops, which write nothing
-     * to an empty stack, may touch it: the CAS can only fail spuriously. */
+     * to an empty stack, may touch it: nobody writes it but this store.
+     * Release: the slots, and the links just written, to every popper. */
     head = ld_relaxed(&b->ready);
-    while (!casw_acqrel(&b->ready, &head, count_up(head, n) | ref))
-        ;
+    st_release(&b->ready, count_up(head, n) | ref);
     flag_clear_release(&b->flipping);
     return n;
 }
