@@ -276,7 +276,8 @@ static struct {
 static pthread_key_t outside_key;
 static pthread_once_t outside_once = PTHREAD_ONCE_INIT;
 _Thread_local struct slot_cache *atap__table_outside_mine;
-static _Thread_local bool outside_none; /* every stash was taken */
+_Thread_local _Atomic unsigned *atap__table_outside_seat_mine; /* goes with the stash */
+static _Thread_local bool outside_none;                        /* every stash was taken */
 
 static void outside_exit(void *arg)
 {
@@ -286,6 +287,7 @@ static void outside_exit(void *arg)
         push_free(c->idx, c->n);
     c->n = 0;
     atap__table_outside_mine = NULL;
+    atap__table_outside_seat_mine = NULL;
     outside_none = true;
     /* Release: the next thread to take it sees its slots and counts. */
     st_release(&outside_used[c - outside], false);
@@ -314,17 +316,11 @@ struct slot_cache *atap__table_outside_first(void)
             break;
         }
         atap__table_register_cache(&outside[i]);
+        atap__table_outside_seat_mine = &outside_seat[i].in;
         return atap__table_outside_mine = &outside[i];
     }
     outside_none = true;
     return NULL;
-}
-
-_Atomic unsigned *atap__table_outside_seat(void)
-{
-    struct slot_cache *c = atap__table_outside_cache();
-
-    return c ? &outside_seat[c - outside].in : NULL;
 }
 
 bool atap__table_outside_seats_empty(void)
@@ -555,6 +551,7 @@ void atap__table_forget(void)
     if (atap__table_outside_mine)
         pthread_setspecific(outside_key, NULL);
     atap__table_outside_mine = NULL;
+    atap__table_outside_seat_mine = NULL;
     outside_none = false;
     memset(outside, 0, sizeof outside);
     for (unsigned i = 0; i < OUTSIDE_STASHES; i++) {

@@ -53,7 +53,17 @@ static inline struct slot_cache *atap__table_outside_cache(void)
 /* The calling outside thread's seat at the door (spawn.c), which goes with
  * its stash (NULL with no stash); whether no seat is marked (acquire: what
  * a spawn did before it cleared its seat is seen). */
-_Atomic unsigned *atap__table_outside_seat(void);
+extern _Thread_local _Atomic unsigned *atap__table_outside_seat_mine;
+
+static inline _Atomic unsigned *atap__table_outside_seat(void)
+{
+    _Atomic unsigned *seat = atap__table_outside_seat_mine;
+
+    if (seat || !atap__table_outside_first())
+        return seat;
+    return atap__table_outside_seat_mine;
+}
+
 bool atap__table_outside_seats_empty(void);
 
 /* Makes a stash count in atap__table_live (once per stash, never undone). */
