@@ -71,6 +71,11 @@
  *                second stamp - the first; ns_per_op is the p50, and the
  *                extras cancel_p50_us= cancel_p99_us= cancel_max_us=
  *                cancel_min_us=
+ *   handover     (the machine's, not a runtime's; not in run.sh) n round
+ *                trips of one cache line between two plain threads, each
+ *                waiting for the other's store before its own: ns_per_op is
+ *                one hand-over, half a round trip, what a line written on
+ *                one core takes to be read on another (bench/README.md)
  *
  * Timing runs from the first spawn to "all done" seen by the main thread;
  * atap_init and a warm-up task are outside it. */
@@ -502,6 +507,37 @@ static int sleep10(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* handover: the line, and the other thread's side of the round trips. */
+static _Alignas(64) _Atomic long ho_line;
+
+static void *ho_other(void *arg)
+{
+    (void)arg;
+    for (long i = 1; i <= N; i++) {
+        while (atomic_load_explicit(&ho_line, memory_order_acquire) != 2 * i - 1)
+            ;
+        atomic_store_explicit(&ho_line, 2 * i, memory_order_release);
+    }
+    return NULL;
+}
+
+static void handover(void)
+{
+    pthread_t th;
+    uint64_t t0;
+
+    check(pthread_create(&th, NULL, ho_other, NULL) == 0, "pthread_create");
+    t0 = now_ns();
+    for (long i = 1; i <= N; i++) {
+        atomic_store_explicit(&ho_line, 2 * i - 1, memory_order_release);
+        while (atomic_load_explicit(&ho_line, memory_order_acquire) != 2 * i)
+            ;
+    }
+    uint64_t ns = now_ns() - t0;
+    pthread_join(th, NULL);
+    report("atap", "handover", N, ns, ns / (2.0 * N), "");
+}
+
 /* live_memory: an 8-byte output (the task's index). */
 static int put8(atap_ctx *ctx, void *arg, void *out)
 {
@@ -524,6 +560,10 @@ int main(int argc, char **argv)
     bool is_tree = tree_shape(w, &tree_m, &tree_q);
     if (is_tree)
         tree_last_first = tree_join_last_first();
+    if (!strcmp(w, "handover")) {
+        handover();
+        return 0;
+    }
 
     must(atap_init(NULL), "atap_init");
     atap_task warm = spawn(noop, NULL, 0); /* warm-up: workers running */
