@@ -151,12 +151,17 @@ void atap__spawn_exit(bool outside)
         sub_seqcst(&inflight, 1);
 }
 
+bool atap__exec_door_barrier(bool on)
+{
+    asym_asked = true;
+    st_relaxed(&asym, on && barrier_register());
+    return ld_relaxed(&asym);
+}
+
 void atap__exec_door_open(void)
 {
-    if (!asym_asked) {
-        asym_asked = true;
-        st_relaxed(&asym, barrier_register());
-    }
+    if (!asym_asked)
+        atap__exec_door_barrier(true);
     st_seqcst(&door, true);
 }
 
@@ -172,13 +177,6 @@ void atap__exec_door_shut(void)
         nanosleep(&wait, NULL);
     while (ld_seqcst(&inflight) != 0 || !atap__table_outside_seats_empty())
         nanosleep(&ms, NULL);
-}
-
-bool atap__exec_door_barrier(bool on)
-{
-    asym_asked = true;
-    st_relaxed(&asym, on && barrier_register());
-    return ld_relaxed(&asym);
 }
 
 void atap__exec_door_forget(void)
