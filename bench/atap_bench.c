@@ -76,6 +76,19 @@
  *                waiting for the other's store before its own: ns_per_op is
  *                one hand-over, half a round trip, what a line written on
  *                one core takes to be read on another (bench/README.md)
+ *   wake_latency (the machine's, not a runtime's; not in run.sh) n wakes
+ *                (default 20,000) of a thread asleep on a condition
+ *                variable, WAKE_GAP_US apart, so that its CPU goes idle
+ *                between them: the main thread stamps the time and signals,
+ *                the thread stamps when it runs. The main thread then spins
+ *                until it sees that stamp, busy as a waker that goes on
+ *                working is (a spawning thread, a manager firing a tick);
+ *                ATAP_BENCH_WAKER=sleep: it sleeps until told instead.
+ *                ns_per_op is the median wake-to-run; extras wake_p99_us=
+ *                wake_max_us=, over_1ms= (how many took over 1 ms),
+ *                over_1ms_per_s= (per second of the run) and waker=: what
+ *                any runtime's sleeping thread (a parked worker, a timer
+ *                thread) may wait to run once woken
  *
  * Timing runs from the first spawn to "all done" seen by the main thread;
  * atap_init and a warm-up task are outside it. */
@@ -546,6 +559,81 @@ static void handover(void)
     report("atap", "handover", N, ns, ns / (2.0 * N), "");
 }
 
+/* wake_latency: the sleeper's side. `asked` is set and cleared under the
+ * lock; the time it ran goes back through `ran` (0: not yet). */
+#define WAKE_GAP_US 100
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond, done; /* done: the stamp is in, for a sleeping waker */
+    bool asked, stop;
+    _Atomic uint64_t ran;
+} wl = {
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, 0};
+
+static void *wl_sleeper(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&wl.lock);
+    for (;;) {
+        while (!wl.asked && !wl.stop)
+            pthread_cond_wait(&wl.cond, &wl.lock);
+        if (wl.stop)
+            break;
+        wl.asked = false;
+        atomic_store_explicit(&wl.ran, now_ns(), memory_order_release);
+        pthread_cond_signal(&wl.done);
+    }
+    pthread_mutex_unlock(&wl.lock);
+    return NULL;
+}
+
+static void wake_latency(void)
+{
+    int64_t *d = malloc((size_t)N * sizeof *d);
+    struct timespec gap = {0, WAKE_GAP_US * 1000};
+    const char *waker = getenv("ATAP_BENCH_WAKER");
+    bool sleeps = waker && !strcmp(waker, "sleep");
+    long over = 0;
+    pthread_t th;
+    uint64_t t0, t;
+    char extra[160];
+
+    check(d != NULL, "malloc");
+    check(pthread_create(&th, NULL, wl_sleeper, NULL) == 0, "pthread_create");
+    t0 = now_ns();
+    for (long i = 0; i < N; i++) {
+        nanosleep(&gap, NULL); /* the sleeper's CPU goes idle meanwhile */
+        pthread_mutex_lock(&wl.lock);
+        t = now_ns();
+        wl.asked = true;
+        pthread_cond_signal(&wl.cond);
+        if (sleeps)
+            while (atomic_load_explicit(&wl.ran, memory_order_relaxed) == 0)
+                pthread_cond_wait(&wl.done, &wl.lock);
+        pthread_mutex_unlock(&wl.lock);
+        uint64_t ran;
+        while ((ran = atomic_load_explicit(&wl.ran, memory_order_acquire)) == 0)
+            ;
+        atomic_store_explicit(&wl.ran, 0, memory_order_relaxed);
+        d[i] = (int64_t)(ran - t);
+        over += d[i] > 1000000;
+    }
+    uint64_t ns = now_ns() - t0;
+    pthread_mutex_lock(&wl.lock);
+    wl.stop = true;
+    pthread_cond_signal(&wl.cond);
+    pthread_mutex_unlock(&wl.lock);
+    pthread_join(th, NULL);
+    qsort(d, (size_t)N, sizeof *d, cmp_i64);
+    snprintf(extra, sizeof extra,
+             " wake_p99_us=%.1f wake_max_us=%.1f over_1ms=%ld over_1ms_per_s=%.1f gap_us=%d"
+             " waker=%s",
+             d[N * 99 / 100] / 1e3, d[N - 1] / 1e3, over, over / (ns / 1e9), WAKE_GAP_US,
+             sleeps ? "sleep" : "spin");
+    report("atap", "wake_latency", N, ns, (double)d[N / 2], extra);
+    free(d);
+}
+
 /* live_memory: an 8-byte output (the task's index). */
 static int put8(atap_ctx *ctx, void *arg, void *out)
 {
@@ -562,6 +650,7 @@ int main(int argc, char **argv)
         : !strcmp(w, "cancel_latency")                             ? 1000
         : !strcmp(w, "fd_memory") || !strcmp(w, "fd_timed_memory") ? 100000
         : !strcmp(w, "fan")                                        ? 5000
+        : !strcmp(w, "wake_latency")                               ? 20000
                                                                    : default_n(w);
     const char *peer = "atap";
     check(N > 0, "n > 0");
@@ -570,6 +659,10 @@ int main(int argc, char **argv)
         tree_last_first = tree_join_last_first();
     if (!strcmp(w, "handover")) {
         handover();
+        return 0;
+    }
+    if (!strcmp(w, "wake_latency")) {
+        wake_latency();
         return 0;
     }
 
