@@ -81,8 +81,8 @@
  *                variable, WAKE_GAP_US apart, so that its CPU goes idle
  *                between them: the main thread stamps the time and signals,
  *                the thread stamps when it runs. The main thread then spins
- *                until it sees that stamp, busy as a waker that goes on
- *                working is (a spawning thread, a manager firing a tick);
+ *                until it sees that stamp, as a waker that goes on working
+ *                does (a spawning thread, a manager firing a tick);
  *                ATAP_BENCH_WAKER=sleep: it sleeps until told instead.
  *                ns_per_op is the median wake-to-run; extras wake_p99_us=
  *                wake_max_us=, over_1ms= (how many took over 1 ms),
