@@ -32,7 +32,8 @@
 #   ATAP_BENCH_BUILD=build/bench    libatap's build folder
 #   PEERS_BUILD=build/bench-peers   the peers' build folder
 #   ATAP_BENCH_PEERS_DIR=../shared/bench-peers   the peer harness
-# The raw lines are also kept in $ATAP_BENCH_BUILD/results.txt.
+# The raw lines are also kept in $ATAP_BENCH_BUILD/results.txt. A "vm" line
+# before the runs and one after give the VM's state (bench/README.md).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -87,6 +88,20 @@ if [ -n "$PEERS" ]; then
     "$peers_dir/build.sh" >&2 || echo "run.sh: no peer could be built" >&2
 fi
 
+# The VM's state, before the runs and after them: a cache line's hand-over
+# between two threads, and how often a woken thread waits over 1 ms for a
+# CPU while its waker runs on (atap_bench handover and wake_latency,
+# bench/README.md). Both move with the host from hour to hour, and every
+# runtime's rows move with them.
+vm_state() {
+    local ho wl
+    ho=$("$exe" handover | grep -oE 'ns_per_op=[0-9.]+' | cut -d= -f2)
+    wl=$("$exe" wake_latency 10000 |
+         grep -oE '(wake_max_us|over_1ms_per_s)=[0-9.]+' | sed 's/^over/wake_over/' | paste -sd' ')
+    echo "vm ($1): handover_ns=${ho:-?} ${wl:-wake_latency=?}"
+}
+vm_state before
+
 results="$B/results.txt"
 : >"$results"
 err="$B/atap_bench.err"
@@ -135,6 +150,7 @@ for w in $workloads; do
     done
 done
 rm -f "$err"
+vm_state after
 
 echo
 python3 "$here/ratio.py" "$results"
