@@ -91,8 +91,8 @@ fi
 # The VM's state, before the runs and after them: a cache line's hand-over
 # between two threads, and how often a woken thread waits over 1 ms for a
 # CPU while its waker runs on (atap_bench handover and wake_latency,
-# bench/README.md). Both move with the host from hour to hour, and every
-# runtime's rows move with them.
+# bench/README.md). Both move with the VM, and every runtime's rows move
+# with them.
 vm_state() {
     local ho wl
     ho=$("$exe" handover | grep -oE 'ns_per_op=[0-9.]+' | cut -d= -f2)
