@@ -414,6 +414,25 @@ static int woke(atap_ctx *ctx, void *arg, void *out)
     return 0;
 }
 
+/* ATAP_BENCH_TIMERS_DUMP=file: a line a task, in ns from the workload's
+ * start: when it was asked for, its delay, its first run (0 without
+ * ATAP_BENCH_FIRST_RUNS) and its lateness; for a histogram of lateness by
+ * time (bench/README.md, timers). */
+static void timers_dump(uint64_t t0)
+{
+    const char *path = getenv("ATAP_BENCH_TIMERS_DUMP");
+    FILE *f;
+
+    if (!path)
+        return;
+    check((f = fopen(path, "w")) != NULL, "ATAP_BENCH_TIMERS_DUMP opens");
+    for (long i = 0; i < N; i++)
+        fprintf(f, "%llu %llu %llu %lld\n", (unsigned long long)(t_asked[i] - t0),
+                (unsigned long long)t_delay[i],
+                t_first ? (unsigned long long)(t_first[i] - t0) : 0ULL, (long long)t_late[i]);
+    check(fclose(f) == 0, "ATAP_BENCH_TIMERS_DUMP written");
+}
+
 /* timers under ATAP_BENCH_TIMERS_AFTER: the task's one run is its delayed
  * start. */
 static int started(atap_ctx *ctx, void *arg, void *out)
@@ -746,6 +765,7 @@ int main(int argc, char **argv)
             if (t_first)
                 first_late += t_first[i] > t_asked[i] + t_delay[i] + 1000000;
         }
+        timers_dump(t0);
         int64_t *after = calloc((size_t)N, sizeof *after);
         long nafter = 0;
         check(after != NULL, "lateness array");

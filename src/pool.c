@@ -23,10 +23,21 @@
  * look, after the queuer's fence, sees the task) or finds work and, being
  * the last searcher, wakes the next worker if work remains (leave_search).
  * So at most one searcher is woken per burst of spawns and no task waits
- * while a worker sleeps. A task put into a worker's LIFO slot wakes nobody:
- * its spawner runs it next. If the spawner then waits for something other
+ * while a worker sleeps, but for a searcher that is not running (below). A task put into a worker's
+ * LIFO slot wakes nobody: its spawner runs it next. If the spawner then waits for something other
  * than a join, the manager's tick hands the slot to an idle peer, and a
  * worker blocked in a wait wakes one itself (atap__pool_blocked).
+ *
+ * A searcher off its CPU. A searcher can be runnable and not running: the
+ * kernel queued it behind the spawner on one CPU, or its spin's yield gave
+ * that CPU away for a whole slice, while another worker sleeps beside an
+ * idle one; every queuer then sees the searcher and wakes nobody, and the
+ * shared queue grows until the searcher runs again (milliseconds:
+ * bench/README.md, timers). So one in STALL_LOOK_EVERY of a thread's looks
+ * that find a searcher and an idle worker also reads the shared queue's
+ * length, and past STALL_DEPTH wakes one more worker as a searcher
+ * (notify_look). The lost-wake argument above does not lean on it: it
+ * shortens a wait the protocol already ends.
  *
  * A worker's park word: RUNNING, IDLE (on the list, may sleep), NOTIFIED
  * (taken off the list by a waker, counted as searching) or STOP.
@@ -71,6 +82,8 @@
 #define TIMER_SPIN_NS 250000u       /* an idle worker stays awake for timers due this soon */
 #define BLOCKING_IDLE_NS 500000000u /* a blocking thread idle this long stops */
 #define STACKS_IDLE_NS 200000000u   /* an idle worker gives spare stacks back */
+#define STALL_LOOK_EVERY 64 /* of a queuer's looks that find a searcher, one reads the queue */
+#define STALL_DEPTH 1024    /* queued past a searcher: 0.1-0.3 ms of spawns it has not taken */
 
 _Thread_local struct worker *atap__self;
 
@@ -309,14 +322,27 @@ bool atap__pool_wake_idle(void)
  * then looks: if its fence comes first in that order, the seq_cst loads
  * here (after the push in it) see the count; if the push comes first, its
  * look after the fence sees the push. */
+static _Thread_local unsigned searcher_looks; /* looks that found a searcher */
+
 static void notify_look(void)
 {
     unsigned zero = 0;
 
     /* seq_cst loads: a count read here was lowered after its epoch moved,
      * so a drain that sees what this thread does next sees that move too. */
-    if (ld_seqcst(&atap__pool.nidle) == 0 || ld_seqcst(&atap__pool.nsearching) != 0)
+    if (ld_seqcst(&atap__pool.nidle) == 0)
         return;
+    if (ld_seqcst(&atap__pool.nsearching) != 0) {
+        /* A searcher off its CPU (above). One more searcher, counted
+         * before its wake as atap__pool_unpark_all counts one. */
+        if (unlikely(++searcher_looks % STALL_LOOK_EVERY == 0) &&
+            atap__inj_len(&atap__pool.inj) > STALL_DEPTH) {
+            add_seqcst(&atap__pool.nsearching, 1);
+            if (!atap__pool_wake_idle())
+                sub_seqcst(&atap__pool.nsearching, 1);
+        }
+        return;
+    }
     if (!cas_seqcst(&atap__pool.nsearching, &zero, 1))
         return;
     if (!atap__pool_wake_idle())
@@ -726,6 +752,7 @@ static bool spin_for_work(struct worker *w)
         w->searching = true;
     }
     for (unsigned i = 0; i < SPIN_ROUNDS; i++) {
+        TEST_HOOK(ATAP__TEST_SEARCHING);
         if (i % 8 == 7)
             sched_yield(); /* more threads than cores: let the spawner run */
         else

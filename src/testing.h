@@ -68,7 +68,9 @@ int atap__test_flush_caches(void);
  *   ATAP__TEST_WHEEL_HELP    a busy worker that has taken the wheel's seat,
  *                            before it runs the wheel (park_wheel.c);
  *   ATAP__TEST_TAIL_ARM      a deadline park in the slot about to be armed,
- *                            before its claim word reads ARMED (park_wheel.c). */
+ *                            before its claim word reads ARMED (park_wheel.c);
+ *   ATAP__TEST_SEARCHING     a worker spinning as a searcher, before each of
+ *                            its looks for work (pool.c). */
 enum {
     ATAP__TEST_LIVE_SCAN,
     ATAP__TEST_RELEASE_READ,
@@ -86,6 +88,7 @@ enum {
     ATAP__TEST_WHEEL_HELP,
     ATAP__TEST_TAIL_ARM,
     ATAP__TEST_ADMITTED,
+    ATAP__TEST_SEARCHING,
     ATAP__TEST_POINTS
 };
 

@@ -698,6 +698,60 @@ static void test_queues_blocking_threads_stop_when_idle(void **state)
     assert_int_equal(atap_shutdown(), 0);
 }
 
+/* A searcher off its CPU (pool.c): one worker is held in its spin as a
+ * searcher (the hook stands in for a CPU the kernel gave to another
+ * thread) while the other sleeps. Spawns from outside see the searcher;
+ * before, they woke nobody and every task waited for the held searcher.
+ * Now a shared queue that grows past a searcher wakes the sleeper, and
+ * every task runs while the searcher is still held. */
+enum { N_PAST_SEARCHER = 4000 };
+static atomic_int g_searcher_held, g_hold_searcher, g_past_ran;
+
+static void hold_searcher(void)
+{
+    int none = 0;
+
+    if (!atomic_compare_exchange_strong(&g_searcher_held, &none, 1))
+        return; /* the first searcher only */
+    while (atomic_load(&g_hold_searcher))
+        usleep(1000);
+}
+
+static int count_past(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)ctx, (void)arg, (void)out;
+    atomic_fetch_add(&g_past_ran, 1);
+    return 0;
+}
+
+static void test_queues_searcher_off_cpu_wakes_another(void **state)
+{
+    (void)state;
+    bool all_ran;
+
+    atomic_store(&g_searcher_held, 0);
+    atomic_store(&g_hold_searcher, 1);
+    atomic_store(&g_past_ran, 0);
+    assert_int_equal(atap_init(&(atap_config){.size = sizeof(atap_config), .workers = 2}), 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_SEARCHING, hold_searcher), 0);
+    /* A run wakes a worker, which searches once it is done (else a worker
+     * searching since the start is held already). */
+    assert_int_equal(atap_spawn_detached(count_past, NULL, NULL), 0);
+    assert_true(wait_atomic_at_least(&g_searcher_held, 1, ATAP_SEC(10)));
+    usleep(50000); /* the other worker, no searcher itself, parks */
+    atomic_store(&g_past_ran, 0);
+    for (int i = 0; i < N_PAST_SEARCHER; i++)
+        assert_int_equal(atap_spawn_detached(count_past, NULL, NULL), 0);
+    all_ran = wait_atomic_at_least(&g_past_ran, N_PAST_SEARCHER, ATAP_SEC(5) * test_slack());
+    /* Still held: the runs were the other worker's. */
+    assert_int_equal(atomic_load(&g_hold_searcher), 1);
+    assert_int_equal(atap__test_on(ATAP__TEST_SEARCHING, NULL), 0);
+    atomic_store(&g_hold_searcher, 0);
+    assert_true(all_ran);
+    assert_int_equal(atap_shutdown(), 0);
+    assert_int_equal(atomic_load(&g_past_ran), N_PAST_SEARCHER);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -715,6 +769,7 @@ int main(void)
         cmocka_unit_test(test_queues_ring_overflow_runs_everything),
         cmocka_unit_test(test_queues_blocking_threads_stop_when_idle),
         cmocka_unit_test(test_queues_outside_spawns_run_in_order),
+        cmocka_unit_test(test_queues_searcher_off_cpu_wakes_another),
     };
     return cmocka_run_group_tests(tests, take_refs, give_refs);
 }
