@@ -22,11 +22,12 @@
  * queuer sees a searcher instead, that searcher either parks (and its last
  * look, after the queuer's fence, sees the task) or finds work and, being
  * the last searcher, wakes the next worker if work remains (leave_search).
- * So at most one searcher is woken per burst of spawns and no task waits
- * while a worker sleeps, but for a searcher that is not running (below). A task put into a worker's
- * LIFO slot wakes nobody: its spawner runs it next. If the spawner then waits for something other
- * than a join, the manager's tick hands the slot to an idle peer, and a
- * worker blocked in a wait wakes one itself (atap__pool_blocked).
+ * So at most one searcher is woken per burst of spawns, and no task waits
+ * while a worker sleeps but on a searcher that is not running (below). A
+ * task put into a worker's LIFO slot wakes nobody: its spawner runs it
+ * next. If the spawner then waits for something other than a join, the
+ * manager's tick hands the slot to an idle peer, and a worker blocked in a
+ * wait wakes one itself (atap__pool_blocked).
  *
  * A searcher off its CPU. A searcher can be runnable and not running: the
  * kernel queued it behind the spawner on one CPU, or its spin's yield gave
