@@ -162,9 +162,21 @@ void atap__park_wheel_mark(struct atap_slot *s)
  * before it is pushed, and the push is the last we touch of the slot: once
  * pushed, the manager may end it and free the slot at any moment. A stop
  * that came before the ARMED store was visible is claimed here (seq_cst,
- * against the canceller's CAS and fence); one after it claims it itself. */
+ * against the canceller's CAS and fence); one after it claims it itself.
+ *
+ * A deadline the manager's clock has passed already (a run that parks came
+ * late: the queue was long) goes on no wheel: the parker claims it for the
+ * deadline and queues the run itself, as the wheel's holder would at its
+ * next look, and nobody is woken for it. Through the wheel, such an arm
+ * woke the manager (due before its next look), once a park: with a queue
+ * of late first runs, wakes every few dozen microseconds, each taking the
+ * CPU of a worker (bench/README.md, timers). A stop that claims it first,
+ * or after the ARMED store, is met as a closed wheel's park is: the claim
+ * decides, and the parker acts on it (atap__park_tail_act); the bucket the
+ * stop marks holds nothing of it. */
 void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
 {
+    uint64_t now = atap__park_now_seen();
     uint32_t w, st;
 
     TEST_HOOK(ATAP__TEST_TAIL_ARM);
@@ -174,6 +186,13 @@ void atap__park_tail_arm(struct atap_slot *s, struct atap_ctx *ctx)
     st = word_state(w);
     if (word_gen(w) == ctx->gen && (st == ST_CANCELLED || st == ST_TIMED_OUT))
         atap__park_tclaim(s, BY_STOP, 0);
+    if (now != 0 && ctx->deadline <= now) {
+        /* Never early: the manager read `now` before this load of it. */
+        if (atap__park_tclaim(s, BY_DEADLINE, 0) == 1)
+            atap__park_fired(now, ctx->deadline);
+        atap__park_tail_act(ctx->index, BY_DEADLINE, false);
+        return;
+    }
     if (!atap__park_wheel_push(ctx->index, ctx->deadline))
         atap__park_tail_act(ctx->index, BY_OFF, false);
 }
@@ -198,7 +217,8 @@ void atap__park_delay(struct atap_slot *s, uint32_t index, uint32_t gen, uint64_
 
 /* Parks ended by their deadline, and how many of them late (the
  * manager's share of a timer's lateness: pool stats' fired...). Added to
- * by the manager alone, read by anyone: relaxed, each a count. */
+ * by the wheel's holder and by parkers whose deadline had passed, read by
+ * anyone: relaxed, each a count. */
 static _Atomic uint64_t fired, fired_1ms, fired_10ms;
 
 void atap__park_fired(uint64_t now, uint64_t deadline)

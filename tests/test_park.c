@@ -975,6 +975,55 @@ static void test_park_far_arms_leave_the_manager_asleep(void **state)
     }
 }
 
+/* A park whose deadline the manager's clock has passed (a run that came
+ * late) needs no wheel: its parker queues the next run itself, counted as
+ * fired by its deadline, and nobody wakes the manager for it
+ * (park_wheel.c). Through the wheel each such arm was due before the
+ * manager's next look and woke it. */
+enum { PAST_PARKS = 2000 };
+static atomic_int g_past_runs;
+
+static int task_park_past(atap_ctx *ctx, void *arg, void *out)
+{
+    (void)arg, (void)out;
+    if (atap_resumed(ctx) && atap_resume_reason(ctx) != ATAP_RESUME_DEADLINE)
+        return 1;
+    if (atomic_fetch_add(&g_past_runs, 1) + 1 >= PAST_PARKS)
+        return 0;
+    /* Long past: the deadline is before any reading of the manager's. */
+    CHECK(atap_park_until(ctx, 1) == 0);
+    return ATAP_PARKED;
+}
+
+static void test_park_past_deadline_wakes_nobody(void **state)
+{
+    (void)state;
+    struct atap_pool_stats st0, st1;
+    uint64_t t0, elapsed_ms;
+    atap_task t;
+    long wakes;
+
+    sleep_ms(20); /* the manager has read its clock (it has run the wheel) */
+    atomic_store(&g_past_runs, 0);
+    assert_int_equal(atap_pool_stats(&st0), 0);
+    atomic_store(&g_manager_wakes, 0);
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, count_manager_wake), 0);
+    t0 = now_ns();
+    assert_int_equal(atap_spawn(&t, task_park_past, NULL, NULL), 0);
+    assert_int_equal(atap_join_for(t, NULL, 0, ATAP_SEC(10) * test_slack()), 0);
+    wakes = atomic_load(&g_manager_wakes);
+    elapsed_ms = (now_ns() - t0) / 1000000u;
+    assert_int_equal(atap__test_on(ATAP__TEST_MANAGER_AWAKE, NULL), 0);
+    atap_release(t);
+    assert_int_equal(atap_pool_stats(&st1), 0);
+    print_message("manager wakes over %d parks past their deadline in %llu ms: %ld\n", PAST_PARKS,
+                  (unsigned long long)elapsed_ms, wakes);
+    assert_int_equal(atomic_load(&g_past_runs), PAST_PARKS);
+    assert_true(st1.fired - st0.fired >= PAST_PARKS - 1);
+    /* Its tick is 10 ms: a wake each 5 ms of the window, and some room. */
+    assert_true(wakes <= 20 + (long)(elapsed_ms / 5));
+}
+
 /* ---- 6. park_fd ----------------------------------------------------------- */
 
 struct fd_parker {
@@ -3929,6 +3978,7 @@ int main(void)
         T(test_park_due_fired_by_an_idle_worker),
         T(test_park_manager_idle_while_a_worker_holds_the_wheel),
         T(test_park_far_arms_leave_the_manager_asleep),
+        T(test_park_past_deadline_wakes_nobody),
         T(test_park_claimed_before_arm_ends_at_once),
         T(test_park_resumed_before_first_runs),
         T(test_park_fd_many_on_one_pipe),
