@@ -15,7 +15,9 @@
  * a timeout, and only then queues the task again or ends its run. A stop
  * that claims one marks its bucket (stop_bits), which the manager's next run
  * goes through, so a cancelled park's slot goes at once too. It is ARMED
- * before it is pushed, and the push is the parker's last touch of the slot.
+ * before it is pushed, and the push is the parker's last touch of the slot;
+ * one whose deadline the manager's clock has passed already is pushed
+ * nowhere, and its parker acts on it (atap__park_tail_arm).
  * Arms push on an MPSC stack of slot indices (CAS on `inbox`); the manager
  * takes the stack and files each slot in a bucket of a hashed wheel of
  * ticks. An arm wakes the manager only if it would sleep past the arm's
