@@ -34,22 +34,29 @@
  *                as the peers keep none); task n signals the main thread
  *   live_memory  n tasks with an 8-byte output, all joined (settled) and still
  *                held by their handles; resident bytes per task
- *   timers       n tasks, each parked (atap_park_until) for 1..100 ms (the
- *                harness's LCG) from when it was spawned; lateness = when
- *                its resumed run starts - (when it was asked for + its
- *                delay); the last one signals the main thread. Extras: the
- *                same for the timers due after the last spawn (after_spawn_),
- *                the share more than 1 ms late (over_1ms_pct), and the share
- *                the manager fired more than 1 ms late (fired_over_1ms_pct,
+ *   timers       n tasks, each of which parks (atap_park_until) in its first
+ *                run for 1..100 ms (the harness's LCG) from then; lateness
+ *                = when its resumed run starts - (when it asked for the
+ *                sleep + its delay), as the peers' workload defines it (a
+ *                tokio task takes its deadline at its first poll); the last
+ *                one signals the main thread. Extras: the same for the
+ *                timers due after the last spawn (after_spawn_), the wait
+ *                from the spawn to the first run (first_wait_), the share
+ *                more than 1 ms late (over_1ms_pct), and the share the
+ *                manager fired more than 1 ms late (fired_over_1ms_pct,
  *                from atap_pool_stats: the timers' part of the lateness,
- *                the rest being the hand-over to a worker). With
- *                ATAP_BENCH_FIRST_RUNS=1 also first_run_over_1ms_pct: the
- *                share whose first run (which parks) began more than 1 ms
- *                after the deadline, so late whatever the timers do.
- *                ATAP_BENCH_TIMERS_AFTER=1: each task is spawned with its
- *                delay as a delayed start (atap_spawn_opts.after_ns, libuv's
- *                shape: no run before the deadline) instead of parking, and
- *                its one run notes how late it began
+ *                the rest being the hand-over to a worker).
+ *                ATAP_BENCH_TIMERS_FROM_SPAWN=1 (from=spawn): the deadline
+ *                counts from the spawn instead, the harness's measure
+ *                before 2026-12-05 and stricter than the peers' (a late
+ *                first run eats into the delay); it adds
+ *                first_run_over_1ms_pct, the share whose first run began
+ *                more than 1 ms past that deadline, late whatever the
+ *                timers do. ATAP_BENCH_TIMERS_AFTER=1: each task is spawned
+ *                with its delay as a delayed start (atap_spawn_opts.after_ns,
+ *                libuv's shape: no run before the deadline, the sleep asked
+ *                for at the spawn) instead of parking, and its one run notes
+ *                how late it began
  *   ping_pong    two waiting tasks A and B (atap_spawn_waiting, ATAP_ONCE, an
  *                8-byte value) pass a token with atap_give: A given k gives
  *                k + 1 to B, B gives it straight back; A given n ends it (n
@@ -389,11 +396,16 @@ static void wait_done(void)
     pthread_mutex_unlock(&done_mu);
 }
 
-/* timers: each task knows when it was asked for and for how long. */
-static uint64_t *t_asked, *t_delay;
+/* timers: each task knows when it was spawned (asked), when its first run
+ * began (first: its spawn for a delayed start), and for how long it
+ * sleeps. Its sleep is asked for at `first` (the workload's definition),
+ * or at `asked` under ATAP_BENCH_TIMERS_FROM_SPAWN. */
+static uint64_t *t_asked, *t_first, *t_delay;
 static int64_t *t_late;
-static uint64_t *t_first;
+static bool t_from_spawn;
 static atomic_long t_woke;
+
+static uint64_t timer_due(long i) { return (t_from_spawn ? t_asked[i] : t_first[i]) + t_delay[i]; }
 
 /* Like the peers' tasks (a tokio task awaiting sleep): the task starts at
  * once and parks on its deadline, holding no thread; its resumed run notes
@@ -403,21 +415,19 @@ static int woke(atap_ctx *ctx, void *arg, void *out)
     (void)out;
     long i = (long)(intptr_t)arg;
     if (!atap_resumed(ctx)) {
-        if (t_first)
-            t_first[i] = now_ns();
-        atap_park_until(ctx, t_asked[i] + t_delay[i]);
+        t_first[i] = now_ns();
+        atap_park_until(ctx, timer_due(i));
         return ATAP_PARKED;
     }
-    t_late[i] = (int64_t)(now_ns() - (t_asked[i] + t_delay[i]));
+    t_late[i] = (int64_t)(now_ns() - timer_due(i));
     if (atomic_fetch_add_explicit(&t_woke, 1, memory_order_acq_rel) + 1 == N)
         signal_done();
     return 0;
 }
 
 /* ATAP_BENCH_TIMERS_DUMP=file: a line a task, in ns from the workload's
- * start: when it was asked for, its delay, its first run (0 without
- * ATAP_BENCH_FIRST_RUNS) and its lateness; for a histogram of lateness by
- * time (bench/README.md, timers). */
+ * start: its spawn, its delay, its first run and its lateness; for a
+ * histogram of lateness by time (bench/README.md, timers). */
 static void timers_dump(uint64_t t0)
 {
     const char *path = getenv("ATAP_BENCH_TIMERS_DUMP");
@@ -428,8 +438,8 @@ static void timers_dump(uint64_t t0)
     check((f = fopen(path, "w")) != NULL, "ATAP_BENCH_TIMERS_DUMP opens");
     for (long i = 0; i < N; i++)
         fprintf(f, "%llu %llu %llu %lld\n", (unsigned long long)(t_asked[i] - t0),
-                (unsigned long long)t_delay[i],
-                t_first ? (unsigned long long)(t_first[i] - t0) : 0ULL, (long long)t_late[i]);
+                (unsigned long long)t_delay[i], (unsigned long long)(t_first[i] - t0),
+                (long long)t_late[i]);
     check(fclose(f) == 0, "ATAP_BENCH_TIMERS_DUMP written");
 }
 
@@ -439,7 +449,7 @@ static int started(atap_ctx *ctx, void *arg, void *out)
 {
     (void)ctx, (void)out;
     long i = (long)(intptr_t)arg;
-    t_late[i] = (int64_t)(now_ns() - (t_asked[i] + t_delay[i]));
+    t_late[i] = (int64_t)(now_ns() - timer_due(i));
     if (atomic_fetch_add_explicit(&t_woke, 1, memory_order_acq_rel) + 1 == N)
         signal_done();
     return 0;
@@ -734,44 +744,44 @@ int main(int argc, char **argv)
         long over_1ms = 0;
         must(atap_pool_stats(&st0), "atap_pool_stats");
         t_asked = calloc((size_t)N, sizeof *t_asked);
+        t_first = calloc((size_t)N, sizeof *t_first);
         t_delay = calloc((size_t)N, sizeof *t_delay);
         t_late = calloc((size_t)N, sizeof *t_late);
-        /* ATAP_BENCH_FIRST_RUNS=1: each first run reads the clock too (a
-         * cost the peers' tasks do not have, so not by default). */
-        if (getenv("ATAP_BENCH_FIRST_RUNS"))
-            t_first = calloc((size_t)N, sizeof *t_first);
-        check(t_asked && t_delay && t_late, "timer arrays");
+        check(t_asked && t_first && t_delay && t_late, "timer arrays");
         bool delayed = getenv("ATAP_BENCH_TIMERS_AFTER") != NULL;
+        t_from_spawn = getenv("ATAP_BENCH_TIMERS_FROM_SPAWN") != NULL;
         /* No handle, as the peers keep none (a tokio task's JoinHandle
          * dropped): the last run signals the main thread. */
         for (long i = 0; i < N; i++) {
             atap_spawn_opts o = {.after_ns = 0};
             t_delay[i] = (uint64_t)lcg_delay_ms(&seed) * 1000000u;
             o.after_ns = delayed ? t_delay[i] : 0;
-            t_asked[i] = now_ns();
+            t_asked[i] = t_first[i] = now_ns(); /* a parker's first: its first run's */
             must(atap_spawn_detached(delayed ? started : woke, (void *)(intptr_t)i,
                                      delayed ? &o : NULL),
                  "atap_spawn_detached");
         }
         created = now_ns();
         wait_done();
-        /* The same lateness for the timers due once every task was
-         * spawned: what the hand-over costs without the spawning thread
-         * taking a core from the pool (on 2 cores, three busy threads). */
         must(atap_pool_stats(&st1), "atap_pool_stats");
-        long first_late = 0;
+        /* The timers due once every task was spawned: the hand-over without
+         * the spawning thread taking a core from the pool (on 2 cores,
+         * three busy threads). And the wait from the spawn to the first run
+         * (the queue of first runs while the main thread creates them):
+         * from the spawn, runs whose first run began more than 1 ms past
+         * their deadline were late whatever the timers did. */
+        int64_t *after = calloc((size_t)N, sizeof *after);
+        int64_t *first_wait = calloc((size_t)N, sizeof *first_wait);
+        long nafter = 0, first_late = 0;
+        check(after != NULL && first_wait != NULL, "lateness arrays");
         for (long i = 0; i < N; i++) {
             over_1ms += t_late[i] > 1000000;
-            if (t_first)
-                first_late += t_first[i] > t_asked[i] + t_delay[i] + 1000000;
+            first_wait[i] = (int64_t)(t_first[i] - t_asked[i]);
+            first_late += t_first[i] > timer_due(i) + 1000000;
+            if (timer_due(i) >= created)
+                after[nafter++] = t_late[i];
         }
         timers_dump(t0);
-        int64_t *after = calloc((size_t)N, sizeof *after);
-        long nafter = 0;
-        check(after != NULL, "lateness array");
-        for (long i = 0; i < N; i++)
-            if (t_asked[i] + t_delay[i] >= created)
-                after[nafter++] = t_late[i];
         lateness_fields(t_late, N, extra, sizeof extra);
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " create_s=%.3f",
                  (created - t0) / 1e9);
@@ -782,22 +792,24 @@ int main(int argc, char **argv)
                      after[nafter / 2] / 1e3, after[nafter * 99 / 100] / 1e3);
         }
         free(after);
-        /* Runs that could not be on time, whatever the timers did: their
-         * first run, which parks, began more than 1 ms past the deadline
-         * (queued behind the first runs spawned before them). */
-        if (t_first)
+        qsort(first_wait, (size_t)N, sizeof *first_wait, cmp_i64);
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                 " first_wait_p50_us=%.1f first_wait_p99_us=%.1f", first_wait[N / 2] / 1e3,
+                 first_wait[N * 99 / 100] / 1e3);
+        free(first_wait);
+        if (t_from_spawn)
             snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
                      " first_run_over_1ms_pct=%.2f", 100.0 * first_late / N);
         /* The split: how many ran more than 1 ms late (end to end), and how
          * many the manager fired more than 1 ms late (the timers' share; the
          * rest is the hand-over: queued, then taken by a worker). */
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
-                 " over_1ms_pct=%.2f fired=%llu fired_over_1ms_pct=%.2f start=%s",
+                 " over_1ms_pct=%.2f fired=%llu fired_over_1ms_pct=%.2f start=%s from=%s",
                  100.0 * over_1ms / N, (unsigned long long)(st1.fired - st0.fired),
                  st1.fired > st0.fired ? 100.0 * (double)(st1.fired_1ms - st0.fired_1ms) /
                                              (double)(st1.fired - st0.fired)
                                        : 0.0,
-                 delayed ? "after" : "park");
+                 delayed ? "after" : "park", delayed || t_from_spawn ? "spawn" : "first_run");
     } else if (!strcmp(w, "chain")) {
         must(atap_spawn_detached(hop, (void *)(intptr_t)0, NULL), "atap_spawn_detached");
         wait_done();

@@ -13,7 +13,7 @@ peak_rss_kb (the whole process's peak RSS) of each runtime, and atap's
 ratio to each peer's. atap runs with a setting of their own get rows of
 their own, set against the peers' one run: tree and wide_tree with
 join=last_first (the peers join in spawn order, as atap's plain row),
-timers with start=after (delayed starts instead of parks), fan
+timers with start=after (delayed starts instead of parks) or from=spawn, fan
 with each workers= (atap only; after the table, the speedup: median seconds
 with 1 worker / median seconds with each other count). tree and wide_tree
 runs with the same n that disagree on nodes= depth= checksum= are listed
@@ -49,11 +49,14 @@ TREE_KEYS = ("nodes", "depth", "checksum")
 def setting(d):
     """An atap run's setting that gets a row of its own, or "": a tree's
     join=last_first, fan's workers=, timers' start=after (delayed starts,
-    ATAP_BENCH_TIMERS_AFTER)."""
+    ATAP_BENCH_TIMERS_AFTER) and parks' from=spawn (deadlines counted from
+    the spawn, ATAP_BENCH_TIMERS_FROM_SPAWN)."""
     if d.get("join") == "last_first":
         return "join=last_first"
     if d.get("start") == "after":
         return "start=after"
+    if d.get("from") == "spawn":
+        return "from=spawn"
     if d["workload"] == "fan" and "workers" in d:
         return "workers=" + d["workers"]
     return ""
