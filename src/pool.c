@@ -335,7 +335,10 @@ static void notify_look(void)
         return;
     if (ld_seqcst(&atap__pool.nsearching) != 0) {
         /* A searcher off its CPU (above). One more searcher, counted
-         * before its wake as atap__pool_unpark_all counts one. */
+         * before its wake as atap__pool_unpark_all counts one (seq_cst, as
+         * every change of the count: the parking protocol reads it so). The
+         * length is a hint: a stale one wakes a worker early or late, and
+         * the protocol above still ends every wait. */
         if (unlikely(++searcher_looks % STALL_LOOK_EVERY == 0) &&
             atap__inj_len(&atap__pool.inj) > STALL_DEPTH) {
             add_seqcst(&atap__pool.nsearching, 1);
