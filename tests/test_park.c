@@ -3428,6 +3428,70 @@ static void test_park_race_cancel_vs_deadline(void **state)
     assert_no_failures();
 }
 
+/* A cancel racing parks past their deadline, which the parker ends itself
+ * (park_wheel.c): each task parks on a past deadline again and again, and
+ * a cancel lands at any point of that. Every join says done (after every
+ * run) or cancelled, no task runs past its count, and none is left. */
+enum { PAST_RACE_RUNS = 100, PAST_RACE_ROUNDS = 400 };
+static atomic_int g_past_race_runs[PAST_RACE_ROUNDS];
+
+static int task_park_past_loop(atap_ctx *ctx, void *arg, void *out)
+{
+    atomic_int *runs = arg;
+
+    (void)out;
+    if (atomic_fetch_add(runs, 1) + 1 >= PAST_RACE_RUNS)
+        return 0;
+    CHECK(atap_park_until(ctx, 1) == 0);
+    return ATAP_PARKED;
+}
+
+static void test_park_race_cancel_vs_past_deadline(void **state)
+{
+    (void)state;
+    int rounds = (int)scaled(PAST_RACE_ROUNDS, 100), done = 0, cancelled = 0;
+    struct atap_pool_stats st0, st;
+    uint64_t end;
+
+    sleep_ms(20); /* the manager has read its clock: the parks take the shortcut */
+    assert_int_equal(atap_pool_stats(&st0), 0);
+    for (int i = 0; i < rounds; i++) {
+        uint64_t until;
+        atap_task t;
+        int rc;
+
+        atomic_store(&g_past_race_runs[i], 0);
+        assert_int_equal(atap_spawn(&t, task_park_past_loop, &g_past_race_runs[i], NULL), 0);
+        until = now_ns() + (uint64_t)(i % 8) * 5000u; /* 0 to 35 us into its parks */
+        while (now_ns() < until)
+            ;
+        assert_int_equal(atap_cancel(t), 0);
+        rc = atap_join_for(t, NULL, 0, ATAP_SEC(10) * test_slack());
+        if (rc == 0) {
+            done++;
+            assert_int_equal(atomic_load(&g_past_race_runs[i]), PAST_RACE_RUNS);
+        } else if (rc == ATAP_ECANCELLED)
+            cancelled++;
+        else
+            fail_msg("round %d: join returned %d", i, rc);
+        atap_release(t);
+    }
+    /* Every task gone, none left parked or queued. */
+    end = now_ns() + ATAP_SEC(10) * test_slack();
+    for (;;) {
+        assert_int_equal(atap_pool_stats(&st), 0);
+        if (st.live <= st0.live || now_ns() >= end)
+            break;
+        sleep_ms(1);
+    }
+    assert_true(st.live <= st0.live);
+    for (int i = 0; i < rounds; i++)
+        assert_true(atomic_load(&g_past_race_runs[i]) <= PAST_RACE_RUNS);
+    print_message("cancel vs parks past their deadline: %d done, %d cancelled\n", done, cancelled);
+    assert_true(cancelled > 0);
+    assert_no_failures();
+}
+
 /* ---- an fd whose watch cannot be renewed ------------------------------------ */
 
 /* Two tasks parked on one end of a socket pair whose send buffer is full:
@@ -4018,6 +4082,7 @@ int main(void)
         T(test_park_race_cancel_vs_park),
         T(test_park_race_deadline_vs_fd),
         T(test_park_race_cancel_vs_deadline),
+        T(test_park_race_cancel_vs_past_deadline),
         T(test_park_race_cancel_fd_deadline),
         T(test_park_word_wake),
         T(test_park_word_changed_already),
