@@ -131,19 +131,24 @@ static void side_destroy(struct atap_slot *s)
 
 /* ---- freeing ---------------------------------------------------------- */
 
+/* A free slot's park tail reads "not parked": an inline output over
+ * PARK_TAIL bytes may have filled its claim word. */
+static inline void tail_reset(struct atap_slot *s)
+{
+    if (!(s->flags & SF_OUT_HEAP) && s->out_size > PARK_TAIL)
+        st_relaxed(&s->out.park.claim, 0);
+}
+
 static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last_state)
 {
     struct side *side = ld_relaxed(&s->side);
 
     if (s->filled && last_state != ST_TAKEN && side && side->out_free)
         side->out_free(slot_out(s));
-    if (s->flags & SF_OUT_HEAP) {
-        if (s->out.heap) /* NULL: it never ran (spawn.c's quick path) */
-            atap__exec_out_free(s->out.heap, s->out_size);
-    } else if (s->out_size > PARK_TAIL) /* a free slot's park tail reads "not
-                                         parked": an output may have filled it */
-        st_relaxed(&s->out.park.claim, 0);
-    if (side && side->arg_free)
+    if ((s->flags & SF_OUT_HEAP) && s->out.heap) /* NULL: it never ran (spawn.c) */
+        atap__exec_out_free(s->out.heap, s->out_size);
+    tail_reset(s);
+    if (side && !(s->flags & SF_OUT_WIDE) && side->arg_free) /* wide: side.h */
         side->arg_free(s->arg);
     if (unlikely(slot_sched(s)))
         atap__extras.time->destroy(s);
@@ -158,11 +163,10 @@ static __attribute__((noinline)) void destroy(struct atap_slot *s, uint32_t last
 }
 
 /* Nothing to call or give back: no side record (no destructor, no
- * schedule, no forward, no park record), no heap output, no output over
- * the park tail. */
+ * schedule, no forward, no park record), no heap output. */
 static inline bool bare(const struct atap_slot *s)
 {
-    return !(s->flags & SF_OUT_HEAP) && s->out_size <= PARK_TAIL && !ld_relaxed(&s->side);
+    return !(s->flags & SF_OUT_HEAP) && !ld_relaxed(&s->side);
 }
 
 static inline __attribute__((always_inline)) void free_slot(struct worker *w, struct atap_slot *s,
@@ -175,6 +179,7 @@ static inline __attribute__((always_inline)) void free_slot(struct worker *w, st
 
     st_release(&s->word, make_word(gen, ST_FREE));
     if (likely(bare(s))) { /* destroy's resets, of what a bare task set */
+        tail_reset(s);
         s->fn = NULL;
         s->arg = NULL;
         s->flags = 0;
@@ -453,7 +458,8 @@ static inline bool out_missing(struct atap_slot *s)
  */
 static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, uint32_t gen)
 {
-    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen}, *outer = w->cur;
+    struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen, .arg = s->arg};
+    struct atap_ctx *outer = w->cur;
     int rc;
 
     if (out_missing(s)) /* nobody to tell: it ends as a failed run ends */
@@ -463,7 +469,7 @@ static void run_unobserved(struct worker *w, struct atap_slot *s, uint32_t ref, 
         atap__pool_die(w); /* an injected death, holding this task */
     w->cur = &ctx;
     ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ref - 1, gen), s->fn, 0);
-    rc = s->fn(&ctx, s->arg, slot_out(s));
+    rc = s->fn(&ctx, ctx.arg, slot_out(s));
     ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ref - 1, gen), NULL, rc);
     w->cur = outer;
     atap__pool_frame_pop(w);
@@ -537,13 +543,15 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
     struct atap_ctx ctx = {.slot = s, .index = ref - 1, .gen = gen};
     if (unlikely(word_state(cur) != ST_PENDING) && atap__extras.park->resume(s, &ctx)) {
         ATAP_TRACE(TR_RESUME, ATAP_TRACE_ID(ctx.index, ctx.gen), NULL, ctx.resumed);
+        /* A wide output lies over the arg: its park kept it (park.c). */
+        ctx.arg = unlikely(s->flags & SF_OUT_WIDE) ? slot_side(s)->arg : s->arg;
         /* Back from a park: still RUNNING, unless stopped since. A runtime
          * task woken to act runs anyway, seeing atap_cancelled(), so that
          * it can hand the wake on (a channel's value, or room, is not left
          * with the next waiter asleep). */
         if (word_state(ld_acquire(&s->word)) != ST_RUNNING) {
             if (ctx.woke)
-                s->fn(&ctx, s->arg, slot_sched(s) ? atap__extras.time->output(s) : slot_out(s));
+                s->fn(&ctx, ctx.arg, slot_sched(s) ? atap__extras.time->output(s) : slot_out(s));
             atap__exec_finish_run(s, ref - 1, gen, ATAP_EFAILED);
             return;
         }
@@ -551,6 +559,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
         if (!atap__extras.time->claim(s, &gen))
             return;
         ctx.gen = gen;
+        ctx.arg = s->arg;
     } else {
         do {
             if (word_state(cur) != ST_PENDING) { /* cancelled while queued */
@@ -558,6 +567,7 @@ static void run_observed(struct worker *w, struct atap_slot *s, uint32_t ref, ui
                 return;
             }
         } while (!casw_acqrel(&s->word, &cur, (cur & ~ST_MASK) | ST_RUNNING));
+        ctx.arg = s->arg; /* its first run: a wide output has not begun */
     }
     run_claimed(w, s, ref, &ctx);
 }
@@ -581,7 +591,7 @@ static void run_claimed(struct worker *w, struct atap_slot *s, uint32_t ref, str
      * this run, and the trace draws its arrow in. */
     ATAP_TRACE(TR_RUN_BEGIN, ATAP_TRACE_ID(ctx->index, ctx->gen), s->fn,
                (ld_relaxed(&s->refs) & REFS_GATED) != 0);
-    rc = s->fn(ctx, s->arg, slot_sched(s) ? atap__extras.time->output(s) : slot_out(s));
+    rc = s->fn(ctx, ctx->arg, slot_sched(s) ? atap__extras.time->output(s) : slot_out(s));
     ATAP_TRACE(TR_RUN_END, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, rc);
     w->cur = outer;
     atap__pool_frame_pop(w);

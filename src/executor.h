@@ -27,6 +27,9 @@ struct atap_ctx {
     unsigned events; /* park: the events asked for; resumed: those seen */
     int fd;
     uint64_t deadline;
+    /* The run's arg, read before its function is called: the slot's, or,
+     * for a wide output back from a park, its park record's (slot.h). */
+    void *arg;
 };
 
 /* Claims and runs the queued task ref (slot index + 1) on this thread; a

@@ -243,6 +243,17 @@ void atap__park_arm(struct atap_slot *s, struct atap_ctx *ctx)
 
     ATAP_TRACE(TR_PARK, ATAP_TRACE_ID(ctx->index, ctx->gen), NULL, ctx->park_kind);
     k = atap__park_kinds[ctx->park_kind];
+    /* Its output lies over its arg (slot.h): the next run finds the arg on
+     * the side record (written before any arm publishes the park). */
+    if (unlikely(s->flags & SF_OUT_WIDE)) {
+        struct side *x = atap__side_of(s);
+
+        if (!x) {
+            atap__exec_finish_run(s, ctx->index, ctx->gen, -ENOMEM);
+            return;
+        }
+        x->arg = ctx->arg;
+    }
     if (k->fits_tail && k->fits_tail(s, ctx)) {
         k->tail_arm(s, ctx);
         return;

@@ -17,7 +17,12 @@
  *   lock, closed, head  the forwards registered on the task (forward.c);
  *   park     the park record of a run that parked (park.c);
  *   fd, claim  a tail fd park's fd and claim word (park_fd.c, park_int.h's
- *            tail_claim), when the task's output leaves its tail no room.
+ *            tail_claim), when the task's output leaves its tail no room;
+ *   arg      a parked task's arg when its output lies over the slot's
+ *            (SF_OUT_WIDE, slot.h): written by the run that parks, read by
+ *            the next (park.c, executor.c). Such a task comes from a spawn
+ *            with no destructor, so it shares arg_free's place, and only
+ *            a task without SF_OUT_WIDE has its arg_free read.
  */
 #ifndef ATAP_SIDE_H
 #define ATAP_SIDE_H
@@ -41,7 +46,10 @@ struct side {
         struct side *deferred; /* freed while the timers are rebuilt (executor.c) */
     };
     struct park *_Atomic park; /* the run's park record (park.c) */
-    void (*arg_free)(void *);
+    union {
+        void (*arg_free)(void *); /* never a wide output's task's: it has none */
+        void *arg;                /* a wide output's task's, while it parks */
+    };
     void (*out_free)(void *);
     void *_Atomic ext; /* the schedule (schedule.c) */
 };

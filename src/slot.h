@@ -2,8 +2,9 @@
  * One task slot: 64 bytes, one cache line, never moved once mapped. What
  * only some tasks use (destructors, a schedule, forwards, a park record)
  * hangs on the side record (side.h); an output over INLINE_OUT bytes lives
- * on the heap (up to 64 bytes in an output block a pool thread keeps and
- * hands out again: pool.h).
+ * over the arg as well when it can (below), else on the heap (up to 64
+ * bytes in an output block a pool thread keeps and hands out again:
+ * pool.h).
  *
  * Two atomic words carry every protocol, and both hold the slot's
  * generation so a stale handle can never act on the task that reuses it:
@@ -37,6 +38,18 @@
  *         GATED: the task waits for gives (gate.c), so its last
  *         listener of either kind going may let it go: a handle can give,
  *         and so can a feeder; read with the count, no extra load.
+ *
+ * An output of up to INLINE_OUT (16) bytes sits in the output area. One of
+ * 17 to WIDE_OUT (24) bytes from a quick spawn (spawn.c: no side record at
+ * the spawn, no schedule) sits over `arg` and the output area together
+ * (SF_OUT_WIDE): at offset 40, aligned to 8, which is all a type of that
+ * size can ask (its alignment divides its size, and no size from 17 to
+ * 24 is a multiple of 16). Its run may overwrite `arg` as soon as it
+ * starts: every run reads the arg before its function is called, and a
+ * run that parks keeps it on the side record for the next (park.c; such
+ * an output leaves the park tail no room, so its park has a record or its
+ * fd and claim on the side record anyway). Anything larger lives on the
+ * heap (SF_OUT_HEAP).
  *
  * `link` is the intrusive next pointer (index + 1, 0 for none), used by the
  * free list while the slot is free, by the injector while it is queued, and
@@ -91,8 +104,9 @@ _Static_assert(REFS_HOLDS_MASK > 4 * ATAP_THREADS_MAX, "room for every thread's 
 /* flags: set at spawn, read-only after */
 #define SF_BLOCKING 0x1u
 #define SF_OUT_HEAP 0x2u
-#define SF_SCHED 0x4u   /* a schedule hangs on the side record (schedule.c) */
-#define SF_DELAYED 0x8u /* a delayed start waits in the slot's tail (spawn.c) */
+#define SF_SCHED 0x4u     /* a schedule hangs on the side record (schedule.c) */
+#define SF_DELAYED 0x8u   /* a delayed start waits in the slot's tail (spawn.c) */
+#define SF_OUT_WIDE 0x10u /* the output lies over `arg` too (see the top) */
 
 struct atap_slot {
     _Atomic uint32_t word;
@@ -144,13 +158,18 @@ struct atap_slot {
 
 static inline void slot_warm_arg(const struct atap_slot *s)
 {
-    uintptr_t a = (uintptr_t)s->arg; /* as a number: an arg may be NULL */
+    uintptr_t a;
+
+    if (s->flags & SF_OUT_WIDE)
+        return;            /* its arg is on its side record, its field is output */
+    a = (uintptr_t)s->arg; /* as a number: an arg may be NULL */
 
     for (uintptr_t i = 0; i < ARG_WARM_LINES; i++)
         __builtin_prefetch((const void *)(a + 64 * i));
 }
 
 #define INLINE_OUT (SLOT_SIZE - 48)
+#define WIDE_OUT (INLINE_OUT + sizeof(void *))
 
 /* The tail's claim word is the park's: the output leaves it alone. */
 static inline int slot_park_tail(const struct atap_slot *s)
@@ -174,6 +193,13 @@ _Static_assert(_Alignof(max_align_t) <= 16, "inline outputs align to at most 16"
 _Static_assert(SLOT_SIZE % 16 == 0, "every slot's output area is 16-aligned");
 
 static inline int slot_out_inline(size_t n) { return n <= INLINE_OUT; }
+
+/* A wide output begins at arg and runs on through the output area. */
+_Static_assert(offsetof(struct atap_slot, out) == offsetof(struct atap_slot, arg) + sizeof(void *),
+               "arg lies just before the output area");
+_Static_assert(offsetof(struct atap_slot, arg) % 8 == 0 && WIDE_OUT < 32,
+               "a wide output is aligned as any type of its size asks");
+#define WIDE_AT offsetof(struct atap_slot, arg)
 
 /* fail_code's encoding: ATAP_ENOTINIT (-10001) .. ATAP_ELIMIT as 1 .. 14,
  * and -ENOMEM (a run's own, or its output's block not to be had at its
@@ -226,6 +252,8 @@ static inline void *slot_out(struct atap_slot *s)
         return NULL;
     if (s->flags & SF_OUT_HEAP)
         return s->out.heap;
+    if (s->flags & SF_OUT_WIDE)
+        return (unsigned char *)s + WIDE_AT; /* within the slot's 64 bytes */
     return s->out.bytes;
 }
 

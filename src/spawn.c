@@ -360,9 +360,10 @@ int atap__exec_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_o
 /* Options a task's spawn from a worker can take in one go: in this
  * library's layout (size 0 or sizeof: one layout while abi.h's static
  * assertion holds, so they are read where they lie), nothing about time or
- * gives, no destructor, a valid priority. An output over the slot's bytes
- * gets its block at the task's first run (executor.c, out_late): while it
- * waits in a queue, a task holds its slot only. */
+ * gives, no destructor, a valid priority. An output of up to 24 bytes
+ * stays in the slot (over arg for 17 to 24: slot.h); a larger one gets its
+ * block at the task's first run (executor.c, out_late): while it waits in
+ * a queue, a task holds its slot only. */
 static inline bool quick(const atap_spawn_opts *o)
 {
     return (o->size == 0 || o->size == sizeof *o) && plain(o) &&
@@ -380,11 +381,15 @@ spawn_quick_publish(struct worker *w, atap_task *task, atap_fn *fn, void *arg,
                     const atap_spawn_opts *o, uint32_t index, uint32_t gen)
 {
     struct atap_slot *s = atap__table_at(index);
-    bool late = !slot_out_inline(o->out_size);
+    uint8_t flags = 0;
 
-    if (unlikely(late))
-        s->out.heap = NULL; /* its block comes at its first run */
-    fill_fields(s, fn, arg, late ? SF_OUT_HEAP : 0, (uint32_t)o->out_size, o->priority);
+    if (unlikely(!slot_out_inline(o->out_size))) {
+        /* Over arg as well (slot.h), or its block at its first run. */
+        flags = o->out_size <= WIDE_OUT ? SF_OUT_WIDE : SF_OUT_HEAP;
+        if (flags == SF_OUT_HEAP)
+            s->out.heap = NULL;
+    }
+    fill_fields(s, fn, arg, flags, (uint32_t)o->out_size, o->priority);
     st_relaxed(&s->refs, refs_of(gen) | REFS_RUN | (task ? REFS_HANDLE : 0));
     /* Release: the fields above reach whoever acquires the word or the
      * queue entry (spawn_slot's order). */

@@ -746,6 +746,104 @@ static void test_park_fired_counted(void **state)
     assert_true(after.fired_10ms - before.fired_10ms <= after.fired_1ms - before.fired_1ms);
 }
 
+/* An output of 17 to 24 bytes from a plain spawn lies over the slot's arg
+ * (slot.h): each run of such a task must still get its arg. Each task
+ * writes its whole output, then parks: on a deadline and for a wake (in a
+ * park record), on a pipe with no deadline (in the slot's tail, its fd and
+ * claim on the side record), joined or detached; its next run checks its
+ * arg, and its output comes out whole. One parked on a pipe never written
+ * is cancelled: no run after, nothing left. */
+enum { WIDE_MAGIC = 0x77696465 };
+
+struct wide_parker {
+    uint32_t magic;
+    int kind; /* 0: until, 1: fd, 2: wake (its timeout) */
+    int fd;
+    atomic_int runs, done;
+};
+
+typedef struct wide_out {
+    uint64_t magic, kind, self;
+} wide_out;
+
+static int task_park_wide(atap_ctx *ctx, void *arg, void *out)
+{
+    struct wide_parker *w = arg;
+    wide_out o;
+
+    CHECK(w != NULL && w->magic == WIDE_MAGIC); /* not the output's bytes */
+    atomic_fetch_add(&w->runs, 1);
+    if (!atap_resumed(ctx)) {
+        memset(out, 0xa5, sizeof o); /* over every byte its slot lends */
+        if (w->kind == 0)
+            CHECK(atap_park_until(ctx, atap_now() + ATAP_MS(2)) == 0);
+        else if (w->kind == 1)
+            CHECK(atap_park_fd(ctx, w->fd, ATAP_READABLE, ATAP_FOREVER) == 0);
+        else
+            CHECK(atap_park_wake(ctx, ATAP_MS(3)) == 0);
+        return ATAP_PARKED;
+    }
+    o = (wide_out){w->magic, (uint64_t)w->kind, (uint64_t)(uintptr_t)w};
+    memcpy(out, &o, sizeof o);
+    atomic_fetch_add(&w->done, 1);
+    return 0;
+}
+
+static void test_park_wide_output_keeps_arg(void **state)
+{
+    (void)state;
+    enum { N = 9, DETACHED = 3 };
+    static struct wide_parker w[N + DETACHED + 1];
+    int fds[2];
+    atap_task t[N], stuck;
+    wide_out o;
+
+    assert_int_equal(pipe(fds), 0);
+    for (int i = 0; i < N + DETACHED + 1; i++) {
+        w[i].magic = WIDE_MAGIC;
+        w[i].kind = i == N + DETACHED ? 1 : i % 3;
+        w[i].fd = i == N + DETACHED ? fds[1] : fds[0]; /* the write end: never readable */
+        atomic_store(&w[i].runs, 0);
+        atomic_store(&w[i].done, 0);
+    }
+    for (int i = 0; i < N; i++)
+        assert_int_equal(atap_spawn(&t[i], task_park_wide, &w[i],
+                                    &(atap_spawn_opts){.out_size = sizeof(wide_out)}),
+                         0);
+    for (int i = N; i < N + DETACHED; i++)
+        assert_int_equal(atap_spawn_detached(task_park_wide, &w[i],
+                                             &(atap_spawn_opts){.out_size = sizeof(wide_out)}),
+                         0);
+    assert_int_equal(atap_spawn(&stuck, task_park_wide, &w[N + DETACHED],
+                                &(atap_spawn_opts){.out_size = sizeof(wide_out)}),
+                     0);
+    /* Every one parked (the fd parkers on a pipe still empty), then the
+     * pipe readable. */
+    for (int i = 0; i < N + DETACHED + 1; i++)
+        assert_true(wait_atomic_at_least(&w[i].runs, 1, ATAP_SEC(10)));
+    assert_int_equal(write(fds[1], "x", 1), 1);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atap_join_for(t[i], &o, sizeof o, ATAP_SEC(10)), 0);
+        assert_int_equal(o.magic, WIDE_MAGIC);
+        assert_int_equal(o.kind, (uint64_t)w[i].kind);
+        assert_true(o.self == (uint64_t)(uintptr_t)&w[i]);
+        assert_int_equal(atomic_load(&w[i].runs), 2);
+        atap_release(t[i]);
+    }
+    for (int i = N; i < N + DETACHED; i++)
+        assert_true(wait_atomic_at_least(&w[i].done, 1, ATAP_SEC(10)));
+    assert_int_equal(atap_cancel(stuck), 0);
+    assert_int_equal(atap_join_for(stuck, &o, sizeof o, ATAP_SEC(10)), ATAP_ECANCELLED);
+    atap_release(stuck);
+    assert_true(wait_live_back(ATAP_SEC(10)));
+    assert_int_equal(atomic_load(&w[N + DETACHED].runs), 1);
+    for (int i = N; i < N + DETACHED; i++)
+        assert_int_equal(atomic_load(&w[i].runs), 2);
+    close(fds[0]);
+    close(fds[1]);
+    assert_no_failures();
+}
+
 /* The manager held at its next wake (ATAP__TEST_MANAGER_AWAKE) while
  * workers run short tasks: a deadline park it filed before is fired at
  * its deadline by a worker between runs (park_wheel.c's seat), not left
@@ -4038,6 +4136,7 @@ int main(void)
         T(test_park_wait_fd_results),
         T(test_park_until_deadline),
         T(test_park_fired_counted),
+        T(test_park_wide_output_keeps_arg),
         T(test_park_due_fired_by_a_busy_worker),
         T(test_park_due_fired_by_an_idle_worker),
         T(test_park_manager_idle_while_a_worker_holds_the_wheel),

@@ -741,11 +741,11 @@ ATAP_EXPORT uint64_t atap_now(void);
  * setting a field this library does not know: see the conventions);
  * ATAP_ENOTINIT when no runtime
  * runs (before init, during or after shutdown); -ENOMEM when no slot or
- * output buffer can be had. An output over 16 bytes of a plain task (no
- * time, gives, destructor or blocking) may get its buffer only when the
- * task first runs, so that a task waiting in a queue holds nothing but its
- * slot; if none can be had then, the task does not run: it fails, and its
- * readers get -ENOMEM.
+ * output buffer can be had. A plain task's output (no time, gives,
+ * destructor or blocking) of up to 24 bytes is kept in its slot; a larger
+ * one may get its buffer only when the task first runs, so that a task
+ * waiting in a queue holds nothing but its slot; if none can be had then,
+ * the task does not run: it fails, and its readers get -ENOMEM.
  * Blocks: no. Threads: any.
  */
 ATAP_EXPORT int atap_spawn(atap_task *task, atap_fn *fn, void *arg, const atap_spawn_opts *opts);
