@@ -28,7 +28,7 @@ struct atap_ctx {
     int fd;
     uint64_t deadline;
     /* The run's arg, read before its function is called: the slot's, or,
-     * for a wide output back from a park, its park record's (slot.h). */
+     * for a wide output back from a park, its side record's (slot.h). */
     void *arg;
 };
 
